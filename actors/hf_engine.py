@@ -1,0 +1,121 @@
+"""`engine: hf` — a transformers model sampling with `generate`, for machines where
+vLLM is not installed (and as the reference implementation of the engine interface).
+
+Limits: no continuous batching or paged KV cache, so long or very uneven responses
+waste compute on padding; prompts are sampled in chunks of `max_batch_rows` rows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+
+from actors.engine import InferenceEngine, Sample
+from actors.rollout import SamplingSettings
+
+_DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
+
+
+class HFEngine(InferenceEngine):
+    """Batched sampling with `transformers.generate`; logprobs recomputed from the raw
+    logits it returns, under the sampling temperature."""
+
+    def __init__(self, model_path: str, dtype: str = "bfloat16", max_batch_rows: int = 64):
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        self.tokenizer = AutoTokenizer.from_pretrained(model_path)
+        self.tokenizer.padding_side = "left"
+        self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=_DTYPES[dtype])
+        self.model.eval()
+        self.max_batch_rows = max_batch_rows
+        eos = self.model.generation_config.eos_token_id
+        if eos is None:
+            eos = self.tokenizer.eos_token_id
+        self.eos_ids = set(eos if isinstance(eos, list) else [eos])
+        pad = self.tokenizer.pad_token_id
+        self.pad_id = pad if pad is not None else min(self.eos_ids)
+
+    def tokenize_chat(self, messages: list[dict[str, str]]) -> list[int]:
+        out = self.tokenizer.apply_chat_template(
+            messages, add_generation_prompt=True, tokenize=True, return_dict=True
+        )
+        return list(out["input_ids"])
+
+    def decode(self, token_ids: list[int]) -> str:
+        return self.tokenizer.decode(token_ids, skip_special_tokens=True)
+
+    @torch.no_grad()
+    def _sample_rows(self, rows: list[list[int]], sampling: SamplingSettings) -> list[Sample]:
+        from transformers import GenerationConfig
+
+        width = max(len(r) for r in rows)
+        ids = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((len(rows), width), dtype=torch.long)
+        for i, r in enumerate(rows):
+            ids[i, width - len(r):] = torch.tensor(r)
+            mask[i, width - len(r):] = 1
+        config = GenerationConfig(
+            do_sample=True,
+            temperature=sampling.temperature,
+            top_p=sampling.top_p,
+            top_k=0,
+            max_new_tokens=sampling.max_new_tokens,
+            pad_token_id=self.pad_id,
+            eos_token_id=sorted(self.eos_ids),
+            output_logits=True,
+            return_dict_in_generate=True,
+        )
+        out = self.model.generate(
+            input_ids=ids,
+            attention_mask=mask,
+            generation_config=config,
+        )
+        new = out.sequences[:, width:]
+        logits = torch.stack(out.logits, dim=1).float() / sampling.temperature  # [N, R, V]
+        logprobs = logits.log_softmax(-1).gather(-1, new.unsqueeze(-1)).squeeze(-1)
+        samples = []
+        for i in range(len(rows)):
+            tokens = new[i].tolist()
+            end = next((j for j, t in enumerate(tokens) if t in self.eos_ids), None)
+            length = len(tokens) if end is None else end + 1
+            samples.append(
+                Sample(
+                    token_ids=tokens[:length],
+                    logprobs=logprobs[i, :length].tolist(),
+                    finish_reason="length" if end is None else "stop",
+                )
+            )
+        return samples
+
+    def generate(self, prompts: list[list[int]], sampling: SamplingSettings) -> list[list[Sample]]:
+        torch.manual_seed(sampling.seed)
+        rows = [p for p in prompts for _ in range(sampling.n)]
+        flat: list[Sample] = []
+        for i in range(0, len(rows), self.max_batch_rows):
+            flat.extend(self._sample_rows(rows[i:i + self.max_batch_rows], sampling))
+        return [flat[i * sampling.n:(i + 1) * sampling.n] for i in range(len(prompts))]
+
+    def named_weights(self) -> dict[str, torch.Tensor]:
+        return dict(self.model.state_dict())
+
+    @torch.no_grad()
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> list[str]:
+        own = self.model.state_dict()
+        loaded: list[str] = []
+        for name, tensor in weights:
+            if name not in own:
+                raise ValueError(f"weight {name!r} is not a parameter of the rollout model")
+            if own[name].shape != tensor.shape:
+                raise ValueError(
+                    f"weight {name!r}: shape {tuple(tensor.shape)} does not match the rollout "
+                    f"model's {tuple(own[name].shape)}"
+                )
+            own[name].copy_(tensor)
+            loaded.append(name)
+        # Tied weights share storage: a parameter counts as updated if any alias was sent.
+        sent = {own[n].data_ptr() for n in loaded}
+        stale = [n for n, t in own.items() if t.data_ptr() not in sent]
+        if stale:
+            raise ValueError(f"weights not sent, the engine would keep old values: {stale[:5]}")
+        return loaded

@@ -1,0 +1,75 @@
+"""Wire types of the rollout side.
+
+`PromptRequest`: controller → rollout worker. `Rollout`: rollout worker → controller
+(→ reward services as text, → learner as a padded `TrainBatch`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+FinishReason = Literal["stop", "length"]
+
+
+@dataclass(frozen=True)
+class PromptRequest:
+    """One prompt to sample a group for.
+
+    Attributes:
+        group_id: id shared by every sample of this prompt in this step.
+        messages: chat messages (`[{"role", "content"}]`); the engine applies the
+            model's chat template with a generation prompt.
+        ground_truth: reference answer, copied into each Rollout for the verifier.
+        metadata: copied into each Rollout.
+    """
+
+    group_id: str
+    messages: list[dict[str, str]]
+    ground_truth: str = ""
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class SamplingSettings:
+    """How to sample: `n` samples per prompt, at most `max_new_tokens` tokens each."""
+
+    n: int
+    max_new_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    seed: int = 0
+
+
+@dataclass
+class Rollout:
+    """One sampled response.
+
+    Attributes:
+        uid: unique id of this sample in the run (`{group_id}-{index}`).
+        group_id: the prompt's group in this step.
+        prompt_ids: `[P]` prompt token ids after the chat template.
+        response_ids: `[R]` sampled token ids, ending with EOS when `finish_reason` is
+            'stop'; R ≤ max_new_tokens.
+        inference_logprobs: `[R]` the engine's logprob of each sampled token under the
+            sampling temperature (log softmax(logits / T)), before top-p.
+        finish_reason: 'stop' (EOS sampled) or 'length' (hit max_new_tokens).
+        policy_version: optimizer steps behind the weights that sampled it.
+        prompt_text, response_text: decoded text (response without special tokens).
+        ground_truth, metadata: copied from the PromptRequest.
+    """
+
+    uid: str
+    group_id: str
+    prompt_ids: list[int]
+    response_ids: list[int]
+    inference_logprobs: list[float]
+    finish_reason: FinishReason
+    policy_version: int
+    prompt_text: str
+    response_text: str
+    ground_truth: str = ""
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)

@@ -1,0 +1,1 @@
+"""Small pieces every role uses: telemetry spans, model aliases, process set-up."""

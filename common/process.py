@@ -1,0 +1,26 @@
+"""Per-process set-up for workers that do heavy math on a few cores."""
+
+from __future__ import annotations
+
+import os
+
+
+def set_torch_threads(threads: int) -> None:
+    """Pin torch (and BLAS) to `threads` cores; call first thing in every worker.
+
+    Two workers with all cores each would oversubscribe a small machine and slow both.
+    """
+    import torch
+
+    threads = max(1, threads)
+    os.environ["OMP_NUM_THREADS"] = str(threads)
+    torch.set_num_threads(threads)
+    try:
+        torch.set_num_interop_threads(1)
+    except RuntimeError:  # already set once in this process; harmless
+        pass
+
+
+def default_threads(workers_at_once: int) -> int:
+    """Cores per worker when `workers_at_once` workers compute at the same time."""
+    return max(1, (os.cpu_count() or 1) // max(1, workers_at_once))

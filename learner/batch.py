@@ -1,0 +1,86 @@
+"""The train batch: controller → learner.
+
+Layout of one row: `[left pad | prompt | response | right pad]`. Every prompt is
+left-padded to the same width, so all responses start at column `response_start`;
+the learner then computes logits only for the response columns (the 49k-wide LM
+head dominates a small model's cost).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, fields, replace
+
+import torch
+
+
+@dataclass
+class TrainBatch:
+    """Padded tensors of one step (or one rank's shard of it).
+
+    Attributes:
+        input_ids: `[B, T]` prompt + response token ids, pads anywhere masked out.
+        attention_mask: `[B, T]` 1 on real tokens, 0 on padding.
+        response_mask: `[B, T]` 1 on tokens the loss counts (response tokens of rows
+            whose reward was scored); 0 elsewhere.
+        response_start: first response column (= prompt width after left padding).
+        old_logprobs: `[B, T]` policy logprobs before this step's update (0 off-mask).
+        ref_logprobs: `[B, T]` frozen reference logprobs, or None when KL is off.
+        advantages: `[B, T]` per-token advantages (GRPO: the sequence's, broadcast).
+        inference_logprobs: `[B, T]` the rollout engine's logprobs, for diagnostics.
+    """
+
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    response_mask: torch.Tensor
+    response_start: int
+    old_logprobs: torch.Tensor | None = None
+    ref_logprobs: torch.Tensor | None = None
+    advantages: torch.Tensor | None = None
+    inference_logprobs: torch.Tensor | None = None
+
+    def __len__(self) -> int:
+        return self.input_ids.shape[0]
+
+    def _map(self, fn) -> TrainBatch:
+        out = {}
+        for f in fields(self):
+            v = getattr(self, f.name)
+            out[f.name] = fn(v) if isinstance(v, torch.Tensor) else v
+        return replace(self, **out)
+
+    def select(self, rows: slice | torch.Tensor) -> TrainBatch:
+        """Rows `rows` of every tensor."""
+        return self._map(lambda t: t[rows])
+
+    def shard(self, rank: int, world: int) -> TrainBatch:
+        """Contiguous 1/world of the rows; `len(self)` must be a multiple of `world`.
+
+        Raises:
+            ValueError: the batch does not split evenly (FSDP ranks must run the same
+                number of micro-batches, or the collectives hang).
+        """
+        if len(self) % world:
+            raise ValueError(f"batch of {len(self)} rows does not split over {world} ranks")
+        per = len(self) // world
+        return self.select(slice(rank * per, (rank + 1) * per))
+
+
+def pad_rows_to_multiple(batch: TrainBatch, multiple: int) -> TrainBatch:
+    """Append copies of row 0 with an all-zero response mask until the row count is a
+    multiple of `multiple`. The copies add nothing to any loss or metric."""
+    extra = (-len(batch)) % multiple
+    if extra == 0:
+        return batch
+
+    def grow(t: torch.Tensor) -> torch.Tensor:
+        return torch.cat([t, t[:1].expand(extra, *t.shape[1:])], dim=0)
+
+    grown = batch._map(grow)
+    grown.response_mask[len(batch):] = 0
+    return grown
+
+
+def concat(parts: Sequence[torch.Tensor]) -> torch.Tensor:
+    """Rows of several shards back into one `[B, T]` tensor (inverse of `shard`)."""
+    return torch.cat(list(parts), dim=0)

@@ -1,0 +1,239 @@
+"""`LearnerWorker`: one rank of the FSDP2 learner group (a Ray actor, one per device or
+CPU process).
+
+Structure: every decoder layer and then the root module are wrapped with
+`fully_shard`; parameters are stored (and AdamW runs) in float32 and cast to
+`compute_dtype` for forward/backward by FSDP2's `MixedPrecisionPolicy`, with gradients
+reduced in float32. Storing bf16 weights instead makes small updates vanish: at lr
+1e-6 most of an AdamW step is below bf16's spacing.
+
+Concurrency: all ranks must call the same verbs in the same order with equally sized
+shards (each verb runs collectives); the controller guarantees this by calling every
+rank at once and padding the batch to a multiple of the world size. `push_weights` is
+called after the optimizer step and its handle is awaited by the controller before
+the next generation.
+
+Verbs: `setup`, `compute_logprobs`, `train_step`, `push_weights`, `save_checkpoint`,
+`drain_spans`.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import socket
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from common.process import set_torch_threads
+from common.telemetry import Span, SpanRecorder
+from learner.batch import TrainBatch
+from learner.logprobs import sequence_logprobs
+from learner.losses import aggregate_loss, clipped_policy_loss
+from weightsync import WeightHandle, make_transport
+
+_DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
+
+
+@dataclass(frozen=True)
+class LearnerSettings:
+    """Plain values a learner rank needs; built by the controller from the recipe."""
+
+    model_path: str
+    compute_dtype: str = "bfloat16"
+    lr: float = 1e-6
+    betas: tuple[float, float] = (0.9, 0.999)
+    weight_decay: float = 0.0
+    warmup_steps: int = 0
+    max_grad_norm: float = 1.0
+    micro_batch_size: int = 4
+    clip_low: float = 0.2
+    clip_high: float = 0.2
+    kl_coef: float = 0.0
+    temperature: float = 1.0
+    seed: int = 0
+    transport: str = "object_store"
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 right now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class LearnerWorker:
+    """One FSDP2 rank holding the policy shard, its optimizer and, with KL on, a frozen
+    reference shard."""
+
+    def __init__(self, rank: int, world_size: int, settings: LearnerSettings, threads: int):
+        set_torch_threads(threads)
+        self.rank, self.world, self.s = rank, world_size, settings
+        self.spans = SpanRecorder("learner", rank)
+        self.transport = make_transport(settings.transport)
+        self.optimizer_steps = 0
+
+    # -- set-up -------------------------------------------------------------------------
+    def setup(self, master_port: int) -> int:
+        """Join the gloo group and build the sharded policy (and reference). Returns the
+        number of parameters of the full policy. Collective: call on all ranks at once."""
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        dist.init_process_group(
+            "gloo",
+            init_method=f"tcp://127.0.0.1:{master_port}",
+            rank=self.rank,
+            world_size=self.world,
+        )
+        torch.manual_seed(self.s.seed)
+        self.policy = self._load_sharded(trainable=True)
+        self.reference = self._load_sharded(trainable=False) if self.s.kl_coef > 0 else None
+        self.optimizer = torch.optim.AdamW(
+            self.policy.parameters(),
+            lr=self.s.lr,
+            betas=self.s.betas,
+            weight_decay=self.s.weight_decay,
+        )
+        warm = self.s.warmup_steps
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lambda i: min(1.0, (i + 1) / warm) if warm else 1.0
+        )
+        return sum(int(math.prod(p.shape)) for p in self.policy.parameters())  # global shapes
+
+    def _load_sharded(self, trainable: bool) -> torch.nn.Module:
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+        from transformers import AutoModelForCausalLM
+
+        model = AutoModelForCausalLM.from_pretrained(self.s.model_path, dtype=torch.float32)
+        model.config.use_cache = False
+        mp = MixedPrecisionPolicy(
+            param_dtype=_DTYPES[self.s.compute_dtype], reduce_dtype=torch.float32
+        )
+        for layer in model.model.layers:
+            fully_shard(layer, mp_policy=mp)
+        fully_shard(model, mp_policy=mp)
+        if not trainable:
+            model.requires_grad_(False)
+            model.eval()
+        return model
+
+    # -- verbs --------------------------------------------------------------------------
+    def _logprobs(self, model: torch.nn.Module, mb: TrainBatch) -> torch.Tensor:
+        return sequence_logprobs(
+            model, mb.input_ids, mb.attention_mask, mb.response_start, self.s.temperature
+        )
+
+    def _micro_batches(self, batch: TrainBatch) -> list[TrainBatch]:
+        n = self.s.micro_batch_size
+        return [batch.select(slice(i, i + n)) for i in range(0, len(batch), n)]
+
+    @torch.no_grad()
+    def compute_logprobs(self, shard: TrainBatch, step: int, reference: bool = False) -> torch.Tensor:
+        """`[b, T]` logprobs of this rank's shard under the policy (`old_logprobs`) or the
+        frozen reference (`ref_logprobs`).
+
+        Raises:
+            RuntimeError: `reference=True` but the recipe has no KL term.
+        """
+        model = self.reference if reference else self.policy
+        if model is None:
+            raise RuntimeError("reference logprobs asked for, but grpo.kl_coef is 0")
+        with self.spans.span("forward", step):
+            parts = [self._logprobs(model, mb) for mb in self._micro_batches(shard)]
+        return torch.cat(parts) * shard.response_mask
+
+    def train_step(self, shard: TrainBatch, denominator: float, step: int) -> dict[str, float]:
+        """One optimizer step on this rank's shard; returns step-wide metrics (identical on
+        every rank).
+
+        Args:
+            shard: rows of this rank, with old_logprobs, advantages (and ref_logprobs).
+            denominator: `loss_denominator` of the whole step, over all ranks.
+        """
+        self.policy.train()
+        sums = torch.zeros(4, dtype=torch.float64)  # loss, clipped tokens, kl, tokens
+        for mb in self._micro_batches(shard):
+            with self.spans.span("forward", step):
+                logprobs = self._logprobs(self.policy, mb)
+                terms = clipped_policy_loss(
+                    logprobs,
+                    mb.old_logprobs,
+                    mb.advantages,
+                    self.s.clip_low,
+                    self.s.clip_high,
+                    ref_logprobs=mb.ref_logprobs,
+                    kl_coef=self.s.kl_coef,
+                )
+                loss = aggregate_loss(terms.loss, mb.response_mask, denominator)
+            with self.spans.span("backward", step):
+                # FSDP2 averages gradients over ranks; scale so the result is the sum.
+                (loss * self.world).backward()
+            m = mb.response_mask
+            sums += torch.tensor(
+                [loss.item(), (terms.clipped * m).sum().item(), (terms.kl * m).sum().item(),
+                 m.sum().item()], dtype=torch.float64,
+            )
+        with self.spans.span("optimizer", step):
+            grad_norm = torch.nn.utils.clip_grad_norm_(
+                self.policy.parameters(), self.s.max_grad_norm
+            )
+            if hasattr(grad_norm, "full_tensor"):
+                grad_norm = grad_norm.full_tensor()
+            lr = self.scheduler.get_last_lr()[0]
+            self.optimizer.step()
+            self.scheduler.step()
+            self.optimizer.zero_grad(set_to_none=True)
+            self.optimizer_steps += 1
+        dist.all_reduce(sums)
+        tokens = max(sums[3].item(), 1.0)
+        return {
+            "loss": sums[0].item(),
+            "clip_fraction": sums[1].item() / tokens,
+            "kl": sums[2].item() / tokens,
+            "grad_norm": float(grad_norm),
+            "lr": lr,
+        }
+
+    def _full_state_dict(self) -> dict[str, torch.Tensor]:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        return get_model_state_dict(self.policy, options=opts)
+
+    def push_weights(self, version: int, dtype: str, checksum: bool = False) -> WeightHandle | None:
+        """Gather the full policy and publish it as `version` through the transport.
+        Collective; rank 0 returns the handle, the others None."""
+        with self.spans.span("weight_sync", version - 1):
+            full = self._full_state_dict()
+            if self.rank != 0:
+                return None
+            cast = {k: v.to(_DTYPES[dtype]) for k, v in full.items()}
+            return self.transport.send(cast, version, checksum=checksum)
+
+    def save_checkpoint(self, path: str, step: int) -> str | None:
+        """Save the full policy with `save_pretrained` (plus tokenizer) into `path`.
+        Collective; rank 0 writes and returns the path."""
+        from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+        with self.spans.span("checkpoint", step):
+            full = self._full_state_dict()
+            if self.rank != 0:
+                return None
+            config = AutoConfig.from_pretrained(self.s.model_path)
+            with torch.device("meta"):
+                plain = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+            plain.load_state_dict(full, assign=True, strict=False)
+            plain.tie_weights()
+            Path(path).mkdir(parents=True, exist_ok=True)
+            plain.save_pretrained(path)
+            AutoTokenizer.from_pretrained(self.s.model_path).save_pretrained(path)
+            return path
+
+    def drain_spans(self) -> list[Span]:
+        return self.spans.drain()
+
+    def shutdown(self) -> None:
+        if dist.is_initialized():
+            dist.destroy_process_group()

@@ -1,0 +1,99 @@
+"""The `posttrain` command: run, validate, schema.
+
+Exit codes: 0 success; 2 a bad recipe or bad input (reported before Ray or any model
+starts); 1 a failure during training.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from recipes.schema import Recipe, RecipeError, check_runtime_inputs, load_recipe
+
+app = typer.Typer(add_completion=False, no_args_is_help=True,
+                  help="RL post-training of language models from recipe YAMLs.")
+
+SetOpt = Annotated[list[str] | None, typer.Option(
+    "--set", help="Override a recipe key: --set train.steps=2 (value parsed as YAML).")]
+
+
+def _load_or_exit(recipe: Path, overrides: list[str] | None) -> Recipe:
+    try:
+        r = load_recipe(recipe, overrides or [])
+        check_runtime_inputs(r)
+        return r
+    except RecipeError as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(code=2) from None
+
+
+@app.command()
+def validate(recipe: Path, set_: SetOpt = None) -> None:
+    """Check a recipe (schema, files, model path) without starting anything."""
+    r = _load_or_exit(recipe, set_)
+    typer.echo(f"ok: {recipe} ({r.algorithm}, {r.train.steps} steps, model {r.model.path})")
+
+
+@app.command()
+def schema() -> None:
+    """Print the recipe's JSON Schema (point your editor's YAML plugin at it)."""
+    typer.echo(json.dumps(Recipe.model_json_schema(), indent=2))
+
+
+@app.command()
+def run(
+    recipe: Path,
+    set_: SetOpt = None,
+    out: Annotated[Path | None, typer.Option(help="Run folder; default runs/<name>-<time>.")] = None,
+    address: Annotated[str | None, typer.Option(
+        help="Ray cluster to join (default: RAY_ADDRESS, else an embedded local cluster).")] = None,
+) -> None:
+    """Train a recipe end to end."""
+    r = _load_or_exit(recipe, set_)
+    run_dir = out or Path("runs") / f"{r.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    typer.echo(f"posttrain: {r.name} ({r.algorithm}) → {run_dir}")
+    from recipes.loop import run as run_loop  # heavy imports only after validation
+
+    t0 = time.time()
+    try:
+        history = run_loop(r, run_dir, address)
+    except RecipeError as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(code=2) from None
+    _summary(history, run_dir, time.time() - t0)
+
+
+def _summary(history: list[dict[str, float]], run_dir: Path, wall: float) -> None:
+    if not history:
+        return
+    first, last = history[: min(3, len(history))], history[-min(3, len(history)):]
+
+    def mean(rows: list[dict[str, float]], key: str) -> float:
+        return sum(h[key] for h in rows) / len(rows)
+
+    keys = ["generate", "score", "logprobs", "train", "weight_sync"]
+    split = "  ".join(f"{k} {mean(history, 'time/' + k):.1f}s" for k in keys)
+    typer.echo(
+        f"done: {len(history)} steps in {wall:.0f} s\n"
+        f"  reward mean, first {len(first)} steps: {mean(first, 'reward_mean'):.3f}   "
+        f"last {len(last)}: {mean(last, 'reward_mean'):.3f}\n"
+        f"  step time {mean(history, 'time/step'):.1f}s = {split}\n"
+        f"  idle fraction: rollout {mean(history, 'rollout_idle_fraction'):.2f}  "
+        f"learner {mean(history, 'learner_idle_fraction'):.2f}\n"
+        f"  metrics: {run_dir / 'metrics.jsonl'}   final policy: {run_dir / 'final'}"
+    )
+
+
+def main() -> None:
+    """Console entry point (`posttrain`)."""
+    sys.exit(app())
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,234 @@
+"""The controller: one process that starts the roles and owns the GRPO step loop.
+
+One step (synchronous, on-policy):
+  generate → score → old/ref logprobs → advantages → train_step → push_weights,
+and every rollout engine acknowledges `policy_version = step + 1` before the next
+generate. Each step's rollouts and rewards are written to disk before training on
+them, so a crash loses no scored sample.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import ray
+import torch
+import yaml
+
+from actors.rollout import PromptRequest, Rollout, SamplingSettings
+from actors.worker import RolloutWorker
+from common.process import default_threads
+from common.telemetry import Span, generation_tail, idle_fraction
+from learner.batch import TrainBatch, concat, pad_rows_to_multiple
+from learner.losses import loss_denominator
+from learner.worker import LearnerSettings, LearnerWorker, free_port
+from recipes.data import PromptItem
+from recipes.grpo import build_train_batch, logprob_mismatch, rollout_metrics
+from recipes.schema import Recipe
+from rewards.client import RewardClient, start_local_service
+from rewards.protocol import ScoreItem
+
+
+@dataclass
+class Roles:
+    """Handles of every running role of one job."""
+
+    rollout: list[Any]
+    learners: list[Any]
+    reward: RewardClient
+    reward_proc: Any
+    pad_id: int
+
+
+def start_roles(recipe: Recipe, model_path: str, run_dir: Path) -> Roles:
+    """Start the reward service, the rollout workers and the learner group.
+
+    Raises:
+        RuntimeError: a role failed to start (the message names it).
+    """
+    res = recipe.resources
+    n_rollout = res.rollout.gpus // res.rollout.gpus_per_engine
+    n_learn = res.learner.gpus
+    token = secrets.token_urlsafe(16)
+    port = free_port()
+    comps = json.dumps([c.model_dump() for c in recipe.rewards])
+    proc = start_local_service(comps, port, token, run_dir / "reward_service.log")
+    reward = RewardClient(
+        f"http://127.0.0.1:{port}/score",
+        token=token,
+        timeout_s=recipe.reward_service.timeout_s,
+        retries=recipe.reward_service.retries,
+        batch_size=recipe.reward_service.batch_size,
+    )
+    # Synchronous mode: the rollout side and the learner side never compute at once,
+    # so each side gets all cores, split among its own workers.
+    threads_r = res.threads_per_worker or default_threads(n_rollout)
+    threads_l = res.threads_per_worker or default_threads(n_learn)
+    Rollout_ = ray.remote(num_cpus=0, num_gpus=res.rollout.gpus_per_engine)(RolloutWorker)
+    rollout = [
+        Rollout_.remote(i, recipe.rollout.engine, model_path, recipe.model.dtype,
+                        recipe.weight_sync.type, threads_r)
+        for i in range(n_rollout)
+    ]
+    settings = LearnerSettings(
+        model_path=model_path,
+        compute_dtype=recipe.model.dtype,
+        lr=recipe.train.lr,
+        betas=recipe.train.betas,
+        weight_decay=recipe.train.weight_decay,
+        warmup_steps=recipe.train.warmup_steps,
+        max_grad_norm=recipe.train.max_grad_norm,
+        micro_batch_size=recipe.train.micro_batch_size,
+        clip_low=recipe.grpo.clip_eps,
+        clip_high=recipe.grpo.clip_eps_high or recipe.grpo.clip_eps,
+        kl_coef=recipe.grpo.kl_coef,
+        temperature=recipe.rollout.temperature,
+        seed=recipe.train.seed,
+        transport=recipe.weight_sync.type,
+    )
+    Learner_ = ray.remote(num_cpus=0, num_gpus=1)(LearnerWorker)
+    learners = [Learner_.remote(r, n_learn, settings, threads_l) for r in range(n_learn)]
+    master = free_port()
+    ray.get([lw.setup.remote(master) for lw in learners])
+    ray.get([w.health.remote() for w in rollout])
+    reward.wait_ready(timeout_s=120, proc=proc)
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(model_path)
+    pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+    return Roles(rollout, learners, reward, proc, pad)
+
+
+def stop_roles(roles: Roles | None) -> None:
+    """Stop the reward service and the Ray actors; safe to call twice."""
+    if roles is None:
+        return
+    roles.reward.close()
+    if roles.reward_proc.poll() is None:
+        roles.reward_proc.terminate()
+        try:
+            roles.reward_proc.wait(timeout=10)
+        except Exception:  # noqa: BLE001 - a stuck child is killed below either way
+            roles.reward_proc.kill()
+    for a in roles.rollout + roles.learners:
+        ray.kill(a)
+
+
+def generate(
+    roles: Roles, prompts: list[PromptItem], recipe: Recipe, step: int
+) -> list[Rollout]:
+    """Sample a group per prompt, spreading prompts over the rollout workers."""
+    messages = []
+    for p in prompts:
+        m = [{"role": "user", "content": p.question}]
+        if recipe.model.system_prompt:
+            m.insert(0, {"role": "system", "content": recipe.model.system_prompt})
+        messages.append(m)
+    requests = [
+        PromptRequest(f"s{step}-p{p.prompt_id}-{i}", m, p.ground_truth, p.metadata)
+        for i, (p, m) in enumerate(zip(prompts, messages, strict=True))
+    ]
+    sampling = SamplingSettings(
+        n=recipe.rollout.samples_per_prompt,
+        max_new_tokens=recipe.rollout.max_new_tokens,
+        temperature=recipe.rollout.temperature,
+        top_p=recipe.rollout.top_p,
+        seed=recipe.train.seed * 100_003 + step,
+    )
+    n = len(roles.rollout)
+    chunks = [requests[i::n] for i in range(n)]
+    futures = [w.generate.remote(c, sampling, step) for w, c in zip(roles.rollout, chunks) if c]
+    return [r for part in ray.get(futures) for r in part]
+
+
+def score(roles: Roles, rollouts: list[Rollout]) -> tuple[list[float | None], list[dict]]:
+    """Rewards (None when scoring failed) and details, aligned with `rollouts`."""
+    items = [
+        ScoreItem(uid=r.uid, prompt=r.prompt_text, response=r.response_text,
+                  ground_truth=r.ground_truth, metadata=r.metadata)
+        for r in rollouts
+    ]
+    scores = roles.reward.score(items)
+    return [s.reward for s in scores], [s.details | ({"error": s.error} if s.error else {})
+                                        for s in scores]
+
+
+def _on_learners(roles: Roles, method: str, batch: TrainBatch, *args: Any) -> list[Any]:
+    world = len(roles.learners)
+    return ray.get([getattr(lw, method).remote(batch.shard(r, world), *args)
+                    for r, lw in enumerate(roles.learners)])
+
+
+def train_on(roles: Roles, batch: TrainBatch, recipe: Recipe, step: int) -> dict[str, float]:
+    """old (and ref) logprobs, then one optimizer step on every learner rank."""
+    b, t0 = len(batch), time.time()
+    padded = pad_rows_to_multiple(batch, len(roles.learners))
+    padded.old_logprobs = concat(_on_learners(roles, "compute_logprobs", padded, step))
+    if recipe.grpo.kl_coef > 0:
+        padded.ref_logprobs = concat(_on_learners(roles, "compute_logprobs", padded, step, True))
+    t_train = time.time()
+    denom = loss_denominator(padded.response_mask, recipe.grpo.loss_agg)
+    stats = _on_learners(roles, "train_step", padded, denom, step)[0]
+    stats["time/train"] = time.time() - t_train
+    stats["time/logprobs"] = t_train - t0
+    stats["logprob_mismatch"] = logprob_mismatch(batch, padded.old_logprobs[:b])
+    return stats
+
+
+def push_weights(roles: Roles, recipe: Recipe, version: int) -> float:
+    """Publish the new policy and wait for every engine to hold `version`; seconds."""
+    t0 = time.time()
+    check = recipe.weight_sync.verify_checksum
+    handles = ray.get([lw.push_weights.remote(version, recipe.model.dtype, check)
+                       for lw in roles.learners])
+    acks = ray.get([w.update_weights.remote(handles[0], version - 1) for w in roles.rollout])
+    if any(a != version for a in acks):
+        raise RuntimeError(f"rollout engines report versions {acks}, expected {version}")
+    return time.time() - t0
+
+
+def step_telemetry(roles: Roles, recipe: Recipe, start: float, end: float) -> dict[str, float]:
+    """Idle fractions and generation tail of one step from every worker's spans."""
+    spans: list[Span] = [s for part in ray.get(
+        [a.drain_spans.remote() for a in roles.rollout + roles.learners]) for s in part]
+    return {
+        "rollout_idle_fraction": idle_fraction(spans, "rollout", len(roles.rollout), start, end),
+        "learner_idle_fraction": idle_fraction(spans, "learner", len(roles.learners), start, end),
+        "time/generation_tail": generation_tail(spans),
+    }
+
+
+def save_rollouts(run_dir: Path, step: int, rollouts: list[Rollout],
+                  rewards: list[float | None], details: list[dict]) -> None:
+    """One jsonl per step: every rollout with its reward, written before training."""
+    folder = run_dir / "rollouts"
+    folder.mkdir(exist_ok=True)
+    with open(folder / f"step_{step:05d}.jsonl", "w") as f:
+        for r, x, d in zip(rollouts, rewards, details, strict=True):
+            f.write(json.dumps(r.to_dict() | {"reward": x, "reward_details": d}) + "\n")
+
+
+def init_ray(recipe: Recipe, address: str | None) -> None:
+    """Join `address` (or RAY_ADDRESS), else start an embedded cluster; on device cpu
+    declare as many GPUs as the recipe asks for so the same placement code runs."""
+    address = address or os.environ.get("RAY_ADDRESS")
+    if address:
+        ray.init(address=address, log_to_driver=True)
+        return
+    res = recipe.resources
+    ray.init(num_cpus=os.cpu_count(), num_gpus=res.rollout.gpus + res.learner.gpus,
+             include_dashboard=False, log_to_driver=True,
+             runtime_env={"env_vars": {"TOKENIZERS_PARALLELISM": "false"}})
+
+
+def write_manifest(run_dir: Path, recipe: Recipe, model_path: str) -> None:
+    (run_dir / "recipe.yaml").write_text(yaml.safe_dump(recipe.model_dump(mode="json"),
+                                                        sort_keys=False))
+    (run_dir / "run.json").write_text(json.dumps({
+        "model_path": model_path, "torch": torch.__version__, "started": time.time()}))

@@ -1,0 +1,107 @@
+"""Prompt sources for RL recipes: procedural tasks and jsonl files.
+
+Each source yields `PromptItem`s (controller-side only). The product never reads
+`../shared/data`; recipes that point there are for tests and benchmarks.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from recipes.schema import DataConfig, GeneratorData, JsonlData, RecipeError
+
+
+@dataclass(frozen=True)
+class PromptItem:
+    """One prompt of the training set.
+
+    Attributes:
+        prompt_id: stable id within the data set (row index or generator index).
+        question: the user message sent to the policy.
+        ground_truth: reference answer the verifier compares against (text).
+        metadata: anything else from the source row, passed to reward services.
+    """
+
+    prompt_id: int
+    question: str
+    ground_truth: str
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+
+def _arithmetic(cfg: GeneratorData) -> list[PromptItem]:
+    import reasoning_gym
+
+    ds = reasoning_gym.create_dataset(
+        "basic_arithmetic",
+        size=cfg.size,
+        seed=cfg.seed,
+        min_terms=cfg.min_terms,
+        max_terms=cfg.max_terms,
+        min_digits=cfg.min_digits,
+        max_digits=cfg.max_digits,
+        operators=tuple(cfg.operators),
+        allow_negation=False,
+        allow_parentheses=False,
+    )
+    return [
+        PromptItem(i, row["question"], str(row["answer"]), {"expression": row["metadata"]["expression"]})
+        for i, row in enumerate(ds)
+    ]
+
+
+def _jsonl(cfg: JsonlData) -> list[PromptItem]:
+    items: list[PromptItem] = []
+    with open(cfg.path, encoding="utf-8") as f:
+        for lineno, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise RecipeError(f"{cfg.path}:{lineno}: not valid JSON ({e.msg})") from None
+            for key, role in ((cfg.prompt_key, "prompt_key"), (cfg.answer_key, "answer_key")):
+                if key not in row:
+                    raise RecipeError(
+                        f"{cfg.path}:{lineno}: row has no key {key!r} (data.train.{role}); "
+                        f"its keys are {sorted(row)}; set data.train.{role} to one of them"
+                    )
+            answer = str(row[cfg.answer_key])
+            if cfg.answer_delimiter and cfg.answer_delimiter in answer:
+                answer = answer.rsplit(cfg.answer_delimiter, 1)[1].strip()
+            meta = {k: v for k, v in row.items() if k not in (cfg.prompt_key, cfg.answer_key)}
+            items.append(PromptItem(len(items), str(row[cfg.prompt_key]), answer, meta))
+            if cfg.limit and len(items) >= cfg.limit:
+                break
+    if not items:
+        raise RecipeError(f"{cfg.path}: no rows; the training file is empty")
+    return items
+
+
+def load_prompts(cfg: DataConfig) -> list[PromptItem]:
+    """Materialise the training prompts of a recipe.
+
+    Raises:
+        RecipeError: unreadable rows or missing keys, naming file, line and key.
+    """
+    if isinstance(cfg.train, GeneratorData):
+        return _arithmetic(cfg.train)
+    return _jsonl(cfg.train)
+
+
+def prompt_stream(items: list[PromptItem], per_step: int, seed: int) -> Iterator[list[PromptItem]]:
+    """Yield `per_step` prompts at a time, reshuffling at every epoch boundary."""
+    rng = random.Random(seed)
+    order: list[PromptItem] = []
+    while True:
+        batch: list[PromptItem] = []
+        while len(batch) < per_step:
+            if not order:
+                order = list(items)
+                rng.shuffle(order)
+            batch.append(order.pop())
+        yield batch

@@ -1,0 +1,98 @@
+"""GRPO on the controller side: rollouts + rewards → a padded `TrainBatch` with
+group-normalised advantages, and the per-step rollout metrics.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+
+import torch
+
+from actors.rollout import Rollout
+from learner.batch import TrainBatch
+from learner.losses import group_advantages
+
+
+def build_train_batch(
+    rollouts: list[Rollout],
+    rewards: list[float | None],
+    pad_id: int,
+    scale_by_std: bool = True,
+    std_eps: float = 1e-6,
+) -> TrainBatch:
+    """Pad rollouts into `[B, T]` tensors (prompts left-padded to a common width, so
+    responses start at one column) and attach GRPO advantages.
+
+    A rollout whose reward is None (failed scoring) keeps its row but gets an all-zero
+    response mask: it neither counts in its group's statistics nor in the loss.
+
+    Raises:
+        ValueError: `rewards` and `rollouts` differ in length.
+    """
+    if len(rewards) != len(rollouts):
+        raise ValueError(f"{len(rewards)} rewards for {len(rollouts)} rollouts")
+    width_p = max(len(r.prompt_ids) for r in rollouts)
+    width_r = max(max(len(r.response_ids) for r in rollouts), 1)
+    b, t = len(rollouts), width_p + width_r
+    input_ids = torch.full((b, t), pad_id, dtype=torch.long)
+    attention = torch.zeros((b, t), dtype=torch.long)
+    response = torch.zeros((b, t), dtype=torch.float32)
+    inference = torch.zeros((b, t), dtype=torch.float32)
+    for i, r in enumerate(rollouts):
+        p, n = len(r.prompt_ids), len(r.response_ids)
+        input_ids[i, width_p - p:width_p] = torch.tensor(r.prompt_ids)
+        input_ids[i, width_p:width_p + n] = torch.tensor(r.response_ids, dtype=torch.long)
+        attention[i, width_p - p:width_p + n] = 1
+        inference[i, width_p:width_p + n] = torch.tensor(r.inference_logprobs)
+        if rewards[i] is not None:
+            response[i, width_p:width_p + n] = 1.0
+    reward_t = torch.tensor([math.nan if x is None else x for x in rewards], dtype=torch.float32)
+    adv = group_advantages(reward_t, [r.group_id for r in rollouts], scale_by_std, std_eps)
+    return TrainBatch(
+        input_ids=input_ids,
+        attention_mask=attention,
+        response_mask=response,
+        response_start=width_p,
+        advantages=adv.unsqueeze(-1) * response,
+        inference_logprobs=inference,
+    )
+
+
+def rollout_metrics(
+    rollouts: list[Rollout], rewards: list[float | None], details: list[dict]
+) -> dict[str, float]:
+    """Reward mean/std, per-component means (e.g. accuracy), response length, truncation
+    and failed-score counts of one step."""
+    ok = [x for x in rewards if x is not None]
+    lengths = [len(r.response_ids) for r in rollouts]
+    out = {
+        "reward_mean": statistics.fmean(ok) if ok else math.nan,
+        "reward_std": statistics.pstdev(ok) if len(ok) > 1 else 0.0,
+        "response_length_mean": statistics.fmean(lengths),
+        "response_length_max": float(max(lengths)),
+        "truncated_fraction": sum(r.finish_reason == "length" for r in rollouts) / len(rollouts),
+        "failed_scores": float(len(rewards) - len(ok)),
+    }
+    comps: dict[str, list[float]] = {}
+    for d in details:
+        for k, v in d.items():
+            if "." not in k and isinstance(v, int | float):
+                comps.setdefault(k, []).append(float(v))
+    for k, vals in comps.items():
+        out[f"reward/{k}"] = statistics.fmean(vals)
+    groups: dict[str, list[float]] = {}
+    for r, x in zip(rollouts, rewards, strict=True):
+        if x is not None:
+            groups.setdefault(r.group_id, []).append(x)
+    out["groups_with_signal"] = float(sum(len(set(v)) > 1 for v in groups.values()))
+    return out
+
+
+def logprob_mismatch(batch: TrainBatch, old_logprobs: torch.Tensor) -> float:
+    """Mean |old_logprobs - inference_logprobs| over response tokens: how far the
+    learner's view of the sampling policy is from the engine's (precision, kernels)."""
+    m = batch.response_mask
+    if batch.inference_logprobs is None or float(m.sum()) == 0:
+        return 0.0
+    return float(((old_logprobs - batch.inference_logprobs).abs() * m).sum() / m.sum())

