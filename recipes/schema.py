@@ -114,12 +114,24 @@ class RolloutConfig(_Strict):
     top_p: float = Field(1.0, gt=0.0, le=1.0, description="Nucleus sampling mass.")
 
 
-class RewardSpec(_Strict):
+class MathReward(_Strict):
     name: str = Field(description="Name of this reward component in metrics and rollouts.")
     type: Literal["math"] = Field(
         description="'math': math-verify compares the response's final answer to ground truth."
     )
     weight: float = Field(1.0, description="Weight of this component in the summed reward.")
+
+
+class LengthReward(_Strict):
+    name: str = Field(description="Name of this reward component in metrics and rollouts.")
+    type: Literal["length"] = Field(
+        description="'length': 1 - |chars - target_chars| / target_chars, floored at 0."
+    )
+    weight: float = Field(1.0, description="Weight of this component in the summed reward.")
+    target_chars: int = Field(gt=0, description="Response length (characters) scored 1.")
+
+
+RewardSpec = Annotated[MathReward | LengthReward, Field(discriminator="type")]
 
 
 class RewardsServiceConfig(_Strict):

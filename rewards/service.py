@@ -1,5 +1,6 @@
 """The reward service: a FastAPI app serving `POST /score` and `GET /health`.
 
+Built-ins: `math` (see math_verifier) and `length` (closeness to a target length).
 One service hosts every built-in component of a recipe's `rewards:` list; an item's
 reward is the weighted sum of its components, each reported in `details`. A
 component that raises marks that item as failed (`reward: null`, `error` set); the
@@ -28,10 +29,15 @@ from rewards.protocol import Score, ScoreItem, ScoreRequest, ScoreResponse
 
 log = logging.getLogger("posttrain.rewards")
 
-Verifier = Callable[[ScoreItem], tuple[float, dict[str, Any]]]
+def score_length(response: str, target_chars: int) -> tuple[float, dict[str, Any]]:
+    """1 at exactly `target_chars` characters, falling linearly to 0 at 0 or 2× target."""
+    n = len(response)
+    return max(0.0, 1.0 - abs(n - target_chars) / target_chars), {"chars": n}
 
-VERIFIERS: dict[str, Verifier] = {
-    "math": lambda item: score_math(item.response, item.ground_truth),
+
+VERIFIERS: dict[str, Callable[[ScoreItem, dict[str, Any]], tuple[float, dict[str, Any]]]] = {
+    "math": lambda item, comp: score_math(item.response, item.ground_truth),
+    "length": lambda item, comp: score_length(item.response, comp["target_chars"]),
 }
 
 
@@ -39,7 +45,7 @@ def _score_item(item: ScoreItem, components: list[dict[str, Any]]) -> Score:
     total, details = 0.0, {}
     for comp in components:
         try:
-            value, extra = VERIFIERS[comp["type"]](item)
+            value, extra = VERIFIERS[comp["type"]](item, comp)
         except Exception as e:  # a verifier bug must fail this item, not the batch
             log.warning("reward %s failed on %s: %s", comp["name"], item.uid, e)
             return Score(uid=item.uid, reward=None, error=f"{comp['name']}: {e}", details=details)

@@ -1,0 +1,94 @@
+"""Recipe validation: shipped recipes pass; bad recipes fail fast with the key path."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from recipes.schema import RecipeError, check_runtime_inputs, load_recipe
+from tests.conftest import ROOT
+
+SHIPPED = sorted((ROOT / "recipes").rglob("*.yaml"))
+
+
+def test_recipes_are_found():
+    assert {p.name for p in SHIPPED} >= {"quickstart_grpo.yaml", "grpo_gsm8k.yaml"}
+
+
+@pytest.mark.parametrize("path", SHIPPED, ids=lambda p: p.name)
+def test_shipped_recipe_validates(path, shared_data):
+    recipe = load_recipe(path)
+    check_runtime_inputs(recipe)
+
+
+def _write(tmp_path: Path, text: str) -> Path:
+    p = tmp_path / "r.yaml"
+    p.write_text(text)
+    return p
+
+
+BASE = (ROOT / "recipes" / "quickstart_grpo.yaml").read_text()
+
+
+@pytest.mark.parametrize(
+    ("overrides", "needle"),
+    [
+        (["train.bogus=1"], "train.bogus: unknown key"),
+        (["train.steps=many"], "train.steps: Input should be a valid integer"),
+        (["train.lr=-1"], "train.lr: Input should be greater than 0"),
+        (["rollout.samples_per_prompt=1"], "set rollout.samples_per_prompt: 2 or more"),
+        (["resources.rollout.gpus=3", "resources.rollout.gpus_per_engine=2"], "not divisible"),
+        (["rewards.0.type=magic"], "rewards.0"),
+        (["algorithm=sft"], "algorithm: Input should be 'grpo'"),
+    ],
+)
+def test_bad_values_name_the_key(overrides, needle):
+    with pytest.raises(RecipeError) as e:
+        load_recipe(ROOT / "recipes" / "quickstart_grpo.yaml", overrides)
+    assert needle in str(e.value)
+    assert "quickstart_grpo.yaml" in str(e.value)
+
+
+def test_missing_section_and_yaml_errors(tmp_path):
+    with pytest.raises(RecipeError, match="train: required key is missing"):
+        load_recipe(_write(tmp_path, BASE.replace("train: {", "# train: {")))
+    with pytest.raises(RecipeError, match="not valid YAML"):
+        load_recipe(_write(tmp_path, "name: [unclosed"))
+    with pytest.raises(RecipeError, match="recipe file not found"):
+        load_recipe(tmp_path / "absent.yaml")
+
+
+def test_missing_data_file_and_model_folder(tmp_path):
+    r = load_recipe(ROOT / "recipes" / "quickstart_grpo.yaml",
+                    ["data.train={path: nowhere.jsonl}"])
+    with pytest.raises(RecipeError, match="data.train.path"):
+        check_runtime_inputs(r)
+    r = load_recipe(ROOT / "recipes" / "quickstart_grpo.yaml", [f"model.path={tmp_path}"])
+    with pytest.raises(RecipeError, match="model.path"):
+        check_runtime_inputs(r)
+
+
+def test_schema_imports_no_torch():
+    code = ("import sys, recipes.schema as s; s.load_recipe('recipes/quickstart_grpo.yaml'); "
+            "bad = [m for m in ('torch', 'ray', 'transformers') if m in sys.modules]; "
+            "sys.exit(1 if bad else 0)")
+    assert subprocess.run([sys.executable, "-c", code], cwd=ROOT).returncode == 0
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "recipes.cli", *args], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_cli_exit_codes():
+    ok = _cli("validate", "recipes/quickstart_grpo.yaml")
+    assert ok.returncode == 0, ok.stderr
+    bad = _cli("run", "recipes/quickstart_grpo.yaml", "--set", "rollout.samples_per_prompt=1")
+    assert bad.returncode == 2
+    assert "rollout.samples_per_prompt" in bad.stderr
+    assert "Ray" not in bad.stdout + bad.stderr  # failed before anything started
+    schema = _cli("schema")
+    assert schema.returncode == 0 and '"Recipe"' in schema.stdout

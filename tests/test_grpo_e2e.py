@@ -1,0 +1,47 @@
+"""Two GRPO steps end to end on a tiny random model: Ray rollout worker → HTTP reward
+service → 2 FSDP2 learner workers → object-store weight push (checksum-verified)."""
+
+from __future__ import annotations
+
+import json
+
+import yaml
+from transformers import AutoModelForCausalLM
+
+from recipes.loop import run
+from recipes.schema import load_recipe
+
+
+def test_two_grpo_steps(tiny_model, tmp_path):
+    recipe_file = tmp_path / "tiny.yaml"
+    recipe_file.write_text(yaml.safe_dump({
+        "name": "tiny-e2e",
+        "algorithm": "grpo",
+        "model": {"path": str(tiny_model), "dtype": "float32"},
+        "data": {"train": {"generator": "arithmetic", "size": 20, "seed": 1}},
+        "rollout": {"engine": "hf", "samples_per_prompt": 4, "max_new_tokens": 6},
+        "rewards": [{"name": "correct", "type": "math"},
+                    {"name": "short", "type": "length", "target_chars": 3, "weight": 0.5}],
+        "grpo": {"kl_coef": 0.01},
+        "train": {"steps": 2, "prompts_per_step": 3, "micro_batch_size": 2, "lr": 1e-3},
+        "resources": {"rollout": {"gpus": 1}, "learner": {"gpus": 2}, "threads_per_worker": 1},
+        "weight_sync": {"type": "object_store", "verify_checksum": True},
+        "monitor": {"progress": False},
+    }))
+    run_dir = tmp_path / "run"
+    history = run(load_recipe(recipe_file), run_dir)
+
+    lines = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [m["policy_version"] for m in lines] == [1, 2] == [h["policy_version"] for h in history]
+    for m in lines:
+        assert m["failed_scores"] == 0
+        assert 0.0 <= m["rollout_idle_fraction"] <= 1.0 and 0.0 <= m["learner_idle_fraction"] <= 1.0
+        for key in ("generate", "score", "logprobs", "train", "weight_sync"):
+            assert m[f"time/{key}"] >= 0.0
+        assert m["kl"] >= 0.0 and m["groups_with_signal"] > 0 and m["grad_norm"] > 0.0
+    assert lines[1]["kl"] > 0.0  # the policy moved away from the reference after step 0
+    saved = [json.loads(x) for x in (run_dir / "rollouts" / "step_00001.jsonl").open()]
+    assert len(saved) == 12 and all(r["policy_version"] == 1 for r in saved)
+    assert all(len(r["inference_logprobs"]) == len(r["response_ids"]) for r in saved)
+    final = AutoModelForCausalLM.from_pretrained(run_dir / "final")
+    assert final.config.tie_word_embeddings
