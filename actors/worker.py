@@ -14,7 +14,7 @@ import time
 
 from actors.engine import InferenceEngine
 from actors.rollout import PromptRequest, Rollout, SamplingSettings
-from common.process import set_torch_threads
+from common.process import quiet_libraries, set_torch_threads
 from common.telemetry import Span, SpanRecorder
 from weightsync import WeightHandle, WeightSyncError, make_transport, state_checksum
 
@@ -45,6 +45,7 @@ class RolloutWorker:
         threads: int,
     ):
         set_torch_threads(threads)
+        quiet_libraries()
         self.worker_id = worker_id
         self.engine = make_engine(engine, model_path, dtype)
         self.transport = make_transport(transport)

@@ -24,3 +24,11 @@ def set_torch_threads(threads: int) -> None:
 def default_threads(workers_at_once: int) -> int:
     """Cores per worker when `workers_at_once` workers compute at the same time."""
     return max(1, (os.cpu_count() or 1) // max(1, workers_at_once))
+
+
+def quiet_libraries() -> None:
+    """Turn off per-load progress bars of transformers (one per worker per load) so the
+    console shows the training progress bar and real warnings only."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()

@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from common.process import set_torch_threads
+from common.process import quiet_libraries, set_torch_threads
 from common.telemetry import Span, SpanRecorder
 from learner.batch import TrainBatch
 from learner.logprobs import sequence_logprobs
@@ -71,6 +71,7 @@ class LearnerWorker:
 
     def __init__(self, rank: int, world_size: int, settings: LearnerSettings, threads: int):
         set_torch_threads(threads)
+        quiet_libraries()
         self.rank, self.world, self.s = rank, world_size, settings
         self.spans = SpanRecorder("learner", rank)
         self.transport = make_transport(settings.transport)
@@ -130,7 +131,9 @@ class LearnerWorker:
         return [batch.select(slice(i, i + n)) for i in range(0, len(batch), n)]
 
     @torch.no_grad()
-    def compute_logprobs(self, shard: TrainBatch, step: int, reference: bool = False) -> torch.Tensor:
+    def compute_logprobs(
+        self, shard: TrainBatch, step: int, reference: bool = False
+    ) -> torch.Tensor:
         """`[b, T]` logprobs of this rank's shard under the policy (`old_logprobs`) or the
         frozen reference (`ref_logprobs`).
 

@@ -7,6 +7,7 @@ starts); 1 a failure during training.
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -50,12 +51,15 @@ def schema() -> None:
 def run(
     recipe: Path,
     set_: SetOpt = None,
-    out: Annotated[Path | None, typer.Option(help="Run folder; default runs/<name>-<time>.")] = None,
+    out: Annotated[
+        Path | None, typer.Option(help="Run folder; default runs/<name>-<time>.")
+    ] = None,
     address: Annotated[str | None, typer.Option(
         help="Ray cluster to join (default: RAY_ADDRESS, else an embedded local cluster).")] = None,
 ) -> None:
     """Train a recipe end to end."""
     r = _load_or_exit(recipe, set_)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # models are local folders; never a hub
     run_dir = out or Path("runs") / f"{r.name}-{time.strftime('%Y%m%d-%H%M%S')}"
     typer.echo(f"posttrain: {r.name} ({r.algorithm}) → {run_dir}")
     from recipes.loop import run as run_loop  # heavy imports only after validation

@@ -29,7 +29,7 @@ from learner.batch import TrainBatch, concat, pad_rows_to_multiple
 from learner.losses import loss_denominator
 from learner.worker import LearnerSettings, LearnerWorker, free_port
 from recipes.data import PromptItem
-from recipes.grpo import build_train_batch, logprob_mismatch, rollout_metrics
+from recipes.grpo import logprob_mismatch
 from recipes.schema import Recipe
 from rewards.client import RewardClient, start_local_service
 from rewards.protocol import ScoreItem
@@ -143,7 +143,8 @@ def generate(
     )
     n = len(roles.rollout)
     chunks = [requests[i::n] for i in range(n)]
-    futures = [w.generate.remote(c, sampling, step) for w, c in zip(roles.rollout, chunks) if c]
+    futures = [w.generate.remote(c, sampling, step)
+               for w, c in zip(roles.rollout, chunks, strict=True) if c]
     return [r for part in ray.get(futures) for r in part]
 
 
@@ -224,7 +225,8 @@ def init_ray(recipe: Recipe, address: str | None) -> None:
     res = recipe.resources
     ray.init(num_cpus=os.cpu_count(), num_gpus=res.rollout.gpus + res.learner.gpus,
              include_dashboard=False, log_to_driver=True,
-             runtime_env={"env_vars": {"TOKENIZERS_PARALLELISM": "false"}})
+             runtime_env={"env_vars": {"TOKENIZERS_PARALLELISM": "false",
+                                                 "HF_HUB_OFFLINE": "1"}})
 
 
 def write_manifest(run_dir: Path, recipe: Recipe, model_path: str) -> None:

@@ -10,7 +10,6 @@ import json
 import random
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from recipes.schema import DataConfig, GeneratorData, JsonlData, RecipeError
@@ -49,7 +48,8 @@ def _arithmetic(cfg: GeneratorData) -> list[PromptItem]:
         allow_parentheses=False,
     )
     return [
-        PromptItem(i, row["question"], str(row["answer"]), {"expression": row["metadata"]["expression"]})
+        PromptItem(i, row["question"], str(row["answer"]),
+                   {"expression": row["metadata"]["expression"]})
         for i, row in enumerate(ds)
     ]
 

@@ -60,10 +60,14 @@ def build_train_batch(
 
 
 def rollout_metrics(
-    rollouts: list[Rollout], rewards: list[float | None], details: list[dict]
+    rollouts: list[Rollout],
+    rewards: list[float | None],
+    details: list[dict],
+    accuracy_component: str | None = None,
 ) -> dict[str, float]:
-    """Reward mean/std, per-component means (e.g. accuracy), response length, truncation
-    and failed-score counts of one step."""
+    """Reward mean/std, per-component means, response length, truncation and
+    failed-score counts of one step; `accuracy` is the share of scored rollouts whose
+    `accuracy_component` (a 0/1 verifier such as `math`) is 1."""
     ok = [x for x in rewards if x is not None]
     lengths = [len(r.response_ids) for r in rollouts]
     out = {
@@ -81,6 +85,9 @@ def rollout_metrics(
                 comps.setdefault(k, []).append(float(v))
     for k, vals in comps.items():
         out[f"reward/{k}"] = statistics.fmean(vals)
+    if accuracy_component in comps:
+        vals = comps[accuracy_component]
+        out["accuracy"] = sum(v == 1.0 for v in vals) / len(vals)
     groups: dict[str, list[float]] = {}
     for r, x in zip(rollouts, rewards, strict=True):
         if x is not None:

@@ -10,6 +10,7 @@ import ray
 from tqdm import tqdm
 
 from common.model_registry import resolve_model_path
+from common.process import quiet_libraries
 from recipes import controller as c
 from recipes.data import load_prompts, prompt_stream
 from recipes.grpo import build_train_batch, rollout_metrics
@@ -24,6 +25,7 @@ def run(recipe: Recipe, run_dir: Path, address: str | None = None) -> list[dict[
         RecipeError: bad data rows (before any process starts).
         RuntimeError, WeightSyncError: a role failed; rollouts of finished steps are kept.
     """
+    quiet_libraries()
     run_dir.mkdir(parents=True, exist_ok=True)
     prompts = load_prompts(recipe.data)
     batches = prompt_stream(prompts, recipe.train.prompts_per_step, recipe.data.shuffle_seed)
@@ -31,6 +33,7 @@ def run(recipe: Recipe, run_dir: Path, address: str | None = None) -> list[dict[
     c.write_manifest(run_dir, recipe, model_path)
     c.init_ray(recipe, address)
     roles, history = None, []
+    accuracy_of = next((r.name for r in recipe.rewards if r.type == "math"), None)
     try:
         roles = c.start_roles(recipe, model_path, run_dir)
         bar = tqdm(range(recipe.train.steps), desc=recipe.name, disable=not recipe.monitor.progress)
@@ -48,7 +51,7 @@ def run(recipe: Recipe, run_dir: Path, address: str | None = None) -> list[dict[
             sync_s = c.push_weights(roles, recipe, version=step + 1)
             t_end = time.time()
             metrics = {"step": step, "policy_version": step + 1,
-                       **rollout_metrics(rollouts, rewards, details), **stats,
+                       **rollout_metrics(rollouts, rewards, details, accuracy_of), **stats,
                        "time/generate": t1 - t0, "time/score": t2 - t1,
                        "time/weight_sync": sync_s, "time/step": t_end - t0,
                        **c.step_telemetry(roles, recipe, t0, t_end)}

@@ -33,7 +33,8 @@ class RewardClient:
         batch_size: int = 64,
         backoff_s: float = 0.5,
     ):
-        self.url, self.retries, self.batch_size, self.backoff_s = url, retries, batch_size, backoff_s
+        self.url, self.retries, self.backoff_s = url, retries, backoff_s
+        self.batch_size = batch_size
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self.http = httpx.Client(timeout=timeout_s, headers=headers)
 

