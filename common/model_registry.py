@@ -86,9 +86,9 @@ def _convert_gguf(alias: str, target: Path) -> None:
         )
         plain = LlamaForCausalLM(loaded.config)
         plain.load_state_dict(loaded.state_dict(), strict=True)
-        plain.config.quantization_config = None
-        if hasattr(plain.config, "gguf_file"):
-            del plain.config.gguf_file
+        for attr in ("quantization_config", "gguf_file"):  # it is a plain model now
+            if hasattr(plain.config, attr):
+                delattr(plain.config, attr)
         plain.save_pretrained(tmp)
         tok.save_pretrained(tmp)
         if target.exists():  # another process won the race

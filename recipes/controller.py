@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,6 +34,7 @@ from recipes.grpo import logprob_mismatch
 from recipes.schema import Recipe
 from rewards.client import RewardClient, start_local_service
 from rewards.protocol import ScoreItem
+from weightsync import WeightSyncError
 
 
 @dataclass
@@ -114,7 +116,7 @@ def stop_roles(roles: Roles | None) -> None:
         roles.reward_proc.terminate()
         try:
             roles.reward_proc.wait(timeout=10)
-        except Exception:  # noqa: BLE001 - a stuck child is killed below either way
+        except subprocess.TimeoutExpired:
             roles.reward_proc.kill()
     for a in roles.rollout + roles.learners:
         ray.kill(a)
@@ -183,14 +185,28 @@ def train_on(roles: Roles, batch: TrainBatch, recipe: Recipe, step: int) -> dict
 
 
 def push_weights(roles: Roles, recipe: Recipe, version: int) -> float:
-    """Publish the new policy and wait for every engine to hold `version`; seconds."""
+    """Publish the new policy and wait for every engine to hold `version`; seconds.
+
+    Raises:
+        WeightSyncError: an engine failed to load, did not answer within
+            `weight_sync.timeout_s`, or reports another version; names engine and version.
+    """
     t0 = time.time()
     check = recipe.weight_sync.verify_checksum
     handles = ray.get([lw.push_weights.remote(version, recipe.model.dtype, check)
                        for lw in roles.learners])
-    acks = ray.get([w.update_weights.remote(handles[0], version - 1) for w in roles.rollout])
-    if any(a != version for a in acks):
-        raise RuntimeError(f"rollout engines report versions {acks}, expected {version}")
+    pending = {w.update_weights.remote(handles[0], version - 1): i
+               for i, w in enumerate(roles.rollout)}
+    done, late = ray.wait(list(pending), num_returns=len(pending),
+                          timeout=recipe.weight_sync.timeout_s)
+    if late:
+        raise WeightSyncError(
+            f"rollout engines {sorted(pending[r] for r in late)} did not acknowledge "
+            f"policy_version {version} within {recipe.weight_sync.timeout_s:.0f} s")
+    for ref in done:
+        if (got := ray.get(ref)) != version:
+            raise WeightSyncError(f"rollout engine {pending[ref]} reports policy_version {got} "
+                                  f"after a push of {version}")
     return time.time() - t0
 
 

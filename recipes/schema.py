@@ -219,6 +219,9 @@ class WeightSyncConfig(_Strict):
     verify_checksum: bool = Field(
         False, description="Engines check a checksum of what they loaded after every push."
     )
+    timeout_s: float = Field(
+        300.0, gt=0, description="Seconds every engine has to acknowledge a push."
+    )
 
 
 class MonitorConfig(_Strict):
