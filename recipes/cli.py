@@ -73,6 +73,42 @@ def run(
     _summary(history, run_dir, time.time() - t0)
 
 
+@app.command("serve-rewards")
+def serve_rewards(
+    config: Path,
+    host: Annotated[str, typer.Option(help="Interface to bind.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="TCP port.")] = 9000,
+) -> None:
+    """Serve built-in and python reward components over HTTP (POST /score), e.g. on a
+    verifier host; recipes elsewhere point a `type: http` reward at it."""
+    import yaml
+    from pydantic import ValidationError
+
+    from recipes.reward_specs import RewardServerConfig
+
+    try:
+        cfg = RewardServerConfig.model_validate(yaml.safe_load(config.read_text()))
+    except (OSError, yaml.YAMLError, ValidationError) as e:
+        typer.echo(f"error: {config}: {e}", err=True)
+        raise typer.Exit(code=2) from None
+    token = os.environ.get(cfg.token_env) if cfg.token_env else None
+    if cfg.token_env and not token:
+        typer.echo(f"error: {config}: token_env {cfg.token_env} is not set", err=True)
+        raise typer.Exit(code=2)
+    import uvicorn
+
+    from rewards.service import create_app
+
+    try:
+        app = create_app([c.model_dump() for c in cfg.rewards], token, cfg.workers)
+    except (ValueError, RuntimeError) as e:  # a missing function or sandbox
+        typer.echo(f"error: {config}: {e}", err=True)
+        raise typer.Exit(code=2) from None
+    typer.echo(f"reward service on http://{host}:{port}/score "
+               f"({', '.join(c.name for c in cfg.rewards)}; auth {'on' if token else 'off'})")
+    uvicorn.run(app, host=host, port=port, log_level="warning")
+
+
 def _summary(history: list[dict[str, float]], run_dir: Path, wall: float) -> None:
     if not history:
         return

@@ -31,8 +31,9 @@ from learner.losses import loss_denominator
 from learner.worker import LearnerSettings, LearnerWorker, free_port
 from recipes.data import PromptItem
 from recipes.grpo import logprob_mismatch
+from recipes.reward_specs import LOCAL_TYPES
 from recipes.schema import Recipe
-from rewards.client import RewardClient, start_local_service
+from rewards.client import RewardClient, RewardSet, start_local_service
 from rewards.protocol import ScoreItem
 from weightsync import WeightSyncError
 
@@ -43,8 +44,8 @@ class Roles:
 
     rollout: list[Any]
     learners: list[Any]
-    reward: RewardClient
-    reward_proc: Any
+    reward: RewardSet
+    reward_proc: subprocess.Popen | None
     pad_id: int
 
 
@@ -57,17 +58,7 @@ def start_roles(recipe: Recipe, model_path: str, run_dir: Path) -> Roles:
     res = recipe.resources
     n_rollout = res.rollout.gpus // res.rollout.gpus_per_engine
     n_learn = res.learner.gpus
-    token = secrets.token_urlsafe(16)
-    port = free_port()
-    comps = json.dumps([c.model_dump() for c in recipe.rewards])
-    proc = start_local_service(comps, port, token, run_dir / "reward_service.log")
-    reward = RewardClient(
-        f"http://127.0.0.1:{port}/score",
-        token=token,
-        timeout_s=recipe.reward_service.timeout_s,
-        retries=recipe.reward_service.retries,
-        batch_size=recipe.reward_service.batch_size,
-    )
+    reward, proc = start_rewards(recipe, run_dir)
     # Synchronous mode: the rollout side and the learner side never compute at once,
     # so each side gets all cores, split among its own workers.
     threads_r = res.threads_per_worker or default_threads(n_rollout)
@@ -99,7 +90,13 @@ def start_roles(recipe: Recipe, model_path: str, run_dir: Path) -> Roles:
     master = free_port()
     ray.get([lw.setup.remote(master) for lw in learners])
     ray.get([w.health.remote() for w in rollout])
-    reward.wait_ready(timeout_s=120, proc=proc)
+    if reward.local is not None:
+        try:
+            reward.local.wait_ready(timeout_s=120, proc=proc)
+        except RuntimeError as e:
+            log = (run_dir / "reward_service.log").read_text(errors="replace")[-1500:]
+            raise RuntimeError(
+                f"{e}; its log ({run_dir / 'reward_service.log'}) ends:\n{log}") from None
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(model_path)
@@ -107,12 +104,34 @@ def start_roles(recipe: Recipe, model_path: str, run_dir: Path) -> Roles:
     return Roles(rollout, learners, reward, proc, pad)
 
 
+def start_rewards(recipe: Recipe, run_dir: Path) -> tuple[RewardSet, subprocess.Popen | None]:
+    """Start a local reward service for the built-in components (with a per-run bearer
+    token) and clients for the recipe's HTTP endpoints."""
+    cfg, local, proc = recipe.reward_service, None, None
+    builtin = [c.model_dump() for c in recipe.rewards if c.type in LOCAL_TYPES]
+    if builtin:
+        token, port = secrets.token_urlsafe(16), free_port()
+        proc = start_local_service(json.dumps(builtin), port, token,
+                                   run_dir / "reward_service.log", workers=cfg.workers)
+        local = RewardClient(f"http://127.0.0.1:{port}/score", token=token,
+                             timeout_s=cfg.timeout_s, retries=cfg.retries,
+                             batch_size=cfg.batch_size)
+    endpoints = [
+        (c.name, c.weight, RewardClient(
+            c.url, token=os.environ.get(c.token_env) if c.token_env else None,
+            timeout_s=c.timeout_s, retries=c.retries, batch_size=c.batch_size,
+            protocol=c.protocol, max_concurrency=c.max_concurrency))
+        for c in recipe.rewards if c.type == "http"
+    ]
+    return RewardSet(local, endpoints), proc
+
+
 def stop_roles(roles: Roles | None) -> None:
     """Stop the reward service and the Ray actors; safe to call twice."""
     if roles is None:
         return
     roles.reward.close()
-    if roles.reward_proc.poll() is None:
+    if roles.reward_proc is not None and roles.reward_proc.poll() is None:
         roles.reward_proc.terminate()
         try:
             roles.reward_proc.wait(timeout=10)

@@ -59,6 +59,37 @@ def build_train_batch(
     )
 
 
+class RewardFailure(RuntimeError):
+    """Scoring failed for some rollouts and the recipe says `on_reward_failure: fail_step`."""
+
+
+def apply_failure_policy(
+    rewards: list[float | None], group_ids: list[str], policy: str, errors: list[str | None]
+) -> list[float | None]:
+    """Rewards to train on after the recipe's `on_reward_failure` (None = left out).
+
+    drop_group: every rollout of a group with a failure becomes None. zero: failures
+    score 0.0. fail_step: any failure raises.
+
+    Raises:
+        RewardFailure: `fail_step` and at least one failure (names the first few).
+        ValueError: an unknown policy.
+    """
+    failed = [i for i, x in enumerate(rewards) if x is None]
+    if not failed:
+        return list(rewards)
+    if policy == "fail_step":
+        shown = "; ".join(f"{group_ids[i]}: {errors[i]}" for i in failed[:3])
+        raise RewardFailure(f"{len(failed)} rollouts could not be scored ({shown}); "
+                            "set on_reward_failure: drop_group or zero to train on")
+    if policy == "zero":
+        return [0.0 if x is None else x for x in rewards]
+    if policy == "drop_group":
+        bad = {group_ids[i] for i in failed}
+        return [None if g in bad else x for x, g in zip(rewards, group_ids, strict=True)]
+    raise ValueError(f"unknown on_reward_failure {policy!r}")
+
+
 def rollout_metrics(
     rollouts: list[Rollout],
     rewards: list[float | None],

@@ -13,7 +13,7 @@ from common.model_registry import resolve_model_path
 from common.process import quiet_libraries
 from recipes import controller as c
 from recipes.data import load_prompts, prompt_stream
-from recipes.grpo import build_train_batch, rollout_metrics
+from recipes.grpo import apply_failure_policy, build_train_batch, rollout_metrics
 from recipes.schema import Recipe
 
 
@@ -45,7 +45,10 @@ def run(recipe: Recipe, run_dir: Path, address: str | None = None) -> list[dict[
             t2 = time.time()
             if recipe.monitor.save_rollouts:
                 c.save_rollouts(run_dir, step, rollouts, rewards, details)
-            batch = build_train_batch(rollouts, rewards, roles.pad_id,
+            train_rewards = apply_failure_policy(
+                rewards, [r.group_id for r in rollouts], recipe.on_reward_failure,
+                [d.get("error") for d in details])
+            batch = build_train_batch(rollouts, train_rewards, roles.pad_id,
                                       recipe.grpo.scale_rewards, recipe.grpo.std_eps)
             stats = c.train_on(roles, batch, recipe, step)
             sync_s = c.push_weights(roles, recipe, version=step + 1)

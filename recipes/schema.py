@@ -12,17 +12,16 @@ values, to each role's constructor). Roles never receive the `Recipe` object its
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import Field, ValidationError, model_validator
 
+from recipes.reward_specs import RewardSpec, Strict
 
-class _Strict(BaseModel):
-    """Base for every recipe block: unknown keys are errors, not silently ignored."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
+_Strict = Strict  # every recipe block forbids unknown keys
 
 
 class AdapterConfig(_Strict):
@@ -114,30 +113,15 @@ class RolloutConfig(_Strict):
     top_p: float = Field(1.0, gt=0.0, le=1.0, description="Nucleus sampling mass.")
 
 
-class MathReward(_Strict):
-    name: str = Field(description="Name of this reward component in metrics and rollouts.")
-    type: Literal["math"] = Field(
-        description="'math': math-verify compares the response's final answer to ground truth."
-    )
-    weight: float = Field(1.0, description="Weight of this component in the summed reward.")
-
-
-class LengthReward(_Strict):
-    name: str = Field(description="Name of this reward component in metrics and rollouts.")
-    type: Literal["length"] = Field(
-        description="'length': 1 - |chars - target_chars| / target_chars, floored at 0."
-    )
-    weight: float = Field(1.0, description="Weight of this component in the summed reward.")
-    target_chars: int = Field(gt=0, description="Response length (characters) scored 1.")
-
-
-RewardSpec = Annotated[MathReward | LengthReward, Field(discriminator="type")]
-
-
 class RewardsServiceConfig(_Strict):
-    timeout_s: float = Field(30.0, gt=0, description="Per-request timeout, seconds.")
+    """The local reward service that hosts the recipe's built-in components."""
+
+    timeout_s: float = Field(60.0, gt=0, description="Per-request timeout, seconds.")
     retries: int = Field(2, ge=0, description="Retries of a failed request before items fail.")
     batch_size: int = Field(64, gt=0, description="Items per POST /score request.")
+    workers: int = Field(
+        2, gt=0, description="Items scored in parallel inside the service (code runs)."
+    )
 
 
 class GRPOConfig(_Strict):
@@ -239,8 +223,16 @@ class Recipe(_Strict):
     model: ModelConfig
     data: DataConfig
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)
-    rewards: list[RewardSpec] = Field(min_length=1, description="Reward components, summed.")
+    rewards: list[RewardSpec] = Field(
+        min_length=1, description="Reward components; an item's reward is their weighted sum."
+    )
     reward_service: RewardsServiceConfig = Field(default_factory=RewardsServiceConfig)
+    on_reward_failure: Literal["drop_group", "zero", "fail_step"] = Field(
+        "drop_group",
+        description="When an item cannot be scored (after retries): drop_group leaves its whole "
+        "group out of the step; zero scores it 0 (counted in failed_scores); fail_step stops "
+        "the run (rollouts already saved).",
+    )
     grpo: GRPOConfig = Field(default_factory=GRPOConfig)
     train: TrainConfig
     resources: ResourcesConfig = Field(default_factory=ResourcesConfig)
@@ -360,6 +352,12 @@ def check_runtime_inputs(recipe: Recipe) -> None:
             f"data.train.path: {train.path} does not exist; give a .jsonl file (relative paths "
             "are read from the recipe's folder)"
         )
+    for i, c in enumerate(recipe.rewards):
+        if getattr(c, "token_env", None) and not os.environ.get(c.token_env):
+            raise RecipeError(
+                f"rewards.{i}.token_env: environment variable {c.token_env} is not set; export "
+                "it with the endpoint's bearer token, or remove token_env"
+            )
     from common.model_registry import KNOWN_ALIASES  # no torch import at module level
 
     if recipe.model.path not in KNOWN_ALIASES:

@@ -1,10 +1,17 @@
-"""Client side of the reward protocol (used by the controller), and a launcher for a
-local reward service process.
+"""Client side of the reward protocols (used by the controller), the combination of
+several reward endpoints into one reward per item, and a launcher for a local reward
+service process.
 
 Failure semantics: a request that fails (connection error, timeout, HTTP 5xx, a
-malformed body) is retried with exponential backoff; after the last retry every
-item of that batch gets `reward: None` and the error text. Scores are matched to
-items by `uid`; an item missing from a response is failed, never silently 0.
+malformed body, the wrong number of scores) is retried with exponential backoff; a
+4xx other than 408/429 is not retried. After the last try every item of that batch
+gets `reward: None` and the error text. Scores are matched to items by `uid`; an
+item missing from a response is failed, never silently 0.
+
+Protocols: `posttrain` (rewards/protocol.py) and `openrlhf` (request `{"query":
+[prompt + response], "prompts": [...], "labels": [ground truth]}`, response
+`{"rewards": [float, ...]}` in request order), so OpenRLHF remote reward models plug
+in unchanged.
 """
 
 from __future__ import annotations
@@ -13,7 +20,9 @@ import os
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Literal
 
 import httpx
 from pydantic import ValidationError
@@ -32,29 +41,49 @@ class RewardClient:
         retries: int = 2,
         batch_size: int = 64,
         backoff_s: float = 0.5,
+        protocol: Literal["posttrain", "openrlhf"] = "posttrain",
+        max_concurrency: int = 1,
     ):
         self.url, self.retries, self.backoff_s = url, retries, backoff_s
-        self.batch_size = batch_size
+        self.batch_size, self.protocol, self.max_concurrency = batch_size, protocol, max_concurrency
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self.http = httpx.Client(timeout=timeout_s, headers=headers)
 
     def _post(self, items: list[ScoreItem]) -> dict[str, Score]:
-        body = ScoreRequest(items=items).model_dump()
+        if self.protocol == "openrlhf":
+            body = {"query": [i.prompt + i.response for i in items],
+                    "prompts": [i.prompt for i in items],
+                    "labels": [i.ground_truth for i in items]}
+        else:
+            body = ScoreRequest(items=items).model_dump()
         resp = self.http.post(self.url, json=body)
         resp.raise_for_status()
-        return {s.uid: s for s in ScoreResponse.model_validate(resp.json()).scores}
+        data = resp.json()
+        if self.protocol == "posttrain":
+            return {s.uid: s for s in ScoreResponse.model_validate(data).scores}
+        rewards = data.get("rewards") if isinstance(data, dict) else None
+        if not isinstance(rewards, list) or len(rewards) != len(items):
+            got = len(rewards) if isinstance(rewards, list) else type(rewards).__name__
+            raise ValueError(f"openrlhf endpoint returned {got} rewards for {len(items)} items")
+        if not all(isinstance(r, int | float) and not isinstance(r, bool) for r in rewards):
+            raise ValueError("openrlhf endpoint returned a non-numeric reward")
+        return {i.uid: Score(uid=i.uid, reward=float(r)) for i, r in zip(items, rewards,
+                                                                          strict=True)}
 
     def _score_batch(self, items: list[ScoreItem]) -> list[Score]:
-        last = ""
+        last, got = "", None
         for attempt in range(self.retries + 1):
             try:
                 got = self._post(items)
                 break
             except (httpx.HTTPError, ValidationError, ValueError) as e:
                 last = f"{type(e).__name__}: {e}"
+                status = e.response.status_code if isinstance(e, httpx.HTTPStatusError) else 0
+                if 400 <= status < 500 and status not in (408, 429):
+                    break  # the request itself is wrong; repeating it cannot help
                 if attempt < self.retries:
                     time.sleep(self.backoff_s * 2**attempt)
-        else:
+        if got is None:
             return [Score(uid=i.uid, reward=None, error=f"request failed: {last}") for i in items]
         return [
             got.get(i.uid) or Score(uid=i.uid, reward=None, error="no score returned for this uid")
@@ -63,10 +92,9 @@ class RewardClient:
 
     def score(self, items: list[ScoreItem]) -> list[Score]:
         """One Score per item, in the items' order."""
-        out: list[Score] = []
-        for i in range(0, len(items), self.batch_size):
-            out.extend(self._score_batch(items[i:i + self.batch_size]))
-        return out
+        batches = [items[i:i + self.batch_size] for i in range(0, len(items), self.batch_size)]
+        with ThreadPoolExecutor(max_workers=self.max_concurrency) as pool:
+            return [s for part in pool.map(self._score_batch, batches) for s in part]
 
     def wait_ready(self, timeout_s: float = 60.0, proc: subprocess.Popen | None = None) -> None:
         """Block until `GET /health` answers.
@@ -92,13 +120,51 @@ class RewardClient:
 
 
 def start_local_service(
-    components_json: str, port: int, token: str, log_path: Path
+    components_json: str, port: int, token: str, log_path: Path, workers: int = 2
 ) -> subprocess.Popen:
     """Start `python -m rewards.service` on 127.0.0.1:`port`, logging to `log_path`."""
     env = dict(os.environ, POSTTRAIN_REWARD_TOKEN=token, OMP_NUM_THREADS="1")
     log = open(log_path, "ab")  # noqa: SIM115 - owned by the child for its lifetime
     return subprocess.Popen(
         [sys.executable, "-m", "rewards.service", "--components", components_json,
-         "--port", str(port)],
+         "--port", str(port), "--workers", str(workers)],
         stdout=log, stderr=subprocess.STDOUT, env=env,
     )
+
+
+class RewardSet:
+    """Every reward component of a run behind one `score` call.
+
+    The local service already returns the weighted sum of its components; each HTTP
+    endpoint adds `weight × reward` and its value under its name in `details`. An item
+    fails (reward None) if any component failed for it; the error names the component.
+    """
+
+    def __init__(self, local: RewardClient | None,
+                 endpoints: list[tuple[str, float, RewardClient]]):
+        self.local, self.endpoints = local, endpoints
+
+    def score(self, items: list[ScoreItem]) -> list[Score]:
+        """One combined Score per item, in the items' order."""
+        parts = [self.local.score(items)] if self.local else []
+        parts += [ep.score(items) for _, _, ep in self.endpoints]
+        weights = ([None] if self.local else []) + [(n, w) for n, w, _ in self.endpoints]
+        out = []
+        for k, item in enumerate(items):
+            total, details, errors = 0.0, {}, []
+            for part, nw in zip(parts, weights, strict=True):
+                s = part[k]
+                if s.reward is None:
+                    errors.append(s.error if nw is None else f"{nw[0]}: {s.error}")
+                    continue
+                total += s.reward if nw is None else nw[1] * s.reward
+                details.update(s.details if nw is None else
+                               {nw[0]: s.reward, **{f"{nw[0]}.{a}": b
+                                                    for a, b in s.details.items()}})
+            out.append(Score(uid=item.uid, reward=None if errors else total,
+                             error="; ".join(errors) or None, details=details))
+        return out
+
+    def close(self) -> None:
+        for client in ([self.local] if self.local else []) + [e for _, _, e in self.endpoints]:
+            client.close()

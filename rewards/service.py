@@ -1,17 +1,19 @@
-"""The reward service: a FastAPI app serving `POST /score` and `GET /health`.
+"""The reward service: a FastAPI app serving `POST /score`, `GET /health`, Prometheus
+`GET /metrics` and its OpenAPI schema at `/docs` and `/openapi.json`.
 
-Built-ins: `math` (see math_verifier) and `length` (closeness to a target length).
-One service hosts every built-in component of a recipe's `rewards:` list; an item's
-reward is the weighted sum of its components, each reported in `details`. A
-component that raises marks that item as failed (`reward: null`, `error` set); the
-other items of the batch are still scored.
+One service hosts the local components of a recipe's `rewards:` list (`math`,
+`length`, `format`, `code`, `python`); an item's reward is the weighted sum of its
+components, each reported in `details`. A component that raises marks that item as
+failed (`reward: null`, `error` set); the other items of the batch are still scored.
+Items of a batch are scored by `workers` threads (code runs are subprocesses).
 
 Started by the controller as a child process on 127.0.0.1 (`python -m
-rewards.service`), or by hand on another host. When a bearer token is configured,
-requests without it get 401.
+rewards.service`), or by `posttrain serve-rewards CONFIG.yaml` on any host. When a
+bearer token is configured, requests without it get 401.
 
-Limits: the built-in verifiers run in this process, unsandboxed; they parse text and
-never execute it.
+Limits: `math`, `length`, `format` and `python` run in this process, unsandboxed:
+the first three parse text and never execute it; `python` functions are trusted
+user code. Only `code` executes model output, inside rewards/sandbox.py.
 """
 
 from __future__ import annotations
@@ -19,15 +21,34 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
+import re
+import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from fastapi import Depends, FastAPI, Header, HTTPException
+from prometheus_client import CollectorRegistry, Counter, Histogram, make_asgi_app
+from pydantic import TypeAdapter
 
+from recipes.reward_specs import (
+    LOCAL_TYPES,
+    CodeReward,
+    FormatReward,
+    LengthReward,
+    PythonReward,
+    RewardSpec,
+)
+from rewards.code_verifier import score_code
 from rewards.math_verifier import score_math
 from rewards.protocol import Score, ScoreItem, ScoreRequest, ScoreResponse
+from rewards.python_reward import load_function, score_python
+from rewards.sandbox import Limits, make_sandbox
 
 log = logging.getLogger("posttrain.rewards")
+Scorer = Callable[[ScoreItem], tuple[float, dict[str, Any]]]
+
 
 def score_length(response: str, target_chars: int) -> tuple[float, dict[str, Any]]:
     """1 at exactly `target_chars` characters, falling linearly to 0 at 0 or 2× target."""
@@ -35,39 +56,76 @@ def score_length(response: str, target_chars: int) -> tuple[float, dict[str, Any
     return max(0.0, 1.0 - abs(n - target_chars) / target_chars), {"chars": n}
 
 
-VERIFIERS: dict[str, Callable[[ScoreItem, dict[str, Any]], tuple[float, dict[str, Any]]]] = {
-    "math": lambda item, comp: score_math(item.response, item.ground_truth),
-    "length": lambda item, comp: score_length(item.response, comp["target_chars"]),
-}
-
-
-def _score_item(item: ScoreItem, components: list[dict[str, Any]]) -> Score:
-    total, details = 0.0, {}
-    for comp in components:
-        try:
-            value, extra = VERIFIERS[comp["type"]](item, comp)
-        except Exception as e:  # a verifier bug must fail this item, not the batch
-            log.warning("reward %s failed on %s: %s", comp["name"], item.uid, e)
-            return Score(uid=item.uid, reward=None, error=f"{comp['name']}: {e}", details=details)
-        details[comp["name"]] = value
-        details.update({f"{comp['name']}.{k}": v for k, v in extra.items()})
-        total += comp["weight"] * value
-    return Score(uid=item.uid, reward=total, details=details)
-
-
-def create_app(components: list[dict[str, Any]], token: str | None = None) -> FastAPI:
-    """The service for `components` (each `{"name", "type", "weight"}`).
+def make_scorer(spec: Any) -> Scorer:
+    """A callable scoring one item for one local component spec.
 
     Raises:
-        ValueError: a component type with no built-in verifier.
+        ValueError: an http component (the controller calls those), or a python
+            function that cannot be imported.
+        SandboxUnavailable: a code component whose sandbox cannot start.
     """
-    for comp in components:
-        if comp["type"] not in VERIFIERS:
-            raise ValueError(
-                f"reward {comp['name']!r}: type {comp['type']!r} has no verifier; "
-                f"use one of {sorted(VERIFIERS)}"
-            )
-    app = FastAPI(title="posttrain reward service")
+    if spec.type == "math":
+        return lambda item: score_math(item.response, item.ground_truth)
+    if isinstance(spec, LengthReward):
+        return lambda item: score_length(item.response, spec.target_chars)
+    if isinstance(spec, FormatReward):
+        pattern = re.compile(spec.pattern, re.DOTALL)
+        return lambda item: (1.0 if pattern.search(item.response) else 0.0), {}
+    if isinstance(spec, CodeReward):
+        sandbox = make_sandbox(spec.sandbox)
+        limits = Limits(wall_s=spec.timeout_s, cpu_s=spec.cpu_s, memory_mb=spec.memory_mb,
+                        max_procs=spec.max_procs, max_output_bytes=spec.max_output_bytes)
+        return lambda item: score_code(item, sandbox, limits)
+    if isinstance(spec, PythonReward):
+        fn = load_function(spec.function)
+        return lambda item: score_python(fn, item)
+    raise ValueError(f"reward {spec.name!r}: type {spec.type!r} is not served here; "
+                     f"a reward service hosts {sorted(LOCAL_TYPES)}")
+
+
+def parse_components(components: list[dict[str, Any]]) -> list[Any]:
+    """Validate component dicts with the recipe's reward schema.
+
+    Raises:
+        pydantic.ValidationError: a malformed component.
+    """
+    return TypeAdapter(list[RewardSpec]).validate_python(components)
+
+
+def create_app(components: list[dict[str, Any]], token: str | None = None,
+               workers: int = 2) -> FastAPI:
+    """The service for `components` (recipe reward entries as dicts).
+
+    Raises:
+        ValueError, SandboxUnavailable, pydantic.ValidationError: see `make_scorer`.
+    """
+    specs = parse_components(components)
+    scorers = [(s.name, s.weight, make_scorer(s)) for s in specs]
+    pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="score")
+    registry = CollectorRegistry()
+    items_total = Counter("posttrain_reward_items", "Items scored, by component and outcome",
+                          ["component", "outcome"], registry=registry)
+    latency = Histogram("posttrain_reward_request_seconds", "POST /score latency, seconds",
+                        registry=registry)
+
+    def score_one(item: ScoreItem) -> Score:
+        total, details = 0.0, {}
+        for name, weight, scorer in scorers:
+            try:
+                value, extra = scorer(item)
+            except Exception as e:  # a verifier or user-function error fails this item only
+                items_total.labels(name, "error").inc()
+                log.warning("reward %s failed on %s: %s", name, item.uid, e)
+                return Score(uid=item.uid, reward=None, error=f"{name}: {e}", details=details)
+            items_total.labels(name, "ok").inc()
+            details[name] = value
+            details.update({f"{name}.{k}": v for k, v in extra.items()})
+            total += weight * value
+        return Score(uid=item.uid, reward=total, details=details)
+
+    app = FastAPI(title="posttrain reward service",
+                  description="Scores rollouts; protocol in rewards/protocol.py.")
+    app.mount("/metrics", make_asgi_app(registry=registry))
 
     def auth(authorization: str | None = Header(None)) -> None:
         if token and authorization != f"Bearer {token}":
@@ -75,14 +133,17 @@ def create_app(components: list[dict[str, Any]], token: str | None = None) -> Fa
 
     @app.get("/health")
     def health() -> dict[str, Any]:
-        return {"status": "ok", "components": [c["name"] for c in components]}
+        return {"status": "ok", "components": [s.name for s in specs]}
 
     @app.post("/score", dependencies=[Depends(auth)])
     def score(req: ScoreRequest) -> ScoreResponse:
         uids = [i.uid for i in req.items]
         if len(set(uids)) != len(uids):
             raise HTTPException(status_code=422, detail="uids in one request must be unique")
-        return ScoreResponse(scores=[_score_item(i, components) for i in req.items])
+        t0 = time.perf_counter()
+        scores = list(pool.map(score_one, req.items))
+        latency.observe(time.perf_counter() - t0)
+        return ScoreResponse(scores=scores)
 
     return app
 
@@ -91,15 +152,14 @@ def main() -> None:
     import uvicorn
 
     ap = argparse.ArgumentParser(description="posttrain reward service")
-    ap.add_argument("--components", required=True, help="JSON list of {name, type, weight}")
+    ap.add_argument("--components", required=True, help="JSON list of reward entries")
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--port", type=int, required=True)
+    ap.add_argument("--workers", type=int, default=2, help="items scored in parallel")
     ap.add_argument("--token-env", default="POSTTRAIN_REWARD_TOKEN",
                     help="environment variable holding the bearer token (unset: no auth)")
     args = ap.parse_args()
-    import os
-
-    app = create_app(json.loads(args.components), os.environ.get(args.token_env))
+    app = create_app(json.loads(args.components), os.environ.get(args.token_env), args.workers)
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
 
 

@@ -13,6 +13,14 @@ want="$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -c1-16) $TORCH"
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
   exit 0
 fi
+# The code reward's sandbox: bubblewrap and libseccomp (Debian packages).
+if ! command -v bwrap >/dev/null || ! ldconfig -p | grep -q libseccomp.so.2; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    apt-get update -qq && apt-get install -y -qq bubblewrap libseccomp2 >/dev/null
+  else
+    echo "setup: install bubblewrap and libseccomp2 for the code reward's sandbox" >&2
+  fi
+fi
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 export PIP_DISABLE_PIP_VERSION_CHECK=1
 .venv/bin/python -m pip install -q --upgrade pip

@@ -83,8 +83,10 @@ def test_duplicate_uids_rejected():
 
 
 def test_unknown_component_type_refused():
-    with pytest.raises(ValueError, match="no verifier"):
+    with pytest.raises(ValueError, match="does not match any of the expected tags"):
         create_app([{"name": "x", "type": "nope", "weight": 1.0}])
+    with pytest.raises(ValueError, match="not served here"):
+        create_app([{"name": "x", "type": "http", "url": "http://127.0.0.1:1/score"}])
 
 
 def test_components_are_weighted_and_reported():

@@ -1,0 +1,139 @@
+"""Reward components of a recipe's `rewards:` list (pydantic, no ML imports).
+
+Local components (`math`, `length`, `format`, `code`, `python`) are served by one
+reward service process per run (or by `posttrain serve-rewards` on another host);
+`http` components are users' own endpoints, called by the controller. An item's
+reward is the weighted sum of every component's score; each component is logged.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+
+class Strict(BaseModel):
+    """Base for every recipe block: unknown keys are errors, not silently ignored."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class _Component(Strict):
+    name: str = Field(description="Name of this component in metrics, details and rollouts.")
+    weight: float = Field(1.0, description="Weight of this component in the summed reward.")
+
+
+class MathReward(_Component):
+    type: Literal["math"] = Field(
+        description="math-verify compares the response's final answer (\\boxed{}, #### N, or a "
+        "final number) to the item's ground_truth: 1 or 0."
+    )
+
+
+class LengthReward(_Component):
+    type: Literal["length"] = Field(
+        description="1 - |chars - target_chars| / target_chars, floored at 0."
+    )
+    target_chars: int = Field(gt=0, description="Response length (characters) scored 1.")
+
+
+class FormatReward(_Component):
+    type: Literal["format"] = Field(description="1 if `pattern` matches the response, else 0.")
+    pattern: str = Field(description="Python regular expression, searched (re.DOTALL).")
+
+    @field_validator("pattern")
+    @classmethod
+    def _compiles(cls, v: str) -> str:
+        try:
+            re.compile(v)
+        except re.error as e:
+            raise ValueError(f"pattern {v!r} is not a valid regular expression: {e}") from e
+        return v
+
+
+class CodeReward(_Component):
+    type: Literal["code"] = Field(
+        description="Runs the response's Python against the item's tests in a sandbox: "
+        "HumanEval style (metadata test + entry_point, optional code_prefix) or stdin/stdout "
+        "(metadata inputs + outputs). 1 if every test passes, else 0."
+    )
+    sandbox: Literal["bwrap", "none"] = Field(
+        "bwrap",
+        description="bwrap: bubblewrap with every namespace unshared, no network, a tmpfs work "
+        "dir, rlimits, seccomp and an unprivileged uid. none: a bare subprocess with rlimits "
+        "only (warned at every start; never for untrusted models).",
+    )
+    timeout_s: float = Field(10.0, gt=0, description="Wall-clock limit per program run.")
+    cpu_s: int = Field(10, gt=0, description="CPU-seconds limit per program run.")
+    memory_mb: int = Field(512, ge=64, description="Address-space limit per program run.")
+    max_procs: int = Field(32, gt=0, description="Processes (and threads) per run.")
+    max_output_bytes: int = Field(65536, gt=0, description="stdout/stderr kept per run.")
+
+
+class PythonReward(_Component):
+    type: Literal["python"] = Field(
+        description="A function with verl's signature compute_score(data_source, solution_str, "
+        "ground_truth, extra_info) -> float | dict (dict: its 'score' key), run inside the "
+        "reward service process."
+    )
+    function: str = Field(description="'module:function', importable by the reward service.")
+
+    @field_validator("function")
+    @classmethod
+    def _shape(cls, v: str) -> str:
+        if v.count(":") != 1 or not all(v.split(":")):
+            raise ValueError(f"function {v!r} must look like 'package.module:function_name'")
+        return v
+
+
+class HttpReward(_Component):
+    type: Literal["http"] = Field(description="Your own endpoint, called by the controller.")
+    url: str = Field(description="Full URL of the scoring route, e.g. http://host:9000/score.")
+    protocol: Literal["posttrain", "openrlhf"] = Field(
+        "posttrain",
+        description="posttrain: {items:[{uid,prompt,response,ground_truth,metadata}]} → "
+        "{scores:[{uid,reward,error,details}]}. openrlhf: {query, prompts, labels} → {rewards}.",
+    )
+    timeout_s: float = Field(30.0, gt=0, description="Per-request timeout, seconds.")
+    retries: int = Field(2, ge=0, description="Retries (exponential backoff) before items fail.")
+    batch_size: int = Field(64, gt=0, description="Items per request.")
+    max_concurrency: int = Field(4, gt=0, description="Requests in flight at once.")
+    token_env: str | None = Field(
+        None, description="Environment variable holding a bearer token sent as Authorization."
+    )
+
+    @field_validator("url")
+    @classmethod
+    def _http(cls, v: str) -> str:
+        if not v.startswith(("http://", "https://")):
+            raise ValueError(f"url {v!r} must start with http:// or https://")
+        return v
+
+
+RewardSpec = Annotated[
+    MathReward | LengthReward | FormatReward | CodeReward | PythonReward | HttpReward,
+    Field(discriminator="type"),
+]
+LOCAL_TYPES = frozenset({"math", "length", "format", "code", "python"})
+
+
+class RewardServerConfig(Strict):
+    """`posttrain serve-rewards CONFIG.yaml`: a standalone reward service."""
+
+    rewards: list[RewardSpec] = Field(min_length=1, description="Local components to serve.")
+    token_env: str | None = Field(
+        None, description="Environment variable with the bearer token clients must send; "
+        "unset or empty: no auth (bind to 127.0.0.1 then)."
+    )
+    workers: int = Field(2, gt=0, description="Items scored in parallel.")
+
+    @field_validator("rewards")
+    @classmethod
+    def _local_only(cls, v: list) -> list:
+        remote = [c.name for c in v if c.type not in LOCAL_TYPES]
+        if remote:
+            raise ValueError(f"components {remote} are http endpoints; a reward service hosts "
+                             f"only {sorted(LOCAL_TYPES)}")
+        return v

@@ -1,0 +1,54 @@
+"""Built-in `python` reward: a user function with verl's signature,
+`compute_score(data_source, solution_str, ground_truth, extra_info) -> float | dict`,
+imported and called inside the reward service process (never the controller).
+
+A dict result must hold a numeric `score`; its other keys go to `details`. The
+function runs unsandboxed with the service's rights: it is trusted user code.
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+from collections.abc import Callable
+from typing import Any
+
+from rewards.protocol import ScoreItem
+
+
+def load_function(spec: str) -> Callable[..., Any]:
+    """Import 'module:function'.
+
+    Raises:
+        ValueError: the module cannot be imported or has no such callable; the message
+            names the spec and says to put the module on PYTHONPATH.
+    """
+    module_name, _, attr = spec.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as e:
+        raise ValueError(f"function {spec!r}: cannot import {module_name!r} ({e}); put it on "
+                         "the reward service's PYTHONPATH") from e
+    fn = getattr(module, attr, None)
+    if not callable(fn):
+        raise ValueError(f"function {spec!r}: {module_name} has no callable {attr!r}")
+    return fn
+
+
+def score_python(fn: Callable[..., Any], item: ScoreItem) -> tuple[float, dict[str, Any]]:
+    """Call `fn` verl-style on one item.
+
+    Raises:
+        ValueError: the function returned something other than a finite number or a
+            dict with a numeric 'score'.
+    """
+    out = fn(item.metadata.get("data_source", ""), item.response, item.ground_truth,
+             item.metadata)
+    details: dict[str, Any] = {}
+    if isinstance(out, dict):
+        details = {k: v for k, v in out.items() if k != "score"}
+        out = out.get("score")
+    if isinstance(out, bool) or not isinstance(out, int | float) or not math.isfinite(out):
+        raise ValueError(f"compute_score returned {out!r}; return a finite float or "
+                         "a dict with a numeric 'score'")
+    return float(out), details

@@ -1,0 +1,253 @@
+"""Run untrusted Python programs (model-written code) in a local OS sandbox.
+
+`BwrapSandbox` layers, for every run:
+- bubblewrap with every namespace unshared (user, pid, net, ipc, uts, cgroup): no
+  network at all (a private loopback only), its own pid 1, `--die-with-parent`;
+- a read-only view of /usr, /lib*, /bin and nothing else of the host's files; a fresh
+  tmpfs as the work dir (and /tmp), gone when the run ends;
+- an unprivileged host uid per concurrent run (when the service runs as root), so the
+  process-count limit and file permissions are per run;
+- rlimits: address space, CPU seconds, processes, file size, no core dumps;
+- a seccomp filter refusing kernel-facing calls (ptrace, mount, bpf, keyctl, new
+  namespaces, ...) and sockets other than AF_UNIX;
+- a wall-clock timeout that kills the whole process group; output kept up to a limit.
+
+What it does NOT protect against: kernel or bubblewrap vulnerabilities (the host
+kernel is shared); CPU and memory-bandwidth contention with the rest of the machine
+within the limits (runs slow each other down); reading world-readable files under
+/usr (installed software is visible); timing side channels; a program that prints
+the test cases it was given. The Python inside is the system `/usr/bin/python3`
+(stdlib only). It is not a substitute for a VM when the code's author is hostile and
+skilled; it is a containment layer for buggy or reward-hacking model outputs.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import resource
+import shutil
+import signal
+import subprocess
+import tempfile
+import threading
+import time
+import warnings
+from dataclasses import dataclass
+
+SANDBOX_PYTHON = "/usr/bin/python3"
+_UID_BASE = 61000
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Per-run limits: seconds (wall, CPU), MiB, processes, bytes."""
+
+    wall_s: float = 10.0
+    cpu_s: int = 10
+    memory_mb: int = 512
+    max_procs: int = 32
+    file_mb: int = 16
+    max_output_bytes: int = 65536
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """Outcome of one program run. `returncode` is negative for a signal; `timed_out`
+    when the wall clock ran out; `truncated` when output was cut at the limit."""
+
+    returncode: int
+    stdout: str
+    stderr: str
+    timed_out: bool
+    truncated: bool
+    wall_s: float
+
+    @property
+    def ok(self) -> bool:
+        return self.returncode == 0 and not self.timed_out
+
+
+class SandboxUnavailable(RuntimeError):
+    """The sandbox cannot start here; the message says why and how to fix it."""
+
+
+class _UidPool:
+    """Hands out distinct unprivileged uids to concurrent runs, oldest first.
+
+    Seen here: a finished run's processes keep counting against its uid's
+    RLIMIT_NPROC for up to ~1.5 s while the kernel tears its namespaces down, so a uid
+    reused at once fails to fork. A large pool makes reuse seconds apart."""
+
+    def __init__(self, size: int = 1024):
+        self._free = list(range(_UID_BASE, _UID_BASE + size))
+        self._lock = threading.Condition()
+
+    def acquire(self) -> int:
+        with self._lock:
+            while not self._free:
+                self._lock.wait()
+            # Oldest first: a uid's last processes may still be tearing down in the kernel.
+            return self._free.pop(0)
+
+    def release(self, uid: int) -> None:
+        with self._lock:
+            self._free.append(uid)
+            self._lock.notify()
+
+
+_DENIED_SYSCALLS = (
+    "ptrace", "mount", "umount2", "pivot_root", "chroot", "reboot", "kexec_load",
+    "kexec_file_load", "init_module", "finit_module", "delete_module", "bpf",
+    "perf_event_open", "keyctl", "add_key", "request_key", "setns", "unshare",
+    "personality", "swapon", "swapoff", "acct", "settimeofday", "clock_settime",
+    "io_uring_setup", "userfaultfd", "process_vm_readv", "process_vm_writev",
+)
+
+
+def _seccomp_fd() -> int:
+    """A file descriptor holding the compiled BPF filter (read by bwrap --seccomp)."""
+    import pyseccomp as sc
+
+    f = sc.SyscallFilter(defaction=sc.ALLOW)
+    for name in _DENIED_SYSCALLS:
+        f.add_rule(sc.ERRNO(errno.EPERM), name)
+    f.add_rule(sc.ERRNO(errno.EACCES), "socket", sc.Arg(0, sc.NE, 1))  # only AF_UNIX
+    tmp = tempfile.TemporaryFile()
+    f.export_bpf(tmp)
+    tmp.flush()
+    fd = os.dup(tmp.fileno())
+    tmp.close()
+    os.lseek(fd, 0, os.SEEK_SET)  # bwrap reads the program from the start
+    return fd
+
+
+def _rlimits(limits: Limits, uid: int | None):
+    def apply() -> None:
+        mem = limits.memory_mb * 2**20
+        resource.setrlimit(resource.RLIMIT_AS, (mem, mem))
+        resource.setrlimit(resource.RLIMIT_CPU, (limits.cpu_s, limits.cpu_s + 1))
+        resource.setrlimit(resource.RLIMIT_NPROC, (limits.max_procs, limits.max_procs))
+        size = limits.file_mb * 2**20
+        resource.setrlimit(resource.RLIMIT_FSIZE, (size, size))
+        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+        if uid is not None:
+            os.setgroups([])
+            os.setgid(uid)
+            os.setuid(uid)
+
+    return apply
+
+
+def _read_capped(data: bytes, cap: int) -> tuple[str, bool]:
+    return data[:cap].decode("utf-8", errors="replace"), len(data) > cap
+
+
+def _run(argv: list[str], stdin: str | None, limits: Limits, uid: int | None,
+         pass_fds: tuple[int, ...] = (), cwd: str | None = None) -> RunResult:
+    start = time.monotonic()
+    proc = subprocess.Popen(
+        argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        preexec_fn=_rlimits(limits, uid), start_new_session=True, pass_fds=pass_fds,
+        cwd=cwd, env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "PYTHONHASHSEED": "0"},
+    )
+    timed_out = False
+    try:
+        out, err = proc.communicate((stdin or "").encode(), timeout=limits.wall_s)
+    except subprocess.TimeoutExpired:
+        timed_out = True
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+    stdout, cut1 = _read_capped(out, limits.max_output_bytes)
+    stderr, cut2 = _read_capped(err, limits.max_output_bytes)
+    return RunResult(proc.returncode, stdout, stderr, timed_out, cut1 or cut2,
+                     time.monotonic() - start)
+
+
+class BwrapSandbox:
+    """bubblewrap + rlimits + seccomp + per-run uid; see the module docstring.
+
+    Raises (at construction):
+        SandboxUnavailable: bwrap, pyseccomp or /usr/bin/python3 is missing, or a
+            trial run fails (e.g. user namespaces disabled); the message says why.
+    """
+
+    def __init__(self) -> None:
+        self.bwrap = shutil.which("bwrap")
+        if self.bwrap is None:
+            raise SandboxUnavailable(
+                "bubblewrap (bwrap) is not installed; install it (Debian: apt-get install "
+                "bubblewrap) or set the code reward's sandbox: none for trusted code only")
+        if not os.path.exists(SANDBOX_PYTHON):
+            raise SandboxUnavailable(f"{SANDBOX_PYTHON} is missing; install python3 (Debian)")
+        try:
+            os.close(_seccomp_fd())
+        except (ImportError, OSError, RuntimeError) as e:
+            raise SandboxUnavailable(f"cannot build the seccomp filter ({e}); "
+                                     "install pyseccomp and libseccomp2") from e
+        self.uids = _UidPool() if os.geteuid() == 0 else None
+        trial = self.run("print(6 * 7)", None, Limits(wall_s=30))
+        if trial.stdout.strip() != "42":
+            raise SandboxUnavailable(
+                f"a trial run in bubblewrap failed (exit {trial.returncode}): "
+                f"{trial.stderr.strip()[-300:]}; are unprivileged user namespaces enabled?")
+
+    def _argv(self, seccomp_fd: int) -> list[str]:
+        binds = [a for d in ("/usr", "/bin", "/lib", "/lib64", "/lib32") if os.path.exists(d)
+                 for a in ("--ro-bind", d, d)]
+        return [
+            self.bwrap, "--unshare-all", "--die-with-parent", "--new-session",
+            *binds, "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp",
+            "--dir", "/work", "--chdir", "/work", "--clearenv",
+            "--setenv", "PATH", "/usr/bin:/bin", "--setenv", "HOME", "/work",
+            "--seccomp", str(seccomp_fd),
+            SANDBOX_PYTHON, "-I", "-c",
+        ]
+
+    def run(self, code: str, stdin: str | None, limits: Limits) -> RunResult:
+        """Run `code` with `stdin` (None: empty) under `limits`."""
+        res = self._run_once(code, stdin, limits)
+        for delay in (0.5, 1.0):
+            # bwrap itself could not fork (see _UidPool): the program never ran; retry.
+            if not res.stderr.startswith("bwrap: Can't fork"):
+                break
+            time.sleep(delay)
+            res = self._run_once(code, stdin, limits)
+        return res
+
+    def _run_once(self, code: str, stdin: str | None, limits: Limits) -> RunResult:
+        fd = _seccomp_fd()
+        uid = self.uids.acquire() if self.uids else None
+        try:
+            return _run([*self._argv(fd), code], stdin, limits, uid, pass_fds=(fd,), cwd="/")
+        finally:
+            os.close(fd)
+            if uid is not None:
+                self.uids.release(uid)
+
+
+class NoSandbox:
+    """A bare subprocess with rlimits only: for trusted code and for measuring the
+    sandbox's overhead. Warns at every start."""
+
+    def __init__(self) -> None:
+        warnings.warn("code reward runs WITHOUT a sandbox (sandbox: none): model-written "
+                      "programs can reach the network, the disk and this host", stacklevel=2)
+
+    def run(self, code: str, stdin: str | None, limits: Limits) -> RunResult:
+        with tempfile.TemporaryDirectory() as work:
+            return _run([SANDBOX_PYTHON, "-I", "-c", code], stdin, limits, None, cwd=work)
+
+
+def make_sandbox(kind: str) -> BwrapSandbox | NoSandbox:
+    """The sandbox for a code reward's `sandbox:` setting.
+
+    Raises:
+        SandboxUnavailable: 'bwrap' cannot start here.
+        ValueError: an unknown kind.
+    """
+    if kind == "bwrap":
+        return BwrapSandbox()
+    if kind == "none":
+        return NoSandbox()
+    raise ValueError(f"sandbox {kind!r} is unknown; use 'bwrap' or 'none'")
