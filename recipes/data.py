@@ -65,12 +65,12 @@ def _jsonl(cfg: JsonlData) -> list[PromptItem]:
             except json.JSONDecodeError as e:
                 raise RecipeError(f"{cfg.path}:{lineno}: not valid JSON ({e.msg})") from None
             for key, role in ((cfg.prompt_key, "prompt_key"), (cfg.answer_key, "answer_key")):
-                if key not in row:
+                if key is not None and key not in row:
                     raise RecipeError(
                         f"{cfg.path}:{lineno}: row has no key {key!r} (data.train.{role}); "
                         f"its keys are {sorted(row)}; set data.train.{role} to one of them"
                     )
-            answer = str(row[cfg.answer_key])
+            answer = "" if cfg.answer_key is None else str(row[cfg.answer_key])
             if cfg.answer_delimiter and cfg.answer_delimiter in answer:
                 answer = answer.rsplit(cfg.answer_delimiter, 1)[1].strip()
             meta = {k: v for k, v in row.items() if k not in (cfg.prompt_key, cfg.answer_key)}

@@ -82,7 +82,11 @@ class JsonlData(_Strict):
         "or absolute."
     )
     prompt_key: str = Field("question", description="Key of the prompt text in each row.")
-    answer_key: str = Field("answer", description="Key of the reference answer in each row.")
+    answer_key: str | None = Field(
+        "answer",
+        description="Key of the reference answer in each row; null when the rewards need "
+        "none (e.g. code tests, which come from the row's other keys as metadata).",
+    )
     answer_delimiter: str | None = Field(
         "####",
         description="If set, the ground truth is the text after the last occurrence of this "

