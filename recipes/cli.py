@@ -15,6 +15,7 @@ from typing import Annotated
 
 import typer
 
+from recipes.data import PromptItem, load_prompts
 from recipes.schema import Recipe, RecipeError, check_runtime_inputs, load_recipe
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
@@ -24,11 +25,12 @@ SetOpt = Annotated[list[str] | None, typer.Option(
     "--set", help="Override a recipe key: --set train.steps=2 (value parsed as YAML).")]
 
 
-def _load_or_exit(recipe: Path, overrides: list[str] | None) -> Recipe:
+def _load_or_exit(recipe: Path, overrides: list[str] | None) -> tuple[Recipe, list[PromptItem]]:
+    """The validated recipe and its training prompts (every data row checked)."""
     try:
         r = load_recipe(recipe, overrides or [])
         check_runtime_inputs(r)
-        return r
+        return r, load_prompts(r.data)
     except RecipeError as e:
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(code=2) from None
@@ -36,9 +38,10 @@ def _load_or_exit(recipe: Path, overrides: list[str] | None) -> Recipe:
 
 @app.command()
 def validate(recipe: Path, set_: SetOpt = None) -> None:
-    """Check a recipe (schema, files, model path) without starting anything."""
-    r = _load_or_exit(recipe, set_)
-    typer.echo(f"ok: {recipe} ({r.algorithm}, {r.train.steps} steps, model {r.model.path})")
+    """Check a recipe (schema, data rows, model path) without starting anything."""
+    r, prompts = _load_or_exit(recipe, set_)
+    typer.echo(f"ok: {recipe} ({r.algorithm}, {r.train.steps} steps, {len(prompts)} prompts, "
+               f"model {r.model.path})")
 
 
 @app.command()
@@ -58,15 +61,19 @@ def run(
         help="Ray cluster to join (default: RAY_ADDRESS, else an embedded local cluster).")] = None,
 ) -> None:
     """Train a recipe end to end."""
-    r = _load_or_exit(recipe, set_)
+    r, prompts = _load_or_exit(recipe, set_)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # models are local folders; never a hub
     run_dir = out or Path("runs") / f"{r.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    if (run_dir / "metrics.jsonl").exists():
+        typer.echo(f"error: --out {run_dir} already holds a run (metrics.jsonl); give a new "
+                   "folder or remove that one", err=True)
+        raise typer.Exit(code=2)
     typer.echo(f"posttrain: {r.name} ({r.algorithm}) → {run_dir}")
     from recipes.loop import run as run_loop  # heavy imports only after validation
 
     t0 = time.time()
     try:
-        history = run_loop(r, run_dir, address)
+        history = run_loop(r, run_dir, address, prompts)
     except RecipeError as e:
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(code=2) from None

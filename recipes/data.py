@@ -64,11 +64,21 @@ def _jsonl(cfg: JsonlData) -> list[PromptItem]:
                 row = json.loads(line)
             except json.JSONDecodeError as e:
                 raise RecipeError(f"{cfg.path}:{lineno}: not valid JSON ({e.msg})") from None
+            if not isinstance(row, dict):
+                raise RecipeError(f"{cfg.path}:{lineno}: a row must be a JSON object with "
+                                  f"{cfg.prompt_key!r}, got {type(row).__name__}")
             for key, role in ((cfg.prompt_key, "prompt_key"), (cfg.answer_key, "answer_key")):
-                if key is not None and key not in row:
+                if key is None:
+                    continue
+                if key not in row:
                     raise RecipeError(
                         f"{cfg.path}:{lineno}: row has no key {key!r} (data.train.{role}); "
                         f"its keys are {sorted(row)}; set data.train.{role} to one of them"
+                    )
+                if not isinstance(row[key], str | int | float) or isinstance(row[key], bool):
+                    raise RecipeError(
+                        f"{cfg.path}:{lineno}: {key!r} (data.train.{role}) is "
+                        f"{json.dumps(row[key])[:40]}; it must be text (or a number)"
                     )
             answer = "" if cfg.answer_key is None else str(row[cfg.answer_key])
             if cfg.answer_delimiter and cfg.answer_delimiter in answer:

@@ -12,12 +12,13 @@ from tqdm import tqdm
 from common.model_registry import resolve_model_path
 from common.process import quiet_libraries
 from recipes import controller as c
-from recipes.data import load_prompts, prompt_stream
+from recipes.data import PromptItem, load_prompts, prompt_stream
 from recipes.grpo import apply_failure_policy, build_train_batch, rollout_metrics
 from recipes.schema import Recipe
 
 
-def run(recipe: Recipe, run_dir: Path, address: str | None = None) -> list[dict[str, float]]:
+def run(recipe: Recipe, run_dir: Path, address: str | None = None,
+        prompts: list[PromptItem] | None = None) -> list[dict[str, float]]:
     """Train `recipe` end to end; returns the per-step metrics also written to
     `run_dir/metrics.jsonl`. The final policy goes to `run_dir/final` (save_pretrained).
 
@@ -27,7 +28,7 @@ def run(recipe: Recipe, run_dir: Path, address: str | None = None) -> list[dict[
     """
     quiet_libraries()
     run_dir.mkdir(parents=True, exist_ok=True)
-    prompts = load_prompts(recipe.data)
+    prompts = prompts if prompts is not None else load_prompts(recipe.data)
     batches = prompt_stream(prompts, recipe.train.prompts_per_step, recipe.data.shuffle_seed)
     model_path = str(resolve_model_path(recipe.model.path))
     c.write_manifest(run_dir, recipe, model_path)
@@ -63,7 +64,7 @@ def run(recipe: Recipe, run_dir: Path, address: str | None = None) -> list[dict[
                 f.write(json.dumps(metrics) + "\n")
             bar.set_postfix(reward=f"{metrics['reward_mean']:.3f}",
                             len=f"{metrics['response_length_mean']:.0f}",
-                            step_s=f"{metrics['time/step']:.1f}")
+                            step_s=f"{metrics['time/step']:.1f}", refresh=False)
         if recipe.train.save_final:
             ray.get([lw.save_checkpoint.remote(str(run_dir / "final"), recipe.train.steps)
                      for lw in roles.learners])

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import Field, ValidationError, model_validator
+from pydantic import Discriminator, Field, Tag, ValidationError, model_validator
 
 from recipes.reward_specs import RewardSpec, Strict
 
@@ -95,8 +95,18 @@ class JsonlData(_Strict):
     limit: int | None = Field(None, gt=0, description="Use only the first N rows.")
 
 
+def _data_kind(v: Any) -> str:
+    # Pick the variant by its telltale key, so errors speak about one variant only.
+    if isinstance(v, dict):
+        return "generator" if "generator" in v else "jsonl"
+    return "generator" if isinstance(v, GeneratorData) else "jsonl"
+
+
 class DataConfig(_Strict):
-    train: Annotated[GeneratorData | JsonlData, Field(union_mode="left_to_right")] = Field(
+    train: Annotated[
+        Annotated[GeneratorData, Tag("generator")] | Annotated[JsonlData, Tag("jsonl")],
+        Discriminator(_data_kind),
+    ] = Field(
         description="Either {generator: arithmetic, ...} or {path: data.jsonl, prompt_key, "
         "answer_key}."
     )
@@ -263,10 +273,14 @@ class RecipeError(Exception):
     """A recipe that cannot run; the message names the file, the key path and the fix."""
 
 
+_TAGS = {"generator", "jsonl", "math", "length", "format", "code", "python", "http"}
+
+
 def _format_errors(err: ValidationError, source: str) -> str:
     lines = [f"{source}: {err.error_count()} problem(s) in the recipe:"]
     for e in err.errors():
-        loc = ".".join(str(p) for p in e["loc"] if not str(p).startswith("function-after"))
+        loc = ".".join(str(p) for p in e["loc"]
+                       if not str(p).startswith("function-after") and p not in _TAGS)
         msg = e["msg"].removeprefix("Value error, ")
         if e["type"] == "extra_forbidden":
             msg = "unknown key; remove it or fix its spelling (see `posttrain schema`)"
@@ -274,7 +288,7 @@ def _format_errors(err: ValidationError, source: str) -> str:
             msg = "required key is missing; add it (see `posttrain schema`)"
         elif "input" in e and not isinstance(e["input"], dict | list):
             msg = f"{msg} (got {e['input']!r})"
-        lines.append(f"  - {loc or '<recipe>'}: {msg}")
+        lines.append(f"  - {loc}: {msg}" if loc else f"  - {msg}")
     return "\n".join(lines)
 
 
@@ -309,7 +323,12 @@ def apply_overrides(tree: dict[str, Any], overrides: list[str]) -> dict[str, Any
         if "=" not in item:
             raise RecipeError(f"--set {item!r}: expected key.path=value, e.g. train.steps=2")
         key, raw = item.split("=", 1)
-        _set_path(tree, key.strip(), yaml.safe_load(raw))
+        try:
+            value = yaml.safe_load(raw)
+        except yaml.YAMLError as e:
+            raise RecipeError(f"--set {item!r}: the value is not valid YAML ({e.problem}); "
+                              "quote strings, e.g. --set 'model.path=\"/my/model\"'") from None
+        _set_path(tree, key.strip(), value)
     return tree
 
 
@@ -352,8 +371,9 @@ def check_runtime_inputs(recipe: Recipe) -> None:
     """
     train = recipe.data.train
     if isinstance(train, JsonlData) and not Path(train.path).is_file():
+        what = "is a folder, not a file" if Path(train.path).is_dir() else "does not exist"
         raise RecipeError(
-            f"data.train.path: {train.path} does not exist; give a .jsonl file (relative paths "
+            f"data.train.path: {train.path} {what}; give a .jsonl file (relative paths "
             "are read from the recipe's folder)"
         )
     for i, c in enumerate(recipe.rewards):

@@ -1,0 +1,66 @@
+"""Training data: jsonl rows are checked before anything starts."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from recipes.data import load_prompts, prompt_stream
+from recipes.schema import DataConfig, RecipeError
+from tests.conftest import ROOT
+
+
+def _cfg(path, **kw):
+    return DataConfig.model_validate({"train": {"path": str(path), "prompt_key": "q",
+                                                "answer_key": "a", **kw}})
+
+
+@pytest.mark.parametrize(("rows", "needle"), [
+    ('42\n', ":1: a row must be a JSON object"),
+    ('"text"\n', ":1: a row must be a JSON object"),
+    ('{"q": "x", "a": "1"}\n{"q": null, "a": "1"}\n', ":2: 'q' (data.train.prompt_key) is null"),
+    ('{"q": "x", "a": [1]}\n', ":1: 'a' (data.train.answer_key) is [1]"),
+    ('{"question": "x", "a": "1"}\n', "row has no key 'q'"),
+    ('{"q": "x", "a": "1"\n', ":1: not valid JSON"),
+    ('\n\n', "no rows"),
+])
+def test_bad_rows_name_file_line_and_key(tmp_path, rows, needle):
+    f = tmp_path / "d.jsonl"
+    f.write_text(rows)
+    with pytest.raises(RecipeError) as e:
+        load_prompts(_cfg(f))
+    assert needle in str(e.value) and str(f) in str(e.value)
+
+
+def test_gsm8k_rows_and_delimiter(shared_data):
+    items = load_prompts(_cfg(shared_data / "gsm8k" / "train.jsonl", limit=3,
+                              prompt_key="question", answer_key="answer"))
+    assert len(items) == 3 and items[0].ground_truth == "72"  # "#### 72" in row 0
+
+
+def test_prompt_stream_covers_every_prompt_each_epoch():
+    items = list(range(5))
+    stream = prompt_stream(items, 2, seed=0)
+    seen = [x for _ in range(5) for x in next(stream)]  # two epochs
+    assert sorted(seen) == sorted(items * 2)
+
+
+def _cli(*args):
+    return subprocess.run([sys.executable, "-m", "recipes.cli", *args], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_validate_reads_rows_and_run_refuses_used_folder(tmp_path):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"question": null, "answer": "1"}\n')
+    r = _cli("validate", "recipes/quickstart_grpo.yaml", "--set", f"data.train={{path: {bad}}}")
+    assert r.returncode == 2 and "data.train.prompt_key" in r.stderr
+    used = tmp_path / "run"
+    used.mkdir()
+    (used / "metrics.jsonl").write_text("{}\n")
+    r = _cli("run", "recipes/quickstart_grpo.yaml", "--out", str(used))
+    assert r.returncode == 2 and "already holds a run" in r.stderr
+    r = _cli("validate", "recipes/quickstart_grpo.yaml", "--set", "train.steps=[1")
+    assert r.returncode == 2 and "not valid YAML" in r.stderr
