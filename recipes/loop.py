@@ -60,8 +60,12 @@ def run(recipe: Recipe, run_dir: Path, address: str | None = None,
                        "time/weight_sync": sync_s, "time/step": t_end - t0,
                        **c.step_telemetry(roles, recipe, t0, t_end)}
             history.append(metrics)
-            with open(run_dir / "metrics.jsonl", "a") as f:
-                f.write(json.dumps(metrics) + "\n")
+            with open(run_dir / "metrics.jsonl", "a") as f:  # NaN (nothing scored) → null
+                f.write(json.dumps({k: None if v != v else v for k, v in metrics.items()}) + "\n")
+            if metrics["failed_scores"]:
+                bar.write(f"step {step}: {metrics['failed_scores']:.0f} rollouts could not be "
+                          f"scored ({details[rewards.index(None)].get('error')}); "
+                          f"on_reward_failure={recipe.on_reward_failure}")
             bar.set_postfix(reward=f"{metrics['reward_mean']:.3f}",
                             len=f"{metrics['response_length_mean']:.0f}",
                             step_s=f"{metrics['time/step']:.1f}", refresh=False)

@@ -70,7 +70,7 @@ def make_scorer(spec: Any) -> Scorer:
         return lambda item: score_length(item.response, spec.target_chars)
     if isinstance(spec, FormatReward):
         pattern = re.compile(spec.pattern, re.DOTALL)
-        return lambda item: (1.0 if pattern.search(item.response) else 0.0), {}
+        return lambda item: ((1.0 if pattern.search(item.response) else 0.0), {})
     if isinstance(spec, CodeReward):
         sandbox = make_sandbox(spec.sandbox)
         limits = Limits(wall_s=spec.timeout_s, cpu_s=spec.cpu_s, memory_mb=spec.memory_mb,

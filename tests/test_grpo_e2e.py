@@ -45,3 +45,30 @@ def test_two_grpo_steps(tiny_model, tmp_path):
     assert all(len(r["inference_logprobs"]) == len(r["response_ids"]) for r in saved)
     final = AutoModelForCausalLM.from_pretrained(run_dir / "final")
     assert final.config.tie_word_embeddings
+
+
+def test_unscorable_step_fails_loudly_and_keeps_rollouts(tiny_model, tmp_path):
+    import pytest
+
+    from learner.worker import free_port
+    from recipes.grpo import RewardFailure
+
+    recipe_file = tmp_path / "dead.yaml"
+    recipe_file.write_text(yaml.safe_dump({
+        "name": "tiny-dead-endpoint",
+        "algorithm": "grpo",
+        "model": {"path": str(tiny_model), "dtype": "float32"},
+        "data": {"train": {"generator": "arithmetic", "size": 4}},
+        "rollout": {"samples_per_prompt": 2, "max_new_tokens": 4},
+        "rewards": [{"name": "dead", "type": "http", "retries": 1, "timeout_s": 2,
+                     "url": f"http://127.0.0.1:{free_port()}/score"}],
+        "on_reward_failure": "fail_step",
+        "train": {"steps": 2, "prompts_per_step": 2},
+        "resources": {"threads_per_worker": 1},
+        "monitor": {"progress": False},
+    }))
+    with pytest.raises(RewardFailure, match="could not be scored"):
+        run(load_recipe(recipe_file), tmp_path / "run")
+    saved = [json.loads(x) for x in (tmp_path / "run" / "rollouts" / "step_00000.jsonl").open()]
+    assert len(saved) == 4 and all(r["reward"] is None for r in saved)
+    assert "ConnectError" in saved[0]["reward_details"]["error"]

@@ -98,3 +98,9 @@ def test_components_are_weighted_and_reported():
     assert a["reward"] == pytest.approx(1.0 + 0.5 * 1.0)
     assert b["reward"] == pytest.approx(0.0 + 0.5 * 0.5)
     assert b["details"]["short"] == 0.5 and b["details"]["correct"] == 0.0
+
+
+def test_format_reward():
+    app = TestClient(create_app([{"name": "f", "type": "format", "pattern": r"^\s*\d+\s*$"}]))
+    body = {"items": [{"uid": "a", "response": " 42 "}, {"uid": "b", "response": "42 apples"}]}
+    assert [s["reward"] for s in app.post("/score", json=body).json()["scores"]] == [1.0, 0.0]
