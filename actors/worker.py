@@ -43,6 +43,7 @@ class RolloutWorker:
         dtype: str,
         transport: str,
         threads: int,
+        delay_s: float = 0.0,
     ):
         set_torch_threads(threads)
         quiet_libraries()
@@ -52,6 +53,7 @@ class RolloutWorker:
         self.version = 0
         self.spans = SpanRecorder("rollout", worker_id)
         self.started = time.time()
+        self.delay_s = delay_s  # test knob: extra busy time per generate
 
     def generate(
         self, requests: list[PromptRequest], sampling: SamplingSettings, step: int
@@ -60,6 +62,7 @@ class RolloutWorker:
         with self.spans.span("generate", step):
             prompt_ids = [self.engine.tokenize_chat(r.messages) for r in requests]
             groups = self.engine.generate(prompt_ids, sampling)
+            time.sleep(self.delay_s)
             rollouts = []
             for req, ids, samples in zip(requests, prompt_ids, groups, strict=True):
                 prompt_text = self.engine.decode(ids)

@@ -84,6 +84,15 @@ def _merged_busy(spans: list[Span], start: float, end: float) -> float:
     return total
 
 
+def busy_seconds(spans: list[Span], role: str, workers: int, start: float, end: float) -> float:
+    """Busy worker-seconds of one side in [start, end]: the union of each worker's
+    spans, summed over workers."""
+    return sum(
+        _merged_busy([s for s in spans if s.role == role and s.worker == w], start, end)
+        for w in range(workers)
+    )
+
+
 def idle_fraction(spans: list[Span], role: str, workers: int, start: float, end: float) -> float:
     """Idle time over (wall time × workers) for one side, as DESIGN.md defines it.
 
@@ -94,12 +103,8 @@ def idle_fraction(spans: list[Span], role: str, workers: int, start: float, end:
     """
     if end <= start or workers < 1:
         raise ValueError(f"need end > start and workers >= 1, got {start}, {end}, {workers}")
-    wall = end - start
-    busy = sum(
-        _merged_busy([s for s in spans if s.role == role and s.worker == w], start, end)
-        for w in range(workers)
-    )
-    return max(0.0, 1.0 - busy / (wall * workers))
+    busy = busy_seconds(spans, role, workers, start, end)
+    return max(0.0, 1.0 - busy / ((end - start) * workers))
 
 
 def generation_tail(spans: list[Span]) -> float:

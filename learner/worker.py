@@ -22,6 +22,7 @@ from __future__ import annotations
 import math
 import os
 import socket
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -56,6 +57,7 @@ class LearnerSettings:
     temperature: float = 1.0
     seed: int = 0
     transport: str = "object_store"
+    delay_s: float = 0.0  # test knob: extra busy seconds per train_step
 
 
 def free_port() -> int:
@@ -189,6 +191,7 @@ class LearnerWorker:
             self.scheduler.step()
             self.optimizer.zero_grad(set_to_none=True)
             self.optimizer_steps += 1
+            time.sleep(self.s.delay_s)
         dist.all_reduce(sums)
         tokens = max(sums[3].item(), 1.0)
         return {

@@ -116,6 +116,69 @@ def serve_rewards(
     uvicorn.run(app, host=host, port=port, log_level="warning")
 
 
+def _run_dir_or_exit(run_dir: Path) -> list[dict]:
+    from recipes.monitor import METRICS_FILE, read_jsonl
+
+    rows = read_jsonl(run_dir / METRICS_FILE)
+    if not rows and not (run_dir / "recipe.yaml").is_file():
+        typer.echo(f"error: {run_dir} is not a run folder (no metrics.jsonl or recipe.yaml)",
+                   err=True)
+        raise typer.Exit(code=2)
+    return rows
+
+
+@app.command()
+def status(
+    run_dir: Path,
+    last: Annotated[int, typer.Option(help="Steps to show.")] = 10,
+) -> None:
+    """Print a table of a run's last steps and its totals."""
+    from rich.console import Console
+    from rich.table import Table
+
+    rows = _run_dir_or_exit(run_dir)
+    cols = [("step", "step", "{:.0f}"), ("reward", "reward_mean", "{:.3f}"),
+            ("acc", "accuracy", "{:.3f}"), ("len", "response_length_mean", "{:.1f}"),
+            ("step s", "time/step", "{:.1f}"), ("gen s", "time/generate", "{:.1f}"),
+            ("score s", "time/score", "{:.2f}"), ("logp s", "time/logprobs", "{:.1f}"),
+            ("train s", "time/train", "{:.1f}"), ("sync s", "time/weight_sync", "{:.2f}"),
+            ("rollout idle", "rollout_idle_fraction", "{:.2f}"),
+            ("learner idle", "learner_idle_fraction", "{:.2f}")]
+    table = Table(title=f"{run_dir.name}: {len(rows)} steps")
+    for name, _, _ in cols:
+        table.add_column(name, justify="right")
+
+    def cell(row: dict, key: str, f: str) -> str:
+        v = row.get(key)
+        return "–" if v is None else f.format(v)
+
+    for row in rows[-last:]:
+        table.add_row(*[cell(row, k, f) for _, k, f in cols])
+    if rows:
+        present = {k: [r[k] for r in rows if r.get(k) is not None] for _, k, _ in cols}
+        mean = {k: sum(v) / len(v) if v else None for k, v in present.items()}
+        table.add_section()
+        table.add_row("mean", *[cell(mean, k, f) for _, k, f in cols[1:]])
+    Console(width=None if sys.stdout.isatty() else 160).print(table)
+
+
+@app.command()
+def dashboard(
+    run_dir: Path,
+    port: Annotated[int, typer.Option(help="Port on 127.0.0.1 (0: any free port).")] = 8765,
+) -> None:
+    """Serve the dashboard of a run folder (finished or still running)."""
+    _run_dir_or_exit(run_dir)
+    from recipes.dashboard import DashboardServer
+
+    server = DashboardServer(run_dir, port)
+    typer.echo(f"dashboard: {server.start()}  (Ctrl-C to stop)")
+    try:
+        server.thread.join()
+    except KeyboardInterrupt:
+        server.stop()
+
+
 def _summary(history: list[dict[str, float]], run_dir: Path, wall: float) -> None:
     if not history:
         return

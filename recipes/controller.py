@@ -25,12 +25,13 @@ import yaml
 from actors.rollout import PromptRequest, Rollout, SamplingSettings
 from actors.worker import RolloutWorker
 from common.process import default_threads
-from common.telemetry import Span, generation_tail, idle_fraction
+from common.telemetry import Span, busy_seconds, generation_tail, idle_fraction
 from learner.batch import TrainBatch, concat, pad_rows_to_multiple
 from learner.losses import loss_denominator
 from learner.worker import LearnerSettings, LearnerWorker, free_port
 from recipes.data import PromptItem
 from recipes.grpo import logprob_mismatch
+from recipes.placement import Placement, gpus_needed, place, release
 from recipes.reward_specs import LOCAL_TYPES
 from recipes.schema import Recipe
 from rewards.client import RewardClient, RewardSet, start_local_service
@@ -47,6 +48,7 @@ class Roles:
     reward: RewardSet
     reward_proc: subprocess.Popen | None
     pad_id: int
+    placement: Placement
 
 
 def start_roles(recipe: Recipe, model_path: str, run_dir: Path) -> Roles:
@@ -63,11 +65,13 @@ def start_roles(recipe: Recipe, model_path: str, run_dir: Path) -> Roles:
     # so each side gets all cores, split among its own workers.
     threads_r = res.threads_per_worker or default_threads(n_rollout)
     threads_l = res.threads_per_worker or default_threads(n_learn)
-    Rollout_ = ray.remote(num_cpus=0, num_gpus=res.rollout.gpus_per_engine)(RolloutWorker)
+    placement = place(res)
+    Rollout_ = ray.remote(num_cpus=0)(RolloutWorker)
     rollout = [
-        Rollout_.remote(i, recipe.rollout.engine, model_path, recipe.model.dtype,
-                        recipe.weight_sync.type, threads_r)
-        for i in range(n_rollout)
+        Rollout_.options(**opts).remote(i, recipe.rollout.engine, model_path,
+                                        recipe.model.dtype, recipe.weight_sync.type, threads_r,
+                                        recipe.debug.rollout_delay_s)
+        for i, opts in enumerate(placement.rollout)
     ]
     settings = LearnerSettings(
         model_path=model_path,
@@ -84,9 +88,11 @@ def start_roles(recipe: Recipe, model_path: str, run_dir: Path) -> Roles:
         temperature=recipe.rollout.temperature,
         seed=recipe.train.seed,
         transport=recipe.weight_sync.type,
+        delay_s=recipe.debug.learner_delay_s,
     )
-    Learner_ = ray.remote(num_cpus=0, num_gpus=1)(LearnerWorker)
-    learners = [Learner_.remote(r, n_learn, settings, threads_l) for r in range(n_learn)]
+    Learner_ = ray.remote(num_cpus=0)(LearnerWorker)
+    learners = [Learner_.options(**opts).remote(r, n_learn, settings, threads_l)
+                for r, opts in enumerate(placement.learner)]
     master = free_port()
     ray.get([lw.setup.remote(master) for lw in learners])
     ray.get([w.health.remote() for w in rollout])
@@ -101,7 +107,7 @@ def start_roles(recipe: Recipe, model_path: str, run_dir: Path) -> Roles:
 
     tok = AutoTokenizer.from_pretrained(model_path)
     pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
-    return Roles(rollout, learners, reward, proc, pad)
+    return Roles(rollout, learners, reward, proc, pad, placement)
 
 
 def start_rewards(recipe: Recipe, run_dir: Path) -> tuple[RewardSet, subprocess.Popen | None]:
@@ -139,6 +145,7 @@ def stop_roles(roles: Roles | None) -> None:
             roles.reward_proc.kill()
     for a in roles.rollout + roles.learners:
         ray.kill(a)
+    release(roles.placement)
 
 
 def generate(
@@ -229,15 +236,21 @@ def push_weights(roles: Roles, recipe: Recipe, version: int) -> float:
     return time.time() - t0
 
 
-def step_telemetry(roles: Roles, recipe: Recipe, start: float, end: float) -> dict[str, float]:
-    """Idle fractions and generation tail of one step from every worker's spans."""
+def step_telemetry(
+    roles: Roles, start: float, end: float, extra: list[Span]
+) -> tuple[dict[str, float], list[Span]]:
+    """Idle fractions, busy seconds and generation tail of one step from every worker's
+    spans (plus the controller's own `extra` spans); returns metrics and all spans."""
     spans: list[Span] = [s for part in ray.get(
         [a.drain_spans.remote() for a in roles.rollout + roles.learners]) for s in part]
+    n_r, n_l = len(roles.rollout), len(roles.learners)
     return {
-        "rollout_idle_fraction": idle_fraction(spans, "rollout", len(roles.rollout), start, end),
-        "learner_idle_fraction": idle_fraction(spans, "learner", len(roles.learners), start, end),
+        "rollout_idle_fraction": idle_fraction(spans, "rollout", n_r, start, end),
+        "learner_idle_fraction": idle_fraction(spans, "learner", n_l, start, end),
+        "rollout_busy_s": busy_seconds(spans, "rollout", n_r, start, end),
+        "learner_busy_s": busy_seconds(spans, "learner", n_l, start, end),
         "time/generation_tail": generation_tail(spans),
-    }
+    }, spans + extra
 
 
 def save_rollouts(run_dir: Path, step: int, rollouts: list[Rollout],
@@ -257,8 +270,7 @@ def init_ray(recipe: Recipe, address: str | None) -> None:
     if address:
         ray.init(address=address, log_to_driver=True)
         return
-    res = recipe.resources
-    ray.init(num_cpus=os.cpu_count(), num_gpus=res.rollout.gpus + res.learner.gpus,
+    ray.init(num_cpus=os.cpu_count(), num_gpus=gpus_needed(recipe.resources),
              include_dashboard=False, log_to_driver=True,
              runtime_env={"env_vars": {"TOKENIZERS_PARALLELISM": "false",
                                                  "HF_HUB_OFFLINE": "1"}})

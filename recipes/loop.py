@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 
@@ -11,9 +10,12 @@ from tqdm import tqdm
 
 from common.model_registry import resolve_model_path
 from common.process import quiet_libraries
+from common.telemetry import Span
 from recipes import controller as c
+from recipes.dashboard import DashboardServer
 from recipes.data import PromptItem, load_prompts, prompt_stream
 from recipes.grpo import apply_failure_policy, build_train_batch, rollout_metrics
+from recipes.monitor import StepLog
 from recipes.schema import Recipe
 
 
@@ -23,8 +25,9 @@ def run(recipe: Recipe, run_dir: Path, address: str | None = None,
     `run_dir/metrics.jsonl`. The final policy goes to `run_dir/final` (save_pretrained).
 
     Raises:
-        RecipeError: bad data rows (before any process starts).
-        RuntimeError, WeightSyncError: a role failed; rollouts of finished steps are kept.
+        RecipeError: bad data rows or resources (before any model loads).
+        RuntimeError, WeightSyncError, RewardFailure: a role failed; the rollouts and
+            metrics of finished steps are kept.
     """
     quiet_libraries()
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -33,9 +36,12 @@ def run(recipe: Recipe, run_dir: Path, address: str | None = None,
     model_path = str(resolve_model_path(recipe.model.path))
     c.write_manifest(run_dir, recipe, model_path)
     c.init_ray(recipe, address)
-    roles, history = None, []
+    roles, history, log, dash = None, [], StepLog(run_dir, recipe), None
     accuracy_of = next((r.name for r in recipe.rewards if r.type == "math"), None)
     try:
+        if recipe.monitor.dashboard_port is not None:
+            dash = DashboardServer(run_dir, recipe.monitor.dashboard_port)
+            print(f"dashboard: {dash.start()}  (Prometheus: /metrics)", flush=True)
         roles = c.start_roles(recipe, model_path, run_dir)
         bar = tqdm(range(recipe.train.steps), desc=recipe.name, disable=not recipe.monitor.progress)
         for step in bar:
@@ -54,25 +60,33 @@ def run(recipe: Recipe, run_dir: Path, address: str | None = None,
             stats = c.train_on(roles, batch, recipe, step)
             sync_s = c.push_weights(roles, recipe, version=step + 1)
             t_end = time.time()
+            telemetry, spans = c.step_telemetry(roles, t0, t_end,
+                                                [Span("reward", 0, "score", t1, t2, step)])
             metrics = {"step": step, "policy_version": step + 1,
                        **rollout_metrics(rollouts, rewards, details, accuracy_of), **stats,
                        "time/generate": t1 - t0, "time/score": t2 - t1,
                        "time/weight_sync": sync_s, "time/step": t_end - t0,
-                       **c.step_telemetry(roles, recipe, t0, t_end)}
+                       "weight_sync_fraction": sync_s / (t_end - t0),
+                       "score_fraction": (t2 - t1) / (t_end - t0), **telemetry}
             history.append(metrics)
-            with open(run_dir / "metrics.jsonl", "a") as f:  # NaN (nothing scored) → null
-                f.write(json.dumps({k: None if v != v else v for k, v in metrics.items()}) + "\n")
-            if metrics["failed_scores"]:
-                bar.write(f"step {step}: {metrics['failed_scores']:.0f} rollouts could not be "
-                          f"scored ({details[rewards.index(None)].get('error')}); "
-                          f"on_reward_failure={recipe.on_reward_failure}")
-            bar.set_postfix(reward=f"{metrics['reward_mean']:.3f}",
-                            len=f"{metrics['response_length_mean']:.0f}",
-                            step_s=f"{metrics['time/step']:.1f}", refresh=False)
+            log.record(step, metrics, spans)
+            _report(bar, step, metrics, rewards, details, recipe)
         if recipe.train.save_final:
             ray.get([lw.save_checkpoint.remote(str(run_dir / "final"), recipe.train.steps)
                      for lw in roles.learners])
     finally:
         c.stop_roles(roles)
         ray.shutdown()
+        log.close()
+        if dash is not None:
+            dash.stop()
     return history
+
+
+def _report(bar: tqdm, step: int, m: dict, rewards: list, details: list, recipe: Recipe) -> None:
+    if m["failed_scores"]:
+        bar.write(f"step {step}: {m['failed_scores']:.0f} rollouts could not be scored "
+                  f"({details[rewards.index(None)].get('error')}); "
+                  f"on_reward_failure={recipe.on_reward_failure}")
+    bar.set_postfix(reward=f"{m['reward_mean']:.3f}", len=f"{m['response_length_mean']:.0f}",
+                    step_s=f"{m['time/step']:.1f}", refresh=False)

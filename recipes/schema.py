@@ -186,6 +186,11 @@ class LearnerResources(_Strict):
 class ResourcesConfig(_Strict):
     rollout: RolloutResources = Field(default_factory=RolloutResources)
     learner: LearnerResources = Field(default_factory=LearnerResources)
+    colocate: bool = Field(
+        False,
+        description="Rollout engines and learner ranks time-share the same devices "
+        "(engine i and rank i on device i) instead of separate ones.",
+    )
     device: Literal["cpu"] = Field(
         "cpu",
         description="'cpu': Ray declares GPU resources so the same placement runs without GPUs; "
@@ -224,9 +229,27 @@ class WeightSyncConfig(_Strict):
 
 class MonitorConfig(_Strict):
     progress: bool = Field(True, description="Show a progress bar on the console.")
+    dashboard_port: int | None = Field(
+        8765, ge=0, le=65535,
+        description="Live dashboard and Prometheus /metrics on 127.0.0.1:PORT (0: any free "
+        "port; null: off).",
+    )
+    tensorboard: bool = Field(True, description="Write TensorBoard event files to "
+                              "RUN_DIR/tensorboard.")
+    wandb_project: str | None = Field(
+        None, description="Log every step to this Weights & Biases project (needs wandb; "
+        "WANDB_MODE=offline works without network)."
+    )
     save_rollouts: bool = Field(
         True, description="Write every step's rollouts and rewards to RUN_DIR/rollouts/."
     )
+
+
+class DebugConfig(_Strict):
+    """Knobs for tests and benchmarks of the idle-time accounting; leave at 0."""
+
+    learner_delay_s: float = Field(0.0, ge=0, description="Extra busy seconds per train_step.")
+    rollout_delay_s: float = Field(0.0, ge=0, description="Extra busy seconds per generate.")
 
 
 class Recipe(_Strict):
@@ -252,6 +275,7 @@ class Recipe(_Strict):
     resources: ResourcesConfig = Field(default_factory=ResourcesConfig)
     weight_sync: WeightSyncConfig = Field(default_factory=WeightSyncConfig)
     monitor: MonitorConfig = Field(default_factory=MonitorConfig)
+    debug: DebugConfig = Field(default_factory=DebugConfig)
 
     @model_validator(mode="after")
     def _cross_field(self) -> Recipe:

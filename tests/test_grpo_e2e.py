@@ -26,7 +26,7 @@ def test_two_grpo_steps(tiny_model, tmp_path):
         "train": {"steps": 2, "prompts_per_step": 3, "micro_batch_size": 2, "lr": 1e-3},
         "resources": {"rollout": {"gpus": 1}, "learner": {"gpus": 2}, "threads_per_worker": 1},
         "weight_sync": {"type": "object_store", "verify_checksum": True},
-        "monitor": {"progress": False},
+        "monitor": {"progress": False, "dashboard_port": None, "tensorboard": False},
     }))
     run_dir = tmp_path / "run"
     history = run(load_recipe(recipe_file), run_dir)
@@ -65,7 +65,7 @@ def test_unscorable_step_fails_loudly_and_keeps_rollouts(tiny_model, tmp_path):
         "on_reward_failure": "fail_step",
         "train": {"steps": 2, "prompts_per_step": 2},
         "resources": {"threads_per_worker": 1},
-        "monitor": {"progress": False},
+        "monitor": {"progress": False, "dashboard_port": None, "tensorboard": False},
     }))
     with pytest.raises(RewardFailure, match="could not be scored"):
         run(load_recipe(recipe_file), tmp_path / "run")
