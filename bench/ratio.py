@@ -1,0 +1,54 @@
+"""Rollout:learner worker splits of the quickstart, side by side in one run.
+
+    .venv/bin/python bench/ratio.py [--steps 3] [--splits 1:1,2:1,1:2]
+
+Each split runs the quickstart recipe for a few steps on the real model (declared
+devices on a CPU machine, so a "GPU" here is a worker process sharing 2 cores). The
+table gives the mean over steps after the first (which includes warm-up): step time,
+generate and train seconds, both idle fractions and the generation tail.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from recipes.loop import run  # noqa: E402
+from recipes.schema import load_recipe  # noqa: E402
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--splits", default="1:1,2:1,1:2")
+    args = ap.parse_args()
+    rows = []
+    for split in args.splits.split(","):
+        n_r, n_l = (int(x) for x in split.split(":"))
+        recipe = load_recipe(ROOT / "recipes" / "quickstart_grpo.yaml", [
+            f"train.steps={args.steps}", f"resources.rollout.gpus={n_r}",
+            f"resources.learner.gpus={n_l}", "monitor.progress=false",
+            "monitor.dashboard_port=null", "monitor.tensorboard=false",
+            "monitor.save_rollouts=false", "train.save_final=false"])
+        with tempfile.TemporaryDirectory() as tmp:
+            history = run(recipe, Path(tmp) / "run")[1:]  # step 0 includes warm-up
+        keys = ("time/step", "time/generate", "time/train", "rollout_idle_fraction",
+                "learner_idle_fraction", "time/generation_tail")
+        rows.append((split, *(statistics.fmean(h[k] for h in history) for k in keys)))
+    base = rows[0][1]
+    print(f"{'rollout:learner':>15} {'step s':>7} {'vs first':>8} {'gen s':>6} {'train s':>7} "
+          f"{'rollout idle':>12} {'learner idle':>12} {'tail s':>6}")
+    for split, step, gen, train, ri, li, tail in rows:
+        print(f"{split:>15} {step:7.1f} {step / base:7.2f}x {gen:6.1f} {train:7.1f} "
+              f"{ri:12.2f} {li:12.2f} {tail:6.2f}")
+    print(f"(mean of steps 2..{args.steps} per split; 2 CPU cores shared by every worker)")
+
+
+if __name__ == "__main__":
+    main()
