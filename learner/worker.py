@@ -32,6 +32,7 @@ import torch.distributed as dist
 from common.process import quiet_libraries, set_torch_threads
 from common.telemetry import Span, SpanRecorder
 from learner.batch import TrainBatch
+from learner.dpo_verbs import DPOVerbs
 from learner.logprobs import sequence_logprobs
 from learner.losses import aggregate_loss, clipped_policy_loss
 from weightsync import WeightHandle, make_transport
@@ -58,6 +59,10 @@ class LearnerSettings:
     seed: int = 0
     transport: str = "object_store"
     delay_s: float = 0.0  # test knob: extra busy seconds per train_step
+    load_reference: bool = False  # a frozen reference (GRPO with KL, or DPO)
+    dpo_beta: float = 0.1
+    dpo_label_smoothing: float = 0.0
+    dpo_loss_type: str = "sigmoid"
 
 
 def free_port() -> int:
@@ -67,9 +72,9 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-class LearnerWorker:
-    """One FSDP2 rank holding the policy shard, its optimizer and, with KL on, a frozen
-    reference shard."""
+class LearnerWorker(DPOVerbs):
+    """One FSDP2 rank holding the policy shard, its optimizer and, for KL or DPO, a
+    frozen reference shard."""
 
     def __init__(self, rank: int, world_size: int, settings: LearnerSettings, threads: int):
         set_torch_threads(threads)
@@ -92,7 +97,7 @@ class LearnerWorker:
         )
         torch.manual_seed(self.s.seed)
         self.policy = self._load_sharded(trainable=True)
-        self.reference = self._load_sharded(trainable=False) if self.s.kl_coef > 0 else None
+        self.reference = self._load_sharded(trainable=False) if self.s.load_reference else None
         self.optimizer = torch.optim.AdamW(
             self.policy.parameters(),
             lr=self.s.lr,
@@ -180,6 +185,18 @@ class LearnerWorker:
                 [loss.item(), (terms.clipped * m).sum().item(), (terms.kl * m).sum().item(),
                  m.sum().item()], dtype=torch.float64,
             )
+        stats = self._optimizer_step(step)
+        dist.all_reduce(sums)
+        tokens = max(sums[3].item(), 1.0)
+        return {
+            **stats,
+            "loss": sums[0].item(),
+            "clip_fraction": sums[1].item() / tokens,
+            "kl": sums[2].item() / tokens,
+        }
+
+    def _optimizer_step(self, step: int) -> dict[str, float]:
+        """Clip, step AdamW and the LR schedule; returns grad_norm (before clipping), lr."""
         with self.spans.span("optimizer", step):
             grad_norm = torch.nn.utils.clip_grad_norm_(
                 self.policy.parameters(), self.s.max_grad_norm
@@ -192,15 +209,7 @@ class LearnerWorker:
             self.optimizer.zero_grad(set_to_none=True)
             self.optimizer_steps += 1
             time.sleep(self.s.delay_s)
-        dist.all_reduce(sums)
-        tokens = max(sums[3].item(), 1.0)
-        return {
-            "loss": sums[0].item(),
-            "clip_fraction": sums[1].item() / tokens,
-            "kl": sums[2].item() / tokens,
-            "grad_norm": float(grad_norm),
-            "lr": lr,
-        }
+        return {"grad_norm": float(grad_norm), "lr": lr}
 
     def _full_state_dict(self) -> dict[str, torch.Tensor]:
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict

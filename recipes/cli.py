@@ -15,7 +15,7 @@ from typing import Annotated
 
 import typer
 
-from recipes.data import PromptItem, load_prompts
+from recipes.data import load_prompts
 from recipes.schema import Recipe, RecipeError, check_runtime_inputs, load_recipe
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
@@ -25,11 +25,22 @@ SetOpt = Annotated[list[str] | None, typer.Option(
     "--set", help="Override a recipe key: --set train.steps=2 (value parsed as YAML).")]
 
 
-def _load_or_exit(recipe: Path, overrides: list[str] | None) -> tuple[Recipe, list[PromptItem]]:
-    """The validated recipe and its training prompts (every data row checked)."""
+def _load_or_exit(recipe: Path, overrides: list[str] | None) -> tuple[Recipe, list]:
+    """The validated recipe and its training data: GRPO prompts or DPO pairs (every
+    data row checked)."""
     try:
         r = load_recipe(recipe, overrides or [])
         check_runtime_inputs(r)
+        if r.algorithm == "dpo":
+            from recipes.preference import load_pairs
+
+            d = r.data.train
+            pairs, skipped = load_pairs(d.path, d.format, d.prompt_key, d.chosen_key,
+                                        d.rejected_key, d.limit)
+            if skipped:
+                typer.echo(f"data: {skipped} rows skipped (their dialogues do not share a "
+                           "prompt)", err=True)
+            return r, pairs
         return r, load_prompts(r.data)
     except RecipeError as e:
         typer.echo(f"error: {e}", err=True)
@@ -40,7 +51,8 @@ def _load_or_exit(recipe: Path, overrides: list[str] | None) -> tuple[Recipe, li
 def validate(recipe: Path, set_: SetOpt = None) -> None:
     """Check a recipe (schema, data rows, model path) without starting anything."""
     r, prompts = _load_or_exit(recipe, set_)
-    typer.echo(f"ok: {recipe} ({r.algorithm}, {r.train.steps} steps, {len(prompts)} prompts, "
+    what = "pairs" if r.algorithm == "dpo" else "prompts"
+    typer.echo(f"ok: {recipe} ({r.algorithm}, {r.train.steps} steps, {len(prompts)} {what}, "
                f"model {r.model.path})")
 
 
@@ -69,7 +81,10 @@ def run(
                    "folder or remove that one", err=True)
         raise typer.Exit(code=2)
     typer.echo(f"posttrain: {r.name} ({r.algorithm}) → {run_dir}")
-    from recipes.loop import run as run_loop  # heavy imports only after validation
+    if r.algorithm == "dpo":  # heavy imports only after validation
+        from recipes.dpo_loop import run_dpo as run_loop
+    else:
+        from recipes.loop import run as run_loop
 
     t0 = time.time()
     try:
@@ -181,6 +196,14 @@ def dashboard(
 
 def _summary(history: list[dict[str, float]], run_dir: Path, wall: float) -> None:
     if not history:
+        return
+    if "rewards/accuracy" in history[0]:  # DPO
+        first, last = history[0], history[-1]
+        typer.echo(f"done: {len(history)} steps in {wall:.0f} s\n"
+                   f"  loss {first['loss']:.4f} → {last['loss']:.4f}   reward accuracy "
+                   f"{first['rewards/accuracy']:.2f} → {last['rewards/accuracy']:.2f}   margin "
+                   f"{first['rewards/margin']:.3f} → {last['rewards/margin']:.3f}\n"
+                   f"  metrics: {run_dir / 'metrics.jsonl'}   final policy: {run_dir / 'final'}")
         return
     first, last = history[: min(3, len(history))], history[-min(3, len(history)):]
 

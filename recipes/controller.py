@@ -73,28 +73,7 @@ def start_roles(recipe: Recipe, model_path: str, run_dir: Path) -> Roles:
                                         recipe.debug.rollout_delay_s)
         for i, opts in enumerate(placement.rollout)
     ]
-    settings = LearnerSettings(
-        model_path=model_path,
-        compute_dtype=recipe.model.dtype,
-        lr=recipe.train.lr,
-        betas=recipe.train.betas,
-        weight_decay=recipe.train.weight_decay,
-        warmup_steps=recipe.train.warmup_steps,
-        max_grad_norm=recipe.train.max_grad_norm,
-        micro_batch_size=recipe.train.micro_batch_size,
-        clip_low=recipe.grpo.clip_eps,
-        clip_high=recipe.grpo.clip_eps_high or recipe.grpo.clip_eps,
-        kl_coef=recipe.grpo.kl_coef,
-        temperature=recipe.rollout.temperature,
-        seed=recipe.train.seed,
-        transport=recipe.weight_sync.type,
-        delay_s=recipe.debug.learner_delay_s,
-    )
-    Learner_ = ray.remote(num_cpus=0)(LearnerWorker)
-    learners = [Learner_.options(**opts).remote(r, n_learn, settings, threads_l)
-                for r, opts in enumerate(placement.learner)]
-    master = free_port()
-    ray.get([lw.setup.remote(master) for lw in learners])
+    learners = start_learners(recipe, model_path, placement, threads_l)
     ray.get([w.health.remote() for w in rollout])
     if reward.local is not None:
         try:
@@ -108,6 +87,39 @@ def start_roles(recipe: Recipe, model_path: str, run_dir: Path) -> Roles:
     tok = AutoTokenizer.from_pretrained(model_path)
     pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
     return Roles(rollout, learners, reward, proc, pad, placement)
+
+
+def start_learners(recipe: Recipe, model_path: str, placement: Placement,
+                   threads: int) -> list[Any]:
+    """Start the FSDP2 learner ranks on their placement and wait until they are set up."""
+    dpo = recipe.algorithm == "dpo"
+    settings = LearnerSettings(
+        model_path=model_path,
+        compute_dtype=recipe.model.dtype,
+        lr=recipe.train.lr,
+        betas=recipe.train.betas,
+        weight_decay=recipe.train.weight_decay,
+        warmup_steps=recipe.train.warmup_steps,
+        max_grad_norm=recipe.train.max_grad_norm,
+        micro_batch_size=recipe.train.micro_batch_size,
+        clip_low=recipe.grpo.clip_eps,
+        clip_high=recipe.grpo.clip_eps_high or recipe.grpo.clip_eps,
+        kl_coef=recipe.grpo.kl_coef,
+        temperature=1.0 if dpo else recipe.rollout.temperature,
+        seed=recipe.train.seed,
+        transport=recipe.weight_sync.type,
+        delay_s=recipe.debug.learner_delay_s,
+        load_reference=dpo or recipe.grpo.kl_coef > 0,
+        dpo_beta=recipe.dpo.beta,
+        dpo_label_smoothing=recipe.dpo.label_smoothing,
+        dpo_loss_type=recipe.dpo.loss_type,
+    )
+    Learner_ = ray.remote(num_cpus=0)(LearnerWorker)
+    learners = [Learner_.options(**opts).remote(r, len(placement.learner), settings, threads)
+                for r, opts in enumerate(placement.learner)]
+    master = free_port()
+    ray.get([lw.setup.remote(master) for lw in learners])
+    return learners
 
 
 def start_rewards(recipe: Recipe, run_dir: Path) -> tuple[RewardSet, subprocess.Popen | None]:
@@ -270,7 +282,8 @@ def init_ray(recipe: Recipe, address: str | None) -> None:
     if address:
         ray.init(address=address, log_to_driver=True)
         return
-    ray.init(num_cpus=os.cpu_count(), num_gpus=gpus_needed(recipe.resources),
+    ray.init(num_cpus=os.cpu_count(),
+             num_gpus=gpus_needed(recipe.resources, rollout=recipe.algorithm != "dpo"),
              include_dashboard=False, log_to_driver=True,
              runtime_env={"env_vars": {"TOKENIZERS_PARALLELISM": "false",
                                                  "HF_HUB_OFFLINE": "1"}})

@@ -34,27 +34,30 @@ class Placement:
     groups: list[Any] = field(default_factory=list)
 
 
-def gpus_needed(res: ResourcesConfig) -> int:
-    """Declared devices the recipe occupies."""
-    if res.colocate:
+def gpus_needed(res: ResourcesConfig, rollout: bool = True) -> int:
+    """Declared devices the recipe occupies (`rollout=False`: learner only, as DPO)."""
+    if not rollout:
+        return res.learner.gpus
+    if res.colocate and rollout:
         return max(res.rollout.gpus, res.learner.gpus)
     return res.rollout.gpus + res.learner.gpus
 
 
-def check_cluster(res: ResourcesConfig, cluster_gpus: float) -> None:
+def check_cluster(res: ResourcesConfig, cluster_gpus: float, rollout: bool = True) -> None:
     """Raises RecipeError, naming the numbers, when the cluster has too few GPUs."""
-    need = gpus_needed(res)
+    need = gpus_needed(res, rollout)
     if cluster_gpus < need:
-        how = "colocated" if res.colocate else (
-            f"{res.rollout.gpus} for rollout + {res.learner.gpus} for the learner")
+        how = ("learner only" if not rollout else "colocated" if res.colocate else
+               f"{res.rollout.gpus} for rollout + {res.learner.gpus} for the learner")
         raise RecipeError(
             f"resources: the recipe needs {need} GPUs ({how}) but the Ray cluster has "
             f"{cluster_gpus:g}; lower resources.rollout.gpus / resources.learner.gpus, set "
             "resources.colocate: true, or add nodes")
 
 
-def place(res: ResourcesConfig, timeout_s: float = 60.0) -> Placement:
+def place(res: ResourcesConfig, timeout_s: float = 60.0, rollout: bool = True) -> Placement:
     """Create the placement groups and return actor options; waits until scheduled.
+    `rollout=False` places the learner group only (DPO).
 
     Raises:
         RecipeError: the cluster lacks the GPUs, or the groups cannot be scheduled
@@ -64,9 +67,9 @@ def place(res: ResourcesConfig, timeout_s: float = 60.0) -> Placement:
     from ray.util.placement_group import placement_group
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-    check_cluster(res, ray.cluster_resources().get("GPU", 0.0))
+    check_cluster(res, ray.cluster_resources().get("GPU", 0.0), rollout)
     out = Placement()
-    n_engines = res.rollout.gpus // res.rollout.gpus_per_engine
+    n_engines = res.rollout.gpus // res.rollout.gpus_per_engine if rollout else 0
 
     def strategy(pg: Any, index: int) -> PlacementGroupSchedulingStrategy:
         return PlacementGroupSchedulingStrategy(placement_group=pg,

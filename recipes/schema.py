@@ -95,20 +95,34 @@ class JsonlData(_Strict):
     limit: int | None = Field(None, gt=0, description="Use only the first N rows.")
 
 
+class PreferenceData(_Strict):
+    path: str = Field(description="Preference pairs, .jsonl or .jsonl.gz, relative to the "
+                      "recipe file or absolute.")
+    format: Literal["hh", "pairs"] = Field(
+        description="hh: HH-RLHF rows {chosen, rejected} of whole dialogues, split into the "
+        "shared prompt and the two last replies. pairs: rows with prompt, chosen, rejected."
+    )
+    prompt_key: str = Field("prompt", description="Key of the prompt (format: pairs).")
+    chosen_key: str = Field("chosen", description="Key of the preferred reply or dialogue.")
+    rejected_key: str = Field("rejected", description="Key of the other reply or dialogue.")
+    limit: int | None = Field(None, gt=0, description="Use only the first N pairs.")
+
+
 def _data_kind(v: Any) -> str:
     # Pick the variant by its telltale key, so errors speak about one variant only.
     if isinstance(v, dict):
-        return "generator" if "generator" in v else "jsonl"
-    return "generator" if isinstance(v, GeneratorData) else "jsonl"
+        return "generator" if "generator" in v else "preference" if "format" in v else "jsonl"
+    return {GeneratorData: "generator", PreferenceData: "preference"}.get(type(v), "jsonl")
 
 
 class DataConfig(_Strict):
     train: Annotated[
-        Annotated[GeneratorData, Tag("generator")] | Annotated[JsonlData, Tag("jsonl")],
+        Annotated[GeneratorData, Tag("generator")] | Annotated[JsonlData, Tag("jsonl")]
+        | Annotated[PreferenceData, Tag("preference")],
         Discriminator(_data_kind),
     ] = Field(
-        description="Either {generator: arithmetic, ...} or {path: data.jsonl, prompt_key, "
-        "answer_key}."
+        description="GRPO: {generator: arithmetic, ...} or {path: data.jsonl, prompt_key, "
+        "answer_key}. DPO: {path: pairs.jsonl[.gz], format: hh | pairs, ...}."
     )
     shuffle_seed: int = Field(0, description="Seed of the order prompts are drawn in.")
 
@@ -155,6 +169,20 @@ class GRPOConfig(_Strict):
         description="token_mean: mean over every response token of the step; "
         "seq_mean_token_sum: tokens summed per sequence, mean over sequences (Dr. GRPO).",
     )
+
+
+class DPOConfig(_Strict):
+    beta: float = Field(0.1, gt=0, description="β, the strength of the implicit KL constraint.")
+    label_smoothing: float = Field(0.0, ge=0, lt=0.5, description="Assumed label-flip rate.")
+    loss_type: Literal["sigmoid", "ipo"] = Field(
+        "sigmoid", description="sigmoid (Rafailov et al. 2023, eq. 7) or ipo (Azar et al. 2023)."
+    )
+    precompute_ref_logprobs: bool = Field(
+        True,
+        description="Compute the reference's logprobs of every pair once, cache them on disk, "
+        "and free the reference; false keeps the reference in the loop.",
+    )
+    max_length: int = Field(512, gt=8, description="Most tokens of prompt + reply per row.")
 
 
 class TrainConfig(_Strict):
@@ -256,12 +284,14 @@ class Recipe(_Strict):
     """A whole training recipe; see recipes/quickstart_grpo.yaml for a commented example."""
 
     name: str = Field(description="Run name; the default run folder is runs/<name>-<time>.")
-    algorithm: Literal["grpo"] = Field(description="Training algorithm: 'grpo'.")
+    algorithm: Literal["grpo", "dpo"] = Field(description="Training algorithm: grpo or dpo.")
     model: ModelConfig
     data: DataConfig
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)
     rewards: list[RewardSpec] = Field(
-        min_length=1, description="Reward components; an item's reward is their weighted sum."
+        default_factory=list,
+        description="Reward components (GRPO, at least one); an item's reward is their "
+        "weighted sum.",
     )
     reward_service: RewardsServiceConfig = Field(default_factory=RewardsServiceConfig)
     on_reward_failure: Literal["drop_group", "zero", "fail_step"] = Field(
@@ -271,11 +301,26 @@ class Recipe(_Strict):
         "the run (rollouts already saved).",
     )
     grpo: GRPOConfig = Field(default_factory=GRPOConfig)
+    dpo: DPOConfig = Field(default_factory=DPOConfig)
     train: TrainConfig
     resources: ResourcesConfig = Field(default_factory=ResourcesConfig)
     weight_sync: WeightSyncConfig = Field(default_factory=WeightSyncConfig)
     monitor: MonitorConfig = Field(default_factory=MonitorConfig)
     debug: DebugConfig = Field(default_factory=DebugConfig)
+
+    @model_validator(mode="after")
+    def _algorithm_fits_data(self) -> Recipe:
+        preference = isinstance(self.data.train, PreferenceData)
+        if self.algorithm == "dpo" and not preference:
+            raise ValueError("data.train: DPO trains on preference pairs; give "
+                             "{path: pairs.jsonl, format: hh | pairs}")
+        if self.algorithm == "grpo" and preference:
+            raise ValueError("data.train: preference pairs are DPO data; set algorithm: dpo, "
+                             "or give GRPO prompts ({generator: ...} or {path, prompt_key})")
+        if self.algorithm == "grpo" and not self.rewards:
+            raise ValueError("rewards: GRPO needs at least one reward component, e.g. "
+                             "[{name: correct, type: math}]")
+        return self
 
     @model_validator(mode="after")
     def _cross_field(self) -> Recipe:
@@ -394,7 +439,7 @@ def check_runtime_inputs(recipe: Recipe) -> None:
             transformers folder.
     """
     train = recipe.data.train
-    if isinstance(train, JsonlData) and not Path(train.path).is_file():
+    if isinstance(train, JsonlData | PreferenceData) and not Path(train.path).is_file():
         what = "is a folder, not a file" if Path(train.path).is_dir() else "does not exist"
         raise RecipeError(
             f"data.train.path: {train.path} {what}; give a .jsonl file (relative paths "

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import yaml
 from transformers import AutoModelForCausalLM
 
@@ -12,7 +13,8 @@ from recipes.loop import run
 from recipes.schema import load_recipe
 
 
-def test_two_grpo_steps(tiny_model, tmp_path):
+@pytest.mark.parametrize("colocate", [False, True], ids=["split", "colocated"])
+def test_two_grpo_steps(tiny_model, tmp_path, colocate):
     recipe_file = tmp_path / "tiny.yaml"
     recipe_file.write_text(yaml.safe_dump({
         "name": "tiny-e2e",
@@ -24,7 +26,8 @@ def test_two_grpo_steps(tiny_model, tmp_path):
                     {"name": "short", "type": "length", "target_chars": 3, "weight": 0.5}],
         "grpo": {"kl_coef": 0.01},
         "train": {"steps": 2, "prompts_per_step": 3, "micro_batch_size": 2, "lr": 1e-3},
-        "resources": {"rollout": {"gpus": 1}, "learner": {"gpus": 2}, "threads_per_worker": 1},
+        "resources": {"rollout": {"gpus": 1}, "learner": {"gpus": 2}, "threads_per_worker": 1,
+                      "colocate": colocate},
         "weight_sync": {"type": "object_store", "verify_checksum": True},
         "monitor": {"progress": False, "dashboard_port": None, "tensorboard": False},
     }))
@@ -48,8 +51,6 @@ def test_two_grpo_steps(tiny_model, tmp_path):
 
 
 def test_unscorable_step_fails_loudly_and_keeps_rollouts(tiny_model, tmp_path):
-    import pytest
-
     from learner.worker import free_port
     from recipes.grpo import RewardFailure
 

@@ -12,7 +12,13 @@ from recipes.schema import RecipeError, ResourcesConfig
 @ray.remote(num_cpus=0)
 class Probe:
     def gpus(self) -> list[str]:
-        return [str(g) for g in ray.get_gpu_ids()]
+        import os
+
+        ids = sorted(str(g) for g in ray.get_gpu_ids())
+        # what a CUDA process in this actor would see
+        visible = sorted(os.environ.get("CUDA_VISIBLE_DEVICES", "").split(","))
+        assert visible == ids, (visible, ids)
+        return ids
 
 
 @pytest.fixture(scope="module")
