@@ -28,6 +28,8 @@ class TrainBatch:
         ref_logprobs: `[B, T]` frozen reference logprobs, or None when KL is off.
         advantages: `[B, T]` per-token advantages (GRPO: the sequence's, broadcast).
         inference_logprobs: `[B, T]` the rollout engine's logprobs, for diagnostics.
+        returns: `[B, T]` PPO value targets (GAE returns).
+        values: `[B, T]` the critic's values before the update (PPO value clipping).
     """
 
     input_ids: torch.Tensor
@@ -38,6 +40,8 @@ class TrainBatch:
     ref_logprobs: torch.Tensor | None = None
     advantages: torch.Tensor | None = None
     inference_logprobs: torch.Tensor | None = None
+    returns: torch.Tensor | None = None
+    values: torch.Tensor | None = None
 
     def __len__(self) -> int:
         return self.input_ids.shape[0]

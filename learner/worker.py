@@ -35,6 +35,7 @@ from learner.batch import TrainBatch
 from learner.dpo_verbs import DPOVerbs
 from learner.logprobs import sequence_logprobs
 from learner.losses import aggregate_loss, clipped_policy_loss
+from learner.ppo_verbs import PPOVerbs
 from weightsync import WeightHandle, make_transport
 
 _DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
@@ -63,6 +64,10 @@ class LearnerSettings:
     dpo_beta: float = 0.1
     dpo_label_smoothing: float = 0.0
     dpo_loss_type: str = "sigmoid"
+    critic: bool = False  # PPO: load a critic next to the policy
+    critic_path: str | None = None
+    critic_lr: float = 1e-5
+    cliprange_value: float = 0.2
 
 
 def free_port() -> int:
@@ -72,7 +77,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-class LearnerWorker(DPOVerbs):
+class LearnerWorker(DPOVerbs, PPOVerbs):
     """One FSDP2 rank holding the policy shard, its optimizer and, for KL or DPO, a
     frozen reference shard."""
 
@@ -98,6 +103,9 @@ class LearnerWorker(DPOVerbs):
         torch.manual_seed(self.s.seed)
         self.policy = self._load_sharded(trainable=True)
         self.reference = self._load_sharded(trainable=False) if self.s.load_reference else None
+        self.critic = None
+        if self.s.critic:
+            self._setup_critic()
         self.optimizer = torch.optim.AdamW(
             self.policy.parameters(),
             lr=self.s.lr,
@@ -110,6 +118,9 @@ class LearnerWorker(DPOVerbs):
         )
         return sum(int(math.prod(p.shape)) for p in self.policy.parameters())  # global shapes
 
+    def _dtype(self) -> torch.dtype:
+        return _DTYPES[self.s.compute_dtype]
+
     def _load_sharded(self, trainable: bool) -> torch.nn.Module:
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
         from transformers import AutoModelForCausalLM
@@ -117,7 +128,7 @@ class LearnerWorker(DPOVerbs):
         model = AutoModelForCausalLM.from_pretrained(self.s.model_path, dtype=torch.float32)
         model.config.use_cache = False
         mp = MixedPrecisionPolicy(
-            param_dtype=_DTYPES[self.s.compute_dtype], reduce_dtype=torch.float32
+            param_dtype=self._dtype(), reduce_dtype=torch.float32
         )
         for layer in model.model.layers:
             fully_shard(layer, mp_policy=mp)

@@ -92,7 +92,8 @@ def start_roles(recipe: Recipe, model_path: str, run_dir: Path) -> Roles:
 def start_learners(recipe: Recipe, model_path: str, placement: Placement,
                    threads: int) -> list[Any]:
     """Start the FSDP2 learner ranks on their placement and wait until they are set up."""
-    dpo = recipe.algorithm == "dpo"
+    dpo, ppo = recipe.algorithm == "dpo", recipe.algorithm == "ppo"
+    clip = recipe.ppo.clip_eps if ppo else recipe.grpo.clip_eps
     settings = LearnerSettings(
         model_path=model_path,
         compute_dtype=recipe.model.dtype,
@@ -102,14 +103,20 @@ def start_learners(recipe: Recipe, model_path: str, placement: Placement,
         warmup_steps=recipe.train.warmup_steps,
         max_grad_norm=recipe.train.max_grad_norm,
         micro_batch_size=recipe.train.micro_batch_size,
-        clip_low=recipe.grpo.clip_eps,
-        clip_high=recipe.grpo.clip_eps_high or recipe.grpo.clip_eps,
-        kl_coef=recipe.grpo.kl_coef,
+        clip_low=clip,
+        clip_high=clip if ppo else recipe.grpo.clip_eps_high or clip,
+        # PPO's k1 penalty lives in the reward; only kl_mode 'loss' puts KL in the loss.
+        kl_coef=(recipe.ppo.kl_coef if recipe.ppo.kl_mode == "loss" else 0.0) if ppo
+        else recipe.grpo.kl_coef,
         temperature=1.0 if dpo else recipe.rollout.temperature,
         seed=recipe.train.seed,
         transport=recipe.weight_sync.type,
         delay_s=recipe.debug.learner_delay_s,
-        load_reference=dpo or recipe.grpo.kl_coef > 0,
+        load_reference=dpo or (recipe.ppo.kl_coef if ppo else recipe.grpo.kl_coef) > 0,
+        critic=ppo,
+        critic_path=recipe.ppo.critic_path,
+        critic_lr=recipe.ppo.critic_lr,
+        cliprange_value=recipe.ppo.cliprange_value,
         dpo_beta=recipe.dpo.beta,
         dpo_label_smoothing=recipe.dpo.label_smoothing,
         dpo_loss_type=recipe.dpo.loss_type,

@@ -16,6 +16,7 @@ from recipes.dashboard import DashboardServer
 from recipes.data import PromptItem, load_prompts, prompt_stream
 from recipes.grpo import apply_failure_policy, build_train_batch, rollout_metrics
 from recipes.monitor import StepLog
+from recipes.ppo import train_ppo
 from recipes.schema import Recipe
 
 
@@ -57,7 +58,10 @@ def run(recipe: Recipe, run_dir: Path, address: str | None = None,
                 [d.get("error") for d in details])
             batch = build_train_batch(rollouts, train_rewards, roles.pad_id,
                                       recipe.grpo.scale_rewards, recipe.grpo.std_eps)
-            stats = c.train_on(roles, batch, recipe, step)
+            if recipe.algorithm == "ppo":
+                stats = train_ppo(roles.learners, batch, rollouts, train_rewards, recipe, step)
+            else:
+                stats = c.train_on(roles, batch, recipe, step)
             sync_s = c.push_weights(roles, recipe, version=step + 1)
             t_end = time.time()
             telemetry, spans = c.step_telemetry(roles, t0, t_end,

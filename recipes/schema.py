@@ -171,6 +171,30 @@ class GRPOConfig(_Strict):
     )
 
 
+class PPOConfig(_Strict):
+    gamma: float = Field(1.0, ge=0, le=1, description="Discount γ over response tokens.")
+    lam: float = Field(0.95, ge=0, le=1, description="GAE λ (Schulman et al. 2016).")
+    clip_eps: float = Field(0.2, gt=0, description="Policy ratio clip ε.")
+    cliprange_value: float = Field(0.2, gt=0, description="Value clip around the old values.")
+    epochs: int = Field(1, gt=0, description="Passes over each step's rollouts.")
+    mini_batches: int = Field(2, gt=0, description="Optimizer steps per epoch.")
+    kl_coef: float = Field(0.0, ge=0, description="Weight of the KL to the frozen reference.")
+    kl_mode: Literal["reward", "loss"] = Field(
+        "reward", description="reward: k1 per-token penalty in the reward; loss: k3 loss term."
+    )
+    whiten_advantages: bool = Field(True, description="Whiten advantages over the step's "
+                                    "valid tokens.")
+    bootstrap_truncated: bool = Field(
+        False, description="A response cut at max_new_tokens bootstraps GAE from the critic's "
+        "last value instead of 0."
+    )
+    critic_lr: float = Field(1e-5, gt=0, description="AdamW learning rate of the critic.")
+    critic_path: str | None = Field(
+        None, description="Initialise the critic from this transformers folder; default the "
+        "policy's weights."
+    )
+
+
 class DPOConfig(_Strict):
     beta: float = Field(0.1, gt=0, description="β, the strength of the implicit KL constraint.")
     label_smoothing: float = Field(0.0, ge=0, lt=0.5, description="Assumed label-flip rate.")
@@ -284,7 +308,9 @@ class Recipe(_Strict):
     """A whole training recipe; see recipes/quickstart_grpo.yaml for a commented example."""
 
     name: str = Field(description="Run name; the default run folder is runs/<name>-<time>.")
-    algorithm: Literal["grpo", "dpo"] = Field(description="Training algorithm: grpo or dpo.")
+    algorithm: Literal["grpo", "ppo", "dpo"] = Field(
+        description="Training algorithm: grpo, ppo or dpo."
+    )
     model: ModelConfig
     data: DataConfig
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)
@@ -302,6 +328,7 @@ class Recipe(_Strict):
     )
     grpo: GRPOConfig = Field(default_factory=GRPOConfig)
     dpo: DPOConfig = Field(default_factory=DPOConfig)
+    ppo: PPOConfig = Field(default_factory=PPOConfig)
     train: TrainConfig
     resources: ResourcesConfig = Field(default_factory=ResourcesConfig)
     weight_sync: WeightSyncConfig = Field(default_factory=WeightSyncConfig)
@@ -314,12 +341,12 @@ class Recipe(_Strict):
         if self.algorithm == "dpo" and not preference:
             raise ValueError("data.train: DPO trains on preference pairs; give "
                              "{path: pairs.jsonl, format: hh | pairs}")
-        if self.algorithm == "grpo" and preference:
+        if self.algorithm != "dpo" and preference:
             raise ValueError("data.train: preference pairs are DPO data; set algorithm: dpo, "
-                             "or give GRPO prompts ({generator: ...} or {path, prompt_key})")
-        if self.algorithm == "grpo" and not self.rewards:
-            raise ValueError("rewards: GRPO needs at least one reward component, e.g. "
-                             "[{name: correct, type: math}]")
+                             "or give prompts ({generator: ...} or {path, prompt_key})")
+        if self.algorithm != "dpo" and not self.rewards:
+            raise ValueError(f"rewards: {self.algorithm.upper()} needs at least one reward "
+                             "component, e.g. [{name: correct, type: math}]")
         return self
 
     @model_validator(mode="after")
@@ -445,6 +472,10 @@ def check_runtime_inputs(recipe: Recipe) -> None:
             f"data.train.path: {train.path} {what}; give a .jsonl file (relative paths "
             "are read from the recipe's folder)"
         )
+    critic = recipe.ppo.critic_path
+    if recipe.algorithm == "ppo" and critic and not (Path(critic) / "config.json").is_file():
+        raise RecipeError(f"ppo.critic_path: {critic} is not a transformers folder (no "
+                          "config.json); remove it to start the critic from the policy")
     for i, c in enumerate(recipe.rewards):
         if getattr(c, "token_env", None) and not os.environ.get(c.token_env):
             raise RecipeError(

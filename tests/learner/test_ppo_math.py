@@ -1,0 +1,70 @@
+"""PPO math on hand-computed values."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from learner.ppo import (
+    clipped_value_loss,
+    explained_variance,
+    gae,
+    masked_whiten,
+    token_rewards,
+)
+
+
+def test_gae_hand_computed_four_tokens():
+    # reward 1 on the last of 4 tokens, values [0.5, 0.6, 0.7, 0.8], γ = 1, λ = 0.95,
+    # value after EOS = 0:
+    #   δ3 = 1 + 0 − 0.8 = 0.2          A3 = 0.2
+    #   δ2 = 0 + 0.8 − 0.7 = 0.1        A2 = 0.1 + 0.95·0.2    = 0.29
+    #   δ1 = 0 + 0.7 − 0.6 = 0.1        A1 = 0.1 + 0.95·0.29   = 0.3755
+    #   δ0 = 0 + 0.6 − 0.5 = 0.1        A0 = 0.1 + 0.95·0.3755 = 0.456725
+    # returns = A + V = [0.956725, 0.9755, 0.99, 1.0]
+    mask = torch.ones(1, 4)
+    rewards = token_rewards(torch.tensor([1.0]), mask)
+    assert rewards.tolist() == [[0.0, 0.0, 0.0, 1.0]]
+    adv, ret = gae(rewards, torch.tensor([[0.5, 0.6, 0.7, 0.8]]), mask, gamma=1.0, lam=0.95)
+    assert adv[0].tolist() == pytest.approx([0.456725, 0.3755, 0.29, 0.2], abs=1e-6)
+    assert ret[0].tolist() == pytest.approx([0.956725, 0.9755, 0.99, 1.0], abs=1e-6)
+
+
+def test_padding_after_eos_changes_nothing():
+    values = torch.tensor([[0.5, 0.6, 0.7, 0.8]])
+    mask = torch.ones(1, 4)
+    a, r = gae(token_rewards(torch.tensor([1.0]), mask), values, mask, lam=0.9)
+    padded_v = torch.cat([values, torch.tensor([[9.0, -3.0]])], dim=1)
+    padded_m = torch.cat([mask, torch.zeros(1, 2)], dim=1)
+    pa, pr = gae(token_rewards(torch.tensor([1.0]), padded_m), padded_v, padded_m, lam=0.9)
+    torch.testing.assert_close(pa[:, :4], a, rtol=0, atol=1e-7)
+    assert pa[:, 4:].abs().sum() == 0 and pr[:, 4:].abs().sum() == 0
+
+
+def test_truncated_response_bootstraps_from_given_value():
+    mask, values = torch.ones(1, 2), torch.tensor([[0.0, 0.0]])
+    adv, _ = gae(torch.zeros(1, 2), values, mask, gamma=1.0, lam=1.0,
+                 bootstrap=torch.tensor([0.5]))
+    assert adv[0].tolist() == pytest.approx([0.5, 0.5])
+
+
+def test_k1_penalty_on_every_token_score_on_last():
+    mask = torch.tensor([[0.0, 1.0, 1.0, 0.0]])
+    r = token_rewards(torch.tensor([2.0]), mask, torch.tensor([[0.0, -1.0, -2.0, 0.0]]),
+                      torch.tensor([[0.0, -1.5, -1.0, 0.0]]), kl_coef=0.1)
+    assert r.tolist()[0] == pytest.approx([0.0, -0.05, 0.1 + 2.0, 0.0])
+
+
+def test_whiten_and_value_clip_and_explained_variance():
+    x = torch.tensor([[1.0, 2.0, 3.0, 100.0]])
+    mask = torch.tensor([[1.0, 1.0, 1.0, 0.0]])
+    w = masked_whiten(x, mask)
+    assert w[0, :3].tolist() == pytest.approx([-1.224744, 0.0, 1.224744], abs=1e-5)
+    assert w[0, 3] == 0
+    loss, clipped = clipped_value_loss(torch.tensor([1.0]), torch.tensor([0.0]),
+                                       torch.tensor([1.0]), clip=0.2)
+    # unclipped error 0, clipped value 0.2 → error 0.64; the max takes 0.5·0.64
+    assert loss.item() == pytest.approx(0.32) and clipped.item() == 1.0
+    ret = torch.tensor([[1.0, 2.0, 3.0]])
+    assert explained_variance(ret, ret, torch.ones(1, 3)) == pytest.approx(1.0)
+    assert explained_variance(torch.full((1, 3), 2.0), ret, torch.ones(1, 3)) == pytest.approx(0.0)
