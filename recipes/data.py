@@ -12,7 +12,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from recipes.schema import DataConfig, GeneratorData, JsonlData, RecipeError
+from recipes.data_specs import DataConfig, GeneratorData, JsonlData
+from recipes.schema import RecipeError
 
 
 @dataclass(frozen=True)

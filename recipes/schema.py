@@ -14,11 +14,13 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
 import yaml
-from pydantic import Discriminator, Field, Tag, ValidationError, model_validator
+from pydantic import Field, ValidationError, model_validator
 
+from recipes.algo_specs import DPOConfig, GRPOConfig, PPOConfig
+from recipes.data_specs import DataConfig, JsonlData, PreferenceData
 from recipes.reward_specs import RewardSpec, Strict
 
 _Strict = Strict  # every recipe block forbids unknown keys
@@ -47,86 +49,6 @@ class ModelConfig(_Strict):
     )
 
 
-class GeneratorData(_Strict):
-    generator: Literal["arithmetic"] = Field(
-        description="Procedural task: 'arithmetic' uses reasoning-gym's basic_arithmetic."
-    )
-    size: int = Field(2000, gt=0, description="Number of distinct problems generated.")
-    seed: int = Field(0, description="Seed of the generator; same seed, same problems.")
-    min_terms: int = Field(2, ge=2, description="Fewest operands per expression.")
-    max_terms: int = Field(2, ge=2, description="Most operands per expression.")
-    min_digits: int = Field(1, ge=1, description="Fewest digits per operand.")
-    max_digits: int = Field(1, ge=1, description="Most digits per operand.")
-    operators: list[Literal["+", "-", "*", "/"]] = Field(
-        default_factory=lambda: ["+"], min_length=1, description="Operators drawn from."
-    )
-
-    @model_validator(mode="after")
-    def _ranges(self) -> GeneratorData:
-        if self.min_terms > self.max_terms:
-            raise ValueError(
-                f"min_terms ({self.min_terms}) is larger than max_terms ({self.max_terms}); "
-                "set max_terms >= min_terms"
-            )
-        if self.min_digits > self.max_digits:
-            raise ValueError(
-                f"min_digits ({self.min_digits}) is larger than max_digits ({self.max_digits}); "
-                "set max_digits >= min_digits"
-            )
-        return self
-
-
-class JsonlData(_Strict):
-    path: str = Field(
-        description="A .jsonl file (one JSON object per line), relative to the recipe file "
-        "or absolute."
-    )
-    prompt_key: str = Field("question", description="Key of the prompt text in each row.")
-    answer_key: str | None = Field(
-        "answer",
-        description="Key of the reference answer in each row; null when the rewards need "
-        "none (e.g. code tests, which come from the row's other keys as metadata).",
-    )
-    answer_delimiter: str | None = Field(
-        "####",
-        description="If set, the ground truth is the text after the last occurrence of this "
-        "delimiter in the answer (GSM8K puts the final number after '####').",
-    )
-    limit: int | None = Field(None, gt=0, description="Use only the first N rows.")
-
-
-class PreferenceData(_Strict):
-    path: str = Field(description="Preference pairs, .jsonl or .jsonl.gz, relative to the "
-                      "recipe file or absolute.")
-    format: Literal["hh", "pairs"] = Field(
-        description="hh: HH-RLHF rows {chosen, rejected} of whole dialogues, split into the "
-        "shared prompt and the two last replies. pairs: rows with prompt, chosen, rejected."
-    )
-    prompt_key: str = Field("prompt", description="Key of the prompt (format: pairs).")
-    chosen_key: str = Field("chosen", description="Key of the preferred reply or dialogue.")
-    rejected_key: str = Field("rejected", description="Key of the other reply or dialogue.")
-    limit: int | None = Field(None, gt=0, description="Use only the first N pairs.")
-
-
-def _data_kind(v: Any) -> str:
-    # Pick the variant by its telltale key, so errors speak about one variant only.
-    if isinstance(v, dict):
-        return "generator" if "generator" in v else "preference" if "format" in v else "jsonl"
-    return {GeneratorData: "generator", PreferenceData: "preference"}.get(type(v), "jsonl")
-
-
-class DataConfig(_Strict):
-    train: Annotated[
-        Annotated[GeneratorData, Tag("generator")] | Annotated[JsonlData, Tag("jsonl")]
-        | Annotated[PreferenceData, Tag("preference")],
-        Discriminator(_data_kind),
-    ] = Field(
-        description="GRPO: {generator: arithmetic, ...} or {path: data.jsonl, prompt_key, "
-        "answer_key}. DPO: {path: pairs.jsonl[.gz], format: hh | pairs, ...}."
-    )
-    shuffle_seed: int = Field(0, description="Seed of the order prompts are drawn in.")
-
-
 class RolloutConfig(_Strict):
     engine: Literal["hf"] = Field(
         "hf", description="Inference engine of each rollout worker: 'hf' (transformers)."
@@ -150,63 +72,6 @@ class RewardsServiceConfig(_Strict):
     workers: int = Field(
         2, gt=0, description="Items scored in parallel inside the service (code runs)."
     )
-
-
-class GRPOConfig(_Strict):
-    clip_eps: float = Field(0.2, gt=0, description="Lower clip of the ratio: 1 - clip_eps.")
-    clip_eps_high: float | None = Field(
-        None, gt=0, description="Upper clip 1 + clip_eps_high (DAPO); default clip_eps."
-    )
-    kl_coef: float = Field(
-        0.0, ge=0, description="Weight of the k3 KL to the frozen reference; 0 loads no reference."
-    )
-    scale_rewards: bool = Field(
-        True, description="Divide group-centred rewards by the group's std (False: Dr. GRPO)."
-    )
-    std_eps: float = Field(1e-6, gt=0, description="Added to the group std before dividing.")
-    loss_agg: Literal["token_mean", "seq_mean_token_sum"] = Field(
-        "token_mean",
-        description="token_mean: mean over every response token of the step; "
-        "seq_mean_token_sum: tokens summed per sequence, mean over sequences (Dr. GRPO).",
-    )
-
-
-class PPOConfig(_Strict):
-    gamma: float = Field(1.0, ge=0, le=1, description="Discount γ over response tokens.")
-    lam: float = Field(0.95, ge=0, le=1, description="GAE λ (Schulman et al. 2016).")
-    clip_eps: float = Field(0.2, gt=0, description="Policy ratio clip ε.")
-    cliprange_value: float = Field(0.2, gt=0, description="Value clip around the old values.")
-    epochs: int = Field(1, gt=0, description="Passes over each step's rollouts.")
-    mini_batches: int = Field(2, gt=0, description="Optimizer steps per epoch.")
-    kl_coef: float = Field(0.0, ge=0, description="Weight of the KL to the frozen reference.")
-    kl_mode: Literal["reward", "loss"] = Field(
-        "reward", description="reward: k1 per-token penalty in the reward; loss: k3 loss term."
-    )
-    whiten_advantages: bool = Field(True, description="Whiten advantages over the step's "
-                                    "valid tokens.")
-    bootstrap_truncated: bool = Field(
-        False, description="A response cut at max_new_tokens bootstraps GAE from the critic's "
-        "last value instead of 0."
-    )
-    critic_lr: float = Field(1e-5, gt=0, description="AdamW learning rate of the critic.")
-    critic_path: str | None = Field(
-        None, description="Initialise the critic from this transformers folder; default the "
-        "policy's weights."
-    )
-
-
-class DPOConfig(_Strict):
-    beta: float = Field(0.1, gt=0, description="β, the strength of the implicit KL constraint.")
-    label_smoothing: float = Field(0.0, ge=0, lt=0.5, description="Assumed label-flip rate.")
-    loss_type: Literal["sigmoid", "ipo"] = Field(
-        "sigmoid", description="sigmoid (Rafailov et al. 2023, eq. 7) or ipo (Azar et al. 2023)."
-    )
-    precompute_ref_logprobs: bool = Field(
-        True,
-        description="Compute the reference's logprobs of every pair once, cache them on disk, "
-        "and free the reference; false keeps the reference in the loop.",
-    )
-    max_length: int = Field(512, gt=8, description="Most tokens of prompt + reply per row.")
 
 
 class TrainConfig(_Strict):

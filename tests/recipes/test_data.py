@@ -8,7 +8,8 @@ import sys
 import pytest
 
 from recipes.data import load_prompts, prompt_stream
-from recipes.schema import DataConfig, RecipeError
+from recipes.data_specs import DataConfig
+from recipes.schema import RecipeError
 from tests.conftest import ROOT
 
 

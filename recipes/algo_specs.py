@@ -1,0 +1,66 @@
+"""Algorithm blocks of a recipe (`grpo:`, `ppo:`, `dpo:`), pydantic only."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from recipes.reward_specs import Strict as _Strict
+
+
+class GRPOConfig(_Strict):
+    clip_eps: float = Field(0.2, gt=0, description="Lower clip of the ratio: 1 - clip_eps.")
+    clip_eps_high: float | None = Field(
+        None, gt=0, description="Upper clip 1 + clip_eps_high (DAPO); default clip_eps."
+    )
+    kl_coef: float = Field(
+        0.0, ge=0, description="Weight of the k3 KL to the frozen reference; 0 loads no reference."
+    )
+    scale_rewards: bool = Field(
+        True, description="Divide group-centred rewards by the group's std (False: Dr. GRPO)."
+    )
+    std_eps: float = Field(1e-6, gt=0, description="Added to the group std before dividing.")
+    loss_agg: Literal["token_mean", "seq_mean_token_sum"] = Field(
+        "token_mean",
+        description="token_mean: mean over every response token of the step; "
+        "seq_mean_token_sum: tokens summed per sequence, mean over sequences (Dr. GRPO).",
+    )
+
+
+class PPOConfig(_Strict):
+    gamma: float = Field(1.0, ge=0, le=1, description="Discount γ over response tokens.")
+    lam: float = Field(0.95, ge=0, le=1, description="GAE λ (Schulman et al. 2016).")
+    clip_eps: float = Field(0.2, gt=0, description="Policy ratio clip ε.")
+    cliprange_value: float = Field(0.2, gt=0, description="Value clip around the old values.")
+    epochs: int = Field(1, gt=0, description="Passes over each step's rollouts.")
+    mini_batches: int = Field(2, gt=0, description="Optimizer steps per epoch.")
+    kl_coef: float = Field(0.0, ge=0, description="Weight of the KL to the frozen reference.")
+    kl_mode: Literal["reward", "loss"] = Field(
+        "reward", description="reward: k1 per-token penalty in the reward; loss: k3 loss term."
+    )
+    whiten_advantages: bool = Field(True, description="Whiten advantages over the step's "
+                                    "valid tokens.")
+    bootstrap_truncated: bool = Field(
+        False, description="A response cut at max_new_tokens bootstraps GAE from the critic's "
+        "last value instead of 0."
+    )
+    critic_lr: float = Field(1e-5, gt=0, description="AdamW learning rate of the critic.")
+    critic_path: str | None = Field(
+        None, description="Initialise the critic from this transformers folder; default the "
+        "policy's weights."
+    )
+
+
+class DPOConfig(_Strict):
+    beta: float = Field(0.1, gt=0, description="β, the strength of the implicit KL constraint.")
+    label_smoothing: float = Field(0.0, ge=0, lt=0.5, description="Assumed label-flip rate.")
+    loss_type: Literal["sigmoid", "ipo"] = Field(
+        "sigmoid", description="sigmoid (Rafailov et al. 2023, eq. 7) or ipo (Azar et al. 2023)."
+    )
+    precompute_ref_logprobs: bool = Field(
+        True,
+        description="Compute the reference's logprobs of every pair once, cache them on disk, "
+        "and free the reference; false keeps the reference in the loop.",
+    )
+    max_length: int = Field(512, gt=8, description="Most tokens of prompt + reply per row.")
