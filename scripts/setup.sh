@@ -10,12 +10,12 @@ TORCH=${POSTTRAIN_TORCH:-torch==2.13.0}
 stamp=.venv/.setup-stamp
 want="$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -c1-16) $TORCH"
 
-# Debian packages: bubblewrap and libseccomp for the code reward's sandbox; chromium
-# for the dashboard's browser test (tests only).
+# Debian packages: bubblewrap, libseccomp and the system python3 for the code reward's
+# sandbox; chromium for the dashboard's browser test (tests only).
 if ! command -v bwrap >/dev/null || ! ldconfig -p | grep -q libseccomp.so.2 \
-   || ! command -v chromium >/dev/null; then
+   || [ ! -x /usr/bin/python3 ] || ! command -v chromium >/dev/null; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-    apt-get update -qq && apt-get install -y -qq bubblewrap libseccomp2 chromium >/dev/null
+    apt-get update -qq && apt-get install -y -qq bubblewrap libseccomp2 python3 chromium >/dev/null
   else
     echo "setup: install bubblewrap, libseccomp2 (sandbox) and chromium (tests)" >&2
   fi
