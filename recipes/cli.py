@@ -1,7 +1,7 @@
 """The `posttrain` command: run, validate, schema.
 
-Exit codes: 0 success; 2 a bad recipe or bad input (reported before Ray or any model
-starts); 1 a failure during training.
+Exit codes: 0 success; 2 a bad recipe, bad data or bad input (reported before Ray or
+any model starts); 1 a failure during training.
 """
 
 from __future__ import annotations
@@ -99,19 +99,27 @@ def run(
 def serve_rewards(
     config: Path,
     host: Annotated[str, typer.Option(help="Interface to bind.")] = "127.0.0.1",
-    port: Annotated[int, typer.Option(help="TCP port.")] = 9000,
+    port: Annotated[int, typer.Option(min=0, max=65535, help="TCP port (0: any free).")] = 9000,
 ) -> None:
-    """Serve built-in and python reward components over HTTP (POST /score), e.g. on a
-    verifier host; recipes elsewhere point a `type: http` reward at it."""
+    """Serve built-in and python reward components over HTTP (POST /score).
+
+    Run it on a verifier host; recipes elsewhere point a `type: http` reward at it.
+    """
+    import socket
+
     import yaml
     from pydantic import ValidationError
 
     from recipes.reward_specs import RewardServerConfig
+    from recipes.schema import format_errors
 
     try:
         cfg = RewardServerConfig.model_validate(yaml.safe_load(config.read_text()))
-    except (OSError, yaml.YAMLError, ValidationError) as e:
+    except (OSError, yaml.YAMLError) as e:
         typer.echo(f"error: {config}: {e}", err=True)
+        raise typer.Exit(code=2) from None
+    except ValidationError as e:
+        typer.echo(f"error: {format_errors(e, str(config))}", err=True)
         raise typer.Exit(code=2) from None
     token = os.environ.get(cfg.token_env) if cfg.token_env else None
     if cfg.token_env and not token:
@@ -126,6 +134,13 @@ def serve_rewards(
     except (ValueError, RuntimeError) as e:  # a missing function or sandbox
         typer.echo(f"error: {config}: {e}", err=True)
         raise typer.Exit(code=2) from None
+    try:  # bind once here so a bad host or a taken port is a clear error, not a traceback
+        with socket.socket() as s:
+            s.bind((host, port))
+            port = s.getsockname()[1]
+    except OSError as e:
+        typer.echo(f"error: cannot listen on {host}:{port}: {e}", err=True)
+        raise typer.Exit(code=2) from None
     typer.echo(f"reward service on http://{host}:{port}/score "
                f"({', '.join(c.name for c in cfg.rewards)}; auth {'on' if token else 'off'})")
     uvicorn.run(app, host=host, port=port, log_level="warning")
@@ -134,6 +149,10 @@ def serve_rewards(
 def _run_dir_or_exit(run_dir: Path) -> list[dict]:
     from recipes.monitor import METRICS_FILE, read_jsonl
 
+    if not run_dir.is_dir():
+        typer.echo(f"error: {run_dir} does not exist; give a run folder (runs/<name>-<time>)",
+                   err=True)
+        raise typer.Exit(code=2)
     rows = read_jsonl(run_dir / METRICS_FILE)
     if not rows and not (run_dir / "recipe.yaml").is_file():
         typer.echo(f"error: {run_dir} is not a run folder (no metrics.jsonl or recipe.yaml)",
@@ -145,14 +164,21 @@ def _run_dir_or_exit(run_dir: Path) -> list[dict]:
 @app.command()
 def status(
     run_dir: Path,
-    last: Annotated[int, typer.Option(help="Steps to show.")] = 10,
+    last: Annotated[int, typer.Option(min=1, help="Steps to show.")] = 10,
 ) -> None:
     """Print a table of a run's last steps and its totals."""
     from rich.console import Console
     from rich.table import Table
 
     rows = _run_dir_or_exit(run_dir)
-    cols = [("step", "step", "{:.0f}"), ("reward", "reward_mean", "{:.3f}"),
+    dpo = bool(rows) and "rewards/accuracy" in rows[0]
+    cols = [("step", "step", "{:.0f}"), ("loss", "loss", "{:.4f}"),
+            ("pref acc", "rewards/accuracy", "{:.3f}"), ("margin", "rewards/margin", "{:.4f}"),
+            ("chosen r", "rewards/chosen", "{:.4f}"), ("rejected r", "rewards/rejected", "{:.4f}"),
+            ("step s", "time/step", "{:.1f}"), ("ref s", "time/reference", "{:.1f}"),
+            ("train s", "time/train", "{:.1f}"),
+            ("learner idle", "learner_idle_fraction", "{:.2f}")] if dpo else [
+            ("step", "step", "{:.0f}"), ("reward", "reward_mean", "{:.3f}"),
             ("acc", "accuracy", "{:.3f}"), ("len", "response_length_mean", "{:.1f}"),
             ("step s", "time/step", "{:.1f}"), ("gen s", "time/generate", "{:.1f}"),
             ("score s", "time/score", "{:.2f}"), ("logp s", "time/logprobs", "{:.1f}"),

@@ -6,10 +6,12 @@ Each source yields `PromptItem`s (controller-side only). The product never reads
 
 from __future__ import annotations
 
+import gzip
 import json
 import random
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from recipes.data_specs import DataConfig, GeneratorData, JsonlData
@@ -55,39 +57,54 @@ def _arithmetic(cfg: GeneratorData) -> list[PromptItem]:
     ]
 
 
+def jsonl_rows(path: str | Path) -> Iterator[tuple[int, Any]]:
+    """`(line number, parsed row)` of a .jsonl or .jsonl.gz file, blank lines skipped.
+
+    Raises:
+        RecipeError: unreadable file (not gzip, not UTF-8, I/O) or a line that is not
+            JSON; names the file (and line).
+    """
+    opener = gzip.open if str(path).endswith(".gz") else open
+    try:
+        with opener(path, "rt", encoding="utf-8") as f:
+            for lineno, line in enumerate(f, start=1):
+                if not line.strip():
+                    continue
+                try:
+                    yield lineno, json.loads(line)
+                except json.JSONDecodeError as e:
+                    raise RecipeError(f"{path}:{lineno}: not valid JSON ({e.msg})") from None
+    except (OSError, UnicodeDecodeError, EOFError) as e:
+        raise RecipeError(f"{path}: cannot read it as UTF-8 JSON lines"
+                          f"{' (gzip)' if opener is gzip.open else ''}: {e}") from None
+
+
 def _jsonl(cfg: JsonlData) -> list[PromptItem]:
     items: list[PromptItem] = []
-    with open(cfg.path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, start=1):
-            if not line.strip():
+    for lineno, row in jsonl_rows(cfg.path):
+        if not isinstance(row, dict):
+            raise RecipeError(f"{cfg.path}:{lineno}: a row must be a JSON object with "
+                              f"{cfg.prompt_key!r}, got {type(row).__name__}")
+        for key, role in ((cfg.prompt_key, "prompt_key"), (cfg.answer_key, "answer_key")):
+            if key is None:
                 continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise RecipeError(f"{cfg.path}:{lineno}: not valid JSON ({e.msg})") from None
-            if not isinstance(row, dict):
-                raise RecipeError(f"{cfg.path}:{lineno}: a row must be a JSON object with "
-                                  f"{cfg.prompt_key!r}, got {type(row).__name__}")
-            for key, role in ((cfg.prompt_key, "prompt_key"), (cfg.answer_key, "answer_key")):
-                if key is None:
-                    continue
-                if key not in row:
-                    raise RecipeError(
-                        f"{cfg.path}:{lineno}: row has no key {key!r} (data.train.{role}); "
-                        f"its keys are {sorted(row)}; set data.train.{role} to one of them"
-                    )
-                if not isinstance(row[key], str | int | float) or isinstance(row[key], bool):
-                    raise RecipeError(
-                        f"{cfg.path}:{lineno}: {key!r} (data.train.{role}) is "
-                        f"{json.dumps(row[key])[:40]}; it must be text (or a number)"
-                    )
-            answer = "" if cfg.answer_key is None else str(row[cfg.answer_key])
-            if cfg.answer_delimiter and cfg.answer_delimiter in answer:
-                answer = answer.rsplit(cfg.answer_delimiter, 1)[1].strip()
-            meta = {k: v for k, v in row.items() if k not in (cfg.prompt_key, cfg.answer_key)}
-            items.append(PromptItem(len(items), str(row[cfg.prompt_key]), answer, meta))
-            if cfg.limit and len(items) >= cfg.limit:
-                break
+            if key not in row:
+                raise RecipeError(
+                    f"{cfg.path}:{lineno}: row has no key {key!r} (data.train.{role}); "
+                    f"its keys are {sorted(row)}; set data.train.{role} to one of them"
+                )
+            if not isinstance(row[key], str | int | float) or isinstance(row[key], bool):
+                raise RecipeError(
+                    f"{cfg.path}:{lineno}: {key!r} (data.train.{role}) is "
+                    f"{json.dumps(row[key])[:40]}; it must be text (or a number)"
+                )
+        answer = "" if cfg.answer_key is None else str(row[cfg.answer_key])
+        if cfg.answer_delimiter and cfg.answer_delimiter in answer:
+            answer = answer.rsplit(cfg.answer_delimiter, 1)[1].strip()
+        meta = {k: v for k, v in row.items() if k not in (cfg.prompt_key, cfg.answer_key)}
+        items.append(PromptItem(len(items), str(row[cfg.prompt_key]), answer, meta))
+        if cfg.limit and len(items) >= cfg.limit:
+            break
     if not items:
         raise RecipeError(f"{cfg.path}: no rows; the training file is empty")
     return items

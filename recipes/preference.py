@@ -12,12 +12,12 @@ Formats:
 
 from __future__ import annotations
 
-import gzip
 import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from recipes.data import jsonl_rows
 from recipes.schema import RecipeError
 
 HH_MARK = "\n\nAssistant:"
@@ -33,19 +33,6 @@ class PreferencePair:
     rejected: str
 
 
-def _rows(path: Path) -> list[tuple[int, Any]]:
-    opener = gzip.open if path.suffix == ".gz" else open
-    rows = []
-    with opener(path, "rt", encoding="utf-8") as f:
-        for lineno, line in enumerate(f, start=1):
-            if line.strip():
-                try:
-                    rows.append((lineno, json.loads(line)))
-                except json.JSONDecodeError as e:
-                    raise RecipeError(f"{path}:{lineno}: not valid JSON ({e.msg})") from None
-    return rows
-
-
 def load_pairs(path: str | Path, fmt: str, prompt_key: str = "prompt",
                chosen_key: str = "chosen", rejected_key: str = "rejected",
                limit: int | None = None) -> tuple[list[PreferencePair], int]:
@@ -58,13 +45,14 @@ def load_pairs(path: str | Path, fmt: str, prompt_key: str = "prompt",
     path = Path(path)
     keys = [chosen_key, rejected_key] + ([prompt_key] if fmt == "pairs" else [])
     pairs, skipped = [], 0
-    for lineno, row in _rows(path):
+    for lineno, row in jsonl_rows(path):
         if not isinstance(row, dict):
             raise RecipeError(f"{path}:{lineno}: a row must be a JSON object")
         for k in keys:
             if not isinstance(row.get(k), str):
-                raise RecipeError(f"{path}:{lineno}: key {k!r} is missing or not text; its keys "
-                                  f"are {sorted(row)} (data.train.*_key, data.train.format)")
+                what = "is missing" if k not in row else f"is {json.dumps(row[k])[:30]}, not text"
+                raise RecipeError(f"{path}:{lineno}: key {k!r} {what}; the row's keys are "
+                                  f"{sorted(row)} (see data.train.*_key, data.train.format)")
         if fmt == "hh":
             cut = row[chosen_key].rfind(HH_MARK)
             prompt = row[chosen_key][: cut + len(HH_MARK)] if cut >= 0 else ""
@@ -78,7 +66,9 @@ def load_pairs(path: str | Path, fmt: str, prompt_key: str = "prompt",
         if limit and len(pairs) >= limit:
             break
     if not pairs:
-        raise RecipeError(f"{path}: no usable preference pairs ({skipped} rows skipped)")
+        why = (f"; {skipped} hh rows skipped: no '\\n\\nAssistant:' turn shared by chosen and "
+               "rejected" if skipped else "")
+        raise RecipeError(f"{path}: no usable preference pairs{why}")
     return pairs, skipped
 
 

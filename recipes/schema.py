@@ -13,6 +13,7 @@ values, to each role's constructor). Roles never receive the `Recipe` object its
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 from typing import Any, Literal
 
@@ -234,14 +235,28 @@ class RecipeError(Exception):
     """A recipe that cannot run; the message names the file, the key path and the fix."""
 
 
-_TAGS = {"generator", "jsonl", "math", "length", "format", "code", "python", "http"}
+# Union tags pydantic puts into error locations: data variants right after `train`,
+# reward types right after a list index. Only there are they dropped (`format` is
+# also a real key of preference data).
+_DATA_TAGS = {"generator", "jsonl", "preference"}
+_REWARD_TAGS = {"math", "length", "format", "code", "python", "http"}
 
 
-def _format_errors(err: ValidationError, source: str) -> str:
+def _key_path(loc: tuple) -> str:
+    keep, prev = [], None
+    for p in loc:
+        tag = (prev == "train" and p in _DATA_TAGS) or (isinstance(prev, int)
+                                                        and p in _REWARD_TAGS)
+        if not tag and not str(p).startswith("function-after"):
+            keep.append(str(p))
+        prev = p
+    return ".".join(keep)
+
+
+def format_errors(err: ValidationError, source: str) -> str:
     lines = [f"{source}: {err.error_count()} problem(s) in the recipe:"]
     for e in err.errors():
-        loc = ".".join(str(p) for p in e["loc"]
-                       if not str(p).startswith("function-after") and p not in _TAGS)
+        loc = _key_path(e["loc"])
         msg = e["msg"].removeprefix("Value error, ")
         if e["type"] == "extra_forbidden":
             msg = "unknown key; remove it or fix its spelling (see `posttrain schema`)"
@@ -320,7 +335,26 @@ def load_recipe(path: str | Path, overrides: list[str] | None = None) -> Recipe:
     try:
         return Recipe.model_validate(tree)
     except ValidationError as e:
-        raise RecipeError(_format_errors(e, str(path))) from None
+        raise RecipeError(format_errors(e, str(path))) from None
+
+
+def _check_reward_runtime(i: int, c: Any) -> None:
+    """A python reward's module must be findable (the reward service runs from this
+    folder with this PYTHONPATH) and a bwrap sandbox needs bwrap; found without
+    importing anything."""
+    import importlib.machinery
+    import shutil
+
+    if c.type == "python":
+        top = c.function.split(":")[0].split(".")[0]
+        if importlib.machinery.PathFinder.find_spec(top, [os.getcwd(), *sys.path]) is None:
+            raise RecipeError(
+                f"rewards.{i}.function: module {top!r} of {c.function!r} is not importable; "
+                "put its folder on PYTHONPATH (e.g. PYTHONPATH=examples)")
+    if c.type == "code" and c.sandbox == "bwrap" and shutil.which("bwrap") is None:
+        raise RecipeError(
+            f"rewards.{i}.sandbox: bubblewrap (bwrap) is not installed; install it (Debian: "
+            "apt-get install bubblewrap) or set sandbox: none for trusted code only")
 
 
 def check_runtime_inputs(recipe: Recipe) -> None:
@@ -334,14 +368,15 @@ def check_runtime_inputs(recipe: Recipe) -> None:
     if isinstance(train, JsonlData | PreferenceData) and not Path(train.path).is_file():
         what = "is a folder, not a file" if Path(train.path).is_dir() else "does not exist"
         raise RecipeError(
-            f"data.train.path: {train.path} {what}; give a .jsonl file (relative paths "
-            "are read from the recipe's folder)"
+            f"data.train.path: {train.path} {what}; give a .jsonl or .jsonl.gz file "
+            "(relative paths are read from the recipe's folder)"
         )
     critic = recipe.ppo.critic_path
     if recipe.algorithm == "ppo" and critic and not (Path(critic) / "config.json").is_file():
         raise RecipeError(f"ppo.critic_path: {critic} is not a transformers folder (no "
                           "config.json); remove it to start the critic from the policy")
     for i, c in enumerate(recipe.rewards):
+        _check_reward_runtime(i, c)
         if getattr(c, "token_env", None) and not os.environ.get(c.token_env):
             raise RecipeError(
                 f"rewards.{i}.token_env: environment variable {c.token_env} is not set; export "

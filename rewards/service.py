@@ -29,7 +29,8 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from fastapi import Depends, FastAPI, Header, HTTPException
-from prometheus_client import CollectorRegistry, Counter, Histogram, make_asgi_app
+from fastapi.responses import PlainTextResponse
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from pydantic import TypeAdapter
 
 from recipes.reward_specs import (
@@ -125,7 +126,10 @@ def create_app(components: list[dict[str, Any]], token: str | None = None,
 
     app = FastAPI(title="posttrain reward service",
                   description="Scores rollouts; protocol in rewards/protocol.py.")
-    app.mount("/metrics", make_asgi_app(registry=registry))
+
+    @app.get("/metrics", response_class=PlainTextResponse)
+    def metrics() -> str:
+        return generate_latest(registry).decode()
 
     def auth(authorization: str | None = Header(None)) -> None:
         if token and authorization != f"Bearer {token}":

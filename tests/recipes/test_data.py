@@ -65,3 +65,34 @@ def test_validate_reads_rows_and_run_refuses_used_folder(tmp_path):
     assert r.returncode == 2 and "already holds a run" in r.stderr
     r = _cli("validate", "recipes/quickstart_grpo.yaml", "--set", "train.steps=[1")
     assert r.returncode == 2 and "not valid YAML" in r.stderr
+
+
+def test_gzip_prompts_and_unreadable_files(tmp_path):
+    import gzip as gz
+
+    good = tmp_path / "d.jsonl.gz"
+    with gz.open(good, "wt") as f:
+        f.write('{"q": "x", "a": "1"}\n')
+    assert load_prompts(_cfg(good))[0].question == "x"
+    fake = tmp_path / "fake.jsonl.gz"
+    fake.write_text('{"q": "x", "a": "1"}\n')
+    with pytest.raises(RecipeError, match="cannot read it as UTF-8 JSON lines \\(gzip\\)"):
+        load_prompts(_cfg(fake))
+    latin = tmp_path / "latin.jsonl"
+    latin.write_bytes(b'{"q": "\xff", "a": "1"}\n')
+    with pytest.raises(RecipeError, match="cannot read it as UTF-8"):
+        load_prompts(_cfg(latin))
+
+
+def test_reward_runtime_checks_find_modules_without_importing():
+    r = _cli("validate", "recipes/quickstart_grpo.yaml", "--set",
+             'rewards=[{name: x, type: python, function: "no_such_module:f"}]')
+    assert r.returncode == 2 and "rewards.0.function: module 'no_such_module'" in r.stderr
+    r = _cli("validate", "recipes/quickstart_grpo.yaml", "--set",
+             'rewards=[{name: x, type: python, function: "tests.rewards.user_rewards:exact"}]')
+    assert r.returncode == 0, r.stderr
+
+
+def test_dpo_data_errors_name_real_key_paths():
+    r = _cli("validate", "recipes/dpo_hh.yaml", "--set", "data.train.format=xml")
+    assert r.returncode == 2 and "- data.train.format:" in r.stderr

@@ -29,7 +29,7 @@ def test_pairs_format_and_bad_rows(tmp_path):
     pairs, _ = load_pairs(f, "pairs", prompt_key="q", chosen_key="good", rejected_key="bad")
     assert (pairs[0].prompt, pairs[0].chosen, pairs[0].rejected) == ("2+2?", " 4", " 5")
     f.write_text(json.dumps({"q": "x", "good": None, "bad": "y"}) + "\n")
-    with pytest.raises(RecipeError, match=r":1: key 'good' is missing or not text"):
+    with pytest.raises(RecipeError, match=r":1: key 'good' is null, not text"):
         load_pairs(f, "pairs", prompt_key="q", chosen_key="good", rejected_key="bad")
     f.write_text(json.dumps({"chosen": "no marker", "rejected": "other"}) + "\n")
     with pytest.raises(RecipeError, match="no usable preference pairs"):

@@ -112,7 +112,7 @@ def test_service_scores_hostile_code_zero_and_answers_next(tmp_path):
     assert [s["reward"] for s in scores] == [0.0] * len(HOSTILE)
     good = {"items": [{"uid": "g", "response": "print('ok')", "metadata": meta}]}
     assert app.post("/score", json=good).json()["scores"][0]["reward"] == 1.0
-    assert "posttrain_reward_items" in app.get("/metrics/").text
+    assert "posttrain_reward_items" in app.get("/metrics").text
 
 
 def test_missing_bwrap_refuses_to_start_and_says_why(monkeypatch):
