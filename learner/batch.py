@@ -70,6 +70,28 @@ class TrainBatch:
         return self.select(slice(rank * per, (rank + 1) * per))
 
 
+def pack_rows(
+    rows: Sequence[tuple[Sequence[int], Sequence[int]]], pad_id: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
+    """`(prompt_ids, response_ids)` rows into the layout above.
+
+    Returns:
+        input_ids `[B, T]`, attention_mask `[B, T]`, response_mask `[B, T]` (float, 1 on
+        every response token) and response_start (the common prompt width).
+    """
+    width_p = max(len(p) for p, _ in rows)
+    width_r = max(max(len(r) for _, r in rows), 1)
+    ids = torch.full((len(rows), width_p + width_r), pad_id, dtype=torch.long)
+    attn = torch.zeros_like(ids)
+    resp = torch.zeros(ids.shape, dtype=torch.float32)
+    for i, (p, r) in enumerate(rows):
+        ids[i, width_p - len(p):width_p] = torch.tensor(list(p), dtype=torch.long)
+        ids[i, width_p:width_p + len(r)] = torch.tensor(list(r), dtype=torch.long)
+        attn[i, width_p - len(p):width_p + len(r)] = 1
+        resp[i, width_p:width_p + len(r)] = 1.0
+    return ids, attn, resp, width_p
+
+
 def pad_rows_to_multiple(batch: TrainBatch, multiple: int) -> TrainBatch:
     """Append copies of row 0 with an all-zero response mask until the row count is a
     multiple of `multiple`. The copies add nothing to any loss or metric."""

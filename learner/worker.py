@@ -20,7 +20,6 @@ Verbs: `setup`, `compute_logprobs`, `train_step`, `push_weights`, `save_checkpoi
 from __future__ import annotations
 
 import math
-import os
 import socket
 import time
 from dataclasses import dataclass
@@ -93,7 +92,6 @@ class LearnerWorker(DPOVerbs, PPOVerbs):
     def setup(self, master_port: int) -> int:
         """Join the gloo group and build the sharded policy (and reference). Returns the
         number of parameters of the full policy. Collective: call on all ranks at once."""
-        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
         dist.init_process_group(
             "gloo",
             init_method=f"tcp://127.0.0.1:{master_port}",

@@ -207,22 +207,25 @@ def score(roles: Roles, rollouts: list[Rollout]) -> tuple[list[float | None], li
                                         for s in scores]
 
 
-def _on_learners(roles: Roles, method: str, batch: TrainBatch, *args: Any) -> list[Any]:
-    world = len(roles.learners)
+def on_learners(learners: list[Any], method: str, batch: TrainBatch, *args: Any) -> list[Any]:
+    """Call `method(shard_r, *args)` on every learner rank at once (a collective) and
+    return each rank's result; `len(batch)` must split evenly over the ranks."""
+    world = len(learners)
     return ray.get([getattr(lw, method).remote(batch.shard(r, world), *args)
-                    for r, lw in enumerate(roles.learners)])
+                    for r, lw in enumerate(learners)])
 
 
 def train_on(roles: Roles, batch: TrainBatch, recipe: Recipe, step: int) -> dict[str, float]:
     """old (and ref) logprobs, then one optimizer step on every learner rank."""
     b, t0 = len(batch), time.time()
     padded = pad_rows_to_multiple(batch, len(roles.learners))
-    padded.old_logprobs = concat(_on_learners(roles, "compute_logprobs", padded, step))
+    learners = roles.learners
+    padded.old_logprobs = concat(on_learners(learners, "compute_logprobs", padded, step))
     if recipe.grpo.kl_coef > 0:
-        padded.ref_logprobs = concat(_on_learners(roles, "compute_logprobs", padded, step, True))
+        padded.ref_logprobs = concat(on_learners(learners, "compute_logprobs", padded, step, True))
     t_train = time.time()
     denom = loss_denominator(padded.response_mask, recipe.grpo.loss_agg)
-    stats = _on_learners(roles, "train_step", padded, denom, step)[0]
+    stats = on_learners(roles.learners, "train_step", padded, denom, step)[0]
     stats["time/train"] = time.time() - t_train
     stats["time/logprobs"] = t_train - t0
     stats["logprob_mismatch"] = logprob_mismatch(batch, padded.old_logprobs[:b])

@@ -23,7 +23,7 @@ from tqdm import tqdm
 from common.model_registry import cache_dir, resolve_model_path
 from common.process import default_threads, quiet_libraries
 from common.telemetry import idle_fraction
-from learner.batch import TrainBatch, concat
+from learner.batch import TrainBatch, concat, pack_rows
 from recipes import controller as c
 from recipes.monitor import StepLog
 from recipes.placement import place, release
@@ -37,32 +37,17 @@ def pair_batch(pairs: list[TokenizedPair | None], pad_id: int) -> TrainBatch:
     """Rows 2i / 2i+1 = pair i's chosen / rejected reply after its left-padded prompt.
     A None pair is padding: a copy of a real row with an all-zero response mask."""
     real = next(p for p in pairs if p is not None)
-    rows = []
-    for p in pairs:
-        q = p or real
-        rows += [(q.prompt_ids, q.chosen_ids, p is not None), (q.prompt_ids, q.rejected_ids,
-                                                                p is not None)]
-    width_p = max(len(r[0]) for r in rows)
-    width_r = max(len(r[1]) for r in rows)
-    ids = torch.full((len(rows), width_p + width_r), pad_id, dtype=torch.long)
-    attn = torch.zeros_like(ids)
-    resp = torch.zeros(ids.shape, dtype=torch.float32)
-    for i, (prompt, reply, keep) in enumerate(rows):
-        ids[i, width_p - len(prompt):width_p] = torch.tensor(prompt, dtype=torch.long)
-        ids[i, width_p:width_p + len(reply)] = torch.tensor(reply, dtype=torch.long)
-        attn[i, width_p - len(prompt):width_p + len(reply)] = 1
-        resp[i, width_p:width_p + len(reply)] = float(keep)
+    rows = [(q.prompt_ids, reply) for q in (p or real for p in pairs)
+            for reply in (q.chosen_ids, q.rejected_ids)]
+    ids, attn, resp, width_p = pack_rows(rows, pad_id)
+    for i, p in enumerate(pairs):
+        if p is None:
+            resp[2 * i:2 * i + 2] = 0.0
     return TrainBatch(ids, attn, resp, width_p)
 
 
 def _padded(pairs: list[TokenizedPair], multiple: int) -> list[TokenizedPair | None]:
     return list(pairs) + [None] * ((-len(pairs)) % multiple)
-
-
-def _on_ranks(learners: list[Any], method: str, batch: TrainBatch, *args: Any) -> list[Any]:
-    world = len(learners)
-    return ray.get([getattr(lw, method).remote(batch.shard(r, world), *args)
-                    for r, lw in enumerate(learners)])
 
 
 def cache_key(recipe: Recipe, model_path: str) -> str:
@@ -87,7 +72,8 @@ def reference_sums(learners: list[Any], pairs: list[TokenizedPair], pad_id: int,
     for i in range(0, len(pairs), chunk):
         part = pairs[i:i + chunk]
         batch = pair_batch(_padded(part, len(learners)), pad_id)
-        out.append(concat(_on_ranks(learners, "sequence_logprob_sums", batch, -1))[:2 * len(part)])
+        sums = concat(c.on_learners(learners, "sequence_logprob_sums", batch, -1))
+        out.append(sums[:2 * len(part)])
     return torch.cat(out)
 
 
@@ -150,7 +136,7 @@ def run_dpo(recipe: Recipe, run_dir: Path, address: str | None,
                 rows = torch.tensor([2 * i + j for i in idx for j in (0, 1)])
                 ref = torch.cat([ref_all[rows], torch.zeros(len(batch) - len(rows))])
             else:
-                ref = concat(_on_ranks(learners, "sequence_logprob_sums", batch, step))
+                ref = concat(c.on_learners(learners, "sequence_logprob_sums", batch, step))
             t_ref = time.time()
             world = len(learners)
             shards = ref.chunk(world)

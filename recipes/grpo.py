@@ -10,7 +10,7 @@ import statistics
 import torch
 
 from actors.rollout import Rollout
-from learner.batch import TrainBatch
+from learner.batch import TrainBatch, pack_rows
 from learner.losses import group_advantages
 
 
@@ -32,21 +32,13 @@ def build_train_batch(
     """
     if len(rewards) != len(rollouts):
         raise ValueError(f"{len(rewards)} rewards for {len(rollouts)} rollouts")
-    width_p = max(len(r.prompt_ids) for r in rollouts)
-    width_r = max(max(len(r.response_ids) for r in rollouts), 1)
-    b, t = len(rollouts), width_p + width_r
-    input_ids = torch.full((b, t), pad_id, dtype=torch.long)
-    attention = torch.zeros((b, t), dtype=torch.long)
-    response = torch.zeros((b, t), dtype=torch.float32)
-    inference = torch.zeros((b, t), dtype=torch.float32)
+    input_ids, attention, response, width_p = pack_rows(
+        [(r.prompt_ids, r.response_ids) for r in rollouts], pad_id)
+    inference = torch.zeros(input_ids.shape, dtype=torch.float32)
     for i, r in enumerate(rollouts):
-        p, n = len(r.prompt_ids), len(r.response_ids)
-        input_ids[i, width_p - p:width_p] = torch.tensor(r.prompt_ids)
-        input_ids[i, width_p:width_p + n] = torch.tensor(r.response_ids, dtype=torch.long)
-        attention[i, width_p - p:width_p + n] = 1
-        inference[i, width_p:width_p + n] = torch.tensor(r.inference_logprobs)
-        if rewards[i] is not None:
-            response[i, width_p:width_p + n] = 1.0
+        inference[i, width_p:width_p + len(r.response_ids)] = torch.tensor(r.inference_logprobs)
+        if rewards[i] is None:
+            response[i] = 0.0
     reward_t = torch.tensor([math.nan if x is None else x for x in rewards], dtype=torch.float32)
     adv = group_advantages(reward_t, [r.group_id for r in rollouts], scale_by_std, std_eps)
     return TrainBatch(

@@ -12,15 +12,8 @@ from actors.rollout import Rollout
 from learner.batch import TrainBatch, concat, pad_rows_to_multiple
 from learner.losses import loss_denominator
 from learner.ppo import explained_variance, gae, masked_whiten, token_rewards
+from recipes.controller import on_learners
 from recipes.schema import Recipe
-
-
-def _on(learners: list[Any], method: str, batch: TrainBatch, *args: Any) -> list[Any]:
-    import ray
-
-    world = len(learners)
-    return ray.get([getattr(lw, method).remote(batch.shard(r, world), *args)
-                    for r, lw in enumerate(learners)])
 
 
 def advantages_and_returns(batch: TrainBatch, scores: torch.Tensor, truncated: torch.Tensor,
@@ -48,10 +41,10 @@ def train_ppo(learners: list[Any], batch: TrainBatch, rollouts: list[Rollout],
     n = len(batch)
     padded = pad_rows_to_multiple(batch, len(learners) * p.mini_batches)
     extra = len(padded) - n
-    padded.old_logprobs = concat(_on(learners, "compute_logprobs", padded, step))
+    padded.old_logprobs = concat(on_learners(learners, "compute_logprobs", padded, step))
     if p.kl_coef > 0:
-        padded.ref_logprobs = concat(_on(learners, "compute_logprobs", padded, step, True))
-    padded.values = concat(_on(learners, "compute_values", padded, step))
+        padded.ref_logprobs = concat(on_learners(learners, "compute_logprobs", padded, step, True))
+    padded.values = concat(on_learners(learners, "compute_values", padded, step))
     scores = torch.tensor([x or 0.0 for x in rewards] + [0.0] * extra)
     truncated = torch.tensor([r.finish_reason == "length" for r in rollouts] + [False] * extra)
     raw, padded.advantages, padded.returns = advantages_and_returns(padded, scores, truncated,
@@ -63,7 +56,7 @@ def train_ppo(learners: list[Any], batch: TrainBatch, rollouts: list[Rollout],
         for idx in torch.randperm(len(padded), generator=g).chunk(p.mini_batches):
             sub = padded.select(idx)
             denom = loss_denominator(sub.response_mask, "token_mean")
-            updates.append(_on(learners, "ppo_train_step", sub, denom, step)[0])
+            updates.append(on_learners(learners, "ppo_train_step", sub, denom, step)[0])
     valid = raw[m > 0]
     stats = {k: statistics.fmean(u[k] for u in updates) for k in updates[0]}
     return {**stats, "grad_norm": updates[-1]["grad_norm"], "lr": updates[-1]["lr"],
