@@ -20,17 +20,12 @@ from typing import Any, Literal
 import yaml
 from pydantic import Field, ValidationError, model_validator
 
+from recipes.adapter_specs import AdapterConfig
 from recipes.algo_specs import DPOConfig, GRPOConfig, PPOConfig
 from recipes.data_specs import DataConfig, JsonlData, PreferenceData
 from recipes.reward_specs import RewardSpec, Strict
 
 _Strict = Strict  # every recipe block forbids unknown keys
-
-
-class AdapterConfig(_Strict):
-    type: Literal["none"] = Field(
-        "none", description="Parameter-efficient adapter. Only full fine-tuning ('none') so far."
-    )
 
 
 class ModelConfig(_Strict):
@@ -143,6 +138,12 @@ class WeightSyncConfig(_Strict):
     timeout_s: float = Field(
         300.0, gt=0, description="Seconds every engine has to acknowledge a push."
     )
+    adapter_mode: Literal["adapter", "merged"] = Field(
+        "merged",
+        description="With model.adapter: 'merged' pushes full weights (adapter merged into the "
+        "base by the learner) through the transport; 'adapter' sends only the adapter tensors "
+        "and the engine loads them as a LoRA adapter.",
+    )
 
 
 class MonitorConfig(_Strict):
@@ -228,6 +229,14 @@ class Recipe(_Strict):
         dup = sorted({n for n in names if names.count(n) > 1})
         if dup:
             raise ValueError(f"rewards: names {dup} repeat; give each reward a unique name")
+        return self
+
+    @model_validator(mode="after")
+    def _adapter_sync(self) -> Recipe:
+        if self.weight_sync.adapter_mode == "adapter" and self.model.adapter.type == "none":
+            raise ValueError("weight_sync.adapter_mode: 'adapter' sends only adapter tensors, "
+                             "but model.adapter.type is 'none'; set model.adapter.type: lora "
+                             "(or qlora), or adapter_mode: merged")
         return self
 
 
