@@ -2,6 +2,9 @@
 
 Rows come in pairs: row 2i is pair i's chosen reply, row 2i+1 its rejected reply, so
 a shard or micro-batch with an even number of rows never splits a pair.
+
+With an adapter the reference (precompute included) is the policy with its adapter
+disabled; `free_reference` then frees nothing, as there is no copy.
 """
 
 from __future__ import annotations
@@ -32,13 +35,14 @@ class DPOVerbs:
         Raises:
             RuntimeError: the reference was freed (after a precompute) or never loaded.
         """
-        model = self.reference if reference else self.policy
-        if model is None:
-            raise RuntimeError("no reference model on this learner (freed after precompute?)")
-        return self._sums(model, shard, step)
+        missing = "no reference model on this learner (freed after precompute?)"
+        ctx = self._reference_model(missing) if reference else self._eval_policy()
+        with ctx as model:
+            return self._sums(model, shard, step)
 
     def free_reference(self) -> None:
-        """Drop the frozen reference (after its logprobs are cached)."""
+        """Drop the frozen reference (after its logprobs are cached); with an adapter
+        there is no copy to drop and the disabled-adapter reference stays usable."""
         self.reference = None
         gc.collect()
 

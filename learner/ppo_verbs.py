@@ -4,6 +4,11 @@ The critic is the policy's architecture with a scalar head
 (`AutoModelForTokenClassification`, one label), initialised from the policy's weights
 or its own path, sharded by FSDP2 like the policy, with its own AdamW and LR. Every
 verb is collective: all ranks call it with equally sized shards.
+
+With `model.adapter` (LoRA/QLoRA) only the policy gets an adapter: the critic stays a
+full float32 model with full fine-tuning, because its scalar head and value scale
+start untrained and a low-rank update of a frozen LM is a poor fit for them. Its
+memory is then the larger part of the learner's; a LoRA critic is future work.
 """
 
 from __future__ import annotations

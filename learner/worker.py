@@ -13,16 +13,25 @@ rank at once and padding the batch to a multiple of the world size. `push_weight
 called after the optimizer step and its handle is awaited by the controller before
 the next generation.
 
-Verbs: `setup`, `compute_logprobs`, `train_step`, `push_weights`, `save_checkpoint`,
-`drain_spans`.
+Adapters (`settings.adapter`, see learner/adapters.py): the policy is a peft model
+with LoRA (or QLoRA: NF4 base) put on before `fully_shard`; only the adapter is
+trainable and in AdamW, the frozen base is stored in the compute dtype (or NF4), and
+the reference is the policy with its adapter disabled, never a second copy.
+`push_weights` then publishes merged full weights under the plain transformers names,
+`adapter_state` the adapter alone, and `save_checkpoint` writes the adapter in PEFT
+format (plus, with `save_merged`, the merged model).
+
+Verbs: `setup`, `compute_logprobs`, `train_step`, `push_weights`, `adapter_state`,
+`save_checkpoint`, `drain_spans`.
 """
 
 from __future__ import annotations
 
-import math
 import socket
 import time
-from dataclasses import dataclass
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -30,12 +39,14 @@ import torch.distributed as dist
 
 from common.process import quiet_libraries, set_torch_threads
 from common.telemetry import Span, SpanRecorder
+from learner import adapters
+from learner.adapters import AdapterSettings
 from learner.batch import TrainBatch
 from learner.dpo_verbs import DPOVerbs
 from learner.logprobs import sequence_logprobs
 from learner.losses import aggregate_loss, clipped_policy_loss
 from learner.ppo_verbs import PPOVerbs
-from weightsync import WeightHandle, make_transport
+from weightsync import TransportSettings, WeightHandle, make_transport
 
 _DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
 
@@ -57,7 +68,7 @@ class LearnerSettings:
     kl_coef: float = 0.0
     temperature: float = 1.0
     seed: int = 0
-    transport: str = "object_store"
+    transport: TransportSettings = TransportSettings()
     delay_s: float = 0.0  # test knob: extra busy seconds per train_step
     load_reference: bool = False  # a frozen reference (GRPO with KL, or DPO)
     dpo_beta: float = 0.1
@@ -67,6 +78,7 @@ class LearnerSettings:
     critic_path: str | None = None
     critic_lr: float = 1e-5
     cliprange_value: float = 0.2
+    adapter: AdapterSettings = field(default_factory=AdapterSettings)
 
 
 def free_port() -> int:
@@ -89,9 +101,17 @@ class LearnerWorker(DPOVerbs, PPOVerbs):
         self.optimizer_steps = 0
 
     # -- set-up -------------------------------------------------------------------------
-    def setup(self, master_port: int) -> int:
+    def setup(self, master_port: int) -> dict[str, int]:
         """Join the gloo group and build the sharded policy (and reference). Returns the
-        number of parameters of the full policy. Collective: call on all ranks at once."""
+        memory report of `adapters.memory_report` (trainable parameters, frozen bytes
+        actual and at bf16, optimizer bytes), equal on every rank. Collective: call on
+        all ranks at once.
+
+        Raises:
+            ValueError: an adapter target names no linear layer of the model (raised
+                before any weights load), or a QLoRA weight does not split into NF4
+                blocks over the ranks.
+        """
         dist.init_process_group(
             "gloo",
             init_method=f"tcp://127.0.0.1:{master_port}",
@@ -99,13 +119,17 @@ class LearnerWorker(DPOVerbs, PPOVerbs):
             world_size=self.world,
         )
         torch.manual_seed(self.s.seed)
+        if self.s.adapter.enabled:
+            adapters.check_targets(self.s.model_path, self.s.adapter.target_modules)
         self.policy = self._load_sharded(trainable=True)
-        self.reference = self._load_sharded(trainable=False) if self.s.load_reference else None
+        # With an adapter the reference is the policy with the adapter disabled.
+        load_ref = self.s.load_reference and not self.s.adapter.enabled
+        self.reference = self._load_sharded(trainable=False) if load_ref else None
         self.critic = None
         if self.s.critic:
             self._setup_critic()
         self.optimizer = torch.optim.AdamW(
-            self.policy.parameters(),
+            [p for p in self.policy.parameters() if p.requires_grad],
             lr=self.s.lr,
             betas=self.s.betas,
             weight_decay=self.s.weight_decay,
@@ -114,7 +138,7 @@ class LearnerWorker(DPOVerbs, PPOVerbs):
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda i: min(1.0, (i + 1) / warm) if warm else 1.0
         )
-        return sum(int(math.prod(p.shape)) for p in self.policy.parameters())  # global shapes
+        return adapters.memory_report(self.policy, self.reference)
 
     def _dtype(self) -> torch.dtype:
         return _DTYPES[self.s.compute_dtype]
@@ -125,12 +149,15 @@ class LearnerWorker(DPOVerbs, PPOVerbs):
 
         model = AutoModelForCausalLM.from_pretrained(self.s.model_path, dtype=torch.float32)
         model.config.use_cache = False
+        if trainable and self.s.adapter.enabled:
+            model = adapters.wrap_policy(model, self.s.adapter, self.world, self._dtype())
         mp = MixedPrecisionPolicy(
             param_dtype=self._dtype(), reduce_dtype=torch.float32
         )
-        for layer in model.model.layers:
-            fully_shard(layer, mp_policy=mp)
-        fully_shard(model, mp_policy=mp)
+        ignored = adapters.fsdp_ignored_params(model, self.world)
+        for layer in adapters.decoder_layers(model):
+            fully_shard(layer, mp_policy=mp, ignored_params=ignored)
+        fully_shard(model, mp_policy=mp, ignored_params=ignored)
         if not trainable:
             model.requires_grad_(False)
             model.eval()
@@ -141,6 +168,28 @@ class LearnerWorker(DPOVerbs, PPOVerbs):
         return sequence_logprobs(
             model, mb.input_ids, mb.attention_mask, mb.response_start, self.s.temperature
         )
+
+    @contextmanager
+    def _reference_model(self, missing: str) -> Iterator[torch.nn.Module]:
+        """The frozen reference for a no-grad pass: its own copy, or with an adapter the
+        policy (in eval mode) with the adapter disabled.
+
+        Raises:
+            RuntimeError: `missing`, when there is neither.
+        """
+        if self.reference is not None:
+            yield self.reference
+        elif self.s.adapter.enabled:
+            self.policy.eval()
+            with self.policy.disable_adapter():
+                yield self.policy
+        else:
+            raise RuntimeError(missing)
+
+    def _eval_policy(self) -> nullcontext[torch.nn.Module]:
+        """The policy in eval mode (no adapter dropout) for a no-grad pass."""
+        self.policy.eval()
+        return nullcontext(self.policy)
 
     def _micro_batches(self, batch: TrainBatch) -> list[TrainBatch]:
         n = self.s.micro_batch_size
@@ -156,10 +205,9 @@ class LearnerWorker(DPOVerbs, PPOVerbs):
         Raises:
             RuntimeError: `reference=True` but the recipe has no KL term.
         """
-        model = self.reference if reference else self.policy
-        if model is None:
-            raise RuntimeError("reference logprobs asked for, but grpo.kl_coef is 0")
-        with self.spans.span("forward", step):
+        missing = "reference logprobs asked for, but grpo.kl_coef is 0"
+        ctx = self._reference_model(missing) if reference else self._eval_policy()
+        with ctx as model, self.spans.span("forward", step):
             parts = [self._logprobs(model, mb) for mb in self._micro_batches(shard)]
         return torch.cat(parts) * shard.response_mask
 
@@ -221,14 +269,41 @@ class LearnerWorker(DPOVerbs, PPOVerbs):
         return {"grad_norm": float(grad_norm), "lr": lr}
 
     def _full_state_dict(self) -> dict[str, torch.Tensor]:
+        """The full policy under plain transformers names, float32 on CPU; with an
+        adapter, merged into the (dequantised) base. Collective; complete on rank 0."""
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
+        if self.s.adapter.enabled:
+            full = adapters.gather_params(self.policy, adapter_only=False, keep=self.rank == 0)
+            if self.rank != 0:
+                return {}
+            return adapters.merged_state_dict(full, self.s.model_path, self.s.adapter)
         opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
         return get_model_state_dict(self.policy, options=opts)
 
+    def adapter_state(self, dtype: str) -> tuple[dict[str, torch.Tensor], dict] | None:
+        """The adapter alone, for adapter-only weight sync: `(tensors, lora_config)` with
+        the tensors as `peft.get_peft_model_state_dict` names them (e.g.
+        `base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight`, `[r, in]`),
+        cast to `dtype`, and the `peft.LoraConfig` as a plain dict. Collective; rank 0
+        returns it, the others None.
+
+        Raises:
+            RuntimeError: the recipe has no adapter (model.adapter.type: none).
+        """
+        if not self.s.adapter.enabled:
+            raise RuntimeError("adapter_state needs model.adapter.type lora or qlora")
+        full = adapters.gather_params(self.policy, adapter_only=True, keep=self.rank == 0)
+        if self.rank != 0:
+            return None
+        state = adapters.peft_adapter_state(self.policy, full)
+        return ({k: v.to(_DTYPES[dtype]) for k, v in state.items()},
+                adapters.config_dict(self.policy))
+
     def push_weights(self, version: int, dtype: str, checksum: bool = False) -> WeightHandle | None:
-        """Gather the full policy and publish it as `version` through the transport.
-        Collective; rank 0 returns the handle, the others None."""
+        """Gather the full policy (with an adapter: merged, see `_full_state_dict`) and
+        publish it as `version` through the transport. Collective; rank 0 returns the
+        handle, the others None."""
         with self.spans.span("weight_sync", version - 1):
             full = self._full_state_dict()
             if self.rank != 0:
@@ -236,24 +311,77 @@ class LearnerWorker(DPOVerbs, PPOVerbs):
             cast = {k: v.to(_DTYPES[dtype]) for k, v in full.items()}
             return self.transport.send(cast, version, checksum=checksum)
 
+    def weight_group_address(self) -> str:
+        """`host:port` where rank 0 will host the broadcast group's rendezvous store."""
+        import ray
+
+        return f"{ray.util.get_node_ip_address()}:{free_port()}"
+
+    def join_weight_group(self, address: str, world_size: int) -> int:
+        """Rank 0 joins the broadcast group with every rollout engine as its rank 0
+        (collective transport only; the engines call `join_weight_group` at once).
+        Other ranks do nothing. Returns this rank."""
+        if self.rank == 0:
+            self.transport.join_group(address, 0, world_size)
+        return self.rank
+
+    def finish_push(self, handle: WeightHandle | None) -> None:
+        """Wait until the push of `handle` is delivered (rank 0; a no-op for transports
+        that finish inside `send`).
+
+        Raises:
+            WeightSyncError: the delivery failed or timed out.
+        """
+        if self.rank == 0 and handle is not None:
+            self.transport.finish(handle)
+
     def save_checkpoint(self, path: str, step: int) -> str | None:
         """Save the full policy with `save_pretrained` (plus tokenizer) into `path`.
+        With an adapter: the adapter in PEFT format (`adapter_config.json`,
+        `adapter_model.safetensors`; `PeftModel.from_pretrained(base, path)` loads it),
+        and with `adapter.save_merged` also the merged model in `path/merged`.
         Collective; rank 0 writes and returns the path."""
-        from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+        from transformers import AutoTokenizer
 
         with self.spans.span("checkpoint", step):
-            full = self._full_state_dict()
+            if self.s.adapter.enabled:
+                self._save_adapter(Path(path))
+                merged = Path(path) / "merged" if self.s.adapter.save_merged else None
+            else:
+                merged = Path(path)
+            if merged is not None:
+                self._save_full(merged)
             if self.rank != 0:
                 return None
-            config = AutoConfig.from_pretrained(self.s.model_path)
-            with torch.device("meta"):
-                plain = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-            plain.load_state_dict(full, assign=True, strict=False)
-            plain.tie_weights()
-            Path(path).mkdir(parents=True, exist_ok=True)
-            plain.save_pretrained(path)
             AutoTokenizer.from_pretrained(self.s.model_path).save_pretrained(path)
             return path
+
+    def _save_full(self, path: Path) -> None:
+        from transformers import AutoConfig, AutoModelForCausalLM
+
+        full = self._full_state_dict()
+        if self.rank != 0:
+            return
+        config = AutoConfig.from_pretrained(self.s.model_path)
+        with torch.device("meta"):
+            plain = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+        plain.load_state_dict(full, assign=True, strict=False)
+        plain.tie_weights()
+        path.mkdir(parents=True, exist_ok=True)
+        plain.save_pretrained(path)
+
+    def _save_adapter(self, path: Path) -> None:
+        from safetensors.torch import save_file
+
+        full = adapters.gather_params(self.policy, adapter_only=True, keep=self.rank == 0)
+        if self.rank != 0:
+            return
+        state = adapters.peft_adapter_state(self.policy, full)
+        path.mkdir(parents=True, exist_ok=True)
+        save_file({k: v.contiguous() for k, v in state.items()},
+                  str(path / "adapter_model.safetensors"), metadata={"format": "pt"})
+        config = adapters.lora_config(self.s.adapter, self.s.model_path)
+        config.save_pretrained(str(path))
 
     def drain_spans(self) -> list[Span]:
         return self.spans.drain()
