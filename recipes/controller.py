@@ -92,6 +92,14 @@ def start_roles(recipe: Recipe, model_path: str, run_dir: Path) -> Roles:
 def start_learners(recipe: Recipe, model_path: str, placement: Placement,
                    threads: int) -> list[Any]:
     """Start the FSDP2 learner ranks on their placement and wait until they are set up."""
+    from learner.adapters import AdapterSettings, check_targets, format_memory_report
+    from recipes.schema import RecipeError
+
+    if recipe.model.adapter.type != "none":  # a meta-device model: no weights read
+        try:
+            check_targets(model_path, tuple(recipe.model.adapter.target_modules))
+        except ValueError as e:
+            raise RecipeError(str(e)) from None
     dpo, ppo = recipe.algorithm == "dpo", recipe.algorithm == "ppo"
     clip = recipe.ppo.clip_eps if ppo else recipe.grpo.clip_eps
     settings = LearnerSettings(
@@ -120,12 +128,15 @@ def start_learners(recipe: Recipe, model_path: str, placement: Placement,
         dpo_beta=recipe.dpo.beta,
         dpo_label_smoothing=recipe.dpo.label_smoothing,
         dpo_loss_type=recipe.dpo.loss_type,
+        adapter=AdapterSettings(**{**recipe.model.adapter.model_dump(), "target_modules": tuple(
+            recipe.model.adapter.target_modules)}),
     )
     Learner_ = ray.remote(num_cpus=0)(LearnerWorker)
     learners = [Learner_.options(**opts).remote(r, len(placement.learner), settings, threads)
                 for r, opts in enumerate(placement.learner)]
     master = free_port()
-    ray.get([lw.setup.remote(master) for lw in learners])
+    reports = ray.get([lw.setup.remote(master) for lw in learners])
+    print(format_memory_report(reports[0]), flush=True)
     return learners
 
 
