@@ -28,7 +28,13 @@ def default_threads(workers_at_once: int) -> int:
 
 def quiet_libraries() -> None:
     """Turn off per-load progress bars of transformers (one per worker per load) so the
-    console shows the training progress bar and real warnings only."""
+    console shows the training progress bar and real warnings only. Also silences what
+    torchao logs when transformers imports it: one warning per CUDA kernel library it
+    cannot load on a CPU machine, and torch's notes on its enum registrations."""
+    import logging
+
+    logging.getLogger("torchao").setLevel(logging.ERROR)
+    logging.getLogger("torch.utils._pytree").setLevel(logging.ERROR)
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()

@@ -62,6 +62,9 @@ def cache_key(recipe: Recipe, model_path: str) -> str:
         h.update(f.name.encode())
     h.update(json.dumps([data.model_dump(exclude={"path"}), recipe.dpo.max_length,
                          recipe.model.dtype, TEMPLATE_ID]).encode())
+    if recipe.model.adapter.type == "qlora":  # the reference is then the NF4 base, whose
+        # blocks depend on the learner count (learner.adapters.nf4_block_sizes)
+        h.update(f"qlora-nf4-{recipe.resources.learner.gpus}".encode())
     return h.hexdigest()[:24]
 
 

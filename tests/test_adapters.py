@@ -244,3 +244,25 @@ def test_nf4_blocks_split_over_ranks():
     assert nf4_block_sizes((1536, 576), 2) == (64, 256)
     with pytest.raises(ValueError, match="model.adapter.type qlora"):
         nf4_block_sizes((3, 5), 2)
+
+
+def test_dora_step_and_merged_weights_give_the_learners_logprobs(tiny_model):
+    w = LearnerWorker(0, 1, LearnerSettings(
+        model_path=str(tiny_model), compute_dtype="float32", lr=1e-2, micro_batch_size=2,
+        adapter=AdapterSettings(type="lora", r=R, alpha=ALPHA, use_dora=True)), threads=2)
+    w.setup(free_port())
+    try:
+        _randomise_adapter(w)
+        batch = make_batch()
+        batch.old_logprobs = w.compute_logprobs(batch, step=0)
+        stats = w.train_step(batch, loss_denominator(batch.response_mask, "token_mean"), 0)
+        assert math.isfinite(stats["loss"])
+        plain = _plain(tiny_model)
+        plain.load_state_dict(w._full_state_dict())
+        with torch.no_grad():
+            merged_lp = sequence_logprobs(plain, batch.input_ids, batch.attention_mask,
+                                          batch.response_start) * batch.response_mask
+        torch.testing.assert_close(merged_lp, w.compute_logprobs(batch, step=1), rtol=0,
+                                   atol=1e-5)
+    finally:
+        w.shutdown()
