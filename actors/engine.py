@@ -9,6 +9,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 
@@ -22,6 +23,51 @@ class Sample:
     token_ids: list[int]
     logprobs: list[float]
     finish_reason: FinishReason
+
+
+@dataclass(frozen=True)
+class EngineSettings:
+    """Plain values that build one engine (from the recipe's `rollout` and `model`).
+
+    Attributes:
+        kind: 'vllm' or 'hf'.
+        model_path: transformers folder.
+        dtype: 'bfloat16' or 'float32'.
+        seed: engine seed.
+        kv_cache_gb: vLLM KV cache, GiB.
+        max_model_len: vLLM's longest prompt + response, tokens (None: the model's).
+        enforce_eager: vLLM without torch.compile / CUDA graphs.
+        device: 'cpu' or 'cuda'.
+    """
+
+    kind: Literal["vllm", "hf"]
+    model_path: str
+    dtype: str = "bfloat16"
+    seed: int = 0
+    kv_cache_gb: float = 1.0
+    max_model_len: int | None = None
+    enforce_eager: bool = True
+    device: str = "cpu"
+
+
+def make_engine(s: EngineSettings) -> InferenceEngine:
+    """The engine for a recipe's `rollout.engine`.
+
+    Raises:
+        ValueError: an unknown engine name.
+        RuntimeError: 'vllm' asked for but not installed.
+    """
+    if s.kind == "hf":
+        from actors.hf_engine import HFEngine
+
+        return HFEngine(s.model_path, dtype=s.dtype)
+    if s.kind == "vllm":
+        from actors.vllm_engine import VLLMEngine
+
+        return VLLMEngine(s.model_path, dtype=s.dtype, seed=s.seed, kv_cache_gb=s.kv_cache_gb,
+                          max_model_len=s.max_model_len, enforce_eager=s.enforce_eager,
+                          device=s.device)
+    raise ValueError(f"rollout.engine {s.kind!r} is not available; use 'vllm' or 'hf'")
 
 
 class InferenceEngine(ABC):
@@ -47,6 +93,15 @@ class InferenceEngine(ABC):
             ValueError: an unknown name, a shape mismatch, or a model parameter left
                 without a new value (the engine must never keep stale weights silently).
         """
+
+    def validate_names(self, names: Iterable[str]) -> None:
+        """Refuse, before anything is loaded, a push whose names are unknown or leave a
+        parameter without a new value. Default: no check (`load_weights` checks after).
+
+        Raises:
+            ValueError: names the unknown or missing weights.
+        """
+        return None
 
     @abstractmethod
     def named_weights(self) -> dict[str, torch.Tensor]:

@@ -66,10 +66,13 @@ class HFEngine(InferenceEngine):
             output_logits=True,
             return_dict_in_generate=True,
         )
+        if sampling.stop:
+            config.stop_strings = list(sampling.stop)
         out = self.model.generate(
             input_ids=ids,
             attention_mask=mask,
             generation_config=config,
+            tokenizer=self.tokenizer if sampling.stop else None,
         )
         new = out.sequences[:, width:]
         logits = torch.stack(out.logits, dim=1).float() / sampling.temperature  # [N, R, V]
@@ -78,6 +81,9 @@ class HFEngine(InferenceEngine):
         for i in range(len(rows)):
             tokens = new[i].tolist()
             end = next((j for j, t in enumerate(tokens) if t in self.eos_ids), None)
+            if sampling.stop:
+                hit = self._stop_string_end(tokens[:None if end is None else end], sampling.stop)
+                end = hit if hit is not None else end
             length = len(tokens) if end is None else end + 1
             samples.append(
                 Sample(
@@ -87,6 +93,14 @@ class HFEngine(InferenceEngine):
                 )
             )
         return samples
+
+    def _stop_string_end(self, tokens: list[int], stop: tuple[str, ...]) -> int | None:
+        """Index of the token that completes the first stop string, or None."""
+        for j in range(len(tokens)):
+            text = self.tokenizer.decode(tokens[:j + 1], skip_special_tokens=True)
+            if any(s in text for s in stop):
+                return j
+        return None
 
     def generate(self, prompts: list[list[int]], sampling: SamplingSettings) -> list[list[Sample]]:
         torch.manual_seed(sampling.seed)

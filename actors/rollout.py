@@ -39,6 +39,7 @@ class SamplingSettings:
     temperature: float = 1.0
     top_p: float = 1.0
     seed: int = 0
+    stop: tuple[str, ...] = ()  # stop strings; the response keeps the one that ended it
 
 
 @dataclass
@@ -49,11 +50,12 @@ class Rollout:
         uid: unique id of this sample in the run (`{group_id}-{index}`).
         group_id: the prompt's group in this step.
         prompt_ids: `[P]` prompt token ids after the chat template.
-        response_ids: `[R]` sampled token ids, ending with EOS when `finish_reason` is
-            'stop'; R ≤ max_new_tokens.
+        response_ids: `[R]` sampled token ids, ending with EOS (or the tokens of a stop
+            string) when `finish_reason` is 'stop'; R ≤ max_new_tokens.
         inference_logprobs: `[R]` the engine's logprob of each sampled token under the
             sampling temperature (log softmax(logits / T)), before top-p.
-        finish_reason: 'stop' (EOS sampled) or 'length' (hit max_new_tokens).
+        finish_reason: 'stop' (EOS or a stop string sampled) or 'length' (hit
+            max_new_tokens).
         policy_version: optimizer steps behind the weights that sampled it.
         prompt_text, response_text: decoded text (response without special tokens).
         ground_truth, metadata: copied from the PromptRequest.

@@ -1,6 +1,7 @@
 """`RolloutWorker`: a Ray actor wrapping one inference engine.
 
-Verbs: `generate`, `update_weights`, `policy_version`, `health`, `drain_spans`.
+Verbs: `generate`, `join_weight_group`, `update_weights`, `policy_version`, `health`,
+`weights_checksum`, `drain_spans`.
 
 Concurrency: a worker runs one verb at a time (a plain Ray actor). The controller
 calls `update_weights(handle)` after the learner's optimizer step and waits for the
@@ -12,48 +13,48 @@ from __future__ import annotations
 
 import time
 
-from actors.engine import InferenceEngine
+from actors.engine import EngineSettings, make_engine
 from actors.rollout import PromptRequest, Rollout, SamplingSettings
 from common.process import quiet_libraries, set_torch_threads
 from common.telemetry import Span, SpanRecorder
-from weightsync import WeightHandle, WeightSyncError, make_transport, state_checksum
-
-
-def make_engine(kind: str, model_path: str, dtype: str) -> InferenceEngine:
-    """The engine for a recipe's `rollout.engine`.
-
-    Raises:
-        ValueError: an unknown engine name.
-    """
-    if kind == "hf":
-        from actors.hf_engine import HFEngine
-
-        return HFEngine(model_path, dtype=dtype)
-    raise ValueError(f"rollout.engine {kind!r} is not available; use 'hf'")
+from weightsync import (
+    ChecksumTap,
+    TransportSettings,
+    WeightHandle,
+    WeightSyncError,
+    make_transport,
+    state_checksum,
+)
 
 
 class RolloutWorker:
-    """One rollout engine and the policy_version of the weights it holds."""
+    """One rollout engine and the policy_version of the weights it holds.
+
+    Args:
+        worker_id: index of this engine (rank `worker_id + 1` in a broadcast group).
+        engine: how to build the engine.
+        transport: how new weights arrive.
+        threads: torch threads (cores this worker owns while generating).
+        delay_s: test knob, extra busy seconds per generate.
+    """
 
     def __init__(
         self,
         worker_id: int,
-        engine: str,
-        model_path: str,
-        dtype: str,
-        transport: str,
+        engine: EngineSettings,
+        transport: TransportSettings,
         threads: int,
         delay_s: float = 0.0,
     ):
         set_torch_threads(threads)
         quiet_libraries()
         self.worker_id = worker_id
-        self.engine = make_engine(engine, model_path, dtype)
+        self.engine = make_engine(engine)
         self.transport = make_transport(transport)
         self.version = 0
         self.spans = SpanRecorder("rollout", worker_id)
         self.started = time.time()
-        self.delay_s = delay_s  # test knob: extra busy time per generate
+        self.delay_s = delay_s
 
     def generate(
         self, requests: list[PromptRequest], sampling: SamplingSettings, step: int
@@ -84,8 +85,17 @@ class RolloutWorker:
                     )
         return rollouts
 
+    def join_weight_group(self, address: str, world_size: int) -> int:
+        """Join the learner's broadcast group as rank `worker_id + 1` (collective
+        transport only; all ranks call at once). Returns the rank."""
+        self.transport.join_group(address, self.worker_id + 1, world_size)
+        return self.worker_id + 1
+
     def update_weights(self, handle: WeightHandle, step: int) -> int:
         """Load `handle`'s weights in place and take its version; returns the version.
+
+        With `handle.checksum`, the tensors are checksummed as they stream in and
+        compared with the learner's.
 
         Raises:
             WeightSyncError: fetching or loading failed, or the checksum differs; names
@@ -94,26 +104,27 @@ class RolloutWorker:
         """
         with self.spans.span("weight_sync", step):
             try:
-                names = self.engine.load_weights(self.transport.receive(handle))
-            except (ValueError, WeightSyncError) as e:
+                if handle.names:
+                    self.engine.validate_names(handle.names)
+                stream = ChecksumTap(self.transport.receive(handle))
+                self.engine.load_weights(stream)
+            except (ValueError, RuntimeError) as e:  # WeightSyncError is a RuntimeError
                 raise WeightSyncError(
                     f"rollout worker {self.worker_id}: loading policy_version {handle.version} "
                     f"failed: {e}"
                 ) from e
-            if handle.checksum is not None:
-                held = self.engine.named_weights()
-                got = state_checksum((n, held[n]) for n in names)
-                if got != handle.checksum:
-                    raise WeightSyncError(
-                        f"rollout worker {self.worker_id}: checksum of policy_version "
-                        f"{handle.version} differs after loading ({got[:12]} != "
-                        f"{handle.checksum[:12]})"
-                    )
+            if handle.checksum is not None and (got := stream.checksum()) != handle.checksum:
+                raise WeightSyncError(
+                    f"rollout worker {self.worker_id}: checksum of policy_version "
+                    f"{handle.version} differs after loading ({got[:12]} != "
+                    f"{handle.checksum[:12]})"
+                )
             self.version = handle.version
         return self.version
 
     def weights_checksum(self, names: list[str] | None = None) -> str:
-        """`state_checksum` of the engine's weights (all, or `names`)."""
+        """`state_checksum` of the engine's weights (all, or `names`), in the engine's
+        own naming (checkpoint names for 'hf', vLLM's fused names for 'vllm')."""
         held = self.engine.named_weights()
         return state_checksum((n, held[n]) for n in (names or list(held)))
 
@@ -126,3 +137,6 @@ class RolloutWorker:
 
     def drain_spans(self) -> list[Span]:
         return self.spans.drain()
+
+    def shutdown(self) -> None:
+        self.transport.close()

@@ -24,6 +24,14 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def tiny_model_vllm(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny Llama widened to head_dim 32 (vLLM's CPU attention needs it), with room
+    for 1024 positions."""
+    return build_tiny_model(tmp_path_factory.mktemp("tiny_vllm") / "model", hidden=128,
+                            max_positions=1024)
+
+
+@pytest.fixture(scope="session")
 def shared_data() -> Path:
     if not SHARED_DATA.is_dir():
         pytest.skip(f"{SHARED_DATA} not present (tests and benchmarks only)")

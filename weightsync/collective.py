@@ -1,0 +1,172 @@
+"""Weights broadcast over a torch.distributed group: learner rank 0 → every engine.
+
+The group is made at run time, apart from the learner's FSDP group and from vLLM's
+own: rank 0 is learner rank 0 (it hosts the rendezvous `TCPStore`), ranks 1..N are the
+rollout engines' processes. Backend: gloo on CPU, NCCL on GPUs (same code, buffers on
+the current CUDA device).
+
+Tensors travel in buckets of about `bucket_mb` MiB: each bucket is one flat uint8
+buffer holding several tensors back to back (a tensor larger than a bucket gets a bucket
+of its own), so a push costs one broadcast per bucket instead of one per tensor, and
+receivers load a bucket's tensors while the next one is on the wire. The layout
+(names, dtypes, shapes, offsets) travels in the `WeightHandle`; the bytes do not.
+
+Concurrency: `send` starts the broadcast on a background thread and returns the handle;
+every engine must call `receive(handle)` (they block in the broadcast until all ranks
+join); the learner calls `finish(handle)` afterwards to surface errors. The group's
+timeout (`timeout_s`) bounds every broadcast, so a dead engine fails the push with an
+error instead of hanging it.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from datetime import timedelta
+
+import torch
+
+from weightsync.base import WeightHandle, WeightSyncError, WeightTransport, state_checksum
+
+_MiB = 1 << 20
+_ALIGN = 64  # bytes
+
+
+def bucket_layout(weights: dict[str, torch.Tensor], bucket_bytes: int) -> list[dict]:
+    """Group tensors, in dict order, into buckets of at most `bucket_bytes` bytes.
+
+    Returns:
+        `[{"size": bytes, "entries": [(name, dtype, shape, offset, nbytes), ...]}, ...]`;
+        dtype as a string (`"bfloat16"`), offsets in bytes within the bucket, each a
+        multiple of 64.
+    """
+    buckets: list[dict] = []
+    cur: dict = {"size": 0, "entries": []}
+    for name, t in weights.items():
+        nbytes = t.numel() * t.element_size()
+        if cur["entries"] and cur["size"] + nbytes > bucket_bytes:
+            buckets.append(cur)
+            cur = {"size": 0, "entries": []}
+        dtype = str(t.dtype).removeprefix("torch.")
+        cur["entries"].append((name, dtype, tuple(t.shape), cur["size"], nbytes))
+        # Offsets aligned so every entry can be viewed as its dtype in place.
+        cur["size"] += -(-nbytes // _ALIGN) * _ALIGN
+    if cur["entries"]:
+        buckets.append(cur)
+    return buckets
+
+
+def _device(backend: str) -> torch.device:
+    return torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else (
+        torch.device("cpu"))
+
+
+class CollectiveTransport(WeightTransport):
+    """`weight_sync.type: collective`.
+
+    Args:
+        backend: 'gloo' (CPU) or 'nccl' (GPU), chosen from `resources.device`.
+        bucket_mb: bucket size, MiB.
+        timeout_s: bound on every broadcast and on forming the group, seconds.
+    """
+
+    needs_group = True
+
+    def __init__(self, backend: str = "gloo", bucket_mb: float = 64, timeout_s: float = 300.0):
+        if backend not in ("gloo", "nccl"):
+            raise ValueError(f"collective backend {backend!r}: use 'gloo' (CPU) or 'nccl' (GPU)")
+        self.backend = backend
+        self.bucket_bytes = int(bucket_mb * _MiB)
+        self.timeout = timedelta(seconds=timeout_s)
+        self.pg = None
+        self.rank = -1
+        self._store = None
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+
+    def join_group(self, address: str, rank: int, world_size: int) -> None:
+        """Form the broadcast group; every rank calls it at once. `address` is
+        `host:port` of rank 0's rendezvous store (rank 0 listens on it).
+
+        Raises:
+            WeightSyncError: the group did not form within `timeout_s`.
+        """
+        import torch.distributed as dist
+
+        host, port = address.rsplit(":", 1)
+        try:
+            self._store = dist.TCPStore(host, int(port), world_size, is_master=rank == 0,
+                                        timeout=self.timeout, use_libuv=False)
+            if self.backend == "nccl":
+                self.pg = dist.ProcessGroupNCCL(self._store, rank, world_size)
+            else:
+                self.pg = dist.ProcessGroupGloo(self._store, rank, world_size, self.timeout)
+        except (RuntimeError, ValueError) as e:  # c10d raises DistStoreError/RuntimeError
+            raise WeightSyncError(
+                f"rank {rank} could not join the weight broadcast group at {address} "
+                f"({world_size} ranks, {self.backend}): {e}") from e
+        self.rank = rank
+
+    def _require_group(self) -> None:
+        if self.pg is None:
+            raise WeightSyncError("the collective transport has no group yet: call "
+                                  "join_group on the learner and every engine first")
+
+    def send(
+        self, weights: dict[str, torch.Tensor], version: int, checksum: bool = False
+    ) -> WeightHandle:
+        self._require_group()
+        if self._thread is not None:
+            raise WeightSyncError(f"push of policy_version {version} started before the "
+                                  "previous push finished (call finish first)")
+        layout = bucket_layout(weights, self.bucket_bytes)
+        digest = state_checksum(weights.items()) if checksum else None
+        handle = WeightHandle(version=version, payload=layout,
+                              num_bytes=sum(b["size"] for b in layout), checksum=digest,
+                              names=tuple(weights))
+        self._error = None
+        self._thread = threading.Thread(target=self._broadcast_all, args=(weights, layout),
+                                        name=f"weight-broadcast-v{version}", daemon=True)
+        self._thread.start()
+        return handle
+
+    def _broadcast_all(self, weights: dict[str, torch.Tensor], layout: list[dict]) -> None:
+        try:
+            device = _device(self.backend)
+            for bucket in layout:
+                buf = torch.empty(bucket["size"], dtype=torch.uint8, device=device)
+                for name, _, _, offset, nbytes in bucket["entries"]:
+                    flat = weights[name].detach().contiguous().view(-1).view(torch.uint8)
+                    buf[offset:offset + nbytes].copy_(flat)
+                self.pg.broadcast(buf, 0).wait()
+        except (RuntimeError, ValueError) as e:
+            self._error = e
+
+    def finish(self, handle: WeightHandle) -> None:
+        thread, self._thread = self._thread, None
+        if thread is None:
+            return
+        thread.join(self.timeout.total_seconds() + 10)
+        if thread.is_alive():
+            raise WeightSyncError(f"broadcast of policy_version {handle.version} still running "
+                                  f"after {self.timeout.total_seconds():.0f} s")
+        if self._error is not None:
+            raise WeightSyncError(f"broadcast of policy_version {handle.version} failed: "
+                                  f"{self._error}") from self._error
+
+    def receive(self, handle: WeightHandle) -> Iterator[tuple[str, torch.Tensor]]:
+        self._require_group()
+        device = _device(self.backend)
+        for i, bucket in enumerate(handle.payload):
+            buf = torch.empty(bucket["size"], dtype=torch.uint8, device=device)
+            try:
+                self.pg.broadcast(buf, 0).wait()
+            except RuntimeError as e:
+                raise WeightSyncError(
+                    f"broadcast of policy_version {handle.version} failed at bucket "
+                    f"{i + 1}/{len(handle.payload)}: {e}") from e
+            for name, dtype, shape, offset, nbytes in bucket["entries"]:
+                yield name, buf[offset:offset + nbytes].view(getattr(torch, dtype)).view(shape)
+
+    def close(self) -> None:
+        self.pg, self._store = None, None
