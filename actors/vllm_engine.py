@@ -65,7 +65,7 @@ class VLLMEngine(InferenceEngine):
                  kv_cache_gb: float = 1.0, max_model_len: int | None = None,
                  enforce_eager: bool = True, device: str = "cpu"):
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-        os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+        os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # its per-engine warnings are noise
         if device == "cpu":
             os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(max(1, round(kv_cache_gb)))
             # Threads were set by the worker for the cores it owns; don't rebind them.

@@ -22,6 +22,7 @@ import ray
 import torch
 import yaml
 
+from actors.engine import EngineSettings
 from actors.rollout import PromptRequest, Rollout, SamplingSettings
 from actors.worker import RolloutWorker
 from common.process import default_threads
@@ -36,7 +37,7 @@ from recipes.reward_specs import LOCAL_TYPES
 from recipes.schema import Recipe
 from rewards.client import RewardClient, RewardSet, start_local_service
 from rewards.protocol import ScoreItem
-from weightsync import WeightSyncError
+from weightsync import TransportSettings, WeightSyncError
 
 
 @dataclass
@@ -66,15 +67,23 @@ def start_roles(recipe: Recipe, model_path: str, run_dir: Path) -> Roles:
     threads_r = res.threads_per_worker or default_threads(n_rollout)
     threads_l = res.threads_per_worker or default_threads(n_learn)
     placement = place(res)
+    transport = transport_settings(recipe, run_dir)
+    v = recipe.rollout.vllm
+    engine = EngineSettings(
+        kind=recipe.rollout.engine, model_path=model_path, dtype=recipe.model.dtype,
+        seed=recipe.train.seed, kv_cache_gb=v.kv_cache_gb, max_model_len=v.max_model_len,
+        enforce_eager=v.enforce_eager, device=res.device,
+    )
     Rollout_ = ray.remote(num_cpus=0)(RolloutWorker)
     rollout = [
-        Rollout_.options(**opts).remote(i, recipe.rollout.engine, model_path,
-                                        recipe.model.dtype, recipe.weight_sync.type, threads_r,
+        Rollout_.options(**opts).remote(i, engine, transport, threads_r,
                                         recipe.debug.rollout_delay_s)
         for i, opts in enumerate(placement.rollout)
     ]
-    learners = start_learners(recipe, model_path, placement, threads_l)
+    learners = start_learners(recipe, model_path, placement, threads_l, transport)
     ray.get([w.health.remote() for w in rollout])
+    if recipe.weight_sync.type == "collective":
+        join_weight_group(learners[0], rollout)
     if reward.local is not None:
         try:
             reward.local.wait_ready(timeout_s=120, proc=proc)
@@ -89,8 +98,31 @@ def start_roles(recipe: Recipe, model_path: str, run_dir: Path) -> Roles:
     return Roles(rollout, learners, reward, proc, pad, placement)
 
 
+def transport_settings(recipe: Recipe, run_dir: Path) -> TransportSettings:
+    """The recipe's `weight_sync` as plain values; a filesystem transport gets a folder
+    of its own under `weight_sync.directory`."""
+    ws = recipe.weight_sync
+    return TransportSettings(
+        type=ws.type, bucket_mb=ws.bucket_mb, timeout_s=ws.timeout_s,
+        backend="nccl" if recipe.resources.device == "cuda" else "gloo",
+        directory=str(Path(ws.directory) / f"{run_dir.name}-{os.getpid()}"),
+    )
+
+
+def join_weight_group(learner0: Any, rollout: list[Any]) -> None:
+    """Form the broadcast group: learner rank 0 is rank 0, engine i is rank i + 1.
+
+    Raises:
+        WeightSyncError: a member could not join (the message names it).
+    """
+    address = ray.get(learner0.weight_group_address.remote())
+    world = len(rollout) + 1
+    ray.get([learner0.join_weight_group.remote(address, world)]
+            + [w.join_weight_group.remote(address, world) for w in rollout])
+
+
 def start_learners(recipe: Recipe, model_path: str, placement: Placement,
-                   threads: int) -> list[Any]:
+                   threads: int, transport: TransportSettings | None = None) -> list[Any]:
     """Start the FSDP2 learner ranks on their placement and wait until they are set up."""
     from learner.adapters import AdapterSettings, check_targets, format_memory_report
     from recipes.schema import RecipeError
@@ -118,7 +150,7 @@ def start_learners(recipe: Recipe, model_path: str, placement: Placement,
         else recipe.grpo.kl_coef,
         temperature=1.0 if dpo else recipe.rollout.temperature,
         seed=recipe.train.seed,
-        transport=recipe.weight_sync.type,
+        transport=transport or TransportSettings(),
         delay_s=recipe.debug.learner_delay_s,
         load_reference=dpo or (recipe.ppo.kl_coef if ppo else recipe.grpo.kl_coef) > 0,
         critic=ppo,
@@ -198,6 +230,7 @@ def generate(
         temperature=recipe.rollout.temperature,
         top_p=recipe.rollout.top_p,
         seed=recipe.train.seed * 100_003 + step,
+        stop=tuple(recipe.rollout.stop),
     )
     n = len(roles.rollout)
     chunks = [requests[i::n] for i in range(n)]
@@ -266,6 +299,8 @@ def push_weights(roles: Roles, recipe: Recipe, version: int) -> float:
         if (got := ray.get(ref)) != version:
             raise WeightSyncError(f"rollout engine {pending[ref]} reports policy_version {got} "
                                   f"after a push of {version}")
+    # The sender's side (a broadcast thread for 'collective') ends once all engines did.
+    ray.get(roles.learners[0].finish_push.remote(handles[0]))
     return time.time() - t0
 
 

