@@ -158,6 +158,14 @@ class LearnerWorker(DPOVerbs, PPOVerbs):
         for layer in adapters.decoder_layers(model):
             fully_shard(layer, mp_policy=mp, ignored_params=ignored)
         fully_shard(model, mp_policy=mp, ignored_params=ignored)
+        if trainable and self.s.adapter.enabled:
+            # FSDP2 fixes each group's reduce dtype from the parameters that require grad
+            # at its first forward, and peft's disable_adapter() clears requires_grad: a
+            # reference pass first would leave bf16 gradients that fail to reduce into
+            # float32 ones. One tiny forward now, adapter on, settles it.
+            with torch.no_grad():
+                model(input_ids=torch.zeros(1, 1, dtype=torch.long))
+            model.reshard()  # the root stays unsharded after a forward
         if not trainable:
             model.requires_grad_(False)
             model.eval()

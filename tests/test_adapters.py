@@ -44,6 +44,9 @@ def _rank_main(rank, world, model_path, kind, out_dir, port, queue):
     batch = make_batch()
     shard = batch.shard(rank, world)
     before = adapters.gather_params(w.policy, adapter_only=False, keep=rank == 0)
+    # a reference pass first (as DPO's precompute does): peft's disable_adapter() clears
+    # requires_grad, which must not change how FSDP2 reduces the later gradients
+    shard.ref_logprobs = w.compute_logprobs(shard, step=0, reference=True)
     shard.old_logprobs = w.compute_logprobs(shard, step=0)
     stats = w.train_step(shard, loss_denominator(batch.response_mask, "token_mean"), step=0)
     after = adapters.gather_params(w.policy, adapter_only=False, keep=rank == 0)
