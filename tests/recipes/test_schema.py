@@ -92,3 +92,36 @@ def test_cli_exit_codes():
     assert "Ray" not in bad.stdout + bad.stderr  # failed before anything started
     schema = _cli("schema")
     assert schema.returncode == 0 and '"Recipe"' in schema.stdout
+
+
+def test_engine_defaults_to_vllm_where_installed(monkeypatch):
+    import recipes.schema as schema
+
+    path = ROOT / "recipes" / "grpo_code.yaml"  # sets engine: hf explicitly
+    assert load_recipe(path).rollout.engine == "hf"
+    for installed, want in ((True, "vllm"), (False, "hf")):
+        monkeypatch.setattr(schema, "vllm_installed", lambda i=installed: i)
+        r = load_recipe(ROOT / "recipes" / "quickstart_grpo.yaml", ["rollout={}"])
+        assert r.rollout.engine == want
+
+
+def test_vllm_engine_checks_before_starting(monkeypatch, tiny_model, tiny_model_vllm, tmp_path):
+    import recipes.schema as schema
+
+    quick = ROOT / "recipes" / "quickstart_grpo.yaml"
+    r = load_recipe(quick, [f"model.path={tiny_model}", "rollout.engine=vllm"])
+    if schema.vllm_installed():  # the tiny test model's head_dim 8 is not a CPU kernel size
+        with pytest.raises(RecipeError, match="head_dim 8; set rollout.engine: hf"):
+            check_runtime_inputs(r)
+        check_runtime_inputs(load_recipe(quick, [f"model.path={tiny_model_vllm}",
+                                                 "rollout.engine=vllm"]))
+    monkeypatch.setattr(schema, "vllm_installed", lambda: False)
+    with pytest.raises(RecipeError, match="'vllm' is not installed here"):
+        check_runtime_inputs(r)
+    (tmp_path / "a_file").write_text("x")
+    bad = load_recipe(quick, ["weight_sync.type=filesystem",
+                              f"weight_sync.directory={tmp_path / 'a_file' / 'w'}"])
+    with pytest.raises(RecipeError, match="weight_sync.directory"):
+        check_runtime_inputs(bad)
+    with pytest.raises(RecipeError, match="weight_sync.type"):
+        load_recipe(quick, ["weight_sync.type=carrier_pigeon"])

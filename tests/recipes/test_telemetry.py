@@ -51,7 +51,7 @@ def _recipe(tmp_path, tiny_model, name, **debug):
         "name": name, "algorithm": "grpo",
         "model": {"path": str(tiny_model), "dtype": "float32"},
         "data": {"train": {"generator": "arithmetic", "size": 8}},
-        "rollout": {"samples_per_prompt": 2, "max_new_tokens": 4},
+        "rollout": {"engine": "hf", "samples_per_prompt": 2, "max_new_tokens": 4},
         "rewards": [{"name": "len", "type": "length", "target_chars": 3}],
         "train": {"steps": 2, "prompts_per_step": 2},
         "resources": {"learner": {"gpus": 2}, "threads_per_worker": 1},
