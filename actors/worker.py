@@ -92,7 +92,8 @@ class RolloutWorker:
         return self.worker_id + 1
 
     def update_weights(self, handle: WeightHandle, step: int) -> int:
-        """Load `handle`'s weights in place and take its version; returns the version.
+        """Load `handle`'s weights in place (or, when `handle.meta` carries an
+        `adapter_config`, serve base + that adapter) and take its version; returns it.
 
         With `handle.checksum`, the tensors are checksummed as they stream in and
         compared with the learner's.
@@ -104,10 +105,13 @@ class RolloutWorker:
         """
         with self.spans.span("weight_sync", step):
             try:
-                if handle.names:
-                    self.engine.validate_names(handle.names)
                 stream = ChecksumTap(self.transport.receive(handle))
-                self.engine.load_weights(stream)
+                if (adapter := handle.meta.get("adapter_config")) is not None:
+                    self.engine.load_adapter(stream, adapter, handle.version)
+                else:
+                    if handle.names:
+                        self.engine.validate_names(handle.names)
+                    self.engine.load_weights(stream)
             except (ValueError, RuntimeError) as e:  # WeightSyncError is a RuntimeError
                 raise WeightSyncError(
                     f"rollout worker {self.worker_id}: loading policy_version {handle.version} "

@@ -27,6 +27,7 @@ Verbs: `setup`, `compute_logprobs`, `train_step`, `push_weights`, `adapter_state
 
 from __future__ import annotations
 
+import dataclasses
 import socket
 import time
 from collections.abc import Iterator
@@ -308,11 +309,21 @@ class LearnerWorker(DPOVerbs, PPOVerbs):
         return ({k: v.to(_DTYPES[dtype]) for k, v in state.items()},
                 adapters.config_dict(self.policy))
 
-    def push_weights(self, version: int, dtype: str, checksum: bool = False) -> WeightHandle | None:
+    def push_weights(self, version: int, dtype: str, checksum: bool = False,
+                     adapter_only: bool = False) -> WeightHandle | None:
         """Gather the full policy (with an adapter: merged, see `_full_state_dict`) and
-        publish it as `version` through the transport. Collective; rank 0 returns the
-        handle, the others None."""
+        publish it as `version` through the transport. With `adapter_only`, publish only
+        the adapter tensors (PEFT names) and put its LoraConfig in
+        `handle.meta["adapter_config"]`. Collective; rank 0 returns the handle, the
+        others None."""
         with self.spans.span("weight_sync", version - 1):
+            if adapter_only:
+                state = self.adapter_state(dtype)
+                if state is None:
+                    return None
+                handle = self.transport.send(state[0], version, checksum=checksum)
+                return dataclasses.replace(handle, meta={**handle.meta,
+                                                         "adapter_config": state[1]})
             full = self._full_state_dict()
             if self.rank != 0:
                 return None

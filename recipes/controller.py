@@ -73,6 +73,7 @@ def start_roles(recipe: Recipe, model_path: str, run_dir: Path) -> Roles:
         kind=recipe.rollout.engine, model_path=model_path, dtype=recipe.model.dtype,
         seed=recipe.train.seed, kv_cache_gb=v.kv_cache_gb, max_model_len=v.max_model_len,
         enforce_eager=v.enforce_eager, device=res.device,
+        lora_rank=recipe.model.adapter.r if adapter_sync(recipe) else None,
     )
     Rollout_ = ray.remote(num_cpus=0)(RolloutWorker)
     rollout = [
@@ -84,6 +85,11 @@ def start_roles(recipe: Recipe, model_path: str, run_dir: Path) -> Roles:
     ray.get([w.health.remote() for w in rollout])
     if recipe.weight_sync.type == "collective":
         join_weight_group(learners[0], rollout)
+    roles = Roles(rollout, learners, reward, proc, 0, placement)
+    if adapter_sync(recipe) and recipe.model.adapter.type == "qlora":
+        # Engines serve base + adapter; their base must be the learner's NF4 base
+        # dequantised, not the checkpoint: send it once, as policy_version 0.
+        push_weights(roles, recipe, version=0, adapter_only=False)
     if reward.local is not None:
         try:
             reward.local.wait_ready(timeout_s=120, proc=proc)
@@ -95,7 +101,13 @@ def start_roles(recipe: Recipe, model_path: str, run_dir: Path) -> Roles:
 
     tok = AutoTokenizer.from_pretrained(model_path)
     pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
-    return Roles(rollout, learners, reward, proc, pad, placement)
+    roles.pad_id = pad
+    return roles
+
+
+def adapter_sync(recipe: Recipe) -> bool:
+    """Whether engines receive only the adapter each step (`weight_sync.adapter_mode`)."""
+    return recipe.model.adapter.type != "none" and recipe.weight_sync.adapter_mode == "adapter"
 
 
 def transport_settings(recipe: Recipe, run_dir: Path) -> TransportSettings:
@@ -276,8 +288,10 @@ def train_on(roles: Roles, batch: TrainBatch, recipe: Recipe, step: int) -> dict
     return stats
 
 
-def push_weights(roles: Roles, recipe: Recipe, version: int) -> float:
-    """Publish the new policy and wait for every engine to hold `version`; seconds.
+def push_weights(roles: Roles, recipe: Recipe, version: int,
+                 adapter_only: bool | None = None) -> float:
+    """Publish the new policy (the adapter alone with `adapter_mode: adapter`) and wait
+    for every engine to hold `version`; seconds.
 
     Raises:
         WeightSyncError: an engine failed to load, did not answer within
@@ -285,7 +299,8 @@ def push_weights(roles: Roles, recipe: Recipe, version: int) -> float:
     """
     t0 = time.time()
     check = recipe.weight_sync.verify_checksum
-    handles = ray.get([lw.push_weights.remote(version, recipe.model.dtype, check)
+    only = adapter_sync(recipe) if adapter_only is None else adapter_only
+    handles = ray.get([lw.push_weights.remote(version, recipe.model.dtype, check, only)
                        for lw in roles.learners])
     pending = {w.update_weights.remote(handles[0], version - 1): i
                for i, w in enumerate(roles.rollout)}

@@ -281,6 +281,9 @@ class Recipe(_Strict):
             raise ValueError("weight_sync.adapter_mode: 'adapter' sends only adapter tensors, "
                              "but model.adapter.type is 'none'; set model.adapter.type: lora "
                              "(or qlora), or adapter_mode: merged")
+        if self.weight_sync.adapter_mode == "adapter" and self.model.adapter.use_dora:
+            raise ValueError("weight_sync.adapter_mode: 'adapter' loads the adapter as a vLLM "
+                             "LoRA, and vLLM does not serve DoRA; set adapter_mode: merged")
         return self
 
 

@@ -128,3 +128,34 @@ def test_two_grpo_steps_on_vllm_with_collective_sync(tiny_model_vllm, tmp_path):
         assert h["logprob_mismatch"] < 1e-4  # step 1 samples from pushed weights
     saved = [json.loads(x) for x in (run_dir / "rollouts" / "step_00001.jsonl").open()]
     assert len(saved) == 16 and all(r["policy_version"] == 1 for r in saved)
+
+
+@pytest.mark.vllm
+@requires_vllm
+@pytest.mark.parametrize(("adapter", "transport"), [("lora", "collective"),
+                                                    ("qlora", "object_store")])
+def test_adapter_only_sync_serves_the_learners_policy(tiny_model_vllm, tmp_path, adapter,
+                                                      transport):
+    """LoRA/QLoRA with `adapter_mode: adapter`: only adapter tensors travel each step
+    (QLoRA's dequantised NF4 base once, as version 0), and the engine's
+    inference_logprobs equal the learner's old_logprobs (fp32)."""
+    recipe_file = tmp_path / "tiny.yaml"
+    recipe_file.write_text(yaml.safe_dump({
+        "name": f"tiny-{adapter}",
+        "algorithm": "grpo",
+        "model": {"path": str(tiny_model_vllm), "dtype": "float32",
+                  "adapter": {"type": adapter, "r": 8, "alpha": 16}},
+        "data": {"train": {"generator": "arithmetic", "size": 20, "seed": 1}},
+        "rollout": {"engine": "vllm", "samples_per_prompt": 4, "max_new_tokens": 6},
+        "rewards": [{"name": "correct", "type": "math"},
+                    {"name": "short", "type": "length", "target_chars": 3, "weight": 0.5}],
+        "train": {"steps": 3, "prompts_per_step": 4, "micro_batch_size": 4, "lr": 1e-2},
+        "resources": {"rollout": {"gpus": 1}, "learner": {"gpus": 2}, "threads_per_worker": 1},
+        "weight_sync": {"type": transport, "adapter_mode": "adapter", "verify_checksum": True},
+        "monitor": {"progress": False, "dashboard_port": None, "tensorboard": False},
+    }))
+    history = run(load_recipe(recipe_file), tmp_path / "run")
+    assert [h["policy_version"] for h in history] == [1, 2, 3]
+    assert any(h["grad_norm"] > 0.0 for h in history)
+    for h in history:
+        assert h["logprob_mismatch"] < 1e-4

@@ -1,0 +1,92 @@
+"""Rollout throughput: vLLM vs the transformers engine on the same prompts and
+settings, in one run.
+
+    .venv/bin/python bench/rollout.py [--prompts 16] [--samples 8] [--max-new-tokens 64]
+        [--dtype bfloat16] [--threads 2] [--compiled]
+
+SmolLM2-135M-Instruct, quickstart-style prompts (one-digit addition, the quickstart's
+system prompt). Each engine runs alone in its own process with `--threads` torch
+threads; one warm-up generate, then the median of --repeats timed generates.
+tokens/s counts sampled response tokens.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import ray  # noqa: E402
+
+from actors.engine import EngineSettings, make_engine  # noqa: E402
+from actors.rollout import SamplingSettings  # noqa: E402
+from common.model_registry import resolve_model_path  # noqa: E402
+from common.process import set_torch_threads  # noqa: E402
+
+
+class Bench:
+    def __init__(self, settings: EngineSettings, threads: int):
+        set_torch_threads(threads)
+        t0 = time.perf_counter()
+        self.engine = make_engine(settings)
+        self.startup = time.perf_counter() - t0
+
+    def run(self, messages, sampling: SamplingSettings, repeats: int) -> dict:
+        prompts = [self.engine.tokenize_chat(m) for m in messages]
+        self.engine.generate(prompts, sampling)  # warm-up
+        times, tokens = [], 0
+        for r in range(repeats):
+            s = SamplingSettings(**{**sampling.__dict__, "seed": sampling.seed + r + 1})
+            t0 = time.perf_counter()
+            out = self.engine.generate(prompts, s)
+            times.append(time.perf_counter() - t0)
+            tokens = sum(len(x.token_ids) for g in out for x in g)
+        return {"startup": self.startup, "seconds": statistics.median(times), "tokens": tokens}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--prompts", type=int, default=16)
+    ap.add_argument("--samples", type=int, default=8)
+    ap.add_argument("--max-new-tokens", type=int, default=64)
+    ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--compiled", action="store_true", help="also vLLM with torch.compile")
+    args = ap.parse_args()
+    path = str(resolve_model_path("smollm2-135m-instruct"))
+    messages = [[{"role": "system", "content": "Reply with only the final number."},
+                 {"role": "user", "content": f"What is {a} + {b}?"}]
+                for a, b in zip(range(args.prompts), reversed(range(args.prompts)), strict=True)]
+    sampling = SamplingSettings(n=args.samples, max_new_tokens=args.max_new_tokens,
+                                temperature=1.0, seed=0)
+    engines = [("hf", EngineSettings("hf", path, args.dtype)),
+               ("vllm (eager)", EngineSettings("vllm", path, args.dtype))]
+    if args.compiled:
+        engines.append(("vllm (compiled)", EngineSettings("vllm", path, args.dtype,
+                                                           enforce_eager=False)))
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    rows = []
+    for name, settings in engines:
+        actor = ray.remote(num_cpus=0)(Bench).remote(settings, args.threads)
+        rows.append((name, ray.get(actor.run.remote(messages, sampling, args.repeats))))
+        ray.kill(actor)
+    ray.shutdown()
+    base = rows[0][1]["tokens"] / rows[0][1]["seconds"]
+    print(f"\nSmolLM2-135M {args.dtype}, {args.prompts} prompts x {args.samples} samples, "
+          f"<= {args.max_new_tokens} new tokens, {args.threads} threads, median of "
+          f"{args.repeats}\n")
+    print("| engine | startup s | generate s | tokens | tokens/s | vs hf |")
+    print("|---|---|---|---|---|---|")
+    for name, r in rows:
+        tps = r["tokens"] / r["seconds"]
+        print(f"| {name} | {r['startup']:.1f} | {r['seconds']:.2f} | {r['tokens']} | "
+              f"{tps:.0f} | {tps / base:.2f}x |")
+
+
+if __name__ == "__main__":
+    main()
