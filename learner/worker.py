@@ -290,6 +290,25 @@ class LearnerWorker(DPOVerbs, PPOVerbs):
         opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
         return get_model_state_dict(self.policy, options=opts)
 
+    @torch.no_grad()
+    def _push_state_dict(self, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+        """The full policy cast to the engines' `dtype`, plain transformers names, on
+        rank 0. Without an adapter each shard is cast *before* the all-gather, so a
+        bf16 push gathers half the bytes of `_full_state_dict`; tied names share one
+        gathered tensor. Collective; complete on rank 0, empty elsewhere."""
+        if self.s.adapter.enabled:
+            full = self._full_state_dict()
+            return {k: v.to(dtype) for k, v in full.items()}
+        gathered: dict[int, torch.Tensor] = {}
+        out = {}
+        for name, t in self.policy.state_dict().items():
+            if id(t) not in gathered:
+                local = t.detach().to(dtype)
+                gathered[id(t)] = local.full_tensor() if hasattr(local, "full_tensor") else local
+            if self.rank == 0:
+                out[name] = gathered[id(t)]
+        return out
+
     def adapter_state(self, dtype: str) -> tuple[dict[str, torch.Tensor], dict] | None:
         """The adapter alone, for adapter-only weight sync: `(tensors, lora_config)` with
         the tensors as `peft.get_peft_model_state_dict` names them (e.g.
@@ -324,10 +343,9 @@ class LearnerWorker(DPOVerbs, PPOVerbs):
                 handle = self.transport.send(state[0], version, checksum=checksum)
                 return dataclasses.replace(handle, meta={**handle.meta,
                                                          "adapter_config": state[1]})
-            full = self._full_state_dict()
+            cast = self._push_state_dict(_DTYPES[dtype])
             if self.rank != 0:
                 return None
-            cast = {k: v.to(_DTYPES[dtype]) for k, v in full.items()}
             return self.transport.send(cast, version, checksum=checksum)
 
     def weight_group_address(self) -> str:

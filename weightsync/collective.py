@@ -131,14 +131,21 @@ class CollectiveTransport(WeightTransport):
         return handle
 
     def _broadcast_all(self, weights: dict[str, torch.Tensor], layout: list[dict]) -> None:
+        # Two buckets in flight: pack bucket i+1 while bucket i is on the wire.
         try:
             device = _device(self.backend)
+            pending = None
             for bucket in layout:
                 buf = torch.empty(bucket["size"], dtype=torch.uint8, device=device)
                 for name, _, _, offset, nbytes in bucket["entries"]:
                     flat = weights[name].detach().contiguous().view(-1).view(torch.uint8)
                     buf[offset:offset + nbytes].copy_(flat)
-                self.pg.broadcast(buf, 0).wait()
+                work = self.pg.broadcast(buf, 0)
+                if pending is not None:
+                    pending[0].wait()
+                pending = (work, buf)
+            if pending is not None:
+                pending[0].wait()
         except (RuntimeError, ValueError) as e:
             self._error = e
 
@@ -157,14 +164,23 @@ class CollectiveTransport(WeightTransport):
     def receive(self, handle: WeightHandle) -> Iterator[tuple[str, torch.Tensor]]:
         self._require_group()
         device = _device(self.backend)
-        for i, bucket in enumerate(handle.payload):
-            buf = torch.empty(bucket["size"], dtype=torch.uint8, device=device)
+        layout = handle.payload
+
+        def post(i: int):
+            buf = torch.empty(layout[i]["size"], dtype=torch.uint8, device=device)
+            return self.pg.broadcast(buf, 0), buf
+
+        # Bucket i+1 is received while the engine loads bucket i's tensors.
+        nxt = post(0) if layout else None
+        for i, bucket in enumerate(layout):
+            work, buf = nxt
             try:
-                self.pg.broadcast(buf, 0).wait()
+                work.wait()
+                nxt = post(i + 1) if i + 1 < len(layout) else None
             except RuntimeError as e:
                 raise WeightSyncError(
                     f"broadcast of policy_version {handle.version} failed at bucket "
-                    f"{i + 1}/{len(handle.payload)}: {e}") from e
+                    f"{i + 1}/{len(layout)}: {e}") from e
             for name, dtype, shape, offset, nbytes in bucket["entries"]:
                 yield name, buf[offset:offset + nbytes].view(getattr(torch, dtype)).view(shape)
 

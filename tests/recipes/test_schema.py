@@ -119,7 +119,7 @@ def test_vllm_engine_checks_before_starting(monkeypatch, tiny_model, tiny_model_
     with pytest.raises(RecipeError, match="'vllm' is not installed here"):
         check_runtime_inputs(r)
     (tmp_path / "a_file").write_text("x")
-    bad = load_recipe(quick, ["weight_sync.type=filesystem",
+    bad = load_recipe(quick, ["weight_sync.type=filesystem", "rollout.engine=hf",
                               f"weight_sync.directory={tmp_path / 'a_file' / 'w'}"])
     with pytest.raises(RecipeError, match="weight_sync.directory"):
         check_runtime_inputs(bad)
