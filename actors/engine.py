@@ -9,7 +9,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 
@@ -76,17 +76,23 @@ def make_engine(s: EngineSettings) -> InferenceEngine:
 class InferenceEngine(ABC):
     """Sampling engine of one rollout worker."""
 
-    @abstractmethod
+    #: a transformers tokenizer with the model's chat template; set by each engine.
+    tokenizer: Any
+
     def tokenize_chat(self, messages: list[dict[str, str]]) -> list[int]:
         """Token ids of `messages` under the chat template, with the generation prompt."""
+        out = self.tokenizer.apply_chat_template(
+            messages, add_generation_prompt=True, tokenize=True, return_dict=True
+        )
+        return list(out["input_ids"])
+
+    def decode(self, token_ids: list[int]) -> str:
+        """Text of `token_ids` without special tokens."""
+        return self.tokenizer.decode(token_ids, skip_special_tokens=True)
 
     @abstractmethod
     def generate(self, prompts: list[list[int]], sampling: SamplingSettings) -> list[list[Sample]]:
         """`sampling.n` samples per prompt; result[i] holds prompt i's samples in order."""
-
-    @abstractmethod
-    def decode(self, token_ids: list[int]) -> str:
-        """Text of `token_ids` without special tokens."""
 
     @abstractmethod
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> list[str]:

@@ -36,15 +36,6 @@ class HFEngine(InferenceEngine):
         pad = self.tokenizer.pad_token_id
         self.pad_id = pad if pad is not None else min(self.eos_ids)
 
-    def tokenize_chat(self, messages: list[dict[str, str]]) -> list[int]:
-        out = self.tokenizer.apply_chat_template(
-            messages, add_generation_prompt=True, tokenize=True, return_dict=True
-        )
-        return list(out["input_ids"])
-
-    def decode(self, token_ids: list[int]) -> str:
-        return self.tokenizer.decode(token_ids, skip_special_tokens=True)
-
     @torch.no_grad()
     def _sample_rows(self, rows: list[list[int]], sampling: SamplingSettings) -> list[Sample]:
         from transformers import GenerationConfig

@@ -107,15 +107,6 @@ class VLLMEngine(InferenceEngine):
                                                dir="/dev/shm" if os.path.isdir("/dev/shm")
                                                else None))
 
-    def tokenize_chat(self, messages: list[dict[str, str]]) -> list[int]:
-        out = self.tokenizer.apply_chat_template(
-            messages, add_generation_prompt=True, tokenize=True, return_dict=True
-        )
-        return list(out["input_ids"])
-
-    def decode(self, token_ids: list[int]) -> str:
-        return self.tokenizer.decode(token_ids, skip_special_tokens=True)
-
     def generate(self, prompts: list[list[int]], sampling: SamplingSettings) -> list[list[Sample]]:
         from vllm import SamplingParams
 

@@ -28,6 +28,7 @@ Verbs: `setup`, `compute_logprobs`, `train_step`, `push_weights`, `adapter_state
 from __future__ import annotations
 
 import dataclasses
+import resource
 import socket
 import time
 from collections.abc import Iterator
@@ -262,7 +263,8 @@ class LearnerWorker(DPOVerbs, PPOVerbs):
         }
 
     def _optimizer_step(self, step: int) -> dict[str, float]:
-        """Clip, step AdamW and the LR schedule; returns grad_norm (before clipping), lr."""
+        """Clip, step AdamW and the LR schedule; returns grad_norm (before clipping), lr,
+        and this rank's peak resident memory so far (`learner_peak_rss_mb`, MiB)."""
         with self.spans.span("optimizer", step):
             grad_norm = torch.nn.utils.clip_grad_norm_(
                 self.policy.parameters(), self.s.max_grad_norm
@@ -275,7 +277,8 @@ class LearnerWorker(DPOVerbs, PPOVerbs):
             self.optimizer.zero_grad(set_to_none=True)
             self.optimizer_steps += 1
             time.sleep(self.s.delay_s)
-        return {"grad_norm": float(grad_norm), "lr": lr}
+        peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
+        return {"grad_norm": float(grad_norm), "lr": lr, "learner_peak_rss_mb": peak_mb}
 
     def _full_state_dict(self) -> dict[str, torch.Tensor]:
         """The full policy under plain transformers names, float32 on CPU; with an

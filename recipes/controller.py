@@ -50,6 +50,7 @@ class Roles:
     reward_proc: subprocess.Popen | None
     pad_id: int
     placement: Placement
+    last_push_bytes: int = 0  # tensor bytes of the newest weight push
 
 
 def start_roles(recipe: Recipe, model_path: str, run_dir: Path) -> Roles:
@@ -302,6 +303,7 @@ def push_weights(roles: Roles, recipe: Recipe, version: int,
     only = adapter_sync(recipe) if adapter_only is None else adapter_only
     handles = ray.get([lw.push_weights.remote(version, recipe.model.dtype, check, only)
                        for lw in roles.learners])
+    roles.last_push_bytes = handles[0].num_bytes
     pending = {w.update_weights.remote(handles[0], version - 1): i
                for i, w in enumerate(roles.rollout)}
     done, late = ray.wait(list(pending), num_returns=len(pending),

@@ -70,6 +70,9 @@ def run(recipe: Recipe, run_dir: Path, address: str | None = None,
                        **rollout_metrics(rollouts, rewards, details, accuracy_of), **stats,
                        "time/generate": t1 - t0, "time/score": t2 - t1,
                        "time/weight_sync": sync_s, "time/step": t_end - t0,
+                       "weight_sync_bytes": roles.last_push_bytes,
+                       "rollout_tokens_per_s": sum(len(r.response_ids) for r in rollouts)
+                       / max(t1 - t0, 1e-9),
                        "weight_sync_fraction": sync_s / (t_end - t0),
                        "score_fraction": (t2 - t1) / (t_end - t0), **telemetry}
             history.append(metrics)

@@ -14,24 +14,34 @@ from recipes.schema import load_recipe
 from tests.engine_host import requires_vllm
 
 
-@pytest.mark.parametrize("colocate", [False, True], ids=["split", "colocated"])
-def test_two_grpo_steps(tiny_model, tmp_path, colocate):
-    recipe_file = tmp_path / "tiny.yaml"
-    recipe_file.write_text(yaml.safe_dump({
+def _grpo_recipe(tmp_path, model, **blocks):
+    """A 2-step GRPO recipe on arithmetic with math + length rewards; `blocks` replace
+    whole top-level blocks."""
+    recipe = {
         "name": "tiny-e2e",
         "algorithm": "grpo",
-        "model": {"path": str(tiny_model), "dtype": "float32"},
+        "model": {"path": str(model), "dtype": "float32"},
         "data": {"train": {"generator": "arithmetic", "size": 20, "seed": 1}},
         "rollout": {"engine": "hf", "samples_per_prompt": 4, "max_new_tokens": 6},
         "rewards": [{"name": "correct", "type": "math"},
                     {"name": "short", "type": "length", "target_chars": 3, "weight": 0.5}],
-        "grpo": {"kl_coef": 0.01},
         "train": {"steps": 2, "prompts_per_step": 3, "micro_batch_size": 2, "lr": 1e-3},
-        "resources": {"rollout": {"gpus": 1}, "learner": {"gpus": 2}, "threads_per_worker": 1,
-                      "colocate": colocate},
+        "resources": {"rollout": {"gpus": 1}, "learner": {"gpus": 2}, "threads_per_worker": 1},
         "weight_sync": {"type": "object_store", "verify_checksum": True},
         "monitor": {"progress": False, "dashboard_port": None, "tensorboard": False},
-    }))
+        **blocks,
+    }
+    recipe_file = tmp_path / "tiny.yaml"
+    recipe_file.write_text(yaml.safe_dump(recipe))
+    return recipe_file
+
+
+@pytest.mark.parametrize("colocate", [False, True], ids=["split", "colocated"])
+def test_two_grpo_steps(tiny_model, tmp_path, colocate):
+    recipe_file = _grpo_recipe(
+        tmp_path, tiny_model, grpo={"kl_coef": 0.01},
+        resources={"rollout": {"gpus": 1}, "learner": {"gpus": 2}, "threads_per_worker": 1,
+                   "colocate": colocate})
     run_dir = tmp_path / "run"
     history = run(load_recipe(recipe_file), run_dir)
 
@@ -105,20 +115,12 @@ def test_two_ppo_steps_with_critic(tiny_model, tmp_path):
 def test_two_grpo_steps_on_vllm_with_collective_sync(tiny_model_vllm, tmp_path):
     """2 vLLM engines, 2 FSDP2 ranks, weights broadcast over gloo; after each push the
     learner's old_logprobs reproduce the engines' inference_logprobs (fp32)."""
-    recipe_file = tmp_path / "tiny.yaml"
-    recipe_file.write_text(yaml.safe_dump({
-        "name": "tiny-vllm",
-        "algorithm": "grpo",
-        "model": {"path": str(tiny_model_vllm), "dtype": "float32"},
-        "data": {"train": {"generator": "arithmetic", "size": 20, "seed": 1}},
-        "rollout": {"engine": "vllm", "samples_per_prompt": 4, "max_new_tokens": 6},
-        "rewards": [{"name": "correct", "type": "math"},
-                    {"name": "short", "type": "length", "target_chars": 3, "weight": 0.5}],
-        "train": {"steps": 2, "prompts_per_step": 4, "micro_batch_size": 4, "lr": 1e-3},
-        "resources": {"rollout": {"gpus": 2}, "learner": {"gpus": 2}, "threads_per_worker": 1},
-        "weight_sync": {"type": "collective", "bucket_mb": 1, "verify_checksum": True},
-        "monitor": {"progress": False, "dashboard_port": None, "tensorboard": False},
-    }))
+    recipe_file = _grpo_recipe(
+        tmp_path, tiny_model_vllm,
+        rollout={"engine": "vllm", "samples_per_prompt": 4, "max_new_tokens": 6},
+        train={"steps": 2, "prompts_per_step": 4, "micro_batch_size": 4, "lr": 1e-3},
+        resources={"rollout": {"gpus": 2}, "learner": {"gpus": 2}, "threads_per_worker": 1},
+        weight_sync={"type": "collective", "bucket_mb": 1, "verify_checksum": True})
     run_dir = tmp_path / "run"
     history = run(load_recipe(recipe_file), run_dir)
     assert [h["policy_version"] for h in history] == [1, 2]
@@ -139,21 +141,13 @@ def test_adapter_only_sync_serves_the_learners_policy(tiny_model_vllm, tmp_path,
     """LoRA/QLoRA with `adapter_mode: adapter`: only adapter tensors travel each step
     (QLoRA's dequantised NF4 base once, as version 0), and the engine's
     inference_logprobs equal the learner's old_logprobs (fp32)."""
-    recipe_file = tmp_path / "tiny.yaml"
-    recipe_file.write_text(yaml.safe_dump({
-        "name": f"tiny-{adapter}",
-        "algorithm": "grpo",
-        "model": {"path": str(tiny_model_vllm), "dtype": "float32",
-                  "adapter": {"type": adapter, "r": 8, "alpha": 16}},
-        "data": {"train": {"generator": "arithmetic", "size": 20, "seed": 1}},
-        "rollout": {"engine": "vllm", "samples_per_prompt": 4, "max_new_tokens": 6},
-        "rewards": [{"name": "correct", "type": "math"},
-                    {"name": "short", "type": "length", "target_chars": 3, "weight": 0.5}],
-        "train": {"steps": 3, "prompts_per_step": 4, "micro_batch_size": 4, "lr": 1e-2},
-        "resources": {"rollout": {"gpus": 1}, "learner": {"gpus": 2}, "threads_per_worker": 1},
-        "weight_sync": {"type": transport, "adapter_mode": "adapter", "verify_checksum": True},
-        "monitor": {"progress": False, "dashboard_port": None, "tensorboard": False},
-    }))
+    recipe_file = _grpo_recipe(
+        tmp_path, tiny_model_vllm,
+        model={"path": str(tiny_model_vllm), "dtype": "float32",
+               "adapter": {"type": adapter, "r": 8, "alpha": 16}},
+        rollout={"engine": "vllm", "samples_per_prompt": 4, "max_new_tokens": 6},
+        train={"steps": 3, "prompts_per_step": 4, "micro_batch_size": 4, "lr": 1e-2},
+        weight_sync={"type": transport, "adapter_mode": "adapter", "verify_checksum": True})
     history = run(load_recipe(recipe_file), tmp_path / "run")
     assert [h["policy_version"] for h in history] == [1, 2, 3]
     assert any(h["grad_norm"] > 0.0 for h in history)

@@ -128,3 +128,32 @@ def test_object_store_round_trip_with_tied_names(ray_local):
 def test_unknown_transport_names_the_choices():
     with pytest.raises(ValueError, match="object_store, collective, filesystem"):
         make_transport("carrier_pigeon")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA devices")
+def test_collective_over_nccl_is_exact():
+    """The NCCL path: same buckets, CUDA buffers; sender on GPU 0, engine on GPU 1 (NCCL
+    wants one device per rank). Runs only where the GPUs are."""
+    sender, engine = _group(TransportSettings("collective", backend="nccl", bucket_mb=0.1,
+                                              timeout_s=60), 1)
+    sent = {k: v.to("cuda:0") for k, v in _weights(torch.bfloat16).items()}
+    handle = sender.send(sent, version=1, checksum=True)
+    out = {}
+
+    def on_gpu1(*args):
+        torch.cuda.set_device(1)
+        _receive_all(*args)
+
+    t = threading.Thread(target=on_gpu1, args=(engine, handle, out, 0))
+    t.start()
+    t.join()
+    sender.finish(handle)
+    got, digest = out[0]
+    assert digest == handle.checksum
+    assert all(torch.equal(got[k], v) for k, v in sent.items())
+
+
+def test_collective_rejects_an_unknown_backend():
+    with pytest.raises(ValueError, match="'gloo' \\(CPU\\) or 'nccl' \\(GPU\\)"):
+        make_transport(TransportSettings("collective", backend="mpi"))
