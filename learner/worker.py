@@ -302,15 +302,24 @@ class LearnerWorker(DPOVerbs, PPOVerbs):
         if self.s.adapter.enabled:
             full = self._full_state_dict()
             return {k: v.to(dtype) for k, v in full.items()}
+        return dict(self._iter_push_state(dtype))
+
+    def _iter_push_state(self, dtype: torch.dtype) -> Iterator[tuple[str, torch.Tensor]]:
+        """`(name, full tensor in dtype)` in state-dict order, gathered one parameter at a
+        time (a tied name reuses its gathered tensor). Collective: every rank iterates it
+        to the end; only rank 0 gets the tensors (others get their local shards)."""
         gathered: dict[int, torch.Tensor] = {}
-        out = {}
         for name, t in self.policy.state_dict().items():
             if id(t) not in gathered:
                 local = t.detach().to(dtype)
                 gathered[id(t)] = local.full_tensor() if hasattr(local, "full_tensor") else local
-            if self.rank == 0:
-                out[name] = gathered[id(t)]
-        return out
+            yield name, gathered[id(t)]
+
+    def weight_layout(self, dtype: str) -> list[tuple[str, str, tuple[int, ...]]]:
+        """`(name, dtype, global shape)` of every tensor a full push sends, in order; no
+        communication (so a streamed push's handle can be made before gathering)."""
+        d = str(_DTYPES[dtype]).removeprefix("torch.")
+        return [(n, d, tuple(t.shape)) for n, t in self.policy.state_dict().items()]
 
     def adapter_state(self, dtype: str) -> tuple[dict[str, torch.Tensor], dict] | None:
         """The adapter alone, for adapter-only weight sync: `(tensors, lora_config)` with
@@ -332,13 +341,24 @@ class LearnerWorker(DPOVerbs, PPOVerbs):
                 adapters.config_dict(self.policy))
 
     def push_weights(self, version: int, dtype: str, checksum: bool = False,
-                     adapter_only: bool = False) -> WeightHandle | None:
+                     adapter_only: bool = False,
+                     stream: WeightHandle | None = None) -> WeightHandle | None:
         """Gather the full policy (with an adapter: merged, see `_full_state_dict`) and
         publish it as `version` through the transport. With `adapter_only`, publish only
         the adapter tensors (PEFT names) and put its LoraConfig in
-        `handle.meta["adapter_config"]`. Collective; rank 0 returns the handle, the
-        others None."""
+        `handle.meta["adapter_config"]`. With `stream` (collective transport, a handle
+        from `weight_layout`), broadcast each bucket as soon as its tensors are gathered
+        while the engines receive, and return only when all is delivered. Collective;
+        rank 0 returns the handle, the others None."""
         with self.spans.span("weight_sync", version - 1):
+            if stream is not None:
+                tensors = self._iter_push_state(_DTYPES[dtype])
+                if self.rank == 0:
+                    self.transport.send_stream(tensors, stream)
+                else:
+                    for _ in tensors:  # the all-gathers need every rank
+                        pass
+                return stream if self.rank == 0 else None
             if adapter_only:
                 state = self.adapter_state(dtype)
                 if state is None:

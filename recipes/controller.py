@@ -37,7 +37,7 @@ from recipes.reward_specs import LOCAL_TYPES
 from recipes.schema import Recipe
 from rewards.client import RewardClient, RewardSet, start_local_service
 from rewards.protocol import ScoreItem
-from weightsync import TransportSettings, WeightSyncError
+from weightsync import TransportSettings, WeightSyncError, make_transport
 
 
 @dataclass
@@ -51,6 +51,8 @@ class Roles:
     pad_id: int
     placement: Placement
     last_push_bytes: int = 0  # tensor bytes of the newest weight push
+    stream: Any = None  # collective: a transport (no group) that makes streamed handles
+    stream_meta: list | None = None  # the learner's `weight_layout`, asked once
 
 
 def start_roles(recipe: Recipe, model_path: str, run_dir: Path) -> Roles:
@@ -87,6 +89,8 @@ def start_roles(recipe: Recipe, model_path: str, run_dir: Path) -> Roles:
     if recipe.weight_sync.type == "collective":
         join_weight_group(learners[0], rollout)
     roles = Roles(rollout, learners, reward, proc, 0, placement)
+    if recipe.weight_sync.type == "collective":
+        roles.stream = make_transport(transport)
     if adapter_sync(recipe) and recipe.model.adapter.type == "qlora":
         # Engines serve base + adapter; their base must be the learner's NF4 base
         # dequantised, not the checkpoint: send it once, as policy_version 0.
@@ -301,10 +305,20 @@ def push_weights(roles: Roles, recipe: Recipe, version: int,
     t0 = time.time()
     check = recipe.weight_sync.verify_checksum
     only = adapter_sync(recipe) if adapter_only is None else adapter_only
-    handles = ray.get([lw.push_weights.remote(version, recipe.model.dtype, check, only)
-                       for lw in roles.learners])
-    roles.last_push_bytes = handles[0].num_bytes
-    pending = {w.update_weights.remote(handles[0], version - 1): i
+    dtype = recipe.model.dtype
+    learner_refs = []
+    if roles.stream is not None and not check and not only:
+        # Streamed: engines receive bucket i while the learner gathers bucket i+1.
+        if roles.stream_meta is None:
+            roles.stream_meta = ray.get(roles.learners[0].weight_layout.remote(dtype))
+        handle = roles.stream.stream_handle(roles.stream_meta, version)
+        learner_refs = [lw.push_weights.remote(version, dtype, False, False, handle)
+                        for lw in roles.learners]
+    else:
+        handle = ray.get([lw.push_weights.remote(version, dtype, check, only)
+                          for lw in roles.learners])[0]
+    roles.last_push_bytes = handle.num_bytes
+    pending = {w.update_weights.remote(handle, version - 1): i
                for i, w in enumerate(roles.rollout)}
     done, late = ray.wait(list(pending), num_returns=len(pending),
                           timeout=recipe.weight_sync.timeout_s)
@@ -317,7 +331,8 @@ def push_weights(roles: Roles, recipe: Recipe, version: int,
             raise WeightSyncError(f"rollout engine {pending[ref]} reports policy_version {got} "
                                   f"after a push of {version}")
     # The sender's side (a broadcast thread for 'collective') ends once all engines did.
-    ray.get(roles.learners[0].finish_push.remote(handles[0]))
+    ray.get(learner_refs)
+    ray.get(roles.learners[0].finish_push.remote(None if learner_refs else handle))
     return time.time() - t0
 
 

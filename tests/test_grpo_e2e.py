@@ -14,13 +14,13 @@ from recipes.schema import load_recipe
 from tests.engine_host import requires_vllm
 
 
-def _grpo_recipe(tmp_path, model, **blocks):
+def _grpo_recipe(tmp_path, model_path, **blocks):
     """A 2-step GRPO recipe on arithmetic with math + length rewards; `blocks` replace
     whole top-level blocks."""
     recipe = {
         "name": "tiny-e2e",
         "algorithm": "grpo",
-        "model": {"path": str(model), "dtype": "float32"},
+        "model": {"path": str(model_path), "dtype": "float32"},
         "data": {"train": {"generator": "arithmetic", "size": 20, "seed": 1}},
         "rollout": {"engine": "hf", "samples_per_prompt": 4, "max_new_tokens": 6},
         "rewards": [{"name": "correct", "type": "math"},
@@ -112,15 +112,17 @@ def test_two_ppo_steps_with_critic(tiny_model, tmp_path):
 
 @pytest.mark.vllm
 @requires_vllm
-def test_two_grpo_steps_on_vllm_with_collective_sync(tiny_model_vllm, tmp_path):
-    """2 vLLM engines, 2 FSDP2 ranks, weights broadcast over gloo; after each push the
-    learner's old_logprobs reproduce the engines' inference_logprobs (fp32)."""
+@pytest.mark.parametrize("checksum", [False, True], ids=["streamed", "checksummed"])
+def test_two_grpo_steps_on_vllm_with_collective_sync(tiny_model_vllm, tmp_path, checksum):
+    """2 vLLM engines, 2 FSDP2 ranks, weights broadcast over gloo (streamed while the
+    learner gathers, or gathered first and checksummed); after each push the learner's
+    old_logprobs reproduce the engines' inference_logprobs (fp32)."""
     recipe_file = _grpo_recipe(
         tmp_path, tiny_model_vllm,
         rollout={"engine": "vllm", "samples_per_prompt": 4, "max_new_tokens": 6},
         train={"steps": 2, "prompts_per_step": 4, "micro_batch_size": 4, "lr": 1e-3},
         resources={"rollout": {"gpus": 2}, "learner": {"gpus": 2}, "threads_per_worker": 1},
-        weight_sync={"type": "collective", "bucket_mb": 1, "verify_checksum": True})
+        weight_sync={"type": "collective", "bucket_mb": 1, "verify_checksum": checksum})
     run_dir = tmp_path / "run"
     history = run(load_recipe(recipe_file), run_dir)
     assert [h["policy_version"] for h in history] == [1, 2]

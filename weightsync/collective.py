@@ -20,6 +20,7 @@ error instead of hanging it.
 
 from __future__ import annotations
 
+import math
 import threading
 from collections.abc import Iterator
 from datetime import timedelta
@@ -32,23 +33,31 @@ _MiB = 1 << 20
 _ALIGN = 64  # bytes
 
 
-def bucket_layout(weights: dict[str, torch.Tensor], bucket_bytes: int) -> list[dict]:
-    """Group tensors, in dict order, into buckets of at most `bucket_bytes` bytes.
+def tensor_meta(weights: dict[str, torch.Tensor]) -> list[tuple[str, str, tuple[int, ...]]]:
+    """`(name, dtype, shape)` of each tensor, in order, dtype as a string (`"bfloat16"`)."""
+    return [(n, str(t.dtype).removeprefix("torch."), tuple(t.shape)) for n, t in weights.items()]
+
+
+def bucket_layout(weights: dict[str, torch.Tensor] | list[tuple[str, str, tuple[int, ...]]],
+                  bucket_bytes: int) -> list[dict]:
+    """Group tensors, in order, into buckets of at most `bucket_bytes` bytes; `weights`
+    is the tensors or just their `tensor_meta` (a layout can be made before the tensors
+    exist, for a streamed push).
 
     Returns:
         `[{"size": bytes, "entries": [(name, dtype, shape, offset, nbytes), ...]}, ...]`;
         dtype as a string (`"bfloat16"`), offsets in bytes within the bucket, each a
         multiple of 64.
     """
+    meta = tensor_meta(weights) if isinstance(weights, dict) else weights
     buckets: list[dict] = []
     cur: dict = {"size": 0, "entries": []}
-    for name, t in weights.items():
-        nbytes = t.numel() * t.element_size()
+    for name, dtype, shape in meta:
+        nbytes = math.prod(shape) * getattr(torch, dtype).itemsize
         if cur["entries"] and cur["size"] + nbytes > bucket_bytes:
             buckets.append(cur)
             cur = {"size": 0, "entries": []}
-        dtype = str(t.dtype).removeprefix("torch.")
-        cur["entries"].append((name, dtype, tuple(t.shape), cur["size"], nbytes))
+        cur["entries"].append((name, dtype, tuple(shape), cur["size"], nbytes))
         # Offsets aligned so every entry can be viewed as its dtype in place.
         cur["size"] += -(-nbytes // _ALIGN) * _ALIGN
     if cur["entries"]:
@@ -131,23 +140,56 @@ class CollectiveTransport(WeightTransport):
         return handle
 
     def _broadcast_all(self, weights: dict[str, torch.Tensor], layout: list[dict]) -> None:
-        # Two buckets in flight: pack bucket i+1 while bucket i is on the wire.
         try:
-            device = _device(self.backend)
-            pending = None
-            for bucket in layout:
-                buf = torch.empty(bucket["size"], dtype=torch.uint8, device=device)
-                for name, _, _, offset, nbytes in bucket["entries"]:
-                    flat = weights[name].detach().contiguous().view(-1).view(torch.uint8)
-                    buf[offset:offset + nbytes].copy_(flat)
-                work = self.pg.broadcast(buf, 0)
-                if pending is not None:
-                    pending[0].wait()
-                pending = (work, buf)
-            if pending is not None:
-                pending[0].wait()
+            self._broadcast_buckets(iter(weights.items()), layout)
         except (RuntimeError, ValueError) as e:
             self._error = e
+
+    def _broadcast_buckets(self, stream: Iterator[tuple[str, torch.Tensor]],
+                           layout: list[dict]) -> None:
+        # Two buckets in flight: pack bucket i+1 while bucket i is on the wire.
+        device = _device(self.backend)
+        pending = None
+        for bucket in layout:
+            buf = torch.empty(bucket["size"], dtype=torch.uint8, device=device)
+            for name, _, _, offset, nbytes in bucket["entries"]:
+                got, t = next(stream)
+                if got != name:
+                    raise ValueError(f"streamed tensor {got!r} where the layout has {name!r}")
+                buf[offset:offset + nbytes].copy_(t.detach().contiguous().view(-1)
+                                                  .view(torch.uint8))
+            work = self.pg.broadcast(buf, 0)
+            if pending is not None:
+                pending[0].wait()
+            pending = (work, buf)
+        if pending is not None:
+            pending[0].wait()
+
+    def stream_handle(self, meta: list[tuple[str, str, tuple[int, ...]]],
+                      version: int) -> WeightHandle:
+        """A handle for a push whose tensors do not exist yet (`send_stream`), made from
+        `tensor_meta` alone, so engines can start receiving while the learner gathers."""
+        layout = bucket_layout(meta, self.bucket_bytes)
+        return WeightHandle(version=version, payload=layout,
+                            num_bytes=sum(b["size"] for b in layout),
+                            names=tuple(m[0] for m in meta))
+
+    def send_stream(self, stream: Iterator[tuple[str, torch.Tensor]],
+                    handle: WeightHandle) -> None:
+        """Broadcast `stream` (the tensors of `handle`, in its order) bucket by bucket as
+        they are produced; blocks until the last bucket is delivered. Engines run
+        `receive(handle)` at the same time.
+
+        Raises:
+            WeightSyncError: the stream does not match the layout, or a broadcast failed
+                or timed out.
+        """
+        self._require_group()
+        try:
+            self._broadcast_buckets(stream, handle.payload)
+        except (RuntimeError, ValueError, StopIteration) as e:
+            raise WeightSyncError(f"streamed broadcast of policy_version {handle.version} "
+                                  f"failed: {e}") from e
 
     def finish(self, handle: WeightHandle) -> None:
         thread, self._thread = self._thread, None
