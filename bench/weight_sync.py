@@ -31,7 +31,7 @@ import torch  # noqa: E402
 from actors.engine import EngineSettings  # noqa: E402
 from actors.worker import RolloutWorker  # noqa: E402
 from common.model_registry import resolve_model_path  # noqa: E402
-from learner.worker import free_port  # noqa: E402
+from learner.worker import _untied, free_port  # noqa: E402
 from weightsync import TransportSettings, make_transport  # noqa: E402
 
 TRANSPORTS = ("collective", "object_store", "filesystem")
@@ -89,7 +89,7 @@ def main() -> None:
 
     dtype = getattr(torch, args.dtype)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
-    weights = dict(model.state_dict())  # tied lm_head included, as the learner sends
+    weights = _untied(dict(model.state_dict()))  # tied lm_head left out, as the learner sends
     nbytes = sum(t.numel() * t.element_size() for t in weights.values())
     shapes = {n: (tuple(t.shape), t.dtype) for n, t in weights.items()}
 

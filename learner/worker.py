@@ -83,6 +83,18 @@ class LearnerSettings:
     adapter: AdapterSettings = field(default_factory=AdapterSettings)
 
 
+def _untied(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """`state` without the later names of tensors that share storage (tied weights)."""
+    seen: set[int] = set()
+    out = {}
+    for name, t in state.items():
+        key = id(t) if hasattr(t, "full_tensor") else t.untyped_storage().data_ptr()
+        if key not in seen:
+            seen.add(key)
+            out[name] = t
+    return out
+
+
 def free_port() -> int:
     """A TCP port free on 127.0.0.1 right now."""
     with socket.socket() as s:
@@ -300,26 +312,23 @@ class LearnerWorker(DPOVerbs, PPOVerbs):
         bf16 push gathers half the bytes of `_full_state_dict`; tied names share one
         gathered tensor. Collective; complete on rank 0, empty elsewhere."""
         if self.s.adapter.enabled:
-            full = self._full_state_dict()
+            full = _untied(self._full_state_dict())
             return {k: v.to(dtype) for k, v in full.items()}
         return dict(self._iter_push_state(dtype))
 
     def _iter_push_state(self, dtype: torch.dtype) -> Iterator[tuple[str, torch.Tensor]]:
         """`(name, full tensor in dtype)` in state-dict order, gathered one parameter at a
-        time (a tied name reuses its gathered tensor). Collective: every rank iterates it
-        to the end; only rank 0 gets the tensors (others get their local shards)."""
-        gathered: dict[int, torch.Tensor] = {}
-        for name, t in self.policy.state_dict().items():
-            if id(t) not in gathered:
-                local = t.detach().to(dtype)
-                gathered[id(t)] = local.full_tensor() if hasattr(local, "full_tensor") else local
-            yield name, gathered[id(t)]
+        time. A tied alias (`lm_head.weight` of a tied-embedding model) is not sent: the
+        engines tie it themselves. Collective: every rank iterates it to the end."""
+        for name, t in _untied(self.policy.state_dict()).items():
+            local = t.detach().to(dtype)
+            yield name, local.full_tensor() if hasattr(local, "full_tensor") else local
 
     def weight_layout(self, dtype: str) -> list[tuple[str, str, tuple[int, ...]]]:
         """`(name, dtype, global shape)` of every tensor a full push sends, in order; no
         communication (so a streamed push's handle can be made before gathering)."""
         d = str(_DTYPES[dtype]).removeprefix("torch.")
-        return [(n, d, tuple(t.shape)) for n, t in self.policy.state_dict().items()]
+        return [(n, d, tuple(t.shape)) for n, t in _untied(self.policy.state_dict()).items()]
 
     def adapter_state(self, dtype: str) -> tuple[dict[str, torch.Tensor], dict] | None:
         """The adapter alone, for adapter-only weight sync: `(tensors, lora_config)` with
