@@ -100,6 +100,8 @@ class VLLMEngine(InferenceEngine):
         )
         self.tokenizer = self.llm.get_tokenizer()
         self.expected = checkpoint_names(model_path)
+        hf_config = self.llm.llm_engine.vllm_config.model_config.hf_config
+        self.tied = bool(getattr(hf_config, "tie_word_embeddings", False))
         # vLLM never loads a tied head; the learner's state dict still carries it.
         self.optional = {"lm_head.weight"}
         self.lora = None  # the LoRARequest served, newest adapter version
@@ -147,10 +149,17 @@ class VLLMEngine(InferenceEngine):
         expected, optional = self.expected, self.optional
 
         def checked() -> Iterator[tuple[str, torch.Tensor]]:
+            embed, head_sent = None, False
             for name, t in weights:
                 if name not in expected and name not in optional:
                     raise ValueError(f"weight {name!r} is not a parameter of the rollout model")
+                embed = t if name == "model.embed_tokens.weight" else embed
+                head_sent |= name == "lm_head.weight"
                 yield name, t
+            # Learners leave out a tied head; vLLM's layerwise reload still wants to see
+            # it (or it leaves the head unprocessed), so hand it the embedding again.
+            if self.tied and not head_sent and embed is not None:
+                yield "lm_head.weight", embed
 
         names = self.llm.collective_rpc("posttrain_load_weights", args=(checked(),))[0]
         if stale := sorted(expected - set(names)):

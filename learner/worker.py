@@ -84,11 +84,11 @@ class LearnerSettings:
 
 
 def _untied(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """`state` without the later names of tensors that share storage (tied weights)."""
-    seen: set[int] = set()
+    """`state` (plain tensors) without the later names of tensors that share storage."""
+    seen: set[tuple[int, int]] = set()
     out = {}
     for name, t in state.items():
-        key = id(t) if hasattr(t, "full_tensor") else t.untyped_storage().data_ptr()
+        key = (t.untyped_storage().data_ptr(), t.storage_offset())
         if key not in seen:
             seen.add(key)
             out[name] = t
@@ -320,7 +320,7 @@ class LearnerWorker(DPOVerbs, PPOVerbs):
         """`(name, full tensor in dtype)` in state-dict order, gathered one parameter at a
         time. A tied alias (`lm_head.weight` of a tied-embedding model) is not sent: the
         engines tie it themselves. Collective: every rank iterates it to the end."""
-        for name, t in _untied(self.policy.state_dict()).items():
+        for name, t in self._untied_state().items():
             local = t.detach().to(dtype)
             yield name, local.full_tensor() if hasattr(local, "full_tensor") else local
 
@@ -328,7 +328,14 @@ class LearnerWorker(DPOVerbs, PPOVerbs):
         """`(name, dtype, global shape)` of every tensor a full push sends, in order; no
         communication (so a streamed push's handle can be made before gathering)."""
         d = str(_DTYPES[dtype]).removeprefix("torch.")
-        return [(n, d, tuple(t.shape)) for n, t in _untied(self.policy.state_dict()).items()]
+        return [(n, d, tuple(t.shape)) for n, t in self._untied_state().items()]
+
+    def _untied_state(self) -> dict[str, torch.Tensor]:
+        """The policy's state dict without tied aliases; the same names on every rank
+        (`named_parameters` drops a shared Parameter's later names)."""
+        keep = {n for n, _ in self.policy.named_parameters()}
+        keep |= {n for n, _ in self.policy.named_buffers()}
+        return {n: t for n, t in self.policy.state_dict().items() if n in keep}
 
     def adapter_state(self, dtype: str) -> tuple[dict[str, torch.Tensor], dict] | None:
         """The adapter alone, for adapter-only weight sync: `(tensors, lora_config)` with
