@@ -368,6 +368,9 @@ class LearnerWorker(DPOVerbs, PPOVerbs):
         rank 0 returns the handle, the others None."""
         with self.spans.span("weight_sync", version - 1):
             if stream is not None:
+                if self.s.adapter.enabled:
+                    raise RuntimeError("a streamed push needs the plain policy; with an "
+                                       "adapter, push merged weights or the adapter")
                 tensors = self._iter_push_state(_DTYPES[dtype])
                 if self.rank == 0:
                     self.transport.send_stream(tensors, stream)

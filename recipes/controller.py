@@ -307,8 +307,9 @@ def push_weights(roles: Roles, recipe: Recipe, version: int,
     only = adapter_sync(recipe) if adapter_only is None else adapter_only
     dtype = recipe.model.dtype
     learner_refs = []
-    if roles.stream is not None and not check and not only:
+    if roles.stream is not None and not check and recipe.model.adapter.type == "none":
         # Streamed: engines receive bucket i while the learner gathers bucket i+1.
+        # (With an adapter the learner merges on a copy first: the gather-first path.)
         if roles.stream_meta is None:
             roles.stream_meta = ray.get(roles.learners[0].weight_layout.remote(dtype))
         handle = roles.stream.stream_handle(roles.stream_meta, version)

@@ -136,8 +136,8 @@ def test_two_grpo_steps_on_vllm_with_collective_sync(tiny_model_vllm, tmp_path, 
 
 @pytest.mark.vllm
 @requires_vllm
-@pytest.mark.parametrize(("adapter", "transport"), [("lora", "collective"),
-                                                    ("qlora", "object_store")])
+@pytest.mark.parametrize(("adapter", "transport"), [("lora", "object_store"),
+                                                    ("qlora", "collective")])
 def test_adapter_only_sync_serves_the_learners_policy(tiny_model_vllm, tmp_path, adapter,
                                                       transport):
     """LoRA/QLoRA with `adapter_mode: adapter`: only adapter tensors travel each step
