@@ -105,6 +105,11 @@ class VLLMEngine(InferenceEngine):
         # vLLM never loads a tied head; the learner's state dict still carries it.
         self.optional = {"lm_head.weight"}
         self.lora = None  # the LoRARequest served, newest adapter version
+        # Per-request seeds give each request a torch.Generator; vLLM rewinds its offset
+        # when a chunked prefill discards a token, which CPU generators cannot do
+        # ("CPU Generator does not use offset", seen with GSM8K-length prompts). On CPU
+        # the step's seed goes to the global generator instead (same samples per seed).
+        self.per_request_seed = device != "cpu"
         self.lora_root = Path(tempfile.mkdtemp(prefix="posttrain-lora-",
                                                dir="/dev/shm" if os.path.isdir("/dev/shm")
                                                else None))
@@ -112,10 +117,13 @@ class VLLMEngine(InferenceEngine):
     def generate(self, prompts: list[list[int]], sampling: SamplingSettings) -> list[list[Sample]]:
         from vllm import SamplingParams
 
+        if not self.per_request_seed:
+            torch.manual_seed(sampling.seed)  # vLLM samples in this process
         params = [
             SamplingParams(
                 n=sampling.n, temperature=sampling.temperature, top_p=sampling.top_p,
-                max_tokens=sampling.max_new_tokens, logprobs=0, seed=sampling.seed + i,
+                max_tokens=sampling.max_new_tokens, logprobs=0,
+                seed=sampling.seed + i if self.per_request_seed else None,
                 stop=list(sampling.stop) or None, include_stop_str_in_output=True,
             )
             for i in range(len(prompts))

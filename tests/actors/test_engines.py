@@ -100,3 +100,12 @@ def test_load_weights_rejects_unknown_and_partial(engine, tiny_model_vllm):
     else:
         with pytest.raises(ValueError, match="would keep old values"):
             engine.load_weights([(name, full.state_dict()[name].clone())])
+
+
+def test_many_long_prompts_in_one_batch(engine):
+    """More prefill tokens than one scheduler step takes (vLLM then chunks prefills and
+    discards partial samples; with per-request CPU generators that crashed)."""
+    prompts = [_prompt(engine, f"{i} " + "the lazy dog jumps " * 30) for i in range(24)]
+    out = engine.generate(prompts, SamplingSettings(n=4, max_new_tokens=3, seed=1))
+    assert [len(g) for g in out] == [4] * 24
+    assert all(1 <= len(s.token_ids) <= 3 for g in out for s in g)
