@@ -105,6 +105,7 @@ class VLLMEngine(InferenceEngine):
         # vLLM never loads a tied head; the learner's state dict still carries it.
         self.optional = {"lm_head.weight"}
         self.lora = None  # the LoRARequest served, newest adapter version
+        self.broken: str | None = None  # set when a load failed part-way
         # Per-request seeds give each request a torch.Generator; vLLM rewinds its offset
         # when a chunked prefill discards a token, which CPU generators cannot do
         # ("CPU Generator does not use offset", seen with GSM8K-length prompts). On CPU
@@ -117,6 +118,8 @@ class VLLMEngine(InferenceEngine):
     def generate(self, prompts: list[list[int]], sampling: SamplingSettings) -> list[list[Sample]]:
         from vllm import SamplingParams
 
+        if self.broken:
+            raise RuntimeError(self.broken)
         if not self.per_request_seed:
             torch.manual_seed(sampling.seed)  # vLLM samples in this process
         params = [
@@ -169,7 +172,14 @@ class VLLMEngine(InferenceEngine):
             if self.tied and not head_sent and embed is not None:
                 yield "lm_head.weight", embed
 
-        names = self.llm.collective_rpc("posttrain_load_weights", args=(checked(),))[0]
+        if isinstance(weights, list | tuple):  # names known up front: refuse before loading
+            self.validate_names(n for n, _ in weights)
+        try:
+            names = self.llm.collective_rpc("posttrain_load_weights", args=(checked(),))[0]
+        except (ValueError, RuntimeError) as e:
+            # vLLM's layerwise reload was interrupted: some layers may be half loaded.
+            self.broken = f"a weight load failed part-way ({e}); restart this engine"
+            raise
         if stale := sorted(expected - set(names)):
             raise ValueError(f"weights not sent, the engine would keep old values: {stale[:5]}")
         if not self.llm.reset_prefix_cache():

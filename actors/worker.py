@@ -142,5 +142,6 @@ class RolloutWorker:
     def drain_spans(self) -> list[Span]:
         return self.spans.drain()
 
-    def shutdown(self) -> None:
+    def close_transport(self) -> None:
+        """Release the weight transport's buffers, files and group."""
         self.transport.close()

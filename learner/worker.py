@@ -465,6 +465,10 @@ class LearnerWorker(DPOVerbs, PPOVerbs):
     def drain_spans(self) -> list[Span]:
         return self.spans.drain()
 
+    def close_transport(self) -> None:
+        """Release the weight transport's buffers, files and group."""
+        self.transport.close()
+
     def shutdown(self) -> None:
         if dist.is_initialized():
             dist.destroy_process_group()

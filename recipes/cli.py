@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import sys
 import time
 from pathlib import Path
@@ -80,6 +81,16 @@ def run(
         typer.echo(f"error: --out {run_dir} already holds a run (metrics.jsonl); give a new "
                    "folder or remove that one", err=True)
         raise typer.Exit(code=2)
+    port = r.monitor.dashboard_port
+    if port:  # taken by another run: say so now, not after Ray and the models started
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                typer.echo(f"error: monitor.dashboard_port: 127.0.0.1:{port} is in use (another "
+                           "run?); --set monitor.dashboard_port=0 takes any free port, null "
+                           "turns the dashboard off", err=True)
+                raise typer.Exit(code=2) from None
     typer.echo(f"posttrain: {r.name} ({r.algorithm}) → {run_dir}")
     if r.algorithm == "dpo":  # heavy imports only after validation
         from recipes.dpo_loop import run_dpo as run_loop

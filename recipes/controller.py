@@ -222,6 +222,12 @@ def stop_roles(roles: Roles | None) -> None:
             roles.reward_proc.wait(timeout=10)
         except subprocess.TimeoutExpired:
             roles.reward_proc.kill()
+    # Let transports release what outlives a process (filesystem: files in /dev/shm).
+    closing = [a.close_transport.remote() for a in roles.rollout + roles.learners]
+    try:
+        ray.wait(closing, num_returns=len(closing), timeout=30)
+    except ray.exceptions.RayError:  # an actor already dead: nothing of it to close
+        pass
     for a in roles.rollout + roles.learners:
         ray.kill(a)
     release(roles.placement)

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import Field, ValidationError, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 
 from recipes.adapter_specs import AdapterConfig
 from recipes.algo_specs import DPOConfig, GRPOConfig, PPOConfig
@@ -57,8 +57,8 @@ class VLLMConfig(_Strict):
     """Settings of `engine: vllm`."""
 
     kv_cache_gb: float = Field(
-        1.0, gt=0, description="KV cache per engine, GiB (CPU: VLLM_CPU_KVCACHE_SPACE, whole "
-        "GiB; GPU: kv_cache_memory_bytes)."
+        1.0, gt=0, description="KV cache per engine, GiB (CPU: VLLM_CPU_KVCACHE_SPACE, rounded "
+        "to whole GiB, at least 1; GPU: kv_cache_memory_bytes)."
     )
     max_model_len: int | None = Field(
         None, gt=0, description="Longest prompt + response in tokens; default: the model's."
@@ -78,9 +78,14 @@ class RolloutConfig(_Strict):
     vllm: VLLMConfig = Field(default_factory=VLLMConfig)
     stop: list[str] = Field(
         default_factory=list,
-        description="Stop strings: a sample ends once its text contains one (kept in the "
-        "response; finish_reason 'stop').",
+        description="Stop strings, a list (one string is taken as a list of one): a sample "
+        "ends once its text contains one (kept in the response; finish_reason 'stop').",
     )
+
+    @field_validator("stop", mode="before")
+    @classmethod
+    def _one_stop(cls, v: Any) -> Any:
+        return [v] if isinstance(v, str) else v
     samples_per_prompt: int = Field(
         8, ge=1, description="Samples drawn per prompt; one prompt's samples form a group."
     )
@@ -186,7 +191,8 @@ class WeightSyncConfig(_Strict):
         "merged",
         description="With model.adapter: 'merged' pushes full weights (adapter merged into the "
         "base by the learner) through the transport; 'adapter' sends only the adapter tensors "
-        "and the engine loads them as a LoRA adapter.",
+        "and the engine loads them as a LoRA adapter (plain LoRA only, not DoRA; QLoRA first "
+        "sends its dequantised NF4 base once, as policy_version 0).",
     )
 
 

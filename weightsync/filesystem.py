@@ -76,3 +76,7 @@ class FilesystemTransport(WeightTransport):
     def close(self) -> None:
         for p in self.dir.glob("policy_v*.safetensors"):
             p.unlink(missing_ok=True)
+        try:
+            self.dir.rmdir()  # the run's own folder, once empty
+        except OSError:
+            pass

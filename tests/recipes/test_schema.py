@@ -125,3 +125,10 @@ def test_vllm_engine_checks_before_starting(monkeypatch, tiny_model, tiny_model_
         check_runtime_inputs(bad)
     with pytest.raises(RecipeError, match="weight_sync.type"):
         load_recipe(quick, ["weight_sync.type=carrier_pigeon"])
+
+
+def test_one_stop_string_is_a_list_of_one():
+    r = load_recipe(ROOT / "recipes" / "quickstart_grpo.yaml", ["rollout.stop='</s>'"])
+    assert r.rollout.stop == ["</s>"]
+    with pytest.raises(RecipeError, match="rollout.stop"):
+        load_recipe(ROOT / "recipes" / "quickstart_grpo.yaml", ["rollout.stop=5"])

@@ -112,7 +112,7 @@ def test_filesystem_round_trip_and_cleanup(tmp_path, dtype):
     with pytest.raises(WeightSyncError, match="policy_version 1"):
         list(t.receive(handles[0]))
     t.close()
-    assert not list((tmp_path / "w").iterdir())
+    assert not (tmp_path / "w").exists()  # the run folder goes too
 
 
 def test_object_store_round_trip_with_tied_names(ray_local):
