@@ -120,6 +120,8 @@ def test_two_grpo_steps_on_vllm_with_collective_sync(tiny_model_vllm, tmp_path, 
     recipe_file = _grpo_recipe(
         tmp_path, tiny_model_vllm,
         rollout={"engine": "vllm", "samples_per_prompt": 4, "max_new_tokens": 6},
+        # a random model's 6 characters hold a digit about half the time: groups differ
+        rewards=[{"name": "digit", "type": "format", "pattern": "[0-9]"}],
         train={"steps": 2, "prompts_per_step": 4, "micro_batch_size": 4, "lr": 1e-3},
         resources={"rollout": {"gpus": 2}, "learner": {"gpus": 2}, "threads_per_worker": 1},
         weight_sync={"type": "collective", "bucket_mb": 1, "verify_checksum": checksum})
@@ -148,6 +150,7 @@ def test_adapter_only_sync_serves_the_learners_policy(tiny_model_vllm, tmp_path,
         model={"path": str(tiny_model_vllm), "dtype": "float32",
                "adapter": {"type": adapter, "r": 8, "alpha": 16}},
         rollout={"engine": "vllm", "samples_per_prompt": 4, "max_new_tokens": 6},
+        rewards=[{"name": "digit", "type": "format", "pattern": "[0-9]"}],
         train={"steps": 3, "prompts_per_step": 4, "micro_batch_size": 4, "lr": 1e-2},
         weight_sync={"type": transport, "adapter_mode": "adapter", "verify_checksum": True})
     history = run(load_recipe(recipe_file), tmp_path / "run")
