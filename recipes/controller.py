@@ -86,11 +86,11 @@ def start_roles(recipe: Recipe, model_path: str, run_dir: Path) -> Roles:
     ]
     learners = start_learners(recipe, model_path, placement, threads_l, transport)
     ray.get([w.health.remote() for w in rollout])
-    if recipe.weight_sync.type == "collective":
-        join_weight_group(learners[0], rollout)
     roles = Roles(rollout, learners, reward, proc, 0, placement)
-    if recipe.weight_sync.type == "collective":
-        roles.stream = make_transport(transport)
+    sender = make_transport(transport)  # never joins: it only lays out streamed handles
+    if sender.needs_group:
+        join_weight_group(learners[0], rollout)
+        roles.stream = sender
     if adapter_sync(recipe) and recipe.model.adapter.type == "qlora":
         # Engines serve base + adapter; their base must be the learner's NF4 base
         # dequantised, not the checkpoint: send it once, as policy_version 0.
