@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 import torch
 
-from actors.rollout import FinishReason, SamplingSettings
+from posttrain.actors.rollout import FinishReason, SamplingSettings
 
 
 @dataclass(frozen=True)
@@ -51,26 +51,6 @@ class EngineSettings:
     enforce_eager: bool = True
     device: str = "cpu"
     lora_rank: int | None = None
-
-
-def make_engine(s: EngineSettings) -> InferenceEngine:
-    """The engine for a recipe's `rollout.engine`.
-
-    Raises:
-        ValueError: an unknown engine name.
-        RuntimeError: 'vllm' asked for but not installed.
-    """
-    if s.kind == "hf":
-        from actors.hf_engine import HFEngine
-
-        return HFEngine(s.model_path, dtype=s.dtype)
-    if s.kind == "vllm":
-        from actors.vllm_engine import VLLMEngine
-
-        return VLLMEngine(s.model_path, dtype=s.dtype, seed=s.seed, kv_cache_gb=s.kv_cache_gb,
-                          max_model_len=s.max_model_len, enforce_eager=s.enforce_eager,
-                          device=s.device, lora_rank=s.lora_rank)
-    raise ValueError(f"rollout.engine {s.kind!r} is not available; use 'vllm' or 'hf'")
 
 
 class InferenceEngine(ABC):

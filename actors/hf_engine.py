@@ -11,8 +11,8 @@ from collections.abc import Iterable
 
 import torch
 
-from actors.engine import InferenceEngine, Sample
-from actors.rollout import SamplingSettings
+from posttrain.actors.engine import InferenceEngine, Sample
+from posttrain.actors.rollout import SamplingSettings
 
 _DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
 

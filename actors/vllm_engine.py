@@ -28,8 +28,8 @@ from pathlib import Path
 
 import torch
 
-from actors.engine import InferenceEngine, Sample
-from actors.rollout import SamplingSettings
+from posttrain.actors.engine import InferenceEngine, Sample
+from posttrain.actors.rollout import SamplingSettings
 
 
 def checkpoint_names(model_path: str) -> set[str]:
@@ -95,7 +95,7 @@ class VLLMEngine(InferenceEngine):
             model=model_path, dtype=dtype, seed=seed, max_model_len=max_model_len,
             enforce_eager=enforce_eager, enable_prefix_caching=True,
             logprobs_mode="processed_logprobs",
-            worker_extension_cls="actors.vllm_ext.WeightLoaderExtension",
+            worker_extension_cls="posttrain.actors.vllm_ext.WeightLoaderExtension",
             **extra,
         )
         self.tokenizer = self.llm.get_tokenizer()

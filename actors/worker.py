@@ -13,11 +13,12 @@ from __future__ import annotations
 
 import time
 
-from actors.engine import EngineSettings, make_engine
-from actors.rollout import PromptRequest, Rollout, SamplingSettings
-from common.process import quiet_libraries, set_torch_threads
-from common.telemetry import Span, SpanRecorder
-from weightsync import (
+from posttrain.actors.engine import EngineSettings
+from posttrain.actors.factory import make_engine
+from posttrain.actors.rollout import PromptRequest, Rollout, SamplingSettings
+from posttrain.common.process import quiet_libraries, set_torch_threads
+from posttrain.common.telemetry import Span, SpanRecorder
+from posttrain.weightsync import (
     ChecksumTap,
     TransportSettings,
     WeightHandle,

@@ -31,14 +31,14 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=4)
     ap.add_argument("--pairs", type=int, default=64)
     args = ap.parse_args()
-    from common.model_registry import resolve_model_path
+    from posttrain.common.model_registry import resolve_model_path
 
     model_dir = resolve_model_path("smollm2-135m-instruct")  # before the cache moves
     with tempfile.TemporaryDirectory() as tmp:
         os.environ["POSTTRAIN_CACHE"] = tmp  # a cold cache: the precompute really runs
-        from recipes.dpo_loop import run_dpo
-        from recipes.preference import load_pairs
-        from recipes.schema import load_recipe
+        from posttrain.recipes.dpo_loop import run_dpo
+        from posttrain.recipes.preference import load_pairs
+        from posttrain.recipes.loading import load_recipe
 
         results = {}
         for precompute in (True, False):

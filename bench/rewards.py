@@ -20,12 +20,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from learner.worker import free_port  # noqa: E402
-from rewards.client import RewardClient, start_local_service  # noqa: E402
-from rewards.code_verifier import score_code  # noqa: E402
-from rewards.math_verifier import score_math  # noqa: E402
-from rewards.protocol import ScoreItem  # noqa: E402
-from rewards.sandbox import BwrapSandbox, Limits, NoSandbox  # noqa: E402
+from posttrain.common.net import free_port  # noqa: E402
+from posttrain.rewards.client import RewardClient, start_local_service  # noqa: E402
+from posttrain.rewards.code_verifier import score_code  # noqa: E402
+from posttrain.rewards.math_verifier import score_math  # noqa: E402
+from posttrain.rewards.protocol import ScoreItem  # noqa: E402
+from posttrain.rewards.sandbox import BwrapSandbox, Limits, NoSandbox  # noqa: E402
 
 
 def timed(fn, repeats: int) -> float:
@@ -74,7 +74,7 @@ def main() -> None:
     finally:
         client.close()
         proc.terminate()
-    from rewards.service import score_length
+    from posttrain.rewards.service import score_length
 
     t_local = timed(lambda: [score_length(i.response, 32) for i in batch], args.repeats * 5)
 

@@ -22,10 +22,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import ray  # noqa: E402
 
-from actors.engine import EngineSettings, make_engine  # noqa: E402
-from actors.rollout import SamplingSettings  # noqa: E402
-from common.model_registry import resolve_model_path  # noqa: E402
-from common.process import set_torch_threads  # noqa: E402
+from posttrain.actors.engine import EngineSettings  # noqa: E402
+from posttrain.actors.factory import make_engine  # noqa: E402
+from posttrain.actors.rollout import SamplingSettings  # noqa: E402
+from posttrain.common.model_registry import resolve_model_path  # noqa: E402
+from posttrain.common.process import set_torch_threads  # noqa: E402
 
 
 class Bench:

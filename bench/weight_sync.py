@@ -28,11 +28,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import ray  # noqa: E402
 import torch  # noqa: E402
 
-from actors.engine import EngineSettings  # noqa: E402
-from actors.worker import RolloutWorker  # noqa: E402
-from common.model_registry import resolve_model_path  # noqa: E402
-from learner.worker import _untied, free_port  # noqa: E402
-from weightsync import TransportSettings, make_transport  # noqa: E402
+from posttrain.actors.engine import EngineSettings  # noqa: E402
+from posttrain.actors.worker import RolloutWorker  # noqa: E402
+from posttrain.common.model_registry import resolve_model_path  # noqa: E402
+from posttrain.learner.worker import _untied
+from posttrain.common.net import free_port  # noqa: E402
+from posttrain.weightsync import TransportSettings, make_transport  # noqa: E402
 
 TRANSPORTS = ("collective", "object_store", "filesystem")
 

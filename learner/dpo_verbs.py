@@ -14,8 +14,8 @@ import gc
 import torch
 import torch.distributed as dist
 
-from learner.batch import TrainBatch
-from learner.dpo import dpo_loss
+from posttrain.learner.batch import TrainBatch
+from posttrain.algorithms.dpo import dpo_loss
 
 
 class DPOVerbs:

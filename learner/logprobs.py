@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from learner.losses import token_logprobs
+from posttrain.algorithms.common import token_logprobs
 
 
 def sequence_logprobs(

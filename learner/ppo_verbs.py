@@ -16,9 +16,9 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from learner.batch import TrainBatch
-from learner.losses import aggregate_loss, clipped_policy_loss
-from learner.ppo import clipped_value_loss
+from posttrain.learner.batch import TrainBatch
+from posttrain.algorithms.common import aggregate_loss, clipped_policy_loss
+from posttrain.algorithms.ppo import clipped_value_loss
 
 
 class PPOVerbs:

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import dataclasses
 import resource
-import socket
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
@@ -39,16 +38,17 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from common.process import quiet_libraries, set_torch_threads
-from common.telemetry import Span, SpanRecorder
-from learner import adapters
-from learner.adapters import AdapterSettings
-from learner.batch import TrainBatch
-from learner.dpo_verbs import DPOVerbs
-from learner.logprobs import sequence_logprobs
-from learner.losses import aggregate_loss, clipped_policy_loss
-from learner.ppo_verbs import PPOVerbs
-from weightsync import TransportSettings, WeightHandle, make_transport
+from posttrain.common.net import free_port
+from posttrain.common.process import quiet_libraries, set_torch_threads
+from posttrain.common.telemetry import Span, SpanRecorder
+from posttrain.learner import adapters
+from posttrain.learner.adapters import AdapterSettings
+from posttrain.learner.batch import TrainBatch
+from posttrain.learner.dpo_verbs import DPOVerbs
+from posttrain.learner.logprobs import sequence_logprobs
+from posttrain.algorithms.common import aggregate_loss, clipped_policy_loss
+from posttrain.learner.ppo_verbs import PPOVerbs
+from posttrain.weightsync import TransportSettings, WeightHandle, make_transport
 
 _DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
 
@@ -93,13 +93,6 @@ def _untied(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
             seen.add(key)
             out[name] = t
     return out
-
-
-def free_port() -> int:
-    """A TCP port free on 127.0.0.1 right now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class LearnerWorker(DPOVerbs, PPOVerbs):

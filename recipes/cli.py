@@ -16,8 +16,10 @@ from typing import Annotated
 
 import typer
 
-from recipes.data import load_prompts
-from recipes.schema import Recipe, RecipeError, check_runtime_inputs, load_recipe
+from posttrain.recipes.data import load_prompts
+from posttrain.config import Recipe, RecipeError
+from posttrain.recipes.loading import load_recipe
+from posttrain.recipes.preflight import check_runtime_inputs
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="RL post-training of language models from recipe YAMLs.")
@@ -33,7 +35,7 @@ def _load_or_exit(recipe: Path, overrides: list[str] | None) -> tuple[Recipe, li
         r = load_recipe(recipe, overrides or [])
         check_runtime_inputs(r)
         if r.algorithm == "dpo":
-            from recipes.preference import load_pairs
+            from posttrain.recipes.preference import load_pairs
 
             d = r.data.train
             pairs, skipped = load_pairs(d.path, d.format, d.prompt_key, d.chosen_key,
@@ -93,9 +95,9 @@ def run(
                 raise typer.Exit(code=2) from None
     typer.echo(f"posttrain: {r.name} ({r.algorithm}) → {run_dir}")
     if r.algorithm == "dpo":  # heavy imports only after validation
-        from recipes.dpo_loop import run_dpo as run_loop
+        from posttrain.recipes.dpo_loop import run_dpo as run_loop
     else:
-        from recipes.loop import run as run_loop
+        from posttrain.recipes.loop import run as run_loop
 
     t0 = time.time()
     try:
@@ -121,8 +123,8 @@ def serve_rewards(
     import yaml
     from pydantic import ValidationError
 
-    from recipes.reward_specs import RewardServerConfig
-    from recipes.schema import format_errors
+    from posttrain.config.rewards import RewardServerConfig
+    from posttrain.recipes.loading import format_errors
 
     try:
         cfg = RewardServerConfig.model_validate(yaml.safe_load(config.read_text()))
@@ -138,7 +140,7 @@ def serve_rewards(
         raise typer.Exit(code=2)
     import uvicorn
 
-    from rewards.service import create_app
+    from posttrain.rewards.service import create_app
 
     try:
         app = create_app([c.model_dump() for c in cfg.rewards], token, cfg.workers)
@@ -158,7 +160,7 @@ def serve_rewards(
 
 
 def _run_dir_or_exit(run_dir: Path) -> list[dict]:
-    from recipes.monitor import METRICS_FILE, read_jsonl
+    from posttrain.recipes.monitor import METRICS_FILE, read_jsonl
 
     if not run_dir.is_dir():
         typer.echo(f"error: {run_dir} does not exist; give a run folder (runs/<name>-<time>)",
@@ -221,7 +223,7 @@ def dashboard(
 ) -> None:
     """Serve the dashboard of a run folder (finished or still running)."""
     _run_dir_or_exit(run_dir)
-    from recipes.dashboard import DashboardServer
+    from posttrain.recipes.dashboard import DashboardServer
 
     server = DashboardServer(run_dir, port)
     typer.echo(f"dashboard: {server.start()}  (Ctrl-C to stop)")

@@ -22,22 +22,23 @@ import ray
 import torch
 import yaml
 
-from actors.engine import EngineSettings
-from actors.rollout import PromptRequest, Rollout, SamplingSettings
-from actors.worker import RolloutWorker
-from common.process import default_threads
-from common.telemetry import Span, busy_seconds, generation_tail, idle_fraction
-from learner.batch import TrainBatch, concat, pad_rows_to_multiple
-from learner.losses import loss_denominator
-from learner.worker import LearnerSettings, LearnerWorker, free_port
-from recipes.data import PromptItem
-from recipes.grpo import logprob_mismatch
-from recipes.placement import Placement, gpus_needed, place, release
-from recipes.reward_specs import LOCAL_TYPES
-from recipes.schema import Recipe
-from rewards.client import RewardClient, RewardSet, start_local_service
-from rewards.protocol import ScoreItem
-from weightsync import TransportSettings, WeightSyncError, make_transport
+from posttrain.actors.engine import EngineSettings
+from posttrain.actors.rollout import PromptRequest, Rollout, SamplingSettings
+from posttrain.actors.worker import RolloutWorker
+from posttrain.common.process import default_threads
+from posttrain.common.telemetry import Span, busy_seconds, generation_tail, idle_fraction
+from posttrain.learner.batch import TrainBatch, concat, pad_rows_to_multiple
+from posttrain.algorithms.common import loss_denominator
+from posttrain.learner.worker import LearnerSettings, LearnerWorker
+from posttrain.common.net import free_port
+from posttrain.recipes.data import PromptItem
+from posttrain.recipes.grpo import logprob_mismatch
+from posttrain.recipes.placement import Placement, gpus_needed, place, release
+from posttrain.config.rewards import LOCAL_TYPES
+from posttrain.config import Recipe
+from posttrain.rewards.client import RewardClient, RewardSet, start_local_service
+from posttrain.rewards.protocol import ScoreItem
+from posttrain.weightsync import TransportSettings, WeightSyncError, make_transport
 
 
 @dataclass
@@ -141,8 +142,8 @@ def join_weight_group(learner0: Any, rollout: list[Any]) -> None:
 def start_learners(recipe: Recipe, model_path: str, placement: Placement,
                    threads: int, transport: TransportSettings | None = None) -> list[Any]:
     """Start the FSDP2 learner ranks on their placement and wait until they are set up."""
-    from learner.adapters import AdapterSettings, check_targets, format_memory_report
-    from recipes.schema import RecipeError
+    from posttrain.learner.adapters import AdapterSettings, check_targets, format_memory_report
+    from posttrain.config import RecipeError
 
     if recipe.model.adapter.type != "none":  # a meta-device model: no weights read
         try:

@@ -19,7 +19,7 @@ from typing import Any
 from fastapi import FastAPI
 from fastapi.responses import HTMLResponse, PlainTextResponse
 
-from recipes.monitor import METRICS_FILE, SPANS_FILE, read_jsonl
+from posttrain.recipes.monitor import METRICS_FILE, SPANS_FILE, read_jsonl
 
 PAGE = Path(__file__).with_name("dashboard.html")
 

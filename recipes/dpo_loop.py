@@ -20,15 +20,15 @@ import ray
 import torch
 from tqdm import tqdm
 
-from common.model_registry import cache_dir, resolve_model_path
-from common.process import default_threads, quiet_libraries
-from common.telemetry import idle_fraction
-from learner.batch import TrainBatch, concat, pack_rows
-from recipes import controller as c
-from recipes.monitor import StepLog
-from recipes.placement import place, release
-from recipes.preference import PreferencePair, TokenizedPair, tokenize_pairs
-from recipes.schema import Recipe
+from posttrain.common.model_registry import cache_dir, resolve_model_path
+from posttrain.common.process import default_threads, quiet_libraries
+from posttrain.common.telemetry import idle_fraction
+from posttrain.learner.batch import TrainBatch, concat, pack_rows
+from posttrain.recipes import controller as c
+from posttrain.recipes.monitor import StepLog
+from posttrain.recipes.placement import place, release
+from posttrain.recipes.preference import PreferencePair, TokenizedPair, tokenize_pairs
+from posttrain.config import Recipe
 
 TEMPLATE_ID = "plain-text-v1"  # prompt + reply + EOS, no chat template
 

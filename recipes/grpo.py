@@ -9,9 +9,9 @@ import statistics
 
 import torch
 
-from actors.rollout import Rollout
-from learner.batch import TrainBatch, pack_rows
-from learner.losses import group_advantages
+from posttrain.actors.rollout import Rollout
+from posttrain.learner.batch import TrainBatch, pack_rows
+from posttrain.algorithms.grpo import group_advantages
 
 
 def build_train_batch(

@@ -8,16 +8,16 @@ from pathlib import Path
 import ray
 from tqdm import tqdm
 
-from common.model_registry import resolve_model_path
-from common.process import quiet_libraries
-from common.telemetry import Span
-from recipes import controller as c
-from recipes.dashboard import DashboardServer
-from recipes.data import PromptItem, load_prompts, prompt_stream
-from recipes.grpo import apply_failure_policy, build_train_batch, rollout_metrics
-from recipes.monitor import StepLog
-from recipes.ppo import train_ppo
-from recipes.schema import Recipe
+from posttrain.common.model_registry import resolve_model_path
+from posttrain.common.process import quiet_libraries
+from posttrain.common.telemetry import Span
+from posttrain.recipes import controller as c
+from posttrain.recipes.dashboard import DashboardServer
+from posttrain.recipes.data import PromptItem, load_prompts, prompt_stream
+from posttrain.recipes.grpo import apply_failure_policy, build_train_batch, rollout_metrics
+from posttrain.recipes.monitor import StepLog
+from posttrain.recipes.ppo import train_ppo
+from posttrain.config import Recipe
 
 
 def run(recipe: Recipe, run_dir: Path, address: str | None = None,

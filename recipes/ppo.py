@@ -8,12 +8,12 @@ from typing import Any
 
 import torch
 
-from actors.rollout import Rollout
-from learner.batch import TrainBatch, concat, pad_rows_to_multiple
-from learner.losses import loss_denominator
-from learner.ppo import explained_variance, gae, masked_whiten, token_rewards
-from recipes.controller import on_learners
-from recipes.schema import Recipe
+from posttrain.actors.rollout import Rollout
+from posttrain.learner.batch import TrainBatch, concat, pad_rows_to_multiple
+from posttrain.algorithms.common import loss_denominator
+from posttrain.algorithms.ppo import explained_variance, gae, masked_whiten, token_rewards
+from posttrain.recipes.controller import on_learners
+from posttrain.config import Recipe
 
 
 def advantages_and_returns(batch: TrainBatch, scores: torch.Tensor, truncated: torch.Tensor,

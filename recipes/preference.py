@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from recipes.data import jsonl_rows
-from recipes.schema import RecipeError
+from posttrain.recipes.data import jsonl_rows
+from posttrain.config import RecipeError
 
 HH_MARK = "\n\nAssistant:"
 

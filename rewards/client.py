@@ -27,7 +27,7 @@ from typing import Literal
 import httpx
 from pydantic import ValidationError
 
-from rewards.protocol import Score, ScoreItem, ScoreRequest, ScoreResponse
+from posttrain.rewards.protocol import Score, ScoreItem, ScoreRequest, ScoreResponse
 
 
 class RewardClient:
@@ -122,11 +122,11 @@ class RewardClient:
 def start_local_service(
     components_json: str, port: int, token: str, log_path: Path, workers: int = 2
 ) -> subprocess.Popen:
-    """Start `python -m rewards.service` on 127.0.0.1:`port`, logging to `log_path`."""
+    """Start `python -m posttrain.rewards.service` on 127.0.0.1:`port`, logging to `log_path`."""
     env = dict(os.environ, POSTTRAIN_REWARD_TOKEN=token, OMP_NUM_THREADS="1")
     log = open(log_path, "ab")  # noqa: SIM115 - owned by the child for its lifetime
     return subprocess.Popen(
-        [sys.executable, "-m", "rewards.service", "--components", components_json,
+        [sys.executable, "-m", "posttrain.rewards.service", "--components", components_json,
          "--port", str(port), "--workers", str(workers)],
         stdout=log, stderr=subprocess.STDOUT, env=env,
     )

@@ -16,8 +16,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from rewards.protocol import ScoreItem
-from rewards.sandbox import BwrapSandbox, Limits, NoSandbox
+from posttrain.rewards.protocol import ScoreItem
+from posttrain.rewards.sandbox import BwrapSandbox, Limits, NoSandbox
 
 _FENCE = re.compile(r"```(?:python|py|Python)?[ \t]*\n(.*?)```", re.DOTALL)
 

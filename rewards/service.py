@@ -33,7 +33,7 @@ from fastapi.responses import PlainTextResponse
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from pydantic import TypeAdapter
 
-from recipes.reward_specs import (
+from posttrain.config.rewards import (
     LOCAL_TYPES,
     CodeReward,
     FormatReward,
@@ -41,11 +41,11 @@ from recipes.reward_specs import (
     PythonReward,
     RewardSpec,
 )
-from rewards.code_verifier import score_code
-from rewards.math_verifier import score_math
-from rewards.protocol import Score, ScoreItem, ScoreRequest, ScoreResponse
-from rewards.python_reward import load_function, score_python
-from rewards.sandbox import Limits, make_sandbox
+from posttrain.rewards.code_verifier import score_code
+from posttrain.rewards.math_verifier import score_math
+from posttrain.rewards.protocol import Score, ScoreItem, ScoreRequest, ScoreResponse
+from posttrain.rewards.python_reward import load_function, score_python
+from posttrain.rewards.sandbox import Limits, make_sandbox
 
 log = logging.getLogger("posttrain.rewards")
 Scorer = Callable[[ScoreItem], tuple[float, dict[str, Any]]]

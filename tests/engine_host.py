@@ -8,11 +8,12 @@ from typing import Any
 import pytest
 import ray
 
-from actors.engine import EngineSettings, make_engine
-from common.process import set_torch_threads
+from posttrain.actors.engine import EngineSettings
+from posttrain.actors.factory import make_engine
+from posttrain.common.process import set_torch_threads
 
 requires_vllm = pytest.mark.skipif(
-    not __import__("recipes.schema", fromlist=["vllm_installed"]).vllm_installed(),
+    not __import__("posttrain.config", fromlist=["vllm_installed"]).vllm_installed(),
     reason="vLLM is not installed here",
 )
 

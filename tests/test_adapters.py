@@ -14,11 +14,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from learner import adapters
-from learner.adapters import AdapterSettings, nf4_block_sizes
-from learner.logprobs import sequence_logprobs
-from learner.losses import loss_denominator
-from learner.worker import LearnerSettings, LearnerWorker, free_port
+from posttrain.learner import adapters
+from posttrain.learner.adapters import AdapterSettings, nf4_block_sizes
+from posttrain.learner.logprobs import sequence_logprobs
+from posttrain.algorithms.common import loss_denominator
+from posttrain.learner.worker import LearnerSettings, LearnerWorker
+from posttrain.common.net import free_port
 from tests.learner.test_fsdp import make_batch
 
 R, ALPHA = 4, 8.0

@@ -10,11 +10,11 @@ import torch
 import yaml
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from learner.dpo import dpo_loss
-from learner.logprobs import sequence_logprobs
-from recipes.dpo_loop import cache_key, pair_batch, run_dpo
-from recipes.preference import PreferencePair, load_pairs, tokenize_pairs
-from recipes.schema import load_recipe
+from posttrain.algorithms.dpo import dpo_loss
+from posttrain.learner.logprobs import sequence_logprobs
+from posttrain.recipes.dpo_loop import cache_key, pair_batch, run_dpo
+from posttrain.recipes.preference import PreferencePair, load_pairs, tokenize_pairs
+from posttrain.recipes.loading import load_recipe
 
 ROWS = [{"prompt": f"Q{i}: what is {i}+{i}?", "chosen": f" {2 * i}", "rejected": f" {i}{i}"}
         for i in range(6)]

@@ -9,8 +9,8 @@ import pytest
 import yaml
 from transformers import AutoModelForCausalLM
 
-from recipes.loop import run
-from recipes.schema import load_recipe
+from posttrain.recipes.loop import run
+from posttrain.recipes.loading import load_recipe
 from tests.engine_host import requires_vllm
 
 
@@ -62,8 +62,8 @@ def test_two_grpo_steps(tiny_model, tmp_path, colocate):
 
 
 def test_unscorable_step_fails_loudly_and_keeps_rollouts(tiny_model, tmp_path):
-    from learner.worker import free_port
-    from recipes.grpo import RewardFailure
+    from posttrain.common.net import free_port
+    from posttrain.recipes.grpo import RewardFailure
 
     recipe_file = tmp_path / "dead.yaml"
     recipe_file.write_text(yaml.safe_dump({

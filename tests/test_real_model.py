@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from common.model_registry import resolve_model_path
-from recipes.loop import run
-from recipes.schema import load_recipe
+from posttrain.common.model_registry import resolve_model_path
+from posttrain.recipes.loop import run
+from posttrain.recipes.loading import load_recipe
 from tests.conftest import ROOT
 
 pytestmark = pytest.mark.slow

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from weightsync.base import (
+from posttrain.weightsync.base import (
     ChecksumTap,
     WeightHandle,
     WeightSyncError,
@@ -42,15 +42,15 @@ def make_transport(settings: TransportSettings | str) -> WeightTransport:
     """
     s = TransportSettings(type=settings) if isinstance(settings, str) else settings
     if s.type == "object_store":
-        from weightsync.object_store import ObjectStoreTransport
+        from posttrain.weightsync.object_store import ObjectStoreTransport
 
         return ObjectStoreTransport()
     if s.type == "collective":
-        from weightsync.collective import CollectiveTransport
+        from posttrain.weightsync.collective import CollectiveTransport
 
         return CollectiveTransport(s.backend, s.bucket_mb, s.timeout_s)
     if s.type == "filesystem":
-        from weightsync.filesystem import FilesystemTransport
+        from posttrain.weightsync.filesystem import FilesystemTransport
 
         return FilesystemTransport(s.directory)
     raise ValueError(f"weight_sync.type {s.type!r} is not a known transport; use one of "

@@ -27,7 +27,7 @@ from datetime import timedelta
 
 import torch
 
-from weightsync.base import WeightHandle, WeightSyncError, WeightTransport, state_checksum
+from posttrain.weightsync.base import WeightHandle, WeightSyncError, WeightTransport, state_checksum
 
 _MiB = 1 << 20
 _ALIGN = 64  # bytes

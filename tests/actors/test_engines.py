@@ -9,9 +9,9 @@ import ray
 import torch
 from transformers import AutoModelForCausalLM
 
-from actors.engine import EngineSettings
-from actors.rollout import SamplingSettings
-from learner.logprobs import sequence_logprobs
+from posttrain.actors.engine import EngineSettings
+from posttrain.actors.rollout import SamplingSettings
+from posttrain.learner.logprobs import sequence_logprobs
 from tests.engine_host import RemoteEngine, requires_vllm
 
 KINDS = ["hf", pytest.param("vllm", marks=[pytest.mark.vllm, requires_vllm])]

@@ -9,9 +9,10 @@ import multiprocessing as mp
 import pytest
 import torch
 
-from learner.batch import TrainBatch
-from learner.losses import loss_denominator
-from learner.worker import LearnerSettings, LearnerWorker, free_port
+from posttrain.learner.batch import TrainBatch
+from posttrain.algorithms.common import loss_denominator
+from posttrain.learner.worker import LearnerSettings, LearnerWorker
+from posttrain.common.net import free_port
 
 
 def make_batch(vocab: int = 90) -> TrainBatch:

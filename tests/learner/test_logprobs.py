@@ -6,7 +6,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from learner.logprobs import sequence_logprobs
+from posttrain.learner.logprobs import sequence_logprobs
 
 
 @pytest.fixture(scope="module")

@@ -7,9 +7,9 @@ import sys
 
 import pytest
 
-from recipes.data import load_prompts, prompt_stream
-from recipes.data_specs import DataConfig
-from recipes.schema import RecipeError
+from posttrain.recipes.data import load_prompts, prompt_stream
+from posttrain.config.data import DataConfig
+from posttrain.config import RecipeError
 from tests.conftest import ROOT
 
 
@@ -49,7 +49,7 @@ def test_prompt_stream_covers_every_prompt_each_epoch():
 
 
 def _cli(*args):
-    return subprocess.run([sys.executable, "-m", "recipes.cli", *args], cwd=ROOT,
+    return subprocess.run([sys.executable, "-m", "posttrain.recipes.cli", *args], cwd=ROOT,
                           capture_output=True, text=True, timeout=120)
 
 

@@ -8,8 +8,8 @@ import json
 import pytest
 from transformers import AutoTokenizer
 
-from recipes.preference import HH_MARK, load_pairs, tokenize_pairs
-from recipes.schema import RecipeError
+from posttrain.recipes.preference import HH_MARK, load_pairs, tokenize_pairs
+from posttrain.config import RecipeError
 
 
 def test_hh_split_on_real_data(shared_data):
@@ -38,7 +38,7 @@ def test_pairs_format_and_bad_rows(tmp_path):
 
 def test_tokenize_keeps_prompt_end_and_reply_start(tiny_model):
     tok = AutoTokenizer.from_pretrained(tiny_model)
-    from recipes.preference import PreferencePair
+    from posttrain.recipes.preference import PreferencePair
 
     pair = PreferencePair(0, "a" * 30 + "END", "xyz" * 20, "q")
     [t] = tokenize_pairs([pair], tok, max_length=24)

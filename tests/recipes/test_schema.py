@@ -8,7 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from recipes.schema import RecipeError, check_runtime_inputs, load_recipe
+from posttrain.config import RecipeError
+from posttrain.recipes.loading import load_recipe
+from posttrain.recipes.preflight import check_runtime_inputs
 from tests.conftest import ROOT
 
 SHIPPED = sorted((ROOT / "recipes").rglob("*.yaml"))
@@ -72,14 +74,14 @@ def test_missing_data_file_and_model_folder(tmp_path):
 
 
 def test_schema_imports_no_torch():
-    code = ("import sys, recipes.schema as s; s.load_recipe('recipes/quickstart_grpo.yaml'); "
+    code = ("import sys, posttrain.recipes.loading as s; s.load_recipe('recipes/quickstart_grpo.yaml'); "
             "bad = [m for m in ('torch', 'ray', 'transformers') if m in sys.modules]; "
             "sys.exit(1 if bad else 0)")
     assert subprocess.run([sys.executable, "-c", code], cwd=ROOT).returncode == 0
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "recipes.cli", *args], cwd=ROOT,
+    return subprocess.run([sys.executable, "-m", "posttrain.recipes.cli", *args], cwd=ROOT,
                           capture_output=True, text=True, timeout=120)
 
 
@@ -95,7 +97,7 @@ def test_cli_exit_codes():
 
 
 def test_engine_defaults_to_vllm_where_installed(monkeypatch):
-    import recipes.schema as schema
+    import posttrain.config.recipe as schema
 
     path = ROOT / "recipes" / "grpo_code.yaml"  # sets engine: hf explicitly
     assert load_recipe(path).rollout.engine == "hf"
@@ -106,7 +108,7 @@ def test_engine_defaults_to_vllm_where_installed(monkeypatch):
 
 
 def test_vllm_engine_checks_before_starting(monkeypatch, tiny_model, tiny_model_vllm, tmp_path):
-    import recipes.schema as schema
+    import posttrain.config.recipe as schema
 
     quick = ROOT / "recipes" / "quickstart_grpo.yaml"
     r = load_recipe(quick, [f"model.path={tiny_model}", "rollout.engine=vllm"])

@@ -13,10 +13,10 @@ import pytest
 import yaml
 from fastapi.testclient import TestClient
 
-from common.telemetry import Span, busy_seconds, generation_tail, idle_fraction
-from recipes.dashboard import DashboardServer, create_dashboard
-from recipes.loop import run
-from recipes.schema import load_recipe
+from posttrain.common.telemetry import Span, busy_seconds, generation_tail, idle_fraction
+from posttrain.recipes.dashboard import DashboardServer, create_dashboard
+from posttrain.recipes.loop import run
+from posttrain.recipes.loading import load_recipe
 from tests.conftest import ROOT
 
 
@@ -103,13 +103,13 @@ def test_tensorboard_prometheus_and_status(slowed_runs):
     text = TestClient(create_dashboard(run_dir)).get("/metrics").text
     value = float(re.search(r"^posttrain_learner_idle_fraction (\S+)$", text, re.M).group(1))
     assert value == pytest.approx(history[-1]["learner_idle_fraction"])
-    out = subprocess.run([sys.executable, "-m", "recipes.cli", "status", str(run_dir)],
+    out = subprocess.run([sys.executable, "-m", "posttrain.recipes.cli", "status", str(run_dir)],
                          cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0 and "learner idle" in out.stdout and "mean" in out.stdout
 
 
 def test_wandb_offline(tmp_path, monkeypatch):
-    from recipes.monitor import StepLog
+    from posttrain.recipes.monitor import StepLog
 
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_SILENT", "true")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from rewards.math_verifier import score_math
+from posttrain.rewards.math_verifier import score_math
 
 
 @pytest.mark.parametrize(

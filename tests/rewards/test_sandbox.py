@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
-from rewards.code_verifier import extract_code, score_code
-from rewards.protocol import ScoreItem
-from rewards.sandbox import BwrapSandbox, Limits
-from rewards.service import create_app
+from posttrain.rewards.code_verifier import extract_code, score_code
+from posttrain.rewards.protocol import ScoreItem
+from posttrain.rewards.sandbox import BwrapSandbox, Limits
+from posttrain.rewards.service import create_app
 
 LIMITS = Limits(wall_s=5, cpu_s=3, memory_mb=256, max_procs=16)
 
@@ -116,7 +116,7 @@ def test_service_scores_hostile_code_zero_and_answers_next(tmp_path):
 
 
 def test_missing_bwrap_refuses_to_start_and_says_why(monkeypatch):
-    import rewards.sandbox as sb
+    import posttrain.rewards.sandbox as sb
 
     monkeypatch.setattr(sb.shutil, "which", lambda name: None)
     with pytest.raises(sb.SandboxUnavailable, match="apt-get install bubblewrap"):

@@ -7,10 +7,10 @@ import json
 import pytest
 from fastapi.testclient import TestClient
 
-from learner.worker import free_port
-from rewards.client import RewardClient, start_local_service
-from rewards.protocol import ScoreItem
-from rewards.service import create_app
+from posttrain.common.net import free_port
+from posttrain.rewards.client import RewardClient, start_local_service
+from posttrain.rewards.protocol import ScoreItem
+from posttrain.rewards.service import create_app
 
 COMPONENTS = [{"name": "correct", "type": "math", "weight": 1.0}]
 

@@ -16,11 +16,11 @@ from fastapi import FastAPI, Request
 from fastapi.responses import PlainTextResponse
 from fastapi.testclient import TestClient
 
-from learner.worker import free_port
-from recipes.grpo import RewardFailure, apply_failure_policy
-from rewards.client import RewardClient, RewardSet
-from rewards.protocol import ScoreItem
-from rewards.service import create_app
+from posttrain.common.net import free_port
+from posttrain.recipes.grpo import RewardFailure, apply_failure_policy
+from posttrain.rewards.client import RewardClient, RewardSet
+from posttrain.rewards.protocol import ScoreItem
+from posttrain.rewards.service import create_app
 from tests.conftest import ROOT
 
 CALLS: dict[str, int] = {}
@@ -197,7 +197,7 @@ def test_serve_rewards_cli(tmp_path):
     cfg.write_text("rewards:\n  - {name: correct, type: math}\ntoken_env: T\n")
     port = free_port()
     env = {**__import__("os").environ, "T": "s3cret"}
-    proc = subprocess.Popen([sys.executable, "-m", "recipes.cli", "serve-rewards", str(cfg),
+    proc = subprocess.Popen([sys.executable, "-m", "posttrain.recipes.cli", "serve-rewards", str(cfg),
                              "--port", str(port)], cwd=ROOT, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:
@@ -211,6 +211,6 @@ def test_serve_rewards_cli(tmp_path):
         proc.terminate()
         proc.wait(timeout=10)
     cfg.write_text("rewards:\n  - {name: x, type: http, url: 'http://h/score'}\n")
-    bad = subprocess.run([sys.executable, "-m", "recipes.cli", "serve-rewards", str(cfg)],
+    bad = subprocess.run([sys.executable, "-m", "posttrain.recipes.cli", "serve-rewards", str(cfg)],
                          cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "http endpoints" in bad.stderr

@@ -11,12 +11,12 @@ import ray
 import torch
 from transformers import AutoModelForCausalLM
 
-from actors.engine import EngineSettings
-from actors.rollout import PromptRequest, SamplingSettings
-from actors.worker import RolloutWorker
-from learner.logprobs import sequence_logprobs
+from posttrain.actors.engine import EngineSettings
+from posttrain.actors.rollout import PromptRequest, SamplingSettings
+from posttrain.actors.worker import RolloutWorker
+from posttrain.learner.logprobs import sequence_logprobs
 from tests.engine_host import requires_vllm
-from weightsync import TransportSettings, make_transport
+from posttrain.weightsync import TransportSettings, make_transport
 
 KINDS = ["hf", pytest.param("vllm", marks=[pytest.mark.vllm, requires_vllm])]
 TOL = 1e-4

@@ -10,10 +10,10 @@ import ray
 import torch
 from transformers import AutoModelForCausalLM
 
-from actors.engine import EngineSettings
-from actors.hf_engine import HFEngine
-from actors.worker import RolloutWorker
-from weightsync import TransportSettings, WeightSyncError, make_transport, state_checksum
+from posttrain.actors.engine import EngineSettings
+from posttrain.actors.hf_engine import HFEngine
+from posttrain.actors.worker import RolloutWorker
+from posttrain.weightsync import TransportSettings, WeightSyncError, make_transport, state_checksum
 
 
 @pytest.fixture(scope="module")

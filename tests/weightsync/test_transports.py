@@ -10,9 +10,9 @@ import pytest
 import ray
 import torch
 
-from learner.worker import free_port
-from weightsync import ChecksumTap, TransportSettings, WeightSyncError, make_transport
-from weightsync.collective import bucket_layout
+from posttrain.common.net import free_port
+from posttrain.weightsync import ChecksumTap, TransportSettings, WeightSyncError, make_transport
+from posttrain.weightsync.collective import bucket_layout
 
 
 @pytest.fixture(scope="module")

@@ -12,13 +12,13 @@ import ray
 import torch
 from transformers import AutoModelForCausalLM
 
-from actors.engine import EngineSettings
-from actors.rollout import PromptRequest, SamplingSettings
-from actors.worker import RolloutWorker
-from learner.logprobs import sequence_logprobs
-from learner.worker import free_port
+from posttrain.actors.engine import EngineSettings
+from posttrain.actors.rollout import PromptRequest, SamplingSettings
+from posttrain.actors.worker import RolloutWorker
+from posttrain.learner.logprobs import sequence_logprobs
+from posttrain.common.net import free_port
 from tests.engine_host import VLLMProbe, requires_vllm
-from weightsync import TransportSettings, make_transport
+from posttrain.weightsync import TransportSettings, make_transport
 
 pytestmark = [pytest.mark.vllm, requires_vllm]
 TOL = 1e-4  # fp32, issue #3

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from recipes.schema import RecipeError, load_recipe
+from posttrain.config import RecipeError
+from posttrain.recipes.loading import load_recipe
 from tests.conftest import ROOT
 
 QUICKSTART = ROOT / "recipes" / "quickstart_grpo.yaml"

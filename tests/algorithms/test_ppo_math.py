@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from learner.ppo import (
+from posttrain.algorithms.ppo import (
     clipped_value_loss,
     explained_variance,
     gae,

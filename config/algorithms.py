@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from recipes.reward_specs import Strict as _Strict
+from posttrain.config.base import Strict as _Strict
 
 
 class GRPOConfig(_Strict):

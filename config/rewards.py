@@ -11,13 +11,9 @@ from __future__ import annotations
 import re
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import Field, field_validator
 
-
-class Strict(BaseModel):
-    """Base for every recipe block: unknown keys are errors, not silently ignored."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
+from posttrain.config.base import Strict
 
 
 class _Component(Strict):

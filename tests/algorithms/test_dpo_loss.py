@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from learner.dpo import dpo_loss
+from posttrain.algorithms.dpo import dpo_loss
 
 
 def _t(*v):

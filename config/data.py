@@ -8,7 +8,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Discriminator, Field, Tag, model_validator
 
-from recipes.reward_specs import Strict as _Strict
+from posttrain.config.base import Strict as _Strict
 
 
 class GeneratorData(_Strict):

@@ -1,0 +1,26 @@
+"""`make_engine`: the engine a recipe's `rollout.engine` names. Apart from
+`actors/engine.py` so the base module imports none of the classes it builds."""
+
+from __future__ import annotations
+
+from posttrain.actors.engine import EngineSettings, InferenceEngine
+
+
+def make_engine(s: EngineSettings) -> InferenceEngine:
+    """The engine for a recipe's `rollout.engine`.
+
+    Raises:
+        ValueError: an unknown engine name.
+        RuntimeError: 'vllm' asked for but not installed.
+    """
+    if s.kind == "hf":
+        from posttrain.actors.hf_engine import HFEngine
+
+        return HFEngine(s.model_path, dtype=s.dtype)
+    if s.kind == "vllm":
+        from posttrain.actors.vllm_engine import VLLMEngine
+
+        return VLLMEngine(s.model_path, dtype=s.dtype, seed=s.seed, kv_cache_gb=s.kv_cache_gb,
+                          max_model_len=s.max_model_len, enforce_eager=s.enforce_eager,
+                          device=s.device, lora_rank=s.lora_rank)
+    raise ValueError(f"rollout.engine {s.kind!r} is not available; use 'vllm' or 'hf'")

@@ -1,0 +1,1 @@
+"""The math of each algorithm, pure torch: one module per algorithm."""

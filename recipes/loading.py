@@ -1,0 +1,115 @@
+"""Reading a recipe: YAML → `--set` overrides → the validated `Recipe`, and pydantic's
+errors rewritten as one line per key path with its fix. The models themselves are in
+`posttrain.config`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+
+from posttrain.config import Recipe, RecipeError
+
+# Union tags pydantic puts into error locations: data variants right after `train`,
+# reward types right after a list index. Only there are they dropped (`format` is
+# also a real key of preference data).
+_DATA_TAGS = {"generator", "jsonl", "preference"}
+_REWARD_TAGS = {"math", "length", "format", "code", "python", "http"}
+
+
+def _key_path(loc: tuple) -> str:
+    keep, prev = [], None
+    for p in loc:
+        tag = (prev == "train" and p in _DATA_TAGS) or (isinstance(prev, int)
+                                                        and p in _REWARD_TAGS)
+        if not tag and not str(p).startswith("function-after"):
+            keep.append(str(p))
+        prev = p
+    return ".".join(keep)
+
+
+def format_errors(err: ValidationError, source: str) -> str:
+    lines = [f"{source}: {err.error_count()} problem(s) in the recipe:"]
+    for e in err.errors():
+        loc = _key_path(e["loc"])
+        msg = e["msg"].removeprefix("Value error, ")
+        if e["type"] == "extra_forbidden":
+            msg = "unknown key; remove it or fix its spelling (see `posttrain schema`)"
+        elif e["type"] == "missing":
+            msg = "required key is missing; add it (see `posttrain schema`)"
+        elif "input" in e and not isinstance(e["input"], dict | list):
+            msg = f"{msg} (got {e['input']!r})"
+        lines.append(f"  - {loc}: {msg}" if loc else f"  - {msg}")
+    return "\n".join(lines)
+
+
+def _set_path(tree: dict[str, Any], dotted: str, value: Any) -> None:
+    keys = dotted.split(".")
+    node: Any = tree
+    for i, k in enumerate(keys[:-1]):
+        if isinstance(node, list) and k.isdigit() and int(k) < len(node):
+            node = node[int(k)]
+            continue
+        if not isinstance(node, dict):
+            raise RecipeError(
+                f"--set {dotted}: '{'.'.join(keys[:i])}' is not a mapping; check the key path"
+            )
+        node = node.setdefault(k, {})
+    last = keys[-1]
+    if isinstance(node, list) and last.isdigit() and int(last) < len(node):
+        node[int(last)] = value
+    elif isinstance(node, dict):
+        node[last] = value
+    else:
+        raise RecipeError(f"--set {dotted}: parent is not a mapping; check the key path")
+
+
+def apply_overrides(tree: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """Apply `key.path=value` overrides (value parsed as YAML) to a raw recipe tree.
+
+    Raises:
+        RecipeError: an override without '=' or whose path crosses a non-mapping.
+    """
+    for item in overrides:
+        if "=" not in item:
+            raise RecipeError(f"--set {item!r}: expected key.path=value, e.g. train.steps=2")
+        key, raw = item.split("=", 1)
+        try:
+            value = yaml.safe_load(raw)
+        except yaml.YAMLError as e:
+            raise RecipeError(f"--set {item!r}: the value is not valid YAML ({e.problem}); "
+                              "quote strings, e.g. --set 'model.path=\"/my/model\"'") from None
+        _set_path(tree, key.strip(), value)
+    return tree
+
+
+def load_recipe(path: str | Path, overrides: list[str] | None = None) -> Recipe:
+    """Read, override and validate a recipe YAML.
+
+    Relative data paths are resolved against the recipe file's folder.
+
+    Raises:
+        RecipeError: missing or unreadable file, YAML syntax error, or a schema violation;
+            the message names the file and each offending key path with its fix.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise RecipeError(f"{path}: recipe file not found; give the path to a .yaml recipe")
+    try:
+        tree = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as e:
+        raise RecipeError(f"{path}: not valid YAML: {e}") from e
+    if not isinstance(tree, dict):
+        raise RecipeError(f"{path}: a recipe is a mapping of keys (name, algorithm, model, ...)")
+    tree = apply_overrides(tree, overrides or [])
+    train = tree.get("data", {}).get("train") if isinstance(tree.get("data"), dict) else None
+    if isinstance(train, dict) and isinstance(train.get("path"), str):
+        p = Path(train["path"]).expanduser()
+        if not p.is_absolute():
+            train["path"] = str((path.parent / p).resolve())
+    try:
+        return Recipe.model_validate(tree)
+    except ValidationError as e:
+        raise RecipeError(format_errors(e, str(path))) from None
