@@ -3,11 +3,21 @@ tokenisation into paired rows.
 
 Formats:
 - `pairs`: each row has `prompt`, `chosen`, `rejected` (keys configurable); the
-  replies are the text after the prompt.
+  replies are the text after the prompt. Chat-format rows give the prompt as a list
+  of messages `[{"role": ..., "content": ...}, ...]` and each reply as text or as a
+  list of one `{"role": "assistant", "content": ...}` message. All rows of a file
+  share one prompt shape (text or messages).
 - `hh`: Anthropic HH-RLHF rows `{"chosen", "rejected"}`, each a whole dialogue of
   `\\n\\nHuman: …\\n\\nAssistant: …` turns sharing every turn but the last reply. The
   prompt is the dialogue up to and including the last `\\n\\nAssistant:`; rows whose
   two dialogues do not share that prompt are skipped and counted.
+
+Tokenisation (`tokenize_pairs_with_template`): chat-format pairs are rendered with
+the model's chat template exactly as rollouts render prompts (actors/engine.py
+`tokenize_chat`), each reply as the template renders an assistant turn, up to and
+including its end-of-turn token. Text pairs (`hh`, text `pairs`) stay raw text, with
+the tokenizer's BOS in front when it adds one to its own encodings. `tokenize_pairs`
+is the older plain-text-only tokenisation (no BOS), kept for existing callers.
 """
 
 from __future__ import annotations
@@ -17,20 +27,86 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from posttrain.recipes.data import jsonl_rows
 from posttrain.config import RecipeError
+from posttrain.recipes.data import jsonl_rows
 
 HH_MARK = "\n\nAssistant:"
+#: Template ids (part of the DPO reference-logprob cache key): how prompts were built.
+PLAIN_TEMPLATE_ID = "plain-text-v1"  # raw text, replies + EOS, no BOS
+PLAIN_BOS_TEMPLATE_ID = "plain-text-bos-v1"  # the same with the tokenizer's BOS in front
+CHAT_TEMPLATE_ID = "chat-template-v1"  # the model's chat template, one BOS at most
+
+Message = dict[str, str]
 
 
 @dataclass(frozen=True)
 class PreferencePair:
-    """One comparison: the same prompt, a preferred and a dispreferred reply (text)."""
+    """One comparison: the same prompt, a preferred and a dispreferred reply (text).
+    `prompt` is text, or for chat-format pairs a list of `{"role", "content"}` messages
+    (the replies are then the assistant's next turn)."""
 
     pair_id: int
-    prompt: str
+    prompt: str | list[Message]
     chosen: str
     rejected: str
+
+    @property
+    def is_chat(self) -> bool:
+        return not isinstance(self.prompt, str)
+
+
+def _messages(value: Any) -> list[Message] | None:
+    """`value` if it is a non-empty list of `{role: str, content: str, ...}` dicts."""
+    if not isinstance(value, list) or not value:
+        return None
+    ok = all(isinstance(m, dict) and isinstance(m.get("role"), str)
+             and isinstance(m.get("content"), str) for m in value)
+    return value if ok else None
+
+
+def _row_fields(row: dict, where: str, prompt_key: str, chosen_key: str,
+                rejected_key: str) -> tuple[str | list[Message], str, str]:
+    """Prompt (text or messages) and the two reply texts of one `pairs` row."""
+    prompt = row.get(prompt_key)
+    chat = _messages(prompt) is not None
+    if not chat and not isinstance(prompt, str):
+        _bad_key(row, prompt_key, where, "text or a list of {role, content} messages")
+    replies = []
+    for k in (chosen_key, rejected_key):
+        v = row.get(k)
+        msgs = _messages(v)
+        if isinstance(v, str):
+            replies.append(v)
+        elif msgs is not None and len(msgs) == 1 and msgs[0]["role"] == "assistant" and chat:
+            replies.append(msgs[0]["content"])
+        elif msgs is not None and chat:
+            raise RecipeError(f"{where}: key {k!r} must hold one assistant message, not "
+                              f"{[m['role'] for m in msgs]}; put earlier turns in {prompt_key!r}")
+        elif msgs is not None:
+            raise RecipeError(f"{where}: key {k!r} is a list of messages but {prompt_key!r} "
+                              "is text; give the prompt as a list of messages too")
+        else:
+            _bad_key(row, k, where, "text or a list of one assistant message")
+    return prompt, replies[0], replies[1]
+
+
+def _bad_key(row: dict, key: str, where: str, wanted: str) -> None:
+    what = "is missing" if key not in row else f"is {json.dumps(row[key])[:30]}, not {wanted}"
+    raise RecipeError(f"{where}: key {key!r} {what}; the row's keys are {sorted(row)} "
+                      "(see data.train.*_key, data.train.format)")
+
+
+def _hh_fields(row: dict, where: str, chosen_key: str,
+               rejected_key: str) -> tuple[str, str, str] | None:
+    """Shared prompt and the two last replies of an hh row; None if they do not split."""
+    for k in (chosen_key, rejected_key):
+        if not isinstance(row.get(k), str):
+            _bad_key(row, k, where, "text")
+    cut = row[chosen_key].rfind(HH_MARK)
+    prompt = row[chosen_key][: cut + len(HH_MARK)] if cut >= 0 else ""
+    if not prompt or not row[rejected_key].startswith(prompt):
+        return None
+    return prompt, row[chosen_key][len(prompt):], row[rejected_key][len(prompt):]
 
 
 def load_pairs(path: str | Path, fmt: str, prompt_key: str = "prompt",
@@ -39,30 +115,28 @@ def load_pairs(path: str | Path, fmt: str, prompt_key: str = "prompt",
     """Pairs of a data file and how many rows were skipped (hh rows that do not split).
 
     Raises:
-        RecipeError: unreadable rows, missing or non-text keys, or no usable pair;
-            names file, line and key.
+        RecipeError: unreadable rows, missing keys or values of the wrong shape, rows
+            that mix text and message prompts, or no usable pair; names file, line, key.
     """
     path = Path(path)
-    keys = [chosen_key, rejected_key] + ([prompt_key] if fmt == "pairs" else [])
     pairs, skipped = [], 0
     for lineno, row in jsonl_rows(path):
+        where = f"{path}:{lineno}"
         if not isinstance(row, dict):
-            raise RecipeError(f"{path}:{lineno}: a row must be a JSON object")
-        for k in keys:
-            if not isinstance(row.get(k), str):
-                what = "is missing" if k not in row else f"is {json.dumps(row[k])[:30]}, not text"
-                raise RecipeError(f"{path}:{lineno}: key {k!r} {what}; the row's keys are "
-                                  f"{sorted(row)} (see data.train.*_key, data.train.format)")
+            raise RecipeError(f"{where}: a row must be a JSON object")
         if fmt == "hh":
-            cut = row[chosen_key].rfind(HH_MARK)
-            prompt = row[chosen_key][: cut + len(HH_MARK)] if cut >= 0 else ""
-            if not prompt or not row[rejected_key].startswith(prompt):
+            fields = _hh_fields(row, where, chosen_key, rejected_key)
+            if fields is None:
                 skipped += 1
                 continue
-            chosen, rejected = row[chosen_key][len(prompt):], row[rejected_key][len(prompt):]
         else:
-            prompt, chosen, rejected = row[prompt_key], row[chosen_key], row[rejected_key]
-        pairs.append(PreferencePair(len(pairs), prompt, chosen, rejected))
+            fields = _row_fields(row, where, prompt_key, chosen_key, rejected_key)
+        pair = PreferencePair(len(pairs), *fields)
+        if pairs and pair.is_chat != pairs[0].is_chat:
+            shape = "messages" if pairs[0].is_chat else "text"
+            raise RecipeError(f"{where}: key {prompt_key!r} changes shape; earlier rows give "
+                              f"the prompt as {shape}: use one shape for the whole file")
+        pairs.append(pair)
         if limit and len(pairs) >= limit:
             break
     if not pairs:
@@ -75,28 +149,158 @@ def load_pairs(path: str | Path, fmt: str, prompt_key: str = "prompt",
 @dataclass(frozen=True)
 class TokenizedPair:
     """Token ids of one pair: `[P]` prompt, `[Rc]` chosen and `[Rr]` rejected replies
-    (each reply ending with EOS)."""
+    (each reply ending with EOS, or for chat pairs the template's end-of-turn token)."""
 
     prompt_ids: list[int]
     chosen_ids: list[int]
     rejected_ids: list[int]
 
 
+@dataclass(frozen=True)
+class PairTokenization:
+    """Tokenised pairs and how their prompts were built.
+
+    Attributes:
+        pairs: one `TokenizedPair` per input pair, in order.
+        template_id: `CHAT_TEMPLATE_ID`, `PLAIN_TEMPLATE_ID` or `PLAIN_BOS_TEMPLATE_ID`;
+            goes into the DPO reference-logprob cache key.
+        description: one line for the run's console.
+    """
+
+    pairs: list[TokenizedPair]
+    template_id: str
+    description: str
+
+
+def _fit(prompt: list[int], replies: list[list[int]], max_length: int,
+         keep_first: int = 0) -> tuple[list[int], list[list[int]]]:
+    """Truncate to `max_length` tokens per row: the end of the prompt (its first
+    `keep_first` tokens, a BOS, always kept) and the start of the replies, the prompt
+    never shorter than half of `max_length` (TRL's keep_end/keep_start)."""
+    longest = max(len(r) for r in replies)
+    if len(prompt) + longest <= max_length:
+        return prompt, replies
+    keep = max(max_length - longest, max_length // 2)
+    if keep < len(prompt):
+        prompt = prompt[:keep_first] + prompt[len(prompt) - max(keep - keep_first, 0):]
+    return prompt, [r[: max(max_length - len(prompt), 0)] for r in replies]
+
+
 def tokenize_pairs(pairs: list[PreferencePair], tokenizer: Any,
                    max_length: int) -> list[TokenizedPair]:
-    """Plain-text tokenisation (no chat template), replies end with EOS. A pair longer
-    than `max_length` keeps the end of its prompt and the start of its replies, with
-    the prompt never shorter than half of `max_length` (TRL's keep_end/keep_start)."""
+    """Plain-text tokenisation (no chat template, no BOS), replies end with EOS. A pair
+    longer than `max_length` keeps the end of its prompt and the start of its replies,
+    with the prompt never shorter than half of `max_length` (TRL's keep_end/keep_start).
+    Kept for existing callers; new code calls `tokenize_pairs_with_template`."""
     eos = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
     out = []
     for p in pairs:
         prompt = tokenizer(p.prompt, add_special_tokens=False)["input_ids"]
         replies = [tokenizer(r, add_special_tokens=False)["input_ids"] + eos
                    for r in (p.chosen, p.rejected)]
-        longest = max(len(r) for r in replies)
-        if len(prompt) + longest > max_length:
-            keep_prompt = max(max_length - longest, max_length // 2)
-            prompt = prompt[-keep_prompt:]
-            replies = [r[: max_length - len(prompt)] for r in replies]
+        prompt, replies = _fit(prompt, replies, max_length)
         out.append(TokenizedPair(prompt, replies[0], replies[1]))
     return out
+
+
+def _adds_bos(tokenizer: Any) -> bool:
+    """Whether the tokenizer puts its BOS in front of its own encodings."""
+    bos = tokenizer.bos_token_id
+    return bos is not None and tokenizer("a")["input_ids"][:1] == [bos]
+
+
+def _one_bos(ids: list[int], bos: int | None, expected: bool) -> list[int]:
+    """`ids` with at most one leading BOS, and one when `expected`."""
+    if bos is None:
+        return ids
+    start = 0
+    while start + 1 < len(ids) and ids[start] == ids[start + 1] == bos:
+        start += 1
+    ids = ids[start:]
+    return [bos] + ids if expected and ids[:1] != [bos] else ids
+
+
+def _stop_ids(tokenizer: Any) -> set[int]:
+    """Ids of special tokens: the first one after a reply ends its turn."""
+    ids = set(tokenizer.all_special_ids)
+    decoder = getattr(tokenizer, "added_tokens_decoder", {}) or {}
+    ids.update(i for i, t in decoder.items() if getattr(t, "special", False))
+    return ids
+
+
+def _chat_reply(tokenizer: Any, messages: list[Message], prompt_text: str, reply: str,
+                stops: set[int]) -> list[int]:
+    """`[R]` ids of `reply` as the chat template renders the assistant turn after
+    `messages`: the text after the generation prompt up to and including the first
+    special token after the reply (the end-of-turn token). If the template renders
+    no special token there, or renders the turn so that it does not extend the
+    generation prompt, the reply's text followed by EOS."""
+    eos = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
+    full = tokenizer.apply_chat_template(messages + [{"role": "assistant", "content": reply}],
+                                         tokenize=False)
+    suffix = full[len(prompt_text):] if full.startswith(prompt_text) else None
+    # The reply is the last text of its turn: rfind skips template text before it.
+    at = -1 if suffix is None else suffix.rfind(reply) if reply else 0
+    if at < 0:
+        return tokenizer(reply, add_special_tokens=False)["input_ids"] + eos
+    end = at + len(reply)
+    head = tokenizer(suffix[:end], add_special_tokens=False)["input_ids"]
+    tail = tokenizer(suffix[end:], add_special_tokens=False)["input_ids"]
+    stop = next((i for i, t in enumerate(tail) if t in stops), None)
+    return head + (tail[: stop + 1] if stop is not None else eos)
+
+
+def tokenize_pairs_with_template(pairs: list[PreferencePair], tokenizer: Any,
+                                 max_length: int) -> PairTokenization:
+    """Token ids of every pair, prompts built as rollouts build them.
+
+    Chat-format pairs: prompt ids are `apply_chat_template(prompt,
+    add_generation_prompt=True, tokenize=True)` (with one BOS where the tokenizer
+    uses one, never two); each reply is the template's assistant turn up to and
+    including its end-of-turn token. Text pairs: raw text without special tokens,
+    the tokenizer's BOS in front if it adds one to its encodings, replies + EOS.
+    Pairs longer than `max_length` keep the BOS, the end of the prompt and the start
+    of the replies (the prompt never shorter than half of `max_length`).
+
+    Args:
+        pairs: all chat-format or all text (as `load_pairs` returns them).
+        tokenizer: the policy's transformers tokenizer.
+        max_length: most tokens of prompt + reply per row.
+
+    Raises:
+        RecipeError: chat-format pairs but the tokenizer has no chat template.
+        ValueError: `pairs` mixes chat-format and text prompts.
+    """
+    chat = bool(pairs) and pairs[0].is_chat
+    if any(p.is_chat != chat for p in pairs):
+        raise ValueError("pairs mix chat-format and text prompts; tokenise them separately")
+    if chat and not getattr(tokenizer, "chat_template", None):
+        raise RecipeError(f"chat-format preference pairs need a chat template, and the "
+                          f"tokenizer of {tokenizer.name_or_path!r} has none: give the "
+                          "prompts as text, or use a model that ships a chat template")
+    bos, adds_bos = tokenizer.bos_token_id, _adds_bos(tokenizer)
+    eos = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
+    stops, out = _stop_ids(tokenizer), []
+    for p in pairs:
+        if chat:
+            kw = {"add_generation_prompt": True}
+            enc = tokenizer.apply_chat_template(p.prompt, tokenize=True, return_dict=True, **kw)
+            prompt = _one_bos(list(enc["input_ids"]), bos, adds_bos)
+            text = tokenizer.apply_chat_template(p.prompt, tokenize=False, **kw)
+            replies = [_chat_reply(tokenizer, p.prompt, text, r, stops)
+                       for r in (p.chosen, p.rejected)]
+        else:
+            prompt = _one_bos(tokenizer(p.prompt, add_special_tokens=False)["input_ids"],
+                              bos, adds_bos)
+            replies = [tokenizer(r, add_special_tokens=False)["input_ids"] + eos
+                       for r in (p.chosen, p.rejected)]
+        keep_first = 1 if bos is not None and prompt[:1] == [bos] else 0
+        prompt, replies = _fit(prompt, replies, max_length, keep_first)
+        out.append(TokenizedPair(prompt, replies[0], replies[1]))
+    if chat:
+        return PairTokenization(out, CHAT_TEMPLATE_ID, "DPO prompts: the model's chat "
+                                "template (chat-format pairs), replies end at its end of turn")
+    with_bos = adds_bos and bos is not None
+    return PairTokenization(
+        out, PLAIN_BOS_TEMPLATE_ID if with_bos else PLAIN_TEMPLATE_ID,
+        f"DPO prompts: plain text, no chat template{' (with BOS)' if with_bos else ''}")
