@@ -1,7 +1,8 @@
 """`RolloutWorker`: a Ray actor wrapping one inference engine.
 
-Verbs: `generate`, `join_weight_group`, `update_weights`, `policy_version`, `health`,
-`weights_checksum`, `drain_spans`.
+Verbs: `generate`, `update_weights`, `policy_version`, `health`, `weights_checksum`,
+`drain_spans`, `close`. With a group transport (`collective`) the worker joins the push
+group as rank `worker_id + 1` while it is constructed.
 
 Concurrency: a worker runs one verb at a time (a plain Ray actor). The controller
 calls `update_weights(handle)` after the learner's optimizer step and waits for the
@@ -34,7 +35,7 @@ class RolloutWorker:
     Args:
         worker_id: index of this engine (rank `worker_id + 1` in a broadcast group).
         engine: how to build the engine.
-        transport: how new weights arrive.
+        transport: how new weights arrive (with a `group_address`, joined here).
         threads: torch threads (cores this worker owns while generating).
         delay_s: test knob, extra busy seconds per generate.
     """
@@ -51,7 +52,7 @@ class RolloutWorker:
         quiet_libraries()
         self.worker_id = worker_id
         self.engine = make_engine(engine)
-        self.transport = make_transport(transport)
+        self.transport = make_transport(transport, rank=worker_id + 1)
         self.version = 0
         self.spans = SpanRecorder("rollout", worker_id)
         self.started = time.time()
@@ -86,13 +87,7 @@ class RolloutWorker:
                     )
         return rollouts
 
-    def join_weight_group(self, address: str, world_size: int) -> int:
-        """Join the learner's broadcast group as rank `worker_id + 1` (collective
-        transport only; all ranks call at once). Returns the rank."""
-        self.transport.join_group(address, self.worker_id + 1, world_size)
-        return self.worker_id + 1
-
-    def update_weights(self, handle: WeightHandle, step: int) -> int:
+    def update_weights(self, handle: WeightHandle, step: int = -1) -> int:
         """Load `handle`'s weights in place (or, when `handle.meta` carries an
         `adapter_config`, serve base + that adapter) and take its version; returns it.
 
@@ -143,6 +138,6 @@ class RolloutWorker:
     def drain_spans(self) -> list[Span]:
         return self.spans.drain()
 
-    def close_transport(self) -> None:
+    def close(self) -> None:
         """Release the weight transport's buffers, files and group."""
         self.transport.close()

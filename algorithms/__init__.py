@@ -1,1 +1,30 @@
-"""The math of each algorithm, pure torch: one module per algorithm."""
+"""The math of each algorithm, pure torch, one module per algorithm.
+
+Each of `grpo`, `ppo` and `dpo` holds its advantage estimator (GRPO, PPO) and one loss
+with the shared signature
+
+    loss(logprobs [b, T], micro_batch: TrainBatch, cfg, values [b, T] | None) -> LossOutput
+
+plus `finish_metrics(sums) -> metrics`, which turns the loss's summed numerators into
+step metrics. The learner runs one train-step skeleton with the loss chosen at setup
+(`loss_module`); the controller's algorithm object (recipes/algorithm.py) builds the
+batch. A new loss is one function here, one schema entry and its tests.
+"""
+
+from __future__ import annotations
+
+from types import ModuleType
+
+
+def loss_module(name: str) -> ModuleType:
+    """The module holding algorithm `name`'s `loss` and `finish_metrics`.
+
+    Raises:
+        ValueError: an unknown algorithm.
+    """
+    from posttrain.algorithms import dpo, grpo, ppo
+
+    modules = {"grpo": grpo, "ppo": ppo, "dpo": dpo}
+    if name not in modules:
+        raise ValueError(f"unknown algorithm {name!r}; one of {sorted(modules)}")
+    return modules[name]

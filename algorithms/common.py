@@ -10,7 +10,7 @@ responses) and 0 on prompt and padding.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 import torch
@@ -133,3 +133,30 @@ def aggregate_loss(
     mean exactly, whatever the micro-batch size. `[B, T]` in, scalar out.
     """
     return (per_token * response_mask).sum() / denominator
+
+
+@dataclass
+class LossOutput:
+    """What every algorithm's `loss(logprobs, micro_batch, cfg, values)` returns.
+
+    Attributes:
+        loss: scalar with gradients, this micro-batch's share of the step loss: summed
+            over every micro-batch and rank it is the step's loss (each loss divides by
+            `micro_batch.loss_denominator`, the step-wide normaliser).
+        sums: metric numerators and counts (plain floats), summed over micro-batches and
+            ranks by the learner and turned into step metrics by the algorithm's
+            `finish_metrics`.
+    """
+
+    loss: torch.Tensor
+    sums: dict[str, float] = field(default_factory=dict)
+
+
+def masked_sum(x: torch.Tensor, mask: torch.Tensor) -> float:
+    """Sum of `x` where `mask` is 1, as a float (`[B, T]` in)."""
+    return float((x.detach() * mask).sum())
+
+
+def ratio_of(sums: dict[str, float], key: str, count: str) -> float:
+    """`sums[key] / sums[count]`, with an empty count read as 1 (an all-masked step)."""
+    return sums.get(key, 0.0) / max(sums.get(count, 0.0), 1.0)

@@ -1,12 +1,31 @@
 """GRPO (Shao et al. 2024, DeepSeekMath): group-relative advantages and the clipped
 policy loss with an optional k3 KL term. Pure tensor functions.
+
+`old_logprobs`: when a step's batch gets exactly one optimizer step, the policy that
+sampled is the policy being trained (up to precision), so the ratio is 1 at the only
+update and the clip cannot act. The learner then skips the separate no-grad pass:
+`micro_batch.old_logprobs` is None and the loss takes the forward's own logprobs,
+detached, as `old_logprobs` (the gradient is the same: ∇ratio = ∇logprobs at ratio 1),
+and reports `logprob_mismatch` against `inference_logprobs` from that forward. With
+several updates per step the controller computes `old_logprobs` first and the clip
+acts from the second update on.
 """
 
 from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
+from dataclasses import dataclass
 
 import torch
+
+from posttrain.algorithms.batch import TrainBatch
+from posttrain.algorithms.common import (
+    LossOutput,
+    aggregate_loss,
+    clipped_policy_loss,
+    masked_sum,
+    ratio_of,
+)
 
 
 def group_advantages(
@@ -56,3 +75,57 @@ def group_advantages(
             centred = centred / (vals[valid].std(unbiased=True) + eps)
         adv[idx] = centred
     return adv.to(torch.float32)
+
+
+@dataclass(frozen=True)
+class GRPOLoss:
+    """Plain settings of the GRPO loss (from the recipe's `grpo:` block).
+
+    Attributes:
+        clip_low, clip_high: ratio clipped to [1 - clip_low, 1 + clip_high] (DAPO's
+            clip-higher when they differ).
+        kl_coef: weight of the k3 KL to the reference (`ref_logprobs` must be given).
+    """
+
+    clip_low: float = 0.2
+    clip_high: float = 0.2
+    kl_coef: float = 0.0
+
+
+def loss(logprobs: torch.Tensor, mb: TrainBatch, cfg: GRPOLoss,
+         values: torch.Tensor | None = None) -> LossOutput:
+    """The GRPO objective of one micro-batch (DeepSeekMath eq. 3, token-level).
+
+    Args:
+        logprobs: `[b, T]` policy logprobs with gradients (0 off the response).
+        mb: the micro-batch: `advantages [b, T]`, `response_mask [b, T]`,
+            `loss_denominator`, optionally `old_logprobs`, `ref_logprobs`,
+            `inference_logprobs` (all `[b, T]`).
+        cfg: clip range and KL weight.
+        values: unused (GRPO has no critic).
+
+    Returns:
+        LossOutput with sums `loss`, `clipped`, `kl`, `tokens` and, when `old_logprobs`
+        come from this forward, `mismatch` (Σ|logprobs − inference_logprobs|).
+    """
+    fused = mb.old_logprobs is None
+    old = logprobs.detach() if fused else mb.old_logprobs
+    terms = clipped_policy_loss(logprobs, old, mb.advantages, cfg.clip_low, cfg.clip_high,
+                                ref_logprobs=mb.ref_logprobs, kl_coef=cfg.kl_coef)
+    m = mb.response_mask
+    total = aggregate_loss(terms.loss, m, mb.loss_denominator)
+    sums = {"loss": float(total.detach()), "clipped": masked_sum(terms.clipped, m),
+            "kl": masked_sum(terms.kl, m), "tokens": float(m.sum())}
+    if fused and mb.inference_logprobs is not None:
+        sums["mismatch"] = masked_sum((logprobs - mb.inference_logprobs).abs(), m)
+    return LossOutput(total, sums)
+
+
+def finish_metrics(sums: dict[str, float]) -> dict[str, float]:
+    """Step metrics from the summed `loss` sums: loss, clip_fraction, kl and (fused
+    old logprobs) logprob_mismatch, per response token."""
+    out = {"loss": sums.get("loss", 0.0), "clip_fraction": ratio_of(sums, "clipped", "tokens"),
+           "kl": ratio_of(sums, "kl", "tokens")}
+    if "mismatch" in sums:
+        out["logprob_mismatch"] = ratio_of(sums, "mismatch", "tokens")
+    return out

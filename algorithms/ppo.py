@@ -3,12 +3,25 @@ masked whitening, the clipped value loss and explained variance. Shapes are `[B,
 with `mask [B, T]` = 1 on response tokens (the loss and GAE see nothing else).
 
 Value convention: `values[:, t]` estimates the return from response token t on, read
-from the critic at the position that predicts token t (as for logprobs).
+from the critic at the position that predicts token t (as for logprobs): V(s_t), the
+state before token t. The value after a row's last token, V(s_T), is read at the
+position of that token; a truncated response bootstraps from it.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
+
+from posttrain.algorithms.batch import TrainBatch
+from posttrain.algorithms.common import (
+    LossOutput,
+    aggregate_loss,
+    clipped_policy_loss,
+    masked_sum,
+    ratio_of,
+)
 
 
 def token_rewards(
@@ -101,3 +114,96 @@ def explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.
     r, v = returns[m].double(), values[m].double()
     var = r.var(unbiased=False)
     return float("nan") if var == 0 else float(1 - (r - v).var(unbiased=False) / var)
+
+
+def last_token_index(mask: torch.Tensor) -> torch.Tensor:
+    """`[B]` column of each row's last masked token (0 for an all-zero row)."""
+    cols = torch.arange(mask.shape[1]).expand_as(mask)
+    return torch.where(mask > 0, cols, torch.zeros_like(cols)).max(-1).values
+
+
+def advantages_and_returns(
+    batch: TrainBatch,
+    scores: torch.Tensor,
+    truncated: torch.Tensor,
+    final_values: torch.Tensor,
+    gamma: float = 1.0,
+    lam: float = 0.95,
+    kl_coef: float = 0.0,
+    whiten: bool = True,
+    bootstrap_truncated: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """PPO's advantage estimator: per-token rewards (score on the last token, minus
+    kl_coef·k1 when `kl_coef` > 0), GAE(γ, λ) and optional whitening.
+
+    A response cut at max_new_tokens (`truncated`) with `bootstrap_truncated`
+    bootstraps from V(s_T), the critic's value after its last token (`final_values`);
+    a response that ended with EOS bootstraps from 0.
+
+    Args:
+        batch: holds `response_mask`, `values` (V(s_t), `[B, T]`), `old_logprobs` and,
+            with KL, `ref_logprobs`.
+        scores: `[B]` sequence rewards.
+        truncated: `[B]` bool, finish_reason == 'length'.
+        final_values: `[B]` V(s_T) per row.
+
+    Returns:
+        raw advantages, (whitened) advantages and returns, all `[B, T]`.
+    """
+    m = batch.response_mask
+    rewards = token_rewards(scores, m, batch.old_logprobs, batch.ref_logprobs, kl_coef)
+    boot = final_values.float() * truncated.float() if bootstrap_truncated else None
+    raw, returns = gae(rewards, batch.values, m, gamma, lam, boot)
+    return raw, (masked_whiten(raw, m) if whiten else raw), returns
+
+
+@dataclass(frozen=True)
+class PPOLoss:
+    """Plain settings of the PPO loss (from the recipe's `ppo:` block).
+
+    Attributes:
+        clip_eps: policy ratio clip ε (Schulman et al. 2017, eq. 7).
+        kl_coef: weight of a k3 KL term in the loss (`kl_mode: loss`; 0 with
+            `kl_mode: reward`, where the penalty is in the rewards).
+        cliprange_value: value clip around the old values.
+    """
+
+    clip_eps: float = 0.2
+    kl_coef: float = 0.0
+    cliprange_value: float = 0.2
+
+
+def loss(logprobs: torch.Tensor, mb: TrainBatch, cfg: PPOLoss,
+         values: torch.Tensor | None = None) -> LossOutput:
+    """Clipped policy loss plus clipped value loss of one micro-batch (one backward:
+    policy and critic have disjoint parameters).
+
+    Args:
+        logprobs: `[b, T]` policy logprobs with gradients.
+        mb: `old_logprobs`, `advantages` (whitened), `returns`, `values` (the critic's
+            before this update), `response_mask`, all `[b, T]`; `ref_logprobs` with KL.
+        values: `[b, T]` the critic's current values, with gradients.
+
+    Raises:
+        ValueError: `values` or `mb.old_logprobs` is missing.
+    """
+    if values is None or mb.old_logprobs is None:
+        raise ValueError("the PPO loss needs the critic's values and old_logprobs")
+    m = mb.response_mask
+    t = clipped_policy_loss(logprobs, mb.old_logprobs, mb.advantages, cfg.clip_eps, cfg.clip_eps,
+                            ref_logprobs=mb.ref_logprobs, kl_coef=cfg.kl_coef)
+    pg = aggregate_loss(t.loss, m, mb.loss_denominator)
+    vl, vclip = clipped_value_loss(values, mb.values, mb.returns, cfg.cliprange_value)
+    vf = aggregate_loss(vl, m, mb.loss_denominator)
+    return LossOutput(pg + vf, {
+        "loss": float(pg.detach()), "value_loss": float(vf.detach()),
+        "clipped": masked_sum(t.clipped, m), "value_clipped": masked_sum(vclip, m),
+        "kl": masked_sum(t.kl, m), "tokens": float(m.sum())})
+
+
+def finish_metrics(sums: dict[str, float]) -> dict[str, float]:
+    """Step metrics of one PPO update from its summed loss sums."""
+    return {"loss": sums.get("loss", 0.0), "value_loss": sums.get("value_loss", 0.0),
+            "clip_fraction": ratio_of(sums, "clipped", "tokens"),
+            "value_clip_fraction": ratio_of(sums, "value_clipped", "tokens"),
+            "kl": ratio_of(sums, "kl", "tokens")}

@@ -36,9 +36,9 @@ def main() -> None:
     model_dir = resolve_model_path("smollm2-135m-instruct")  # before the cache moves
     with tempfile.TemporaryDirectory() as tmp:
         os.environ["POSTTRAIN_CACHE"] = tmp  # a cold cache: the precompute really runs
-        from posttrain.recipes.dpo_loop import run_dpo
-        from posttrain.recipes.preference import load_pairs
         from posttrain.recipes.loading import load_recipe
+        from posttrain.recipes.loop import run
+        from posttrain.recipes.preference import load_pairs
 
         results = {}
         for precompute in (True, False):
@@ -50,7 +50,7 @@ def main() -> None:
             d = recipe.data.train
             pairs, _ = load_pairs(d.path, d.format, limit=d.limit)
             run_dir = Path(tmp) / f"pre-{precompute}"
-            history = run_dpo(recipe, run_dir, None, pairs)
+            history = run(recipe, run_dir, None, pairs)
             info = (json.loads((run_dir / "precompute.json").read_text())
                     if precompute else {})
             steps = history[1:] or history

@@ -19,8 +19,8 @@ import argparse
 import json
 import statistics
 import sys
-import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -31,9 +31,8 @@ import torch  # noqa: E402
 from posttrain.actors.engine import EngineSettings  # noqa: E402
 from posttrain.actors.worker import RolloutWorker  # noqa: E402
 from posttrain.common.model_registry import resolve_model_path  # noqa: E402
-from posttrain.learner.worker import _untied
-from posttrain.common.net import free_port  # noqa: E402
-from posttrain.weightsync import TransportSettings, make_transport  # noqa: E402
+from posttrain.learner.push import untied as _untied  # noqa: E402
+from posttrain.weightsync import GroupStore, TransportSettings, make_transport  # noqa: E402
 
 TRANSPORTS = ("collective", "object_store", "filesystem")
 
@@ -43,26 +42,13 @@ class Sink:
 
     def __init__(self, rank: int, settings: TransportSettings, shapes: dict):
         torch.set_num_threads(1)
-        self.rank, self.transport = rank, make_transport(settings)
+        self.rank, self.transport = rank, make_transport(settings, rank=rank)
         self.own = {n: torch.empty(s, dtype=d) for n, (s, d) in shapes.items()}
-
-    def join_weight_group(self, address: str, world: int) -> int:
-        self.transport.join_group(address, self.rank, world)
-        return self.rank
 
     def update_weights(self, handle, step: int) -> int:
         for name, t in self.transport.receive(handle):
             self.own[name].copy_(t)
         return handle.version
-
-
-def _join(sender, receivers, world):
-    address = f"127.0.0.1:{free_port()}"
-    refs = [r.join_weight_group.remote(address, world) for r in receivers]
-    t = threading.Thread(target=sender.join_group, args=(address, 0, world))
-    t.start()
-    ray.get(refs)
-    t.join()
 
 
 def _push_seconds(sender, receivers, weights, repeats) -> list[float]:
@@ -105,6 +91,11 @@ def main() -> None:
     for kind in TRANSPORTS:
         settings = TransportSettings(kind, bucket_mb=64, timeout_s=300,
                                      directory=f"/dev/shm/posttrain-bench-{kind}")
+        store = None
+        if kind == "collective":  # receivers join the push group while constructed
+            store = GroupStore(args.engines + 1, 300)
+            settings = replace(settings, group_address=store.address,
+                               group_world=args.engines + 1)
         modes = [("transport", lambda i, s=settings: ray.remote(num_cpus=0)(Sink).remote(
             i + 1, s, shapes))]
         if not args.no_vllm:
@@ -112,9 +103,7 @@ def main() -> None:
                 RolloutWorker).remote(i, EngineSettings("vllm", path, args.dtype), s, 1)))
         for mode, start in modes:
             receivers = [start(i) for i in range(args.engines)]
-            sender = make_transport(settings)
-            if kind == "collective":
-                _join(sender, receivers, args.engines + 1)
+            sender = make_transport(settings, rank=0)
             runs = _push_seconds(sender, receivers, weights, args.repeats + 1)[1:]  # warm
             rows.append((kind, mode, statistics.median(runs)))
             sender.close()

@@ -26,6 +26,20 @@ class GRPOConfig(_Strict):
         description="token_mean: mean over every response token of the step; "
         "seq_mean_token_sum: tokens summed per sequence, mean over sequences (Dr. GRPO).",
     )
+    epochs: int = Field(1, gt=0, description="Passes over each step's rollouts.")
+    mini_batches: int = Field(
+        1, gt=0, description="Optimizer steps per epoch (the step's rollouts split into this "
+        "many shuffled mini-batches). With epochs × mini_batches = 1 (the default) the "
+        "batch gets one update from the policy that sampled it: the ratio is 1 and the clip "
+        "cannot act. From the second update of a step on, the clip acts.",
+    )
+    old_logprob_pass: Literal["auto", "always"] = Field(
+        "auto",
+        description="auto: old_logprobs get their own no-grad forward only when a step takes "
+        "several updates; with one, they are the update's own logprobs detached (same "
+        "gradient, one forward less). always: the separate pass every step (for comparison; "
+        "logprob_mismatch is then measured in eval mode, without adapter dropout).",
+    )
 
 
 class PPOConfig(_Strict):
@@ -57,6 +71,11 @@ class DPOConfig(_Strict):
     label_smoothing: float = Field(0.0, ge=0, lt=0.5, description="Assumed label-flip rate.")
     loss_type: Literal["sigmoid", "ipo"] = Field(
         "sigmoid", description="sigmoid (Rafailov et al. 2023, eq. 7) or ipo (Azar et al. 2023)."
+    )
+    ipo_token_mean: bool = Field(
+        True, description="ipo: compare per-token mean logprobs of each reply (IPO's authors, "
+        "TRL), so the target margin 1/(2β) does not depend on reply length; false: summed "
+        "logprobs, as sigmoid DPO uses."
     )
     precompute_ref_logprobs: bool = Field(
         True,

@@ -1,10 +1,10 @@
-"""The controller: one process that starts the roles and owns the GRPO step loop.
+"""The controller's role handling: start and stop the roles of one run, and the
+named calls a step is made of (`generate`, `score`, `on_learners`, `push_weights`,
+telemetry, the rollout files). The loop itself is recipes/loop.py; what an algorithm
+does with a step is recipes/algorithm.py.
 
-One step (synchronous, on-policy):
-  generate → score → old/ref logprobs → advantages → train_step → push_weights,
-and every rollout engine acknowledges `policy_version = step + 1` before the next
-generate. Each step's rollouts and rewards are written to disk before training on
-them, so a crash loses no scored sample.
+Each step's rollouts and scores are written to disk before training on them, so a
+crash loses no scored sample.
 """
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ import os
 import secrets
 import subprocess
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import ray
 import torch
@@ -25,80 +25,69 @@ import yaml
 from posttrain.actors.engine import EngineSettings
 from posttrain.actors.rollout import PromptRequest, Rollout, SamplingSettings
 from posttrain.actors.worker import RolloutWorker
+from posttrain.algorithms.batch import TrainBatch
+from posttrain.common.net import free_port
 from posttrain.common.process import default_threads
 from posttrain.common.telemetry import Span, busy_seconds, generation_tail, idle_fraction
-from posttrain.learner.batch import TrainBatch, concat, pad_rows_to_multiple
-from posttrain.algorithms.common import loss_denominator
-from posttrain.learner.worker import LearnerSettings, LearnerWorker
-from posttrain.common.net import free_port
+from posttrain.config import LOCAL_TYPES, Recipe, RecipeError
 from posttrain.recipes.data import PromptItem
-from posttrain.recipes.grpo import logprob_mismatch
 from posttrain.recipes.placement import Placement, gpus_needed, place, release
-from posttrain.config.rewards import LOCAL_TYPES
-from posttrain.config import Recipe
 from posttrain.rewards.client import RewardClient, RewardSet, start_local_service
-from posttrain.rewards.protocol import ScoreItem
-from posttrain.weightsync import TransportSettings, WeightSyncError, make_transport
+from posttrain.rewards.protocol import Score, ScoreItem
+from posttrain.weightsync import GroupStore, TransportSettings, make_transport, push
+
+if TYPE_CHECKING:
+    from posttrain.recipes.algorithm import Algorithm
 
 
 @dataclass
 class Roles:
-    """Handles of every running role of one job."""
+    """Handles of every running role of one job (no rollout side for DPO)."""
 
-    rollout: list[Any]
     learners: list[Any]
-    reward: RewardSet
-    reward_proc: subprocess.Popen | None
-    pad_id: int
     placement: Placement
+    pad_id: int = 0
+    rollout: list[Any] = field(default_factory=list)
+    reward: RewardSet | None = None
+    reward_proc: subprocess.Popen | None = None
+    group: GroupStore | None = None  # the push group's rendezvous (collective transport)
     last_push_bytes: int = 0  # tensor bytes of the newest weight push
-    stream: Any = None  # collective: a transport (no group) that makes streamed handles
-    stream_meta: list | None = None  # the learner's `weight_layout`, asked once
 
 
-def start_roles(recipe: Recipe, model_path: str, run_dir: Path) -> Roles:
-    """Start the reward service, the rollout workers and the learner group.
+def start_roles(recipe: Recipe, algo: Algorithm, model_path: str, run_dir: Path) -> Roles:
+    """Start the learner group and, when the algorithm samples (`algo.uses_rollouts`),
+    the reward service, the rollout workers and their push group.
 
     Raises:
+        RecipeError: an adapter target that names no layer of the model.
         RuntimeError: a role failed to start (the message names it).
     """
     res = recipe.resources
-    n_rollout = res.rollout.gpus // res.rollout.gpus_per_engine
-    n_learn = res.learner.gpus
-    reward, proc = start_rewards(recipe, run_dir)
+    placement = place(res, rollout=algo.uses_rollouts)
+    n_rollout, n_learn = len(placement.rollout), len(placement.learner)
     # Synchronous mode: the rollout side and the learner side never compute at once,
     # so each side gets all cores, split among its own workers.
-    threads_r = res.threads_per_worker or default_threads(n_rollout)
+    threads_r = res.threads_per_worker or default_threads(max(n_rollout, 1))
     threads_l = res.threads_per_worker or default_threads(n_learn)
-    placement = place(res)
+    roles = Roles(learners=[], placement=placement)
     transport = transport_settings(recipe, run_dir)
-    v = recipe.rollout.vllm
-    engine = EngineSettings(
-        kind=recipe.rollout.engine, model_path=model_path, dtype=recipe.model.dtype,
-        seed=recipe.train.seed, kv_cache_gb=v.kv_cache_gb, max_model_len=v.max_model_len,
-        enforce_eager=v.enforce_eager, device=res.device,
-        lora_rank=recipe.model.adapter.r if adapter_sync(recipe) else None,
-    )
-    Rollout_ = ray.remote(num_cpus=0)(RolloutWorker)
-    rollout = [
-        Rollout_.options(**opts).remote(i, engine, transport, threads_r,
-                                        recipe.debug.rollout_delay_s)
-        for i, opts in enumerate(placement.rollout)
-    ]
-    learners = start_learners(recipe, model_path, placement, threads_l, transport)
-    ray.get([w.health.remote() for w in rollout])
-    roles = Roles(rollout, learners, reward, proc, 0, placement)
-    sender = make_transport(transport)  # never joins: it only lays out streamed handles
-    if sender.needs_group:
-        join_weight_group(learners[0], rollout)
-        roles.stream = sender
+    if algo.uses_rollouts:
+        roles.reward, roles.reward_proc = start_rewards(recipe, run_dir)
+        if make_transport(transport.type).needs_group:
+            roles.group = GroupStore(n_rollout + 1, recipe.weight_sync.timeout_s)
+            transport = replace(transport, group_address=roles.group.address,
+                                group_world=n_rollout + 1)
+        roles.rollout = start_rollout(recipe, model_path, placement, threads_r, transport)
+    roles.learners = start_learners(recipe, algo, model_path, placement, threads_l, transport)
+    if roles.rollout:
+        ray.get([w.health.remote() for w in roles.rollout])
     if adapter_sync(recipe) and recipe.model.adapter.type == "qlora":
         # Engines serve base + adapter; their base must be the learner's NF4 base
         # dequantised, not the checkpoint: send it once, as policy_version 0.
-        push_weights(roles, recipe, version=0, adapter_only=False)
-    if reward.local is not None:
+        push(roles.learners, roles.rollout, 0, recipe.weight_sync.timeout_s, full=True)
+    if roles.reward is not None and roles.reward.local is not None:
         try:
-            reward.local.wait_ready(timeout_s=120, proc=proc)
+            roles.reward.local.wait_ready(timeout_s=120, proc=roles.reward_proc)
         except RuntimeError as e:
             log = (run_dir / "reward_service.log").read_text(errors="replace")[-1500:]
             raise RuntimeError(
@@ -106,9 +95,25 @@ def start_roles(recipe: Recipe, model_path: str, run_dir: Path) -> Roles:
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(model_path)
-    pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
-    roles.pad_id = pad
+    roles.pad_id = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
     return roles
+
+
+def start_rollout(recipe: Recipe, model_path: str, placement: Placement, threads: int,
+                  transport: TransportSettings) -> list[Any]:
+    """One rollout worker per engine placement (not waited for; each joins the push
+    group while it is constructed)."""
+    v = recipe.rollout.vllm
+    engine = EngineSettings(
+        kind=recipe.rollout.engine, model_path=model_path, dtype=recipe.model.dtype,
+        seed=recipe.train.seed, kv_cache_gb=v.kv_cache_gb, max_model_len=v.max_model_len,
+        enforce_eager=v.enforce_eager, device=recipe.resources.device,
+        lora_rank=recipe.model.adapter.r if adapter_sync(recipe) else None,
+    )
+    worker = ray.remote(num_cpus=0)(RolloutWorker)
+    return [worker.options(**opts).remote(i, engine, transport, threads,
+                                          recipe.debug.rollout_delay_s)
+            for i, opts in enumerate(placement.rollout)]
 
 
 def adapter_sync(recipe: Recipe) -> bool:
@@ -124,65 +129,41 @@ def transport_settings(recipe: Recipe, run_dir: Path) -> TransportSettings:
         type=ws.type, bucket_mb=ws.bucket_mb, timeout_s=ws.timeout_s,
         backend="nccl" if recipe.resources.device == "cuda" else "gloo",
         directory=str(Path(ws.directory) / f"{run_dir.name}-{os.getpid()}"),
+        checksum=ws.verify_checksum, adapter_only=adapter_sync(recipe),
     )
 
 
-def join_weight_group(learner0: Any, rollout: list[Any]) -> None:
-    """Form the broadcast group: learner rank 0 is rank 0, engine i is rank i + 1.
+def start_learners(recipe: Recipe, algo: Algorithm, model_path: str, placement: Placement,
+                   threads: int, transport: TransportSettings) -> list[Any]:
+    """Start the FSDP2 learner ranks on their placement with the algorithm's loss,
+    reference and critic, and wait until they are set up.
 
     Raises:
-        WeightSyncError: a member could not join (the message names it).
+        RecipeError: an adapter target names no linear layer (checked before loading).
     """
-    address = ray.get(learner0.weight_group_address.remote())
-    world = len(rollout) + 1
-    ray.get([learner0.join_weight_group.remote(address, world)]
-            + [w.join_weight_group.remote(address, world) for w in rollout])
-
-
-def start_learners(recipe: Recipe, model_path: str, placement: Placement,
-                   threads: int, transport: TransportSettings | None = None) -> list[Any]:
-    """Start the FSDP2 learner ranks on their placement and wait until they are set up."""
     from posttrain.learner.adapters import AdapterSettings, check_targets, format_memory_report
-    from posttrain.config import RecipeError
+    from posttrain.learner.settings import LearnerSettings
+    from posttrain.learner.worker import LearnerWorker
 
-    if recipe.model.adapter.type != "none":  # a meta-device model: no weights read
+    adapter = recipe.model.adapter
+    if adapter.type != "none":  # a meta-device model: no weights read
         try:
-            check_targets(model_path, tuple(recipe.model.adapter.target_modules))
+            check_targets(model_path, tuple(adapter.target_modules))
         except ValueError as e:
             raise RecipeError(str(e)) from None
-    dpo, ppo = recipe.algorithm == "dpo", recipe.algorithm == "ppo"
-    clip = recipe.ppo.clip_eps if ppo else recipe.grpo.clip_eps
+    t = recipe.train
     settings = LearnerSettings(
-        model_path=model_path,
-        compute_dtype=recipe.model.dtype,
-        lr=recipe.train.lr,
-        betas=recipe.train.betas,
-        weight_decay=recipe.train.weight_decay,
-        warmup_steps=recipe.train.warmup_steps,
-        max_grad_norm=recipe.train.max_grad_norm,
-        micro_batch_size=recipe.train.micro_batch_size,
-        clip_low=clip,
-        clip_high=clip if ppo else recipe.grpo.clip_eps_high or clip,
-        # PPO's k1 penalty lives in the reward; only kl_mode 'loss' puts KL in the loss.
-        kl_coef=(recipe.ppo.kl_coef if recipe.ppo.kl_mode == "loss" else 0.0) if ppo
-        else recipe.grpo.kl_coef,
-        temperature=1.0 if dpo else recipe.rollout.temperature,
-        seed=recipe.train.seed,
-        transport=transport or TransportSettings(),
+        model_path=model_path, compute_dtype=recipe.model.dtype, lr=t.lr, betas=t.betas,
+        weight_decay=t.weight_decay, warmup_steps=t.warmup_steps,
+        max_grad_norm=t.max_grad_norm, micro_batch_size=t.micro_batch_size,
+        temperature=algo.temperature, seed=t.seed, algorithm=algo.name, loss=algo.loss,
+        load_reference=algo.load_reference, critic=algo.critic, transport=transport,
+        adapter=AdapterSettings(**{**adapter.model_dump(),
+                                   "target_modules": tuple(adapter.target_modules)}),
         delay_s=recipe.debug.learner_delay_s,
-        load_reference=dpo or (recipe.ppo.kl_coef if ppo else recipe.grpo.kl_coef) > 0,
-        critic=ppo,
-        critic_path=recipe.ppo.critic_path,
-        critic_lr=recipe.ppo.critic_lr,
-        cliprange_value=recipe.ppo.cliprange_value,
-        dpo_beta=recipe.dpo.beta,
-        dpo_label_smoothing=recipe.dpo.label_smoothing,
-        dpo_loss_type=recipe.dpo.loss_type,
-        adapter=AdapterSettings(**{**recipe.model.adapter.model_dump(), "target_modules": tuple(
-            recipe.model.adapter.target_modules)}),
     )
-    Learner_ = ray.remote(num_cpus=0)(LearnerWorker)
-    learners = [Learner_.options(**opts).remote(r, len(placement.learner), settings, threads)
+    worker = ray.remote(num_cpus=0)(LearnerWorker)
+    learners = [worker.options(**opts).remote(r, len(placement.learner), settings, threads)
                 for r, opts in enumerate(placement.learner)]
     master = free_port()
     reports = ray.get([lw.setup.remote(master) for lw in learners])
@@ -216,7 +197,8 @@ def stop_roles(roles: Roles | None) -> None:
     """Stop the reward service and the Ray actors; safe to call twice."""
     if roles is None:
         return
-    roles.reward.close()
+    if roles.reward is not None:
+        roles.reward.close()
     if roles.reward_proc is not None and roles.reward_proc.poll() is None:
         roles.reward_proc.terminate()
         try:
@@ -224,13 +206,15 @@ def stop_roles(roles: Roles | None) -> None:
         except subprocess.TimeoutExpired:
             roles.reward_proc.kill()
     # Let transports release what outlives a process (filesystem: files in /dev/shm).
-    closing = [a.close_transport.remote() for a in roles.rollout + roles.learners]
+    closing = [a.close.remote() for a in roles.rollout + roles.learners]
     try:
         ray.wait(closing, num_returns=len(closing), timeout=30)
     except ray.exceptions.RayError:  # an actor already dead: nothing of it to close
         pass
     for a in roles.rollout + roles.learners:
         ray.kill(a)
+    if roles.group is not None:
+        roles.group.close()
     release(roles.placement)
 
 
@@ -263,16 +247,14 @@ def generate(
     return [r for part in ray.get(futures) for r in part]
 
 
-def score(roles: Roles, rollouts: list[Rollout]) -> tuple[list[float | None], list[dict]]:
-    """Rewards (None when scoring failed) and details, aligned with `rollouts`."""
+def score(roles: Roles, rollouts: list[Rollout]) -> list[Score]:
+    """One `Score` per rollout, in order (`reward` None when scoring failed)."""
     items = [
         ScoreItem(uid=r.uid, prompt=r.prompt_text, response=r.response_text,
                   ground_truth=r.ground_truth, metadata=r.metadata)
         for r in rollouts
     ]
-    scores = roles.reward.score(items)
-    return [s.reward for s in scores], [s.details | ({"error": s.error} if s.error else {})
-                                        for s in scores]
+    return roles.reward.score(items)
 
 
 def on_learners(learners: list[Any], method: str, batch: TrainBatch, *args: Any) -> list[Any]:
@@ -283,64 +265,16 @@ def on_learners(learners: list[Any], method: str, batch: TrainBatch, *args: Any)
                     for r, lw in enumerate(learners)])
 
 
-def train_on(roles: Roles, batch: TrainBatch, recipe: Recipe, step: int) -> dict[str, float]:
-    """old (and ref) logprobs, then one optimizer step on every learner rank."""
-    b, t0 = len(batch), time.time()
-    padded = pad_rows_to_multiple(batch, len(roles.learners))
-    learners = roles.learners
-    padded.old_logprobs = concat(on_learners(learners, "compute_logprobs", padded, step))
-    if recipe.grpo.kl_coef > 0:
-        padded.ref_logprobs = concat(on_learners(learners, "compute_logprobs", padded, step, True))
-    t_train = time.time()
-    denom = loss_denominator(padded.response_mask, recipe.grpo.loss_agg)
-    stats = on_learners(roles.learners, "train_step", padded, denom, step)[0]
-    stats["time/train"] = time.time() - t_train
-    stats["time/logprobs"] = t_train - t0
-    stats["logprob_mismatch"] = logprob_mismatch(batch, padded.old_logprobs[:b])
-    return stats
-
-
-def push_weights(roles: Roles, recipe: Recipe, version: int,
-                 adapter_only: bool | None = None) -> float:
-    """Publish the new policy (the adapter alone with `adapter_mode: adapter`) and wait
-    for every engine to hold `version`; seconds.
+def push_weights(roles: Roles, recipe: Recipe, version: int) -> float:
+    """Publish the new policy and wait for every engine to hold `version`; seconds.
 
     Raises:
         WeightSyncError: an engine failed to load, did not answer within
             `weight_sync.timeout_s`, or reports another version; names engine and version.
     """
     t0 = time.time()
-    check = recipe.weight_sync.verify_checksum
-    only = adapter_sync(recipe) if adapter_only is None else adapter_only
-    dtype = recipe.model.dtype
-    learner_refs = []
-    if roles.stream is not None and not check and recipe.model.adapter.type == "none":
-        # Streamed: engines receive bucket i while the learner gathers bucket i+1.
-        # (With an adapter the learner merges on a copy first: the gather-first path.)
-        if roles.stream_meta is None:
-            roles.stream_meta = ray.get(roles.learners[0].weight_layout.remote(dtype))
-        handle = roles.stream.stream_handle(roles.stream_meta, version)
-        learner_refs = [lw.push_weights.remote(version, dtype, False, False, handle)
-                        for lw in roles.learners]
-    else:
-        handle = ray.get([lw.push_weights.remote(version, dtype, check, only)
-                          for lw in roles.learners])[0]
+    handle = push(roles.learners, roles.rollout, version, recipe.weight_sync.timeout_s)
     roles.last_push_bytes = handle.num_bytes
-    pending = {w.update_weights.remote(handle, version - 1): i
-               for i, w in enumerate(roles.rollout)}
-    done, late = ray.wait(list(pending), num_returns=len(pending),
-                          timeout=recipe.weight_sync.timeout_s)
-    if late:
-        raise WeightSyncError(
-            f"rollout engines {sorted(pending[r] for r in late)} did not acknowledge "
-            f"policy_version {version} within {recipe.weight_sync.timeout_s:.0f} s")
-    for ref in done:
-        if (got := ray.get(ref)) != version:
-            raise WeightSyncError(f"rollout engine {pending[ref]} reports policy_version {got} "
-                                  f"after a push of {version}")
-    # The sender's side (a broadcast thread for 'collective') ends once all engines did.
-    ray.get(learner_refs)
-    ray.get(roles.learners[0].finish_push.remote(None if learner_refs else handle))
     return time.time() - t0
 
 
@@ -361,31 +295,34 @@ def step_telemetry(
     }, spans + extra
 
 
-def save_rollouts(run_dir: Path, step: int, rollouts: list[Rollout],
-                  rewards: list[float | None], details: list[dict]) -> None:
-    """One jsonl per step: every rollout with its reward, written before training."""
+def save_rollouts(run_dir: Path, step: int, rollouts: list[Rollout], scores: list[Score]) -> None:
+    """One jsonl per step: every rollout with its reward (and the scoring error in
+    `reward_details.error`), written before training on it."""
     folder = run_dir / "rollouts"
     folder.mkdir(exist_ok=True)
     with open(folder / f"step_{step:05d}.jsonl", "w") as f:
-        for r, x, d in zip(rollouts, rewards, details, strict=True):
-            f.write(json.dumps(r.to_dict() | {"reward": x, "reward_details": d}) + "\n")
+        for r, s in zip(rollouts, scores, strict=True):
+            details = s.details | ({"error": s.error} if s.error else {})
+            f.write(json.dumps(r.to_dict() | {"reward": s.reward, "reward_details": details})
+                    + "\n")
 
 
-def init_ray(recipe: Recipe, address: str | None) -> None:
+def init_ray(recipe: Recipe, address: str | None, rollout: bool = True) -> None:
     """Join `address` (or RAY_ADDRESS), else start an embedded cluster; on device cpu
-    declare as many GPUs as the recipe asks for so the same placement code runs."""
+    declare as many GPUs as the recipe asks for (`rollout`: engines too) so the same
+    placement code runs."""
     address = address or os.environ.get("RAY_ADDRESS")
     if address:
         ray.init(address=address, log_to_driver=True)
         return
-    ray.init(num_cpus=os.cpu_count(),
-             num_gpus=gpus_needed(recipe.resources, rollout=recipe.algorithm != "dpo"),
+    ray.init(num_cpus=os.cpu_count(), num_gpus=gpus_needed(recipe.resources, rollout=rollout),
              include_dashboard=False, log_to_driver=True,
              runtime_env={"env_vars": {"TOKENIZERS_PARALLELISM": "false",
-                                                 "HF_HUB_OFFLINE": "1"}})
+                                       "HF_HUB_OFFLINE": "1"}})
 
 
 def write_manifest(run_dir: Path, recipe: Recipe, model_path: str) -> None:
+    """The validated recipe (defaults filled in) and the resolved model folder."""
     (run_dir / "recipe.yaml").write_text(yaml.safe_dump(recipe.model_dump(mode="json"),
                                                         sort_keys=False))
     (run_dir / "run.json").write_text(json.dumps({

@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from posttrain.config.data import DataConfig, GeneratorData, JsonlData
 from posttrain.config import RecipeError
+from posttrain.config.data import DataConfig, GeneratorData, JsonlData
 
 
 @dataclass(frozen=True)

@@ -1,31 +1,31 @@
-"""GRPO on the controller side: rollouts + rewards → a padded `TrainBatch` with
-group-normalised advantages, and the per-step rollout metrics.
+"""GRPO on the controller: rollouts + scores → a padded `TrainBatch`, group-normalised
+advantages, and the step's updates; plus the rollout metrics every RL run reports.
 """
 
 from __future__ import annotations
 
 import math
 import statistics
+import time
+from typing import Any
 
 import torch
 
 from posttrain.actors.rollout import Rollout
-from posttrain.learner.batch import TrainBatch, pack_rows
-from posttrain.algorithms.grpo import group_advantages
+from posttrain.algorithms.batch import TrainBatch, concat, pack_rows, pad_rows_to_multiple
+from posttrain.algorithms.grpo import GRPOLoss, group_advantages
+from posttrain.config import Recipe
+from posttrain.recipes.algorithm import RLAlgorithm, run_updates
+from posttrain.recipes.controller import on_learners
+from posttrain.rewards.protocol import Score
 
 
-def build_train_batch(
-    rollouts: list[Rollout],
-    rewards: list[float | None],
-    pad_id: int,
-    scale_by_std: bool = True,
-    std_eps: float = 1e-6,
-) -> TrainBatch:
+def rollout_batch(rollouts: list[Rollout], rewards: list[float | None], pad_id: int) -> TrainBatch:
     """Pad rollouts into `[B, T]` tensors (prompts left-padded to a common width, so
-    responses start at one column) and attach GRPO advantages.
+    responses start at one column), with the engines' `inference_logprobs`.
 
     A rollout whose reward is None (failed scoring) keeps its row but gets an all-zero
-    response mask: it neither counts in its group's statistics nor in the loss.
+    response mask: it counts in no loss or statistic.
 
     Raises:
         ValueError: `rewards` and `rollouts` differ in length.
@@ -39,16 +39,8 @@ def build_train_batch(
         inference[i, width_p:width_p + len(r.response_ids)] = torch.tensor(r.inference_logprobs)
         if rewards[i] is None:
             response[i] = 0.0
-    reward_t = torch.tensor([math.nan if x is None else x for x in rewards], dtype=torch.float32)
-    adv = group_advantages(reward_t, [r.group_id for r in rollouts], scale_by_std, std_eps)
-    return TrainBatch(
-        input_ids=input_ids,
-        attention_mask=attention,
-        response_mask=response,
-        response_start=width_p,
-        advantages=adv.unsqueeze(-1) * response,
-        inference_logprobs=inference,
-    )
+    return TrainBatch(input_ids=input_ids, attention_mask=attention, response_mask=response,
+                      response_start=width_p, inference_logprobs=inference)
 
 
 class RewardFailure(RuntimeError):
@@ -82,16 +74,12 @@ def apply_failure_policy(
     raise ValueError(f"unknown on_reward_failure {policy!r}")
 
 
-def rollout_metrics(
-    rollouts: list[Rollout],
-    rewards: list[float | None],
-    details: list[dict],
-    accuracy_component: str | None = None,
-) -> dict[str, float]:
+def rollout_metrics(rollouts: list[Rollout], scores: list[Score],
+                    accuracy_component: str | None = None) -> dict[str, float]:
     """Reward mean/std, per-component means, response length, truncation and
     failed-score counts of one step; `accuracy` is the share of scored rollouts whose
     `accuracy_component` (a 0/1 verifier such as `math`) is 1."""
-    ok = [x for x in rewards if x is not None]
+    ok = [s.reward for s in scores if s.reward is not None]
     lengths = [len(r.response_ids) for r in rollouts]
     out = {
         "reward_mean": statistics.fmean(ok) if ok else math.nan,
@@ -99,11 +87,11 @@ def rollout_metrics(
         "response_length_mean": statistics.fmean(lengths),
         "response_length_max": float(max(lengths)),
         "truncated_fraction": sum(r.finish_reason == "length" for r in rollouts) / len(rollouts),
-        "failed_scores": float(len(rewards) - len(ok)),
+        "failed_scores": float(len(scores) - len(ok)),
     }
     comps: dict[str, list[float]] = {}
-    for d in details:
-        for k, v in d.items():
+    for s in scores:
+        for k, v in s.details.items():
             if "." not in k and isinstance(v, int | float):
                 comps.setdefault(k, []).append(float(v))
     for k, vals in comps.items():
@@ -112,9 +100,9 @@ def rollout_metrics(
         vals = comps[accuracy_component]
         out["accuracy"] = sum(v == 1.0 for v in vals) / len(vals)
     groups: dict[str, list[float]] = {}
-    for r, x in zip(rollouts, rewards, strict=True):
-        if x is not None:
-            groups.setdefault(r.group_id, []).append(x)
+    for r, s in zip(rollouts, scores, strict=True):
+        if s.reward is not None:
+            groups.setdefault(r.group_id, []).append(s.reward)
     out["groups_with_signal"] = float(sum(len(set(v)) > 1 for v in groups.values()))
     return out
 
@@ -126,3 +114,45 @@ def logprob_mismatch(batch: TrainBatch, old_logprobs: torch.Tensor) -> float:
     if batch.inference_logprobs is None or float(m.sum()) == 0:
         return 0.0
     return float(((old_logprobs - batch.inference_logprobs).abs() * m).sum() / m.sum())
+
+
+class GRPO(RLAlgorithm):
+    """`algorithm: grpo`: group-relative advantages, then `epochs × mini_batches`
+    updates of the clipped policy loss (+ k3 KL with `kl_coef`). With one update per
+    step `old_logprobs` come from the update's own forward (see `algorithms.grpo`)."""
+
+    name = "grpo"
+
+    def __init__(self, recipe: Recipe):
+        super().__init__(recipe)
+        g = recipe.grpo
+        self.loss = GRPOLoss(clip_low=g.clip_eps, clip_high=g.clip_eps_high or g.clip_eps,
+                             kl_coef=g.kl_coef)
+        self.load_reference = g.kl_coef > 0
+
+    def separate_old_logprobs(self) -> bool:
+        """Whether `old_logprobs` need their own no-grad pass before the updates."""
+        g = self.recipe.grpo
+        return g.epochs * g.mini_batches > 1 or g.old_logprob_pass == "always"
+
+    def train(self, learners: list[Any], batch: TrainBatch, rollouts: list[Rollout],
+              rewards: list[float | None], step: int) -> dict[str, float]:
+        g, t0 = self.recipe.grpo, time.time()
+        reward_t = torch.tensor([math.nan if x is None else x for x in rewards])
+        adv = group_advantages(reward_t, [r.group_id for r in rollouts], g.scale_rewards,
+                               g.std_eps)
+        batch.advantages = adv.unsqueeze(-1) * batch.response_mask
+        padded = pad_rows_to_multiple(batch, len(learners) * g.mini_batches)
+        stats: dict[str, float] = {}
+        if self.separate_old_logprobs():
+            padded.old_logprobs = concat(on_learners(learners, "compute", padded, step,
+                                                     "old_logprobs"))
+            stats["logprob_mismatch"] = logprob_mismatch(batch, padded.old_logprobs[:len(batch)])
+        if g.kl_coef > 0:
+            padded.ref_logprobs = concat(on_learners(learners, "compute", padded, step,
+                                                     "ref_logprobs"))
+        t_train = time.time()
+        updates = run_updates(learners, padded, g.epochs, g.mini_batches, g.loss_agg,
+                              self.recipe.train.seed * 7919 + step, step)
+        return {**updates, **stats, "time/logprobs": t_train - t0,
+                "time/train": time.time() - t_train}

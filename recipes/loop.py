@@ -1,9 +1,14 @@
-"""`run(recipe)`: the GRPO training loop, a handful of named calls per step."""
+"""`run(recipe)`: one run lifecycle for every algorithm (start the roles, step, log,
+save, stop), and `rl_step`, the GRPO/PPO step as a handful of named calls.
+"""
 
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import ray
 from tqdm import tqdm
@@ -11,19 +16,36 @@ from tqdm import tqdm
 from posttrain.common.model_registry import resolve_model_path
 from posttrain.common.process import quiet_libraries
 from posttrain.common.telemetry import Span
+from posttrain.config import PreferenceData, Recipe
 from posttrain.recipes import controller as c
+from posttrain.recipes.algorithm import RLAlgorithm, algorithm_for
 from posttrain.recipes.dashboard import DashboardServer
 from posttrain.recipes.data import PromptItem, load_prompts, prompt_stream
-from posttrain.recipes.grpo import apply_failure_policy, build_train_batch, rollout_metrics
+from posttrain.recipes.grpo import apply_failure_policy, rollout_batch, rollout_metrics
 from posttrain.recipes.monitor import StepLog
-from posttrain.recipes.ppo import train_ppo
-from posttrain.config import Recipe
+
+
+@dataclass
+class Run:
+    """What a step may use: the recipe, the run folder, the resolved model folder, the
+    running roles and the training data (prompts, or preference pairs for DPO)."""
+
+    recipe: Recipe
+    run_dir: Path
+    model_path: str
+    roles: c.Roles
+    data: list[Any]
+    prompts: Iterator[list[PromptItem]] | None = None
 
 
 def run(recipe: Recipe, run_dir: Path, address: str | None = None,
-        prompts: list[PromptItem] | None = None) -> list[dict[str, float]]:
+        data: list[Any] | None = None) -> list[dict[str, float]]:
     """Train `recipe` end to end; returns the per-step metrics also written to
     `run_dir/metrics.jsonl`. The final policy goes to `run_dir/final` (save_pretrained).
+
+    Args:
+        data: the training data already loaded and checked (prompts, or pairs for DPO);
+            default: loaded from `recipe.data`.
 
     Raises:
         RecipeError: bad data rows or resources (before any model loads).
@@ -32,52 +54,30 @@ def run(recipe: Recipe, run_dir: Path, address: str | None = None,
     """
     quiet_libraries()
     run_dir.mkdir(parents=True, exist_ok=True)
-    prompts = prompts if prompts is not None else load_prompts(recipe.data)
-    batches = prompt_stream(prompts, recipe.train.prompts_per_step, recipe.data.shuffle_seed)
+    if data is None:
+        data = load_data(recipe)
+    algo = algorithm_for(recipe)
     model_path = str(resolve_model_path(recipe.model.path))
     c.write_manifest(run_dir, recipe, model_path)
-    c.init_ray(recipe, address)
+    c.init_ray(recipe, address, rollout=algo.uses_rollouts)
     roles, history, log, dash = None, [], StepLog(run_dir, recipe), None
-    accuracy_of = next((r.name for r in recipe.rewards if r.type == "math"), None)
     try:
         if recipe.monitor.dashboard_port is not None:
             dash = DashboardServer(run_dir, recipe.monitor.dashboard_port)
             print(f"dashboard: {dash.start()}  (Prometheus: /metrics)", flush=True)
-        roles = c.start_roles(recipe, model_path, run_dir)
+        roles = c.start_roles(recipe, algo, model_path, run_dir)
+        state = Run(recipe, run_dir, model_path, roles, data)
+        if algo.uses_rollouts:
+            state.prompts = prompt_stream(data, recipe.train.prompts_per_step,
+                                          recipe.data.shuffle_seed)
+        algo.prepare(state)
         bar = tqdm(range(recipe.train.steps), desc=recipe.name, disable=not recipe.monitor.progress)
         for step in bar:
-            t0 = time.time()
-            rollouts = c.generate(roles, next(batches), recipe, step)
-            t1 = time.time()
-            rewards, details = c.score(roles, rollouts)
-            t2 = time.time()
-            if recipe.monitor.save_rollouts:
-                c.save_rollouts(run_dir, step, rollouts, rewards, details)
-            train_rewards = apply_failure_policy(
-                rewards, [r.group_id for r in rollouts], recipe.on_reward_failure,
-                [d.get("error") for d in details])
-            batch = build_train_batch(rollouts, train_rewards, roles.pad_id,
-                                      recipe.grpo.scale_rewards, recipe.grpo.std_eps)
-            if recipe.algorithm == "ppo":
-                stats = train_ppo(roles.learners, batch, rollouts, train_rewards, recipe, step)
-            else:
-                stats = c.train_on(roles, batch, recipe, step)
-            sync_s = c.push_weights(roles, recipe, version=step + 1)
-            t_end = time.time()
-            telemetry, spans = c.step_telemetry(roles, t0, t_end,
-                                                [Span("reward", 0, "score", t1, t2, step)])
-            metrics = {"step": step, "policy_version": step + 1,
-                       **rollout_metrics(rollouts, rewards, details, accuracy_of), **stats,
-                       "time/generate": t1 - t0, "time/score": t2 - t1,
-                       "time/weight_sync": sync_s, "time/step": t_end - t0,
-                       "weight_sync_bytes": roles.last_push_bytes,
-                       "rollout_tokens_per_s": sum(len(r.response_ids) for r in rollouts)
-                       / max(t1 - t0, 1e-9),
-                       "weight_sync_fraction": sync_s / (t_end - t0),
-                       "score_fraction": (t2 - t1) / (t_end - t0), **telemetry}
+            metrics, spans = algo.step(state, step)
+            metrics = {"step": step, **metrics}
             history.append(metrics)
             log.record(step, metrics, spans)
-            _report(bar, step, metrics, rewards, details, recipe)
+            _report(bar, metrics)
         if recipe.train.save_final:
             ray.get([lw.save_checkpoint.remote(str(run_dir / "final"), recipe.train.steps)
                      for lw in roles.learners])
@@ -90,10 +90,62 @@ def run(recipe: Recipe, run_dir: Path, address: str | None = None,
     return history
 
 
-def _report(bar: tqdm, step: int, m: dict, rewards: list, details: list, recipe: Recipe) -> None:
-    if m["failed_scores"]:
-        bar.write(f"step {step}: {m['failed_scores']:.0f} rollouts could not be scored "
-                  f"({details[rewards.index(None)].get('error')}); "
-                  f"on_reward_failure={recipe.on_reward_failure}")
-    bar.set_postfix(reward=f"{m['reward_mean']:.3f}", len=f"{m['response_length_mean']:.0f}",
-                    step_s=f"{m['time/step']:.1f}", refresh=False)
+def load_data(recipe: Recipe) -> list[Any]:
+    """The recipe's training data: preference pairs (DPO) or prompts.
+
+    Raises:
+        RecipeError: an unreadable file or a bad row (named).
+    """
+    d = recipe.data.train
+    if isinstance(d, PreferenceData):
+        from posttrain.recipes.preference import load_pairs
+
+        return load_pairs(d.path, d.format, d.prompt_key, d.chosen_key, d.rejected_key,
+                          d.limit)[0]
+    return load_prompts(recipe.data)
+
+
+def rl_step(run: Run, algo: RLAlgorithm, step: int) -> tuple[dict[str, float], list[Span]]:
+    """One synchronous, on-policy step: generate → score → batch → train (advantages
+    and optimizer steps) → push, and every engine holds `policy_version = step + 1`
+    before the next generate. The step's rollouts and scores reach disk before training.
+    """
+    recipe, roles = run.recipe, run.roles
+    t0 = time.time()
+    rollouts = c.generate(roles, next(run.prompts), recipe, step)
+    t1 = time.time()
+    scores = c.score(roles, rollouts)
+    t2 = time.time()
+    if recipe.monitor.save_rollouts:
+        c.save_rollouts(run.run_dir, step, rollouts, scores)
+    rewards = apply_failure_policy([s.reward for s in scores], [r.group_id for r in rollouts],
+                                   recipe.on_reward_failure, [s.error for s in scores])
+    batch = rollout_batch(rollouts, rewards, roles.pad_id)
+    stats = algo.train(roles.learners, batch, rollouts, rewards, step)
+    sync_s = c.push_weights(roles, recipe, version=step + 1)
+    t_end = time.time()
+    telemetry, spans = c.step_telemetry(roles, t0, t_end,
+                                        [Span("reward", 0, "score", t1, t2, step)])
+    accuracy_of = next((r.name for r in recipe.rewards if r.type == "math"), None)
+    quality = rollout_metrics(rollouts, scores, accuracy_of)
+    if quality["failed_scores"]:
+        first = next(s for s in scores if s.reward is None)
+        tqdm.write(f"step {step}: {quality['failed_scores']:.0f} rollouts could not be scored "
+                   f"({first.error}); on_reward_failure={recipe.on_reward_failure}")
+    return {"policy_version": step + 1, **quality,
+            **stats, "time/generate": t1 - t0, "time/score": t2 - t1,
+            "time/weight_sync": sync_s, "time/step": t_end - t0,
+            "weight_sync_bytes": roles.last_push_bytes,
+            "rollout_tokens_per_s": sum(len(r.response_ids) for r in rollouts)
+            / max(t1 - t0, 1e-9),
+            "weight_sync_fraction": sync_s / (t_end - t0),
+            "score_fraction": (t2 - t1) / (t_end - t0), **telemetry}, spans
+
+
+def _report(bar: tqdm, m: dict[str, Any]) -> None:
+    """The progress bar's postfix: reward and length for RL steps, loss for DPO."""
+    if "reward_mean" in m:
+        bar.set_postfix(reward=f"{m['reward_mean']:.3f}", len=f"{m['response_length_mean']:.0f}",
+                        step_s=f"{m['time/step']:.1f}", refresh=False)
+    else:
+        bar.set_postfix(loss=f"{m['loss']:.4f}", step_s=f"{m['time/step']:.1f}", refresh=False)

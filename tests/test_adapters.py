@@ -14,12 +14,14 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from posttrain.algorithms.common import loss_denominator
+from posttrain.algorithms.dpo import DPOLoss
+from posttrain.common.net import free_port
 from posttrain.learner import adapters
 from posttrain.learner.adapters import AdapterSettings, nf4_block_sizes
 from posttrain.learner.logprobs import sequence_logprobs
-from posttrain.algorithms.common import loss_denominator
+from posttrain.learner.push import push_source
 from posttrain.learner.worker import LearnerSettings, LearnerWorker
-from posttrain.common.net import free_port
 from tests.learner.test_fsdp import make_batch
 
 R, ALPHA = 4, 8.0
@@ -47,19 +49,22 @@ def _rank_main(rank, world, model_path, kind, out_dir, port, queue):
     before = adapters.gather_params(w.policy, adapter_only=False, keep=rank == 0)
     # a reference pass first (as DPO's precompute does): peft's disable_adapter() clears
     # requires_grad, which must not change how FSDP2 reduces the later gradients
-    shard.ref_logprobs = w.compute_logprobs(shard, step=0, reference=True)
-    shard.old_logprobs = w.compute_logprobs(shard, step=0)
-    stats = w.train_step(shard, loss_denominator(batch.response_mask, "token_mean"), step=0)
+    shard.ref_logprobs = w.compute(shard, 0, "ref_logprobs")
+    shard.old_logprobs = w.compute(shard, 0, "old_logprobs")
+    shard.loss_denominator = loss_denominator(batch.response_mask, "token_mean")
+    stats = w.train_step(shard, step=0)
     after = adapters.gather_params(w.policy, adapter_only=False, keep=rank == 0)
     merged = w._full_state_dict()
     intact = adapters.gather_params(w.policy, adapter_only=False, keep=rank == 0)
-    state = w.adapter_state("float32")
+    src = push_source(w.policy, rank, w.s.model_path, w.s.adapter, torch.float32, True)
+    tensors = dict(src.tensors)
+    state = (tensors, src.meta["adapter_config"]) if rank == 0 else None
     w.save_checkpoint(str(out_dir), step=1)
     if rank == 0:
         buf = io.BytesIO()  # bytes, not tensors: shared-memory tensors die with this process
         torch.save((report, stats, before, after, merged, intact, state), buf)
         queue.put(buf.getvalue())
-    w.shutdown()
+    w.close()
 
 
 def _run_two_ranks(model_path: Path, kind: str, out_dir: Path):
@@ -153,7 +158,7 @@ def _adapter_grads(w: LearnerWorker, batch) -> dict[str, torch.Tensor]:
     ((lp * batch.advantages).sum()).backward()
     grads = {n: p.grad.to_local().clone() for n, p in w.policy.named_parameters()
              if p.grad is not None}
-    w.optimizer.zero_grad(set_to_none=True)
+    w.optimizers[0].zero_grad(set_to_none=True)
     return grads
 
 
@@ -165,14 +170,14 @@ def test_qlora_gradients_survive_a_logprob_pass(tiny_model):
         _randomise_adapter(w)
         batch = make_batch()
         first = _adapter_grads(w, batch)
-        w.compute_logprobs(batch, step=0)  # eval mode, no_grad
-        w.compute_logprobs(batch, step=0, reference=True)  # adapter disabled
+        w.compute(batch, 0, "old_logprobs")  # eval mode, no_grad
+        w.compute(batch, 0, "ref_logprobs")  # adapter disabled
         second = _adapter_grads(w, batch)
         assert set(first) == set(second) and len(first) == 28
         for k in first:
             torch.testing.assert_close(second[k], first[k], rtol=0, atol=1e-6, msg=k)
     finally:
-        w.shutdown()
+        w.close()
 
 
 def test_qlora_gradients_equal_a_dequantised_base_reference(tiny_model):
@@ -194,14 +199,15 @@ def test_qlora_gradients_equal_a_dequantised_base_reference(tiny_model):
             if p.requires_grad:
                 torch.testing.assert_close(got[n], p.grad, rtol=1e-5, atol=1e-6, msg=n)
     finally:
-        w.shutdown()
+        w.close()
 
 
 def test_lora_reference_is_the_base_and_dpo_loss_matches_by_hand(tiny_model, tmp_path):
     from peft import PeftModel
 
     beta = 0.1
-    w = _one_rank(tiny_model, "lora", "float32", load_reference=True, dpo_beta=beta)
+    w = _one_rank(tiny_model, "lora", "float32", load_reference=True, algorithm="dpo",
+                  loss=DPOLoss(beta=beta))
     try:
         _randomise_adapter(w)
         batch = make_batch()  # rows (0, 1) and (2, 3): chosen/rejected pairs
@@ -209,31 +215,32 @@ def test_lora_reference_is_the_base_and_dpo_loss_matches_by_hand(tiny_model, tmp
         with torch.no_grad():
             base_lp = sequence_logprobs(base, batch.input_ids, batch.attention_mask,
                                         batch.response_start) * batch.response_mask
-        ref_lp = w.compute_logprobs(batch, step=0, reference=True)
-        pol_lp = w.compute_logprobs(batch, step=0)
+        ref_lp = w.compute(batch, 0, "ref_logprobs")
+        pol_lp = w.compute(batch, 0, "old_logprobs")
         torch.testing.assert_close(ref_lp, base_lp, rtol=0, atol=1e-5)
         assert (pol_lp - ref_lp).abs().max() > 1e-2  # the adapter does change the policy
         # DPO: the learner's reference sums are the base's, its loss the formula's
-        ref_sums = w.sequence_logprob_sums(batch, step=0, reference=True)
+        ref_sums = w.compute(batch, 0, "ref_logprobs").sum(-1)
         w.free_reference()  # nothing to free with an adapter; still usable
-        torch.testing.assert_close(w.sequence_logprob_sums(batch, step=0), ref_sums)
-        torch.testing.assert_close(w.sequence_logprob_sums(batch, step=0, reference=False),
+        torch.testing.assert_close(w.compute(batch, 0, "ref_logprobs").sum(-1), ref_sums)
+        torch.testing.assert_close(w.compute(batch, 0, "old_logprobs").sum(-1),
                                    pol_lp.sum(-1))
         rc, rr = base_lp.sum(-1)[0::2], base_lp.sum(-1)[1::2]
         pc, pr = pol_lp.sum(-1)[0::2], pol_lp.sum(-1)[1::2]
         want = -F.logsigmoid(beta * ((pc - rc) - (pr - rr))).mean()
-        stats = w.dpo_train_step(batch, ref_sums, pairs_in_step=2, step=0)
+        batch.ref_sums, batch.loss_denominator = ref_sums, 2.0
+        stats = w.train_step(batch, step=0)
         assert stats["loss"] == pytest.approx(want.item(), abs=1e-6)
         # the saved adapter loads onto the base with peft and gives the learner's logprobs
         w.save_checkpoint(str(tmp_path / "final"), step=1)
-        after = w.compute_logprobs(batch, step=1)
+        after = w.compute(batch, 1, "old_logprobs")
         loaded = PeftModel.from_pretrained(_plain(tiny_model), str(tmp_path / "final")).eval()
         with torch.no_grad():
             peft_lp = sequence_logprobs(loaded, batch.input_ids, batch.attention_mask,
                                         batch.response_start) * batch.response_mask
         torch.testing.assert_close(peft_lp, after, rtol=0, atol=1e-5)
     finally:
-        w.shutdown()
+        w.close()
 
 
 def test_unknown_target_module_names_the_key(tiny_model):
@@ -258,15 +265,16 @@ def test_dora_step_and_merged_weights_give_the_learners_logprobs(tiny_model):
     try:
         _randomise_adapter(w)
         batch = make_batch()
-        batch.old_logprobs = w.compute_logprobs(batch, step=0)
-        stats = w.train_step(batch, loss_denominator(batch.response_mask, "token_mean"), 0)
+        batch.old_logprobs = w.compute(batch, 0, "old_logprobs")
+        batch.loss_denominator = loss_denominator(batch.response_mask, "token_mean")
+        stats = w.train_step(batch, 0)
         assert math.isfinite(stats["loss"])
         plain = _plain(tiny_model)
         plain.load_state_dict(w._full_state_dict())
         with torch.no_grad():
             merged_lp = sequence_logprobs(plain, batch.input_ids, batch.attention_mask,
                                           batch.response_start) * batch.response_mask
-        torch.testing.assert_close(merged_lp, w.compute_logprobs(batch, step=1), rtol=0,
+        torch.testing.assert_close(merged_lp, w.compute(batch, 1, "old_logprobs"), rtol=0,
                                    atol=1e-5)
     finally:
-        w.shutdown()
+        w.close()

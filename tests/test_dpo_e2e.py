@@ -12,9 +12,10 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from posttrain.algorithms.dpo import dpo_loss
 from posttrain.learner.logprobs import sequence_logprobs
-from posttrain.recipes.dpo_loop import cache_key, pair_batch, run_dpo
-from posttrain.recipes.preference import PreferencePair, load_pairs, tokenize_pairs
+from posttrain.recipes.dpo import cache_key, pair_batch
 from posttrain.recipes.loading import load_recipe
+from posttrain.recipes.loop import run
+from posttrain.recipes.preference import PreferencePair, load_pairs, tokenize_pairs
 
 ROWS = [{"prompt": f"Q{i}: what is {i}+{i}?", "chosen": f" {2 * i}", "rejected": f" {i}{i}"}
         for i in range(6)]
@@ -48,12 +49,12 @@ def _pairs(data):
 
 def test_precompute_cache_and_in_loop_reference_agree(dpo_recipe, tmp_path):
     make, data = dpo_recipe
-    first = run_dpo(make(True, "pre"), tmp_path / "a", None, _pairs(data))
+    first = run(make(True, "pre"), tmp_path / "a", None, _pairs(data))
     info = json.loads((tmp_path / "a" / "precompute.json").read_text())
     assert info["cache_hit"] is False and info["pairs"] == 6
-    again = run_dpo(make(True, "pre"), tmp_path / "b", None, _pairs(data))
+    again = run(make(True, "pre"), tmp_path / "b", None, _pairs(data))
     assert json.loads((tmp_path / "b" / "precompute.json").read_text())["cache_hit"] is True
-    in_loop = run_dpo(make(False, "loop"), tmp_path / "c", None, _pairs(data))
+    in_loop = run(make(False, "loop"), tmp_path / "c", None, _pairs(data))
     # step 0: policy == reference, so h = 0 and the loss is log 2 in every mode
     for h in (first, again, in_loop):
         assert h[0]["loss"] == pytest.approx(0.693147, abs=1e-5)

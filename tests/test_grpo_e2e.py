@@ -9,8 +9,8 @@ import pytest
 import yaml
 from transformers import AutoModelForCausalLM
 
-from posttrain.recipes.loop import run
 from posttrain.recipes.loading import load_recipe
+from posttrain.recipes.loop import run
 from tests.engine_host import requires_vllm
 
 

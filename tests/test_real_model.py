@@ -7,8 +7,8 @@ import json
 import pytest
 
 from posttrain.common.model_registry import resolve_model_path
-from posttrain.recipes.loop import run
 from posttrain.recipes.loading import load_recipe
+from posttrain.recipes.loop import run
 from tests.conftest import ROOT
 
 pytestmark = pytest.mark.slow

@@ -6,11 +6,13 @@ from dataclasses import dataclass
 
 from posttrain.weightsync.base import (
     ChecksumTap,
+    PushSource,
     WeightHandle,
     WeightSyncError,
     WeightTransport,
     state_checksum,
 )
+from posttrain.weightsync.publish import GroupStore, publish, push
 
 TRANSPORTS = ("object_store", "collective", "filesystem")
 
@@ -25,6 +27,13 @@ class TransportSettings:
         backend: collective only: 'gloo' (CPU) or 'nccl' (GPU).
         directory: filesystem only: folder of this run's weight files.
         timeout_s: collective only: bound on forming the group and on each broadcast.
+        checksum: receivers checksum what they loaded and compare with the sender's.
+        adapter_only: with an adapter, push only its tensors (engines serve base +
+            adapter) instead of merged full weights.
+        group_address: collective only: `host:port` of the run's `GroupStore`; each
+            member joins the push group when its transport is made (`make_transport`
+            with a rank), so joining is part of each role's set-up.
+        group_world: learner rank 0 plus every engine.
     """
 
     type: str = "object_store"
@@ -32,15 +41,29 @@ class TransportSettings:
     backend: str = "gloo"
     directory: str = "/dev/shm/posttrain"
     timeout_s: float = 300.0
+    checksum: bool = False
+    adapter_only: bool = False
+    group_address: str | None = None
+    group_world: int = 0
 
 
-def make_transport(settings: TransportSettings | str) -> WeightTransport:
-    """The transport for a recipe's `weight_sync` block (or just its type name).
+def make_transport(settings: TransportSettings | str, rank: int | None = None) -> WeightTransport:
+    """The transport for a recipe's `weight_sync` block (or just its type name). With a
+    `rank` and a `group_address`, a group transport joins the push group as `rank`
+    (blocking until every member joined).
 
     Raises:
         ValueError: an unknown type.
+        WeightSyncError: the group did not form within `timeout_s`.
     """
     s = TransportSettings(type=settings) if isinstance(settings, str) else settings
+    transport = _build(s)
+    if rank is not None and transport.needs_group and s.group_address:
+        transport.join_group(s.group_address, rank, s.group_world)
+    return transport
+
+
+def _build(s: TransportSettings) -> WeightTransport:
     if s.type == "object_store":
         from posttrain.weightsync.object_store import ObjectStoreTransport
 
@@ -57,5 +80,6 @@ def make_transport(settings: TransportSettings | str) -> WeightTransport:
                      f"{', '.join(TRANSPORTS)}")
 
 
-__all__ = ["TRANSPORTS", "ChecksumTap", "TransportSettings", "WeightHandle", "WeightSyncError",
-           "WeightTransport", "make_transport", "state_checksum"]
+__all__ = ["TRANSPORTS", "ChecksumTap", "GroupStore", "PushSource", "TransportSettings",
+           "WeightHandle", "WeightSyncError", "WeightTransport", "make_transport", "publish",
+           "push", "state_checksum"]

@@ -1,15 +1,18 @@
 """The weight transport interface: learner rank 0 → every rollout engine.
 
-Concurrency contract (one step, every transport):
-  1. the learner finishes its optimizer step, gathers the full state dict on rank 0
-     and calls `send(weights, version)`, which returns a small `WeightHandle` at once
-     (a transport that streams, like `collective`, keeps sending in the background);
+Concurrency contract (one step, every transport; the order lives in
+`weightsync.publish`):
+  1. after its optimizer step every learner rank runs `publish(transport, source,
+     version)`; rank 0 either gathers the full state dict and calls `send(weights,
+     version)`, which returns a small `WeightHandle` at once (a transport that
+     broadcasts keeps sending in the background), or, for a transport that
+     `can_stream`, makes the handle from the layout alone (`stream_handle`) and
+     sends each bucket as soon as its tensors are gathered (`send_stream`);
   2. the controller hands that handle to every rollout worker, each of which calls
      `receive(handle)` and loads the tensors as they arrive;
   3. the controller waits for every worker to acknowledge `policy_version == version`
-     and then for the learner's `finish()`, before the next `generate`.
-A push never runs concurrently with generation on the same engine, and a transport
-never blocks the learner's next `train_step`: the learner only waits in `finish()`.
+     and then for the learner's side to end (`finish`), before the next `generate`.
+A push never runs concurrently with generation on the same engine.
 """
 
 from __future__ import annotations
@@ -87,11 +90,33 @@ class ChecksumTap:
         return combine_digests(self._digests)
 
 
+@dataclass
+class PushSource:
+    """What a learner rank offers one push: learner → `publish` (same process).
+
+    Attributes:
+        tensors: `(name, tensor)` pairs already in the engines' dtype, in `layout`
+            order. Producing them may be a collective over the learner group, so every
+            rank iterates it to the end; only rank 0's tensors are sent.
+        layout: `(name, dtype, global shape)` of every tensor, known before any
+            gathering; None when the names are only known after (merged or adapter
+            pushes), which rules out streaming.
+        meta: extra fields for the handle (e.g. `adapter_config`), from rank 0.
+    """
+
+    tensors: Iterator[tuple[str, torch.Tensor]]
+    layout: list[tuple[str, str, tuple[int, ...]]] | None = None
+    meta: dict[str, Any] = field(default_factory=dict)
+
+
 class WeightTransport(ABC):
     """One way of moving full weights from the learner to rollout engines."""
 
     #: True when receivers must first join a group with the sender (`join_group`).
     needs_group: bool = False
+    #: True when the sender can broadcast tensors as they are produced
+    #: (`stream_handle` + `send_stream`), so engines receive while the learner gathers.
+    can_stream: bool = False
 
     @abstractmethod
     def send(
@@ -120,8 +145,29 @@ class WeightTransport(ABC):
         """
         return None
 
+    def stream_handle(self, layout: list[tuple[str, str, tuple[int, ...]]],
+                      version: int) -> WeightHandle:
+        """A handle for a push whose tensors do not exist yet, made from the layout
+        alone (only when `can_stream`).
+
+        Raises:
+            WeightSyncError: this transport cannot stream.
+        """
+        raise WeightSyncError(f"{type(self).__name__} cannot stream a push")
+
+    def send_stream(self, stream: Iterator[tuple[str, torch.Tensor]],
+                    handle: WeightHandle) -> None:
+        """Send `stream` (the tensors of `handle`, in its order) as they are produced;
+        blocks until all is delivered (only when `can_stream`).
+
+        Raises:
+            WeightSyncError: the stream does not match the layout, or delivery failed.
+        """
+        raise WeightSyncError(f"{type(self).__name__} cannot stream a push")
+
     def join_group(self, address: str, rank: int, world_size: int) -> None:
-        """Join the sender's group (rank 0 = learner rank 0); only when `needs_group`.
+        """Join the push group (rank 0 = learner rank 0) at `address`, a rendezvous
+        store hosted by the controller (`GroupStore`); only when `needs_group`.
 
         Raises:
             WeightSyncError: this transport has no group.

@@ -80,6 +80,7 @@ class CollectiveTransport(WeightTransport):
     """
 
     needs_group = True
+    can_stream = True
 
     def __init__(self, backend: str = "gloo", bucket_mb: float = 64, timeout_s: float = 300.0):
         if backend not in ("gloo", "nccl"):
@@ -95,7 +96,7 @@ class CollectiveTransport(WeightTransport):
 
     def join_group(self, address: str, rank: int, world_size: int) -> None:
         """Form the broadcast group; every rank calls it at once. `address` is
-        `host:port` of rank 0's rendezvous store (rank 0 listens on it).
+        `host:port` of the rendezvous store the controller hosts (`GroupStore`).
 
         Raises:
             WeightSyncError: the group did not form within `timeout_s`.
@@ -104,8 +105,8 @@ class CollectiveTransport(WeightTransport):
 
         host, port = address.rsplit(":", 1)
         try:
-            self._store = dist.TCPStore(host, int(port), world_size, is_master=rank == 0,
-                                        timeout=self.timeout, use_libuv=False)
+            self._store = dist.TCPStore(host, int(port), None, is_master=False,
+                                        timeout=self.timeout)
             if self.backend == "nccl":
                 self.pg = dist.ProcessGroupNCCL(self._store, rank, world_size)
             else:
@@ -167,8 +168,6 @@ class CollectiveTransport(WeightTransport):
 
     def stream_handle(self, meta: list[tuple[str, str, tuple[int, ...]]],
                       version: int) -> WeightHandle:
-        """A handle for a push whose tensors do not exist yet (`send_stream`), made from
-        `tensor_meta` alone, so engines can start receiving while the learner gathers."""
         layout = bucket_layout(meta, self.bucket_bytes)
         return WeightHandle(version=version, payload=layout,
                             num_bytes=sum(b["size"] for b in layout),
@@ -176,14 +175,7 @@ class CollectiveTransport(WeightTransport):
 
     def send_stream(self, stream: Iterator[tuple[str, torch.Tensor]],
                     handle: WeightHandle) -> None:
-        """Broadcast `stream` (the tensors of `handle`, in its order) bucket by bucket as
-        they are produced; blocks until the last bucket is delivered. Engines run
-        `receive(handle)` at the same time.
-
-        Raises:
-            WeightSyncError: the stream does not match the layout, or a broadcast failed
-                or timed out.
-        """
+        # Bucket by bucket as the tensors are produced; engines run `receive` meanwhile.
         self._require_group()
         try:
             self._broadcast_buckets(stream, handle.payload)

@@ -9,10 +9,10 @@ import multiprocessing as mp
 import pytest
 import torch
 
-from posttrain.learner.batch import TrainBatch
+from posttrain.algorithms.batch import TrainBatch
 from posttrain.algorithms.common import loss_denominator
-from posttrain.learner.worker import LearnerSettings, LearnerWorker
 from posttrain.common.net import free_port
+from posttrain.learner.worker import LearnerSettings, LearnerWorker
 
 
 def make_batch(vocab: int = 90) -> TrainBatch:
@@ -37,14 +37,15 @@ def _rank_main(rank, world, model_path, mbs, dtype, lr, port, queue):
     batch = make_batch()
     before = w._full_state_dict()
     shard = batch.shard(rank, world)
-    shard.old_logprobs = w.compute_logprobs(shard, step=0)
-    stats = w.train_step(shard, loss_denominator(batch.response_mask, "token_mean"), step=0)
+    shard.old_logprobs = w.compute(shard, 0, "old_logprobs")
+    shard.loss_denominator = loss_denominator(batch.response_mask, "token_mean")
+    stats = w.train_step(shard, step=0)
     after = w._full_state_dict()
     if rank == 0:
         buf = io.BytesIO()  # bytes, not tensors: shared-memory tensors die with this process
         torch.save((stats, before, after), buf)
         queue.put(buf.getvalue())
-    w.shutdown()
+    w.close()
 
 
 def run_learners(model_path, world, mbs, dtype, lr):

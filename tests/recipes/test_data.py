@@ -7,9 +7,9 @@ import sys
 
 import pytest
 
-from posttrain.recipes.data import load_prompts, prompt_stream
-from posttrain.config.data import DataConfig
 from posttrain.config import RecipeError
+from posttrain.config.data import DataConfig
+from posttrain.recipes.data import load_prompts, prompt_stream
 from tests.conftest import ROOT
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import ray
 
-from posttrain.recipes.placement import check_cluster, gpus_needed, place, release
 from posttrain.config import RecipeError, ResourcesConfig
+from posttrain.recipes.placement import check_cluster, gpus_needed, place, release
 
 
 @ray.remote(num_cpus=0)

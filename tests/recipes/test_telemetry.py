@@ -15,8 +15,8 @@ from fastapi.testclient import TestClient
 
 from posttrain.common.telemetry import Span, busy_seconds, generation_tail, idle_fraction
 from posttrain.recipes.dashboard import DashboardServer, create_dashboard
-from posttrain.recipes.loop import run
 from posttrain.recipes.loading import load_recipe
+from posttrain.recipes.loop import run
 from tests.conftest import ROOT
 
 

@@ -15,8 +15,8 @@ from posttrain.actors.engine import EngineSettings
 from posttrain.actors.rollout import PromptRequest, SamplingSettings
 from posttrain.actors.worker import RolloutWorker
 from posttrain.learner.logprobs import sequence_logprobs
-from tests.engine_host import requires_vllm
 from posttrain.weightsync import TransportSettings, make_transport
+from tests.engine_host import requires_vllm
 
 KINDS = ["hf", pytest.param("vllm", marks=[pytest.mark.vllm, requires_vllm])]
 TOL = 1e-4

@@ -11,7 +11,13 @@ import ray
 import torch
 
 from posttrain.common.net import free_port
-from posttrain.weightsync import ChecksumTap, TransportSettings, WeightSyncError, make_transport
+from posttrain.weightsync import (
+    ChecksumTap,
+    GroupStore,
+    TransportSettings,
+    WeightSyncError,
+    make_transport,
+)
 from posttrain.weightsync.collective import bucket_layout
 
 
@@ -31,9 +37,13 @@ def _weights(dtype):
             "big": torch.randn(300, 300, generator=g).to(dtype)}
 
 
+_STORES: list[GroupStore] = []  # the rendezvous stays hosted while the test runs
+
+
 def _group(settings: TransportSettings, receivers: int):
     members = [make_transport(settings) for _ in range(receivers + 1)]
-    address = f"127.0.0.1:{free_port()}"
+    _STORES.append(GroupStore(receivers + 1, 60))
+    address = _STORES[-1].address
     threads = [threading.Thread(target=m.join_group, args=(address, r, receivers + 1))
                for r, m in enumerate(members)]
     for t in threads:

@@ -5,7 +5,7 @@ changed embedding reaches the tied output layer."""
 
 from __future__ import annotations
 
-import threading
+from dataclasses import replace
 
 import pytest
 import ray
@@ -16,9 +16,8 @@ from posttrain.actors.engine import EngineSettings
 from posttrain.actors.rollout import PromptRequest, SamplingSettings
 from posttrain.actors.worker import RolloutWorker
 from posttrain.learner.logprobs import sequence_logprobs
-from posttrain.common.net import free_port
+from posttrain.weightsync import GroupStore, TransportSettings, make_transport
 from tests.engine_host import VLLMProbe, requires_vllm
-from posttrain.weightsync import TransportSettings, make_transport
 
 pytestmark = [pytest.mark.vllm, requires_vllm]
 TOL = 1e-4  # fp32, issue #3
@@ -55,18 +54,15 @@ class Rig:
     def __init__(self, model_path, kind, tmp_path, n=1, dtype="float32"):
         self.settings = TransportSettings(kind, bucket_mb=1, timeout_s=60,
                                           directory=str(tmp_path / f"w-{kind}"))
+        if kind == "collective":  # workers join the push group while constructed
+            self.group = GroupStore(n + 1, 60)
+            self.settings = replace(self.settings, group_address=self.group.address,
+                                    group_world=n + 1)
         Worker = ray.remote(num_cpus=0)(RolloutWorker)
         self.workers = [Worker.remote(i, EngineSettings("vllm", str(model_path), dtype),
                                       self.settings, 1) for i in range(n)]
+        self.sender = make_transport(self.settings, rank=0)
         ray.get([w.health.remote() for w in self.workers])
-        self.sender = make_transport(self.settings)
-        if kind == "collective":
-            address = f"127.0.0.1:{free_port()}"
-            refs = [w.join_weight_group.remote(address, n + 1) for w in self.workers]
-            t = threading.Thread(target=self.sender.join_group, args=(address, 0, n + 1))
-            t.start()
-            ray.get(refs)
-            t.join()
 
     def push(self, weights, version):
         handle = self.sender.send(weights, version, checksum=True)

@@ -1,4 +1,4 @@
-"""The train batch: controller → learner.
+"""The train batch: controller → learner, and what every algorithm's loss reads.
 
 Layout of one row: `[left pad | prompt | response | right pad]`. Every prompt is
 left-padded to the same width, so all responses start at column `response_start`;
@@ -30,6 +30,11 @@ class TrainBatch:
         inference_logprobs: `[B, T]` the rollout engine's logprobs, for diagnostics.
         returns: `[B, T]` PPO value targets (GAE returns).
         values: `[B, T]` the critic's values before the update (PPO value clipping).
+        ref_sums: `[B]` the reference's summed response logprobs per row (DPO, when
+            precomputed), or None.
+        loss_denominator: the step-wide normaliser of the loss (tokens, sequences or
+            pairs of the whole step over all ranks; see `algorithms.common`), so
+            micro-batch size and rank count cannot change the loss.
     """
 
     input_ids: torch.Tensor
@@ -42,6 +47,8 @@ class TrainBatch:
     inference_logprobs: torch.Tensor | None = None
     returns: torch.Tensor | None = None
     values: torch.Tensor | None = None
+    ref_sums: torch.Tensor | None = None
+    loss_denominator: float = 1.0
 
     def __len__(self) -> int:
         return self.input_ids.shape[0]

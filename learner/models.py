@@ -1,0 +1,84 @@
+"""Building the learner's models: one sharding helper for the policy, the reference
+and the critic, and their forwards (logprobs, values).
+
+Every decoder layer and then the root module are wrapped with `fully_shard`;
+parameters are stored (and AdamW runs) in float32 and cast to the compute dtype for
+forward/backward by FSDP2's `MixedPrecisionPolicy`, with gradients reduced in float32.
+Storing bf16 weights instead makes small updates vanish: at lr 1e-6 most of an AdamW
+step is below bf16's spacing.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+
+from posttrain.algorithms.batch import TrainBatch
+from posttrain.learner import adapters
+from posttrain.learner.adapters import AdapterSettings
+
+DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
+
+
+def load_sharded(path: str, world: int, dtype: str, kind: Literal["policy", "reference", "critic"],
+                 adapter: AdapterSettings | None = None) -> torch.nn.Module:
+    """A float32 model from `path`, sharded over the process group with FSDP2.
+
+    Args:
+        kind: 'policy' (trainable; with `adapter`, a peft LoRA/QLoRA model), 'reference'
+            (frozen, eval mode) or 'critic' (the architecture with a scalar head,
+            `AutoModelForTokenClassification` with one label; trainable).
+        dtype: compute dtype of forward/backward.
+
+    Raises:
+        ValueError: a QLoRA weight does not split into NF4 blocks over the ranks.
+    """
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    from transformers import AutoModelForCausalLM, AutoModelForTokenClassification
+
+    if kind == "critic":
+        model = AutoModelForTokenClassification.from_pretrained(path, num_labels=1,
+                                                                dtype=torch.float32)
+    else:
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    model.config.use_cache = False
+    lora = kind == "policy" and adapter is not None and adapter.enabled
+    if lora:
+        model = adapters.wrap_policy(model, adapter, world, DTYPES[dtype])
+    mp = MixedPrecisionPolicy(param_dtype=DTYPES[dtype], reduce_dtype=torch.float32)
+    ignored = adapters.fsdp_ignored_params(model, world)
+    for layer in adapters.decoder_layers(model):
+        fully_shard(layer, mp_policy=mp, ignored_params=ignored)
+    fully_shard(model, mp_policy=mp, ignored_params=ignored)
+    if lora:
+        # FSDP2 fixes each group's reduce dtype from the parameters that require grad
+        # at its first forward, and peft's disable_adapter() clears requires_grad: a
+        # reference pass first would leave bf16 gradients that fail to reduce into
+        # float32 ones. One tiny forward now, adapter on, settles it.
+        with torch.no_grad():
+            model(input_ids=torch.zeros(1, 1, dtype=torch.long))
+        model.reshard()  # the root stays unsharded after a forward
+    if kind == "reference":
+        model.requires_grad_(False)
+        model.eval()
+    return model
+
+
+def critic_values(critic: torch.nn.Module, mb: TrainBatch) -> tuple[torch.Tensor, torch.Tensor]:
+    """The critic's values of a micro-batch.
+
+    Returns:
+        `values [b, T]`: column t is V(s_t), read where token t is predicted (position
+        t−1), 0 before `response_start`; and `final [b]`: V(s_T), the value after each
+        row's last real token (read at that token's position), which a truncated
+        response bootstraps from.
+    """
+    positions = (mb.attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+    out = critic(input_ids=mb.input_ids, attention_mask=mb.attention_mask,
+                 position_ids=positions).logits[..., 0].float()
+    values = torch.zeros(mb.input_ids.shape, dtype=torch.float32)
+    values[:, mb.response_start:] = out[:, mb.response_start - 1:-1]
+    cols = torch.arange(mb.input_ids.shape[1]).expand_as(mb.attention_mask)
+    last = torch.where(mb.attention_mask > 0, cols, torch.zeros_like(cols)).max(-1).values
+    return values, out.gather(1, last[:, None]).squeeze(1)

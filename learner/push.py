@@ -1,0 +1,100 @@
+"""What a learner rank hands to `weightsync.publish` for one weight push, and the full
+state dict that checkpoints reuse. Every function here is a collective over the FSDP
+group: all ranks call it; rank 0 ends up with the tensors.
+
+Three sources:
+- plain policy: the state dict without tied aliases, each shard cast to the engines'
+  dtype *before* its all-gather (half the bytes in bf16), one parameter at a time,
+  with a layout known before gathering (so a transport may stream it);
+- policy with an adapter, merged: the adapter merged into the (dequantised) base on
+  a rank-0 copy, plain transformers names;
+- adapter only: the PEFT adapter tensors with its LoraConfig in the handle's meta.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import torch
+
+from posttrain.learner import adapters
+from posttrain.learner.adapters import AdapterSettings
+from posttrain.weightsync import PushSource
+
+
+def untied(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """`state` (plain tensors) without the later names of tensors that share storage."""
+    seen: set[tuple[int, int]] = set()
+    out = {}
+    for name, t in state.items():
+        key = (t.untyped_storage().data_ptr(), t.storage_offset())
+        if key not in seen:
+            seen.add(key)
+            out[name] = t
+    return out
+
+
+def untied_state(policy: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The policy's state dict without tied aliases; the same names on every rank
+    (`named_parameters` drops a shared Parameter's later names)."""
+    keep = {n for n, _ in policy.named_parameters()}
+    keep |= {n for n, _ in policy.named_buffers()}
+    return {n: t for n, t in policy.state_dict().items() if n in keep}
+
+
+def full_state_dict(policy: torch.nn.Module, rank: int, model_path: str,
+                    adapter: AdapterSettings) -> dict[str, torch.Tensor]:
+    """The full policy under plain transformers names, float32 on CPU; with an adapter,
+    merged into the (dequantised) base. Complete on rank 0, empty elsewhere."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    if adapter.enabled:
+        full = adapters.gather_params(policy, adapter_only=False, keep=rank == 0)
+        if rank != 0:
+            return {}
+        return adapters.merged_state_dict(full, model_path, adapter)
+    opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    return get_model_state_dict(policy, options=opts)
+
+
+def _plain_stream(policy: torch.nn.Module, dtype: torch.dtype
+                  ) -> Iterator[tuple[str, torch.Tensor]]:
+    for name, t in untied_state(policy).items():
+        local = t.detach().to(dtype)
+        yield name, local.full_tensor() if hasattr(local, "full_tensor") else local
+
+
+def _later(make: callable) -> Iterator[tuple[str, torch.Tensor]]:
+    """Iterate `make()`'s dict only when the stream is consumed (the gather is a
+    collective: it runs inside `publish`, inside the push's span)."""
+    yield from make().items()
+
+
+def push_source(policy: torch.nn.Module, rank: int, model_path: str, adapter: AdapterSettings,
+                dtype: torch.dtype, adapter_only: bool) -> PushSource:
+    """The tensors of one push, cast to the engines' `dtype`, as a `PushSource`.
+
+    Plain policy: streamable (layout given). With an adapter: merged full weights, or
+    with `adapter_only` the adapter alone (PEFT names, e.g.
+    `base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight` `[r, in]`) and
+    `meta["adapter_config"]`, the `peft.LoraConfig` as a plain dict.
+    """
+    if not adapter.enabled:
+        d = str(dtype).removeprefix("torch.")
+        layout = [(n, d, tuple(t.shape)) for n, t in untied_state(policy).items()]
+        return PushSource(_plain_stream(policy, dtype), layout)
+    if adapter_only:
+        def state() -> dict[str, torch.Tensor]:
+            full = adapters.gather_params(policy, adapter_only=True, keep=rank == 0)
+            if rank != 0:
+                return {}
+            return {k: v.to(dtype) for k, v in adapters.peft_adapter_state(policy, full).items()}
+
+        meta = {"adapter_config": adapters.config_dict(policy)} if rank == 0 else {}
+        return PushSource(_later(state), None, meta)
+
+    def merged() -> dict[str, torch.Tensor]:
+        full = untied(full_state_dict(policy, rank, model_path, adapter))
+        return {k: v.to(dtype) for k, v in full.items()}
+
+    return PushSource(_later(merged), None)

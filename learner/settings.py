@@ -1,0 +1,67 @@
+"""Plain settings of a learner rank, built by the controller from the recipe (the
+learner never sees the `Recipe` itself)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from posttrain.algorithms.grpo import GRPOLoss
+from posttrain.learner.adapters import AdapterSettings
+from posttrain.weightsync import TransportSettings
+
+
+@dataclass(frozen=True)
+class CriticSettings:
+    """A value model next to the policy (PPO).
+
+    Attributes:
+        path: transformers folder to initialise it from; None: the policy's weights.
+        lr: its AdamW learning rate.
+    """
+
+    path: str | None = None
+    lr: float = 1e-5
+
+
+@dataclass(frozen=True)
+class LearnerSettings:
+    """Plain values a learner rank needs.
+
+    Attributes:
+        model_path: the policy's transformers folder.
+        compute_dtype: forward/backward dtype ('bfloat16' or 'float32'); master weights
+            and AdamW stay float32. Weight pushes are cast to it (the engines' dtype).
+        lr, betas, weight_decay, warmup_steps, max_grad_norm: AdamW and its schedule.
+        micro_batch_size: rows per forward/backward (rounded up to whole examples, e.g.
+            pairs for DPO).
+        temperature: logits are divided by it (the rollout's sampling temperature).
+        seed: torch seed at setup.
+        algorithm: 'grpo', 'ppo' or 'dpo': picks the loss (`algorithms.loss_module`).
+        loss: that loss's settings (`GRPOLoss`, `PPOLoss` or `DPOLoss`).
+        load_reference: keep a frozen reference (KL, DPO); with an adapter the reference
+            is the policy with its adapter disabled, never a copy.
+        critic: a value model (PPO), or None.
+        transport: how weight pushes travel (and whether they are checksummed or
+            adapter-only).
+        adapter: LoRA / QLoRA settings.
+        delay_s: test knob, extra busy seconds per train_step.
+    """
+
+    model_path: str
+    compute_dtype: str = "bfloat16"
+    lr: float = 1e-6
+    betas: tuple[float, float] = (0.9, 0.999)
+    weight_decay: float = 0.0
+    warmup_steps: int = 0
+    max_grad_norm: float = 1.0
+    micro_batch_size: int = 4
+    temperature: float = 1.0
+    seed: int = 0
+    algorithm: str = "grpo"
+    loss: Any = GRPOLoss()
+    load_reference: bool = False
+    critic: CriticSettings | None = None
+    transport: TransportSettings = TransportSettings()
+    adapter: AdapterSettings = field(default_factory=AdapterSettings)
+    delay_s: float = 0.0

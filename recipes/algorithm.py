@@ -1,0 +1,103 @@
+"""One algorithm object per recipe on the controller: what the learner needs, how a
+step's batch is made and how a step trains. The loop, the CLI and `start_learners`
+look it up once (`algorithm_for`) and never branch on the algorithm's name.
+
+- RL algorithms (`RLAlgorithm`: GRPO in recipes/grpo.py, PPO in recipes/ppo.py) share
+  one step, `recipes.loop.rl_step`: generate → score → batch → `train` → push.
+- DPO (recipes/dpo.py) has no rollout side: its `step` trains on preference pairs.
+"""
+
+from __future__ import annotations
+
+import statistics
+from abc import ABC, abstractmethod
+from typing import Any
+
+import torch
+
+from posttrain.actors.rollout import Rollout
+from posttrain.algorithms.batch import TrainBatch
+from posttrain.algorithms.common import loss_denominator
+from posttrain.common.telemetry import Span
+from posttrain.config import Recipe
+from posttrain.recipes.controller import on_learners
+
+
+class Algorithm(ABC):
+    """What every algorithm tells the run.
+
+    Attributes:
+        name: the recipe's `algorithm`.
+        uses_rollouts: starts rollout engines, a reward service and weight pushes.
+        loss: the learner's loss settings (`algorithms.<name>.<Name>Loss`).
+        load_reference: the learner keeps a frozen reference.
+        critic: the learner's `CriticSettings`, or None.
+        temperature: logits are divided by it on the learner.
+    """
+
+    name: str
+    uses_rollouts: bool = True
+    critic: Any = None
+
+    def __init__(self, recipe: Recipe):
+        self.recipe = recipe
+        self.load_reference = False
+        self.temperature = recipe.rollout.temperature
+
+    def prepare(self, run: Any) -> None:
+        """Work before the first step, once the roles run (DPO: reference precompute)."""
+        return None
+
+    @abstractmethod
+    def step(self, run: Any, step: int) -> tuple[dict[str, float], list[Span]]:
+        """One training step of `run` (a `recipes.loop.Run`); returns its metrics and
+        every worker's busy spans of the step."""
+
+
+class RLAlgorithm(Algorithm):
+    """GRPO and PPO: the step is `recipes.loop.rl_step`; each says how it trains."""
+
+    def step(self, run: Any, step: int) -> tuple[dict[str, float], list[Span]]:
+        from posttrain.recipes.loop import rl_step
+
+        return rl_step(run, self, step)
+
+    @abstractmethod
+    def train(self, learners: list[Any], batch: TrainBatch, rollouts: list[Rollout],
+              rewards: list[float | None], step: int) -> dict[str, float]:
+        """Advantages and the optimizer step(s) of one step on the learner group.
+
+        Args:
+            batch: `rollout_batch` of the step (rows of unscored rollouts masked out).
+            rewards: the rewards to train on, after `on_reward_failure` (None: left out).
+        """
+
+
+def run_updates(learners: list[Any], batch: TrainBatch, epochs: int, mini_batches: int,
+                loss_agg: str, seed: int, step: int) -> dict[str, float]:
+    """`epochs × mini_batches` optimizer steps on `batch` (padded to a multiple of
+    ranks × mini_batches). Each mini-batch's loss is normalised over that mini-batch
+    (`loss_denominator`); rows are shuffled (seeded) only when there is more than one
+    update. Returns each metric's mean over the updates, with `grad_norm` and `lr` of
+    the last one."""
+    g = torch.Generator().manual_seed(seed)
+    shuffle = epochs * mini_batches > 1
+    updates = []
+    for _ in range(epochs):
+        order = torch.randperm(len(batch), generator=g) if shuffle else torch.arange(len(batch))
+        for idx in order.chunk(mini_batches):
+            sub = batch.select(idx)
+            sub.loss_denominator = loss_denominator(sub.response_mask, loss_agg)
+            updates.append(on_learners(learners, "train_step", sub, step)[0])
+    stats = {k: statistics.fmean(u[k] for u in updates) for k in updates[0]}
+    return {**stats, "grad_norm": updates[-1]["grad_norm"], "lr": updates[-1]["lr"]}
+
+
+def algorithm_for(recipe: Recipe) -> Algorithm:
+    """The algorithm object of `recipe.algorithm`."""
+    from posttrain.recipes.dpo import DPO
+    from posttrain.recipes.grpo import GRPO
+    from posttrain.recipes.ppo import PPO
+
+    return {"grpo": GRPO, "ppo": PPO, "dpo": DPO}[recipe.algorithm](recipe)
+
