@@ -2,13 +2,22 @@
 
 An engine owns one model replica. It samples, loads new weights in place, and can
 checksum what it holds. Engines are used by one thread at a time (the worker's).
+
+Sampling uses the recipe's parameters only: a model's `generation_config.json` may set
+its own (Qwen2.5-Instruct ships `repetition_penalty: 1.05`, top_k, top_p), and an
+engine that applied them would sample from a distribution other than the
+`log_softmax(logits / T)` its `inference_logprobs` describe. Its end-of-sequence ids
+are the one thing taken from the model folder, through `stop_token_ids`, the same set
+on every engine.
 """
 
 from __future__ import annotations
 
+import json
 from abc import ABC, abstractmethod
 from collections.abc import Iterable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Literal
 
 import torch
@@ -51,6 +60,90 @@ class EngineSettings:
     enforce_eager: bool = True
     device: str = "cpu"
     lora_rank: int | None = None
+
+
+# Content of an assistant turn rendered to find the token that ends the turn.
+_TURN_PROBE = "posttrain-end-of-turn-probe"
+
+
+def end_of_turn_token_id(tokenizer: Any) -> int | None:
+    """The special token the chat template puts right after an assistant turn's content
+    (`<|im_end|>`, `<|eot_id|>`, `<end_of_turn>`), or None when the template has none
+    there (no template, plain text after the turn, or a template that cannot render a
+    user + assistant exchange)."""
+    from jinja2 import TemplateError
+
+    messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": _TURN_PROBE}]
+    try:
+        text = tokenizer.apply_chat_template(messages, tokenize=False)
+    except (TemplateError, ValueError, TypeError, KeyError):
+        return None
+    if not isinstance(text, str) or _TURN_PROBE not in text:
+        return None
+    tail = text.rsplit(_TURN_PROBE, 1)[1].lstrip()
+    ids = tokenizer.encode(tail, add_special_tokens=False) if tail else []
+    if not ids:
+        return None
+    added = getattr(tokenizer, "added_tokens_decoder", {}) or {}
+    special = ids[0] in set(tokenizer.all_special_ids) or getattr(added.get(ids[0]), "special",
+                                                                  False)
+    return ids[0] if special else None
+
+
+def _config_eos_ids(model_path: str) -> list[int]:
+    """`eos_token_id` (an int or a list) of the folder's generation_config.json, else of
+    its config.json (transformers derives the generation config from it then)."""
+    for name in ("generation_config.json", "config.json"):
+        file = Path(model_path) / name
+        if not file.is_file():
+            continue
+        eos = json.loads(file.read_text()).get("eos_token_id")
+        if eos is None:
+            return []
+        return [int(e) for e in (eos if isinstance(eos, list) else [eos])]
+    return []
+
+
+def stop_token_ids(tokenizer: Any, model_path: str) -> list[int]:
+    """Token ids that end a sample: the union of the tokenizer's `eos_token_id`, the
+    model folder's generation-config EOS ids and the chat template's end-of-turn token.
+
+    Models disagree among these (a tokenizer whose eos is `<|im_end|>` beside a
+    generation_config.json naming `<|endoftext|>`); stopping on only one lets samples run
+    past the end of the assistant's turn. Every engine stops on this same set.
+
+    Args:
+        tokenizer: the engine's transformers tokenizer (with its chat template).
+        model_path: the transformers folder the engine loaded.
+
+    Returns:
+        The ids, sorted, without repeats; never empty.
+
+    Raises:
+        ValueError: none of the three sources names an end-of-sequence token.
+    """
+    ids = set(_config_eos_ids(model_path))
+    if tokenizer.eos_token_id is not None:
+        ids.add(int(tokenizer.eos_token_id))
+    if (turn := end_of_turn_token_id(tokenizer)) is not None:
+        ids.add(turn)
+    if not ids:
+        raise ValueError(f"{model_path}: neither the tokenizer, generation_config.json nor the "
+                         "chat template names an end-of-sequence token; set eos_token in "
+                         "tokenizer_config.json")
+    return sorted(ids)
+
+
+def check_sampling(sampling: SamplingSettings) -> None:
+    """Refuse settings no engine can honour.
+
+    Raises:
+        ValueError: an empty stop string (every text contains it, so every sample
+            would end after its first token).
+    """
+    if any(s == "" for s in sampling.stop):
+        raise ValueError("stop strings must not be empty: every text contains '', so every "
+                         "sample would end after one token; remove it from rollout.stop")
 
 
 class InferenceEngine(ABC):

@@ -1,6 +1,13 @@
 """`engine: hf` — a transformers model sampling with `generate`, for machines where
 vLLM is not installed (and as the reference implementation of the engine interface).
 
+Sampling: the model's `generation_config.json` is set aside at load. transformers'
+`generate` fills every field of the config it is passed that is unset from
+`model.generation_config` (a repetition penalty, top_k, min_p, typical_p,
+no_repeat_ngram_size, bad words...), so the engine replaces that with an empty
+`GenerationConfig` and passes every sampling field explicitly: only temperature and
+top-p (from the recipe) shape the distribution its logprobs describe.
+
 Limits: no continuous batching or paged KV cache, so long or very uneven responses
 waste compute on padding; prompts are sampled in chunks of `max_batch_rows` rows.
 """
@@ -11,7 +18,7 @@ from collections.abc import Iterable
 
 import torch
 
-from posttrain.actors.engine import InferenceEngine, Sample
+from posttrain.actors.engine import InferenceEngine, Sample, check_sampling, stop_token_ids
 from posttrain.actors.rollout import SamplingSettings
 
 _DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
@@ -22,19 +29,19 @@ class HFEngine(InferenceEngine):
     logits it returns, under the sampling temperature."""
 
     def __init__(self, model_path: str, dtype: str = "bfloat16", max_batch_rows: int = 64):
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+        from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)
         self.tokenizer.padding_side = "left"
         self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=_DTYPES[dtype])
         self.model.eval()
         self.max_batch_rows = max_batch_rows
-        eos = self.model.generation_config.eos_token_id
-        if eos is None:
-            eos = self.tokenizer.eos_token_id
-        self.eos_ids = set(eos if isinstance(eos, list) else [eos])
+        self.stop_ids = stop_token_ids(self.tokenizer, model_path)
         pad = self.tokenizer.pad_token_id
-        self.pad_id = pad if pad is not None else min(self.eos_ids)
+        self.pad_id = pad if pad is not None else self.stop_ids[0]
+        # `generate` merges this into the config it is passed: keep nothing of the file.
+        self.model.generation_config = GenerationConfig(
+            eos_token_id=self.stop_ids, pad_token_id=self.pad_id)
 
     @torch.no_grad()
     def _sample_rows(self, rows: list[list[int]], sampling: SamplingSettings) -> list[Sample]:
@@ -51,9 +58,14 @@ class HFEngine(InferenceEngine):
             temperature=sampling.temperature,
             top_p=sampling.top_p,
             top_k=0,
+            # The other processors at their neutral values; those without one (min_p,
+            # bad words, suppressed tokens) stay unset, and the empty
+            # `model.generation_config` has nothing to fill them with.
+            typical_p=1.0, epsilon_cutoff=0.0, eta_cutoff=0.0, repetition_penalty=1.0,
+            encoder_repetition_penalty=1.0, no_repeat_ngram_size=0, min_length=0,
             max_new_tokens=sampling.max_new_tokens,
             pad_token_id=self.pad_id,
-            eos_token_id=sorted(self.eos_ids),
+            eos_token_id=self.stop_ids,
             output_logits=True,
             return_dict_in_generate=True,
         )
@@ -71,7 +83,7 @@ class HFEngine(InferenceEngine):
         samples = []
         for i in range(len(rows)):
             tokens = new[i].tolist()
-            end = next((j for j, t in enumerate(tokens) if t in self.eos_ids), None)
+            end = next((j for j, t in enumerate(tokens) if t in self.stop_ids), None)
             if sampling.stop:
                 hit = self._stop_string_end(tokens[:None if end is None else end], sampling.stop)
                 end = hit if hit is not None else end
@@ -94,6 +106,7 @@ class HFEngine(InferenceEngine):
         return None
 
     def generate(self, prompts: list[list[int]], sampling: SamplingSettings) -> list[list[Sample]]:
+        check_sampling(sampling)
         torch.manual_seed(sampling.seed)
         rows = [p for p in prompts for _ in range(sampling.n)]
         flat: list[Sample] = []

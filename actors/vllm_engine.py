@@ -10,6 +10,12 @@ taken after temperature (and top-p, when `top_p < 1`) — the value the learner
 recomputes from `logits / T`. vLLM's default (`raw_logprobs`) would be the logprob at
 temperature 1.
 
+Sampling parameters come from the recipe alone: `generation_config="vllm"` keeps the
+model's `generation_config.json` (repetition penalty, top_k, ...) out of vLLM's default
+sampling parameters, and every request passes its own `SamplingParams`. Requests stop
+on `stop_token_ids` (the base module's set: tokenizer EOS, generation-config EOS ids,
+the chat template's end-of-turn token), the same set as `engine: hf`.
+
 Weights: loaded in place with vLLM's `reload_weights(weights_iterator=...)` (checkpoint
 names, fused layouts handled by vLLM), then the prefix cache is reset so KV blocks
 computed under the old weights are never served again. vLLM's layerwise reload
@@ -28,7 +34,7 @@ from pathlib import Path
 
 import torch
 
-from posttrain.actors.engine import InferenceEngine, Sample
+from posttrain.actors.engine import InferenceEngine, Sample, check_sampling, stop_token_ids
 from posttrain.actors.rollout import SamplingSettings
 
 
@@ -94,11 +100,12 @@ class VLLMEngine(InferenceEngine):
         self.llm = LLM(
             model=model_path, dtype=dtype, seed=seed, max_model_len=max_model_len,
             enforce_eager=enforce_eager, enable_prefix_caching=True,
-            logprobs_mode="processed_logprobs",
+            logprobs_mode="processed_logprobs", generation_config="vllm",
             worker_extension_cls="posttrain.actors.vllm_ext.WeightLoaderExtension",
             **extra,
         )
         self.tokenizer = self.llm.get_tokenizer()
+        self.stop_ids = stop_token_ids(self.tokenizer, model_path)
         self.expected = checkpoint_names(model_path)
         hf_config = self.llm.llm_engine.vllm_config.model_config.hf_config
         self.tied = bool(getattr(hf_config, "tie_word_embeddings", False))
@@ -120,6 +127,7 @@ class VLLMEngine(InferenceEngine):
 
         if self.broken:
             raise RuntimeError(self.broken)
+        check_sampling(sampling)
         if not self.per_request_seed:
             torch.manual_seed(sampling.seed)  # vLLM samples in this process
         params = [
@@ -128,6 +136,7 @@ class VLLMEngine(InferenceEngine):
                 max_tokens=sampling.max_new_tokens, logprobs=0,
                 seed=sampling.seed + i if self.per_request_seed else None,
                 stop=list(sampling.stop) or None, include_stop_str_in_output=True,
+                stop_token_ids=self.stop_ids,
             )
             for i in range(len(prompts))
         ]

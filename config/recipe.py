@@ -59,7 +59,9 @@ class VLLMConfig(_Strict):
         "to whole GiB, at least 1; GPU: kv_cache_memory_bytes)."
     )
     max_model_len: int | None = Field(
-        None, gt=0, description="Longest prompt + response in tokens; default: the model's."
+        None, gt=0, description="Longest prompt + response in tokens; default: the model's "
+        "context (max_position_embeddings). Must exceed rollout.max_new_tokens, and "
+        "`posttrain validate` checks the longest prompt + max_new_tokens fits."
     )
     enforce_eager: bool = Field(
         True, description="Run without torch.compile / CUDA graphs: starts in seconds instead "
@@ -68,6 +70,10 @@ class VLLMConfig(_Strict):
 
 
 class RolloutConfig(_Strict):
+    """How rollouts are sampled. Only these parameters shape sampling: the engines ignore
+    sampling settings in the model's generation_config.json (repetition penalty, top_k,
+    ...), so `inference_logprobs` describe exactly the distribution sampled."""
+
     engine: Literal["vllm", "hf"] = Field(
         default_factory=lambda: "vllm" if vllm_installed() else "hf",
         description="Inference engine of each rollout worker: 'vllm' (default where vLLM is "
@@ -76,22 +82,48 @@ class RolloutConfig(_Strict):
     vllm: VLLMConfig = Field(default_factory=VLLMConfig)
     stop: list[str] = Field(
         default_factory=list,
-        description="Stop strings, a list (one string is taken as a list of one): a sample "
-        "ends once its text contains one (kept in the response; finish_reason 'stop').",
+        description="Stop strings, a list (one string is taken as a list of one), each "
+        "non-empty: a sample ends once its text contains one (kept in the response; "
+        "finish_reason 'stop'). Samples also end on the model's end-of-sequence tokens "
+        "(tokenizer EOS, generation_config.json EOS ids, the chat template's end of turn).",
     )
+    samples_per_prompt: int = Field(
+        8, ge=1, description="Samples drawn per prompt; one prompt's samples form a group."
+    )
+    max_new_tokens: int = Field(
+        128, gt=0, description="Most response tokens per sample; the longest prompt plus this "
+        "must fit in the model's context (and rollout.vllm.max_model_len)."
+    )
+    temperature: float = Field(
+        1.0, gt=0.0, description="Sampling temperature; inference_logprobs are under it."
+    )
+    top_p: float = Field(1.0, gt=0.0, le=1.0, description="Nucleus sampling mass.")
 
     @field_validator("stop", mode="before")
     @classmethod
     def _one_stop(cls, v: Any) -> Any:
         return [v] if isinstance(v, str) else v
-    samples_per_prompt: int = Field(
-        8, ge=1, description="Samples drawn per prompt; one prompt's samples form a group."
-    )
-    max_new_tokens: int = Field(128, gt=0, description="Most response tokens per sample.")
-    temperature: float = Field(
-        1.0, gt=0.0, description="Sampling temperature; inference_logprobs are under it."
-    )
-    top_p: float = Field(1.0, gt=0.0, le=1.0, description="Nucleus sampling mass.")
+
+    @field_validator("stop")
+    @classmethod
+    def _no_empty_stop(cls, v: list[str]) -> list[str]:
+        if "" in v:
+            raise ValueError("an empty stop string is contained in every text, so every sample "
+                             "would end after its first token; remove it (stop strings must "
+                             "be non-empty)")
+        return v
+
+    @model_validator(mode="after")
+    def _response_fits_engine(self) -> RolloutConfig:
+        limit = self.vllm.max_model_len
+        if self.engine == "vllm" and limit is not None and self.max_new_tokens >= limit:
+            raise ValueError(
+                f"rollout.vllm.max_model_len ({limit}) holds prompt + response, and "
+                f"rollout.max_new_tokens is {self.max_new_tokens}: no prompt fits beside a "
+                "full response; raise rollout.vllm.max_model_len above max_new_tokens plus "
+                "the longest prompt, or lower rollout.max_new_tokens"
+            )
+        return self
 
 
 class RewardsServiceConfig(_Strict):

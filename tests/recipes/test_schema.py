@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -9,9 +11,11 @@ from pathlib import Path
 import pytest
 
 from posttrain.config import RecipeError
+from posttrain.recipes.data import load_prompts
 from posttrain.recipes.loading import load_recipe
-from posttrain.recipes.preflight import check_runtime_inputs
+from posttrain.recipes.preflight import check_lengths, check_runtime_inputs
 from tests.conftest import ROOT
+from tests.tiny_model import build_tiny_model
 
 SHIPPED = sorted((ROOT / "recipes").rglob("*.yaml"))
 
@@ -24,6 +28,8 @@ def test_recipes_are_found():
 def test_shipped_recipe_validates(path, shared_data):
     recipe = load_recipe(path)
     check_runtime_inputs(recipe)
+    if recipe.algorithm != "dpo":
+        check_lengths(recipe, load_prompts(recipe.data))
 
 
 def _write(tmp_path: Path, text: str) -> Path:
@@ -74,7 +80,8 @@ def test_missing_data_file_and_model_folder(tmp_path):
 
 
 def test_schema_imports_no_torch():
-    code = ("import sys, posttrain.recipes.loading as s; s.load_recipe('recipes/quickstart_grpo.yaml'); "
+    code = ("import sys, posttrain.recipes.loading as s; "
+            "s.load_recipe('recipes/quickstart_grpo.yaml'); "
             "bad = [m for m in ('torch', 'ray', 'transformers') if m in sys.modules]; "
             "sys.exit(1 if bad else 0)")
     assert subprocess.run([sys.executable, "-c", code], cwd=ROOT).returncode == 0
@@ -134,3 +141,107 @@ def test_one_stop_string_is_a_list_of_one():
     assert r.rollout.stop == ["</s>"]
     with pytest.raises(RecipeError, match="rollout.stop"):
         load_recipe(ROOT / "recipes" / "quickstart_grpo.yaml", ["rollout.stop=5"])
+
+
+def test_empty_stop_string_exits_2():
+    """`rollout.stop: [""]` used to validate, and then every HF sample ended after one
+    token (every text contains '')."""
+    bad = _cli("validate", "recipes/quickstart_grpo.yaml", "--set", "rollout.stop=['']")
+    assert bad.returncode == 2, bad.stdout
+    assert "rollout.stop: an empty stop string" in bad.stderr
+    with pytest.raises(RecipeError, match="rollout.stop: an empty stop string"):
+        load_recipe(ROOT / "recipes" / "quickstart_grpo.yaml", ["rollout.stop=''"])
+
+
+def test_response_longer_than_vllm_max_model_len_exits_2():
+    """`max_new_tokens: 24` with `max_model_len: 16` used to validate "ok"."""
+    bad = _cli("validate", "recipes/quickstart_grpo.yaml", "--set",
+               "rollout.vllm.max_model_len=16")
+    assert bad.returncode == 2, bad.stdout
+    assert "rollout.vllm.max_model_len (16)" in bad.stderr
+    assert "rollout.max_new_tokens is 24" in bad.stderr
+    # The limit is vLLM's: with engine hf, rollout.vllm is not used.
+    load_recipe(ROOT / "recipes" / "quickstart_grpo.yaml",
+                ["rollout.engine=hf", "rollout.vllm.max_model_len=16"])
+
+
+def test_response_longer_than_model_context_exits_2_before_ray(tmp_path):
+    """`max_new_tokens: 100000` on a 2k-context model used to validate "ok" (and run)."""
+    model = build_tiny_model(tmp_path / "model", max_positions=2048)
+    args = ["recipes/quickstart_grpo.yaml", "--set", f"model.path={model}", "--set",
+            "rollout.engine=hf", "--set", "rollout.max_new_tokens=100000"]
+    for command in ("validate", "run"):
+        bad = _cli(command, *args)
+        assert bad.returncode == 2, bad.stdout + bad.stderr
+        assert "rollout.max_new_tokens:" in bad.stderr
+        assert "more than the model's context, 2048 tokens" in bad.stderr
+        assert "Ray" not in bad.stdout + bad.stderr  # failed before anything started
+    ok = _cli("validate", *args[:-1], "rollout.max_new_tokens=1900")
+    assert ok.returncode == 0, ok.stderr
+
+
+# The tiny model's tokenizer has one token per character; the chat template adds
+# "<|im_start|>user\n", "<|im_end|>\n" and "<|im_start|>assistant\n": 19 tokens, and
+# a system message "<|im_start|>system\n...<|im_end|>\n": 10 tokens more than its text.
+USER_TURN, SYSTEM_TURN = 19, 10
+
+
+def _length_recipe(tmp_path: Path, model: Path, *overrides: str):
+    data = tmp_path / "prompts.jsonl"
+    rows = [{"question": "1+1", "answer": "2"}, {"question": "x" * 40, "answer": "0"}]
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    r = load_recipe(ROOT / "recipes" / "quickstart_grpo.yaml",
+                    [f"model.path={model}", f"data.train={{path: {data}}}",
+                     "model.system_prompt=null", *overrides])
+    return r, load_prompts(r.data)
+
+
+def test_longest_prompt_plus_response_must_fit(tmp_path):
+    """Exact boundaries: the longest prompt (row 1: 40 characters) after the chat template,
+    with the system prompt when set, plus max_new_tokens against the model's context
+    and against rollout.vllm.max_model_len."""
+    model = build_tiny_model(tmp_path / "model", max_positions=128)
+    longest = 40 + USER_TURN
+    r, prompts = _length_recipe(tmp_path, model, "rollout.engine=hf",
+                                f"rollout.max_new_tokens={128 - longest}")
+    check_lengths(r, prompts)
+    r, prompts = _length_recipe(tmp_path, model, "rollout.engine=hf",
+                                f"rollout.max_new_tokens={129 - longest}")
+    with pytest.raises(RecipeError, match=rf"rollout.max_new_tokens: data.train prompt 1 .* is "
+                       rf"{longest} tokens .* set rollout.max_new_tokens to {128 - longest} "
+                       "or less"):
+        check_lengths(r, prompts)
+    system = "Be brief."
+    r, prompts = _length_recipe(tmp_path, model, "rollout.engine=hf",
+                                f"rollout.max_new_tokens={128 - longest}",
+                                f"model.system_prompt='{system}'")
+    with pytest.raises(RecipeError, match=f"is {longest + len(system) + SYSTEM_TURN} tokens "
+                       "after the chat template with model.system_prompt"):
+        check_lengths(r, prompts)
+    vllm = ["rollout.engine=vllm", "rollout.vllm.max_model_len=64"]
+    r, prompts = _length_recipe(tmp_path, model, *vllm, f"rollout.max_new_tokens={64 - longest}")
+    check_lengths(r, prompts)
+    r, prompts = _length_recipe(tmp_path, model, *vllm, f"rollout.max_new_tokens={65 - longest}")
+    with pytest.raises(RecipeError, match=r"rollout.vllm.max_model_len: .* more than "
+                       r"rollout.vllm.max_model_len \(64\)"):
+        check_lengths(r, prompts)
+    r, prompts = _length_recipe(tmp_path, model, "rollout.engine=vllm",
+                                "rollout.vllm.max_model_len=256")
+    with pytest.raises(RecipeError, match="rollout.vllm.max_model_len: 256 is longer than the "
+                       "model's context"):
+        check_lengths(r, prompts)
+
+
+def test_length_check_reads_converted_aliases_only(tmp_path, monkeypatch, tiny_model):
+    """A built-in alias is read once converted; before that (converting takes a minute
+    and torch) the context and prompt checks are skipped. DPO is not checked here."""
+    monkeypatch.setenv("POSTTRAIN_CACHE", str(tmp_path / "cache"))
+    quick = ROOT / "recipes" / "quickstart_grpo.yaml"
+    r = load_recipe(quick, ["rollout.max_new_tokens=100000"])
+    prompts = load_prompts(r.data)
+    check_lengths(r, prompts)  # not converted: skipped
+    shutil.copytree(tiny_model, tmp_path / "cache" / "models" / "smollm2-135m-instruct")
+    with pytest.raises(RecipeError, match="more than the model's context, 512 tokens"):
+        check_lengths(r, prompts)
+    dpo = load_recipe(ROOT / "recipes" / "dpo_hh.yaml", [f"model.path={tiny_model}"])
+    check_lengths(dpo, prompts)  # DPO: dpo.max_length, not rollouts
