@@ -19,7 +19,7 @@ import typer
 from posttrain.recipes.data import load_prompts
 from posttrain.config import Recipe, RecipeError
 from posttrain.recipes.loading import load_recipe
-from posttrain.recipes.preflight import check_runtime_inputs
+from posttrain.recipes.preflight import check_lengths, check_runtime_inputs
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="RL post-training of language models from recipe YAMLs.")
@@ -44,7 +44,9 @@ def _load_or_exit(recipe: Path, overrides: list[str] | None) -> tuple[Recipe, li
                 typer.echo(f"data: {skipped} rows skipped (their dialogues do not share a "
                            "prompt)", err=True)
             return r, pairs
-        return r, load_prompts(r.data)
+        prompts = load_prompts(r.data)
+        check_lengths(r, prompts)  # GRPO / PPO: longest prompt + max_new_tokens fits
+        return r, prompts
     except RecipeError as e:
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(code=2) from None
