@@ -16,8 +16,8 @@ from typing import Annotated
 
 import typer
 
+from posttrain.config import PreferenceData, Recipe, RecipeError
 from posttrain.recipes.data import load_prompts
-from posttrain.config import Recipe, RecipeError
 from posttrain.recipes.loading import load_recipe
 from posttrain.recipes.preflight import check_lengths, check_runtime_inputs
 
@@ -34,7 +34,7 @@ def _load_or_exit(recipe: Path, overrides: list[str] | None) -> tuple[Recipe, li
     try:
         r = load_recipe(recipe, overrides or [])
         check_runtime_inputs(r)
-        if r.algorithm == "dpo":
+        if isinstance(r.data.train, PreferenceData):
             from posttrain.recipes.preference import load_pairs
 
             d = r.data.train
@@ -56,7 +56,7 @@ def _load_or_exit(recipe: Path, overrides: list[str] | None) -> tuple[Recipe, li
 def validate(recipe: Path, set_: SetOpt = None) -> None:
     """Check a recipe (schema, data rows, model path) without starting anything."""
     r, prompts = _load_or_exit(recipe, set_)
-    what = "pairs" if r.algorithm == "dpo" else "prompts"
+    what = "pairs" if isinstance(r.data.train, PreferenceData) else "prompts"
     typer.echo(f"ok: {recipe} ({r.algorithm}, {r.train.steps} steps, {len(prompts)} {what}, "
                f"model {r.model.path})")
 
@@ -96,10 +96,7 @@ def run(
                            "turns the dashboard off", err=True)
                 raise typer.Exit(code=2) from None
     typer.echo(f"posttrain: {r.name} ({r.algorithm}) → {run_dir}")
-    if r.algorithm == "dpo":  # heavy imports only after validation
-        from posttrain.recipes.dpo_loop import run_dpo as run_loop
-    else:
-        from posttrain.recipes.loop import run as run_loop
+    from posttrain.recipes.loop import run as run_loop  # heavy imports only after validation
 
     t0 = time.time()
     try:
