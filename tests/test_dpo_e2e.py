@@ -11,6 +11,7 @@ import yaml
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from posttrain.algorithms.dpo import dpo_loss
+from posttrain.learner.export import differing_model_files
 from posttrain.learner.logprobs import sequence_logprobs
 from posttrain.recipes.dpo import cache_key, pair_batch
 from posttrain.recipes.loading import load_recipe
@@ -64,6 +65,8 @@ def test_precompute_cache_and_in_loop_reference_agree(dpo_recipe, tmp_path):
     assert first[1]["loss"] == pytest.approx(again[1]["loss"], abs=1e-6)
     assert not (tmp_path / "a" / "rollouts").exists()  # no rollout side at all
     AutoModelForCausalLM.from_pretrained(tmp_path / "a" / "final")
+    # the source's generation_config.json and tokenizer files travel into every saved policy
+    assert not differing_model_files(make(True, "pre").model.path, tmp_path / "a" / "final")
 
 
 def test_cache_key_changes_with_data(dpo_recipe):

@@ -5,13 +5,16 @@ from __future__ import annotations
 import pytest
 import torch
 
+from posttrain.algorithms.batch import TrainBatch
 from posttrain.algorithms.ppo import (
+    advantages_and_returns,
     clipped_value_loss,
     explained_variance,
     gae,
     masked_whiten,
     token_rewards,
 )
+from posttrain.learner.models import critic_values
 
 
 def test_gae_hand_computed_four_tokens():
@@ -68,3 +71,37 @@ def test_whiten_and_value_clip_and_explained_variance():
     ret = torch.tensor([[1.0, 2.0, 3.0]])
     assert explained_variance(ret, ret, torch.ones(1, 3)) == pytest.approx(1.0)
     assert explained_variance(torch.full((1, 3), 2.0), ret, torch.ones(1, 3)) == pytest.approx(0.0)
+
+
+def test_truncated_response_bootstraps_from_the_value_after_its_last_token():
+    # γ = λ = 1, no whitening, one truncated 3-token response scored 0: A_k = V(s_3) − V(s_k).
+    v = [-0.19701, 0.16409, -0.03801, 0.12440]  # V(s_0..s_3); V(s_3) is after the last token
+    mask = torch.ones(1, 3)
+    batch = TrainBatch(torch.zeros(1, 3, dtype=torch.long), torch.ones(1, 3, dtype=torch.long),
+                       mask, 0, values=torch.tensor([v[:3]]),
+                       old_logprobs=torch.zeros(1, 3))
+    raw, adv, ret = advantages_and_returns(
+        batch, torch.tensor([0.0]), torch.tensor([True]), torch.tensor([v[3]]), gamma=1.0,
+        lam=1.0, whiten=False, bootstrap_truncated=True)
+    assert raw[0].tolist() == pytest.approx([0.32141, -0.03969, 0.16241], abs=1e-6)
+    assert torch.equal(adv, raw)
+    assert ret[0].tolist() == pytest.approx([v[3]] * 3, abs=1e-6)
+    # a response that ended with EOS bootstraps from 0, whatever the critic says after it
+    eos, _, _ = advantages_and_returns(
+        batch, torch.tensor([0.0]), torch.tensor([False]), torch.tensor([v[3]]), gamma=1.0,
+        lam=1.0, whiten=False, bootstrap_truncated=True)
+    assert eos[0].tolist() == pytest.approx([0.19701, -0.16409, 0.03801], abs=1e-6)
+
+
+def test_critic_values_read_before_each_token_and_after_the_last():
+    class Stub(torch.nn.Module):  # value at position p = 10·p, so the reads are visible
+        def forward(self, input_ids, attention_mask, position_ids):
+            out = (10.0 * torch.arange(input_ids.shape[1])).expand(input_ids.shape)
+            return type("Out", (), {"logits": out[..., None].float()})
+
+    ids = torch.ones(2, 5, dtype=torch.long)
+    attn = torch.tensor([[0, 1, 1, 1, 1], [1, 1, 1, 1, 0]])  # left pad; right pad
+    mask = torch.tensor([[0.0, 0, 1, 1, 1], [0, 0, 1, 1, 0]])
+    values, final = critic_values(Stub(), TrainBatch(ids, attn, mask, 2))
+    assert values[0].tolist() == [0.0, 0.0, 10.0, 20.0, 30.0]  # V(s_t) read at t − 1
+    assert final.tolist() == [40.0, 30.0]  # V(s_T) at each row's last real token
