@@ -19,7 +19,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from posttrain.config import load_recipe  # noqa: E402
+from posttrain.recipes.loading import load_recipe  # noqa: E402
 from posttrain.recipes.loop import run  # noqa: E402
 
 
