@@ -44,7 +44,7 @@ DEFAULT_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj
 
 @dataclass(frozen=True)
 class AdapterSettings:
-    """Plain values of the recipe's `model.adapter` block (see recipes/adapter_specs.py)."""
+    """Plain values of the recipe's `model.adapter` block (see config/adapter.py)."""
 
     type: str = "none"  # none | lora | qlora
     r: int = 16
