@@ -150,6 +150,16 @@ class TrainConfig(_Strict):
     max_grad_norm: float = Field(1.0, gt=0, description="Global grad-norm clip.")
     seed: int = Field(0, description="Seed of sampling and initialisation.")
     save_final: bool = Field(True, description="Save the final policy with save_pretrained.")
+    checkpoint_every: int | None = Field(
+        None, gt=0,
+        description="Write a training checkpoint (RUN_DIR/checkpoints/step_NNNNN: sharded "
+        "policy, optimizer, critic, LR schedule, RNGs, data position) every N steps; null: "
+        "only at the end of the run and on SIGTERM/Ctrl-C. `posttrain run --resume RUN_DIR` "
+        "continues from the newest one.",
+    )
+    keep_checkpoints: int = Field(
+        2, ge=1, description="Training checkpoints kept in RUN_DIR/checkpoints (oldest removed)."
+    )
 
 
 class RolloutResources(_Strict):

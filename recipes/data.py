@@ -121,15 +121,53 @@ def load_prompts(cfg: DataConfig) -> list[PromptItem]:
     return _jsonl(cfg.train)
 
 
-def prompt_stream(items: list[PromptItem], per_step: int, seed: int) -> Iterator[list[PromptItem]]:
-    """Yield `per_step` prompts at a time, reshuffling at every epoch boundary."""
-    rng = random.Random(seed)
-    order: list[PromptItem] = []
-    while True:
+class PromptStream:
+    """`per_step` prompts at a time, reshuffled at every epoch boundary; resumable.
+
+    Epoch e reads the (e+1)-th shuffle of `random.Random(seed)` from its last item to its
+    first. `state()` is the position (`epoch`, `index` of the next prompt in that epoch's
+    `order` of item positions); `PromptStream(items, per_step, seed, state)` continues
+    from it.
+    """
+
+    def __init__(self, items: list[PromptItem], per_step: int, seed: int,
+                 state: dict[str, Any] | None = None):
+        self.items, self.per_step = items, per_step
+        self.rng = random.Random(seed)
+        self.epoch, self.index = 0, 0
+        self.order = self._shuffle()
+        if state is not None:
+            for _ in range(state["epoch"]):
+                self.order = self._shuffle()
+            if self.order != state["order"]:
+                raise RecipeError(f"the checkpoint's data stream shuffled {len(state['order'])} "
+                                  f"prompts, this run has {len(items)}; resume with the same data")
+            self.epoch, self.index = state["epoch"], state["index"]
+
+    def _shuffle(self) -> list[int]:
+        order = list(range(len(self.items)))
+        self.rng.shuffle(order)
+        return order[::-1]
+
+    def __iter__(self) -> PromptStream:
+        return self
+
+    def __next__(self) -> list[PromptItem]:
         batch: list[PromptItem] = []
-        while len(batch) < per_step:
-            if not order:
-                order = list(items)
-                rng.shuffle(order)
-            batch.append(order.pop())
-        yield batch
+        while len(batch) < self.per_step:
+            if self.index == len(self.order):
+                self.order, self.epoch, self.index = self._shuffle(), self.epoch + 1, 0
+            batch.append(self.items[self.order[self.index]])
+            self.index += 1
+        return batch
+
+    def state(self) -> dict[str, Any]:
+        """The position to resume from (JSON-able)."""
+        return {"epoch": self.epoch, "index": self.index, "order": list(self.order)}
+
+
+def prompt_stream(items: list[PromptItem], per_step: int, seed: int,
+                  state: dict[str, Any] | None = None) -> PromptStream:
+    """Yield `per_step` prompts at a time, reshuffling at every epoch boundary (see
+    `PromptStream`; `state` resumes a stream's `state()`)."""
+    return PromptStream(items, per_step, seed, state)

@@ -96,3 +96,53 @@ def test_reward_runtime_checks_find_modules_without_importing():
 def test_dpo_data_errors_name_real_key_paths():
     r = _cli("validate", "recipes/dpo_hh.yaml", "--set", "data.train.format=xml")
     assert r.returncode == 2 and "- data.train.format:" in r.stderr
+
+
+def _old_stream(items, per_step, seed):
+    """prompt_stream as it was before it could resume (pop from a fresh shuffle)."""
+    import random
+
+    rng, order = random.Random(seed), []
+    while True:
+        batch = []
+        while len(batch) < per_step:
+            if not order:
+                order = list(items)
+                rng.shuffle(order)
+            batch.append(order.pop())
+        yield batch
+
+
+@pytest.mark.parametrize("stop", [3, 5, 4])  # 5 steps × 2 = two epochs of 5: 5 is a boundary
+def test_prompt_stream_resumes_where_it_stopped(stop):
+    import json
+
+    items = list(range(5))
+    straight = prompt_stream(items, 2, seed=3)
+    old = _old_stream(items, 2, seed=3)
+    want = [next(straight) for _ in range(8)]
+    assert want == [next(old) for _ in range(8)]  # the same order as before
+    first = prompt_stream(items, 2, seed=3)
+    got = [next(first) for _ in range(stop)]
+    state = json.loads(json.dumps(first.state()))  # it travels as JSON
+    resumed = prompt_stream(items, 2, seed=3, state=state)
+    got += [next(resumed) for _ in range(8 - stop)]
+    assert got == want
+    # every prompt as often as in the straight run (16 draws of 5 prompts)
+    flat = [x for b in got for x in b]
+    assert [flat.count(i) for i in items] == [[x for b in want for x in b].count(i) for i in items]
+
+
+def test_epoch_boundary_resume_shows_each_prompt_once_per_epoch():
+    items = list(range(6))
+    first = prompt_stream(items, 3, seed=0)
+    epoch0 = next(first) + next(first)  # exactly one epoch
+    resumed = prompt_stream(items, 3, seed=0, state=first.state())
+    epoch1 = next(resumed) + next(resumed)
+    assert sorted(epoch0) == sorted(epoch1) == items
+
+
+def test_prompt_stream_refuses_other_data():
+    state = prompt_stream(list(range(5)), 2, seed=0).state()
+    with pytest.raises(RecipeError, match="same data"):
+        prompt_stream(list(range(6)), 2, seed=0, state=state)
