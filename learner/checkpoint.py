@@ -1,17 +1,29 @@
-"""Saving the policy: the full model in `save_pretrained` format, or with an adapter
+"""Saving the policy, and the training state a resume needs.
+
+The policy: the full model in `save_pretrained` format, or with an adapter
 the adapter in PEFT format (`adapter_config.json`, `adapter_model.safetensors`;
 `PeftModel.from_pretrained(base, path)` loads it) plus, with `adapter.save_merged`, the
 merged model in `path/merged`. Every folder also gets the source model's tokenizer
 files and `generation_config.json` verbatim (learner/export.py), so a saved policy
 stops on the same EOS ids and keeps its sampling defaults.
 
-Collective: every learner rank calls `save_policy`; rank 0 writes.
+The training state (`save_state` / `load_state`): every (model, optimizer) pair, sharded,
+through torch.distributed.checkpoint (`get_state_dict` / `set_state_dict`, `dcp.save` /
+`dcp.load`), so it reloads on another number of ranks; plus `rank_R.pt` per rank with the
+LR scheduler, the optimizer-step count and the RNGs (torch, python `random`, numpy). A
+rank the checkpoint did not have takes rank 0's scheduler and keeps its own seeded RNGs.
+
+Collective: every learner rank calls `save_policy`, `save_state` and `load_state`;
+rank 0 writes the full policy, each rank its own shards.
 """
 
 from __future__ import annotations
 
+import random
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import torch
 
 from posttrain.learner import adapters
@@ -67,3 +79,56 @@ def _save_adapter(policy: torch.nn.Module, rank: int, model_path: str,
     save_file({k: v.contiguous() for k, v in state.items()},
               str(path / "adapter_model.safetensors"), metadata={"format": "pt"})
     adapters.lora_config(adapter, model_path).save_pretrained(str(path))
+
+
+def _pairs(models: dict[str, tuple[torch.nn.Module, torch.optim.Optimizer]]) -> dict[str, Any]:
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    out = {}
+    for name, (model, opt) in models.items():
+        m, o = get_state_dict(model, opt)
+        out[name] = {"model": m, "optim": o}
+    return out
+
+
+def save_state(models: dict[str, tuple[torch.nn.Module, torch.optim.Optimizer]],
+               scheduler: Any, optimizer_steps: int, rank: int, path: str) -> None:
+    """Write every (model, optimizer) pair of `models` (sharded, DCP) and this rank's
+    scheduler, step count and RNGs into `path` (see the module docstring)."""
+    import torch.distributed.checkpoint as dcp
+
+    folder = Path(path)
+    folder.mkdir(parents=True, exist_ok=True)
+    dcp.save(_pairs(models), checkpoint_id=str(folder / "sharded"))
+    torch.save({"scheduler": scheduler.state_dict(), "optimizer_steps": optimizer_steps,
+                "torch_rng": torch.get_rng_state(), "python_rng": random.getstate(),
+                "numpy_rng": np.random.get_state()}, folder / f"rank_{rank}.pt")
+
+
+def load_state(models: dict[str, tuple[torch.nn.Module, torch.optim.Optimizer]],
+               scheduler: Any, rank: int, path: str) -> int:
+    """Load what `save_state` wrote into the live models, optimizers, scheduler and RNGs;
+    returns the optimizer-step count.
+
+    Raises:
+        FileNotFoundError: `path` holds no training state.
+    """
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import set_state_dict
+
+    folder = Path(path)
+    if not (folder / "rank_0.pt").is_file():
+        raise FileNotFoundError(f"{folder}: no learner training state (rank_0.pt)")
+    state = _pairs(models)
+    dcp.load(state, checkpoint_id=str(folder / "sharded"))
+    for name, (model, opt) in models.items():
+        set_state_dict(model, opt, model_state_dict=state[name]["model"],
+                       optim_state_dict=state[name]["optim"])
+    own = folder / f"rank_{rank}.pt"
+    extra = torch.load(own if own.is_file() else folder / "rank_0.pt", weights_only=False)
+    scheduler.load_state_dict(extra["scheduler"])
+    if own.is_file():
+        torch.set_rng_state(extra["torch_rng"])
+        random.setstate(extra["python_rng"])
+        np.random.set_state(extra["numpy_rng"])
+    return extra["optimizer_steps"]

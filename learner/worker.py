@@ -60,10 +60,14 @@ class LearnerWorker:
         self.transport = None
         self.critic = None
 
-    def setup(self, master_port: int) -> dict[str, int]:
+    def setup(self, master_port: int, resume_from: str | None = None) -> dict[str, int]:
         """Join the gloo group, build the sharded models and optimizers, and (rank 0,
         collective transport) join the push group. Returns the memory report of
         `adapters.memory_report`, equal on every rank. Collective: all ranks at once.
+
+        Args:
+            resume_from: a folder written by `save_checkpoint(path, step, kind="state")`:
+                policy, critic, optimizers, LR schedule and RNGs continue from it.
 
         Raises:
             ValueError: an adapter target names no linear layer of the model (raised
@@ -92,6 +96,9 @@ class LearnerWorker:
         warm = s.warmup_steps
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizers[0], lambda i: min(1.0, (i + 1) / warm) if warm else 1.0)
+        if resume_from is not None:
+            self.optimizer_steps = checkpoint.load_state(self._trained(), self.scheduler,
+                                                         self.rank, resume_from)
         report = adapters.memory_report(self.policy, self.reference)
         # Only rank 0 sends weights; the others never touch the push group.
         self.transport = make_transport(s.transport, rank=0 if self.rank == 0 else None)
@@ -223,13 +230,31 @@ class LearnerWorker:
             yield from publish(self.transport, source, version, sender=self.rank == 0,
                                checksum=s.transport.checksum)
 
-    def save_checkpoint(self, path: str, step: int) -> str | None:
-        """Save the policy into `path` (see learner/checkpoint.py: `save_pretrained`
-        format, or the adapter in PEFT format). Collective; rank 0 writes and returns
-        the path."""
+    def save_checkpoint(self, path: str, step: int,
+                        kind: Literal["policy", "state"] = "policy") -> str | None:
+        """Save into `path` (see learner/checkpoint.py). Collective; returns the path on
+        rank 0.
+
+        Args:
+            kind: 'policy': the policy alone (`save_pretrained` format, or the adapter in
+                PEFT format; rank 0 writes). 'state': everything a step changes (policy,
+                critic and their optimizers sharded by DCP, LR schedule, step count, each
+                rank's RNGs), which `setup(resume_from=path)` loads.
+        """
         with self.spans.span("checkpoint", step):
+            if kind == "state":
+                checkpoint.save_state(self._trained(), self.scheduler, self.optimizer_steps,
+                                      self.rank, path)
+                return path if self.rank == 0 else None
             return checkpoint.save_policy(self.policy, self.rank, self.s.model_path,
                                           self.s.adapter, path)
+
+    def _trained(self) -> dict[str, tuple[torch.nn.Module, torch.optim.Optimizer]]:
+        """Each trained model with its optimizer (the policy; the critic for PPO)."""
+        out = {"policy": (self.policy, self.optimizers[0])}
+        if self.critic is not None:
+            out["critic"] = (self.critic, self.optimizers[1])
+        return out
 
     def _full_state_dict(self) -> dict[str, torch.Tensor]:
         """The full (merged) policy, float32, complete on rank 0 (tests read it)."""
