@@ -48,6 +48,11 @@ class Algorithm(ABC):
         """Work before the first step, once the roles run (DPO: reference precompute)."""
         return None
 
+    def checkpoint_state(self) -> dict[str, Any]:
+        """What a checkpoint records of the algorithm beyond the learners' state
+        (JSON-able); GRPO and PPO keep nothing on the controller between steps."""
+        return {}
+
     @abstractmethod
     def step(self, run: Any, step: int) -> tuple[dict[str, float], list[Span]]:
         """One training step of `run` (a `recipes.loop.Run`); returns its metrics and

@@ -69,42 +69,105 @@ def schema() -> None:
 
 @app.command()
 def run(
-    recipe: Path,
+    recipe: Annotated[Path | None, typer.Argument(
+        help="Recipe YAML (with --resume: default RUN_DIR's own recipe).")] = None,
     set_: SetOpt = None,
     out: Annotated[
         Path | None, typer.Option(help="Run folder; default runs/<name>-<time>.")
     ] = None,
     address: Annotated[str | None, typer.Option(
         help="Ray cluster to join (default: RAY_ADDRESS, else an embedded local cluster).")] = None,
+    resume: Annotated[Path | None, typer.Option(
+        help="Continue RUN_DIR from its newest complete checkpoint (--set may change "
+             "train.steps, monitor.*, resources.learner.gpus).")] = None,
 ) -> None:
-    """Train a recipe end to end."""
-    r, prompts = _load_or_exit(recipe, set_)
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # models are local folders; never a hub
-    run_dir = out or Path("runs") / f"{r.name}-{time.strftime('%Y%m%d-%H%M%S')}"
-    if (run_dir / "metrics.jsonl").exists():
-        typer.echo(f"error: --out {run_dir} already holds a run (metrics.jsonl); give a new "
-                   "folder or remove that one", err=True)
-        raise typer.Exit(code=2)
-    port = r.monitor.dashboard_port
-    if port:  # taken by another run: say so now, not after Ray and the models started
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                typer.echo(f"error: monitor.dashboard_port: 127.0.0.1:{port} is in use (another "
-                           "run?); --set monitor.dashboard_port=0 takes any free port, null "
-                           "turns the dashboard off", err=True)
-                raise typer.Exit(code=2) from None
+    """Train a recipe end to end, or continue a run with --resume RUN_DIR."""
+    from posttrain.recipes import checkpoints
+
+    if resume is not None:
+        run_dir, checkpoint = resume, _checkpoint_or_exit(resume)
+        r, prompts = _load_or_exit(recipe or checkpoint / "recipe.yaml", set_)
+        _check_resume_or_exit(r, checkpoint)
+    else:
+        if recipe is None:
+            typer.echo("error: give a recipe (posttrain run RECIPE) or a run to continue "
+                       "(posttrain run --resume RUN_DIR)", err=True)
+            raise typer.Exit(code=2)
+        r, prompts = _load_or_exit(recipe, set_)
+        checkpoint = None
+        run_dir = out or Path("runs") / f"{r.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+        if (last := checkpoints.latest(run_dir)) is not None:
+            typer.echo(f"error: --out {run_dir} holds a run with a checkpoint ({last.name}); "
+                       f"continue it with: posttrain run --resume {run_dir} (add --set "
+                       "train.steps=N to run longer), or give a new folder", err=True)
+            raise typer.Exit(code=2)
+        if (run_dir / "metrics.jsonl").exists():
+            typer.echo(f"error: --out {run_dir} already holds a run (metrics.jsonl); give a "
+                       "new folder or remove that one", err=True)
+            raise typer.Exit(code=2)
+    _check_port_or_exit(r.monitor.dashboard_port)
     typer.echo(f"posttrain: {r.name} ({r.algorithm}) → {run_dir}")
+    from posttrain.recipes.loop import RunStopped
     from posttrain.recipes.loop import run as run_loop  # heavy imports only after validation
 
     t0 = time.time()
     try:
-        history = run_loop(r, run_dir, address, prompts)
+        history = run_loop(r, run_dir, address, prompts, resume=checkpoint)
     except RecipeError as e:
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(code=2) from None
+    except RunStopped as e:
+        typer.echo(str(e), err=True)
+        raise typer.Exit(code=128 + e.signum) from None
     _summary(history, run_dir, time.time() - t0)
+
+
+def _check_port_or_exit(port: int | None) -> None:
+    """A dashboard port taken by another run: say so now, not after Ray and the models."""
+    if not port:
+        return
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            typer.echo(f"error: monitor.dashboard_port: 127.0.0.1:{port} is in use (another "
+                       "run?); --set monitor.dashboard_port=0 takes any free port, null "
+                       "turns the dashboard off", err=True)
+            raise typer.Exit(code=2) from None
+
+
+def _checkpoint_or_exit(run_dir: Path) -> Path:
+    """The newest complete checkpoint of `run_dir`."""
+    from posttrain.recipes import checkpoints
+
+    last = checkpoints.latest(run_dir)
+    if last is None:
+        typer.echo(f"error: --resume {run_dir}: no complete checkpoint in "
+                   f"{run_dir / checkpoints.FOLDER} (train.checkpoint_every writes them); "
+                   f"start over with: posttrain run {run_dir / 'recipe.yaml'} --out NEW_DIR",
+                   err=True)
+        raise typer.Exit(code=2)
+    return last
+
+
+def _check_resume_or_exit(r: Recipe, checkpoint: Path) -> None:
+    """Refuse a recipe that changes what a resume cannot; print what it changes."""
+    from posttrain.recipes import checkpoints
+
+    try:
+        changes = checkpoints.resume_changes(load_recipe(checkpoint / "recipe.yaml"), r)
+    except RecipeError as e:
+        typer.echo(f"error: --resume: {e}", err=True)
+        raise typer.Exit(code=2) from None
+    done = checkpoints.read_state(checkpoint)["step"]
+    if r.train.steps <= done:
+        typer.echo(f"error: --resume: the checkpoint {checkpoint.name} already holds "
+                   f"{done} steps and train.steps is {r.train.steps}; run further with "
+                   f"--set train.steps={done + r.train.steps}", err=True)
+        raise typer.Exit(code=2)
+    for line in changes:
+        typer.echo(f"resume changes {line}")
+    typer.echo(f"resuming from {checkpoint} (step {done} of {r.train.steps})")
 
 
 @app.command("serve-rewards")

@@ -20,7 +20,6 @@ from typing import TYPE_CHECKING, Any
 
 import ray
 import torch
-import yaml
 
 from posttrain.actors.engine import EngineSettings
 from posttrain.actors.rollout import PromptRequest, Rollout, SamplingSettings
@@ -31,6 +30,7 @@ from posttrain.common.process import default_threads
 from posttrain.common.telemetry import Span, busy_seconds, generation_tail, idle_fraction
 from posttrain.config import LOCAL_TYPES, Recipe, RecipeError
 from posttrain.recipes.data import PromptItem
+from posttrain.recipes.loading import dump_recipe
 from posttrain.recipes.placement import Placement, gpus_needed, place, release
 from posttrain.rewards.client import RewardClient, RewardSet, start_local_service
 from posttrain.rewards.protocol import Score, ScoreItem
@@ -54,9 +54,11 @@ class Roles:
     last_push_bytes: int = 0  # tensor bytes of the newest weight push
 
 
-def start_roles(recipe: Recipe, algo: Algorithm, model_path: str, run_dir: Path) -> Roles:
+def start_roles(recipe: Recipe, algo: Algorithm, model_path: str, run_dir: Path,
+                resume_from: str | None = None) -> Roles:
     """Start the learner group and, when the algorithm samples (`algo.uses_rollouts`),
-    the reward service, the rollout workers and their push group.
+    the reward service, the rollout workers and their push group. `resume_from`: the
+    learners' training state to load (a checkpoint's `learner/` folder).
 
     Raises:
         RecipeError: an adapter target that names no layer of the model.
@@ -78,7 +80,8 @@ def start_roles(recipe: Recipe, algo: Algorithm, model_path: str, run_dir: Path)
             transport = replace(transport, group_address=roles.group.address,
                                 group_world=n_rollout + 1)
         roles.rollout = start_rollout(recipe, model_path, placement, threads_r, transport)
-    roles.learners = start_learners(recipe, algo, model_path, placement, threads_l, transport)
+    roles.learners = start_learners(recipe, algo, model_path, placement, threads_l, transport,
+                                    resume_from)
     if roles.rollout:
         ray.get([w.health.remote() for w in roles.rollout])
     if adapter_sync(recipe) and recipe.model.adapter.type == "qlora":
@@ -134,7 +137,8 @@ def transport_settings(recipe: Recipe, run_dir: Path) -> TransportSettings:
 
 
 def start_learners(recipe: Recipe, algo: Algorithm, model_path: str, placement: Placement,
-                   threads: int, transport: TransportSettings) -> list[Any]:
+                   threads: int, transport: TransportSettings,
+                   resume_from: str | None = None) -> list[Any]:
     """Start the FSDP2 learner ranks on their placement with the algorithm's loss,
     reference and critic, and wait until they are set up.
 
@@ -166,7 +170,7 @@ def start_learners(recipe: Recipe, algo: Algorithm, model_path: str, placement: 
     learners = [worker.options(**opts).remote(r, len(placement.learner), settings, threads)
                 for r, opts in enumerate(placement.learner)]
     master = free_port()
-    reports = ray.get([lw.setup.remote(master) for lw in learners])
+    reports = ray.get([lw.setup.remote(master, resume_from) for lw in learners])
     print(format_memory_report(reports[0]), flush=True)
     return learners
 
@@ -322,8 +326,8 @@ def init_ray(recipe: Recipe, address: str | None, rollout: bool = True) -> None:
 
 
 def write_manifest(run_dir: Path, recipe: Recipe, model_path: str) -> None:
-    """The validated recipe (defaults filled in) and the resolved model folder."""
-    (run_dir / "recipe.yaml").write_text(yaml.safe_dump(recipe.model_dump(mode="json"),
-                                                        sort_keys=False))
+    """The validated recipe (as `load_recipe` reads it back) and the resolved model
+    folder."""
+    (run_dir / "recipe.yaml").write_text(dump_recipe(recipe))
     (run_dir / "run.json").write_text(json.dumps({
         "model_path": model_path, "torch": torch.__version__, "started": time.time()}))

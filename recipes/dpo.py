@@ -115,7 +115,7 @@ class DPO(Algorithm):
         from safetensors.torch import load_file, save_file
 
         learners, recipe = run.roles.learners, self.recipe
-        key = cache_key(recipe, run.model_path, self.template_id)
+        key = self.ref_key = cache_key(recipe, run.model_path, self.template_id)
         path = cache_dir() / "dpo_ref" / f"{key}.safetensors"
         t0 = time.time()
         if path.is_file():
@@ -134,6 +134,12 @@ class DPO(Algorithm):
         print(f"reference logprobs: {'cache hit' if hit else 'computed'} ({len(self.pairs)} "
               f"pairs, {info['seconds']:.1f} s) {path}", flush=True)
         return sums
+
+    def checkpoint_state(self) -> dict[str, Any]:
+        """The reference cache key (the sums a resume reloads) and the pair order's seed:
+        step k trains on pairs `order[k·n : (k+1)·n]`, so the step is the position."""
+        return {"ref_cache_key": getattr(self, "ref_key", None),
+                "order_seed": self.recipe.data.shuffle_seed, "pairs": len(self.order)}
 
     def step(self, run: Any, step: int) -> tuple[dict[str, float], list[Span]]:
         learners, per_step = run.roles.learners, self.recipe.train.prompts_per_step

@@ -113,3 +113,10 @@ def load_recipe(path: str | Path, overrides: list[str] | None = None) -> Recipe:
         return Recipe.model_validate(tree)
     except ValidationError as e:
         raise RecipeError(format_errors(e, str(path))) from None
+
+
+def dump_recipe(recipe: Recipe) -> str:
+    """`recipe` as YAML that `load_recipe` reads back to an equal recipe: the keys the
+    recipe set (and its overrides), not every default (a filled-in default such as
+    `model.adapter.alpha` beside `type: none` would no longer validate)."""
+    return yaml.safe_dump(recipe.model_dump(mode="json", exclude_unset=True), sort_keys=False)

@@ -1,9 +1,11 @@
-"""`run(recipe)`: one run lifecycle for every algorithm (start the roles, step, log,
-save, stop), and `rl_step`, the GRPO/PPO step as a handful of named calls.
+"""`run(recipe)`: one run lifecycle for every algorithm (start the roles, maybe resume,
+step, log, checkpoint, save, stop), and `rl_step`, the GRPO/PPO step as a handful of named calls.
 """
 
 from __future__ import annotations
 
+import signal
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -17,8 +19,9 @@ from posttrain.common.model_registry import resolve_model_path
 from posttrain.common.process import quiet_libraries
 from posttrain.common.telemetry import Span
 from posttrain.config import PreferenceData, Recipe
+from posttrain.recipes import checkpoints
 from posttrain.recipes import controller as c
-from posttrain.recipes.algorithm import RLAlgorithm, algorithm_for
+from posttrain.recipes.algorithm import Algorithm, RLAlgorithm, algorithm_for
 from posttrain.recipes.dashboard import DashboardServer
 from posttrain.recipes.data import PromptItem, load_prompts, prompt_stream
 from posttrain.recipes.grpo import apply_failure_policy, rollout_batch, rollout_metrics
@@ -39,18 +42,25 @@ class Run:
 
 
 def run(recipe: Recipe, run_dir: Path, address: str | None = None,
-        data: list[Any] | None = None) -> list[dict[str, float]]:
+        data: list[Any] | None = None, resume: Path | None = None) -> list[dict[str, float]]:
     """Train `recipe` end to end; returns the per-step metrics also written to
-    `run_dir/metrics.jsonl`. The final policy goes to `run_dir/final` (save_pretrained).
+    `run_dir/metrics.jsonl`. The final policy goes to `run_dir/final` (save_pretrained),
+    training checkpoints to `run_dir/checkpoints` (recipes/checkpoints.py): every
+    `train.checkpoint_every` steps, at the end, and when SIGTERM or Ctrl-C arrives (the
+    current step finishes first, then `RunStopped` is raised).
 
     Args:
         data: the training data already loaded and checked (prompts, or pairs for DPO);
             default: loaded from `recipe.data`.
+        resume: a complete checkpoint folder of `run_dir` to continue from (its learner
+            state, controller RNGs, data position and policy_version); steps logged after
+            it are dropped from the logs and run again.
 
     Raises:
         RecipeError: bad data rows or resources (before any model loads).
         RuntimeError, WeightSyncError, RewardFailure: a role failed; the rollouts and
             metrics of finished steps are kept.
+        RunStopped: a signal stopped the run after a checkpoint.
     """
     quiet_libraries()
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -58,26 +68,34 @@ def run(recipe: Recipe, run_dir: Path, address: str | None = None,
         data = load_data(recipe)
     algo = algorithm_for(recipe)
     model_path = str(resolve_model_path(recipe.model.path))
+    saved = checkpoints.read_state(resume) if resume is not None else None
+    start = saved["step"] if saved else 0
     c.write_manifest(run_dir, recipe, model_path)
     c.init_ray(recipe, address, rollout=algo.uses_rollouts)
-    roles, history, log, dash = None, [], StepLog(run_dir, recipe), None
+    roles, history, log, dash = None, [], StepLog(run_dir, recipe, start), None
     try:
         if recipe.monitor.dashboard_port is not None:
             dash = DashboardServer(run_dir, recipe.monitor.dashboard_port)
             print(f"dashboard: {dash.start()}  (Prometheus: /metrics)", flush=True)
-        roles = c.start_roles(recipe, algo, model_path, run_dir)
+        roles = c.start_roles(recipe, algo, model_path, run_dir,
+                              resume_from=str(resume / "learner") if resume else None)
         state = Run(recipe, run_dir, model_path, roles, data)
         if algo.uses_rollouts:
             state.prompts = prompt_stream(data, recipe.train.prompts_per_step,
-                                          recipe.data.shuffle_seed)
+                                          recipe.data.shuffle_seed, saved and saved["data"])
         algo.prepare(state)
-        bar = tqdm(range(recipe.train.steps), desc=recipe.name, disable=not recipe.monitor.progress)
-        for step in bar:
-            metrics, spans = algo.step(state, step)
-            metrics = {"step": step, **metrics}
-            history.append(metrics)
-            log.record(step, metrics, spans)
-            _report(bar, metrics)
+        if resume is not None:
+            _resume(state, algo, resume, saved["policy_version"])
+        bar = tqdm(range(start, recipe.train.steps), desc=recipe.name,
+                   initial=start, total=recipe.train.steps, disable=not recipe.monitor.progress)
+        with StopOnSignal() as stop:
+            for step in bar:
+                metrics, spans = algo.step(state, step)
+                metrics = {"step": step, **metrics}
+                history.append(metrics)
+                log.record(step, metrics, spans)
+                _report(bar, metrics)
+                _checkpoint_if_due(state, algo, step + 1, stop.signum)
         if recipe.train.save_final:
             ray.get([lw.save_checkpoint.remote(str(run_dir / "final"), recipe.train.steps)
                      for lw in roles.learners])
@@ -88,6 +106,67 @@ def run(recipe: Recipe, run_dir: Path, address: str | None = None,
         if dash is not None:
             dash.stop()
     return history
+
+
+class RunStopped(RuntimeError):
+    """SIGTERM or Ctrl-C stopped the run after a step and its checkpoint."""
+
+    def __init__(self, run_dir: Path, steps_done: int, signum: int):
+        self.run_dir, self.steps_done, self.signum = run_dir, steps_done, signum
+        super().__init__(f"stopped by {signal.Signals(signum).name} after step "
+                         f"{steps_done - 1}; checkpoint {run_dir / checkpoints.FOLDER}/"
+                         f"step_{steps_done:05d}. Resume with: posttrain run --resume {run_dir}")
+
+
+class StopOnSignal:
+    """While active (main thread only), the first SIGTERM or SIGINT is recorded in
+    `signum` so the loop can finish its step and checkpoint; a second SIGINT stops at
+    once (KeyboardInterrupt)."""
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+        self.old: dict[int, Any] = {}
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        if self.signum is not None and signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        self.signum = signum
+        tqdm.write(f"{signal.Signals(signum).name}: finishing this step, then a checkpoint "
+                   "(Ctrl-C again stops at once, without one)")
+
+    def __enter__(self) -> StopOnSignal:
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                self.old[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for sig, handler in self.old.items():
+            signal.signal(sig, handler)
+
+
+def _checkpoint_if_due(run: Run, algo: Algorithm, done: int, signum: int | None) -> None:
+    """A checkpoint after `done` steps when one is due (every `train.checkpoint_every`,
+    the last step, or a signal); raises RunStopped after it on a signal."""
+    t = run.recipe.train
+    if done == t.steps or signum is not None or (t.checkpoint_every
+                                                 and done % t.checkpoint_every == 0):
+        folder = checkpoints.save(run.run_dir, run.recipe, run.roles.learners, done,
+                                  run.prompts.state() if run.prompts else None,
+                                  algo.checkpoint_state())
+        tqdm.write(f"checkpoint: {folder}")
+    if signum is not None and done < t.steps:
+        raise RunStopped(run.run_dir, done, signum)
+
+
+def _resume(run: Run, algo: Algorithm, checkpoint: Path, version: int) -> None:
+    """Continue the controller's RNGs and put the checkpoint's policy on every engine
+    as `version` (the learners loaded it at setup)."""
+    checkpoints.restore_controller_rng(checkpoint)
+    if algo.uses_rollouts:
+        c.push_weights(run.roles, run.recipe, version)
+        ray.get([a.drain_spans.remote() for a in run.roles.rollout + run.roles.learners])
+    print(f"resumed from {checkpoint} (policy_version {version})", flush=True)
 
 
 def load_data(recipe: Recipe) -> list[Any]:

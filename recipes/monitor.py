@@ -27,8 +27,13 @@ def _clean(metrics: dict[str, Any]) -> dict[str, Any]:
 class StepLog:
     """Appends one step at a time to every configured sink."""
 
-    def __init__(self, run_dir: Path, recipe: Recipe):
+    def __init__(self, run_dir: Path, recipe: Recipe, start: int = 0):
+        """`start` > 0 (a resume at that step): steps from `start` on that an earlier
+        process logged (after its last checkpoint) are dropped from metrics.jsonl,
+        spans.jsonl and rollouts/, so each step appears once."""
         self.run_dir = run_dir
+        if start > 0:
+            self._drop_from(start)
         self.tb = self.wandb = None
         if recipe.monitor.tensorboard:
             from torch.utils.tensorboard import SummaryWriter
@@ -42,6 +47,14 @@ class StepLog:
                                    "pip install wandb, or remove monitor.wandb_project") from e
             self.wandb = wandb.init(project=recipe.monitor.wandb_project, name=recipe.name,
                                     dir=str(run_dir), config=recipe.model_dump(mode="json"))
+
+    def _drop_from(self, start: int) -> None:
+        for name in (METRICS_FILE, SPANS_FILE):
+            rows = [r for r in read_jsonl(self.run_dir / name) if r.get("step", -1) < start]
+            (self.run_dir / name).write_text("".join(json.dumps(r) + "\n" for r in rows))
+        for f in (self.run_dir / "rollouts").glob("step_*.jsonl"):
+            if int(f.name[5:-6]) >= start:
+                f.unlink()
 
     def record(self, step: int, metrics: dict[str, Any], spans: list[Span]) -> None:
         with open(self.run_dir / METRICS_FILE, "a") as f:

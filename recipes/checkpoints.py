@@ -1,0 +1,133 @@
+"""Training checkpoints of a run, controller side: writing them atomically, finding the
+newest complete one, and what a resumed recipe may change.
+
+`RUN_DIR/checkpoints/step_NNNNN/` (NNNNN = steps done = the policy_version it holds):
+
+- `learner/`: the learner group's training state (`LearnerWorker.save_checkpoint(path,
+  step, kind="state")`: policy, critic and their optimizers sharded by DCP, LR schedule,
+  each rank's RNGs);
+- `controller_rng.pt`: the controller's torch, python `random` and numpy RNGs;
+- `recipe.yaml`: the recipe the checkpoint was made with;
+- `trainer_state.json`, written last: the step, the policy_version, the prompt stream's
+  position (`recipes.data.PromptStream.state`) and the algorithm's own state (DPO: its
+  reference cache key; its pair order is a seeded permutation, so the step suffices).
+
+A checkpoint is written into `.tmp-step_NNNNN` and renamed when complete, so a folder
+named `step_NNNNN` is always whole; a partial one is never loaded. The oldest beyond
+`train.keep_checkpoints` are removed.
+
+Not thread-safe: the controller's thread alone writes, between steps.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from posttrain.config import Recipe, RecipeError
+from posttrain.recipes.loading import dump_recipe
+
+FOLDER, STATE_FILE = "checkpoints", "trainer_state.json"
+_NAME = re.compile(r"step_(\d{5,})")
+
+# What a resume may not change (the samples, batches or model it continues), and what it
+# may (how long, where to watch, how many learner ranks); any other change is refused too.
+FIXED = ("model.path", "algorithm", "rollout.samples_per_prompt", "train.prompts_per_step",
+         "data")
+MAY_CHANGE = ("train.steps", "train.checkpoint_every", "train.keep_checkpoints", "monitor",
+              "resources.learner.gpus", "resources.threads_per_worker",
+              "weight_sync.timeout_s")
+
+
+def complete(run_dir: Path) -> list[Path]:
+    """The run's complete checkpoints, oldest first."""
+    folder = Path(run_dir) / FOLDER
+    found = [p for p in folder.glob("step_*") if _NAME.fullmatch(p.name)
+             and (p / STATE_FILE).is_file()] if folder.is_dir() else []
+    return sorted(found, key=lambda p: int(p.name[5:]))
+
+
+def latest(run_dir: Path) -> Path | None:
+    """The newest complete checkpoint of `run_dir`, or None."""
+    found = complete(run_dir)
+    return found[-1] if found else None
+
+
+def read_state(checkpoint: Path) -> dict[str, Any]:
+    """`trainer_state.json` of a checkpoint: step, policy_version, data, algorithm."""
+    return json.loads((Path(checkpoint) / STATE_FILE).read_text())
+
+
+def save(run_dir: Path, recipe: Recipe, learners: list[Any], steps_done: int,
+         data_state: dict[str, Any] | None, algo_state: dict[str, Any]) -> Path:
+    """Write the checkpoint after `steps_done` steps (see the module docstring) and
+    remove the oldest beyond `train.keep_checkpoints`; returns its folder."""
+    import ray
+
+    root = Path(run_dir) / FOLDER
+    final, tmp = root / f"step_{steps_done:05d}", root / f".tmp-step_{steps_done:05d}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    ray.get([lw.save_checkpoint.remote(str(tmp / "learner"), steps_done, "state")
+             for lw in learners])
+    torch.save({"torch": torch.get_rng_state(), "python": random.getstate(),
+                "numpy": np.random.get_state()}, tmp / "controller_rng.pt")
+    (tmp / "recipe.yaml").write_text(dump_recipe(recipe))
+    (tmp / STATE_FILE).write_text(json.dumps({
+        "step": steps_done, "policy_version": steps_done, "data": data_state,
+        "algorithm": algo_state}))
+    if final.exists():  # the same step again (a resume that stopped at once)
+        shutil.rmtree(final)
+    tmp.rename(final)
+    for old in complete(run_dir)[:-recipe.train.keep_checkpoints]:
+        shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def restore_controller_rng(checkpoint: Path) -> None:
+    """Set this process's torch, python and numpy RNGs to the checkpoint's."""
+    rng = torch.load(Path(checkpoint) / "controller_rng.pt", weights_only=False)
+    torch.set_rng_state(rng["torch"])
+    random.setstate(rng["python"])
+    np.random.set_state(rng["numpy"])
+
+
+def _flat(tree: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(tree, dict):
+        out: dict[str, Any] = {}
+        for k, v in tree.items():
+            out.update(_flat(v, f"{prefix}{k}."))
+        return out
+    return {prefix[:-1]: tree}
+
+
+def _under(key: str, prefixes: tuple[str, ...]) -> bool:
+    return any(key == p or key.startswith(p + ".") for p in prefixes)
+
+
+def resume_changes(saved: Recipe, new: Recipe) -> list[str]:
+    """The keys `new` changes from the checkpoint's recipe, as 'key: old → new' lines.
+
+    Raises:
+        RecipeError: a change a resume cannot make (FIXED, or anything not in
+            MAY_CHANGE); names the key.
+    """
+    old, cur = _flat(saved.model_dump(mode="json")), _flat(new.model_dump(mode="json"))
+    changed = sorted(k for k in old.keys() | cur.keys() if old.get(k) != cur.get(k))
+    for key in changed:
+        if _under(key, FIXED) or not _under(key, MAY_CHANGE):
+            why = ("it fixes the model, the data or the batches the run continues"
+                   if _under(key, FIXED) else "a resumed run keeps the rest of its recipe "
+                   "so it continues exactly")
+            raise RecipeError(
+                f"{key}: the checkpoint was made with {old.get(key)!r}, this recipe has "
+                f"{cur.get(key)!r}; {why}. Resume with the checkpoint's value (a resume may "
+                f"change only {', '.join(MAY_CHANGE)}), or start a new run with --out")
+    return [f"{k}: {old.get(k)!r} → {cur.get(k)!r}" for k in changed]
