@@ -1,7 +1,8 @@
 """Exactness of a resume (CPU, fp32, `engine: hf`, object-store pushes): 4 GRPO steps
 straight, and 2 steps stopped by SIGTERM + a resume for 2 more, give bitwise-equal
 losses, rewards, LRs (under warmup), samples and final weights; the logs hold each step
-once even when a step after the checkpoint had been logged before a crash."""
+once even when a step after the checkpoint had been logged before a crash. PPO (critic)
+and DPO (pair order) split at step 1 equal their straight runs too (marked slow)."""
 
 from __future__ import annotations
 
@@ -89,3 +90,72 @@ def test_stop_and_resume_equals_a_straight_run(model_dir, monkeypatch):
     assert a.keys() == b.keys() and all((a[k] == b[k]).all() for k in a)
     # every 3 steps and the final one; keep_checkpoints: 2 removed step 2's
     assert [p.name for p in checkpoints.complete(run_dir)] == ["step_00003", "step_00004"]
+
+
+def _split_equals_straight(make, run_dir, keys):
+    """`make(steps)` straight for 2 steps vs 1 step (its final checkpoint) + a resume
+    with train.steps 2: equal metrics in `keys` and equal final weights."""
+    want = run(make(2), run_dir / "straight")
+    first = run(make(1), run_dir / "split")
+    ckpt = checkpoints.latest(run_dir / "split")
+    assert checkpoints.read_state(ckpt)["step"] == 1
+    rest = run(make(2), run_dir / "split", resume=ckpt)
+    for key in keys:
+        assert [m[key] for m in first + rest] == [m[key] for m in want], key
+    a = load_file(run_dir / "straight" / "final" / "model.safetensors")
+    b = load_file(run_dir / "split" / "final" / "model.safetensors")
+    assert all((a[k] == b[k]).all() for k in a)
+    return ckpt
+
+
+@pytest.mark.slow  # 3 PPO runs, about 85 s
+def test_ppo_resume_restores_the_critic(tiny_model, tmp_path):
+    import yaml
+
+    def make(steps):
+        f = tmp_path / f"ppo{steps}.yaml"
+        f.write_text(yaml.safe_dump({
+            "name": "tiny-ppo", "algorithm": "ppo",
+            "model": {"path": str(tiny_model), "dtype": "float32"},
+            "data": {"train": {"generator": "arithmetic", "size": 8}},
+            "rollout": {"engine": "hf", "samples_per_prompt": 2, "max_new_tokens": 5},
+            "rewards": [{"name": "len", "type": "length", "target_chars": 3}],
+            "ppo": {"epochs": 2, "mini_batches": 2, "critic_lr": 1e-2},
+            "train": {"steps": steps, "prompts_per_step": 2, "micro_batch_size": 2,
+                      "lr": 1e-2, "warmup_steps": 2},
+            "resources": {"learner": {"gpus": 2}, "threads_per_worker": 1},
+            "monitor": {"progress": False, "dashboard_port": None, "tensorboard": False},
+        }))
+        return load_recipe(f)
+
+    # value_loss at step 1 reads the critic (and its Adam state) the checkpoint restored
+    _split_equals_straight(make, tmp_path, ("loss", "value_loss", "explained_variance",
+                                            "reward_mean", "lr", "grad_norm"))
+
+
+@pytest.mark.slow  # 3 DPO runs, about 85 s
+def test_dpo_resume_continues_the_pair_order(tiny_model, tmp_path, monkeypatch):
+    import yaml
+
+    monkeypatch.setenv("POSTTRAIN_CACHE", str(tmp_path / "cache"))
+    data = tmp_path / "pairs.jsonl"
+    data.write_text("".join(
+        json.dumps({"prompt": f"Q{i}: {i}+{i}?", "chosen": f" {2 * i}", "rejected": f" {i}"})
+        + "\n" for i in range(6)))
+
+    def make(steps):
+        f = tmp_path / f"dpo{steps}.yaml"
+        f.write_text(yaml.safe_dump({
+            "name": "tiny-dpo", "algorithm": "dpo",
+            "model": {"path": str(tiny_model), "dtype": "float32"},
+            "data": {"train": {"path": str(data), "format": "pairs"}},
+            "dpo": {"beta": 0.1, "max_length": 64},
+            "train": {"steps": steps, "prompts_per_step": 2, "micro_batch_size": 2,
+                      "lr": 1e-2},
+            "resources": {"learner": {"gpus": 2}, "threads_per_worker": 1},
+            "monitor": {"progress": False, "dashboard_port": None, "tensorboard": False},
+        }))
+        return load_recipe(f)
+
+    ckpt = _split_equals_straight(make, tmp_path, ("loss", "rewards/margin", "lr"))
+    assert checkpoints.read_state(ckpt)["algorithm"]["ref_cache_key"]
