@@ -8,18 +8,20 @@ from __future__ import annotations
 import io
 import multiprocessing as mp
 
+import pytest
 import torch
 
 from posttrain.algorithms.common import loss_denominator
 from posttrain.common.net import free_port
+from posttrain.learner.adapters import AdapterSettings
 from posttrain.learner.worker import LearnerSettings, LearnerWorker
 from tests.learner.test_fsdp import make_batch
 
 
-def _rank_main(rank, world, model_path, port, queue, steps, save, resume):
+def _rank_main(rank, world, model_path, port, queue, steps, save, resume, adapter="none"):
     w = LearnerWorker(rank, world, LearnerSettings(
         model_path=str(model_path), compute_dtype="float32", lr=1e-2, warmup_steps=4,
-        micro_batch_size=2), threads=1)
+        micro_batch_size=2, adapter=AdapterSettings(type=adapter, r=4, alpha=8)), threads=1)
     w.setup(port, resume_from=resume)
     batch = make_batch()
     batch.loss_denominator = loss_denominator(batch.response_mask, "token_mean")
@@ -34,11 +36,12 @@ def _rank_main(rank, world, model_path, port, queue, steps, save, resume):
     w.close()
 
 
-def _run(model_path, world, steps, save=None, resume=None):
+def _run(model_path, world, steps, save=None, resume=None, adapter="none"):
     ctx = mp.get_context("spawn")
     queue, port = ctx.Queue(), free_port()
     procs = [ctx.Process(target=_rank_main, args=(r, world, model_path, port, queue, steps,
-                                                  save, resume)) for r in range(world)]
+                                                  save, resume, adapter))
+             for r in range(world)]
     for p in procs:
         p.start()
     result = torch.load(io.BytesIO(queue.get(timeout=300)))
@@ -62,3 +65,16 @@ def test_resumed_learner_steps_like_an_uninterrupted_one(tiny_model, tmp_path):
     # another number of ranks: the same weights load, the schedule continues
     none, w_one, _, n_one = _run(tiny_model, 1, [], resume=ckpt)
     assert n_one == 2 and all(torch.equal(w_one[k], w_saved[k]) for k in w_saved)
+
+
+@pytest.mark.slow  # 6 learner groups with peft, about 4 min here
+@pytest.mark.parametrize("adapter", ["lora", "qlora"])
+def test_adapter_state_resumes(tiny_model, tmp_path, adapter):
+    """LoRA / QLoRA: the trainable adapter and its optimizer come back (the NF4 base is
+    rebuilt from the model folder, as at any start)."""
+    ckpt = str(tmp_path / "state")
+    straight, w_straight, _, _ = _run(tiny_model, 2, [0, 1], adapter=adapter)
+    first, _, _, _ = _run(tiny_model, 2, [0], save=ckpt, adapter=adapter)
+    rest, w_resumed, _, _ = _run(tiny_model, 2, [1], resume=ckpt, adapter=adapter)
+    assert [s["loss"] for s in first + rest] == [s["loss"] for s in straight]
+    assert all(torch.equal(w_resumed[k], w_straight[k]) for k in w_straight)
