@@ -30,7 +30,8 @@ class StepLog:
     def __init__(self, run_dir: Path, recipe: Recipe, start: int = 0):
         """`start` > 0 (a resume at that step): steps from `start` on that an earlier
         process logged (after its last checkpoint) are dropped from metrics.jsonl,
-        spans.jsonl and rollouts/, so each step appears once."""
+        spans.jsonl and rollouts/ (TensorBoard: `purge_step`), so each step appears
+        once."""
         self.run_dir = run_dir
         if start > 0:
             self._drop_from(start)
@@ -38,7 +39,8 @@ class StepLog:
         if recipe.monitor.tensorboard:
             from torch.utils.tensorboard import SummaryWriter
 
-            self.tb = SummaryWriter(log_dir=str(run_dir / "tensorboard"))
+            self.tb = SummaryWriter(log_dir=str(run_dir / "tensorboard"),
+                                    purge_step=start if start > 0 else None)
         if recipe.monitor.wandb_project:
             try:
                 import wandb
