@@ -1,5 +1,6 @@
 """`run(recipe)`: one run lifecycle for every algorithm (start the roles, maybe resume,
-step, log, checkpoint, save, stop), and `rl_step`, the GRPO/PPO step as a handful of named calls.
+step, log, checkpoint, save, stop), and `rl_step`, the GRPO/PPO step as a handful of
+named calls.
 """
 
 from __future__ import annotations
