@@ -21,10 +21,26 @@ class _Component(Strict):
     weight: float = Field(1.0, description="Weight of this component in the summed reward.")
 
 
-class MathReward(_Component):
+class _Bounded(_Component):
+    """A component the reward service runs in a killable worker process (rewards/bounded.py)."""
+
+    memory_mb: int = Field(
+        2048, ge=256, description="Address-space limit (MiB) of the worker processes that run "
+        "this component; a service's workers take the largest value among its components. A "
+        "call over it fails its item (reward null).",
+    )
+
+
+class MathReward(_Bounded):
     type: Literal["math"] = Field(
-        description="math-verify compares the response's final answer (\\boxed{}, #### N, or a "
-        "final number) to the item's ground_truth: 1 or 0."
+        description="math-verify compares the response's final answer to the item's "
+        "ground_truth: 1 or 0. The last explicit marker counts (\\boxed{}, #### N, 'the answer "
+        "is N'), else the last value; hedged answers ('3 or 4') score 0. See "
+        "rewards/math_verifier.py."
+    )
+    timeout_s: float = Field(
+        5.0, gt=0, description="Wall-clock limit (seconds) per item; an item over it (e.g. "
+        "\\boxed{9^{9^{9^{9}}}}) fails with reward null and its worker is replaced.",
     )
 
 
@@ -35,9 +51,13 @@ class LengthReward(_Component):
     target_chars: int = Field(gt=0, description="Response length (characters) scored 1.")
 
 
-class FormatReward(_Component):
+class FormatReward(_Bounded):
     type: Literal["format"] = Field(description="1 if `pattern` matches the response, else 0.")
     pattern: str = Field(description="Python regular expression, searched (re.DOTALL).")
+    timeout_s: float = Field(
+        5.0, gt=0, description="Wall-clock limit (seconds) per item: a pattern that backtracks "
+        "catastrophically on some response fails that item (reward null), not the service.",
+    )
 
     @field_validator("pattern")
     @classmethod
@@ -68,13 +88,17 @@ class CodeReward(_Component):
     max_output_bytes: int = Field(65536, gt=0, description="stdout/stderr kept per run.")
 
 
-class PythonReward(_Component):
+class PythonReward(_Bounded):
     type: Literal["python"] = Field(
         description="A function with verl's signature compute_score(data_source, solution_str, "
-        "ground_truth, extra_info) -> float | dict (dict: its 'score' key), run inside the "
-        "reward service process."
+        "ground_truth, extra_info) -> float | dict (dict: its 'score' key), run in the reward "
+        "service's worker processes (module state is per worker)."
     )
     function: str = Field(description="'module:function', importable by the reward service.")
+    timeout_s: float = Field(
+        30.0, gt=0, description="Wall-clock limit (seconds) per item; a call over it fails "
+        "that item (reward null) and its worker is replaced.",
+    )
 
     @field_validator("function")
     @classmethod
@@ -123,7 +147,10 @@ class RewardServerConfig(Strict):
         None, description="Environment variable with the bearer token clients must send; "
         "unset or empty: no auth (bind to 127.0.0.1 then)."
     )
-    workers: int = Field(2, gt=0, description="Items scored in parallel.")
+    workers: int = Field(
+        2, gt=0, description="Items scored in parallel: threads, and as many worker processes "
+        "for the math, format and python components.",
+    )
 
     @field_validator("rewards")
     @classmethod

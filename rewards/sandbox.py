@@ -19,6 +19,10 @@ within the limits (runs slow each other down); reading world-readable files unde
 the test cases it was given. The Python inside is the system `/usr/bin/python3`
 (stdlib only). It is not a substitute for a VM when the code's author is hostile and
 skilled; it is a containment layer for buggy or reward-hacking model outputs.
+
+A run may carry a `secret` (bytes): it waits in a pipe whose file descriptor number is
+the program's last argument (`sys.argv[-1]`), never in the program's text or
+environment. The code reward uses it for its completion marker (rewards/code_verifier.py).
 """
 
 from __future__ import annotations
@@ -143,14 +147,38 @@ def _read_capped(data: bytes, cap: int) -> tuple[str, bool]:
     return data[:cap].decode("utf-8", errors="replace"), len(data) > cap
 
 
+def _secret_pipe(secret: bytes) -> int:
+    """The read end of a pipe already holding `secret` (its write end closed).
+
+    Raises:
+        ValueError: `secret` is over 4096 bytes (it must fit the pipe without blocking).
+    """
+    if len(secret) > 4096:
+        raise ValueError(f"a run's secret must be at most 4096 bytes, got {len(secret)}")
+    r, w = os.pipe()
+    try:
+        os.write(w, secret)
+    finally:
+        os.close(w)
+    return r
+
+
 def _run(argv: list[str], stdin: str | None, limits: Limits, uid: int | None,
-         pass_fds: tuple[int, ...] = (), cwd: str | None = None) -> RunResult:
+         pass_fds: tuple[int, ...] = (), cwd: str | None = None,
+         secret: bytes | None = None) -> RunResult:
     start = time.monotonic()
-    proc = subprocess.Popen(
-        argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        preexec_fn=_rlimits(limits, uid), start_new_session=True, pass_fds=pass_fds,
-        cwd=cwd, env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "PYTHONHASHSEED": "0"},
-    )
+    secret_fd = None if secret is None else _secret_pipe(secret)
+    if secret_fd is not None:
+        argv, pass_fds = [*argv, str(secret_fd)], (*pass_fds, secret_fd)
+    try:
+        proc = subprocess.Popen(
+            argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            preexec_fn=_rlimits(limits, uid), start_new_session=True, pass_fds=pass_fds,
+            cwd=cwd, env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "PYTHONHASHSEED": "0"},
+        )
+    finally:
+        if secret_fd is not None:
+            os.close(secret_fd)  # the child holds its own copy
     timed_out = False
     try:
         out, err = proc.communicate((stdin or "").encode(), timeout=limits.wall_s)
@@ -204,22 +232,26 @@ class BwrapSandbox:
             SANDBOX_PYTHON, "-I", "-c",
         ]
 
-    def run(self, code: str, stdin: str | None, limits: Limits) -> RunResult:
-        """Run `code` with `stdin` (None: empty) under `limits`."""
-        res = self._run_once(code, stdin, limits)
+    def run(self, code: str, stdin: str | None, limits: Limits,
+            secret: bytes | None = None) -> RunResult:
+        """Run `code` with `stdin` (None: empty) under `limits`; `secret`: see the module
+        docstring."""
+        res = self._run_once(code, stdin, limits, secret)
         for delay in (0.5, 1.0):
             # bwrap itself could not fork (see _UidPool): the program never ran; retry.
             if not res.stderr.startswith("bwrap: Can't fork"):
                 break
             time.sleep(delay)
-            res = self._run_once(code, stdin, limits)
+            res = self._run_once(code, stdin, limits, secret)
         return res
 
-    def _run_once(self, code: str, stdin: str | None, limits: Limits) -> RunResult:
+    def _run_once(self, code: str, stdin: str | None, limits: Limits,
+                  secret: bytes | None) -> RunResult:
         fd = _seccomp_fd()
         uid = self.uids.acquire() if self.uids else None
         try:
-            return _run([*self._argv(fd), code], stdin, limits, uid, pass_fds=(fd,), cwd="/")
+            return _run([*self._argv(fd), code], stdin, limits, uid, pass_fds=(fd,), cwd="/",
+                        secret=secret)
         finally:
             os.close(fd)
             if uid is not None:
@@ -234,9 +266,13 @@ class NoSandbox:
         warnings.warn("code reward runs WITHOUT a sandbox (sandbox: none): model-written "
                       "programs can reach the network, the disk and this host", stacklevel=2)
 
-    def run(self, code: str, stdin: str | None, limits: Limits) -> RunResult:
+    def run(self, code: str, stdin: str | None, limits: Limits,
+            secret: bytes | None = None) -> RunResult:
+        """Run `code` with `stdin` (None: empty) under `limits`; `secret`: see the module
+        docstring."""
         with tempfile.TemporaryDirectory() as work:
-            return _run([SANDBOX_PYTHON, "-I", "-c", code], stdin, limits, None, cwd=work)
+            return _run([SANDBOX_PYTHON, "-I", "-c", code], stdin, limits, None, cwd=work,
+                        secret=secret)
 
 
 def make_sandbox(kind: str) -> BwrapSandbox | NoSandbox:

@@ -3,17 +3,28 @@
 
 One service hosts the local components of a recipe's `rewards:` list (`math`,
 `length`, `format`, `code`, `python`); an item's reward is the weighted sum of its
-components, each reported in `details`. A component that raises marks that item as
-failed (`reward: null`, `error` set); the other items of the batch are still scored.
-Items of a batch are scored by `workers` threads (code runs are subprocesses).
+components, each reported in `details`. A component that raises, or runs past its
+`timeout_s`, marks that item as failed (`reward: null`, `error` set); the other items
+of the batch are still scored.
+
+Concurrency: items of a batch are scored by `workers` threads. `math`, `format` and
+`python` calls go to a pool of `workers` killable worker processes
+(rewards/bounded.py), started with the service and kept for its life: each call has
+a deadline (`timeout_s`) and each worker an address-space limit (the largest
+`memory_mb` of those components); a call over its deadline is cut off, its worker
+killed and replaced, and the service keeps answering (`/health` included) during and
+after. `code` runs each program in a sandboxed subprocess with its own limits
+(rewards/sandbox.py); `length` is a character count, in the thread.
 
 Started by the controller as a child process on 127.0.0.1 (`python -m
 rewards.service`), or by `posttrain serve-rewards CONFIG.yaml` on any host. When a
 bearer token is configured, requests without it get 401.
 
-Limits: `math`, `length`, `format` and `python` run in this process, unsandboxed:
-the first three parse text and never execute it; `python` functions are trusted
-user code. Only `code` executes model output, inside rewards/sandbox.py.
+Limits: the worker processes are not a sandbox: `python` functions are trusted user
+code with the service's rights; `math` and `format` parse model text and never execute
+it. Only `code` executes model output, inside rewards/sandbox.py. A batch of items
+that all time out takes about `timeout_s` × items / `workers`: keep the client's
+request timeout above that, or batches small.
 """
 
 from __future__ import annotations
@@ -22,15 +33,15 @@ import argparse
 import json
 import logging
 import os
-import re
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import asynccontextmanager
 from typing import Any
 
 from fastapi import Depends, FastAPI, Header, HTTPException
 from fastapi.responses import PlainTextResponse
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from pydantic import TypeAdapter
 
 from posttrain.config.rewards import (
@@ -38,13 +49,15 @@ from posttrain.config.rewards import (
     CodeReward,
     FormatReward,
     LengthReward,
+    MathReward,
     PythonReward,
     RewardSpec,
 )
+from posttrain.rewards import jobs
+from posttrain.rewards.bounded import BoundedPool, VerifierTimeout
 from posttrain.rewards.code_verifier import score_code
-from posttrain.rewards.math_verifier import score_math
 from posttrain.rewards.protocol import Score, ScoreItem, ScoreRequest, ScoreResponse
-from posttrain.rewards.python_reward import load_function, score_python
+from posttrain.rewards.python_reward import load_function
 from posttrain.rewards.sandbox import Limits, make_sandbox
 
 log = logging.getLogger("posttrain.rewards")
@@ -57,29 +70,31 @@ def score_length(response: str, target_chars: int) -> tuple[float, dict[str, Any
     return max(0.0, 1.0 - abs(n - target_chars) / target_chars), {"chars": n}
 
 
-def make_scorer(spec: Any) -> Scorer:
-    """A callable scoring one item for one local component spec.
+def make_scorer(spec: Any, pool: BoundedPool) -> Scorer:
+    """A callable scoring one item for one local component spec; `math`, `format` and
+    `python` calls run in `pool` within the spec's `timeout_s`.
 
     Raises:
         ValueError: an http component (the controller calls those), or a python
             function that cannot be imported.
         SandboxUnavailable: a code component whose sandbox cannot start.
     """
-    if spec.type == "math":
-        return lambda item: score_math(item.response, item.ground_truth)
+    if isinstance(spec, MathReward):
+        return lambda item: pool.call(jobs.math_job, (item.response, item.ground_truth),
+                                      spec.timeout_s)
     if isinstance(spec, LengthReward):
         return lambda item: score_length(item.response, spec.target_chars)
     if isinstance(spec, FormatReward):
-        pattern = re.compile(spec.pattern, re.DOTALL)
-        return lambda item: ((1.0 if pattern.search(item.response) else 0.0), {})
+        return lambda item: pool.call(jobs.format_job, (spec.pattern, item.response),
+                                      spec.timeout_s)
     if isinstance(spec, CodeReward):
         sandbox = make_sandbox(spec.sandbox)
         limits = Limits(wall_s=spec.timeout_s, cpu_s=spec.cpu_s, memory_mb=spec.memory_mb,
                         max_procs=spec.max_procs, max_output_bytes=spec.max_output_bytes)
         return lambda item: score_code(item, sandbox, limits)
     if isinstance(spec, PythonReward):
-        fn = load_function(spec.function)
-        return lambda item: score_python(fn, item)
+        load_function(spec.function)  # fail at start, not on every item, if it is missing
+        return lambda item: pool.call(jobs.python_job, (spec.function, item), spec.timeout_s)
     raise ValueError(f"reward {spec.name!r}: type {spec.type!r} is not served here; "
                      f"a reward service hosts {sorted(LOCAL_TYPES)}")
 
@@ -95,27 +110,36 @@ def parse_components(components: list[dict[str, Any]]) -> list[Any]:
 
 def create_app(components: list[dict[str, Any]], token: str | None = None,
                workers: int = 2) -> FastAPI:
-    """The service for `components` (recipe reward entries as dicts).
+    """The service for `components` (recipe reward entries as dicts), scoring `workers`
+    items at once. Under uvicorn its lifespan starts the worker processes before serving
+    and kills them at shutdown; without a lifespan (a bare TestClient) they start on
+    first use and die with the app.
 
     Raises:
         ValueError, SandboxUnavailable, pydantic.ValidationError: see `make_scorer`.
     """
     specs = parse_components(components)
-    scorers = [(s.name, s.weight, make_scorer(s)) for s in specs]
-    pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="score")
+    bounded = [s for s in specs if isinstance(s, MathReward | FormatReward | PythonReward)]
+    processes = BoundedPool(workers, max((s.memory_mb for s in bounded), default=2048))
+    scorers = [(s.name, s.weight, make_scorer(s, processes)) for s in specs]
+    threads = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="score")
     registry = CollectorRegistry()
     items_total = Counter("posttrain_reward_items", "Items scored, by component and outcome",
                           ["component", "outcome"], registry=registry)
     latency = Histogram("posttrain_reward_request_seconds", "POST /score latency, seconds",
                         registry=registry)
+    in_flight = Gauge("posttrain_reward_items_in_flight", "Items being scored now",
+                      registry=registry)
 
+    @in_flight.track_inprogress()
     def score_one(item: ScoreItem) -> Score:
         total, details = 0.0, {}
         for name, weight, scorer in scorers:
             try:
                 value, extra = scorer(item)
             except Exception as e:  # a verifier or user-function error fails this item only
-                items_total.labels(name, "error").inc()
+                timed_out = isinstance(e, VerifierTimeout)
+                items_total.labels(name, "timeout" if timed_out else "error").inc()
                 log.warning("reward %s failed on %s: %s", name, item.uid, e)
                 return Score(uid=item.uid, reward=None, error=f"{name}: {e}", details=details)
             items_total.labels(name, "ok").inc()
@@ -124,7 +148,15 @@ def create_app(components: list[dict[str, Any]], token: str | None = None,
             total += weight * value
         return Score(uid=item.uid, reward=total, details=details)
 
-    app = FastAPI(title="posttrain reward service",
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        if bounded:
+            processes.warm()  # before serving: the first batch does not wait for imports
+        yield
+        processes.close()
+        threads.shutdown(wait=False, cancel_futures=True)
+
+    app = FastAPI(title="posttrain reward service", lifespan=lifespan,
                   description="Scores rollouts; protocol in rewards/protocol.py.")
 
     @app.get("/metrics", response_class=PlainTextResponse)
@@ -145,7 +177,7 @@ def create_app(components: list[dict[str, Any]], token: str | None = None,
         if len(set(uids)) != len(uids):
             raise HTTPException(status_code=422, detail="uids in one request must be unique")
         t0 = time.perf_counter()
-        scores = list(pool.map(score_one, req.items))
+        scores = list(threads.map(score_one, req.items))
         latency.observe(time.perf_counter() - t0)
         return ScoreResponse(scores=scores)
 
@@ -159,7 +191,8 @@ def main() -> None:
     ap.add_argument("--components", required=True, help="JSON list of reward entries")
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--port", type=int, required=True)
-    ap.add_argument("--workers", type=int, default=2, help="items scored in parallel")
+    ap.add_argument("--workers", type=int, default=2,
+                    help="items scored in parallel (threads, and worker processes)")
     ap.add_argument("--token-env", default="POSTTRAIN_REWARD_TOKEN",
                     help="environment variable holding the bearer token (unset: no auth)")
     args = ap.parse_args()

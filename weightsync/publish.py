@@ -74,11 +74,11 @@ def push(learners: Sequence[Any], engines: Sequence[Any], version: int, timeout_
 
     gens = [lw.publish_weights.options(num_returns="streaming").remote(version, full)
             for lw in learners]
-    try:
-        handle = ray.get(next(gens[0]), timeout=timeout_s)
-    except ray.exceptions.GetTimeoutError:
+    ready, _ = ray.wait([gens[0]], timeout=timeout_s)  # ready: its next item exists
+    if not ready:
         raise WeightSyncError(f"learner rank 0 did not publish policy_version {version} "
-                              f"within {timeout_s:.0f} s") from None
+                              f"within {timeout_s:.0f} s")
+    handle = ray.get(next(gens[0]))
     pending = {w.update_weights.remote(handle, version - 1): i for i, w in enumerate(engines)}
     done, late = ray.wait(list(pending), num_returns=len(pending), timeout=timeout_s)
     if late:

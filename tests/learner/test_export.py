@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from posttrain.learner.export import carry_model_files, differing_model_files
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
+from posttrain.learner.export import carry_model_files, differing_model_files
 from tests.tiny_model import build_tiny_model
 
 #: generation_config.json as instruct models ship it (several stop ids, sampling

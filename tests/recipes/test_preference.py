@@ -7,6 +7,9 @@ import gzip
 import json
 
 import pytest
+from tokenizers import processors
+from transformers import AutoTokenizer
+
 from posttrain.config import RecipeError
 from posttrain.recipes.preference import (
     CHAT_TEMPLATE_ID,
@@ -18,9 +21,6 @@ from posttrain.recipes.preference import (
     tokenize_pairs,
     tokenize_pairs_with_template,
 )
-from tokenizers import processors
-from transformers import AutoTokenizer
-
 from tests.tiny_model import CHAT_TEMPLATE
 
 

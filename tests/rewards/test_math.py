@@ -39,3 +39,120 @@ def test_extracted_answer_in_details():
 def test_missing_ground_truth_raises():
     with pytest.raises(ValueError, match="ground_truth"):
         score_math("42", None)
+
+
+# Golds as MATH writes them (bare LaTeX) are parsed whole, never cut to a number.
+@pytest.mark.parametrize(
+    ("response", "gold", "want"),
+    [
+        ("The answer is \\boxed{2}.", "2\\sqrt{2}", 0.0),
+        ("The answer is \\boxed{2\\sqrt{2}}.", "2\\sqrt{2}", 1.0),
+        ("\\boxed{\\frac{\\sqrt{3}}{2}}", "\\frac{\\sqrt{3}}{2}", 1.0),
+        ("\\boxed{\\frac{\\sqrt{3}}{3}}", "\\frac{\\sqrt{3}}{2}", 0.0),
+        ("\\boxed{3\\pi/2}", "\\frac{3\\pi}{2}", 1.0),
+        ("\\boxed{3}", "3\\pi", 0.0),
+        ("\\boxed{(1, 2)}", "(1,2)", 1.0),
+        ("\\boxed{x^2+1}", "x^2 + 1", 1.0),
+        ("\\boxed{\\{1,2\\}}", "\\{1,2\\}", 1.0),
+        ("\\boxed{2x+3}", "y = 2x + 3", 1.0),
+        # plain numbers and GSM8K solutions keep working as golds
+        ("\\boxed{1234}", "1234", 1.0),
+        ("The total is 1,234.", "1234", 1.0),
+        ("\\boxed{-7}", "-7", 1.0),
+        ("\\boxed{7}", "-7", 0.0),
+        ("The answer is 3/4.", "3/4", 1.0),
+        ("\\boxed{0.75}", "3/4", 1.0),
+        ("#### 0.5", "0.5", 1.0),
+        ("\\boxed{\\frac{1}{2}}", "0.5", 1.0),
+        ("#### 72", "She sold 48/2 = <<48/2=24>>24 clips.\n#### 72", 1.0),
+        ("#### 24", "She sold 48/2 = <<48/2=24>>24 clips.\n#### 72", 0.0),
+        ("\\boxed{5}", "$5$", 1.0),
+        ("\\boxed{5}", "\\boxed{5}", 1.0),
+    ],
+)
+def test_latex_and_plain_golds(response, gold, want):
+    assert score_math(response, gold)[0] == want
+
+
+@pytest.mark.parametrize(
+    ("response", "gold"),
+    [
+        ("Therefore the answer is +7", "+7"),
+        ("Therefore the answer is +7", "7"),
+        ("Therefore the answer is 7", "+7"),
+        ("So x = +7", "7"),
+        ("\\boxed{+7}", "7"),
+        ("#### +7", "7"),
+        ("Answer: +7.", "7"),
+    ],
+)
+def test_explicit_plus_sign_keeps_the_answer(response, gold):
+    assert score_math(response, gold)[0] == 1.0
+
+
+def test_plus_between_numbers_is_still_addition():
+    assert score_math("3 + 4 = 7", "7")[0] == 1.0
+    assert score_math("The answer is 3 + 4", "7")[0] == 1.0
+
+
+# The last explicit marker counts; whatever the model says after it does not.
+@pytest.mark.parametrize(
+    ("response", "gold", "want"),
+    [
+        ("2+40=42\n#### 42\nThis matches step 3 of the plan.", "42", 1.0),
+        ("2+40=42\n#### 42\nThis matches step 3 of the plan.", "3", 0.0),
+        ("#### 42\nThe answer is consistent with step 3.", "42", 1.0),
+        ("So \\boxed{5}. Checking: 2 + 3 = 5, and 7 - 2 = 5 too; 11 items.", "5", 1.0),
+        ("\\boxed{5}. I am sure the answer is correct, see step 9.", "5", 1.0),
+        ("The answer is 12. Check: 3 * 4 = 12, as in problem 7.", "12", 1.0),
+        ("The answer is 5 because 2 + 2 = 4", "5", 1.0),
+        ("**Answer:** 1,234 dollars, not 99.", "1234", 1.0),
+        ("\\boxed{3}. Wait, that is wrong: \\boxed{4}", "4", 1.0),
+        ("\\boxed{3}. Wait, that is wrong: \\boxed{4}", "3", 0.0),
+        ("The answer is 4.\n#### 5", "5", 1.0),
+        ("The final answer is $\\boxed{5}$. I hope it is correct.", "5", 1.0),
+    ],
+)
+def test_last_explicit_marker_counts(response, gold, want):
+    assert score_math(response, gold)[0] == want
+
+
+@pytest.mark.parametrize(
+    ("response", "gold"),
+    [
+        ("The answer is 1234 or maybe 12.", "1234"),
+        ("The answer is 1234 or maybe 12.", "12"),
+        ("The answer is either 3 or 4.", "3"),
+        ("The answer is either 3 or 4.", "4"),
+        ("\\boxed{3 \\text{ or } 4}", "4"),
+        ("#### 7 or 8", "7"),
+        ("The answer is $x = 2$ or $x = -3$.", "2"),
+    ],
+)
+def test_hedged_answers_score_zero(response, gold):
+    score, details = score_math(response, gold)
+    assert (score, details["hedged"]) == (0.0, True)
+
+
+@pytest.mark.parametrize(
+    ("response", "gold"),
+    [
+        ("The answer is 1/2, or equivalently 0.5.", "0.5"),
+        ("The answer is x = 2 or x = -3.", "2, -3"),  # the gold is a set: "or" lists it
+        ("The answer is $x = 2$ or $x = -3$.", "-3, 2"),
+    ],
+)
+def test_alternatives_that_agree_or_list_a_set_are_not_hedges(response, gold):
+    assert score_math(response, gold)[0] == 1.0
+
+
+def test_details_say_where_the_answer_came_from():
+    assert score_math("#### 42\nstep 3", "42")[1] == {
+        "extracted": "42", "source": "####", "hedged": False}
+    assert score_math("so 3 + 4 = 7", "7")[1]["source"] == "last value"
+    assert score_math("no idea", "7")[1] == {"extracted": None, "source": None, "hedged": False}
+
+
+def test_gold_without_a_value_raises():
+    with pytest.raises(ValueError, match="no answer math-verify can parse"):
+        score_math("\\boxed{5}", "x =")

@@ -43,6 +43,30 @@ def test_five_items_in_order_with_details(service):
     assert scores[3].details["correct.extracted"] == "137"
 
 
+# Issue #12's values, scored by the real service over HTTP: LaTeX golds, plus signs,
+# text after the final answer, hedging; plain and GSM8K golds keep working.
+ISSUE_12 = [
+    ("The answer is \\boxed{2}.", "2\\sqrt{2}", 0.0),
+    ("The answer is \\boxed{2\\sqrt{2}}.", "2\\sqrt{2}", 1.0),
+    ("\\boxed{\\frac{\\sqrt{3}}{2}}", "\\frac{\\sqrt{3}}{2}", 1.0),
+    ("Therefore the answer is +7", "+7", 1.0),
+    ("2+40=42\n#### 42\nThis matches step 3 of the plan.", "42", 1.0),
+    ("The answer is 1234 or maybe 12.", "1234", 0.0),
+    ("The total is 1234.", "1234", 1.0),
+    ("\\boxed{-7}", "-7", 1.0),
+    ("The answer is 3/4.", "3/4", 1.0),
+    ("#### 0.5", "0.5", 1.0),
+    ("Natalia sold 48 + 24 = 72 clips.\n#### 72", "She sold 48/2 = <<48/2=24>>24.\n#### 72", 1.0),
+]
+
+
+@pytest.mark.parametrize(("response", "gold", "want"), ISSUE_12)
+def test_issue_12_values_over_http(service, response, gold, want):
+    _, client = service
+    score = client.score(_items([(response, gold)]))[0]
+    assert score.reward == want, score.details
+
+
 def test_batches_are_split_and_stay_aligned(service):
     port, _ = service
     client = RewardClient(f"http://127.0.0.1:{port}/score", token="secret", batch_size=2)

@@ -197,8 +197,8 @@ def test_serve_rewards_cli(tmp_path):
     cfg.write_text("rewards:\n  - {name: correct, type: math}\ntoken_env: T\n")
     port = free_port()
     env = {**__import__("os").environ, "T": "s3cret"}
-    proc = subprocess.Popen([sys.executable, "-m", "posttrain.recipes.cli", "serve-rewards", str(cfg),
-                             "--port", str(port)], cwd=ROOT, env=env,
+    proc = subprocess.Popen([sys.executable, "-m", "posttrain.recipes.cli", "serve-rewards",
+                             str(cfg), "--port", str(port)], cwd=ROOT, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:
         client = RewardClient(f"http://127.0.0.1:{port}/score", token="s3cret")

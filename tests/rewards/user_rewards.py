@@ -11,3 +11,12 @@ def with_details(data_source, solution_str, ground_truth, extra_info):
 
 def broken(data_source, solution_str, ground_truth, extra_info):
     return "not a number"
+
+
+def runaway(data_source, solution_str, ground_truth, extra_info):
+    """Never returns for the response 'spin'; asks for 3 GiB at once for 'hog'; else 0."""
+    while solution_str == "spin":
+        pass
+    if solution_str == "hog":
+        return float(len(bytearray(3 * 2**30)))  # zero pages: costs nothing unless refused
+    return 0.0

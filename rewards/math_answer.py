@@ -1,0 +1,134 @@
+"""Where a response states its final answer: pure text scanning for the `math` reward.
+
+Explicit markers, in the order they appear in the response:
+- `\\boxed{...}` / `\\fbox{...}` (balanced braces; `\\{` `\\}` are literal braces);
+- GSM8K's `#### ...` (the rest of that line);
+- an answer phrase: `answer is ...`, `answer: ...`, `answer = ...` (any case, optional
+  `final` and Markdown bold), followed on the same line by something that looks like a
+  value (a digit, a sign, `$`, a backslash, a bracket, or a one-letter name); prose
+  such as "the answer is consistent with step 3" is not a marker.
+
+`math_verifier.py` decides which marker counts; this module only finds them and cuts
+the value out of a marker's text. The scanning is linear in the response's length;
+math-verify's parsing of what it finds is not, which is why the service runs all of
+it in a bounded worker (rewards/bounded.py).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Literal
+
+Source = Literal["boxed", "####", "answer phrase"]
+
+_BOXED = re.compile(r"\\(?:boxed|fbox)[ \t]*\{")
+_HASHES = re.compile(r"^[ \t]*####[ \t]*([^\n]*)", re.MULTILINE)
+_PHRASE = re.compile(
+    r"\banswer\b[ \t]*(?:\*\*[ \t]*)?(?:is\b|:|=)[ \t:]*(?:\*\*[ \t]*)?(?:either[ \t]+)?"
+    r"(?=[-+−$\\(\[{.\d]|[A-Za-z](?![A-Za-z]))([^\n]*)",
+    re.IGNORECASE,
+)
+# "+7" is 7: a plus sign at the start, or after `=`, `(`, `:`, `$`, a comma or "is".
+_PLUS = re.compile(r"(?:^|(?<=[=(\[{:$,])|(?<=[=(\[{:$,] )|(?<=\bis )|(?<=\bbe ))\+(?=\d)",
+                   re.MULTILINE)
+# Alternatives offered inside one final answer: "3 or 4", "3 \\text{ or } 4".
+_OR = re.compile(r"\\text\{\s*or\s*\}|\bor\b", re.IGNORECASE)
+_FILLER = re.compile(r"^(?:(?:either|maybe|perhaps|possibly|else|equivalently)\b[ \t,]*)+",
+                     re.IGNORECASE)
+_LAST_EQ = re.compile(r"(?<![\\<>!])=")
+_ENVS = (("$$", "$$"), ("$", "$"), ("\\(", "\\)"), ("\\[", "\\]"))
+_OPEN, _CLOSE = "([{", ")]}"
+
+
+@dataclass(frozen=True)
+class Marker:
+    """One explicit final-answer statement: where it starts (character offset in the
+    response), what kind it is, and its text (boxed contents, or the rest of the line)."""
+
+    start: int
+    source: Source
+    text: str
+
+
+def strip_plus(text: str) -> str:
+    """Drop explicit plus signs of numbers ("is +7" → "is 7"); "3 + 4" is untouched."""
+    return _PLUS.sub("", text)
+
+
+def _closers(text: str) -> dict[int, int]:
+    """For every `{` of `text` that is closed, the index of its `}` (one pass; a
+    backslash escapes the next character)."""
+    found, stack, i = {}, [], 0
+    while i < len(text):
+        c = text[i]
+        if c == "\\":
+            i += 2
+            continue
+        if c == "{":
+            stack.append(i)
+        elif c == "}" and stack:
+            found[stack.pop()] = i
+        i += 1
+    return found
+
+
+def find_markers(response: str) -> list[Marker]:
+    """Every explicit final-answer marker of `response`, in order of position."""
+    found, closers = [], _closers(response) if "\\" in response else {}
+    for m in _BOXED.finditer(response):
+        close = closers.get(m.end() - 1)
+        if close is not None:
+            found.append(Marker(m.start(), "boxed", response[m.end():close]))
+    found += [Marker(m.start(), "####", m.group(1)) for m in _HASHES.finditer(response)]
+    found += [Marker(m.start(), "answer phrase", m.group(1)) for m in _PHRASE.finditer(response)]
+    return sorted(found, key=lambda k: k.start)
+
+
+def sentence(text: str) -> str:
+    """`text` up to the end of its first sentence (". ", ";" or a newline, outside brackets)."""
+    depth = 0
+    for i, c in enumerate(text):
+        if c in _OPEN:
+            depth += 1
+        elif c in _CLOSE:
+            depth = max(0, depth - 1)
+        elif depth == 0 and (c in ";\n" or (c == "." and not text[i + 1:i + 2].isdigit())):
+            return text[:i]
+    return text
+
+
+def leading_value(text: str) -> str:
+    """The value a marker's text starts with: a whole `$...$`-style environment, or the
+    text up to the sentence's end or its first prose word (two or more letters not
+    introduced by a backslash), outside brackets. "1,234 dollars." → "1,234"."""
+    s = text.strip()
+    for left, right in _ENVS:
+        if s.startswith(left):
+            close = s.find(right, len(left))
+            return s[len(left):close] if close > 0 else s[len(left):]
+    s, depth = sentence(s), 0
+    for i, c in enumerate(s):
+        if c in _OPEN:
+            depth += 1
+        elif c in _CLOSE:
+            depth = max(0, depth - 1)
+        elif (depth == 0 and c.isspace() and re.match(r"[A-Za-z]{2}", s[i + 1:i + 3])
+              and s[i + 1:i + 2] != "\\"):
+            return s[:i].rstrip(" ,")
+    return s.rstrip(" ,")
+
+
+def last_side(value: str) -> str:
+    """The right-hand side of an equation ("x = 5" → "5", "2+40=42" → "42"); values with
+    a comma or semicolon (several assignments) are kept whole."""
+    if "," in value or ";" in value:
+        return value
+    return _LAST_EQ.split(value)[-1].strip()
+
+
+def alternatives(text: str) -> list[str]:
+    """The parts of one final answer joined by "or" ("1234 or maybe 12" → two parts);
+    a single part when there is no "or"."""
+    parts = (_FILLER.sub("", s.strip(" ,()")) for s in _OR.split(text))
+    return [p for p in parts if p]
