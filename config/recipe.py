@@ -315,6 +315,15 @@ class Recipe(_Strict):
                 "of samples of the same prompt, so one sample always gets advantage 0; "
                 "set rollout.samples_per_prompt: 2 or more"
             )
+        if self.algorithm in ("grpo", "ppo"):
+            rows = self.train.prompts_per_step * self.rollout.samples_per_prompt
+            split = getattr(self, self.algorithm).mini_batches
+            if split > rows:
+                raise ValueError(
+                    f"{self.algorithm}.mini_batches is {split}, but a step has only {rows} "
+                    "rollouts (train.prompts_per_step × rollout.samples_per_prompt), so some "
+                    f"mini-batches would hold none; set {self.algorithm}.mini_batches: {rows} "
+                    "or less")
         names = [r.name for r in self.rewards]
         dup = sorted({n for n in names if names.count(n) > 1})
         if dup:

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from posttrain.actors.rollout import Rollout
-from posttrain.algorithms.batch import TrainBatch
+from posttrain.algorithms.batch import TrainBatch, pad_rows_to_multiple
 from posttrain.algorithms.common import loss_denominator
 from posttrain.common.telemetry import Span
 from posttrain.config import Recipe
@@ -78,20 +78,22 @@ class RLAlgorithm(Algorithm):
         """
 
 
-def run_updates(learners: list[Any], batch: TrainBatch, epochs: int, mini_batches: int,
-                loss_agg: str, seed: int, step: int) -> dict[str, float]:
-    """`epochs × mini_batches` optimizer steps on `batch` (padded to a multiple of
-    ranks × mini_batches). Each mini-batch's loss is normalised over that mini-batch
-    (`loss_denominator`); rows are shuffled (seeded) only when there is more than one
-    update. Returns each metric's mean over the updates, with `grad_norm` and `lr` of
-    the last one."""
+def run_updates(learners: list[Any], batch: TrainBatch, rows: int, epochs: int,
+                mini_batches: int, loss_agg: str, seed: int, step: int) -> dict[str, float]:
+    """`epochs × mini_batches` optimizer steps on the first `rows` rows of `batch` (the
+    rest only pads the no-grad passes). Each epoch splits the real rows into
+    `mini_batches` (shuffled, seeded, when there is more than one update), and each
+    mini-batch is padded to a multiple of the ranks on its own, so none is all padding;
+    its loss is normalised over that mini-batch (`loss_denominator`). Returns each
+    metric's mean over the updates, with `grad_norm` and `lr` of the last one."""
     g = torch.Generator().manual_seed(seed)
     shuffle = epochs * mini_batches > 1
+    real = batch.select(slice(0, rows))
     updates = []
     for _ in range(epochs):
-        order = torch.randperm(len(batch), generator=g) if shuffle else torch.arange(len(batch))
+        order = torch.randperm(rows, generator=g) if shuffle else torch.arange(rows)
         for idx in order.chunk(mini_batches):
-            sub = batch.select(idx)
+            sub = pad_rows_to_multiple(real.select(idx), len(learners))
             sub.loss_denominator = loss_denominator(sub.response_mask, loss_agg)
             updates.append(on_learners(learners, "train_step", sub, step)[0])
     stats = {k: statistics.fmean(u[k] for u in updates) for k in updates[0]}

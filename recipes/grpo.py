@@ -142,7 +142,7 @@ class GRPO(RLAlgorithm):
         adv = group_advantages(reward_t, [r.group_id for r in rollouts], g.scale_rewards,
                                g.std_eps)
         batch.advantages = adv.unsqueeze(-1) * batch.response_mask
-        padded = pad_rows_to_multiple(batch, len(learners) * g.mini_batches)
+        padded = pad_rows_to_multiple(batch, len(learners))
         stats: dict[str, float] = {}
         if self.separate_old_logprobs():
             padded.old_logprobs = concat(on_learners(learners, "compute", padded, step,
@@ -152,7 +152,7 @@ class GRPO(RLAlgorithm):
             padded.ref_logprobs = concat(on_learners(learners, "compute", padded, step,
                                                      "ref_logprobs"))
         t_train = time.time()
-        updates = run_updates(learners, padded, g.epochs, g.mini_batches, g.loss_agg,
+        updates = run_updates(learners, padded, len(batch), g.epochs, g.mini_batches, g.loss_agg,
                               self.recipe.train.seed * 7919 + step, step)
         return {**updates, **stats, "time/logprobs": t_train - t0,
                 "time/train": time.time() - t_train}

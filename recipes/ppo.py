@@ -36,7 +36,7 @@ class PPO(RLAlgorithm):
               rewards: list[float | None], step: int) -> dict[str, float]:
         p, t0 = self.recipe.ppo, time.time()
         n = len(batch)
-        padded = pad_rows_to_multiple(batch, len(learners) * p.mini_batches)
+        padded = pad_rows_to_multiple(batch, len(learners))
         extra = len(padded) - n
         padded.old_logprobs = concat(on_learners(learners, "compute", padded, step,
                                                  "old_logprobs"))
@@ -52,7 +52,7 @@ class PPO(RLAlgorithm):
             kl_coef=p.kl_coef if p.kl_mode == "reward" else 0.0, whiten=p.whiten_advantages,
             bootstrap_truncated=p.bootstrap_truncated)
         t_train, m = time.time(), padded.response_mask
-        stats = run_updates(learners, padded, p.epochs, p.mini_batches, "token_mean",
+        stats = run_updates(learners, padded, n, p.epochs, p.mini_batches, "token_mean",
                             self.recipe.train.seed * 7919 + step, step)
         valid = raw[m > 0]
         return {**stats,

@@ -133,17 +133,18 @@ def model_context(config_file: Path) -> int | None:
     return n
 
 
-def _readable_model_folder(path: str) -> Path | None:
+def _readable_model_folder(path: str, convert: bool = False) -> Path | None:
     """The recipe's model folder, or None for a built-in alias not converted yet.
 
-    Converting an alias takes a minute and imports torch (`resolve_model_path` does it
-    at the start of a run), so preflight reads only an alias already converted; for
-    one that is not, the context and prompt-length checks are skipped (vLLM and the
-    learner then report a length that does not fit when they start)."""
+    Converting an alias takes about 20 s and imports torch, so `validate` reads only an
+    alias already converted (`convert=False`); `run` converts it here (`convert=True`),
+    before Ray starts, so the length checks always run before training."""
     from posttrain.common.model_registry import KNOWN_ALIASES, cache_dir, resolve_model_path
 
     if path not in KNOWN_ALIASES:
         return Path(path).expanduser()
+    if convert:
+        return resolve_model_path(path)
     target = cache_dir() / "models" / path
     # The same test resolve_model_path makes before it would convert.
     if (target / "model.safetensors").is_file() and (target / "tokenizer.json").is_file():
@@ -182,7 +183,7 @@ def _longest_prompt(folder: Path, recipe: Recipe,
     return longest, where
 
 
-def check_lengths(recipe: Recipe, prompts: list[PromptItem]) -> None:
+def check_lengths(recipe: Recipe, prompts: list[PromptItem], convert: bool = False) -> bool:
     """GRPO / PPO: the longest prompt (after the chat template, with model.system_prompt)
     plus rollout.max_new_tokens must fit in the model's context and, with engine vllm,
     in rollout.vllm.max_model_len. Run before anything starts. DPO has dpo.max_length.
@@ -191,16 +192,21 @@ def check_lengths(recipe: Recipe, prompts: list[PromptItem]) -> None:
         recipe: a validated recipe (`rollout.max_new_tokens < rollout.vllm.max_model_len`
             is checked by the schema itself).
         prompts: the training prompts (`load_prompts`), at least one.
+        convert: convert a built-in alias first if it is not yet (`run`); without it an
+            unconverted alias skips the check.
+
+    Returns:
+        False when the check was skipped (an unconverted alias without `convert`).
 
     Raises:
         RecipeError: names the key to change (rollout.vllm.max_model_len or
             rollout.max_new_tokens), the limit, the longest prompt and what to set.
     """
     if recipe.algorithm == "dpo" or not prompts:
-        return
-    folder = _readable_model_folder(recipe.model.path)
+        return True
+    folder = _readable_model_folder(recipe.model.path, convert)
     if folder is None:
-        return
+        return False
     context = model_context(folder / "config.json")
     engine_len = recipe.rollout.vllm.max_model_len if recipe.rollout.engine == "vllm" else None
     if engine_len and context and engine_len > context:
@@ -210,13 +216,13 @@ def check_lengths(recipe: Recipe, prompts: list[PromptItem]) -> None:
             f"vLLM refuses; set it to {context} or less, or remove it")
     limit = engine_len or context
     if limit is None:
-        return
+        return True
     what = (f"rollout.vllm.max_model_len ({limit})" if engine_len else f"the model's context, "
             f"{limit} tokens (max_position_embeddings in {folder / 'config.json'})")
     new = recipe.rollout.max_new_tokens
     length, item = _longest_prompt(folder, recipe, prompts)
     if length + new <= limit:
-        return
+        return True
     key = "rollout.vllm.max_model_len" if engine_len else "rollout.max_new_tokens"
     fixes = [f"set rollout.max_new_tokens to {limit - length} or less"] if length < limit else []
     fixes += ["raise rollout.vllm.max_model_len"] if engine_len else []

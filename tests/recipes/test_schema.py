@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -245,3 +246,33 @@ def test_length_check_reads_converted_aliases_only(tmp_path, monkeypatch, tiny_m
         check_lengths(r, prompts)
     dpo = load_recipe(ROOT / "recipes" / "dpo_hh.yaml", [f"model.path={tiny_model}"])
     check_lengths(dpo, prompts)  # DPO: dpo.max_length, not rollouts
+
+
+def test_run_converts_the_alias_so_lengths_are_checked_before_ray(tmp_path, monkeypatch,
+                                                                   tiny_model):
+    """A fresh user's first run: the alias is not converted yet. `validate` says the check
+    waits; `run` converts first (here: a stand-in conversion) and refuses the length."""
+    import posttrain.common.model_registry as registry
+
+    monkeypatch.setenv("POSTTRAIN_CACHE", str(tmp_path / "cache"))
+    quick = ROOT / "recipes" / "quickstart_grpo.yaml"
+    r = load_recipe(quick, ["rollout.max_new_tokens=100000"])
+    prompts = load_prompts(r.data)
+    assert check_lengths(r, prompts) is False  # validate: skipped, and it says so
+    monkeypatch.setattr(registry, "resolve_model_path", lambda path: tiny_model)
+    with pytest.raises(RecipeError, match="more than the model's context, 512 tokens"):
+        check_lengths(r, prompts, convert=True)
+    env = {**os.environ, "POSTTRAIN_CACHE": str(tmp_path / "cache2")}
+    note = subprocess.run([sys.executable, "-m", "posttrain.recipes.cli", "validate", str(quick)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120, env=env)
+    assert note.returncode == 0 and "prompt lengths not checked yet" in note.stderr
+
+
+def test_more_mini_batches_than_rollouts_is_refused():
+    quick = ROOT / "recipes" / "quickstart_grpo.yaml"
+    r = load_recipe(quick)
+    rows = r.train.prompts_per_step * r.rollout.samples_per_prompt
+    load_recipe(quick, [f"grpo.mini_batches={rows}"])
+    with pytest.raises(RecipeError, match=f"grpo.mini_batches is {rows + 1}, but a step has "
+                                          f"only {rows} rollouts"):
+        load_recipe(quick, [f"grpo.mini_batches={rows + 1}"])
