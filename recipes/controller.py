@@ -78,7 +78,7 @@ def start_roles(recipe: Recipe, algo: Algorithm, model_path: str, run_dir: Path,
         if make_transport(transport.type).needs_group:
             roles.group = GroupStore(n_rollout + 1, recipe.weight_sync.timeout_s)
             transport = replace(transport, group_address=roles.group.address,
-                                group_world=n_rollout + 1)
+                                group_world=roles.group.world_size)
         roles.rollout = start_rollout(recipe, model_path, placement, threads_r, transport)
     roles.learners = start_learners(recipe, algo, model_path, placement, threads_l, transport,
                                     resume_from)
