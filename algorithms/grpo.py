@@ -1,5 +1,8 @@
-"""GRPO (Shao et al. 2024, DeepSeekMath): group-relative advantages and the clipped
-policy loss with an optional k3 KL term. Pure tensor functions.
+"""GRPO (Shao et al. 2024, DeepSeekMath) and its family: advantage estimators chosen by
+`grpo.estimator` (`ESTIMATORS`: grpo, rloo, reinforce_pp), the policy loss chosen by
+`grpo.loss` (`policy_losses.POLICY_LOSSES`: ppo_clip, gspo, cispo) with an optional k3
+KL term, and DAPO's overlong handling (`mask_truncated`, `overlong_penalty`). Pure
+tensor functions; the two dicts are the only places the names are read.
 
 `old_logprobs`: when a step's batch gets exactly one optimizer step, the policy that
 sampled is the policy being trained (up to precision), so the ratio is 1 at the only
@@ -13,7 +16,7 @@ acts from the second update on.
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -22,10 +25,10 @@ from posttrain.algorithms.batch import TrainBatch
 from posttrain.algorithms.common import (
     LossOutput,
     aggregate_loss,
-    clipped_policy_loss,
     masked_sum,
     ratio_of,
 )
+from posttrain.algorithms.policy_losses import POLICY_LOSSES
 
 
 def group_advantages(
@@ -77,6 +80,101 @@ def group_advantages(
     return adv.to(torch.float32)
 
 
+def _valid_groups(rewards: torch.Tensor, group_ids: Sequence[Hashable]) -> list[torch.Tensor]:
+    """Index tensors of each group's valid (non-NaN) rewards, groups of 2 or more only.
+
+    Raises:
+        ValueError: `rewards` is not 1-D or its length differs from `group_ids`.
+    """
+    if rewards.dim() != 1 or rewards.numel() != len(group_ids):
+        raise ValueError(
+            f"rewards must be [N] with N == len(group_ids); got {tuple(rewards.shape)} "
+            f"and {len(group_ids)} ids"
+        )
+    index: dict[Hashable, list[int]] = {}
+    for i, g in enumerate(group_ids):
+        if not torch.isnan(rewards[i]):
+            index.setdefault(g, []).append(i)
+    return [torch.tensor(m) for m in index.values() if len(m) >= 2]
+
+
+def rloo_advantages(rewards: torch.Tensor, group_ids: Sequence[Hashable]) -> torch.Tensor:
+    """RLOO (Ahmadian et al. 2024, "Back to Basics", eq. 7; Kool et al. 2019): each
+    sample's reward minus the mean of the *other* samples of its group,
+
+        A_i = r_i − (1/(n−1)) Σ_{j≠i} r_j,   n = valid samples in the group.
+
+    Rewards are first shifted by one member of the group (exact, and it cancels), so a
+    group of equal rewards gives exactly 0. NaN rewards (failed scores) take no part and
+    get 0, as does a group with one valid sample. `[N]` rewards and N ids in, `[N]`
+    float32 out.
+    """
+    r = rewards.detach().to(torch.float64)
+    adv = torch.zeros_like(r)
+    for idx in _valid_groups(r, group_ids):
+        d = r[idx] - r[idx[0]]
+        adv[idx] = d - (d.sum() - d) / (len(idx) - 1)
+    return adv.to(torch.float32)
+
+
+def reinforce_pp_advantages(rewards: torch.Tensor, group_ids: Sequence[Hashable],
+                            eps: float = 1e-6) -> torch.Tensor:
+    """REINFORCE++ with a group baseline (Hu 2025, "REINFORCE++", the -baseline variant,
+    eqs. 7-8): subtract the group's mean reward, then divide by the std (unbiased, two
+    passes) of those centred values over every valid sample of the batch plus `eps`:
+
+        A_i = (r_i − mean(r_g)) / (std_batch(r − mean_g) + eps).
+
+    Equal rewards in a group give exactly 0 (centred after a shift by one member); NaN
+    rewards get 0 and are left out of the batch std. `[N]` in, `[N]` float32 out.
+    """
+    r = rewards.detach().to(torch.float64)
+    adv = torch.zeros_like(r)
+    for idx in _valid_groups(r, group_ids):
+        d = r[idx] - r[idx[0]]
+        adv[idx] = d - d.mean()
+    valid = ~torch.isnan(r)
+    if int(valid.sum()) >= 2:
+        adv = adv / (adv[valid].std(unbiased=True) + eps)
+    return adv.to(torch.float32)
+
+
+Estimator = Callable[[torch.Tensor, Sequence[Hashable], bool, float], torch.Tensor]
+
+ESTIMATORS: dict[str, Estimator] = {
+    "grpo": group_advantages,
+    "rloo": lambda rewards, ids, scale_by_std, eps: rloo_advantages(rewards, ids),
+    "reinforce_pp": lambda rewards, ids, scale_by_std, eps: reinforce_pp_advantages(
+        rewards, ids, eps),
+}
+"""`grpo.estimator` → `fn(rewards [N], group_ids, scale_by_std, eps) -> [N]`; the only
+place the name is read. `scale_by_std` is GRPO's alone."""
+
+
+def mask_truncated(response_mask: torch.Tensor, truncated: torch.Tensor) -> torch.Tensor:
+    """DAPO's overlong filtering (Yu et al. 2025, §3.4): responses cut at the length
+    limit leave the loss, numerator and token denominator alike, since the denominator is
+    computed from the returned mask. `[B, T]` mask and `[B]` bool flags in, `[B, T]` out
+    (a new tensor)."""
+    return response_mask * (~truncated.bool()).to(response_mask.dtype).unsqueeze(-1)
+
+
+def overlong_penalty(lengths: torch.Tensor, max_len: int, buffer: int,
+                     factor: float = 1.0) -> torch.Tensor:
+    """DAPO's soft overlong punishment (Yu et al. 2025, eq. 13), added to the reward:
+
+        0                                      if len ≤ L_max − L_cache
+        (L_max − L_cache − len) / L_cache      if L_max − L_cache < len ≤ L_max
+        −1                                     if len > L_max
+
+    times `factor`, with L_max = `max_len` (rollout.max_new_tokens) and L_cache =
+    `buffer` (0 < buffer < max_len). `[N]` response lengths in, `[N]` float32 out.
+    """
+    start = max_len - buffer
+    over = (lengths.to(torch.float32) - start).clamp(min=0.0)
+    return -(over / buffer).clamp(max=1.0) * factor
+
+
 @dataclass(frozen=True)
 class GRPOLoss:
     """Plain settings of the GRPO loss (from the recipe's `grpo:` block).
@@ -85,11 +183,14 @@ class GRPOLoss:
         clip_low, clip_high: ratio clipped to [1 - clip_low, 1 + clip_high] (DAPO's
             clip-higher when they differ).
         kl_coef: weight of the k3 KL to the reference (`ref_logprobs` must be given).
+        kind: the per-token policy loss, a key of `policy_losses.POLICY_LOSSES`
+            (`ppo_clip`, `gspo` or `cispo`).
     """
 
     clip_low: float = 0.2
     clip_high: float = 0.2
     kl_coef: float = 0.0
+    kind: str = "ppo_clip"
 
 
 def loss(logprobs: torch.Tensor, mb: TrainBatch, cfg: GRPOLoss,
@@ -101,7 +202,7 @@ def loss(logprobs: torch.Tensor, mb: TrainBatch, cfg: GRPOLoss,
         mb: the micro-batch: `advantages [b, T]`, `response_mask [b, T]`,
             `loss_denominator`, optionally `old_logprobs`, `ref_logprobs`,
             `inference_logprobs` (all `[b, T]`).
-        cfg: clip range and KL weight.
+        cfg: clip range, KL weight and the per-token loss (`kind`).
         values: unused (GRPO has no critic).
 
     Returns:
@@ -110,9 +211,10 @@ def loss(logprobs: torch.Tensor, mb: TrainBatch, cfg: GRPOLoss,
     """
     fused = mb.old_logprobs is None
     old = logprobs.detach() if fused else mb.old_logprobs
-    terms = clipped_policy_loss(logprobs, old, mb.advantages, cfg.clip_low, cfg.clip_high,
-                                ref_logprobs=mb.ref_logprobs, kl_coef=cfg.kl_coef)
     m = mb.response_mask
+    terms = POLICY_LOSSES[cfg.kind](logprobs, old, mb.advantages, m, cfg.clip_low,
+                                    cfg.clip_high, ref_logprobs=mb.ref_logprobs,
+                                    kl_coef=cfg.kl_coef)
     total = aggregate_loss(terms.loss, m, mb.loss_denominator)
     sums = {"loss": float(total.detach()), "clipped": masked_sum(terms.clipped, m),
             "kl": masked_sum(terms.kl, m), "tokens": float(m.sum())}

@@ -17,8 +17,40 @@ class GRPOConfig(_Strict):
     kl_coef: float = Field(
         0.0, ge=0, description="Weight of the k3 KL to the frozen reference; 0 loads no reference."
     )
+    estimator: Literal["grpo", "rloo", "reinforce_pp"] = Field(
+        "grpo",
+        description="Advantage estimator. grpo: group-centred rewards over the group's std "
+        "(Shao et al. 2024, DeepSeekMath; scale_rewards and std_eps apply); rloo: reward minus "
+        "the mean of the other samples of its group (Ahmadian et al. 2024, 'Back to Basics'); "
+        "reinforce_pp: group-centred rewards over the std of the whole batch + std_eps "
+        "(Hu 2025, REINFORCE++).",
+    )
+    loss: Literal["ppo_clip", "gspo", "cispo"] = Field(
+        "ppo_clip",
+        description="Policy loss. ppo_clip: token-level clipped ratio (PPO, Schulman et al. "
+        "2017); gspo: one ratio per sequence, the geometric mean of its token ratios, clipped "
+        "per sequence (Zheng et al. 2025, GSPO); cispo: clipped, stop-gradient importance "
+        "weight times advantage times logprob (MiniMax-M1, 2025). All clip with clip_eps / "
+        "clip_eps_high.",
+    )
+    mask_truncated: bool = Field(
+        False,
+        description="Leave responses cut at rollout.max_new_tokens out of the loss, tokens "
+        "and denominator alike (DAPO's overlong filtering, Yu et al. 2025).",
+    )
+    overlong_buffer: int | None = Field(
+        None, gt=0,
+        description="DAPO's soft overlong punishment (Yu et al. 2025, eq. 13): responses longer "
+        "than rollout.max_new_tokens − overlong_buffer lose up to overlong_penalty of reward, "
+        "linearly over this many last tokens; null: off. Must be below max_new_tokens.",
+    )
+    overlong_penalty: float = Field(
+        1.0, ge=0, description="The soft overlong punishment at the length limit (DAPO's "
+        "penalty factor); used with overlong_buffer."
+    )
     scale_rewards: bool = Field(
-        True, description="Divide group-centred rewards by the group's std (False: Dr. GRPO)."
+        True, description="estimator grpo: divide group-centred rewards by the group's std "
+        "(False: Dr. GRPO)."
     )
     std_eps: float = Field(1e-6, gt=0, description="Added to the group std before dividing.")
     loss_agg: Literal["token_mean", "seq_mean_token_sum"] = Field(

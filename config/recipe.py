@@ -324,11 +324,30 @@ class Recipe(_Strict):
                     "rollouts (train.prompts_per_step × rollout.samples_per_prompt), so some "
                     f"mini-batches would hold none; set {self.algorithm}.mini_batches: {rows} "
                     "or less")
+        self._grpo_family_keys()
         names = [r.name for r in self.rewards]
         dup = sorted({n for n in names if names.count(n) > 1})
         if dup:
             raise ValueError(f"rewards: names {dup} repeat; give each reward a unique name")
         return self
+
+    def _grpo_family_keys(self) -> None:
+        """The `grpo.estimator` / `loss` / overlong keys act only with algorithm grpo, and
+        the overlong buffer must end before the length limit."""
+        g = self.grpo
+        if self.algorithm != "grpo":
+            set_keys = [k for k in ("estimator", "loss", "mask_truncated", "overlong_buffer")
+                        if getattr(g, k) != GRPOConfig.model_fields[k].default]
+            if set_keys:
+                raise ValueError(
+                    f"grpo.{set_keys[0]} is set, but algorithm is {self.algorithm} and only "
+                    f"GRPO reads it; set algorithm: grpo, or remove grpo.{set_keys[0]}")
+        limit = self.rollout.max_new_tokens
+        if g.overlong_buffer is not None and g.overlong_buffer >= limit:
+            raise ValueError(
+                f"grpo.overlong_buffer is {g.overlong_buffer}, but rollout.max_new_tokens is "
+                f"{limit}: the penalty buffer must be the last tokens before the limit; set "
+                f"grpo.overlong_buffer below {limit} (DAPO uses a quarter of it)")
 
     @model_validator(mode="after")
     def _adapter_sync(self) -> Recipe:

@@ -13,7 +13,7 @@ import torch
 
 from posttrain.actors.rollout import Rollout
 from posttrain.algorithms.batch import TrainBatch, concat, pack_rows, pad_rows_to_multiple
-from posttrain.algorithms.grpo import GRPOLoss, group_advantages
+from posttrain.algorithms.grpo import ESTIMATORS, GRPOLoss, mask_truncated, overlong_penalty
 from posttrain.config import Recipe
 from posttrain.recipes.algorithm import RLAlgorithm, run_updates
 from posttrain.recipes.controller import on_learners
@@ -117,9 +117,11 @@ def logprob_mismatch(batch: TrainBatch, old_logprobs: torch.Tensor) -> float:
 
 
 class GRPO(RLAlgorithm):
-    """`algorithm: grpo`: group-relative advantages, then `epochs × mini_batches`
-    updates of the clipped policy loss (+ k3 KL with `kl_coef`). With one update per
-    step `old_logprobs` come from the update's own forward (see `algorithms.grpo`)."""
+    """`algorithm: grpo`: advantages of `grpo.estimator` (after DAPO's overlong penalty
+    when `grpo.overlong_buffer` is set), truncated rows masked out with
+    `grpo.mask_truncated`, then `epochs × mini_batches` updates of `grpo.loss` (+ k3 KL
+    with `kl_coef`). With one update per step `old_logprobs` come from the update's own
+    forward (see `algorithms.grpo`)."""
 
     name = "grpo"
 
@@ -127,7 +129,8 @@ class GRPO(RLAlgorithm):
         super().__init__(recipe)
         g = recipe.grpo
         self.loss = GRPOLoss(clip_low=g.clip_eps, clip_high=g.clip_eps_high or g.clip_eps,
-                             kl_coef=g.kl_coef)
+                             kl_coef=g.kl_coef, kind=g.loss)
+        self.estimate = ESTIMATORS[g.estimator]
         self.load_reference = g.kl_coef > 0
 
     def separate_old_logprobs(self) -> bool:
@@ -139,11 +142,19 @@ class GRPO(RLAlgorithm):
               rewards: list[float | None], step: int) -> dict[str, float]:
         g, t0 = self.recipe.grpo, time.time()
         reward_t = torch.tensor([math.nan if x is None else x for x in rewards])
-        adv = group_advantages(reward_t, [r.group_id for r in rollouts], g.scale_rewards,
-                               g.std_eps)
+        stats: dict[str, float] = {}
+        if g.overlong_buffer is not None:
+            penalty = overlong_penalty(torch.tensor([len(r.response_ids) for r in rollouts]),
+                                       self.recipe.rollout.max_new_tokens, g.overlong_buffer,
+                                       g.overlong_penalty)
+            reward_t = reward_t + penalty
+            stats["overlong_penalty_mean"] = float(penalty.mean())
+        adv = self.estimate(reward_t, [r.group_id for r in rollouts], g.scale_rewards, g.std_eps)
+        if g.mask_truncated:
+            truncated = torch.tensor([r.finish_reason == "length" for r in rollouts])
+            batch.response_mask = mask_truncated(batch.response_mask, truncated)
         batch.advantages = adv.unsqueeze(-1) * batch.response_mask
         padded = pad_rows_to_multiple(batch, len(learners))
-        stats: dict[str, float] = {}
         if self.separate_old_logprobs():
             padded.old_logprobs = concat(on_learners(learners, "compute", padded, step,
                                                      "old_logprobs"))

@@ -52,6 +52,11 @@ BASE = (ROOT / "recipes" / "quickstart_grpo.yaml").read_text()
         (["resources.rollout.gpus=3", "resources.rollout.gpus_per_engine=2"], "not divisible"),
         (["rewards.0.type=magic"], "rewards.0"),
         (["algorithm=sft"], "algorithm: Input should be 'grpo'"),
+        (["grpo.estimator=ppo"], "grpo.estimator: Input should be 'grpo', 'rloo'"),
+        (["grpo.loss=dpo"], "grpo.loss: Input should be 'ppo_clip', 'gspo'"),
+        (["grpo.overlong_buffer=24"], "set grpo.overlong_buffer below 24"),
+        (["grpo.overlong_buffer=0"], "grpo.overlong_buffer: Input should be greater than 0"),
+        (["algorithm=ppo", "grpo.loss=gspo"], "grpo.loss is set, but algorithm is ppo"),
     ],
 )
 def test_bad_values_name_the_key(overrides, needle):
@@ -276,3 +281,13 @@ def test_more_mini_batches_than_rollouts_is_refused():
     with pytest.raises(RecipeError, match=f"grpo.mini_batches is {rows + 1}, but a step has "
                                           f"only {rows} rollouts"):
         load_recipe(quick, [f"grpo.mini_batches={rows + 1}"])
+
+
+def test_overlong_buffer_not_below_max_new_tokens_exits_2():
+    bad = _cli("validate", "recipes/quickstart_grpo.yaml", "--set", "grpo.overlong_buffer=30")
+    assert bad.returncode == 2, bad.stdout
+    assert "grpo.overlong_buffer is 30, but rollout.max_new_tokens is 24" in bad.stderr
+    ok = _cli("validate", "recipes/quickstart_grpo.yaml", "--set", "grpo.estimator=rloo",
+              "--set", "grpo.loss=gspo", "--set", "grpo.overlong_buffer=6",
+              "--set", "grpo.mask_truncated=true")
+    assert ok.returncode == 0, ok.stderr
