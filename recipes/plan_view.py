@@ -84,5 +84,6 @@ def print_plan(p: RecipePlan) -> None:
 
 def _times_cells(x: Times) -> list[str]:
     step = x.step or 1.0
-    return [_s(x.decode), _s(x.train), _s(x.push), _s(x.step), f"{x.train / step:.2f}",
+    rollout_idle = f"{x.train / step:.2f}" if x.rollout else "–"  # DPO: no rollout side
+    return [_s(x.decode), _s(x.train), _s(x.push), _s(x.step), rollout_idle,
             f"{x.decode / step:.2f}"]
