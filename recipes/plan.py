@@ -230,3 +230,48 @@ def young_daly_interval(checkpoint_seconds: float, mtbf_s: float) -> float:
 def restart_overhead(restarts_per_day: float, restart_seconds: float) -> float:
     """Fraction of wall time lost to restarts: 2 a day at 15 min each -> 2.1%."""
     return restarts_per_day * restart_seconds / 86400
+
+
+# --- number formats -------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class FloatFormat:
+    """A binary floating-point format (IEEE 754-2008 §3.3 layout; OCP FP8 spec 2023 for
+    E4M3, which has no infinities and keeps only mantissa all-ones as NaN at the top
+    exponent)."""
+
+    exponent_bits: int
+    mantissa_bits: int
+    ieee_special: bool = True  # top exponent reserved for inf/NaN
+
+    @property
+    def bias(self) -> int:
+        return 2 ** (self.exponent_bits - 1) - 1
+
+    @property
+    def max_finite(self) -> float:
+        """Largest finite value: fp16 65,504; E4M3 448."""
+        m = self.mantissa_bits
+        if self.ieee_special:
+            return (2 - 2.0**-m) * 2.0 ** (2**self.exponent_bits - 2 - self.bias)
+        return (2 - 2.0 ** -(m - 1)) * 2.0 ** (2**self.exponent_bits - 1 - self.bias)
+
+    @property
+    def min_subnormal(self) -> float:
+        """Smallest positive value, 2^(1 - bias - mantissa_bits): fp16 5.96e-8."""
+        return 2.0 ** (1 - self.bias - self.mantissa_bits)
+
+    def spacing(self, x: float) -> float:
+        """Gap between `x` (normal, non-zero) and the next representable value:
+        2^(floor(log2|x|) - mantissa_bits); bf16 at 1.0: 2^-7 = 0.0078. An update smaller
+        than half of it vanishes when added."""
+        return 2.0 ** (math.floor(math.log2(abs(x))) - self.mantissa_bits)
+
+
+FORMATS: dict[str, FloatFormat] = {
+    "fp32": FloatFormat(8, 23),
+    "fp16": FloatFormat(5, 10),
+    "bf16": FloatFormat(8, 7),
+    "fp8_e4m3": FloatFormat(4, 3, ieee_special=False),
+}

@@ -121,3 +121,15 @@ def test_plan_imports_no_torch():
     code = ("import sys, posttrain.recipes.plan; "
             "sys.exit(1 if 'torch' in sys.modules else 0)")
     assert subprocess.run([sys.executable, "-c", code], cwd=ROOT).returncode == 0
+
+
+def test_number_formats():
+    fp16, bf16, e4m3 = plan.FORMATS["fp16"], plan.FORMATS["bf16"], plan.FORMATS["fp8_e4m3"]
+    assert fp16.max_finite == 65504
+    assert fp16.min_subnormal == 2.0**-24
+    assert fp16.min_subnormal == pytest.approx(5.96e-8, abs=5e-11)
+    assert bf16.max_finite / plan.FORMATS["fp32"].max_finite == pytest.approx(1, abs=0.01)
+    assert bf16.spacing(1.0) == 2.0**-7 == 0.0078125
+    assert bf16.spacing(1.0) / 2 == pytest.approx(0.0039, abs=1e-4)
+    assert 3e-5 < bf16.spacing(1.0) / 2  # the update rounds away: 1.0 + 3e-5 == 1.0 in bf16
+    assert e4m3.max_finite == 448 and e4m3.mantissa_bits == 3
