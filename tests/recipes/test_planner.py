@@ -55,6 +55,15 @@ def test_best_split_moves_devices_to_the_slower_side():
     assert p.best.rollout + p.best.learner == 4
 
 
+@pytest.mark.parametrize("path", sorted((ROOT / "recipes").rglob("*.yaml")), ids=lambda p: p.name)
+@pytest.mark.parametrize("gpu", sorted(plan.HARDWARE))
+def test_every_shipped_recipe_plans(path, gpu):
+    p = plan_recipe(load_recipe(path), SMOLLM2, gpu, prompt_tokens=64)
+    assert p.flags == []  # the shipped recipes use the 135M model: all fit
+    assert 0 < p.times.step < 10
+    assert 0 <= p.times.decode / p.times.step <= 1
+
+
 def _cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "posttrain.recipes.cli", *args], cwd=ROOT,
                           capture_output=True, text=True, timeout=120, env=env)
