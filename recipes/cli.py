@@ -1,4 +1,4 @@
-"""The `posttrain` command: run, validate, schema.
+"""The `posttrain` command: run, validate, plan, schema.
 
 Exit codes: 0 success; 2 a bad recipe, bad data or bad input (reported before Ray or
 any model starts); 1 a failure during training.
@@ -174,6 +174,27 @@ def _check_resume_or_exit(r: Recipe, checkpoint: Path) -> None:
     for line in changes:
         typer.echo(f"resume changes {line}")
     typer.echo(f"resuming from {checkpoint} (step {done} of {r.train.steps})")
+
+
+@app.command()
+def plan(
+    recipe: Path,
+    gpu: Annotated[str, typer.Option(help="Accelerator: h100, h200 or a100.")] = "h100",
+    mfu: Annotated[float, typer.Option(min=0.01, max=1.0,
+                                       help="Assumed model-FLOPs utilisation of training.")] = 0.4,
+    set_: SetOpt = None,
+) -> None:
+    """Predict memory per device, step time, idle fractions and the best rollout:learner
+    split of a recipe on GPUs, before anything starts."""
+    from posttrain.recipes.plan import HARDWARE
+
+    if gpu not in HARDWARE:
+        typer.echo(f"error: --gpu {gpu!r}: give one of {', '.join(HARDWARE)}", err=True)
+        raise typer.Exit(code=2)
+    r, prompts = _load_or_exit(recipe, set_, convert=False)
+    from posttrain.recipes.plan_view import plan_or_exit, print_plan
+
+    print_plan(plan_or_exit(r, prompts, gpu, mfu))
 
 
 @app.command("serve-rewards")

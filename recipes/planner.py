@@ -1,0 +1,239 @@
+"""`posttrain plan`'s model of one recipe on one kind of GPU: memory per device, step
+time and the rollout:learner split, from recipes/plan.py's formulas.
+
+Structure: `ModelShape` reads a Llama-style config.json (decoder layers of attention with
+grouped KV heads and a gated MLP); `plan_recipe` returns a `RecipePlan` of plain numbers
+and flags; the CLI prints it. Nothing here imports torch.
+
+The step model is synchronous on-policy, as `posttrain run` is: decode, then train, then
+push weights, one after the other. Rollout idles while the learner trains, the learner
+while engines decode; both take part in the push. Every response is counted at
+rollout.max_new_tokens (an upper bound: samples that stop early cost less).
+Not modelled: prefill, scoring, the old-logprob pass, CUDA/NCCL overheads.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from posttrain.config import Recipe
+from posttrain.recipes import plan
+from posttrain.recipes.plan import GB, Hardware
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """The sizes of a decoder-only Llama-style model (config.json names)."""
+
+    layers: int
+    hidden: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    intermediate: int
+    vocab: int
+    tied: bool
+
+    @classmethod
+    def from_config(cls, path: Path) -> ModelShape:
+        """Read `config.json` (or its `text_config`); KeyError names a missing key."""
+        cfg = json.loads(path.read_text())
+        if "num_hidden_layers" not in cfg and isinstance(cfg.get("text_config"), dict):
+            cfg = cfg["text_config"]
+        heads = cfg["num_attention_heads"]
+        return cls(layers=cfg["num_hidden_layers"], hidden=cfg["hidden_size"], heads=heads,
+                   kv_heads=cfg.get("num_key_value_heads") or heads,
+                   head_dim=cfg.get("head_dim") or cfg["hidden_size"] // heads,
+                   intermediate=cfg["intermediate_size"], vocab=cfg["vocab_size"],
+                   tied=bool(cfg.get("tie_word_embeddings", False)))
+
+    def linear_shapes(self) -> dict[str, tuple[int, int]]:
+        """(in, out) of each linear layer of one decoder layer, by module name."""
+        h, q, kv, i = self.hidden, self.heads * self.head_dim, self.kv_heads * self.head_dim, \
+            self.intermediate
+        return {"q_proj": (h, q), "k_proj": (h, kv), "v_proj": (h, kv), "o_proj": (q, h),
+                "gate_proj": (h, i), "up_proj": (h, i), "down_proj": (i, h)}
+
+    @property
+    def params(self) -> int:
+        """Parameters: embeddings (twice unless tied), linear layers, RMSNorm weights."""
+        per_layer = sum(a * b for a, b in self.linear_shapes().values()) + 2 * self.hidden
+        embed = self.vocab * self.hidden * (1 if self.tied else 2)
+        return embed + self.layers * per_layer + self.hidden
+
+    def lora_params(self, r: int, targets: list[str]) -> int:
+        """LoRA parameters: r·(in + out) per targeted linear layer (Hu et al. 2021, §4)."""
+        shapes = self.linear_shapes()
+        return self.layers * sum(r * sum(shapes[t]) for t in targets if t in shapes)
+
+    def kv_bytes_per_token(self) -> float:
+        """KV cache bytes per token in bf16."""
+        return plan.kv_cache_bytes(self.layers, self.kv_heads, self.head_dim, 1)
+
+
+@dataclass
+class Times:
+    """Seconds of one step with `rollout` engine devices and `learner` ranks."""
+
+    rollout: int
+    learner: int
+    decode: float
+    train: float
+    push: float
+
+    @property
+    def step(self) -> float:
+        return self.decode + self.train + self.push
+
+
+@dataclass
+class RecipePlan:
+    """What `posttrain plan` prints; memory in bytes, times in seconds."""
+
+    gpu: str
+    hw: Hardware
+    mfu: float
+    prompt_tokens: int
+    response_tokens: int
+    sequences: int
+    learner_memory: dict[str, float]
+    engine_memory: dict[str, float]
+    times: Times
+    best: Times | None
+    flags: list[str] = field(default_factory=list)
+
+    @property
+    def learner_total(self) -> float:
+        return sum(v for k, v in self.learner_memory.items() if "checkpointed" not in k)
+
+    @property
+    def engine_total(self) -> float:
+        return sum(self.engine_memory.values())
+
+
+def _learner_memory(r: Recipe, m: ModelShape, ranks: int, seq: int) -> dict[str, float]:
+    a = r.model.adapter
+    out: dict[str, float] = {}
+    if a.type == "none":
+        out["weights+grads+AdamW (16 B/param, FSDP)"] = plan.zero_bytes_per_rank(m.params,
+                                                                                 ranks, 3)
+    else:
+        quant = "nf4" if a.type == "qlora" else "bf16"
+        out[f"frozen base ({quant})"] = plan.frozen_base_bytes(m.params, quant) / ranks
+        out[f"{a.type} adapter (16 B/param)"] = plan.training_state_bytes(
+            m.lora_params(a.r, a.target_modules)) / ranks
+    kl = r.grpo.kl_coef if r.algorithm == "grpo" else r.ppo.kl_coef if r.algorithm == "ppo" \
+        else 1.0
+    if kl > 0 and a.type == "none":
+        out["reference (bf16)"] = plan.frozen_base_bytes(m.params) / ranks
+    if r.algorithm == "ppo":
+        out["critic (16 B/param, FSDP)"] = plan.zero_bytes_per_rank(m.params, ranks, 3)
+    for ckpt in (False, True):
+        key = "activations" + (" (checkpointed: not counted)" if ckpt else "")
+        out[key] = plan.activation_bytes(m.layers, seq, r.train.micro_batch_size, m.hidden,
+                                         m.heads, m.vocab, checkpointing=ckpt)
+    return out
+
+
+def _times(r: Recipe, m: ModelShape, hw: Hardware, mfu: float, rollout: int, learner: int,
+           prompt: int, sequences: int) -> Times:
+    seq = prompt + (r.dpo.max_length if r.algorithm == "dpo" else r.rollout.max_new_tokens)
+    tokens = sequences * seq
+    a = r.model.adapter
+    per_token = 4 if a.type != "none" else 6  # adapters skip the weight-grad half (2N)
+    flops = per_token * m.params * tokens
+    if r.algorithm == "grpo":
+        flops *= r.grpo.epochs
+        if r.grpo.kl_coef > 0:
+            flops += 2 * m.params * tokens  # reference forward
+    if r.algorithm == "ppo":
+        flops += 6 * m.params * tokens  # critic
+    train = plan.compute_seconds(flops, learner, hw.bf16_flops, mfu)
+    if r.algorithm == "dpo":
+        return Times(0, learner, 0.0, train, 0.0)
+    engines = rollout // r.resources.rollout.gpus_per_engine
+    per_engine = -(-sequences // engines)
+    decode = plan.decode_seconds(plan.broadcast_bytes(m.params), m.kv_bytes_per_token(),
+                                 per_engine, prompt, r.rollout.max_new_tokens,
+                                 hw.hbm_bytes_per_s * r.resources.rollout.gpus_per_engine)
+    pushed = m.lora_params(a.r, a.target_modules) if (
+        r.weight_sync.adapter_mode == "adapter") else m.params
+    link = hw.nvlink_bytes_per_s if rollout + learner <= 8 else hw.network_bytes_per_s
+    push = plan.transfer_seconds(plan.broadcast_bytes(pushed), link)
+    return Times(rollout, learner, decode, train, push)
+
+
+def plan_recipe(r: Recipe, m: ModelShape, gpu: str, prompt_tokens: int,
+                mfu: float = 0.4) -> RecipePlan:
+    """Memory, step time and best split of recipe `r` for model `m` on `gpu`.
+
+    Args:
+        prompt_tokens: the longest prompt after the chat template, tokens.
+        mfu: the assumed model-FLOPs utilisation of training (shown on screen).
+    """
+    hw = plan.HARDWARE[gpu]
+    res = r.resources
+    dpo = r.algorithm == "dpo"
+    sequences = r.train.prompts_per_step * (2 if dpo else r.rollout.samples_per_prompt)
+    seq = prompt_tokens + (r.dpo.max_length if dpo else r.rollout.max_new_tokens)
+    rollout = 0 if dpo else res.rollout.gpus
+    learner = _learner_memory(r, m, res.learner.gpus, seq)
+    engine: dict[str, float] = {}
+    if not dpo:
+        engines = res.rollout.gpus // res.rollout.gpus_per_engine
+        per_engine = -(-sequences // engines)
+        engine["weights (bf16)"] = plan.broadcast_bytes(m.params) / res.rollout.gpus_per_engine
+        engine[f"KV cache ({per_engine} seqs x {seq} tokens)"] = plan.kv_cache_bytes(
+            m.layers, m.kv_heads, m.head_dim, per_engine * seq) / res.rollout.gpus_per_engine
+    now = _times(r, m, hw, mfu, rollout, res.learner.gpus, prompt_tokens, sequences)
+    p = RecipePlan(gpu, hw, mfu, prompt_tokens, seq - prompt_tokens, sequences, learner,
+                   engine, now, None)
+    p.best = _best_split(r, m, hw, mfu, prompt_tokens, sequences)
+    p.flags = _flags(r, p)
+    return p
+
+
+def _best_split(r: Recipe, m: ModelShape, hw: Hardware, mfu: float, prompt: int,
+                sequences: int) -> Times | None:
+    """The rollout:learner split of the same total devices with the shortest step whose
+    learner state fits (None when nothing can move: DPO or colocated devices)."""
+    res = r.resources
+    if r.algorithm == "dpo" or res.colocate:
+        return None
+    total, per_engine = res.rollout.gpus + res.learner.gpus, res.rollout.gpus_per_engine
+    seq = prompt + r.rollout.max_new_tokens
+    best = None
+    for rollout in range(per_engine, total, per_engine):
+        mem = _learner_memory(r, m, total - rollout, seq)
+        if sum(v for k, v in mem.items() if "checkpointed" not in k) > hw.hbm_bytes:
+            continue
+        t = _times(r, m, hw, mfu, rollout, total - rollout, prompt, sequences)
+        if best is None or t.step < best.step:
+            best = t
+    return best
+
+
+def _flags(r: Recipe, p: RecipePlan) -> list[str]:
+    """What does not fit, each naming the key to change."""
+    out = []
+    hbm = p.hw.hbm_bytes
+    if p.learner_total > hbm:
+        out.append(f"learner: {p.learner_total / GB:.1f} GB per device > {hbm / GB:.0f} GB; "
+                   "raise resources.learner.gpus, lower train.micro_batch_size, or set "
+                   "model.adapter.type: lora / qlora")
+    if p.engine_total > hbm:
+        out.append(f"rollout engine: {p.engine_total / GB:.1f} GB > {hbm / GB:.0f} GB; raise "
+                   "resources.rollout.gpus or lower rollout.max_new_tokens / "
+                   "train.prompts_per_step")
+    if r.resources.colocate and p.learner_total + p.engine_total > hbm:
+        out.append(f"colocated: learner + engine {(p.learner_total + p.engine_total) / GB:.1f}"
+                   f" GB per device > {hbm / GB:.0f} GB; set resources.colocate: false")
+    kv = next((v for k, v in p.engine_memory.items() if k.startswith("KV")), 0.0)
+    budget = r.rollout.vllm.kv_cache_gb * 2**30
+    if r.rollout.engine == "vllm" and kv > budget:
+        out.append(f"rollout.vllm.kv_cache_gb: the step's KV cache needs {kv / 2**30:.2f} GiB "
+                   f"per engine, {r.rollout.vllm.kv_cache_gb:g} GiB is reserved: sequences "
+                   f"wait for room; set rollout.vllm.kv_cache_gb: {kv / 2**30 * 1.1:.2f}")
+    return out
