@@ -11,6 +11,7 @@ from posttrain.config.algorithms import DPOConfig, GRPOConfig, PPOConfig
 from posttrain.config.base import RecipeError, Strict
 from posttrain.config.data import DataConfig, GeneratorData, JsonlData, PreferenceData
 from posttrain.config.recipe import (
+    AdvisoriesConfig,
     Recipe,
     ResourcesConfig,
     RolloutConfig,
@@ -19,7 +20,7 @@ from posttrain.config.recipe import (
 )
 from posttrain.config.rewards import LOCAL_TYPES, RewardServerConfig, RewardSpec
 
-__all__ = ["LOCAL_TYPES", "AdapterConfig", "DPOConfig", "DataConfig", "GRPOConfig",
+__all__ = ["LOCAL_TYPES", "AdapterConfig", "AdvisoriesConfig", "DPOConfig", "DataConfig", "GRPOConfig",
            "GeneratorData", "JsonlData", "PPOConfig", "PreferenceData", "Recipe", "RecipeError",
            "ResourcesConfig", "RewardServerConfig", "RewardSpec", "RolloutConfig", "Strict",
            "WeightSyncConfig", "vllm_installed"]

@@ -236,6 +236,30 @@ class WeightSyncConfig(_Strict):
     )
 
 
+class AdvisoriesConfig(_Strict):
+    """Thresholds of the health advisories (recipes/advisories.py), checked after every
+    step; an advisory is printed when it starts and listed in metrics.jsonl."""
+
+    no_variance_groups: float = Field(
+        0.5, ge=0, le=1, description="Advise when this share of a step's groups or more has "
+        "no reward variance (every sample scored the same: no GRPO signal).")
+    truncated: float = Field(
+        0.25, ge=0, le=1, description="Advise when this share of responses or more hit "
+        "rollout.max_new_tokens.")
+    slow_step: float = Field(
+        5.0, gt=1, description="Advise when a step takes this many times the median step "
+        "time so far or more.")
+    failed_rewards: int = Field(
+        1, ge=1, description="Advise when this many rollouts or more could not be scored.")
+    logprob_mismatch: float = Field(
+        0.1, gt=0, description="Advise when the mean |learner - engine| logprob of the "
+        "sampled tokens is above this.")
+    idle: float = Field(
+        0.9, gt=0, le=1, description="Advise when a side (rollout or learner) is idle more "
+        "than this share of the step ...")
+    idle_steps: int = Field(3, ge=1, description="... for this many steps in a row.")
+
+
 class MonitorConfig(_Strict):
     progress: bool = Field(True, description="Show a progress bar on the console.")
     dashboard_port: int | None = Field(
@@ -252,6 +276,7 @@ class MonitorConfig(_Strict):
     save_rollouts: bool = Field(
         True, description="Write every step's rollouts and rewards to RUN_DIR/rollouts/."
     )
+    advisories: AdvisoriesConfig = Field(default_factory=AdvisoriesConfig)
 
 
 class DebugConfig(_Strict):

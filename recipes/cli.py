@@ -302,7 +302,13 @@ def status(
         mean = {k: sum(v) / len(v) if v else None for k, v in present.items()}
         table.add_section()
         table.add_row("mean", *[cell(mean, k, f) for _, k, f in cols[1:]])
-    Console(width=None if sys.stdout.isatty() else 160).print(table)
+    console = Console(width=None if sys.stdout.isatty() else 160)
+    console.print(table)
+    advised = [(r.get("step"), a) for r in rows[-last:] for a in r.get("advisories") or []]
+    if advised:
+        console.print("advisories (monitor.advisories sets the thresholds):")
+        for step, a in advised:
+            console.print(f"  step {step}: {a}", markup=False)
 
 
 @app.command()

@@ -104,6 +104,7 @@ def rollout_metrics(rollouts: list[Rollout], scores: list[Score],
         if s.reward is not None:
             groups.setdefault(r.group_id, []).append(s.reward)
     out["groups_with_signal"] = float(sum(len(set(v)) > 1 for v in groups.values()))
+    out["groups_scored"] = float(len(groups))
     return out
 
 

@@ -22,6 +22,7 @@ from posttrain.common.telemetry import Span
 from posttrain.config import PreferenceData, Recipe
 from posttrain.recipes import checkpoints
 from posttrain.recipes import controller as c
+from posttrain.recipes.advisories import advisories, new_advisories
 from posttrain.recipes.algorithm import Algorithm, RLAlgorithm, algorithm_for
 from posttrain.recipes.dashboard import DashboardServer
 from posttrain.recipes.data import PromptItem, load_prompts, prompt_stream
@@ -93,6 +94,7 @@ def run(recipe: Recipe, run_dir: Path, address: str | None = None,
             for step in bar:
                 metrics, spans = algo.step(state, step)
                 metrics = {"step": step, **metrics}
+                _advise(history, metrics, recipe)
                 history.append(metrics)
                 log.record(step, metrics, spans)
                 _report(bar, metrics)
@@ -220,6 +222,14 @@ def rl_step(run: Run, algo: RLAlgorithm, step: int) -> tuple[dict[str, float], l
             / max(t1 - t0, 1e-9),
             "weight_sync_fraction": sync_s / (t_end - t0),
             "score_fraction": (t2 - t1) / (t_end - t0), **telemetry}, spans
+
+
+def _advise(history: list[dict[str, Any]], metrics: dict[str, Any], recipe: Recipe) -> None:
+    """Puts the step's health advisories into `metrics` and prints those that started."""
+    metrics["advisories"] = advisories([*history, metrics], recipe.monitor.advisories)
+    previous = history[-1].get("advisories", []) if history else []
+    for a in new_advisories(metrics["advisories"], previous):
+        tqdm.write(f"step {metrics['step']}: advisory {a}")
 
 
 def _report(bar: tqdm, m: dict[str, Any]) -> None:
