@@ -22,6 +22,7 @@ from posttrain.config.adapter import AdapterConfig
 from posttrain.config.algorithms import DPOConfig, GRPOConfig, PPOConfig
 from posttrain.config.base import Strict
 from posttrain.config.data import DataConfig, PreferenceData
+from posttrain.config.evaluation import EvalConfig
 from posttrain.config.rewards import RewardSpec
 
 _Strict = Strict  # every recipe block forbids unknown keys
@@ -315,11 +316,16 @@ class Recipe(_Strict):
     resources: ResourcesConfig = Field(default_factory=ResourcesConfig)
     weight_sync: WeightSyncConfig = Field(default_factory=WeightSyncConfig)
     monitor: MonitorConfig = Field(default_factory=MonitorConfig)
+    eval: EvalConfig | None = Field(
+        None, description="Evaluation on held-out prompts during training (GRPO, PPO).")
     debug: DebugConfig = Field(default_factory=DebugConfig)
 
     @model_validator(mode="after")
     def _algorithm_fits_data(self) -> Recipe:
         preference = isinstance(self.data.train, PreferenceData)
+        if self.algorithm == "dpo" and self.eval is not None:
+            raise ValueError("eval: DPO samples no responses to evaluate; remove the eval "
+                             "block, or use algorithm grpo or ppo")
         if self.algorithm == "dpo" and not preference:
             raise ValueError("data.train: DPO trains on preference pairs; give "
                              "{path: pairs.jsonl, format: hh | pairs}")

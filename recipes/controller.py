@@ -223,9 +223,12 @@ def stop_roles(roles: Roles | None) -> None:
 
 
 def generate(
-    roles: Roles, prompts: list[PromptItem], recipe: Recipe, step: int
+    roles: Roles, prompts: list[PromptItem], recipe: Recipe, step: int,
+    sampling: SamplingSettings | None = None, tag: str = "s",
 ) -> list[Rollout]:
-    """Sample a group per prompt, spreading prompts over the rollout workers."""
+    """Sample a group per prompt, spreading prompts over the rollout workers; `sampling`
+    defaults to the recipe's rollout settings (evaluation passes its own), `tag` starts
+    every group id (`s` for training, `e` for evaluation)."""
     messages = []
     for p in prompts:
         m = [{"role": "user", "content": p.question}]
@@ -233,10 +236,10 @@ def generate(
             m.insert(0, {"role": "system", "content": recipe.model.system_prompt})
         messages.append(m)
     requests = [
-        PromptRequest(f"s{step}-p{p.prompt_id}-{i}", m, p.ground_truth, p.metadata)
+        PromptRequest(f"{tag}{step}-p{p.prompt_id}-{i}", m, p.ground_truth, p.metadata)
         for i, (p, m) in enumerate(zip(prompts, messages, strict=True))
     ]
-    sampling = SamplingSettings(
+    sampling = sampling or SamplingSettings(
         n=recipe.rollout.samples_per_prompt,
         max_new_tokens=recipe.rollout.max_new_tokens,
         temperature=recipe.rollout.temperature,

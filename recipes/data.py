@@ -116,9 +116,18 @@ def load_prompts(cfg: DataConfig) -> list[PromptItem]:
     Raises:
         RecipeError: unreadable rows or missing keys, naming file, line and key.
     """
-    if isinstance(cfg.train, GeneratorData):
-        return _arithmetic(cfg.train)
-    return _jsonl(cfg.train)
+    return load_items(cfg.train)
+
+
+def load_items(block: GeneratorData | JsonlData) -> list[PromptItem]:
+    """The prompts of one data block (`data.train`, `eval.prompts`).
+
+    Raises:
+        RecipeError: unreadable rows or missing keys, naming file, line and key.
+    """
+    if isinstance(block, GeneratorData):
+        return _arithmetic(block)
+    return _jsonl(block)
 
 
 class PromptStream:

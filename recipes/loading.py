@@ -105,10 +105,12 @@ def load_recipe(path: str | Path, overrides: list[str] | None = None) -> Recipe:
         raise RecipeError(f"{path}: a recipe is a mapping of keys (name, algorithm, model, ...)")
     tree = apply_overrides(tree, overrides or [])
     train = tree.get("data", {}).get("train") if isinstance(tree.get("data"), dict) else None
-    if isinstance(train, dict) and isinstance(train.get("path"), str):
-        p = Path(train["path"]).expanduser()
-        if not p.is_absolute():
-            train["path"] = str((path.parent / p).resolve())
+    held_out = tree.get("eval", {}).get("prompts") if isinstance(tree.get("eval"), dict) else None
+    for block in (train, held_out):
+        if isinstance(block, dict) and isinstance(block.get("path"), str):
+            p = Path(block["path"]).expanduser()
+            if not p.is_absolute():
+                block["path"] = str((path.parent / p).resolve())
     try:
         return Recipe.model_validate(tree)
     except ValidationError as e:

@@ -26,6 +26,7 @@ from posttrain.recipes.advisories import advisories, new_advisories
 from posttrain.recipes.algorithm import Algorithm, RLAlgorithm, algorithm_for
 from posttrain.recipes.dashboard import DashboardServer
 from posttrain.recipes.data import PromptItem, load_prompts, prompt_stream
+from posttrain.recipes.evaluation import due, evaluate, load_eval_prompts
 from posttrain.recipes.grpo import apply_failure_policy, rollout_batch, rollout_metrics
 from posttrain.recipes.monitor import StepLog
 
@@ -41,6 +42,7 @@ class Run:
     roles: c.Roles
     data: list[Any]
     prompts: Iterator[list[PromptItem]] | None = None
+    eval_prompts: list[PromptItem] | None = None
 
 
 def run(recipe: Recipe, run_dir: Path, address: str | None = None,
@@ -68,6 +70,7 @@ def run(recipe: Recipe, run_dir: Path, address: str | None = None,
     run_dir.mkdir(parents=True, exist_ok=True)
     if data is None:
         data = load_data(recipe)
+    eval_prompts = load_eval_prompts(recipe)
     algo = algorithm_for(recipe)
     model_path = str(resolve_model_path(recipe.model.path))
     saved = checkpoints.read_state(resume) if resume is not None else None
@@ -81,7 +84,7 @@ def run(recipe: Recipe, run_dir: Path, address: str | None = None,
             print(f"dashboard: {dash.start()}  (Prometheus: /metrics)", flush=True)
         roles = c.start_roles(recipe, algo, model_path, run_dir,
                               resume_from=str(resume / "learner") if resume else None)
-        state = Run(recipe, run_dir, model_path, roles, data)
+        state = Run(recipe, run_dir, model_path, roles, data, eval_prompts=eval_prompts)
         if algo.uses_rollouts:
             state.prompts = prompt_stream(data, recipe.train.prompts_per_step,
                                           recipe.data.shuffle_seed, saved and saved["data"])
@@ -92,13 +95,17 @@ def run(recipe: Recipe, run_dir: Path, address: str | None = None,
                    initial=start, total=recipe.train.steps, disable=not recipe.monitor.progress)
         with StopOnSignal() as stop:
             for step in bar:
+                evaluated = _eval_if_due(state, step)
                 metrics, spans = algo.step(state, step)
-                metrics = {"step": step, **metrics}
+                metrics = {"step": step, **metrics, **evaluated}
                 _advise(history, metrics, recipe)
                 history.append(metrics)
                 log.record(step, metrics, spans)
                 _report(bar, metrics)
                 _checkpoint_if_due(state, algo, step + 1, stop.signum)
+            final = _eval_if_due(state, recipe.train.steps)
+            if final:
+                log.record(recipe.train.steps, {"step": recipe.train.steps, **final}, [])
         if recipe.train.save_final:
             ray.get([lw.save_checkpoint.remote(str(run_dir / "final"), recipe.train.steps)
                      for lw in roles.learners])
@@ -222,6 +229,20 @@ def rl_step(run: Run, algo: RLAlgorithm, step: int) -> tuple[dict[str, float], l
             / max(t1 - t0, 1e-9),
             "weight_sync_fraction": sync_s / (t_end - t0),
             "score_fraction": (t2 - t1) / (t_end - t0), **telemetry}, spans
+
+
+def _eval_if_due(run: Run, version: int) -> dict[str, Any]:
+    """Evaluate policy `version` (the engines hold it) when `eval` makes it due; its
+    metrics (and `time/eval`), else {}. Printed on the console."""
+    if not run.eval_prompts or not due(run.recipe, version):
+        return {}
+    t0 = time.time()
+    m = evaluate(run.roles, run.recipe, run.eval_prompts, run.run_dir, version)
+    m["time/eval"] = time.time() - t0
+    tqdm.write(f"eval of policy {version}: pass@1 {m['eval/pass@1']:.3f}  pass@{m['eval/k']:.0f} "
+               f"{m['eval/pass@k']:.3f}  avg@{m['eval/k']:.0f} {m['eval/avg@k']:.3f}  "
+               f"({m['eval/prompts']:.0f} prompts, {m['time/eval']:.1f} s)")
+    return m
 
 
 def _advise(history: list[dict[str, Any]], metrics: dict[str, Any], recipe: Recipe) -> None:

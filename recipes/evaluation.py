@@ -1,0 +1,107 @@
+"""Evaluation during training (`eval:`): held-out prompts sampled on the rollout
+engines between steps, scored with the recipe's rewards, never trained on.
+
+`pass_at_k` and `eval_metrics` are pure; `evaluate` runs one evaluation and writes its
+samples to `RUN_DIR/eval/step_NNNNN.jsonl` (NNNNN = the policy version evaluated, 0 =
+before training), apart from the training rollouts in `RUN_DIR/rollouts/`.
+
+Limits: a sample passes when its reward reaches `eval.pass_threshold`, so pass@k means
+"solved" only for 0/1 verifiers (math); a sample that could not be scored counts as a
+fail. n = k samples per prompt, so pass@k here is "any of the k passed".
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+from typing import Any
+
+import ray
+
+from posttrain.actors.rollout import Rollout, SamplingSettings
+from posttrain.config import Recipe
+from posttrain.recipes import controller as c
+from posttrain.recipes.data import PromptItem, load_items
+from posttrain.rewards.protocol import Score
+
+
+def pass_at_k(n: int, c_: int, k: int) -> float:
+    """Unbiased pass@k of Chen et al. 2021 (eq. 1) from n samples of which c_ passed:
+    1 − C(n−c, k)/C(n, k), computed as 1 − Π_{i=n−c+1..n} (1 − k/i) (no big binomials).
+
+    Raises:
+        ValueError: k > n, or c_ outside 0..n.
+    """
+    if not 0 <= c_ <= n or not 0 < k <= n:
+        raise ValueError(f"pass_at_k needs 0 <= c <= n and 0 < k <= n; got n={n} c={c_} k={k}")
+    if n - c_ < k:
+        return 1.0
+    prod = 1.0
+    for i in range(n - c_ + 1, n + 1):
+        prod *= 1.0 - k / i
+    return 1.0 - prod
+
+
+def eval_metrics(rollouts: list[Rollout], scores: list[Score], k: int,
+                 threshold: float) -> dict[str, float]:
+    """`eval/pass@1`, `eval/pass@k`, `eval/avg@k` (mean reward) over prompts, and the
+    same per reward component (`eval/pass@k/NAME`, ...); `eval/k`, `eval/prompts`."""
+    values: dict[str, dict[str, list[float | None]]] = {"": {}}
+    for r, s in zip(rollouts, scores, strict=True):
+        values[""].setdefault(r.group_id, []).append(s.reward)
+        for name, v in s.details.items():
+            if "." not in name and isinstance(v, int | float):
+                values.setdefault(f"/{name}", {}).setdefault(r.group_id, []).append(float(v))
+    out = {"eval/k": float(k), "eval/prompts": float(len(values[""]))}
+    for suffix, groups in values.items():
+        p1, pk, avg = [], [], []
+        for vals in groups.values():
+            passed = sum(v is not None and v >= threshold for v in vals)
+            p1.append(pass_at_k(len(vals), passed, 1))
+            pk.append(pass_at_k(len(vals), passed, min(k, len(vals))))
+            avg.append(statistics.fmean(0.0 if v is None else v for v in vals))
+        out[f"eval/pass@1{suffix}"] = statistics.fmean(p1)
+        out[f"eval/pass@k{suffix}"] = statistics.fmean(pk)
+        out[f"eval/avg@k{suffix}"] = statistics.fmean(avg)
+    return out
+
+
+def due(recipe: Recipe, version: int) -> bool:
+    """Whether policy `version` is evaluated."""
+    e = recipe.eval
+    if e is None:
+        return False
+    return e.before_train if version == 0 else version % e.every_steps == 0
+
+
+def load_eval_prompts(recipe: Recipe) -> list[PromptItem]:
+    """The held-out prompts (`eval.prompts`, first `eval.limit`); [] without `eval`."""
+    if recipe.eval is None:
+        return []
+    items = load_items(recipe.eval.prompts)
+    return items[:recipe.eval.limit] if recipe.eval.limit else items
+
+
+def evaluate(roles: c.Roles, recipe: Recipe, prompts: list[PromptItem], run_dir: Path,
+             version: int) -> dict[str, Any]:
+    """Sample, score and log one evaluation of the policy the engines hold (`version`);
+    its engine spans are dropped (they belong to no training step)."""
+    e = recipe.eval
+    assert e is not None
+    sampling = SamplingSettings(n=e.k, max_new_tokens=e.max_new_tokens
+                                or recipe.rollout.max_new_tokens, temperature=e.temperature,
+                                top_p=recipe.rollout.top_p, seed=e.seed,
+                                stop=tuple(recipe.rollout.stop))
+    rollouts = c.generate(roles, prompts, recipe, version, sampling, tag="e")
+    scores = c.score(roles, rollouts)
+    ray.get([a.drain_spans.remote() for a in roles.rollout])
+    folder = run_dir / "eval"
+    folder.mkdir(exist_ok=True)
+    with open(folder / f"step_{version:05d}.jsonl", "w") as f:
+        for r, s in zip(rollouts, scores, strict=True):
+            details = s.details | ({"error": s.error} if s.error else {})
+            f.write(json.dumps(r.to_dict() | {"reward": s.reward, "reward_details": details})
+                    + "\n")
+    return {"eval/policy_version": version, **eval_metrics(rollouts, scores, e.k,
+                                                            e.pass_threshold)}
