@@ -287,6 +287,8 @@ def status(
             ("train s", "time/train", "{:.1f}"), ("sync s", "time/weight_sync", "{:.2f}"),
             ("rollout idle", "rollout_idle_fraction", "{:.2f}"),
             ("learner idle", "learner_idle_fraction", "{:.2f}")]
+    if any("eval/pass@k" in r for r in rows):
+        cols += [("eval p@1", "eval/pass@1", "{:.3f}"), ("eval p@k", "eval/pass@k", "{:.3f}")]
     table = Table(title=f"{run_dir.name}: {len(rows)} steps")
     for name, _, _ in cols:
         table.add_column(name, justify="right")

@@ -74,11 +74,13 @@ def test_status_prints_the_shown_steps_advisories(tmp_path):
 
     rows = [{"step": 0, "reward_mean": 0.5, "advisories": ["truncated: 50% of responses"]},
             {"step": 1, "reward_mean": 0.6, "advisories": []},
-            {"step": 2, "reward_mean": 0.7, "advisories": ["failed_rewards: 3 rollouts"]}]
+            {"step": 2, "reward_mean": 0.7, "advisories": ["failed_rewards: 3 rollouts"]},
+            {"step": 3, "eval/pass@1": 0.25, "eval/pass@k": 0.625}]
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     out = subprocess.run([sys.executable, "-m", "posttrain.recipes.cli", "status",
-                          str(tmp_path), "--last", "2"],
+                          str(tmp_path), "--last", "3"],
                          cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert "step 2: failed_rewards: 3 rollouts" in out.stdout
     assert "truncated" not in out.stdout  # step 0 is not shown
+    assert "eval p@k" in out.stdout and "0.625" in out.stdout
