@@ -3,7 +3,9 @@
 It reads `metrics.jsonl` and `spans.jsonl` on every request, so the same app serves a
 live run (the controller starts it in a thread at launch) and a finished one
 (`posttrain dashboard RUN_DIR`). Routes: `/` the page (per-step stacked time split,
-idle fractions over steps, a Gantt timeline of the last steps with one row per
+idle fractions over steps, learning metrics over steps (reward, per component,
+accuracy, eval pass@k, length, truncation, KL, loss, grad norm, logprob mismatch) and
+the advisories, a Gantt timeline of the last steps with one row per
 worker), `/api/metrics`, `/api/spans?last=N`, and Prometheus `/metrics` with the last
 step's numbers as gauges. Binds 127.0.0.1 only: it has no authentication.
 """

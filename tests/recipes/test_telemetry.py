@@ -150,3 +150,28 @@ def test_dashboard_in_headless_chromium(slowed_runs, tmp_path):
         assert float(value) == pytest.approx(history[int(step)][f"{side}_idle_fraction"])
     rows = set(re.findall(r'class="span" data-row="([\w:]+)"', dom))
     assert rows == {"rollout:0", "learner:0", "learner:1", "reward:0"}
+
+
+def test_dashboard_charts_learning_and_lists_advisories(slowed_runs):
+    history, run_dir = slowed_runs["slow-learner"]
+    server = DashboardServer(run_dir, 0)
+    try:
+        dom = _chromium_dom(server.start())
+    finally:
+        server.stop()
+    assert 'data-loaded="true"' in dom
+    points = re.findall(r'class="metric-point" data-key="([\w/@]+)" data-step="(\d+)" '
+                        r'data-value="([0-9.e+-]+)"', dom)
+    charted = {k for k, _, _ in points}
+    wanted = {"reward_mean", "response_length_mean", "truncated_fraction", "kl", "loss",
+              "grad_norm", "reward/len"}
+    assert wanted <= charted and wanted <= set(history[0])
+    for key, step, value in points:
+        assert float(value) == pytest.approx(history[int(step)][key], rel=1e-6, abs=1e-12)
+    assert len([p for p in points if p[0] == "loss"]) == len(history)
+    ticks = re.findall(r'class="x-tick">(\d+)<', dom)
+    assert {"0", str(len(history) - 1)} <= set(ticks)  # axes labelled with step numbers
+    listed = re.findall(r'<li class="advisory" data-step="(\d+)">', dom)
+    assert len(listed) == sum(len(h["advisories"]) for h in history)
+    if not listed:
+        assert "class=\"none\"" in dom
