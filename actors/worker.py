@@ -12,6 +12,7 @@ carries the same `policy_version`.
 
 from __future__ import annotations
 
+import os
 import time
 
 from posttrain.actors.engine import EngineSettings
@@ -132,8 +133,10 @@ class RolloutWorker:
         return self.version
 
     def health(self) -> dict[str, float | int]:
+        """Worker index, held policy_version, seconds alive, and the process id (for
+        fault drills that kill it)."""
         return {"worker": self.worker_id, "policy_version": self.version,
-                "uptime_s": time.time() - self.started}
+                "uptime_s": time.time() - self.started, "pid": os.getpid()}
 
     def drain_spans(self) -> list[Span]:
         return self.spans.drain()

@@ -41,6 +41,16 @@ if TYPE_CHECKING:
 
 
 @dataclass
+class RolloutSpec:
+    """What starting one rollout worker takes, kept to replace a dead one."""
+
+    engine: EngineSettings
+    transport: TransportSettings
+    threads: int
+    delay_s: float
+
+
+@dataclass
 class Roles:
     """Handles of every running role of one job (no rollout side for DPO)."""
 
@@ -52,6 +62,9 @@ class Roles:
     reward_proc: subprocess.Popen | None = None
     group: GroupStore | None = None  # the push group's rendezvous (collective transport)
     last_push_bytes: int = 0  # tensor bytes of the newest weight push
+    policy_version: int = 0  # what every engine holds (the newest push)
+    rollout_restarts: int = 0  # rollout workers replaced so far in this run
+    rollout_spec: RolloutSpec | None = None  # how to start a rollout worker again
 
 
 def start_roles(recipe: Recipe, algo: Algorithm, model_path: str, run_dir: Path,
@@ -79,7 +92,8 @@ def start_roles(recipe: Recipe, algo: Algorithm, model_path: str, run_dir: Path,
             roles.group = GroupStore(n_rollout + 1, recipe.weight_sync.timeout_s)
             transport = replace(transport, group_address=roles.group.address,
                                 group_world=roles.group.world_size)
-        roles.rollout = start_rollout(recipe, model_path, placement, threads_r, transport)
+        roles.rollout_spec = rollout_spec(recipe, model_path, threads_r, transport)
+        roles.rollout = start_rollout(roles.rollout_spec, placement)
     roles.learners = start_learners(recipe, algo, model_path, placement, threads_l, transport,
                                     resume_from)
     if roles.rollout:
@@ -102,10 +116,9 @@ def start_roles(recipe: Recipe, algo: Algorithm, model_path: str, run_dir: Path,
     return roles
 
 
-def start_rollout(recipe: Recipe, model_path: str, placement: Placement, threads: int,
-                  transport: TransportSettings) -> list[Any]:
-    """One rollout worker per engine placement (not waited for; each joins the push
-    group while it is constructed)."""
+def rollout_spec(recipe: Recipe, model_path: str, threads: int,
+                 transport: TransportSettings) -> RolloutSpec:
+    """The recipe's engine, transport and debug settings for a rollout worker."""
     v = recipe.rollout.vllm
     engine = EngineSettings(
         kind=recipe.rollout.engine, model_path=model_path, dtype=recipe.model.dtype,
@@ -113,10 +126,20 @@ def start_rollout(recipe: Recipe, model_path: str, placement: Placement, threads
         enforce_eager=v.enforce_eager, device=recipe.resources.device,
         lora_rank=recipe.model.adapter.r if adapter_sync(recipe) else None,
     )
+    return RolloutSpec(engine, transport, threads, recipe.debug.rollout_delay_s)
+
+
+def start_rollout(spec: RolloutSpec, placement: Placement) -> list[Any]:
+    """One rollout worker per engine placement (not waited for; each joins the push
+    group while it is constructed)."""
+    return [start_rollout_worker(spec, i, opts) for i, opts in enumerate(placement.rollout)]
+
+
+def start_rollout_worker(spec: RolloutSpec, index: int, options: dict[str, Any]) -> Any:
+    """Rollout worker `index` on its placement bundle `options` (not waited for)."""
     worker = ray.remote(num_cpus=0)(RolloutWorker)
-    return [worker.options(**opts).remote(i, engine, transport, threads,
-                                          recipe.debug.rollout_delay_s)
-            for i, opts in enumerate(placement.rollout)]
+    return worker.options(**options).remote(index, spec.engine, spec.transport, spec.threads,
+                                            spec.delay_s)
 
 
 def adapter_sync(recipe: Recipe) -> bool:
@@ -245,10 +268,72 @@ def generate(
         stop=tuple(recipe.rollout.stop),
     )
     n = len(roles.rollout)
-    chunks = [requests[i::n] for i in range(n)]
-    futures = [w.generate.remote(c, sampling, step)
-               for w, c in zip(roles.rollout, chunks, strict=True) if c]
-    return [r for part in ray.get(futures) for r in part]
+    chunks = {i: requests[i::n] for i in range(n) if requests[i::n]}
+    return generate_surviving(roles, recipe, chunks, sampling, step)
+
+
+def generate_surviving(roles: Roles, recipe: Recipe, chunks: dict[int, list[PromptRequest]],
+                       sampling: SamplingSettings, step: int) -> list[Rollout]:
+    """Worker i generates `chunks[i]`; the Rollouts in worker order.
+
+    Recovers from a rollout worker that dies during `generate` (killed, out of memory,
+    crashed: Ray's `RayActorError`): it is replaced on its placement bundle
+    (`replace_rollout_worker`) and only its chunk is generated again, so each prompt's
+    group appears exactly once. A worker that dies twice in one step stops the run.
+    """
+    done: dict[int, list[Rollout]] = {}
+    for attempt in range(2):
+        futures = {i: roles.rollout[i].generate.remote(c, sampling, step)
+                   for i, c in chunks.items() if i not in done}
+        lost = []
+        for i, f in futures.items():
+            try:
+                done[i] = ray.get(f)
+            except ray.exceptions.RayActorError as e:
+                if attempt == 1:
+                    raise RuntimeError(f"rollout worker {i} died again in step {step} after "
+                                       f"a restart: {e}") from e
+                lost.append(i)
+        for i in lost:
+            replace_rollout_worker(roles, recipe, i)
+    return [r for i in sorted(done) for r in done[i]]
+
+
+def replace_rollout_worker(roles: Roles, recipe: Recipe, index: int) -> None:
+    """Start rollout worker `index` again on its placement bundle and give it the policy
+    every other engine holds, as the same `policy_version` (the learners publish it
+    again, to the new engine only). Counted in `roles.rollout_restarts`.
+
+    Recovers from a dead rollout worker process. Not with `weight_sync.type: collective`:
+    a new engine cannot join the existing push group, so the run stops (RuntimeError
+    naming the worker); use object_store or filesystem to survive an engine's death.
+
+    Raises:
+        RuntimeError: collective transport (see above).
+        WeightSyncError: the new engine did not take the policy.
+    """
+    spec = roles.rollout_spec
+    if roles.group is not None or spec is None:
+        raise RuntimeError(
+            f"rollout worker {index} died; with weight_sync.type: collective a new engine "
+            "cannot join the push group. Resume from the last checkpoint (posttrain run "
+            "--resume RUN_DIR), and set weight_sync.type: object_store or filesystem for "
+            "runs that survive an engine's death")
+    try:
+        ray.kill(roles.rollout[index], no_restart=True)
+    except ray.exceptions.RayError:
+        pass
+    print(f"rollout worker {index} died; starting a replacement at policy_version "
+          f"{roles.policy_version}", flush=True)
+    worker = start_rollout_worker(spec, index, roles.placement.rollout[index])
+    ray.get(worker.health.remote())
+    qlora = adapter_sync(recipe) and recipe.model.adapter.type == "qlora"
+    if qlora:  # its base must be the learner's dequantised NF4 base, as at start
+        push(roles.learners, [worker], 0, recipe.weight_sync.timeout_s, full=True)
+    if roles.policy_version > 0:
+        push(roles.learners, [worker], roles.policy_version, recipe.weight_sync.timeout_s)
+    roles.rollout[index] = worker
+    roles.rollout_restarts += 1
 
 
 def score(roles: Roles, rollouts: list[Rollout]) -> list[Score]:
@@ -279,6 +364,7 @@ def push_weights(roles: Roles, recipe: Recipe, version: int) -> float:
     t0 = time.time()
     handle = push(roles.learners, roles.rollout, version, recipe.weight_sync.timeout_s)
     roles.last_push_bytes = handle.num_bytes
+    roles.policy_version = version
     return time.time() - t0
 
 

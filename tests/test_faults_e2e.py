@@ -1,0 +1,79 @@
+"""Fault drills with real process kills on a tiny model (HF engines, object-store push):
+what a run survives, and that it survives it without losing or repeating a sample."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+
+import ray
+import yaml
+
+from posttrain.recipes import controller
+from posttrain.recipes.loading import load_recipe
+from posttrain.recipes.loop import run
+
+
+def _recipe(tmp_path: Path, model_path: Path, **blocks) -> Path:
+    """A 2-step GRPO recipe with 2 rollout engines, 4 prompts a step (2 per engine)."""
+    recipe = {
+        "name": "tiny-faults", "algorithm": "grpo",
+        "model": {"path": str(model_path), "dtype": "float32"},
+        "data": {"train": {"generator": "arithmetic", "size": 20, "seed": 1}},
+        "rollout": {"engine": "hf", "samples_per_prompt": 2, "max_new_tokens": 4},
+        "rewards": [{"name": "short", "type": "length", "target_chars": 3}],
+        "train": {"steps": 2, "prompts_per_step": 4, "micro_batch_size": 2, "lr": 1e-3},
+        "resources": {"rollout": {"gpus": 2}, "learner": {"gpus": 1}, "threads_per_worker": 1},
+        "weight_sync": {"type": "object_store"},
+        "monitor": {"progress": False, "dashboard_port": None, "tensorboard": False},
+        **blocks,
+    }
+    f = tmp_path / "faults.yaml"
+    f.write_text(yaml.safe_dump(recipe))
+    return f
+
+
+def _kill_when(pids: list[int], index: int, ready: Path, delay_s: float) -> threading.Thread:
+    """A thread that `kill -9`s `pids[index]` `delay_s` seconds after `ready` exists and
+    has a line (the first step logged: the next generate is under way)."""
+    def kill() -> None:
+        deadline = time.time() + 300
+        while time.time() < deadline and not (ready.exists() and ready.read_text().strip()):
+            time.sleep(0.1)
+        time.sleep(delay_s)
+        os.kill(pids[index], signal.SIGKILL)
+
+    t = threading.Thread(target=kill, daemon=True)
+    t.start()
+    return t
+
+
+def test_rollout_worker_killed_mid_generate(tiny_model, tmp_path, monkeypatch):
+    pids: list[int] = []
+    start = controller.start_rollout
+
+    def start_and_note_pids(spec, placement):
+        workers = start(spec, placement)
+        pids.extend(h["pid"] for h in ray.get([w.health.remote() for w in workers]))
+        return workers
+
+    monkeypatch.setattr(controller, "start_rollout", start_and_note_pids)
+    run_dir = tmp_path / "run"
+    # generate sleeps 3 s after sampling: worker 1 dies 1 s into step 1's generate
+    killer = _kill_when(pids, 1, run_dir / "metrics.jsonl", delay_s=1.0)
+    history = run(load_recipe(_recipe(tmp_path, tiny_model, debug={"rollout_delay_s": 3.0})),
+                  run_dir)
+    killer.join(timeout=5)
+
+    assert [m["rollout_restarts"] for m in history] == [0, 1]
+    assert [m["policy_version"] for m in history] == [1, 2]
+    saved = [json.loads(x) for x in (run_dir / "rollouts" / "step_00001.jsonl").open()]
+    groups = [r["group_id"] for r in saved]
+    assert len(groups) == 8 and len(set(groups)) == 4  # 4 groups of 2, none twice
+    assert sorted(r["uid"] for r in saved) == sorted({r["uid"] for r in saved})
+    assert all(r["policy_version"] == 1 for r in saved)  # the replacement got version 1
+    assert all(r["reward"] is not None for r in saved)
