@@ -34,7 +34,13 @@ from posttrain.recipes.loading import dump_recipe
 from posttrain.recipes.placement import Placement, gpus_needed, place, release
 from posttrain.rewards.client import RewardClient, RewardSet, start_local_service
 from posttrain.rewards.protocol import Score, ScoreItem
-from posttrain.weightsync import GroupStore, TransportSettings, make_transport, push
+from posttrain.weightsync import (
+    GroupStore,
+    TransportSettings,
+    WeightSyncError,
+    make_transport,
+    push,
+)
 
 if TYPE_CHECKING:
     from posttrain.recipes.algorithm import Algorithm
@@ -48,6 +54,7 @@ class RolloutSpec:
     transport: TransportSettings
     threads: int
     delay_s: float
+    fail_push: tuple[int, int] | None = None
 
 
 @dataclass
@@ -126,7 +133,8 @@ def rollout_spec(recipe: Recipe, model_path: str, threads: int,
         enforce_eager=v.enforce_eager, device=recipe.resources.device,
         lora_rank=recipe.model.adapter.r if adapter_sync(recipe) else None,
     )
-    return RolloutSpec(engine, transport, threads, recipe.debug.rollout_delay_s)
+    return RolloutSpec(engine, transport, threads, recipe.debug.rollout_delay_s,
+                       recipe.debug.fail_weight_push)
 
 
 def start_rollout(spec: RolloutSpec, placement: Placement) -> list[Any]:
@@ -139,7 +147,7 @@ def start_rollout_worker(spec: RolloutSpec, index: int, options: dict[str, Any])
     """Rollout worker `index` on its placement bundle `options` (not waited for)."""
     worker = ray.remote(num_cpus=0)(RolloutWorker)
     return worker.options(**options).remote(index, spec.engine, spec.transport, spec.threads,
-                                            spec.delay_s)
+                                            spec.delay_s, spec.fail_push)
 
 
 def adapter_sync(recipe: Recipe) -> bool:
@@ -357,15 +365,35 @@ def on_learners(learners: list[Any], method: str, batch: TrainBatch, *args: Any)
 def push_weights(roles: Roles, recipe: Recipe, version: int) -> float:
     """Publish the new policy and wait for every engine to hold `version`; seconds.
 
+    Recovers from one failed or timed-out push: an engine that did not take it keeps
+    serving its old version (`update_weights` takes a version only once loaded), and the
+    whole push is tried once more.
+
     Raises:
-        WeightSyncError: an engine failed to load, did not answer within
-            `weight_sync.timeout_s`, or reports another version; names engine and version.
+        WeightSyncError: the second try failed too; names the engine, the version and
+            what each engine still serves.
     """
     t0 = time.time()
-    handle = push(roles.learners, roles.rollout, version, recipe.weight_sync.timeout_s)
+    for attempt in (1, 2):
+        try:
+            handle = push(roles.learners, roles.rollout, version, recipe.weight_sync.timeout_s)
+            break
+        except WeightSyncError as e:
+            if attempt == 2:
+                raise WeightSyncError(f"weight push failed twice: {e}; engines still serve "
+                                      f"policy_versions {served_versions(roles)}") from e
+            print(f"weight push of policy_version {version} failed ({e}); trying once more",
+                  flush=True)
     roles.last_push_bytes = handle.num_bytes
     roles.policy_version = version
     return time.time() - t0
+
+
+def served_versions(roles: Roles, timeout_s: float = 10.0) -> list[int | None]:
+    """The policy_version each engine holds (None: no answer within `timeout_s`)."""
+    refs = [w.policy_version.remote() for w in roles.rollout]
+    ready, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
+    return [ray.get(r) if r in ready else None for r in refs]
 
 
 def step_telemetry(

@@ -27,6 +27,7 @@ from posttrain.recipes.dashboard import DashboardServer
 from posttrain.recipes.data import PromptItem, load_prompts, prompt_stream
 from posttrain.recipes.grpo import apply_failure_policy, rollout_batch, rollout_metrics
 from posttrain.recipes.monitor import StepLog
+from posttrain.weightsync import WeightSyncError
 
 
 @dataclass
@@ -62,6 +63,7 @@ def run(recipe: Recipe, run_dir: Path, address: str | None = None,
         RuntimeError, WeightSyncError, RewardFailure: a role failed; the rollouts and
             metrics of finished steps are kept.
         RunStopped: a signal stopped the run after a checkpoint.
+        PushFailed: a weight push failed twice; stopped after a checkpoint.
     """
     quiet_libraries()
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -91,7 +93,10 @@ def run(recipe: Recipe, run_dir: Path, address: str | None = None,
                    initial=start, total=recipe.train.steps, disable=not recipe.monitor.progress)
         with StopOnSignal() as stop:
             for step in bar:
-                metrics, spans = algo.step(state, step)
+                try:
+                    metrics, spans = algo.step(state, step)
+                except WeightSyncError as e:
+                    raise _stop_after_failed_push(state, algo, step, e) from e
                 metrics = {"step": step, **metrics}
                 history.append(metrics)
                 log.record(step, metrics, spans)
@@ -158,6 +163,23 @@ def _checkpoint_if_due(run: Run, algo: Algorithm, done: int, signum: int | None)
         tqdm.write(f"checkpoint: {folder}")
     if signum is not None and done < t.steps:
         raise RunStopped(run.run_dir, done, signum)
+
+
+class PushFailed(RuntimeError):
+    """A weight push failed twice; the run stopped after a checkpoint."""
+
+
+def _stop_after_failed_push(run: Run, algo: Algorithm, step: int,
+                            error: WeightSyncError) -> PushFailed:
+    """Recovers what a twice-failed weight push leaves: the learners trained step `step`
+    but the engines still serve the old policy. A checkpoint after `step + 1` steps
+    keeps that training (a resume pushes its policy to every engine first); the step's
+    metrics line is not written."""
+    folder = checkpoints.save(run.run_dir, run.recipe, run.roles.learners, step + 1,
+                              run.prompts.state() if run.prompts else None,
+                              algo.checkpoint_state())
+    return PushFailed(f"step {step}: {error}. Checkpoint {folder}; once the engine is "
+                      f"fixed, resume with: posttrain run --resume {run.run_dir}")
 
 
 def _resume(run: Run, algo: Algorithm, checkpoint: Path, version: int) -> None:

@@ -77,3 +77,31 @@ def test_rollout_worker_killed_mid_generate(tiny_model, tmp_path, monkeypatch):
     assert sorted(r["uid"] for r in saved) == sorted({r["uid"] for r in saved})
     assert all(r["policy_version"] == 1 for r in saved)  # the replacement got version 1
     assert all(r["reward"] is not None for r in saved)
+
+
+def test_failed_weight_push_is_retried_then_stops_with_a_checkpoint(tiny_model, tmp_path):
+    import pytest
+
+    from posttrain.recipes import checkpoints
+    from posttrain.recipes.loop import PushFailed
+
+    run_dir = tmp_path / "run"
+    # engine 1 refuses policy_version 2 (step 1's push) on both tries
+    bad = load_recipe(_recipe(tmp_path, tiny_model, debug={"fail_weight_push": [1, 2]},
+                              train={"steps": 3, "prompts_per_step": 4, "micro_batch_size": 2,
+                                     "lr": 1e-3}))
+    with pytest.raises(PushFailed) as stop:
+        run(bad, run_dir)
+    message = str(stop.value)
+    assert "rollout worker 1" in message and "policy_version 2" in message
+    assert "still serve policy_versions [2, 1]" in message  # engine 1 kept version 1
+    assert "posttrain run --resume" in message
+    ckpt = checkpoints.latest(run_dir)
+    assert ckpt is not None and checkpoints.read_state(ckpt)["policy_version"] == 2
+
+    good = bad.model_copy(update={"debug": bad.debug.model_copy(
+        update={"fail_weight_push": None})})
+    history = run(good, run_dir, resume=ckpt)  # the resume pushes version 2 to both
+    assert [m["step"] for m in history] == [2] and history[0]["policy_version"] == 3
+    saved = [json.loads(x) for x in (run_dir / "rollouts" / "step_00002.jsonl").open()]
+    assert len(saved) == 8 and all(r["policy_version"] == 2 for r in saved)
