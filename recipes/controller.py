@@ -47,6 +47,22 @@ if TYPE_CHECKING:
 
 
 @dataclass
+class LocalServiceLaunch:
+    """Arguments of `start_local_service`, kept to restart a dead service on the same
+    port with the same token (so the run's client keeps working)."""
+
+    components_json: str
+    port: int
+    token: str
+    log_path: Path
+    workers: int
+
+    def start(self) -> subprocess.Popen:
+        return start_local_service(self.components_json, self.port, self.token,
+                                   self.log_path, workers=self.workers)
+
+
+@dataclass
 class RolloutSpec:
     """What starting one rollout worker takes, kept to replace a dead one."""
 
@@ -67,6 +83,8 @@ class Roles:
     rollout: list[Any] = field(default_factory=list)
     reward: RewardSet | None = None
     reward_proc: subprocess.Popen | None = None
+    reward_launch: LocalServiceLaunch | None = None  # how to start the local service again
+    reward_restarts: int = 0  # local reward service restarts so far in this run
     group: GroupStore | None = None  # the push group's rendezvous (collective transport)
     last_push_bytes: int = 0  # tensor bytes of the newest weight push
     policy_version: int = 0  # what every engine holds (the newest push)
@@ -94,7 +112,8 @@ def start_roles(recipe: Recipe, algo: Algorithm, model_path: str, run_dir: Path,
     roles = Roles(learners=[], placement=placement)
     transport = transport_settings(recipe, run_dir)
     if algo.uses_rollouts:
-        roles.reward, roles.reward_proc = start_rewards(recipe, run_dir)
+        roles.reward, roles.reward_launch = start_rewards(recipe, run_dir)
+        roles.reward_proc = roles.reward_launch.start() if roles.reward_launch else None
         if make_transport(transport.type).needs_group:
             roles.group = GroupStore(n_rollout + 1, recipe.weight_sync.timeout_s)
             transport = replace(transport, group_address=roles.group.address,
@@ -206,15 +225,15 @@ def start_learners(recipe: Recipe, algo: Algorithm, model_path: str, placement: 
     return learners
 
 
-def start_rewards(recipe: Recipe, run_dir: Path) -> tuple[RewardSet, subprocess.Popen | None]:
-    """Start a local reward service for the built-in components (with a per-run bearer
-    token) and clients for the recipe's HTTP endpoints."""
-    cfg, local, proc = recipe.reward_service, None, None
+def start_rewards(recipe: Recipe, run_dir: Path) -> tuple[RewardSet, LocalServiceLaunch | None]:
+    """Clients for the recipe's rewards, and how to start the local reward service for
+    the built-in components (with a per-run bearer token; the caller starts it)."""
+    cfg, local, launch = recipe.reward_service, None, None
     builtin = [c.model_dump() for c in recipe.rewards if c.type in LOCAL_TYPES]
     if builtin:
         token, port = secrets.token_urlsafe(16), free_port()
-        proc = start_local_service(json.dumps(builtin), port, token,
-                                   run_dir / "reward_service.log", workers=cfg.workers)
+        launch = LocalServiceLaunch(json.dumps(builtin), port, token,
+                                    run_dir / "reward_service.log", cfg.workers)
         local = RewardClient(f"http://127.0.0.1:{port}/score", token=token,
                              timeout_s=cfg.timeout_s, retries=cfg.retries,
                              batch_size=cfg.batch_size)
@@ -225,7 +244,7 @@ def start_rewards(recipe: Recipe, run_dir: Path) -> tuple[RewardSet, subprocess.
             protocol=c.protocol, max_concurrency=c.max_concurrency))
         for c in recipe.rewards if c.type == "http"
     ]
-    return RewardSet(local, endpoints), proc
+    return RewardSet(local, endpoints), launch
 
 
 def stop_roles(roles: Roles | None) -> None:
@@ -345,13 +364,40 @@ def replace_rollout_worker(roles: Roles, recipe: Recipe, index: int) -> None:
 
 
 def score(roles: Roles, rollouts: list[Rollout]) -> list[Score]:
-    """One `Score` per rollout, in order (`reward` None when scoring failed)."""
+    """One `Score` per rollout, in order (`reward` None when scoring failed). A dead
+    local reward service is restarted and its lost items scored again
+    (`restart_reward_service`)."""
     items = [
         ScoreItem(uid=r.uid, prompt=r.prompt_text, response=r.response_text,
                   ground_truth=r.ground_truth, metadata=r.metadata)
         for r in rollouts
     ]
-    return roles.reward.score(items)
+    scores = roles.reward.score(items)
+    if roles.reward_proc is None or roles.reward_proc.poll() is None:
+        return scores
+    restart_reward_service(roles)
+    again = [i for i, s in zip(items, scores, strict=True) if s.reward is None]
+    rescored = {s.uid: s for s in roles.reward.score(again)}
+    return [rescored.get(s.uid, s) for s in scores]
+
+
+def restart_reward_service(roles: Roles) -> None:
+    """Start the local reward service again on its port and token and wait until it
+    answers; counted in `roles.reward_restarts`.
+
+    Recovers from a local reward service that died (killed, crashed, out of memory)
+    before or during a request: `score` then scores again exactly the items that got no
+    score, so no sample is scored twice into the batch or left at a silent 0 (an
+    item failing again keeps `reward: None` and goes to `on_reward_failure`).
+
+    Raises:
+        RuntimeError: the service did not come back within 120 s.
+    """
+    code = roles.reward_proc.returncode
+    print(f"reward service exited (code {code}); restarting it", flush=True)
+    roles.reward_proc = roles.reward_launch.start()
+    roles.reward.local.wait_ready(timeout_s=120, proc=roles.reward_proc)
+    roles.reward_restarts += 1
 
 
 def on_learners(learners: list[Any], method: str, batch: TrainBatch, *args: Any) -> list[Any]:

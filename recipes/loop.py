@@ -234,7 +234,8 @@ def rl_step(run: Run, algo: RLAlgorithm, step: int) -> tuple[dict[str, float], l
         first = next(s for s in scores if s.reward is None)
         tqdm.write(f"step {step}: {quality['failed_scores']:.0f} rollouts could not be scored "
                    f"({first.error}); on_reward_failure={recipe.on_reward_failure}")
-    return {"policy_version": step + 1, "rollout_restarts": roles.rollout_restarts, **quality,
+    return {"policy_version": step + 1, "rollout_restarts": roles.rollout_restarts,
+            "reward_restarts": roles.reward_restarts, **quality,
             **stats, "time/generate": t1 - t0, "time/score": t2 - t1,
             "time/weight_sync": sync_s, "time/step": t_end - t0,
             "weight_sync_bytes": roles.last_push_bytes,

@@ -105,3 +105,41 @@ def test_failed_weight_push_is_retried_then_stops_with_a_checkpoint(tiny_model, 
     assert [m["step"] for m in history] == [2] and history[0]["policy_version"] == 3
     saved = [json.loads(x) for x in (run_dir / "rollouts" / "step_00002.jsonl").open()]
     assert len(saved) == 8 and all(r["policy_version"] == 2 for r in saved)
+
+
+def test_reward_service_killed_mid_request(tiny_model, tmp_path, monkeypatch):
+    procs = []
+    start = controller.start_local_service
+
+    def start_and_note(*args, **kwargs):
+        procs.append(start(*args, **kwargs))
+        return procs[-1]
+
+    monkeypatch.setattr(controller, "start_local_service", start_and_note)
+    mark = tmp_path / "scoring_began"
+    monkeypatch.setenv("POSTTRAIN_TEST_SCORING_MARK", str(mark))
+
+    def kill_when_scoring() -> None:  # 8 items at 0.5 s on 2 workers: ~2 s to hit
+        deadline = time.time() + 300
+        while time.time() < deadline and not mark.exists():
+            time.sleep(0.05)
+        os.kill(procs[0].pid, signal.SIGKILL)
+
+    killer = threading.Thread(target=kill_when_scoring, daemon=True)
+    killer.start()
+    recipe = _recipe(
+        tmp_path, tiny_model,
+        rewards=[{"name": "slow", "type": "python",
+                  "function": "tests.rewards.user_rewards:slow_length"}],
+        train={"steps": 1, "prompts_per_step": 4, "micro_batch_size": 2, "lr": 1e-3},
+        resources={"rollout": {"gpus": 1}, "learner": {"gpus": 1}, "threads_per_worker": 1})
+    history = run(load_recipe(recipe), tmp_path / "run")
+    killer.join(timeout=5)
+
+    assert len(procs) == 2 and procs[0].returncode == -signal.SIGKILL
+    assert history[0]["reward_restarts"] == 1 and history[0]["failed_scores"] == 0
+    saved = [json.loads(x) for x in (tmp_path / "run" / "rollouts" / "step_00000.jsonl").open()]
+    assert len(saved) == 8 and len({r["uid"] for r in saved}) == 8
+    # each sample scored once by the restarted service: its own length, neither 0 nor 2x
+    assert [r["reward"] for r in saved] == [float(len(r["response_text"])) for r in saved]
+    assert any(r["reward"] > 0 for r in saved)
