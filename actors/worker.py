@@ -12,6 +12,7 @@ carries the same `policy_version`.
 
 from __future__ import annotations
 
+import os
 import time
 
 from posttrain.actors.engine import EngineSettings
@@ -38,6 +39,8 @@ class RolloutWorker:
         transport: how new weights arrive (with a `group_address`, joined here).
         threads: torch threads (cores this worker owns while generating).
         delay_s: test knob, extra busy seconds per generate.
+        fail_push: test knob, (worker_id, version): this worker refuses pushes of that
+            version (a WeightSyncError), keeping its old weights.
     """
 
     def __init__(
@@ -47,6 +50,7 @@ class RolloutWorker:
         transport: TransportSettings,
         threads: int,
         delay_s: float = 0.0,
+        fail_push: tuple[int, int] | None = None,
     ):
         set_torch_threads(threads)
         quiet_libraries()
@@ -57,6 +61,7 @@ class RolloutWorker:
         self.spans = SpanRecorder("rollout", worker_id)
         self.started = time.time()
         self.delay_s = delay_s
+        self.fail_push = fail_push
 
     def generate(
         self, requests: list[PromptRequest], sampling: SamplingSettings, step: int
@@ -100,6 +105,9 @@ class RolloutWorker:
                 version, so the controller sees it is stale.
         """
         with self.spans.span("weight_sync", step):
+            if self.fail_push == (self.worker_id, handle.version):
+                raise WeightSyncError(f"rollout worker {self.worker_id}: debug.fail_weight_push "
+                                      f"refused policy_version {handle.version}")
             try:
                 stream = ChecksumTap(self.transport.receive(handle))
                 if (adapter := handle.meta.get("adapter_config")) is not None:
@@ -132,8 +140,10 @@ class RolloutWorker:
         return self.version
 
     def health(self) -> dict[str, float | int]:
+        """Worker index, held policy_version, seconds alive, and the process id (for
+        fault drills that kill it)."""
         return {"worker": self.worker_id, "policy_version": self.version,
-                "uptime_s": time.time() - self.started}
+                "uptime_s": time.time() - self.started, "pid": os.getpid()}
 
     def drain_spans(self) -> list[Span]:
         return self.spans.drain()

@@ -285,6 +285,9 @@ class DebugConfig(_Strict):
 
     learner_delay_s: float = Field(0.0, ge=0, description="Extra busy seconds per train_step.")
     rollout_delay_s: float = Field(0.0, ge=0, description="Extra busy seconds per generate.")
+    fail_weight_push: tuple[int, int] | None = Field(
+        None, description="Fault drill: [engine, policy_version] — that engine refuses "
+        "every push of that version (keeping its old weights).")
 
 
 class Recipe(_Strict):

@@ -34,10 +34,43 @@ from posttrain.recipes.loading import dump_recipe
 from posttrain.recipes.placement import Placement, gpus_needed, place, release
 from posttrain.rewards.client import RewardClient, RewardSet, start_local_service
 from posttrain.rewards.protocol import Score, ScoreItem
-from posttrain.weightsync import GroupStore, TransportSettings, make_transport, push
+from posttrain.weightsync import (
+    GroupStore,
+    TransportSettings,
+    WeightSyncError,
+    make_transport,
+    push,
+)
 
 if TYPE_CHECKING:
     from posttrain.recipes.algorithm import Algorithm
+
+
+@dataclass
+class LocalServiceLaunch:
+    """Arguments of `start_local_service`, kept to restart a dead service on the same
+    port with the same token (so the run's client keeps working)."""
+
+    components_json: str
+    port: int
+    token: str
+    log_path: Path
+    workers: int
+
+    def start(self) -> subprocess.Popen:
+        return start_local_service(self.components_json, self.port, self.token,
+                                   self.log_path, workers=self.workers)
+
+
+@dataclass
+class RolloutSpec:
+    """What starting one rollout worker takes, kept to replace a dead one."""
+
+    engine: EngineSettings
+    transport: TransportSettings
+    threads: int
+    delay_s: float
+    fail_push: tuple[int, int] | None = None
 
 
 @dataclass
@@ -50,8 +83,13 @@ class Roles:
     rollout: list[Any] = field(default_factory=list)
     reward: RewardSet | None = None
     reward_proc: subprocess.Popen | None = None
+    reward_launch: LocalServiceLaunch | None = None  # how to start the local service again
+    reward_restarts: int = 0  # local reward service restarts so far in this run
     group: GroupStore | None = None  # the push group's rendezvous (collective transport)
     last_push_bytes: int = 0  # tensor bytes of the newest weight push
+    policy_version: int = 0  # what every engine holds (the newest push)
+    rollout_restarts: int = 0  # rollout workers replaced so far in this run
+    rollout_spec: RolloutSpec | None = None  # how to start a rollout worker again
 
 
 def start_roles(recipe: Recipe, algo: Algorithm, model_path: str, run_dir: Path,
@@ -74,12 +112,14 @@ def start_roles(recipe: Recipe, algo: Algorithm, model_path: str, run_dir: Path,
     roles = Roles(learners=[], placement=placement)
     transport = transport_settings(recipe, run_dir)
     if algo.uses_rollouts:
-        roles.reward, roles.reward_proc = start_rewards(recipe, run_dir)
+        roles.reward, roles.reward_launch = start_rewards(recipe, run_dir)
+        roles.reward_proc = roles.reward_launch.start() if roles.reward_launch else None
         if make_transport(transport.type).needs_group:
             roles.group = GroupStore(n_rollout + 1, recipe.weight_sync.timeout_s)
             transport = replace(transport, group_address=roles.group.address,
                                 group_world=roles.group.world_size)
-        roles.rollout = start_rollout(recipe, model_path, placement, threads_r, transport)
+        roles.rollout_spec = rollout_spec(recipe, model_path, threads_r, transport)
+        roles.rollout = start_rollout(roles.rollout_spec, placement)
     roles.learners = start_learners(recipe, algo, model_path, placement, threads_l, transport,
                                     resume_from)
     if roles.rollout:
@@ -102,10 +142,9 @@ def start_roles(recipe: Recipe, algo: Algorithm, model_path: str, run_dir: Path,
     return roles
 
 
-def start_rollout(recipe: Recipe, model_path: str, placement: Placement, threads: int,
-                  transport: TransportSettings) -> list[Any]:
-    """One rollout worker per engine placement (not waited for; each joins the push
-    group while it is constructed)."""
+def rollout_spec(recipe: Recipe, model_path: str, threads: int,
+                 transport: TransportSettings) -> RolloutSpec:
+    """The recipe's engine, transport and debug settings for a rollout worker."""
     v = recipe.rollout.vllm
     engine = EngineSettings(
         kind=recipe.rollout.engine, model_path=model_path, dtype=recipe.model.dtype,
@@ -113,10 +152,21 @@ def start_rollout(recipe: Recipe, model_path: str, placement: Placement, threads
         enforce_eager=v.enforce_eager, device=recipe.resources.device,
         lora_rank=recipe.model.adapter.r if adapter_sync(recipe) else None,
     )
+    return RolloutSpec(engine, transport, threads, recipe.debug.rollout_delay_s,
+                       recipe.debug.fail_weight_push)
+
+
+def start_rollout(spec: RolloutSpec, placement: Placement) -> list[Any]:
+    """One rollout worker per engine placement (not waited for; each joins the push
+    group while it is constructed)."""
+    return [start_rollout_worker(spec, i, opts) for i, opts in enumerate(placement.rollout)]
+
+
+def start_rollout_worker(spec: RolloutSpec, index: int, options: dict[str, Any]) -> Any:
+    """Rollout worker `index` on its placement bundle `options` (not waited for)."""
     worker = ray.remote(num_cpus=0)(RolloutWorker)
-    return [worker.options(**opts).remote(i, engine, transport, threads,
-                                          recipe.debug.rollout_delay_s)
-            for i, opts in enumerate(placement.rollout)]
+    return worker.options(**options).remote(index, spec.engine, spec.transport, spec.threads,
+                                            spec.delay_s, spec.fail_push)
 
 
 def adapter_sync(recipe: Recipe) -> bool:
@@ -175,15 +225,15 @@ def start_learners(recipe: Recipe, algo: Algorithm, model_path: str, placement: 
     return learners
 
 
-def start_rewards(recipe: Recipe, run_dir: Path) -> tuple[RewardSet, subprocess.Popen | None]:
-    """Start a local reward service for the built-in components (with a per-run bearer
-    token) and clients for the recipe's HTTP endpoints."""
-    cfg, local, proc = recipe.reward_service, None, None
+def start_rewards(recipe: Recipe, run_dir: Path) -> tuple[RewardSet, LocalServiceLaunch | None]:
+    """Clients for the recipe's rewards, and how to start the local reward service for
+    the built-in components (with a per-run bearer token; the caller starts it)."""
+    cfg, local, launch = recipe.reward_service, None, None
     builtin = [c.model_dump() for c in recipe.rewards if c.type in LOCAL_TYPES]
     if builtin:
         token, port = secrets.token_urlsafe(16), free_port()
-        proc = start_local_service(json.dumps(builtin), port, token,
-                                   run_dir / "reward_service.log", workers=cfg.workers)
+        launch = LocalServiceLaunch(json.dumps(builtin), port, token,
+                                    run_dir / "reward_service.log", cfg.workers)
         local = RewardClient(f"http://127.0.0.1:{port}/score", token=token,
                              timeout_s=cfg.timeout_s, retries=cfg.retries,
                              batch_size=cfg.batch_size)
@@ -194,7 +244,7 @@ def start_rewards(recipe: Recipe, run_dir: Path) -> tuple[RewardSet, subprocess.
             protocol=c.protocol, max_concurrency=c.max_concurrency))
         for c in recipe.rewards if c.type == "http"
     ]
-    return RewardSet(local, endpoints), proc
+    return RewardSet(local, endpoints), launch
 
 
 def stop_roles(roles: Roles | None) -> None:
@@ -248,20 +298,109 @@ def generate(
         stop=tuple(recipe.rollout.stop),
     )
     n = len(roles.rollout)
-    chunks = [requests[i::n] for i in range(n)]
-    futures = [w.generate.remote(c, sampling, step)
-               for w, c in zip(roles.rollout, chunks, strict=True) if c]
-    return [r for part in ray.get(futures) for r in part]
+    chunks = {i: requests[i::n] for i in range(n) if requests[i::n]}
+    return generate_surviving(roles, recipe, chunks, sampling, step)
+
+
+def generate_surviving(roles: Roles, recipe: Recipe, chunks: dict[int, list[PromptRequest]],
+                       sampling: SamplingSettings, step: int) -> list[Rollout]:
+    """Worker i generates `chunks[i]`; the Rollouts in worker order.
+
+    Recovers from a rollout worker that dies during `generate` (killed, out of memory,
+    crashed: Ray's `RayActorError`): it is replaced on its placement bundle
+    (`replace_rollout_worker`) and only its chunk is generated again, so each prompt's
+    group appears exactly once. A worker that dies twice in one step stops the run.
+    """
+    done: dict[int, list[Rollout]] = {}
+    for attempt in range(2):
+        futures = {i: roles.rollout[i].generate.remote(c, sampling, step)
+                   for i, c in chunks.items() if i not in done}
+        lost = []
+        for i, f in futures.items():
+            try:
+                done[i] = ray.get(f)
+            except ray.exceptions.RayActorError as e:
+                if attempt == 1:
+                    raise RuntimeError(f"rollout worker {i} died again in step {step} after "
+                                       f"a restart: {e}") from e
+                lost.append(i)
+        for i in lost:
+            replace_rollout_worker(roles, recipe, i)
+    return [r for i in sorted(done) for r in done[i]]
+
+
+def replace_rollout_worker(roles: Roles, recipe: Recipe, index: int) -> None:
+    """Start rollout worker `index` again on its placement bundle and give it the policy
+    every other engine holds, as the same `policy_version` (the learners publish it
+    again, to the new engine only). Counted in `roles.rollout_restarts`.
+
+    Recovers from a dead rollout worker process. Not with `weight_sync.type: collective`:
+    a new engine cannot join the existing push group, so the run stops (RuntimeError
+    naming the worker); use object_store or filesystem to survive an engine's death.
+
+    Raises:
+        RuntimeError: collective transport (see above).
+        WeightSyncError: the new engine did not take the policy.
+    """
+    spec = roles.rollout_spec
+    if roles.group is not None or spec is None:
+        raise RuntimeError(
+            f"rollout worker {index} died; with weight_sync.type: collective a new engine "
+            "cannot join the push group. Resume from the last checkpoint (posttrain run "
+            "--resume RUN_DIR), and set weight_sync.type: object_store or filesystem for "
+            "runs that survive an engine's death")
+    try:
+        ray.kill(roles.rollout[index], no_restart=True)
+    except ray.exceptions.RayError:
+        pass
+    print(f"rollout worker {index} died; starting a replacement at policy_version "
+          f"{roles.policy_version}", flush=True)
+    worker = start_rollout_worker(spec, index, roles.placement.rollout[index])
+    ray.get(worker.health.remote())
+    qlora = adapter_sync(recipe) and recipe.model.adapter.type == "qlora"
+    if qlora:  # its base must be the learner's dequantised NF4 base, as at start
+        push(roles.learners, [worker], 0, recipe.weight_sync.timeout_s, full=True)
+    if roles.policy_version > 0:
+        push(roles.learners, [worker], roles.policy_version, recipe.weight_sync.timeout_s)
+    roles.rollout[index] = worker
+    roles.rollout_restarts += 1
 
 
 def score(roles: Roles, rollouts: list[Rollout]) -> list[Score]:
-    """One `Score` per rollout, in order (`reward` None when scoring failed)."""
+    """One `Score` per rollout, in order (`reward` None when scoring failed). A dead
+    local reward service is restarted and its lost items scored again
+    (`restart_reward_service`)."""
     items = [
         ScoreItem(uid=r.uid, prompt=r.prompt_text, response=r.response_text,
                   ground_truth=r.ground_truth, metadata=r.metadata)
         for r in rollouts
     ]
-    return roles.reward.score(items)
+    scores = roles.reward.score(items)
+    if roles.reward_proc is None or roles.reward_proc.poll() is None:
+        return scores
+    restart_reward_service(roles)
+    again = [i for i, s in zip(items, scores, strict=True) if s.reward is None]
+    rescored = {s.uid: s for s in roles.reward.score(again)}
+    return [rescored.get(s.uid, s) for s in scores]
+
+
+def restart_reward_service(roles: Roles) -> None:
+    """Start the local reward service again on its port and token and wait until it
+    answers; counted in `roles.reward_restarts`.
+
+    Recovers from a local reward service that died (killed, crashed, out of memory)
+    before or during a request: `score` then scores again exactly the items that got no
+    score, so no sample is scored twice into the batch or left at a silent 0 (an
+    item failing again keeps `reward: None` and goes to `on_reward_failure`).
+
+    Raises:
+        RuntimeError: the service did not come back within 120 s.
+    """
+    code = roles.reward_proc.returncode
+    print(f"reward service exited (code {code}); restarting it", flush=True)
+    roles.reward_proc = roles.reward_launch.start()
+    roles.reward.local.wait_ready(timeout_s=120, proc=roles.reward_proc)
+    roles.reward_restarts += 1
 
 
 def on_learners(learners: list[Any], method: str, batch: TrainBatch, *args: Any) -> list[Any]:
@@ -275,14 +414,35 @@ def on_learners(learners: list[Any], method: str, batch: TrainBatch, *args: Any)
 def push_weights(roles: Roles, recipe: Recipe, version: int) -> float:
     """Publish the new policy and wait for every engine to hold `version`; seconds.
 
+    Recovers from one failed or timed-out push: an engine that did not take it keeps
+    serving its old version (`update_weights` takes a version only once loaded), and the
+    whole push is tried once more.
+
     Raises:
-        WeightSyncError: an engine failed to load, did not answer within
-            `weight_sync.timeout_s`, or reports another version; names engine and version.
+        WeightSyncError: the second try failed too; names the engine, the version and
+            what each engine still serves.
     """
     t0 = time.time()
-    handle = push(roles.learners, roles.rollout, version, recipe.weight_sync.timeout_s)
+    for attempt in (1, 2):
+        try:
+            handle = push(roles.learners, roles.rollout, version, recipe.weight_sync.timeout_s)
+            break
+        except WeightSyncError as e:
+            if attempt == 2:
+                raise WeightSyncError(f"weight push failed twice: {e}; engines still serve "
+                                      f"policy_versions {served_versions(roles)}") from e
+            print(f"weight push of policy_version {version} failed ({e}); trying once more",
+                  flush=True)
     roles.last_push_bytes = handle.num_bytes
+    roles.policy_version = version
     return time.time() - t0
+
+
+def served_versions(roles: Roles, timeout_s: float = 10.0) -> list[int | None]:
+    """The policy_version each engine holds (None: no answer within `timeout_s`)."""
+    refs = [w.policy_version.remote() for w in roles.rollout]
+    ready, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
+    return [ray.get(r) if r in ready else None for r in refs]
 
 
 def step_telemetry(

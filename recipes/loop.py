@@ -29,6 +29,7 @@ from posttrain.recipes.data import PromptItem, load_prompts, prompt_stream
 from posttrain.recipes.evaluation import due, evaluate, load_eval_prompts
 from posttrain.recipes.grpo import apply_failure_policy, rollout_batch, rollout_metrics
 from posttrain.recipes.monitor import StepLog
+from posttrain.weightsync import WeightSyncError
 
 
 @dataclass
@@ -65,6 +66,7 @@ def run(recipe: Recipe, run_dir: Path, address: str | None = None,
         RuntimeError, WeightSyncError, RewardFailure: a role failed; the rollouts and
             metrics of finished steps are kept.
         RunStopped: a signal stopped the run after a checkpoint.
+        PushFailed: a weight push failed twice; stopped after a checkpoint.
     """
     quiet_libraries()
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -96,7 +98,10 @@ def run(recipe: Recipe, run_dir: Path, address: str | None = None,
         with StopOnSignal() as stop:
             for step in bar:
                 evaluated = _eval_if_due(state, step)
-                metrics, spans = algo.step(state, step)
+                try:
+                    metrics, spans = algo.step(state, step)
+                except WeightSyncError as e:
+                    raise _stop_after_failed_push(state, algo, step, e) from e
                 metrics = {"step": step, **metrics, **evaluated}
                 _advise(history, metrics, recipe)
                 history.append(metrics)
@@ -169,6 +174,23 @@ def _checkpoint_if_due(run: Run, algo: Algorithm, done: int, signum: int | None)
         raise RunStopped(run.run_dir, done, signum)
 
 
+class PushFailed(RuntimeError):
+    """A weight push failed twice; the run stopped after a checkpoint."""
+
+
+def _stop_after_failed_push(run: Run, algo: Algorithm, step: int,
+                            error: WeightSyncError) -> PushFailed:
+    """Recovers what a twice-failed weight push leaves: the learners trained step `step`
+    but the engines still serve the old policy. A checkpoint after `step + 1` steps
+    keeps that training (a resume pushes its policy to every engine first); the step's
+    metrics line is not written."""
+    folder = checkpoints.save(run.run_dir, run.recipe, run.roles.learners, step + 1,
+                              run.prompts.state() if run.prompts else None,
+                              algo.checkpoint_state())
+    return PushFailed(f"step {step}: {error}. Checkpoint {folder}; once the engine is "
+                      f"fixed, resume with: posttrain run --resume {run.run_dir}")
+
+
 def _resume(run: Run, algo: Algorithm, checkpoint: Path, version: int) -> None:
     """Continue the controller's RNGs and put the checkpoint's policy on every engine
     as `version` (the learners loaded it at setup)."""
@@ -221,7 +243,8 @@ def rl_step(run: Run, algo: RLAlgorithm, step: int) -> tuple[dict[str, float], l
         first = next(s for s in scores if s.reward is None)
         tqdm.write(f"step {step}: {quality['failed_scores']:.0f} rollouts could not be scored "
                    f"({first.error}); on_reward_failure={recipe.on_reward_failure}")
-    return {"policy_version": step + 1, **quality,
+    return {"policy_version": step + 1, "rollout_restarts": roles.rollout_restarts,
+            "reward_restarts": roles.reward_restarts, **quality,
             **stats, "time/generate": t1 - t0, "time/score": t2 - t1,
             "time/weight_sync": sync_s, "time/step": t_end - t0,
             "weight_sync_bytes": roles.last_push_bytes,

@@ -20,3 +20,16 @@ def runaway(data_source, solution_str, ground_truth, extra_info):
     if solution_str == "hog":
         return float(len(bytearray(3 * 2**30)))  # zero pages: costs nothing unless refused
     return 0.0
+
+
+def slow_length(data_source, solution_str, ground_truth, extra_info):
+    """len(solution_str), after touching the file named by POSTTRAIN_TEST_SCORING_MARK
+    (scoring has begun) and sleeping 0.5 s: a request a fault drill can kill mid-way."""
+    import os
+    import time
+    from pathlib import Path
+
+    if mark := os.environ.get("POSTTRAIN_TEST_SCORING_MARK"):
+        Path(mark).touch()
+    time.sleep(0.5)
+    return float(len(solution_str))
