@@ -143,6 +143,13 @@ class TrainConfig(_Strict):
     micro_batch_size: int = Field(
         4, gt=0, description="Sequences per forward/backward on each learner worker."
     )
+    max_tokens_per_micro_batch: int | None = Field(
+        None, gt=0,
+        description="Token budget per forward/backward: each learner worker sorts its rows "
+        "by length and groups whole examples so a micro-batch holds at most this many real "
+        "tokens (a longer example runs alone), cutting right padding; the loss is unchanged. "
+        "null: fixed micro_batch_size rows. Reported as the padding_fraction metric.",
+    )
     lr: float = Field(1e-6, gt=0, description="Peak AdamW learning rate.")
     warmup_steps: int = Field(0, ge=0, description="Linear LR warmup from 0, in optimizer steps.")
     weight_decay: float = Field(0.0, ge=0, description="AdamW decoupled weight decay.")

@@ -160,6 +160,7 @@ def start_learners(recipe: Recipe, algo: Algorithm, model_path: str, placement: 
         model_path=model_path, compute_dtype=recipe.model.dtype, lr=t.lr, betas=t.betas,
         weight_decay=t.weight_decay, warmup_steps=t.warmup_steps,
         max_grad_norm=t.max_grad_norm, micro_batch_size=t.micro_batch_size,
+        max_tokens_per_micro_batch=t.max_tokens_per_micro_batch,
         temperature=algo.temperature, seed=t.seed, algorithm=algo.name, loss=algo.loss,
         load_reference=algo.load_reference, critic=algo.critic, transport=transport,
         adapter=AdapterSettings(**{**adapter.model_dump(),
