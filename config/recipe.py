@@ -339,11 +339,12 @@ class Recipe(_Strict):
         return self
 
     def _grpo_family_keys(self) -> None:
-        """The `grpo.estimator` / `loss` / overlong keys act only with algorithm grpo, and
-        the overlong buffer must end before the length limit."""
+        """The `grpo.estimator` / `loss` / overlong / dynamic_sampling keys act only with
+        algorithm grpo, and the overlong buffer must end before the length limit."""
         g = self.grpo
         if self.algorithm != "grpo":
-            set_keys = [k for k in ("estimator", "loss", "mask_truncated", "overlong_buffer")
+            set_keys = [k for k in ("estimator", "loss", "mask_truncated", "overlong_buffer",
+                                  "dynamic_sampling")
                         if getattr(g, k) != GRPOConfig.model_fields[k].default]
             if set_keys:
                 raise ValueError(

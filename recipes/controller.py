@@ -224,9 +224,10 @@ def stop_roles(roles: Roles | None) -> None:
 
 
 def generate(
-    roles: Roles, prompts: list[PromptItem], recipe: Recipe, step: int
+    roles: Roles, prompts: list[PromptItem], recipe: Recipe, step: int, round_: int = 0
 ) -> list[Rollout]:
-    """Sample a group per prompt, spreading prompts over the rollout workers."""
+    """Sample a group per prompt, spreading prompts over the rollout workers. `round_`
+    (dynamic sampling's extra rounds of a step) gives distinct group ids and seeds."""
     messages = []
     for p in prompts:
         m = [{"role": "user", "content": p.question}]
@@ -234,7 +235,8 @@ def generate(
             m.insert(0, {"role": "system", "content": recipe.model.system_prompt})
         messages.append(m)
     requests = [
-        PromptRequest(f"s{step}-p{p.prompt_id}-{i}", m, p.ground_truth, p.metadata)
+        PromptRequest(f"s{step}{f'r{round_}' if round_ else ''}-p{p.prompt_id}-{i}", m,
+                      p.ground_truth, p.metadata)
         for i, (p, m) in enumerate(zip(prompts, messages, strict=True))
     ]
     sampling = SamplingSettings(
@@ -242,7 +244,7 @@ def generate(
         max_new_tokens=recipe.rollout.max_new_tokens,
         temperature=recipe.rollout.temperature,
         top_p=recipe.rollout.top_p,
-        seed=recipe.train.seed * 100_003 + step,
+        seed=recipe.train.seed * 100_003 + step + 1_000_003 * round_,
         stop=tuple(recipe.rollout.stop),
     )
     n = len(roles.rollout)

@@ -16,6 +16,7 @@ from typing import Any
 import ray
 from tqdm import tqdm
 
+from posttrain.actors.rollout import Rollout
 from posttrain.common.model_registry import resolve_model_path
 from posttrain.common.process import quiet_libraries
 from posttrain.common.telemetry import Span
@@ -25,8 +26,10 @@ from posttrain.recipes import controller as c
 from posttrain.recipes.algorithm import Algorithm, RLAlgorithm, algorithm_for
 from posttrain.recipes.dashboard import DashboardServer
 from posttrain.recipes.data import PromptItem, load_prompts, prompt_stream
+from posttrain.recipes.dynamic import sample_with_signal
 from posttrain.recipes.grpo import apply_failure_policy, rollout_batch, rollout_metrics
 from posttrain.recipes.monitor import StepLog
+from posttrain.rewards.protocol import Score
 
 
 @dataclass
@@ -192,12 +195,16 @@ def rl_step(run: Run, algo: RLAlgorithm, step: int) -> tuple[dict[str, float], l
     """
     recipe, roles = run.recipe, run.roles
     t0 = time.time()
-    rollouts = c.generate(roles, next(run.prompts), recipe, step)
-    t1 = time.time()
-    scores = c.score(roles, rollouts)
-    t2 = time.time()
-    if recipe.monitor.save_rollouts:
-        c.save_rollouts(run.run_dir, step, rollouts, scores)
+    if recipe.grpo.dynamic_sampling:  # rounds of generate + score: all in time/generate
+        rollouts, scores, dynamic = _sample_with_signal(run, step)
+        t1 = t2 = time.time()
+    else:
+        rollouts, dynamic = c.generate(roles, next(run.prompts), recipe, step), {}
+        t1 = time.time()
+        scores = c.score(roles, rollouts)
+        t2 = time.time()
+        if recipe.monitor.save_rollouts:
+            c.save_rollouts(run.run_dir, step, rollouts, scores)
     rewards = apply_failure_policy([s.reward for s in scores], [r.group_id for r in rollouts],
                                    recipe.on_reward_failure, [s.error for s in scores])
     batch = rollout_batch(rollouts, rewards, roles.pad_id)
@@ -212,7 +219,7 @@ def rl_step(run: Run, algo: RLAlgorithm, step: int) -> tuple[dict[str, float], l
         first = next(s for s in scores if s.reward is None)
         tqdm.write(f"step {step}: {quality['failed_scores']:.0f} rollouts could not be scored "
                    f"({first.error}); on_reward_failure={recipe.on_reward_failure}")
-    return {"policy_version": step + 1, **quality,
+    return {"policy_version": step + 1, **quality, **dynamic,
             **stats, "time/generate": t1 - t0, "time/score": t2 - t1,
             "time/weight_sync": sync_s, "time/step": t_end - t0,
             "weight_sync_bytes": roles.last_push_bytes,
@@ -220,6 +227,21 @@ def rl_step(run: Run, algo: RLAlgorithm, step: int) -> tuple[dict[str, float], l
             / max(t1 - t0, 1e-9),
             "weight_sync_fraction": sync_s / (t_end - t0),
             "score_fraction": (t2 - t1) / (t_end - t0), **telemetry}, spans
+
+
+def _sample_with_signal(run: Run, step: int
+                        ) -> tuple[list[Rollout], list[Score], dict[str, float]]:
+    """DAPO's dynamic sampling (recipes/dynamic.py): the groups with signal to train on,
+    their scores and the metrics; every round's groups go to the rollout file."""
+    recipe, roles = run.recipe, run.roles
+    got = sample_with_signal(
+        run.prompts, lambda prompts, r: c.generate(roles, prompts, recipe, step, r),
+        lambda rollouts: c.score(roles, rollouts), recipe.train.prompts_per_step,
+        recipe.grpo.max_rounds)
+    if recipe.monitor.save_rollouts:
+        c.save_rollouts(run.run_dir, step, got.all_rollouts, got.all_scores)
+    return got.rollouts, got.scores, {"dynamic/dropped_groups": float(got.dropped_groups),
+                                      "dynamic/rounds": float(got.rounds)}
 
 
 def _report(bar: tqdm, m: dict[str, Any]) -> None:
