@@ -48,8 +48,8 @@ def main() -> None:
     means = {m: {k: statistics.fmean(h[k] for h in r[1:] or r) for k in keys}
              for m, r in runs.items()}
     base = next(iter(means.values()))
-    print(f"\ngrpo_gsm8k, {args.steps} steps x {args.prompts} prompts; means of steps "
-          f"2..{args.steps}\n")
+    which = f"means of steps 2..{args.steps}" if args.steps > 1 else "step 1, with warm-up"
+    print(f"\ngrpo_gsm8k, {args.steps} steps x {args.prompts} prompts; {which}\n")
     print("| micro-batches | train s | step s | train vs fixed | step vs fixed "
           "| padding_fraction | loss |")
     print("|---|---|---|---|---|---|---|")
