@@ -48,6 +48,16 @@ class GRPOConfig(_Strict):
         1.0, ge=0, description="The soft overlong punishment at the length limit (DAPO's "
         "penalty factor); used with overlong_buffer."
     )
+    dynamic_sampling: bool = Field(
+        False,
+        description="DAPO's dynamic sampling (Yu et al. 2025): drop groups whose rewards are "
+        "all equal (no signal) and generate more prompts until the step has "
+        "train.prompts_per_step groups with signal, at most max_rounds rounds "
+        "(recipes/dynamic.py). Metrics dynamic/dropped_groups and dynamic/rounds.",
+    )
+    max_rounds: int = Field(
+        3, gt=0, description="Most generate+score rounds per step with dynamic_sampling."
+    )
     scale_rewards: bool = Field(
         True, description="estimator grpo: divide group-centred rewards by the group's std "
         "(False: Dr. GRPO)."

@@ -144,6 +144,13 @@ class TrainConfig(_Strict):
     micro_batch_size: int = Field(
         4, gt=0, description="Sequences per forward/backward on each learner worker."
     )
+    max_tokens_per_micro_batch: int | None = Field(
+        None, gt=0,
+        description="Token budget per forward/backward: each learner worker sorts its rows "
+        "by length and groups whole examples so a micro-batch holds at most this many real "
+        "tokens (a longer example runs alone), cutting right padding; the loss is unchanged. "
+        "null: fixed micro_batch_size rows. Reported as the padding_fraction metric.",
+    )
     lr: float = Field(1e-6, gt=0, description="Peak AdamW learning rate.")
     warmup_steps: int = Field(0, ge=0, description="Linear LR warmup from 0, in optimizer steps.")
     weight_decay: float = Field(0.0, ge=0, description="AdamW decoupled weight decay.")
@@ -366,11 +373,12 @@ class Recipe(_Strict):
         return self
 
     def _grpo_family_keys(self) -> None:
-        """The `grpo.estimator` / `loss` / overlong keys act only with algorithm grpo, and
-        the overlong buffer must end before the length limit."""
+        """The `grpo.estimator` / `loss` / overlong / dynamic_sampling keys act only with
+        algorithm grpo, and the overlong buffer must end before the length limit."""
         g = self.grpo
         if self.algorithm != "grpo":
-            set_keys = [k for k in ("estimator", "loss", "mask_truncated", "overlong_buffer")
+            set_keys = [k for k in ("estimator", "loss", "mask_truncated", "overlong_buffer",
+                                  "dynamic_sampling")
                         if getattr(g, k) != GRPOConfig.model_fields[k].default]
             if set_keys:
                 raise ValueError(

@@ -35,6 +35,8 @@ class LearnerSettings:
         lr, betas, weight_decay, warmup_steps, max_grad_norm: AdamW and its schedule.
         micro_batch_size: rows per forward/backward (rounded up to whole examples, e.g.
             pairs for DPO).
+        max_tokens_per_micro_batch: a token budget per micro-batch instead of
+            `micro_batch_size` rows (see learner/micro_batches.py), or None.
         temperature: logits are divided by it (the rollout's sampling temperature).
         seed: torch seed at setup.
         algorithm: 'grpo', 'ppo' or 'dpo': picks the loss (`algorithms.loss_module`).
@@ -56,6 +58,7 @@ class LearnerSettings:
     warmup_steps: int = 0
     max_grad_norm: float = 1.0
     micro_batch_size: int = 4
+    max_tokens_per_micro_batch: int | None = None
     temperature: float = 1.0
     seed: int = 0
     algorithm: str = "grpo"

@@ -36,6 +36,7 @@ from posttrain.common.process import quiet_libraries, set_torch_threads
 from posttrain.common.telemetry import Span, SpanRecorder
 from posttrain.learner import adapters, checkpoint
 from posttrain.learner.logprobs import sequence_logprobs
+from posttrain.learner.micro_batches import plan_rows, trim_right_padding
 from posttrain.learner.models import DTYPES, critic_values, load_sharded
 from posttrain.learner.push import full_state_dict, push_source
 from posttrain.learner.settings import CriticSettings, LearnerSettings
@@ -105,10 +106,19 @@ class LearnerWorker:
         return report
 
     # -- forwards -------------------------------------------------------------------------
-    def _micro_batches(self, batch: TrainBatch) -> list[TrainBatch]:
+    def _micro_batches(self, batch: TrainBatch) -> list[tuple[torch.Tensor, TrainBatch]]:
+        """`(rows, micro_batch)` pairs (see learner/micro_batches.py). Collective with a
+        token budget: every rank runs as many micro-batches as the busiest one."""
         unit = getattr(self.algo, "ROWS_PER_EXAMPLE", 1)  # DPO: whole pairs
-        n = -(-self.s.micro_batch_size // unit) * unit
-        return [batch.select(slice(i, i + n)) for i in range(0, len(batch), n)]
+        budget = self.s.max_tokens_per_micro_batch
+        plan = plan_rows(batch.attention_mask, unit, self.s.micro_batch_size, budget)
+        if budget is None:
+            return [(rows, batch.select(rows)) for rows in plan]
+        count = torch.tensor([len(plan)])
+        dist.all_reduce(count, op=dist.ReduceOp.MAX)
+        plan = plan_rows(batch.attention_mask, unit, self.s.micro_batch_size, budget,
+                         at_least=int(count))
+        return [(rows, trim_right_padding(batch.select(rows))) for rows in plan]
 
     def _logprobs(self, model: torch.nn.Module, mb: TrainBatch) -> torch.Tensor:
         return sequence_logprobs(model, mb.input_ids, mb.attention_mask, mb.response_start,
@@ -149,18 +159,25 @@ class LearnerWorker:
             if self.critic is None:
                 raise RuntimeError("values asked for, but this run has no critic (PPO only)")
             self.critic.eval()
+            out = torch.zeros(len(shard), shard.input_ids.shape[1] + 1)
             with self.spans.span("forward", step):
-                parts = [critic_values(self.critic, mb) for mb in self._micro_batches(shard)]
-            values = torch.cat([v for v, _ in parts]) * shard.response_mask
-            return torch.cat([values, torch.cat([f for _, f in parts])[:, None]], dim=1)
+                for rows, mb in self._micro_batches(shard):
+                    values, final = critic_values(self.critic, mb)
+                    out[rows, :values.shape[1]] = values
+                    out[rows, -1] = final
+            out[:, :-1] *= shard.response_mask
+            return out
         if what == "ref_logprobs":
             ctx = self._reference_model()
         else:
             self.policy.eval()
             ctx = nullcontext(self.policy)
+        out = torch.zeros(shard.input_ids.shape)
         with ctx as model, self.spans.span("forward", step):
-            parts = [self._logprobs(model, mb) for mb in self._micro_batches(shard)]
-        return torch.cat(parts) * shard.response_mask
+            for rows, mb in self._micro_batches(shard):
+                logprobs = self._logprobs(model, mb)
+                out[rows, :logprobs.shape[1]] = logprobs
+        return out * shard.response_mask
 
     def free_reference(self) -> None:
         """Drop the frozen reference (its logprobs are cached); with an adapter there is
@@ -181,7 +198,10 @@ class LearnerWorker:
         if self.critic is not None:
             self.critic.train()
         sums: dict[str, float] = {}
-        for mb in self._micro_batches(shard):
+        real = computed = 0
+        for _, mb in self._micro_batches(shard):
+            real += int(mb.attention_mask.sum())
+            computed += mb.input_ids.numel()
             with self.spans.span("forward", step):
                 logprobs = self._logprobs(self.policy, mb)
                 values = critic_values(self.critic, mb)[0] if self.critic is not None else None
@@ -193,9 +213,11 @@ class LearnerWorker:
                 sums[k] = sums.get(k, 0.0) + v
         stats = self._optimizer_step(step)
         keys = sorted(sums)  # the same keys, in the same order, on every rank
-        total = torch.tensor([sums[k] for k in keys], dtype=torch.float64)
+        total = torch.tensor([sums[k] for k in keys] + [real, computed], dtype=torch.float64)
         dist.all_reduce(total)
-        return {**stats, **self.algo.finish_metrics(dict(zip(keys, total.tolist(), strict=True)))}
+        *summed, real_all, computed_all = total.tolist()
+        stats["padding_fraction"] = 1.0 - real_all / computed_all
+        return {**stats, **self.algo.finish_metrics(dict(zip(keys, summed, strict=True)))}
 
     def _optimizer_step(self, step: int) -> dict[str, float]:
         """Clip, step AdamW (each optimizer) and the LR schedule; returns the policy's

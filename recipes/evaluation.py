@@ -93,7 +93,7 @@ def evaluate(roles: c.Roles, recipe: Recipe, prompts: list[PromptItem], run_dir:
                                 or recipe.rollout.max_new_tokens, temperature=e.temperature,
                                 top_p=recipe.rollout.top_p, seed=e.seed,
                                 stop=tuple(recipe.rollout.stop))
-    rollouts = c.generate(roles, prompts, recipe, version, sampling, tag="e")
+    rollouts = c.generate(roles, prompts, recipe, version, sampling=sampling, tag="e")
     scores = c.score(roles, rollouts)
     ray.get([a.drain_spans.remote() for a in roles.rollout])
     folder = run_dir / "eval"

@@ -16,6 +16,7 @@ from typing import Any
 import ray
 from tqdm import tqdm
 
+from posttrain.actors.rollout import Rollout
 from posttrain.common.model_registry import resolve_model_path
 from posttrain.common.process import quiet_libraries
 from posttrain.common.telemetry import Span
@@ -26,9 +27,11 @@ from posttrain.recipes.advisories import advisories, new_advisories
 from posttrain.recipes.algorithm import Algorithm, RLAlgorithm, algorithm_for
 from posttrain.recipes.dashboard import DashboardServer
 from posttrain.recipes.data import PromptItem, load_prompts, prompt_stream
+from posttrain.recipes.dynamic import sample_with_signal
 from posttrain.recipes.evaluation import due, evaluate, load_eval_prompts
 from posttrain.recipes.grpo import apply_failure_policy, rollout_batch, rollout_metrics
 from posttrain.recipes.monitor import StepLog
+from posttrain.rewards.protocol import Score
 from posttrain.weightsync import WeightSyncError
 
 
@@ -223,12 +226,16 @@ def rl_step(run: Run, algo: RLAlgorithm, step: int) -> tuple[dict[str, float], l
     """
     recipe, roles = run.recipe, run.roles
     t0 = time.time()
-    rollouts = c.generate(roles, next(run.prompts), recipe, step)
-    t1 = time.time()
-    scores = c.score(roles, rollouts)
-    t2 = time.time()
-    if recipe.monitor.save_rollouts:
-        c.save_rollouts(run.run_dir, step, rollouts, scores)
+    if recipe.grpo.dynamic_sampling:  # rounds of generate + score: all in time/generate
+        rollouts, scores, dynamic = _sample_with_signal(run, step)
+        t1 = t2 = time.time()
+    else:
+        rollouts, dynamic = c.generate(roles, next(run.prompts), recipe, step), {}
+        t1 = time.time()
+        scores = c.score(roles, rollouts)
+        t2 = time.time()
+        if recipe.monitor.save_rollouts:
+            c.save_rollouts(run.run_dir, step, rollouts, scores)
     rewards = apply_failure_policy([s.reward for s in scores], [r.group_id for r in rollouts],
                                    recipe.on_reward_failure, [s.error for s in scores])
     batch = rollout_batch(rollouts, rewards, roles.pad_id)
@@ -244,7 +251,7 @@ def rl_step(run: Run, algo: RLAlgorithm, step: int) -> tuple[dict[str, float], l
         tqdm.write(f"step {step}: {quality['failed_scores']:.0f} rollouts could not be scored "
                    f"({first.error}); on_reward_failure={recipe.on_reward_failure}")
     return {"policy_version": step + 1, "rollout_restarts": roles.rollout_restarts,
-            "reward_restarts": roles.reward_restarts, **quality,
+            "reward_restarts": roles.reward_restarts, **quality, **dynamic,
             **stats, "time/generate": t1 - t0, "time/score": t2 - t1,
             "time/weight_sync": sync_s, "time/step": t_end - t0,
             "weight_sync_bytes": roles.last_push_bytes,
@@ -274,6 +281,21 @@ def _advise(history: list[dict[str, Any]], metrics: dict[str, Any], recipe: Reci
     previous = history[-1].get("advisories", []) if history else []
     for a in new_advisories(metrics["advisories"], previous):
         tqdm.write(f"step {metrics['step']}: advisory {a}")
+
+
+def _sample_with_signal(run: Run, step: int
+                        ) -> tuple[list[Rollout], list[Score], dict[str, float]]:
+    """DAPO's dynamic sampling (recipes/dynamic.py): the groups with signal to train on,
+    their scores and the metrics; every round's groups go to the rollout file."""
+    recipe, roles = run.recipe, run.roles
+    got = sample_with_signal(
+        run.prompts, lambda prompts, r: c.generate(roles, prompts, recipe, step, r),
+        lambda rollouts: c.score(roles, rollouts), recipe.train.prompts_per_step,
+        recipe.grpo.max_rounds)
+    if recipe.monitor.save_rollouts:
+        c.save_rollouts(run.run_dir, step, got.all_rollouts, got.all_scores)
+    return got.rollouts, got.scores, {"dynamic/dropped_groups": float(got.dropped_groups),
+                                      "dynamic/rounds": float(got.rounds)}
 
 
 def _report(bar: tqdm, m: dict[str, Any]) -> None:

@@ -1,0 +1,114 @@
+"""Token-budget micro-batches: whole examples, at most the budget in real tokens,
+right padding cut, and the same loss, gradients and update as fixed-size ones."""
+
+from __future__ import annotations
+
+import io
+import multiprocessing as mp
+
+import pytest
+import torch
+
+from posttrain.algorithms.batch import TrainBatch
+from posttrain.algorithms.common import loss_denominator
+from posttrain.common.net import free_port
+from posttrain.learner.micro_batches import plan_rows, trim_right_padding
+from posttrain.learner.worker import LearnerSettings, LearnerWorker
+
+# real lengths of 8 rows: left pad 0-2, prompt to column 5, responses of varied length
+LEFT = [0, 2, 1, 0, 2, 0, 1, 0]
+END = [16, 7, 12, 9, 16, 6, 10, 8]  # one past each row's last real column
+WIDTH, START = 16, 5
+
+
+def make_batch(vocab: int = 90) -> TrainBatch:
+    g = torch.Generator().manual_seed(1)
+    b = len(LEFT)
+    ids = torch.randint(4, vocab, (b, WIDTH), generator=g)
+    attn = torch.zeros(b, WIDTH, dtype=torch.long)
+    resp = torch.zeros(b, WIDTH)
+    for i, (lo, hi) in enumerate(zip(LEFT, END, strict=True)):
+        attn[i, lo:hi] = 1
+        resp[i, START:hi] = 1.0
+    adv = torch.linspace(-1.0, 1.2, b).unsqueeze(-1) * resp
+    return TrainBatch(ids, attn, resp, START, advantages=adv)
+
+
+def test_plan_packs_longest_first_within_budget():
+    attn = make_batch().attention_mask
+    lengths = attn.sum(-1).tolist()  # [16, 5, 11, 9, 14, 6, 9, 8]
+    plan = plan_rows(attn, unit=1, micro_batch_size=4, max_tokens=20)
+    assert [r.tolist() for r in plan] == [[0], [4], [2, 3], [6, 7], [5, 1]]
+    assert all(sum(lengths[i] for i in r) <= 20 for r in plan if len(r) > 1)
+    assert sorted(torch.cat(plan).tolist()) == list(range(8))
+
+
+def test_plan_keeps_pairs_and_oversized_rows_alone():
+    attn = make_batch().attention_mask
+    plan = plan_rows(attn, unit=2, micro_batch_size=4, max_tokens=10)
+    assert all(len(r) == 2 and r[0] % 2 == 0 and r[1] == r[0] + 1 for r in plan)
+    assert len(plan) == 4  # every pair exceeds 10 tokens: one micro-batch each
+
+
+def test_plan_splits_to_match_other_ranks():
+    attn = make_batch().attention_mask
+    plan = plan_rows(attn, unit=1, micro_batch_size=4, max_tokens=1000, at_least=3)
+    assert len(plan) == 3 and sorted(torch.cat(plan).tolist()) == list(range(8))
+
+
+def test_fixed_plan_is_todays_slices():
+    plan = plan_rows(make_batch().attention_mask, unit=2, micro_batch_size=3, max_tokens=None)
+    assert [r.tolist() for r in plan] == [[0, 1, 2, 3], [4, 5, 6, 7]]
+
+
+def test_trim_cuts_only_right_padding():
+    mb = trim_right_padding(make_batch().select(torch.tensor([1, 5])))
+    assert mb.input_ids.shape == (2, 7) and mb.response_start == START
+    assert mb.attention_mask.sum() == 5 + 6
+
+
+def _rank_main(rank, world, model_path, budget, port, queue):
+    w = LearnerWorker(rank, world, LearnerSettings(
+        model_path=str(model_path), compute_dtype="float32", lr=1e-3, micro_batch_size=2,
+        max_tokens_per_micro_batch=budget, max_grad_norm=1e9), threads=1)
+    w.setup(port)
+    batch = make_batch()
+    shard = batch.shard(rank, world)
+    shard.old_logprobs = w.compute(shard, 0, "old_logprobs")
+    shard.loss_denominator = loss_denominator(batch.response_mask, "token_mean")
+    stats = w.train_step(shard, step=0)
+    after = w._full_state_dict()
+    if rank == 0:
+        buf = io.BytesIO()
+        torch.save((stats, shard.old_logprobs, after), buf)
+        queue.put(buf.getvalue())
+    w.close()
+
+
+def run_learners(model_path, world: int, budget: int | None):
+    ctx = mp.get_context("spawn")
+    queue, port = ctx.Queue(), free_port()
+    procs = [ctx.Process(target=_rank_main, args=(r, world, model_path, budget, port, queue))
+             for r in range(world)]
+    for p in procs:
+        p.start()
+    result = torch.load(io.BytesIO(queue.get(timeout=300)))
+    for p in procs:
+        p.join(timeout=60)
+        assert p.exitcode == 0, f"learner rank exited with {p.exitcode}"
+    return result
+
+
+def test_token_budget_does_not_change_the_step(tiny_model):
+    fixed = run_learners(tiny_model, world=1, budget=None)
+    # uneven plans: rank 0 packs [0], [2, 3], [1]; rank 1 packs [4, 6], [7, 5] and
+    # splits one more so both run 3 forwards (else the FSDP collectives hang)
+    budget = run_learners(tiny_model, world=2, budget=23)
+    assert budget[0]["loss"] == pytest.approx(fixed[0]["loss"], rel=1e-5)
+    assert budget[0]["grad_norm"] == pytest.approx(fixed[0]["grad_norm"], rel=1e-5)
+    torch.testing.assert_close(budget[1], fixed[1][:4], rtol=1e-5, atol=1e-6)
+    for k in fixed[2]:
+        torch.testing.assert_close(budget[2][k], fixed[2][k], rtol=1e-5, atol=1e-6)
+    real = sum(h - lo for lo, h in zip(LEFT, END, strict=True))
+    assert fixed[0]["padding_fraction"] == pytest.approx(1 - real / (8 * WIDTH))
+    assert budget[0]["padding_fraction"] < fixed[0]["padding_fraction"]
