@@ -57,25 +57,13 @@ def group_advantages(
     Raises:
         ValueError: `rewards` is not 1-D or its length differs from `group_ids`.
     """
-    if rewards.dim() != 1 or rewards.numel() != len(group_ids):
-        raise ValueError(
-            f"rewards must be [N] with N == len(group_ids); got {tuple(rewards.shape)} "
-            f"and {len(group_ids)} ids"
-        )
     r = rewards.detach().to(torch.float64)
     adv = torch.zeros_like(r)
-    index: dict[Hashable, list[int]] = {}
-    for i, g in enumerate(group_ids):
-        index.setdefault(g, []).append(i)
-    for members in index.values():
-        idx = torch.tensor(members)
+    for idx in _valid_groups(r, group_ids):
         vals = r[idx]
-        valid = ~torch.isnan(vals)
-        if int(valid.sum()) < 2:
-            continue
-        centred = torch.where(valid, vals - vals[valid].mean(), torch.zeros_like(vals))
+        centred = vals - vals.mean()
         if scale_by_std:
-            centred = centred / (vals[valid].std(unbiased=True) + eps)
+            centred = centred / (vals.std(unbiased=True) + eps)
         adv[idx] = centred
     return adv.to(torch.float32)
 

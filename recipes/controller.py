@@ -240,10 +240,11 @@ def step_telemetry(
     }, spans + extra
 
 
-def save_rollouts(run_dir: Path, step: int, rollouts: list[Rollout], scores: list[Score]) -> None:
-    """One jsonl per step: every rollout with its reward (and the scoring error in
-    `reward_details.error`), written before training on it."""
-    folder = run_dir / "rollouts"
+def save_rollouts(run_dir: Path, step: int, rollouts: list[Rollout], scores: list[Score],
+                  folder_name: str = "rollouts") -> None:
+    """One jsonl per step in `run_dir/folder_name`: every rollout with its reward (and the
+    scoring error in `reward_details.error`), written before training on it."""
+    folder = run_dir / folder_name
     folder.mkdir(exist_ok=True)
     with open(folder / f"step_{step:05d}.jsonl", "w") as f:
         for r, s in zip(rollouts, scores, strict=True):

@@ -12,7 +12,6 @@ fail. n = k samples per prompt, so pass@k here is "any of the k passed".
 
 from __future__ import annotations
 
-import json
 import statistics
 from pathlib import Path
 from typing import Any
@@ -96,12 +95,6 @@ def evaluate(roles: c.Roles, recipe: Recipe, prompts: list[PromptItem], run_dir:
     rollouts = c.generate(roles, prompts, recipe, version, sampling=sampling, tag="e")
     scores = c.score(roles, rollouts)
     ray.get([a.drain_spans.remote() for a in roles.rollout])
-    folder = run_dir / "eval"
-    folder.mkdir(exist_ok=True)
-    with open(folder / f"step_{version:05d}.jsonl", "w") as f:
-        for r, s in zip(rollouts, scores, strict=True):
-            details = s.details | ({"error": s.error} if s.error else {})
-            f.write(json.dumps(r.to_dict() | {"reward": s.reward, "reward_details": details})
-                    + "\n")
+    c.save_rollouts(run_dir, version, rollouts, scores, "eval")
     return {"eval/policy_version": version, **eval_metrics(rollouts, scores, e.k,
                                                             e.pass_threshold)}
