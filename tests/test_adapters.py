@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import io
 import math
-import multiprocessing as mp
 from pathlib import Path
 
 import pytest
@@ -22,6 +21,7 @@ from posttrain.learner.adapters import AdapterSettings, nf4_block_sizes
 from posttrain.learner.logprobs import sequence_logprobs
 from posttrain.learner.push import push_source
 from posttrain.learner.worker import LearnerSettings, LearnerWorker
+from tests.learner.ranks import run_ranks
 from tests.learner.test_fsdp import make_batch
 
 R, ALPHA = 4, 8.0
@@ -68,17 +68,7 @@ def _rank_main(rank, world, model_path, kind, out_dir, port, queue):
 
 
 def _run_two_ranks(model_path: Path, kind: str, out_dir: Path):
-    ctx = mp.get_context("spawn")
-    queue, port = ctx.Queue(), free_port()
-    procs = [ctx.Process(target=_rank_main, args=(r, 2, model_path, kind, out_dir, port, queue))
-             for r in range(2)]
-    for p in procs:
-        p.start()
-    result = torch.load(io.BytesIO(queue.get(timeout=300)), weights_only=False)
-    for p in procs:
-        p.join(timeout=60)
-        assert p.exitcode == 0, f"learner rank exited with {p.exitcode}"
-    return result
+    return run_ranks(_rank_main, 2, model_path, kind, out_dir)
 
 
 def _hand_base(model_path: Path, kind: str) -> dict[str, torch.Tensor]:

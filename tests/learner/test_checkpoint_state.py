@@ -6,19 +6,18 @@ number of ranks."""
 from __future__ import annotations
 
 import io
-import multiprocessing as mp
 
 import pytest
 import torch
 
 from posttrain.algorithms.common import loss_denominator
-from posttrain.common.net import free_port
 from posttrain.learner.adapters import AdapterSettings
 from posttrain.learner.worker import LearnerSettings, LearnerWorker
+from tests.learner.ranks import run_ranks
 from tests.learner.test_fsdp import make_batch
 
 
-def _rank_main(rank, world, model_path, port, queue, steps, save, resume, adapter="none"):
+def _rank_main(rank, world, model_path, steps, save, resume, adapter, port, queue):
     w = LearnerWorker(rank, world, LearnerSettings(
         model_path=str(model_path), compute_dtype="float32", lr=1e-2, warmup_steps=4,
         micro_batch_size=2, adapter=AdapterSettings(type=adapter, r=4, alpha=8)), threads=1)
@@ -37,18 +36,7 @@ def _rank_main(rank, world, model_path, port, queue, steps, save, resume, adapte
 
 
 def _run(model_path, world, steps, save=None, resume=None, adapter="none"):
-    ctx = mp.get_context("spawn")
-    queue, port = ctx.Queue(), free_port()
-    procs = [ctx.Process(target=_rank_main, args=(r, world, model_path, port, queue, steps,
-                                                  save, resume, adapter))
-             for r in range(world)]
-    for p in procs:
-        p.start()
-    result = torch.load(io.BytesIO(queue.get(timeout=300)))
-    for p in procs:
-        p.join(timeout=60)
-        assert p.exitcode == 0, f"learner rank exited with {p.exitcode}"
-    return result
+    return run_ranks(_rank_main, world, model_path, steps, save, resume, adapter)
 
 
 def test_resumed_learner_steps_like_an_uninterrupted_one(tiny_model, tmp_path):

@@ -4,15 +4,14 @@ result does not depend on how the batch is split over ranks and micro-batches.""
 from __future__ import annotations
 
 import io
-import multiprocessing as mp
 
 import pytest
 import torch
 
 from posttrain.algorithms.batch import TrainBatch
 from posttrain.algorithms.common import loss_denominator
-from posttrain.common.net import free_port
 from posttrain.learner.worker import LearnerSettings, LearnerWorker
+from tests.learner.ranks import run_ranks
 
 
 def make_batch(vocab: int = 90) -> TrainBatch:
@@ -49,17 +48,7 @@ def _rank_main(rank, world, model_path, mbs, dtype, lr, port, queue):
 
 
 def run_learners(model_path, world, mbs, dtype, lr):
-    ctx = mp.get_context("spawn")
-    queue, port = ctx.Queue(), free_port()
-    procs = [ctx.Process(target=_rank_main, args=(r, world, model_path, mbs, dtype, lr, port,
-                                                  queue)) for r in range(world)]
-    for p in procs:
-        p.start()
-    result = torch.load(io.BytesIO(queue.get(timeout=300)))
-    for p in procs:
-        p.join(timeout=60)
-        assert p.exitcode == 0, f"learner rank exited with {p.exitcode}"
-    return result
+    return run_ranks(_rank_main, world, model_path, mbs, dtype, lr)
 
 
 def test_small_update_reaches_fp32_master_weights(tiny_model):

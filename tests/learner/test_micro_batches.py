@@ -4,16 +4,15 @@ right padding cut, and the same loss, gradients and update as fixed-size ones.""
 from __future__ import annotations
 
 import io
-import multiprocessing as mp
 
 import pytest
 import torch
 
 from posttrain.algorithms.batch import TrainBatch
 from posttrain.algorithms.common import loss_denominator
-from posttrain.common.net import free_port
 from posttrain.learner.micro_batches import plan_rows, trim_right_padding
 from posttrain.learner.worker import LearnerSettings, LearnerWorker
+from tests.learner.ranks import run_ranks
 
 # real lengths of 8 rows: left pad 0-2, prompt to column 5, responses of varied length
 LEFT = [0, 2, 1, 0, 2, 0, 1, 0]
@@ -86,17 +85,7 @@ def _rank_main(rank, world, model_path, budget, port, queue):
 
 
 def run_learners(model_path, world: int, budget: int | None):
-    ctx = mp.get_context("spawn")
-    queue, port = ctx.Queue(), free_port()
-    procs = [ctx.Process(target=_rank_main, args=(r, world, model_path, budget, port, queue))
-             for r in range(world)]
-    for p in procs:
-        p.start()
-    result = torch.load(io.BytesIO(queue.get(timeout=300)))
-    for p in procs:
-        p.join(timeout=60)
-        assert p.exitcode == 0, f"learner rank exited with {p.exitcode}"
-    return result
+    return run_ranks(_rank_main, world, model_path, budget)
 
 
 def test_token_budget_does_not_change_the_step(tiny_model):
