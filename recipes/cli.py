@@ -29,9 +29,10 @@ SetOpt = Annotated[list[str] | None, typer.Option(
 
 
 def _load_or_exit(recipe: Path, overrides: list[str] | None,
-                  convert: bool = True) -> tuple[Recipe, list]:
+                  convert: bool = True, lengths: bool = True) -> tuple[Recipe, list]:
     """The validated recipe and its training data: GRPO prompts or DPO pairs (every
-    data row checked)."""
+    data row checked); prompt lengths too unless `lengths` is False (`plan` checks them
+    itself, tokenizing once)."""
     try:
         r = load_recipe(recipe, overrides or [])
         check_runtime_inputs(r)
@@ -48,7 +49,7 @@ def _load_or_exit(recipe: Path, overrides: list[str] | None,
         prompts = load_prompts(r.data)
         # GRPO / PPO: the longest prompt + max_new_tokens fits (`run` converts a built-in
         # model first, so the check never waits for the first training run)
-        if not check_lengths(r, prompts, convert=convert):
+        if lengths and not check_lengths(r, prompts, convert=convert):
             typer.echo(f"note: prompt lengths not checked yet: model.path {r.model.path!r} is "
                        "converted on the first `posttrain run`, which checks them before "
                        "training", err=True)
@@ -182,22 +183,31 @@ def _check_resume_or_exit(r: Recipe, checkpoint: Path) -> None:
 @app.command()
 def plan(
     recipe: Path,
-    gpu: Annotated[str, typer.Option(help="Accelerator: h100, h200 or a100.")] = "h100",
+    gpu: Annotated[str, typer.Option(
+        help="Accelerator: h100, h200, a100, or cpu (measures this machine first).")] = "h100",
     mfu: Annotated[float, typer.Option(min=0.01, max=1.0,
                                        help="Assumed model-FLOPs utilisation of training.")] = 0.4,
+    nodes: Annotated[int | None, typer.Option(min=1, help="Machines (with --gpus-per-node); "
+                                              "the split search uses all their devices.")] = None,
+    gpus_per_node: Annotated[int | None, typer.Option(min=1, help="Devices per machine.")] = None,
     set_: SetOpt = None,
 ) -> None:
     """Predict memory per device, step time, idle fractions and the best rollout:learner
-    split of a recipe on GPUs, before anything starts."""
+    split of a recipe on GPUs (or, with --gpu cpu, the step on this machine's cores),
+    before anything starts."""
     from posttrain.recipes.plan import HARDWARE
 
-    if gpu not in HARDWARE:
-        typer.echo(f"error: --gpu {gpu!r}: give one of {', '.join(HARDWARE)}", err=True)
+    if gpu not in (*HARDWARE, "cpu"):
+        typer.echo(f"error: --gpu {gpu!r}: give one of {', '.join(HARDWARE)}, cpu", err=True)
         raise typer.Exit(code=2)
-    r, prompts = _load_or_exit(recipe, set_, convert=False)
-    from posttrain.recipes.plan_view import plan_or_exit, print_plan
+    if (nodes is None) != (gpus_per_node is None) or (gpu == "cpu" and nodes):
+        typer.echo("error: give --nodes and --gpus-per-node together (GPU plans only)",
+                   err=True)
+        raise typer.Exit(code=2)
+    r, prompts = _load_or_exit(recipe, set_, convert=False, lengths=False)
+    from posttrain.recipes import plan_view
 
-    print_plan(plan_or_exit(r, prompts, gpu, mfu))
+    plan_view.main(r, prompts, gpu, mfu, nodes, gpus_per_node)
 
 
 @app.command("serve-rewards")

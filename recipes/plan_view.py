@@ -1,5 +1,7 @@
-"""`posttrain plan`'s inputs and its console table: finds the model's config.json and the
-longest prompt, runs `planner.plan_recipe`, prints the result with rich."""
+"""`posttrain plan`'s inputs and its console tables: finds the model's config.json and the
+longest prompt (tokenizing the prompts once, with the length check), runs
+`planner.plan_recipe` (GPUs) or calibrates this machine and runs `plan_cpu.predict`
+(`--gpu cpu`), prints the result with rich."""
 
 from __future__ import annotations
 
@@ -11,13 +13,28 @@ from rich.table import Table
 
 from posttrain.config import Recipe, RecipeError
 from posttrain.recipes.plan import GB
-from posttrain.recipes.planner import ModelShape, RecipePlan, Times, plan_recipe
+from posttrain.recipes.planner import Cluster, ModelShape, RecipePlan, Times, plan_recipe
 
 
-def plan_or_exit(r: Recipe, prompts: list, gpu: str, mfu: float) -> RecipePlan:
-    """The plan of a validated recipe; exits 2 when the model's config.json is not here
-    (a built-in alias not converted yet: nothing is downloaded or converted)."""
-    from posttrain.recipes.preflight import _longest_prompt, _readable_model_folder
+def main(r: Recipe, prompts: list, gpu: str, mfu: float, nodes: int | None,
+         gpus_per_node: int | None) -> None:
+    """`posttrain plan`: print the GPU plan, or calibrate and print the CPU one."""
+    folder, shape, tokens = inputs_or_exit(r, prompts)
+    if gpu != "cpu":
+        cluster = Cluster(nodes, gpus_per_node) if nodes and gpus_per_node else None
+        print_plan(plan_recipe(r, shape, gpu, tokens, mfu, cluster))
+        return
+    from posttrain.recipes.plan_cpu_view import plan_cpu_or_exit
+
+    plan_cpu_or_exit(r, folder, shape, tokens)
+
+
+def inputs_or_exit(r: Recipe, prompts: list) -> tuple[Path, ModelShape, int]:
+    """The model folder, its sizes and the longest prompt in tokens (checked against the
+    context as `validate` does); exits 2 when the model's config.json is not here (a
+    built-in alias not converted yet: nothing is downloaded or converted) or a prompt
+    does not fit."""
+    from posttrain.recipes.preflight import _readable_model_folder, checked_prompt_tokens
 
     folder = _readable_model_folder(r.model.path, convert=False)
     if folder is None:
@@ -32,11 +49,11 @@ def plan_or_exit(r: Recipe, prompts: list, gpu: str, mfu: float) -> RecipePlan:
                    "plan reads Llama-style configs", err=True)
         raise typer.Exit(code=2) from None
     try:
-        tokens = 0 if r.algorithm == "dpo" else _longest_prompt(Path(folder), r, prompts)[0]
+        tokens = checked_prompt_tokens(r, prompts)
     except RecipeError as e:
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(code=2) from None
-    return plan_recipe(r, shape, gpu, tokens, mfu)
+    return Path(folder), shape, tokens or 0
 
 
 def _gb(x: float) -> str:
@@ -51,7 +68,8 @@ def print_plan(p: RecipePlan) -> None:
     """One table of memory (GB = 1e9 bytes), one of time (seconds), then the flags."""
     console = Console(width=120)
     hbm = p.hw.hbm_bytes
-    mem = Table(title=f"memory per device on {p.gpu} ({hbm / GB:.0f} GB)")
+    where = (f" ({p.cluster.nodes} nodes x {p.cluster.gpus_per_node})" if p.cluster else "")
+    mem = Table(title=f"memory per device on {p.gpu} ({hbm / GB:.0f} GB){where}")
     for col in ("side", "part", "GB"):
         mem.add_column(col, justify="right" if col == "GB" else "left")
     for side, parts, total in (("learner", p.learner_memory, p.learner_total),
@@ -79,11 +97,16 @@ def print_plan(p: RecipePlan) -> None:
         console.print(f"suggest: resources.rollout.gpus: {p.best.rollout}, "
                       f"resources.learner.gpus: {p.best.learner} (step "
                       f"{_s(p.times.step)} s -> {_s(p.best.step)} s)")
+    if p.cluster:
+        console.print(f"split searched over {p.cluster.devices} devices; weight push over "
+                      f"NVLink {p.hw.nvlink_bytes_per_s / GB:.0f} GB/s within a node, the "
+                      f"NIC {p.hw.network_bytes_per_s / GB:.0f} GB/s across nodes", style="dim")
     console.print(f"hardware: {p.hw.source}", style="dim")
 
 
 def _times_cells(x: Times) -> list[str]:
     step = x.step or 1.0
     rollout_idle = f"{x.train / step:.2f}" if x.rollout else "–"  # DPO: no rollout side
-    return [_s(x.decode), _s(x.train), _s(x.push), _s(x.step), rollout_idle,
+    push = _s(x.push) + (" (NIC)" if x.cross_node else "")
+    return [_s(x.decode), _s(x.train), push, _s(x.step), rollout_idle,
             f"{x.decode / step:.2f}"]

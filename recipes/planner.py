@@ -10,6 +10,11 @@ push weights, one after the other. Rollout idles while the learner trains, the l
 while engines decode; both take part in the push. Every response is counted at
 rollout.max_new_tokens (an upper bound: samples that stop early cost less).
 Not modelled: prefill, scoring, the old-logprob pass, CUDA/NCCL overheads.
+
+Nodes (`Cluster`): devices are placed rollout engines first, then learner ranks, packed
+node by node (Ray's PACK placement); an engine's tensor-parallel group never spans two
+nodes. The weight push goes from learner rank 0 to every engine: over NVLink when they
+all sit on one node, else over the inter-node NIC (the hardware table's two links).
 """
 
 from __future__ import annotations
@@ -73,6 +78,27 @@ class ModelShape:
         return plan.kv_cache_bytes(self.layers, self.kv_heads, self.head_dim, 1)
 
 
+@dataclass(frozen=True)
+class Cluster:
+    """`nodes` machines of `gpus_per_node` devices each (`posttrain plan --nodes N
+    --gpus-per-node G`)."""
+
+    nodes: int
+    gpus_per_node: int
+
+    @property
+    def devices(self) -> int:
+        return self.nodes * self.gpus_per_node
+
+    def push_crosses_nodes(self, rollout: int) -> bool:
+        """Whether learner rank 0 (device index `rollout`, after the engines) and some
+        engine (devices 0..rollout-1) sit on different nodes."""
+        return rollout > 0 and rollout // self.gpus_per_node > 0
+
+
+DEFAULT_NODE = 8  # devices per node when no cluster is given (an HGX/DGX board)
+
+
 @dataclass
 class Times:
     """Seconds of one step with `rollout` engine devices and `learner` ranks."""
@@ -82,6 +108,7 @@ class Times:
     decode: float
     train: float
     push: float
+    cross_node: bool = False  # the push crosses nodes (NIC), else NVLink
 
     @property
     def step(self) -> float:
@@ -103,6 +130,7 @@ class RecipePlan:
     times: Times
     best: Times | None
     flags: list[str] = field(default_factory=list)
+    cluster: Cluster | None = None
 
     @property
     def learner_total(self) -> float:
@@ -138,7 +166,7 @@ def _learner_memory(r: Recipe, m: ModelShape, ranks: int, seq: int) -> dict[str,
 
 
 def _times(r: Recipe, m: ModelShape, hw: Hardware, mfu: float, rollout: int, learner: int,
-           prompt: int, sequences: int) -> Times:
+           prompt: int, sequences: int, cluster: Cluster) -> Times:
     seq = prompt + (r.dpo.max_length if r.algorithm == "dpo" else r.rollout.max_new_tokens)
     tokens = sequences * seq
     a = r.model.adapter
@@ -160,21 +188,30 @@ def _times(r: Recipe, m: ModelShape, hw: Hardware, mfu: float, rollout: int, lea
                                  hw.hbm_bytes_per_s * r.resources.rollout.gpus_per_engine)
     pushed = m.lora_params(a.r, a.target_modules) if (
         r.weight_sync.adapter_mode == "adapter") else m.params
-    link = hw.nvlink_bytes_per_s if rollout + learner <= 8 else hw.network_bytes_per_s
+    cross = cluster.push_crosses_nodes(rollout)
+    link = hw.network_bytes_per_s if cross else hw.nvlink_bytes_per_s
     push = plan.transfer_seconds(plan.broadcast_bytes(pushed), link)
-    return Times(rollout, learner, decode, train, push)
+    return Times(rollout, learner, decode, train, push, cross)
 
 
 def plan_recipe(r: Recipe, m: ModelShape, gpu: str, prompt_tokens: int,
-                mfu: float = 0.4) -> RecipePlan:
+                mfu: float = 0.4, cluster: Cluster | None = None,
+                hw: Hardware | None = None) -> RecipePlan:
     """Memory, step time and best split of recipe `r` for model `m` on `gpu`.
 
     Args:
         prompt_tokens: the longest prompt after the chat template, tokens.
         mfu: the assumed model-FLOPs utilisation of training (shown on screen).
+        cluster: the machines to plan for; the split search uses all their devices.
+            Default: the recipe's devices, packed on nodes of 8.
+        hw: the device's numbers; default `plan.HARDWARE[gpu]`.
     """
-    hw = plan.HARDWARE[gpu]
+    hw = hw or plan.HARDWARE[gpu]
     res = r.resources
+    asked = res.rollout.gpus + res.learner.gpus
+    node = Cluster(-(-asked // DEFAULT_NODE), DEFAULT_NODE)
+    cluster_given = cluster is not None
+    cluster = cluster or node
     dpo = r.algorithm == "dpo"
     sequences = r.train.prompts_per_step * (2 if dpo else r.rollout.samples_per_prompt)
     seq = prompt_tokens + (r.dpo.max_length if dpo else r.rollout.max_new_tokens)
@@ -187,29 +224,52 @@ def plan_recipe(r: Recipe, m: ModelShape, gpu: str, prompt_tokens: int,
         engine["weights (bf16)"] = plan.broadcast_bytes(m.params) / res.rollout.gpus_per_engine
         engine[f"KV cache ({per_engine} seqs x {seq} tokens)"] = plan.kv_cache_bytes(
             m.layers, m.kv_heads, m.head_dim, per_engine * seq) / res.rollout.gpus_per_engine
-    now = _times(r, m, hw, mfu, rollout, res.learner.gpus, prompt_tokens, sequences)
+    now = _times(r, m, hw, mfu, rollout, res.learner.gpus, prompt_tokens, sequences, cluster)
     p = RecipePlan(gpu, hw, mfu, prompt_tokens, seq - prompt_tokens, sequences, learner,
-                   engine, now, None)
-    p.best = _best_split(r, m, hw, mfu, prompt_tokens, sequences)
-    p.flags = _flags(r, p)
+                   engine, now, None, cluster=cluster if cluster_given else None)
+    p.best = _best_split(r, m, hw, mfu, prompt_tokens, sequences, cluster, cluster_given)
+    p.flags = _flags(r, p) + _cluster_flags(r, cluster if cluster_given else None)
     return p
 
 
+def _cluster_flags(r: Recipe, cluster: Cluster | None) -> list[str]:
+    """A recipe asking for more devices than the cluster has, or engines that would
+    span nodes."""
+    if cluster is None:
+        return []
+    res, out = r.resources, []
+    asked = (0 if r.algorithm == "dpo" else res.rollout.gpus) + res.learner.gpus
+    if res.colocate:
+        asked = max(res.rollout.gpus, res.learner.gpus)
+    if asked > cluster.devices:
+        out.append(f"resources: the recipe asks for {asked} devices, --nodes {cluster.nodes} "
+                   f"x --gpus-per-node {cluster.gpus_per_node} has {cluster.devices}; lower "
+                   "resources.rollout.gpus / resources.learner.gpus or add nodes")
+    per_engine = res.rollout.gpus_per_engine
+    if r.algorithm != "dpo" and cluster.gpus_per_node % per_engine:
+        out.append(f"resources.rollout.gpus_per_engine: {per_engine} does not divide "
+                   f"--gpus-per-node {cluster.gpus_per_node}: an engine's tensor-parallel "
+                   "group would span two nodes; choose a divisor of the node's devices")
+    return out
+
+
 def _best_split(r: Recipe, m: ModelShape, hw: Hardware, mfu: float, prompt: int,
-                sequences: int) -> Times | None:
-    """The rollout:learner split of the same total devices with the shortest step whose
-    learner state fits (None when nothing can move: DPO or colocated devices)."""
+                sequences: int, cluster: Cluster, given: bool) -> Times | None:
+    """The rollout:learner split of the cluster's devices with the shortest step whose
+    learner state fits (None when nothing can move: DPO, colocated devices, or engines
+    that cannot be placed within the `given` cluster's nodes)."""
     res = r.resources
-    if r.algorithm == "dpo" or res.colocate:
+    per_engine = res.rollout.gpus_per_engine
+    if r.algorithm == "dpo" or res.colocate or (given and cluster.gpus_per_node % per_engine):
         return None
-    total, per_engine = res.rollout.gpus + res.learner.gpus, res.rollout.gpus_per_engine
+    total = cluster.devices if given else res.rollout.gpus + res.learner.gpus
     seq = prompt + r.rollout.max_new_tokens
     best = None
     for rollout in range(per_engine, total, per_engine):
         mem = _learner_memory(r, m, total - rollout, seq)
         if sum(v for k, v in mem.items() if "checkpointed" not in k) > hw.hbm_bytes:
             continue
-        t = _times(r, m, hw, mfu, rollout, total - rollout, prompt, sequences)
+        t = _times(r, m, hw, mfu, rollout, total - rollout, prompt, sequences, cluster)
         if best is None or t.step < best.step:
             best = t
     return best

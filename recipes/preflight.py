@@ -184,6 +184,13 @@ def _longest_prompt(folder: Path, recipe: Recipe,
 
 
 def check_lengths(recipe: Recipe, prompts: list[PromptItem], convert: bool = False) -> bool:
+    """`checked_prompt_tokens`; False when the check was skipped (an unconverted alias
+    without `convert`)."""
+    return checked_prompt_tokens(recipe, prompts, convert) is not None
+
+
+def checked_prompt_tokens(recipe: Recipe, prompts: list[PromptItem],
+                          convert: bool = False) -> int | None:
     """GRPO / PPO: the longest prompt (after the chat template, with model.system_prompt)
     plus rollout.max_new_tokens must fit in the model's context and, with engine vllm,
     in rollout.vllm.max_model_len. Run before anything starts. DPO has dpo.max_length.
@@ -196,17 +203,19 @@ def check_lengths(recipe: Recipe, prompts: list[PromptItem], convert: bool = Fal
             unconverted alias skips the check.
 
     Returns:
-        False when the check was skipped (an unconverted alias without `convert`).
+        The longest prompt's tokens after the chat template (0 for DPO or no prompts;
+        prompts are tokenized once, `posttrain plan` reuses the number); None when the
+        check was skipped (an unconverted alias without `convert`).
 
     Raises:
         RecipeError: names the key to change (rollout.vllm.max_model_len or
             rollout.max_new_tokens), the limit, the longest prompt and what to set.
     """
     if recipe.algorithm == "dpo" or not prompts:
-        return True
+        return 0
     folder = _readable_model_folder(recipe.model.path, convert)
     if folder is None:
-        return False
+        return None
     context = model_context(folder / "config.json")
     engine_len = recipe.rollout.vllm.max_model_len if recipe.rollout.engine == "vllm" else None
     if engine_len and context and engine_len > context:
@@ -215,14 +224,14 @@ def check_lengths(recipe: Recipe, prompts: list[PromptItem], convert: bool = Fal
             f"({context} tokens, max_position_embeddings in {folder / 'config.json'}), which "
             f"vLLM refuses; set it to {context} or less, or remove it")
     limit = engine_len or context
+    length, item = _longest_prompt(folder, recipe, prompts)
     if limit is None:
-        return True
+        return length
     what = (f"rollout.vllm.max_model_len ({limit})" if engine_len else f"the model's context, "
             f"{limit} tokens (max_position_embeddings in {folder / 'config.json'})")
     new = recipe.rollout.max_new_tokens
-    length, item = _longest_prompt(folder, recipe, prompts)
     if length + new <= limit:
-        return True
+        return length
     key = "rollout.vllm.max_model_len" if engine_len else "rollout.max_new_tokens"
     fixes = [f"set rollout.max_new_tokens to {limit - length} or less"] if length < limit else []
     fixes += ["raise rollout.vllm.max_model_len"] if engine_len else []

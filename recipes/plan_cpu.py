@@ -1,0 +1,179 @@
+"""`posttrain plan --gpu cpu`: the quickstart-style step on this machine's cores, from
+measured rates (recipes/calibrate.py) and plan.py's formulas. No torch here.
+
+The step is synchronous, as `posttrain run`'s: generate, then train, then push.
+- generate: the decode probe's prefill scaled by prompt tokens, plus `max_new_tokens`
+  decode steps at the probe's seconds per step (scaled by batch); shown beside the
+  roofline max(weight bytes / bandwidth, 2·N·batch / matmul rate) (Williams et al. 2009,
+  "Roofline"), whose ratio to the probe is the decode efficiency.
+- train, per learner rank: 6·N·tokens (plus 2·N·tokens of reference forward when the KL
+  needs one, times grpo.epochs) at the matmul rate × an MFU measured by the train probe
+  (its 6·N·tokens over its seconds, over the matmul rate: PaLM App. B); AdamW reading
+  and writing 28 bytes per trainable parameter (param, grad, two moments read; param,
+  two moments written, fp32) at the copy bandwidth; FSDP2's per-micro-batch all-gathers
+  of bf16 parameters (forward and backward) and reduce-scatter of fp32 gradients,
+  (n−1)/n of (2 + 2 + 4)·N bytes (ZeRO §7) at the loopback rate.
+- push: the bf16 all-gather to rank 0, (n−1)/n·2N, and the broadcast of 2N bytes to
+  every engine over loopback, then the engine's copy of 2N bytes into its model.
+Not modelled: scoring, the controller's own work, ray call latency, early-stopping
+samples (every response counts at max_new_tokens), and other jobs on the machine.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from posttrain.config import Recipe
+from posttrain.recipes import plan
+
+ADAMW_BYTES_PER_PARAM = 28  # fp32: read param, grad, m, v; write param, m, v
+
+
+@dataclass(frozen=True)
+class DecodeProbe:
+    """One short generation of the real model: `batch` sequences of `prompt_tokens`
+    prefilled (`prefill_s` seconds), then `steps` one-token decode steps (`step_s`
+    seconds each), at `threads` torch threads."""
+
+    threads: int
+    batch: int
+    prompt_tokens: int
+    steps: int
+    prefill_s: float
+    step_s: float
+
+
+@dataclass(frozen=True)
+class TrainProbe:
+    """One forward + backward of the real model on `tokens` tokens (`batch` rows) at
+    `threads` torch threads; `seconds` wall time (kernels built by an untimed call)."""
+
+    threads: int
+    batch: int
+    tokens: int
+    seconds: float
+
+
+@dataclass(frozen=True)
+class CpuCalibration:
+    """What recipes/calibrate.py measured on this machine.
+
+    Attributes:
+        matmul_flops: torch threads -> bf16 FLOP/s of the model's MLP matmul.
+        copy_bytes_per_s: bytes read + written per second by a large tensor copy.
+        loopback_bytes_per_s: bytes/s through TCP on 127.0.0.1 (gloo's transport here).
+        seconds: how long the calibration took.
+    """
+
+    cores: int
+    ram_bytes: float
+    matmul_flops: dict[int, float]
+    copy_bytes_per_s: float
+    loopback_bytes_per_s: float
+    decode: DecodeProbe
+    train: TrainProbe
+    seconds: float
+
+
+@dataclass(frozen=True)
+class CpuStep:
+    """Predicted seconds of one step by phase, and what they came from."""
+
+    rollout_threads: int
+    learner_threads: int
+    prefill: float
+    decode: float
+    decode_roofline: float  # roofline seconds of the same decode steps
+    train_compute: float
+    optimizer: float
+    fsdp_comm: float
+    push: float
+    mfu: float  # of the train probe, over the matmul rate at the learner's threads
+
+    @property
+    def generate(self) -> float:
+        return self.prefill + self.decode
+
+    @property
+    def train(self) -> float:
+        return self.train_compute + self.optimizer + self.fsdp_comm
+
+    @property
+    def step(self) -> float:
+        return self.generate + self.train + self.push
+
+    @property
+    def rollout_idle(self) -> float:
+        """Idle share of the rollout worker: it waits while the learner trains (both sides
+        take part in the push)."""
+        return self.train / self.step
+
+    @property
+    def learner_idle(self) -> float:
+        """Idle share of the learner ranks: they wait while the engine generates."""
+        return self.generate / self.step
+
+
+def worker_threads(r: Recipe, cores: int) -> tuple[int, int]:
+    """Torch threads of a rollout worker and of a learner rank, as `posttrain run` sets
+    them (resources.threads_per_worker, else cores / workers of that side, at least 1)."""
+    res = r.resources
+    engines = res.rollout.gpus // res.rollout.gpus_per_engine
+    t = res.threads_per_worker
+    return (t or max(1, cores // max(1, engines)), t or max(1, cores // res.learner.gpus))
+
+
+def train_flops_per_token(r: Recipe, params: float) -> float:
+    """Training FLOPs per token of one step: 6·N per epoch (Kaplan et al. 2020), 4·N
+    with an adapter (no weight gradients), plus a 2·N reference forward when the KL is on
+    and the reference is a separate model; PPO adds the critic's 6·N."""
+    per = (4 if r.model.adapter.type != "none" else 6) * params
+    if r.algorithm == "grpo":
+        per *= r.grpo.epochs
+        if r.grpo.kl_coef > 0:
+            per += 2 * params
+    if r.algorithm == "ppo":
+        per += 6 * params  # the critic's forward and backward
+    return per
+
+
+def predict(
+    r: Recipe, params: float, trainable: float, prompt_tokens: int, cal: CpuCalibration
+) -> CpuStep:
+    """One GRPO/PPO step of `r` on this CPU.
+
+    Args:
+        params: the policy's parameters N; trainable: those AdamW updates.
+        prompt_tokens: the longest prompt after the chat template (all prompts count at it).
+
+    Raises:
+        ValueError: a DPO recipe (no rollout step), or probes missing a thread count.
+    """
+    if r.algorithm == "dpo":
+        raise ValueError("plan --gpu cpu models GRPO/PPO steps; DPO has no rollout")
+    res = r.resources
+    t_r, t_l = worker_threads(r, cal.cores)
+    engines = res.rollout.gpus // res.rollout.gpus_per_engine
+    n_l = res.learner.gpus
+    seqs = r.train.prompts_per_step * r.rollout.samples_per_prompt
+    batch = -(-seqs // engines)
+    new = r.rollout.max_new_tokens
+    d = cal.decode
+    prefill = d.prefill_s * (batch * prompt_tokens) / (d.batch * d.prompt_tokens)
+    decode = new * d.step_s * batch / d.batch
+    weights = plan.broadcast_bytes(params)
+    roof = new * max(weights / cal.copy_bytes_per_s, 2 * params * batch / cal.matmul_flops[t_r])
+    probe_rate = 6 * params * cal.train.tokens / cal.train.seconds
+    mfu = probe_rate / cal.matmul_flops[t_l]
+    tokens_rank = seqs * (prompt_tokens + new) / n_l
+    compute = train_flops_per_token(r, params) * tokens_rank / (cal.matmul_flops[t_l] * mfu)
+    optimizer = ADAMW_BYTES_PER_PARAM * trainable / n_l / cal.copy_bytes_per_s
+    share = (n_l - 1) / n_l
+    micro = math.ceil(math.ceil(seqs / n_l) / r.train.micro_batch_size)
+    epochs = r.grpo.epochs if r.algorithm == "grpo" else 1
+    comm = micro * epochs * share * (2 + 2 + 4) * params / cal.loopback_bytes_per_s
+    push = (
+        share * weights + weights
+    ) / cal.loopback_bytes_per_s + 2 * weights / cal.copy_bytes_per_s
+    return CpuStep(t_r, t_l, prefill, decode, roof, compute, optimizer, comm, push, mfu)

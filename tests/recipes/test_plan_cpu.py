@@ -1,0 +1,140 @@
+"""`posttrain plan --gpu cpu`: the step model on hand-computed calibrations, the probes,
+and the command on a tiny model; `plan` on every shipped recipe."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from typer.testing import CliRunner
+
+from posttrain.recipes.cli import app
+from posttrain.recipes.loading import load_recipe
+from posttrain.recipes.plan_cpu import (
+    CpuCalibration,
+    DecodeProbe,
+    TrainProbe,
+    predict,
+    worker_threads,
+)
+from tests.conftest import ROOT
+from tests.tiny_model import build_tiny_model
+
+QUICK = ROOT / "recipes" / "quickstart_grpo.yaml"
+CAL = CpuCalibration(
+    cores=2,
+    ram_bytes=24e9,
+    matmul_flops={1: 50e9, 2: 100e9},
+    copy_bytes_per_s=10e9,
+    loopback_bytes_per_s=1e9,
+    decode=DecodeProbe(threads=2, batch=32, prompt_tokens=31, steps=4, prefill_s=0.5, step_s=0.1),
+    train=TrainProbe(threads=1, batch=2, tokens=110, seconds=2.0),
+    seconds=3.0,
+)
+
+
+def test_quickstart_step_by_hand():
+    r = load_recipe(QUICK, ["rollout.engine=hf"])  # 32 sequences, 1 engine, 2 learner ranks
+    assert worker_threads(r, 2) == (2, 1)
+    s = predict(r, params=1e8, trainable=1e8, prompt_tokens=31, cal=CAL)
+    assert s.prefill == pytest.approx(0.5)  # the probe's own batch and prompt
+    assert s.decode == pytest.approx(24 * 0.1)
+    # roofline: max(2e8 B / 10 GB/s, 2·1e8·32 FLOP / 100 GFLOP/s) per token
+    assert s.decode_roofline == pytest.approx(24 * 0.064)
+    assert s.mfu == pytest.approx(6e8 * 110 / 2.0 / 50e9)  # 0.66
+    # 32·55/2 = 880 tokens per rank at 6e8 FLOP each, 50 GFLOP/s × 0.66
+    assert s.train_compute == pytest.approx(6e8 * 880 / 33e9)
+    assert s.optimizer == pytest.approx(28 * 1e8 / 2 / 10e9)
+    assert s.fsdp_comm == pytest.approx(0.5 * 8 * 1e8 / 1e9)  # 1 micro-batch of 16
+    assert s.push == pytest.approx((0.5 * 2e8 + 2e8) / 1e9 + 2 * 2e8 / 10e9)
+    assert s.step == pytest.approx(2.9 + s.train + 0.34)
+    assert s.rollout_idle + s.learner_idle + s.push / s.step == pytest.approx(1.0)
+
+
+def test_step_scales_with_the_recipe():
+    base = predict(load_recipe(QUICK, ["rollout.engine=hf"]), 1e8, 1e8, 31, CAL)
+    double = predict(
+        load_recipe(
+            QUICK, ["rollout.engine=hf", "train.prompts_per_step=8", "train.micro_batch_size=32"]
+        ),
+        1e8,
+        1e8,
+        31,
+        CAL,
+    )
+    assert double.decode == pytest.approx(2 * base.decode)  # batch 64 vs the probe's 32
+    assert double.train_compute == pytest.approx(2 * base.train_compute)
+    assert double.fsdp_comm == pytest.approx(base.fsdp_comm)  # still one micro-batch
+    small_mb = predict(
+        load_recipe(QUICK, ["rollout.engine=hf", "train.micro_batch_size=4"]), 1e8, 1e8, 31, CAL
+    )
+    assert small_mb.fsdp_comm == pytest.approx(4 * base.fsdp_comm)  # 16 rows / 4
+    lora = predict(
+        load_recipe(QUICK, ["rollout.engine=hf", "model.adapter.type=lora"]), 1e8, 1e6, 31, CAL
+    )
+    assert lora.train_compute == pytest.approx(base.train_compute * 4 / 6)
+    assert lora.optimizer == pytest.approx(base.optimizer / 100)
+
+
+def test_probes_measure_positive_rates():
+    from posttrain.recipes import calibrate
+
+    assert calibrate.measure_matmul(1, 64, 64, 64, seconds=0.01) > 0
+    assert math.isfinite(calibrate.measure_copy(8 * calibrate.MIB, reps=1))
+    assert calibrate.measure_loopback(4 * calibrate.MIB, calibrate.MIB) > 0
+
+
+def test_plan_cpu_cli_on_a_tiny_model(tiny_model):
+    out = CliRunner().invoke(
+        app,
+        [
+            "plan",
+            str(QUICK),
+            "--gpu",
+            "cpu",
+            "--set",
+            f"model.path={tiny_model}",
+            "--set",
+            "rollout.engine=hf",
+        ],
+    )
+    assert out.exit_code == 0, out.output
+    for needle in (
+        "measured in",
+        "decode probe (32 seqs, 2 threads)",
+        "step time on this CPU",
+        "rollout idle",
+        "memory: 2 learner ranks",
+    ):
+        assert needle in out.output
+    bad = CliRunner().invoke(app, ["plan", str(QUICK), "--gpu", "cpu", "--nodes", "2"])
+    assert bad.exit_code == 2
+
+
+@pytest.fixture(scope="module")
+def long_tiny_model(tmp_path_factory: pytest.TempPathFactory):
+    """Its tokenizer is one token per character: GSM8K and code prompts need a long
+    context."""
+    return build_tiny_model(tmp_path_factory.mktemp("tiny_long") / "model", max_positions=8192)
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "recipes").rglob("*.yaml")), ids=lambda p: p.name)
+def test_plan_runs_on_every_shipped_recipe(path, long_tiny_model):
+    """Every recipe plans with its data tokenized once (times: README "Planning a run")."""
+    out = CliRunner().invoke(
+        app,
+        [
+            "plan",
+            str(path),
+            "--set",
+            f"model.path={long_tiny_model}",
+            "--set",
+            "rollout.engine=hf",
+            "--nodes",
+            "2",
+            "--gpus-per-node",
+            "4",
+        ],
+    )
+    assert out.exit_code == 0, out.output
+    assert "step time (s)" in out.output and "split searched over 8 devices" in out.output
