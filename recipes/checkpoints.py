@@ -68,9 +68,13 @@ def read_state(checkpoint: Path) -> dict[str, Any]:
 def save(run_dir: Path, recipe: Recipe, learners: list[Any], steps_done: int,
          data_state: dict[str, Any] | None, algo_state: dict[str, Any]) -> Path:
     """Write the checkpoint after `steps_done` steps (see the module docstring) and
-    remove the oldest beyond `train.keep_checkpoints`; returns its folder."""
+    remove the oldest beyond `train.keep_checkpoints`; returns its folder. The state
+    file records the save's wall time (`seconds`, for `posttrain status --advise`)."""
+    import time
+
     import ray
 
+    t0 = time.time()
     root = Path(run_dir) / FOLDER
     final, tmp = root / f"step_{steps_done:05d}", root / f".tmp-step_{steps_done:05d}"
     shutil.rmtree(tmp, ignore_errors=True)
@@ -82,7 +86,7 @@ def save(run_dir: Path, recipe: Recipe, learners: list[Any], steps_done: int,
     (tmp / "recipe.yaml").write_text(dump_recipe(recipe))
     (tmp / STATE_FILE).write_text(json.dumps({
         "step": steps_done, "policy_version": steps_done, "data": data_state,
-        "algorithm": algo_state}))
+        "algorithm": algo_state, "seconds": time.time() - t0}))
     if final.exists():  # the same step again (a resume that stopped at once)
         shutil.rmtree(final)
     tmp.rename(final)

@@ -280,6 +280,11 @@ def _run_dir_or_exit(run_dir: Path) -> list[dict]:
 def status(
     run_dir: Path,
     last: Annotated[int, typer.Option(min=1, help="Steps to show.")] = 10,
+    advise: Annotated[bool, typer.Option(
+        help="Suggest a rollout:learner split and a checkpoint interval from the measured "
+             "spans.")] = False,
+    mtbf: Annotated[float | None, typer.Option(
+        min=0.001, help="With --advise: the cluster's mean time between failures, hours.")] = None,
 ) -> None:
     """Print a table of a run's last steps and its totals."""
     from rich.console import Console
@@ -324,6 +329,11 @@ def status(
         console.print("advisories (monitor.advisories sets the thresholds):")
         for step, a in advised:
             console.print(f"  step {step}: {a}", markup=False)
+    if advise:
+        from posttrain.recipes.advice import advise_run
+
+        for line in advise_run(run_dir, rows, mtbf).lines:
+            console.print(line, markup=False)
 
 
 @app.command()

@@ -5,9 +5,10 @@ live run (the controller starts it in a thread at launch) and a finished one
 (`posttrain dashboard RUN_DIR`). Routes: `/` the page (per-step stacked time split,
 idle fractions over steps, learning metrics over steps (reward, per component,
 accuracy, eval pass@k, length, truncation, KL, loss, grad norm, logprob mismatch) and
-the advisories, a Gantt timeline of the last steps with one row per
-worker), `/api/metrics`, `/api/spans?last=N`, and Prometheus `/metrics` with the last
-step's numbers as gauges. Binds 127.0.0.1 only: it has no authentication.
+the advisories, the advice of recipes/advice.py (split, checkpoint interval; the page's
+`?mtbf=HOURS` sets the MTBF), a Gantt timeline of the last steps with one row per
+worker), `/api/metrics`, `/api/spans?last=N`, `/api/advice?mtbf=H`, and Prometheus
+`/metrics` with the last step's numbers as gauges. Binds 127.0.0.1 only: it has no authentication.
 """
 
 from __future__ import annotations
@@ -57,6 +58,14 @@ def create_dashboard(run_dir: Path) -> FastAPI:
             return []
         newest = max(r["step"] for r in rows)
         return [r for r in rows if r["step"] > newest - last]
+
+    @app.get("/api/advice")
+    def advice(mtbf: float | None = None) -> dict[str, Any]:
+        from posttrain.recipes.advice import advise_run
+
+        if mtbf is not None and mtbf <= 0:
+            return {"lines": [f"mtbf must be > 0 hours, got {mtbf}"]}
+        return {"lines": advise_run(run_dir, read_jsonl(run_dir / METRICS_FILE), mtbf).lines}
 
     @app.get("/metrics", response_class=PlainTextResponse)
     def prometheus() -> str:
