@@ -152,15 +152,27 @@ def _readable_model_folder(path: str, convert: bool = False) -> Path | None:
     return None
 
 
+def _tokenizer(folder: Path) -> Any:
+    """The folder's tokenizer: from tokenizer.json through `PreTrainedTokenizerFast`, which
+    imports no torch (AutoTokenizer imports it: about 4 s of CPU here), else
+    AutoTokenizer."""
+    if (folder / "tokenizer.json").is_file():
+        from transformers import PreTrainedTokenizerFast
+
+        return PreTrainedTokenizerFast.from_pretrained(str(folder))
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(folder))
+
+
 def _longest_prompt(folder: Path, recipe: Recipe,
                     prompts: list[PromptItem]) -> tuple[int, PromptItem]:
     """Tokens of the longest prompt as rollouts build it: `model.system_prompt` (if set)
     and the question as user message, chat template with the generation prompt."""
     from jinja2 import TemplateError
-    from transformers import AutoTokenizer
 
     try:
-        tok = AutoTokenizer.from_pretrained(str(folder))
+        tok = _tokenizer(folder)
     except (OSError, ValueError) as e:
         raise RecipeError(f"model.path: cannot load the tokenizer of {folder} ({e}); give a "
                           "transformers folder with its tokenizer files") from None

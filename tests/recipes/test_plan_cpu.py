@@ -138,3 +138,36 @@ def test_plan_runs_on_every_shipped_recipe(path, long_tiny_model):
     )
     assert out.exit_code == 0, out.output
     assert "step time (s)" in out.output and "split searched over 8 devices" in out.output
+
+
+def test_prompt_lengths_without_torch_match_autotokenizer(tiny_model):
+    """plan and validate tokenize through PreTrainedTokenizerFast (no torch import); the
+    lengths are AutoTokenizer's, as the engines see them."""
+    from transformers import AutoTokenizer
+
+    from posttrain.recipes.data import load_prompts
+    from posttrain.recipes.preflight import _longest_prompt, _tokenizer
+
+    r = load_recipe(QUICK, ["rollout.engine=hf", f"model.path={tiny_model}"])
+    prompts = load_prompts(r.data)[:50]
+    length, item = _longest_prompt(tiny_model, r, prompts)
+    auto = AutoTokenizer.from_pretrained(str(tiny_model))
+    conv = [
+        {"role": "system", "content": r.model.system_prompt},
+        {"role": "user", "content": item.question},
+    ]
+    ids = auto.apply_chat_template(
+        conv, add_generation_prompt=True, tokenize=True, return_dict=True
+    )["input_ids"]
+    assert length == len(ids)
+    fast = _tokenizer(tiny_model)
+    for p in prompts[:5]:
+        conv[1]["content"] = p.question
+        assert (
+            fast.apply_chat_template(
+                conv, add_generation_prompt=True, tokenize=True, return_dict=True
+            )["input_ids"]
+            == auto.apply_chat_template(
+                conv, add_generation_prompt=True, tokenize=True, return_dict=True
+            )["input_ids"]
+        )
