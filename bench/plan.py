@@ -22,6 +22,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from posttrain.common.model_registry import resolve_model_path  # noqa: E402
+from posttrain.recipes.advice import advise_run  # noqa: E402
 from posttrain.recipes.data import load_prompts  # noqa: E402
 from posttrain.recipes.loading import load_recipe  # noqa: E402
 from posttrain.recipes.loop import run  # noqa: E402
@@ -53,9 +54,17 @@ def main() -> None:
     args = ap.parse_args()
     recipe = load_recipe(
         Path(args.recipe),
-        [f"train.steps={args.steps}", "monitor.progress=false", "monitor.dashboard_port=null",
-         "monitor.tensorboard=false", "monitor.save_rollouts=false", "train.save_final=false",
-         "eval=null", *args.sets])
+        [
+            f"train.steps={args.steps}",
+            "monitor.progress=false",
+            "monitor.dashboard_port=null",
+            "monitor.tensorboard=false",
+            "monitor.save_rollouts=false",
+            "train.save_final=false",
+            "eval=null",
+            *args.sets,
+        ],
+    )
     folder = resolve_model_path(recipe.model.path)
     shape = ModelShape.from_config(Path(folder) / "config.json")
     prompts = load_prompts(recipe.data)
@@ -67,6 +76,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         history = run(recipe, Path(tmp) / "run", data=prompts)
         spans = read_jsonl(Path(tmp) / "run" / SPANS_FILE)
+        advice = advise_run(Path(tmp) / "run", history, mtbf_hours=24.0)
     load_after = loadavg()
     steps = [h for h in history if "time/step" in h][1:]  # step 0 includes warm-up
     if not steps:
@@ -76,27 +86,37 @@ def main() -> None:
         return statistics.fmean(h[key] for h in steps)
 
     fb, opt = learner_split(spans, {int(h["step"]) for h in steps})
-    rows = [("generate", pred.generate, mean("time/generate")),
-            ("train", pred.train, mean("time/train")),
-            ("  forward+backward (rank 0)", pred.train_compute + pred.fsdp_comm, fb),
-            ("  AdamW (rank 0)", pred.optimizer, opt),
-            ("weight push", pred.push, mean("time/weight_sync")),
-            ("step", pred.step, mean("time/step")),
-            ("rollout idle fraction", pred.rollout_idle, mean("rollout_idle_fraction")),
-            ("learner idle fraction", pred.learner_idle, mean("learner_idle_fraction"))]
-    print(f"calibration {cal.seconds:.1f} s (prediction in all {plan_s:.1f} s); decode probe "
-          f"{cal.decode.step_s * 1e3:.0f} ms/token at batch {cal.decode.batch}; train-probe "
-          f"MFU {pred.mfu:.0%} of {cal.matmul_flops[pred.learner_threads] / 1e9:.0f} GFLOP/s; "
-          f"copy {cal.copy_bytes_per_s / 1e9:.1f} GB/s; loopback "
-          f"{cal.loopback_bytes_per_s / 1e9:.2f} GB/s")
+    rows = [
+        ("generate", pred.generate, mean("time/generate")),
+        ("train", pred.train, mean("time/train")),
+        ("  forward+backward (rank 0)", pred.train_compute + pred.fsdp_comm, fb),
+        ("  AdamW (rank 0)", pred.optimizer, opt),
+        ("weight push", pred.push, mean("time/weight_sync")),
+        ("step", pred.step, mean("time/step")),
+        ("rollout idle fraction", pred.rollout_idle, mean("rollout_idle_fraction")),
+        ("learner idle fraction", pred.learner_idle, mean("learner_idle_fraction")),
+    ]
+    print(
+        f"calibration {cal.seconds:.1f} s (prediction in all {plan_s:.1f} s); decode probe "
+        f"{cal.decode.step_s * 1e3:.0f} ms/token at batch {cal.decode.batch}; train-probe "
+        f"MFU {pred.mfu:.0%} of {cal.matmul_flops[pred.learner_threads] / 1e9:.0f} GFLOP/s; "
+        f"copy {cal.copy_bytes_per_s / 1e9:.1f} GB/s; loopback "
+        f"{cal.loopback_bytes_per_s / 1e9:.2f} GB/s"
+    )
     print(f"{'phase':<28} {'predicted':>10} {'measured':>10} {'ratio':>7}")
     for name, p, m in rows:
         print(f"{name:<28} {p:10.2f} {m:10.2f} {m / p if p else float('nan'):7.2f}")
-    other = mean("time/step") - mean("time/generate") - mean("time/train") - mean(
-        "time/weight_sync")
-    print(f"(measured: mean of steps 1..{args.steps - 1}; {other:.2f} s of the step in no "
-          f"phase; response length {mean('response_length_mean'):.1f} of "
-          f"{recipe.rollout.max_new_tokens} max; load {load_before} before, {load_after} after)")
+    other = (
+        mean("time/step") - mean("time/generate") - mean("time/train") - mean("time/weight_sync")
+    )
+    print(
+        f"(measured: mean of steps 1..{args.steps - 1}; {other:.2f} s of the step in no "
+        f"phase; response length {mean('response_length_mean'):.1f} of "
+        f"{recipe.rollout.max_new_tokens} max; load {load_before} before, {load_after} after)"
+    )
+    print("posttrain status --advise --mtbf 24 on this run:")
+    for line in advice.lines:
+        print("  " + line)
 
 
 if __name__ == "__main__":
