@@ -8,8 +8,9 @@ cores a worker owns, common/process.py):
   the memory bandwidth that bounds AdamW and a weight load.
 - `loopback_bytes_per_s`: bytes through a TCP socket on 127.0.0.1, what gloo (the CPU
   backend of FSDP2's collectives and of the weight broadcast) rides on one host.
-- `decode`: the real model (transformers, bf16) prefills the step's batch and decodes a
-  few tokens with its KV cache, at the rollout worker's threads.
+- `decode`: the real model (transformers, bf16) prefills the step's batch (up to 16
+  tokens each) and decodes 6 tokens with its KV cache, at the rollout worker's threads
+  (seconds per token: their median).
 - `train`: one forward + backward of the real model on a small batch at a learner
   rank's threads (the first call, which builds kernels, is not timed).
 
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import os
 import socket
+import statistics
 import threading
 import time
 from pathlib import Path
@@ -34,18 +36,25 @@ from posttrain.recipes.plan_cpu import CpuCalibration, DecodeProbe, TrainProbe
 MIB = 2**20
 
 
-def measure_matmul(threads: int, m: int, k: int, n: int, seconds: float = 0.3) -> float:
+def measure_matmul(
+    threads: int, m: int, k: int, n: int, seconds: float = 0.3, windows: int = 5
+) -> float:
     """bf16 FLOP/s of `[m, k] @ [k, n]` at `threads` torch threads (2·m·k·n FLOPs per
-    product), timed for about `seconds` after one warm-up product."""
+    product): the best of `windows` windows of about `seconds / windows` each, after one
+    warm-up product (the best, as timeit takes the minimum: other jobs on the machine
+    only ever slow a window down)."""
     torch.set_num_threads(threads)
     a = torch.randn(m, k, dtype=torch.bfloat16)
     b = torch.randn(k, n, dtype=torch.bfloat16)
     a @ b
-    reps, t0 = 0, time.perf_counter()
-    while (elapsed := time.perf_counter() - t0) < seconds or reps < 2:
-        a @ b
-        reps += 1
-    return 2 * m * k * n * reps / elapsed
+    best = 0.0
+    for _ in range(windows):
+        reps, t0 = 0, time.perf_counter()
+        while (elapsed := time.perf_counter() - t0) < seconds / windows or reps < 2:
+            a @ b
+            reps += 1
+        best = max(best, 2 * m * k * n * reps / elapsed)
+    return best
 
 
 def measure_copy(nbytes: int = 256 * MIB, reps: int = 3) -> float:
@@ -90,44 +99,47 @@ def measure_loopback(nbytes: int = 64 * MIB, chunk: int = 4 * MIB) -> float:
 
 
 def measure_decode(
-    model: torch.nn.Module, threads: int, batch: int, prompt_tokens: int, steps: int = 4
+    model: torch.nn.Module, threads: int, batch: int, prompt_tokens: int, steps: int = 6
 ) -> DecodeProbe:
     """Prefill `[batch, prompt_tokens]` random token ids, then `steps` one-token decode
-    steps with the KV cache (the first decode step builds kernels and is not timed)."""
+    steps with the KV cache; seconds per step is their median. A one-token forward and
+    the first decode step build kernels first and are not timed."""
     torch.set_num_threads(threads)
     gen = torch.Generator().manual_seed(0)
     vocab = model.config.vocab_size
     ids = torch.randint(0, vocab, (batch, prompt_tokens), generator=gen)
     with torch.no_grad():
+        model(input_ids=ids[:1, :1], use_cache=True)
         t0 = time.perf_counter()
         out = model(input_ids=ids, use_cache=True)
         prefill = time.perf_counter() - t0
         past, nxt = out.past_key_values, out.logits[:, -1:].argmax(-1)
         out = model(input_ids=nxt, past_key_values=past, use_cache=True)
-        t0 = time.perf_counter()
+        times = []
         for _ in range(steps):
             past, nxt = out.past_key_values, out.logits[:, -1:].argmax(-1)
+            t0 = time.perf_counter()
             out = model(input_ids=nxt, past_key_values=past, use_cache=True)
-        step = (time.perf_counter() - t0) / steps
-    return DecodeProbe(threads, batch, prompt_tokens, steps, prefill, step)
+            times.append(time.perf_counter() - t0)
+    return DecodeProbe(threads, batch, prompt_tokens, steps, prefill, statistics.median(times))
 
 
 def measure_train(model: torch.nn.Module, threads: int, batch: int, seq: int) -> TrainProbe:
     """One timed forward + backward (mean token cross-entropy of `[batch, seq]` random
-    ids on their own shift) after an untimed one."""
+    ids on their own shift) after an untimed one on 8 tokens (kernels built)."""
     torch.set_num_threads(threads)
     ids = torch.randint(
         0, model.config.vocab_size, (batch, seq), generator=torch.Generator().manual_seed(1)
     )
     model.train()
-    for timed in (False, True):
-        t0 = time.perf_counter()
-        model(input_ids=ids, labels=ids, use_cache=False).loss.backward()
-        elapsed = time.perf_counter() - t0
-        model.zero_grad(set_to_none=True)
-        if timed:
-            return TrainProbe(threads, batch, batch * seq, elapsed)
-    raise AssertionError("unreachable")
+    warm = ids[:1, :8]
+    model(input_ids=warm, labels=warm, use_cache=False).loss.backward()
+    model.zero_grad(set_to_none=True)
+    t0 = time.perf_counter()
+    model(input_ids=ids, labels=ids, use_cache=False).loss.backward()
+    elapsed = time.perf_counter() - t0
+    model.zero_grad(set_to_none=True)
+    return TrainProbe(threads, batch, batch * seq, elapsed)
 
 
 def ram_bytes() -> float:
@@ -165,7 +177,8 @@ def calibrate(
         from transformers import AutoModelForCausalLM
 
         model = AutoModelForCausalLM.from_pretrained(str(model_folder), dtype=torch.bfloat16)
-        decode = measure_decode(model, rollout_threads, decode_batch, prompt_tokens)
+        # a prefill of up to 16 tokens per sequence: plan_cpu scales it to the prompt
+        decode = measure_decode(model, rollout_threads, decode_batch, min(prompt_tokens, 16))
         train = measure_train(model, learner_threads, 2, train_seq)
     finally:
         torch.set_num_threads(before)
