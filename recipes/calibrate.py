@@ -8,8 +8,8 @@ cores a worker owns, common/process.py):
   the memory bandwidth that bounds AdamW and a weight load.
 - `loopback_bytes_per_s`: bytes through a TCP socket on 127.0.0.1, what gloo (the CPU
   backend of FSDP2's collectives and of the weight broadcast) rides on one host.
-- `decode`: the real model (transformers, bf16) prefills the step's batch (up to 16
-  tokens each) and decodes 6 tokens with its KV cache, at the rollout worker's threads
+- `decode`: the real model (transformers, bf16) prefills the step's batch (up to 8
+  tokens each) and decodes 4 tokens with its KV cache, at the rollout worker's threads
   (seconds per token: their median).
 - `train`: one forward + backward of the real model on a small batch at a learner
   rank's threads (the first call, which builds kernels, is not timed).
@@ -99,7 +99,7 @@ def measure_loopback(nbytes: int = 64 * MIB, chunk: int = 4 * MIB) -> float:
 
 
 def measure_decode(
-    model: torch.nn.Module, threads: int, batch: int, prompt_tokens: int, steps: int = 6
+    model: torch.nn.Module, threads: int, batch: int, prompt_tokens: int, steps: int = 4
 ) -> DecodeProbe:
     """Prefill `[batch, prompt_tokens]` random token ids, then `steps` one-token decode
     steps with the KV cache; seconds per step is their median. A one-token forward and
@@ -177,8 +177,8 @@ def calibrate(
         from transformers import AutoModelForCausalLM
 
         model = AutoModelForCausalLM.from_pretrained(str(model_folder), dtype=torch.bfloat16)
-        # a prefill of up to 16 tokens per sequence: plan_cpu scales it to the prompt
-        decode = measure_decode(model, rollout_threads, decode_batch, min(prompt_tokens, 16))
+        # a prefill of up to 8 tokens per sequence: plan_cpu scales it to the prompt
+        decode = measure_decode(model, rollout_threads, decode_batch, min(prompt_tokens, 8))
         train = measure_train(model, learner_threads, 2, train_seq)
     finally:
         torch.set_num_threads(before)
