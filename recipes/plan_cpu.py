@@ -148,7 +148,8 @@ def predict(
         prompt_tokens: the longest prompt after the chat template (all prompts count at it).
 
     Raises:
-        ValueError: a DPO recipe (no rollout step), or probes missing a thread count.
+        ValueError: a DPO recipe (no rollout step).
+        KeyError: `cal.matmul_flops` has no rate at a worker's thread count.
     """
     if r.algorithm == "dpo":
         raise ValueError("plan --gpu cpu models GRPO/PPO steps; DPO has no rollout")
