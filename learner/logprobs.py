@@ -35,34 +35,39 @@ class ChunkedTokenLogprobs(torch.autograd.Function):
     matmuls, and ∂W is summed over chunks in float32.
 
     Args (forward):
-        hidden: `[N, H]` final hidden states (compute dtype).
+        hidden: `[..., H]` final hidden states (compute dtype), e.g. `[B, T, H]`.
         weight: `[V, H]` LM head weight (same dtype).
-        targets: `[N]` token ids.
+        targets: `[...]` token ids, e.g. `[B, T]`.
         temperature: τ > 0.
-        chunk: rows per chunk (≥ 1).
+        chunk: hidden states per chunk (≥ 1), counted over the flattened `[...]`.
 
     Returns:
-        `[N]` float32 logprobs.
+        `[...]` float32 logprobs (a tensor of its own, not a view).
     """
 
     @staticmethod
     def forward(ctx, hidden, weight, targets, temperature: float, chunk: int):
-        n = hidden.shape[0]
-        out = torch.empty(n, dtype=torch.float32, device=hidden.device)
+        flat_h = hidden.reshape(-1, hidden.shape[-1])
+        flat_y = targets.reshape(-1)
+        n = flat_h.shape[0]
+        # Allocated in the targets' shape (not a view): FSDP2 hooks the root's output.
+        result = torch.empty(targets.shape, dtype=torch.float32, device=hidden.device)
+        out = result.view(-1)
         lse = torch.empty(n, dtype=torch.float32, device=hidden.device)
         for s in range(0, n, chunk):
-            z = F.linear(hidden[s:s + chunk], weight).float() / temperature
+            z = F.linear(flat_h[s:s + chunk], weight).float() / temperature
             lse[s:s + chunk] = torch.logsumexp(z, dim=-1)
-            out[s:s + chunk] = z.gather(-1, targets[s:s + chunk, None]).squeeze(-1)
+            out[s:s + chunk] = z.gather(-1, flat_y[s:s + chunk, None]).squeeze(-1)
         out -= lse
-        ctx.save_for_backward(hidden, weight, targets, lse)
-        ctx.temperature, ctx.chunk = temperature, chunk
-        return out
+        ctx.save_for_backward(flat_h, weight, flat_y, lse)
+        ctx.temperature, ctx.chunk, ctx.hidden_shape = temperature, chunk, hidden.shape
+        return result
 
     @staticmethod
-    def backward(ctx, grad_out):
+    def backward(ctx, grad_result):
         hidden, weight, targets, lse = ctx.saved_tensors
         tau, chunk = ctx.temperature, ctx.chunk
+        grad_out = grad_result.reshape(-1)
         want_h, want_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         grad_h = torch.empty_like(hidden) if want_h else None
         grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) \
@@ -78,7 +83,8 @@ class ChunkedTokenLogprobs(torch.autograd.Function):
                 grad_h[s:s + chunk] = dz @ weight
             if want_w:
                 grad_w += (dz.t() @ h).float()
-        return grad_h, grad_w.to(weight.dtype) if want_w else None, None, None, None
+        return (grad_h.view(ctx.hidden_shape) if want_h else None,
+                grad_w.to(weight.dtype) if want_w else None, None, None, None)
 
 
 def chunked_token_logprobs(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
@@ -94,10 +100,7 @@ def chunked_token_logprobs(hidden: torch.Tensor, weight: torch.Tensor, targets: 
     Returns:
         `[B, T]` float32 logprobs (differentiable w.r.t. hidden and weight).
     """
-    b, t, h = hidden.shape
-    flat = ChunkedTokenLogprobs.apply(hidden.reshape(b * t, h), weight,
-                                      targets.reshape(b * t), float(temperature), int(chunk))
-    return flat.view(b, t)
+    return ChunkedTokenLogprobs.apply(hidden, weight, targets, float(temperature), int(chunk))
 
 
 def _plain_head(model: torch.nn.Module) -> torch.nn.Linear | None:
