@@ -12,7 +12,10 @@ variant runs in its own process (peak RSS is per process), in the order full, ch
 full, chunked, ...; "peak over base" is the peak resident memory (VmHWM, reset after
 loading the model and one warm-up pass) minus the resident memory at that point, so it
 is what the logprob passes themselves add (in training that includes the gradients:
-bf16 unsharded and float32 sharded, about 0.8 GB for this model, in both variants). Times are medians over `--repeats`.
+bf16 unsharded and float32 sharded, about 0.8 GB for this model, in both variants).
+Times are medians over `--repeats` (and rounds): wall seconds and, beside them, the
+process's CPU seconds (user + system over all its threads), which other jobs on a
+shared machine disturb much less than wall time.
 """
 
 from __future__ import annotations
@@ -53,18 +56,18 @@ def _variant(chunk: int | None, args: dict, queue) -> None:
     mask = torch.ones_like(ids)
     adv = torch.randn(args["rows"], width, generator=g)
 
-    def train() -> float:
-        t0 = time.perf_counter()
+    def train() -> tuple[float, float]:
+        t0, c0 = time.perf_counter(), time.process_time()
         out = sequence_logprobs(model, ids, mask, args["prompt"], 1.0, chunk)
         (out * adv).sum().backward()
         model.zero_grad(set_to_none=True)
-        return time.perf_counter() - t0
+        return time.perf_counter() - t0, time.process_time() - c0
 
-    def forward() -> float:
-        t0 = time.perf_counter()
+    def forward() -> tuple[float, float]:
+        t0, c0 = time.perf_counter(), time.process_time()
         with torch.no_grad():
             sequence_logprobs(model, ids, mask, args["prompt"], 1.0, chunk)
-        return time.perf_counter() - t0
+        return time.perf_counter() - t0, time.process_time() - c0
 
     train()  # warm-up: allocator and FSDP buffers
     base = _status_mb("VmRSS")
@@ -113,15 +116,19 @@ def main() -> None:
         f"(fp32 response logits would be {logits_gb:.2f} GB); medians of {args.repeats} "
         f"x {args.rounds} round(s)\n"
     )
-    print("| logprobs | train fwd+bwd s | no-grad fwd s | peak over base MiB | train vs full |")
+    print(
+        "| logprobs | train fwd+bwd s (CPU s) | no-grad fwd s (CPU s) | peak over base MiB "
+        "| train CPU vs full |"
+    )
     print("|---|---|---|---|---|")
     base = None
     for name, runs in results.items():
         v = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
         base = base or v
         print(
-            f"| {name} | {v['train']:.2f} | {v['forward']:.2f} | "
-            f"{v['peak_over_base_mb']:.0f} | {v['train'] / base['train']:.2f}x |"
+            f"| {name} | {v['train']:.2f} ({v['train_cpu']:.2f}) | {v['forward']:.2f} "
+            f"({v['forward_cpu']:.2f}) | {v['peak_over_base_mb']:.0f} "
+            f"| {v['train_cpu'] / base['train_cpu']:.2f}x |"
         )
     print(f"\nload average before: {' '.join(load0)}; after: {' '.join(load1)}")
     print(json.dumps(results))
