@@ -72,16 +72,16 @@ def _variant(chunk: int | None, args: dict, queue) -> None:
     train()  # warm-up: allocator and FSDP buffers
     base = _status_mb("VmRSS")
     Path("/proc/self/clear_refs").write_text("5")  # peak (VmHWM) := now
-    times = {
-        "train": [train() for _ in range(args["repeats"])],
-        "forward": [forward() for _ in range(args["repeats"])],
-    }
+    tr = [train() for _ in range(args["repeats"])]
+    fw = [forward() for _ in range(args["repeats"])]
     peak = _status_mb("VmHWM")
     dist.destroy_process_group()
     queue.put(
         {
-            "train": statistics.median(times["train"]),
-            "forward": statistics.median(times["forward"]),
+            "train": statistics.median(t for t, _ in tr),
+            "train_cpu": statistics.median(c for _, c in tr),
+            "forward": statistics.median(t for t, _ in fw),
+            "forward_cpu": statistics.median(c for _, c in fw),
             "peak_over_base_mb": peak - base,
             "base_mb": base,
         }
