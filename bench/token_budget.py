@@ -1,6 +1,9 @@
 """Fixed-size against token-budget micro-batches on the GSM8K recipe, side by side.
 
     .venv/bin/python bench/token_budget.py [--steps 3] [--budget 1024]
+    # or in parts (one variant per invocation, e.g. each under its own lock hold):
+    .venv/bin/python bench/token_budget.py --only fixed --save /tmp/tb.json
+    .venv/bin/python bench/token_budget.py --only budget --save /tmp/tb.json  # prints both
 
 Both variants run the same recipe, seed and samples (`train.micro_batch_size` rows per
 micro-batch, against `train.max_tokens_per_micro_batch` real tokens with right padding
@@ -13,6 +16,7 @@ The losses should agree up to rounding (same samples, same gradients).
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import tempfile
 from pathlib import Path
@@ -41,9 +45,19 @@ def main() -> None:
     ap.add_argument("--prompts", type=int, default=4, help="train.prompts_per_step")
     ap.add_argument("--budget", type=int, default=1024, help="max_tokens_per_micro_batch")
     ap.add_argument("--data", default=str(DATA))
+    ap.add_argument("--only", choices=["fixed", "budget"], help="run one variant")
+    ap.add_argument("--save", type=Path, help="JSON of runs so far (with --only: merged)")
     args = ap.parse_args()
-    runs = {"fixed (micro_batch_size 4)": _run(None, args),
-            f"budget {args.budget} tokens": _run(args.budget, args)}
+    names = {"fixed": "fixed (micro_batch_size 4)", "budget": f"budget {args.budget} tokens"}
+    runs = json.loads(args.save.read_text()) if args.save and args.save.exists() else {}
+    for key in [args.only] if args.only else list(names):
+        runs[names[key]] = _run(args.budget if key == "budget" else None, args)
+        runs[names[key] + " load"] = Path("/proc/loadavg").read_text().split()[:3]
+    if args.save:
+        args.save.write_text(json.dumps(runs))
+    loads = {k.removesuffix(" load"): runs.pop(k) for k in list(runs) if k.endswith(" load")}
+    if names["fixed"] not in runs:
+        return
     keys = ("time/train", "time/step", "padding_fraction", "loss")
     means = {m: {k: statistics.fmean(h[k] for h in r[1:] or r) for k in keys}
              for m, r in runs.items()}
@@ -58,6 +72,8 @@ def main() -> None:
               f"| {v['time/train'] / base['time/train']:.2f}x "
               f"| {v['time/step'] / base['time/step']:.2f}x | {v['padding_fraction']:.3f} "
               f"| {v['loss']:.5f} |")
+    print("\nload average (1/5/15 min) after each variant: "
+          + "; ".join(f"{m}: {' '.join(v)}" for m, v in loads.items()))
 
 
 if __name__ == "__main__":

@@ -49,3 +49,84 @@ def test_response_start_out_of_range(model):
     ids = torch.ones(1, 4, dtype=torch.long)
     with pytest.raises(ValueError, match="response_start"):
         sequence_logprobs(model, ids, torch.ones_like(ids), response_start=0)
+
+
+# -- chunked LM head (learner/logprobs.py: ChunkedTokenLogprobs) --------------------------
+
+def _reference(hidden, weight, targets, temperature):
+    """The full-logits path: logits [N, V] in float32, log-softmax, gather."""
+    from posttrain.algorithms.common import token_logprobs
+
+    return token_logprobs(torch.nn.functional.linear(hidden, weight), targets, temperature)
+
+
+@pytest.mark.parametrize("chunk", [1, 3, 7, 64])
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_chunked_values_and_gradients_match_full_logits(chunk, temperature):
+    from posttrain.learner.logprobs import chunked_token_logprobs
+
+    g = torch.Generator().manual_seed(0)
+    # 14 rows (chunks split them unevenly); logits of a few units, logprobs about -5
+    hidden = 0.5 * torch.randn(2, 7, 16, generator=g, dtype=torch.float32)
+    weight = 0.5 * torch.randn(97, 16, generator=g, dtype=torch.float32)
+    targets = torch.randint(0, 97, (2, 7), generator=g)
+    upstream = torch.randn(2, 7, generator=g)  # any loss: a weighted sum of logprobs
+    results = []
+    for fn in (lambda h, w: _reference(h, w, targets, temperature),
+               lambda h, w: chunked_token_logprobs(h, w, targets, temperature, chunk)):
+        h, w = hidden.clone().requires_grad_(), weight.clone().requires_grad_()
+        out = fn(h, w)
+        (out * upstream).sum().backward()
+        results.append((out.detach(), h.grad, w.grad))
+    (want, want_h, want_w), (got, got_h, got_w) = results
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-6)
+    # gradients are sums over the vocabulary or the rows: fp32 round-off of another
+    # summation order, relative to their size
+    torch.testing.assert_close(got_h, want_h, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(got_w, want_w, rtol=1e-6, atol=1e-6)
+
+
+def test_chunked_hand_values():
+    """Two-token vocabulary by hand: logits (0, ln 3) → p = (1/4, 3/4)."""
+    from posttrain.learner.logprobs import chunked_token_logprobs
+
+    hidden = torch.tensor([[[1.0]]], requires_grad=True)
+    weight = torch.tensor([[0.0], [float(torch.log(torch.tensor(3.0)))]], requires_grad=True)
+    out = chunked_token_logprobs(hidden, weight, torch.tensor([[0]]), 1.0, 1)
+    torch.testing.assert_close(out, torch.log(torch.tensor([[0.25]])), rtol=0, atol=1e-7)
+    out.sum().backward()
+    # d log p0 / d logits = (1 - 1/4, -3/4); logits = w·h with h = 1
+    torch.testing.assert_close(weight.grad, torch.tensor([[0.75], [-0.75]]), rtol=0, atol=1e-7)
+    torch.testing.assert_close(hidden.grad, torch.tensor([[[-0.75 * 1.0986123]]]), rtol=0,
+                               atol=1e-6)
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.6])
+def test_sequence_logprobs_chunked_matches_full_on_a_model(tiny_model, temperature):
+    """Through a whole model, left padding included: values and every parameter's
+    gradient agree with the full-logits path to 1e-6 in fp32."""
+    torch.manual_seed(0)
+    ids = torch.randint(4, 60, (3, 9))
+    mask = torch.ones_like(ids)
+    mask[0, :2] = 0
+    ids[0, :2] = 1
+    weights = torch.randn(3, 9)
+    grads = []
+    for chunk in (None, 5):
+        m = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32)
+        out = sequence_logprobs(m, ids, mask, response_start=4, temperature=temperature,
+                                chunk_tokens=chunk)
+        (out * weights).sum().backward()
+        grads.append((out.detach(), {n: p.grad for n, p in m.named_parameters()}))
+        assert "forward" not in vars(m.get_output_embeddings())  # head restored
+    (want, want_g), (got, got_g) = grads
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-6)
+    assert got[:, :4].abs().sum() == 0
+    for name, g in want_g.items():
+        torch.testing.assert_close(got_g[name], g, rtol=0, atol=1e-6, msg=name)
+
+
+def test_chunk_tokens_must_be_positive(model):
+    ids = torch.ones(1, 4, dtype=torch.long)
+    with pytest.raises(ValueError, match="chunk_tokens"):
+        sequence_logprobs(model, ids, torch.ones_like(ids), response_start=1, chunk_tokens=0)

@@ -1,0 +1,289 @@
+"""GRPO throughput: TRL's GRPOTrainer against posttrain on one workload, side by side.
+
+    .venv/bin/python bench/vs_trl.py [--steps 6] [--data /work/shared/data/gsm8k/train.jsonl]
+    # or in parts (each part fits one hold of a shared machine's lock):
+    .venv/bin/python bench/vs_trl.py --only trl --save /tmp/vs_trl.json
+    .venv/bin/python bench/vs_trl.py --only posttrain --save /tmp/vs_trl.json  # prints both
+
+The workload of issue 15: SmolLM2-135M-Instruct (the built-in model's converted folder),
+GSM8K train prompts with the recipe's system prompt, 8 prompts × 4 samples per step, at
+most 64 new tokens, temperature 1, KL 0, lr 1e-6 (constant), float32 master weights
+with bf16 compute on both sides, micro-batches of 16 sequences; the first step
+(warm-up) is left out of the medians.
+
+- TRL runs in its own virtualenv (`.bench-venv/trl`, made on first use: `pip install
+  torch==2.13.0 trl==1.16.0 datasets`), in one process with every core as torch
+  threads (`bf16=True` on CPU: fp32 weights under bf16 autocast), generating with
+  `model.generate`. Its reward: 1 when the last number of the completion equals the
+  reference answer (reward values do not change the work done per step).
+- posttrain runs `recipes/grpo_gsm8k.yaml` with the overrides printed below (its vLLM
+  engine, learner layout and weight transport as the recipe says).
+
+Columns: s/step (median), its parts (TRL: generate = TRL's `_generate` (`model.generate`
+and decoding); train = the rest of the step), and generated tokens per second end
+to end (completion tokens of the step / step time), with the ratio posttrain / TRL.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+VENV = ROOT / ".bench-venv" / "trl"
+DATA = Path("/work/shared/data/gsm8k/train.jsonl")
+SYSTEM = "Solve the problem step by step. End with the final answer as: #### <number>"
+PROMPTS, SAMPLES, NEW_TOKENS, LR, MICRO = 8, 4, 64, 1e-6, 16
+OVERRIDES = [
+    f"train.prompts_per_step={PROMPTS}",
+    f"rollout.samples_per_prompt={SAMPLES}",
+    f"rollout.max_new_tokens={NEW_TOKENS}",
+    "grpo.kl_coef=0",
+    f"train.micro_batch_size={MICRO}",
+    "train.warmup_steps=0",
+    f"train.lr={LR}",
+]
+
+
+# -- TRL side (runs inside .bench-venv/trl: imports nothing of posttrain) ---------------------
+def _trl_worker(model_path: str, data: str, steps: int, out: str) -> None:
+    import torch
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    torch.set_num_threads(os.cpu_count() or 1)
+    rows = [json.loads(x) for x in Path(data).read_text().splitlines()[: PROMPTS * (steps + 2)]]
+    ds = Dataset.from_list(
+        [
+            {
+                "prompt": [
+                    {"role": "system", "content": SYSTEM},
+                    {"role": "user", "content": r["question"]},
+                ],
+                "answer": r["answer"].split("####")[-1].strip().replace(",", ""),
+            }
+            for r in rows
+        ]
+    )
+
+    def correct(completions, answer, **_):
+        import re
+
+        out = []
+        for c, a in zip(completions, answer, strict=True):
+            nums = re.findall(r"-?\d[\d,]*\.?\d*", c[0]["content"] if isinstance(c, list) else c)
+            out.append(float(bool(nums) and nums[-1].replace(",", "").rstrip(".") == a))
+        return out
+
+    tok = AutoTokenizer.from_pretrained(model_path)
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+    args = GRPOConfig(
+        output_dir=tempfile.mkdtemp(prefix="trl-bench-"),
+        use_cpu=True,
+        bf16=True,
+        per_device_train_batch_size=MICRO,
+        gradient_accumulation_steps=PROMPTS * SAMPLES // MICRO,
+        num_generations=SAMPLES,
+        max_completion_length=NEW_TOKENS,
+        temperature=1.0,
+        beta=0.0,
+        learning_rate=LR,
+        lr_scheduler_type="constant",
+        warmup_steps=0,
+        max_steps=steps,
+        logging_steps=1,
+        report_to="none",
+        save_strategy="no",
+        seed=0,
+        dataloader_num_workers=0,
+        shuffle_dataset=False,
+    )
+    trainer = GRPOTrainer(
+        model=model, args=args, reward_funcs=correct, train_dataset=ds, processing_class=tok
+    )
+    rec: list[dict] = []
+    cur: dict = {}
+    gen_fn = trainer._generate  # prompts -> completions (model.generate and decoding)
+
+    def timed_generate(*a, **k):
+        t0 = time.perf_counter()
+        res = gen_fn(*a, **k)
+        cur["generate"] = cur.get("generate", 0.0) + time.perf_counter() - t0
+        return res
+
+    trainer._generate = timed_generate
+    score = trainer._generate_and_score_completions
+
+    def timed_score(*a, **k):
+        res = score(*a, **k)
+        cur["tokens"] = cur.get("tokens", 0) + int(res["completion_mask"].sum())
+        return res
+
+    trainer._generate_and_score_completions = timed_score
+
+    class Clock(TrainerCallback):
+        def on_step_begin(self, *_, **__):
+            cur.clear()
+            cur["t0"] = time.perf_counter()
+
+        def on_step_end(self, *_, **__):
+            step = time.perf_counter() - cur.pop("t0")
+            gen = cur.get("generate", 0.0)
+            rec.append(
+                {
+                    "step": step,
+                    "generate": gen,
+                    "old_logprobs": None,
+                    "train": step - gen,
+                    "weight_sync": None,
+                    "tokens": cur.get("tokens", 0),
+                }
+            )
+
+    trainer.add_callback(Clock())
+    trainer.train()
+    Path(out).write_text(json.dumps(rec))
+
+
+def _trl(args: argparse.Namespace, model_path: str) -> list[dict]:
+    py = VENV / "bin" / "python"
+    if not py.exists():
+        print(f"making {VENV} (torch, trl, datasets) ...", flush=True)
+        subprocess.run([sys.executable, "-m", "venv", str(VENV)], check=True)
+        subprocess.run(
+            [str(py), "-m", "pip", "install", "-q", "torch==2.13.0", "trl==1.16.0", "datasets"],
+            check=True,
+        )
+    with tempfile.NamedTemporaryFile(suffix=".json") as f:
+        subprocess.run(
+            [
+                str(py),
+                __file__,
+                "--trl-worker",
+                model_path,
+                "--data",
+                args.data,
+                "--steps",
+                str(args.steps),
+                "--save",
+                f.name,
+            ],
+            check=True,
+            cwd=tempfile.gettempdir(),
+        )
+        return json.loads(Path(f.name).read_text())
+
+
+# -- posttrain side ---------------------------------------------------------------------------
+def _posttrain(args: argparse.Namespace) -> list[dict]:
+    from posttrain.recipes.loading import load_recipe
+    from posttrain.recipes.loop import run
+
+    recipe = load_recipe(
+        ROOT / "recipes" / "grpo_gsm8k.yaml",
+        [
+            f"data.train.path={args.data}",
+            f"train.steps={args.steps}",
+            *OVERRIDES,
+            "monitor.progress=false",
+            "monitor.dashboard_port=null",
+            "monitor.tensorboard=false",
+            "monitor.save_rollouts=false",
+            "train.save_final=false",
+            *args.set,
+        ],
+    )
+    with tempfile.TemporaryDirectory() as tmp:
+        hist = run(recipe, Path(tmp) / "run")
+    return [
+        {
+            "step": h["time/step"],
+            "generate": h["time/generate"],
+            "old_logprobs": h.get("time/logprobs"),
+            "train": h.get("time/train"),
+            "weight_sync": h["time/weight_sync"],
+            "tokens": h["response_length_mean"] * PROMPTS * SAMPLES,
+        }
+        for h in hist
+    ]
+
+
+def _table(runs: dict[str, list[dict]], loads: dict[str, list[str]], steps: int) -> None:
+    def med(rs: list[dict], k: str) -> float | None:
+        vals = [r[k] for r in rs[1:] if r.get(k) is not None]
+        return statistics.median(vals) if vals else None
+
+    def cell(v: float | None) -> str:
+        return "—" if v is None else f"{v:.1f}"
+
+    print(
+        f"\nGSM8K, SmolLM2-135M-Instruct, {PROMPTS} prompts x {SAMPLES} samples, <= "
+        f"{NEW_TOKENS} new tokens, KL 0, lr {LR}; medians of steps 2..{steps}\n"
+    )
+    print(
+        "| system | s/step (median) | generate | old logprobs | train | weight sync "
+        "| generated tokens/s end to end |"
+    )
+    print("|---|---|---|---|---|---|---|")
+    tps = {}
+    for name, rs in runs.items():
+        tps[name] = statistics.median(r["tokens"] / r["step"] for r in rs[1:])
+        print(
+            f"| {name} | {cell(med(rs, 'step'))} | {cell(med(rs, 'generate'))} | "
+            f"{cell(med(rs, 'old_logprobs'))} | {cell(med(rs, 'train'))} | "
+            f"{cell(med(rs, 'weight_sync'))} | {tps[name]:.1f} |"
+        )
+    if len(tps) == 2:
+        trl, ours = tps.values()
+        print(f"\nposttrain / TRL, generated tokens/s end to end: {ours / trl:.2f}x")
+    for name, load in loads.items():
+        print(f"load average (1/5/15 min) after {name}: {' '.join(load)}")
+    print(f"posttrain: recipes/grpo_gsm8k.yaml --set {' --set '.join(OVERRIDES)}")
+
+
+def main() -> None:
+    if len(sys.argv) > 2 and sys.argv[1] == "--trl-worker":
+        ap = argparse.ArgumentParser()
+        ap.add_argument("--trl-worker")
+        ap.add_argument("--data")
+        ap.add_argument("--steps", type=int)
+        ap.add_argument("--save")
+        a = ap.parse_args()
+        _trl_worker(a.trl_worker, a.data, a.steps, a.save)
+        return
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--steps", type=int, default=6, help="steps per system, first is warm-up")
+    ap.add_argument("--data", default=str(DATA), help="GSM8K train jsonl (question, answer)")
+    ap.add_argument("--only", choices=["trl", "posttrain"], help="run one system")
+    ap.add_argument("--save", type=Path, help="JSON of runs so far (with --only: merged)")
+    ap.add_argument("--set", action="append", default=[], help="extra posttrain override")
+    args = ap.parse_args()
+    if args.steps < 2:
+        ap.error("--steps must be at least 2 (the first is warm-up)")
+    from posttrain.common.model_registry import resolve_model_path
+
+    model_path = str(resolve_model_path("smollm2-135m-instruct"))
+    saved = json.loads(args.save.read_text()) if args.save and args.save.exists() else {}
+    runs, loads = saved.get("runs", {}), saved.get("loads", {})
+    names = {
+        "trl": "TRL 1.16.0 GRPOTrainer (1 process, all cores)",
+        "posttrain": "posttrain (recipe's vLLM engine, learner and transport)",
+    }
+    for key in [args.only] if args.only else ["trl", "posttrain"]:
+        runs[names[key]] = _trl(args, model_path) if key == "trl" else _posttrain(args)
+        loads[names[key]] = Path("/proc/loadavg").read_text().split()[:3]
+        if args.save:
+            args.save.write_text(json.dumps({"runs": runs, "loads": loads}))
+    _table({k: runs[k] for k in names.values() if k in runs}, loads, args.steps)
+
+
+if __name__ == "__main__":
+    main()
