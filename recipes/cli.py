@@ -114,6 +114,7 @@ def run(
     _check_port_or_exit(r.monitor.dashboard_port)
     typer.echo(f"posttrain: {r.name} ({r.algorithm}) → {run_dir}")
     from posttrain.recipes.loop import PushFailed, RunStopped
+    from posttrain.recipes.recovery import LearnerDied
     from posttrain.recipes.loop import run as run_loop  # heavy imports only after validation
 
     t0 = time.time()
@@ -125,7 +126,7 @@ def run(
     except RunStopped as e:
         typer.echo(str(e), err=True)
         raise typer.Exit(code=128 + e.signum) from None
-    except PushFailed as e:
+    except (PushFailed, LearnerDied) as e:
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(code=1) from None
     _summary(history, run_dir, time.time() - t0)
