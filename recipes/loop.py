@@ -120,8 +120,8 @@ def run(recipe: Recipe, run_dir: Path, address: str | None = None,
                 _advise(history, metrics, recipe)
                 history.append(metrics)
                 log.record(step, metrics, spans)
-                bar.update(1)
                 _report(bar, metrics)
+                bar.update(1)
                 step += 1
                 _checkpoint_if_due(state, algo, step, stop.signum)
             final = _eval_if_due(state, recipe.train.steps)

@@ -14,6 +14,7 @@ import json
 import os
 import signal
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -25,7 +26,6 @@ from posttrain.recipes import algorithm, checkpoints, controller, roles
 from posttrain.recipes.loading import load_recipe
 from posttrain.recipes.loop import RunStopped, run
 from posttrain.recipes.recovery import LearnerDied
-from tests.test_faults_e2e import _kill_when
 from tests.test_faults_e2e import _recipe as _fault_recipe
 
 KEYS = ("loss", "reward_mean", "lr", "grad_norm", "policy_version")
@@ -158,17 +158,30 @@ def test_learner_killed_before_any_checkpoint_restarts_from_step_0(tiny_model, t
 
 
 def test_rollout_worker_killed_with_collective_push(tiny_model, tmp_path, monkeypatch):
-    pids: list[int] = []
+    workers: list = []
     start = roles.start_rollout
 
-    def start_and_note_pids(spec, placement):
-        workers = start(spec, placement)
-        pids.extend(h["pid"] for h in ray.get([w.health.remote() for w in workers]))
-        return workers
+    def start_and_keep(spec, placement):
+        workers.extend(start(spec, placement))
+        return list(workers)
 
-    monkeypatch.setattr(roles, "start_rollout", start_and_note_pids)
+    monkeypatch.setattr(roles, "start_rollout", start_and_keep)
     run_dir = tmp_path / "run"
-    killer = _kill_when(pids, 1, run_dir / "metrics.jsonl", delay_s=1.0)
+
+    def kill_in_step_1() -> None:
+        # each engine joins the push group while constructed, with the learner: ask its
+        # pid from here, not from start_rollout (that would wait for the learner)
+        while not workers:
+            time.sleep(0.1)
+        pid = ray.get(workers[1].health.remote())["pid"]
+        ready = run_dir / "metrics.jsonl"  # step 0 logged: step 1's generate is under way
+        while not (ready.exists() and ready.read_text().strip()):
+            time.sleep(0.1)
+        time.sleep(1.0)  # generate sleeps 3 s after sampling: 1 s into it
+        os.kill(pid, signal.SIGKILL)
+
+    killer = threading.Thread(target=kill_in_step_1, daemon=True)
+    killer.start()
     recipe = _fault_recipe(tmp_path, tiny_model, debug={"rollout_delay_s": 3.0},
                            weight_sync={"type": "collective"},
                            train={"steps": 3, "prompts_per_step": 4, "micro_batch_size": 2,
