@@ -114,8 +114,8 @@ def run(
     _check_port_or_exit(r.monitor.dashboard_port)
     typer.echo(f"posttrain: {r.name} ({r.algorithm}) → {run_dir}")
     from posttrain.recipes.loop import PushFailed, RunStopped
-    from posttrain.recipes.recovery import LearnerDied
     from posttrain.recipes.loop import run as run_loop  # heavy imports only after validation
+    from posttrain.recipes.recovery import LearnerDied
 
     t0 = time.time()
     try:

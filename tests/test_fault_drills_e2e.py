@@ -35,19 +35,33 @@ def _recipe(tmp_path: Path, model_path: Path, name: str, **blocks) -> Path:
     """3 GRPO steps, 4 prompts a step on 1 engine, 2 learner ranks, a checkpoint every
     step (`blocks` replace whole top-level blocks)."""
     f = _fault_recipe(
-        tmp_path, model_path,
-        **{"train": {"steps": 3, "prompts_per_step": 4, "micro_batch_size": 2, "lr": 1e-2,
-                     "checkpoint_every": 1, "keep_checkpoints": 3},
-           "resources": {"rollout": {"gpus": 1}, "learner": {"gpus": 2},
-                         "threads_per_worker": 1},
-           **blocks})
+        tmp_path,
+        model_path,
+        **{
+            "train": {
+                "steps": 3,
+                "prompts_per_step": 4,
+                "micro_batch_size": 2,
+                "lr": 1e-2,
+                "checkpoint_every": 1,
+                "keep_checkpoints": 3,
+            },
+            "resources": {"rollout": {"gpus": 1}, "learner": {"gpus": 2}, "threads_per_worker": 1},
+            **blocks,
+        },
+    )
     named = tmp_path / f"{name}.yaml"
     f.rename(named)
     return named
 
 
-def _at_phase(monkeypatch, module, name: str, when: Callable[..., bool],
-              act: Callable[..., Callable[[], None]]) -> list[int]:
+def _at_phase(
+    monkeypatch,
+    module,
+    name: str,
+    when: Callable[..., bool],
+    act: Callable[..., Callable[[], None]],
+) -> list[int]:
     """Wrap `module.name` so that on the first call where `when(*args, **kwargs)` holds,
     `act(*args)` returns a function that a thread runs 1 s later, while the real call
     runs; returns a list that gets one item when it fired."""
@@ -65,14 +79,19 @@ def _at_phase(monkeypatch, module, name: str, when: Callable[..., bool],
 
 def _kill_learner_in_train_step(monkeypatch, step: int, rank: int) -> list[int]:
     """`kill -9` of learner rank `rank`'s process 1 s into step `step`'s train_step."""
+
     def kill(learners, *args) -> Callable[[], None]:  # the ranks are idle until the call
         pid = ray.get(learners[rank].__ray_call__.remote(lambda self: os.getpid()))
         return lambda: os.kill(pid, signal.SIGKILL)
 
     # run_updates sends each update as on_learners(learners, "train_step", batch, step)
-    return _at_phase(monkeypatch, algorithm, "on_learners",
-                     lambda learners, method, batch, *a, **k: method == "train_step"
-                     and a[0] == step, kill)
+    return _at_phase(
+        monkeypatch,
+        algorithm,
+        "on_learners",
+        lambda learners, method, batch, *a, **k: method == "train_step" and a[0] == step,
+        kill,
+    )
 
 
 def _steps(run_dir: Path) -> list[int]:
@@ -92,11 +111,23 @@ def _restarting_run(tiny_model, tmp_path, monkeypatch, run_dir: Path) -> list[di
     the group restarts from step 1's checkpoint by itself (a new broadcast group with
     the new rank 0) and steps 1-2 run again."""
     fired = _kill_learner_in_train_step(monkeypatch, step=1, rank=1)
-    train = {"steps": 3, "prompts_per_step": 4, "micro_batch_size": 2, "lr": 1e-2,
-             "checkpoint_every": 1, "keep_checkpoints": 3, "max_restarts": 1}
-    history = run(load_recipe(_recipe(tmp_path, tiny_model, "b", train=train,
-                                      weight_sync={"type": "collective"}, **DEBUG)),
-                  run_dir)
+    train = {
+        "steps": 3,
+        "prompts_per_step": 4,
+        "micro_batch_size": 2,
+        "lr": 1e-2,
+        "checkpoint_every": 1,
+        "keep_checkpoints": 3,
+        "max_restarts": 1,
+    }
+    history = run(
+        load_recipe(
+            _recipe(
+                tmp_path, tiny_model, "b", train=train, weight_sync={"type": "collective"}, **DEBUG
+            )
+        ),
+        run_dir,
+    )
     monkeypatch.undo()
     assert fired
     return history
@@ -115,8 +146,7 @@ def test_learner_killed_restarts_the_learner_group(tiny_model, tmp_path, monkeyp
 
 
 @pytest.mark.slow  # 3 runs, about 115 s
-def test_learner_killed_stops_and_a_resume_equals_the_restart(tiny_model, tmp_path,
-                                                              monkeypatch):
+def test_learner_killed_stops_and_a_resume_equals_the_restart(tiny_model, tmp_path, monkeypatch):
     # max_restarts 0 (default): the run stops naming step 1's checkpoint; a resume ends it
     stopped = tmp_path / "stopped"
     fired = _kill_learner_in_train_step(monkeypatch, step=1, rank=1)
@@ -143,15 +173,26 @@ def test_learner_killed_stops_and_a_resume_equals_the_restart(tiny_model, tmp_pa
 
 
 @pytest.mark.slow  # 2 runs, about 70 s
-def test_learner_killed_before_any_checkpoint_restarts_from_step_0(tiny_model, tmp_path,
-                                                                   monkeypatch):
+def test_learner_killed_before_any_checkpoint_restarts_from_step_0(
+    tiny_model, tmp_path, monkeypatch
+):
     train = {"steps": 2, "prompts_per_step": 4, "micro_batch_size": 2, "lr": 1e-2}
-    straight = run(load_recipe(_recipe(tmp_path, tiny_model, "s", train=train)),
-                   tmp_path / "straight")
+    straight = run(
+        load_recipe(_recipe(tmp_path, tiny_model, "s", train=train)), tmp_path / "straight"
+    )
     fired = _kill_learner_in_train_step(monkeypatch, step=0, rank=0)
-    history = run(load_recipe(_recipe(
-        tmp_path, tiny_model, "k", train={**train, "max_restarts": 1},
-        debug={"learner_delay_s": 2.0})), tmp_path / "killed")
+    history = run(
+        load_recipe(
+            _recipe(
+                tmp_path,
+                tiny_model,
+                "k",
+                train={**train, "max_restarts": 1},
+                debug={"learner_delay_s": 2.0},
+            )
+        ),
+        tmp_path / "killed",
+    )
     assert fired and [m["learner_restarts"] for m in history] == [1, 1]
     for key in KEYS:
         assert [m[key] for m in history] == [m[key] for m in straight], key
@@ -182,10 +223,13 @@ def test_rollout_worker_killed_with_collective_push(tiny_model, tmp_path, monkey
 
     killer = threading.Thread(target=kill_in_step_1, daemon=True)
     killer.start()
-    recipe = _fault_recipe(tmp_path, tiny_model, debug={"rollout_delay_s": 3.0},
-                           weight_sync={"type": "collective"},
-                           train={"steps": 3, "prompts_per_step": 4, "micro_batch_size": 2,
-                                  "lr": 1e-3})
+    recipe = _fault_recipe(
+        tmp_path,
+        tiny_model,
+        debug={"rollout_delay_s": 3.0},
+        weight_sync={"type": "collective"},
+        train={"steps": 3, "prompts_per_step": 4, "micro_batch_size": 2, "lr": 1e-3},
+    )
     history = run(load_recipe(recipe), run_dir)
     killer.join(timeout=5)
 
@@ -199,30 +243,50 @@ def test_rollout_worker_killed_with_collective_push(tiny_model, tmp_path, monkey
 
 # A real SIGINT to this process at the phase: (module, function, when, debug delay)
 PHASES = {
-    "generate": (controller, "generate",
-                 lambda roles_, prompts, recipe, step, *a, **k: step == 1,
-                 {"rollout_delay_s": 3.0}),
-    "train_step": (algorithm, "on_learners",
-                   lambda learners, method, batch, *a, **k: method == "train_step" and a[0] == 1,
-                   {"learner_delay_s": 3.0}),
-    "push_weights": (controller, "push_weights",
-                     lambda roles_, recipe, version: version == 2, {"push_delay_s": 3.0}),
+    "generate": (
+        controller,
+        "generate",
+        lambda roles_, prompts, recipe, step, *a, **k: step == 1,
+        {"rollout_delay_s": 3.0},
+    ),
+    "train_step": (
+        algorithm,
+        "on_learners",
+        lambda learners, method, batch, *a, **k: method == "train_step" and a[0] == 1,
+        {"learner_delay_s": 3.0},
+    ),
+    "push_weights": (
+        controller,
+        "push_weights",
+        lambda roles_, recipe, version: version == 2,
+        {"push_delay_s": 3.0},
+    ),
 }
 
 
-@pytest.mark.parametrize("phase", [
-    "train_step",
-    pytest.param("generate", marks=pytest.mark.slow),  # each about 45 s
-    pytest.param("push_weights", marks=pytest.mark.slow),
-])
+@pytest.mark.parametrize(
+    "phase",
+    [
+        "train_step",
+        pytest.param("generate", marks=pytest.mark.slow),  # each about 45 s
+        pytest.param("push_weights", marks=pytest.mark.slow),
+    ],
+)
 def test_ctrl_c_in_a_phase_leaves_a_resumable_run(phase, tiny_model, tmp_path, monkeypatch):
     module, name, when, delay = PHASES[phase]
-    fired = _at_phase(monkeypatch, module, name, when,
-                      lambda *args: lambda: os.kill(os.getpid(), signal.SIGINT))
+    fired = _at_phase(
+        monkeypatch, module, name, when, lambda *args: lambda: os.kill(os.getpid(), signal.SIGINT)
+    )
     run_dir = tmp_path / "run"
-    recipe = load_recipe(_recipe(tmp_path, tiny_model, phase, debug=delay,
-                                 train={"steps": 4, "prompts_per_step": 4,
-                                        "micro_batch_size": 2, "lr": 1e-2}))
+    recipe = load_recipe(
+        _recipe(
+            tmp_path,
+            tiny_model,
+            phase,
+            debug=delay,
+            train={"steps": 4, "prompts_per_step": 4, "micro_batch_size": 2, "lr": 1e-2},
+        )
+    )
     with pytest.raises(RunStopped, match=f"posttrain run --resume {run_dir}") as stop:
         run(recipe, run_dir)
     assert fired and stop.value.signum == signal.SIGINT

@@ -27,8 +27,13 @@ def test_last_good_is_the_newest_complete_checkpoint_up_to_the_step(tmp_path, ti
 
 def test_rewind_drops_the_steps_to_run_again(tmp_path, tiny_model):
     recipe, run_dir = _run_dir(tmp_path, tiny_model)
-    recipe = recipe.model_copy(update={"monitor": recipe.monitor.model_copy(
-        update={"tensorboard": False, "wandb_project": None})})
+    recipe = recipe.model_copy(
+        update={
+            "monitor": recipe.monitor.model_copy(
+                update={"tensorboard": False, "wandb_project": None}
+            )
+        }
+    )
     log = StepLog(run_dir, recipe)
     (run_dir / "rollouts").mkdir()
     for step in range(4):
@@ -38,7 +43,9 @@ def test_rewind_drops_the_steps_to_run_again(tmp_path, tiny_model):
     rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [0, 1]
     assert sorted(f.name for f in (run_dir / "rollouts").iterdir()) == [
-        "step_00000.jsonl", "step_00001.jsonl"]
+        "step_00000.jsonl",
+        "step_00001.jsonl",
+    ]
     log.record(2, {"step": 2, "loss": 7.0}, [])  # the step again, once
     rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [(r["step"], r["loss"]) for r in rows] == [(0, 0.0), (1, 1.0), (2, 7.0)]
