@@ -124,6 +124,7 @@ def run(recipe: Recipe, run_dir: Path, address: str | None = None,
                 bar.update(1)
                 step += 1
                 _checkpoint_if_due(state, algo, step, stop.signum)
+            bar.close()
             final = _eval_if_due(state, recipe.train.steps)
             if final:
                 log.record(recipe.train.steps, {"step": recipe.train.steps, **final}, [])
