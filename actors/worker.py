@@ -1,8 +1,10 @@
 """`RolloutWorker`: a Ray actor wrapping one inference engine.
 
-Verbs: `generate`, `update_weights`, `policy_version`, `health`, `weights_checksum`,
-`drain_spans`, `close`. With a group transport (`collective`) the worker joins the push
-group as rank `worker_id + 1` while it is constructed.
+Verbs: `generate`, `update_weights`, `join_push_group`, `policy_version`, `health`,
+`weights_checksum`, `drain_spans`, `close`. With a group transport (`collective`) the
+worker joins the push group as rank `worker_id + 1` while it is constructed (when the
+settings carry a `group_address`), and again on `join_push_group` when the controller
+re-forms the group after a member was replaced.
 
 Concurrency: a worker runs one verb at a time (a plain Ray actor). The controller
 calls `update_weights(handle)` after the learner's optimizer step and waits for the
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 import os
 import time
+from dataclasses import replace
 
 from posttrain.actors.engine import EngineSettings
 from posttrain.actors.factory import make_engine
@@ -41,6 +44,7 @@ class RolloutWorker:
         delay_s: test knob, extra busy seconds per generate.
         fail_push: test knob, (worker_id, version): this worker refuses pushes of that
             version (a WeightSyncError), keeping its old weights.
+        push_delay_s: test knob, extra seconds per `update_weights` (fault drills).
     """
 
     def __init__(
@@ -51,17 +55,20 @@ class RolloutWorker:
         threads: int,
         delay_s: float = 0.0,
         fail_push: tuple[int, int] | None = None,
+        push_delay_s: float = 0.0,
     ):
         set_torch_threads(threads)
         quiet_libraries()
         self.worker_id = worker_id
         self.engine = make_engine(engine)
+        self.transport_settings = transport
         self.transport = make_transport(transport, rank=worker_id + 1)
         self.version = 0
         self.spans = SpanRecorder("rollout", worker_id)
         self.started = time.time()
         self.delay_s = delay_s
         self.fail_push = fail_push
+        self.push_delay_s = push_delay_s
 
     def generate(
         self, requests: list[PromptRequest], sampling: SamplingSettings, step: int
@@ -108,6 +115,7 @@ class RolloutWorker:
             if self.fail_push == (self.worker_id, handle.version):
                 raise WeightSyncError(f"rollout worker {self.worker_id}: debug.fail_weight_push "
                                       f"refused policy_version {handle.version}")
+            time.sleep(self.push_delay_s)
             try:
                 stream = ChecksumTap(self.transport.receive(handle))
                 if (adapter := handle.meta.get("adapter_config")) is not None:
@@ -129,6 +137,20 @@ class RolloutWorker:
                 )
             self.version = handle.version
         return self.version
+
+    def join_push_group(self, address: str, world_size: int) -> None:
+        """Leave the weight broadcast group and join a new one at `address` (a
+        `GroupStore`) as rank `worker_id + 1` of `world_size`. Collective: learner rank 0
+        and every engine call it at once (the controller re-forms the group after it
+        replaced a member; a gloo or NCCL group cannot take a new process).
+
+        Raises:
+            WeightSyncError: the group did not form within the transport's timeout.
+        """
+        self.transport.close()
+        self.transport_settings = replace(self.transport_settings, group_address=address,
+                                          group_world=world_size)
+        self.transport = make_transport(self.transport_settings, rank=self.worker_id + 1)
 
     def weights_checksum(self, names: list[str] | None = None) -> str:
         """`state_checksum` of the engine's weights (all, or `names`), in the engine's

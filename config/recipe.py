@@ -168,6 +168,14 @@ class TrainConfig(_Strict):
     keep_checkpoints: int = Field(
         2, ge=1, description="Training checkpoints kept in RUN_DIR/checkpoints (oldest removed)."
     )
+    max_restarts: int = Field(
+        0, ge=0,
+        description="Times a run may restart its learner group by itself after a learner rank "
+        "dies (killed, out of memory): the whole group is started again from the newest "
+        "checkpoint (from the initial weights at step 0 when none exists yet), the engines get "
+        "that policy again and the steps after it run again. 0: the run stops, naming the "
+        "checkpoint to resume from.",
+    )
 
 
 class RolloutResources(_Strict):
@@ -292,6 +300,9 @@ class DebugConfig(_Strict):
 
     learner_delay_s: float = Field(0.0, ge=0, description="Extra busy seconds per train_step.")
     rollout_delay_s: float = Field(0.0, ge=0, description="Extra busy seconds per generate.")
+    push_delay_s: float = Field(
+        0.0, ge=0, description="Fault drills: extra seconds each engine spends taking a weight "
+        "push (a window to signal the controller during push_weights).")
     fail_weight_push: tuple[int, int] | None = Field(
         None, description="Fault drill: [engine, policy_version] — that engine refuses "
         "every push of that version (keeping its old weights).")

@@ -2,8 +2,8 @@
 CPU process). It does not know which algorithm runs: the loss is chosen at setup
 (`settings.algorithm`, see `posttrain.algorithms`) and `train_step` is one skeleton.
 
-Verbs (8): `setup`, `compute`, `train_step`, `publish_weights`, `save_checkpoint`,
-`free_reference`, `drain_spans`, `close`.
+Verbs (9): `setup`, `compute`, `train_step`, `publish_weights`, `join_push_group`,
+`save_checkpoint`, `free_reference`, `drain_spans`, `close`.
 
 Models (learner/models.py): the policy (float32 master weights, compute dtype by
 FSDP2 mixed precision), optionally a frozen reference and a critic, all sharded by
@@ -25,6 +25,7 @@ import resource
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
+from dataclasses import replace
 from typing import Literal
 
 import torch
@@ -251,6 +252,19 @@ class LearnerWorker:
                                  DTYPES[s.compute_dtype], s.transport.adapter_only and not full)
             yield from publish(self.transport, source, version, sender=self.rank == 0,
                                checksum=s.transport.checksum)
+
+    def join_push_group(self, address: str, world_size: int) -> None:
+        """Rank 0 only: leave the weight broadcast group and join a new one at `address`
+        as its rank 0 (with every engine at once; the controller re-forms the group after
+        it replaced an engine or the learner group).
+
+        Raises:
+            WeightSyncError: the group did not form within the transport's timeout.
+        """
+        if self.transport is not None:
+            self.transport.close()
+        settings = replace(self.s.transport, group_address=address, group_world=world_size)
+        self.transport = make_transport(settings, rank=0)
 
     def save_checkpoint(self, path: str, step: int,
                         kind: Literal["policy", "state"] = "policy") -> str | None:

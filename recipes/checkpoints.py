@@ -41,7 +41,8 @@ _NAME = re.compile(r"step_(\d{5,})")
 # may (how long, where to watch, how many learner ranks); any other change is refused too.
 FIXED = ("model.path", "algorithm", "rollout.samples_per_prompt", "train.prompts_per_step",
          "data")
-MAY_CHANGE = ("train.steps", "train.checkpoint_every", "train.keep_checkpoints", "monitor",
+MAY_CHANGE = ("train.steps", "train.checkpoint_every", "train.keep_checkpoints",
+              "train.max_restarts", "monitor",
               "resources.learner.gpus", "resources.threads_per_worker",
               "weight_sync.timeout_s")
 

@@ -116,6 +116,7 @@ def run(
     typer.echo(f"posttrain: {r.name} ({r.algorithm}) → {run_dir}")
     from posttrain.recipes.loop import PushFailed, RunStopped
     from posttrain.recipes.loop import run as run_loop  # heavy imports only after validation
+    from posttrain.recipes.recovery import LearnerDied
 
     t0 = time.time()
     try:
@@ -126,7 +127,7 @@ def run(
     except RunStopped as e:
         typer.echo(str(e), err=True)
         raise typer.Exit(code=128 + e.signum) from None
-    except PushFailed as e:
+    except (PushFailed, LearnerDied) as e:
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(code=1) from None
     _summary(history, run_dir, time.time() - t0)

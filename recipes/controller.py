@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -28,6 +29,7 @@ from posttrain.recipes.roles import (  # noqa: F401  (re-exported: the loop call
     RolloutSpec,
     adapter_sync,
     init_ray,
+    reform_push_group,
     rollout_spec,
     start_learners,
     start_rewards,
@@ -110,23 +112,24 @@ def generate_surviving(roles: Roles, recipe: Recipe, chunks: dict[int, list[Prom
 def replace_rollout_worker(roles: Roles, recipe: Recipe, index: int) -> None:
     """Start rollout worker `index` again on its placement bundle and give it the policy
     every other engine holds, as the same `policy_version` (the learners publish it
-    again, to the new engine only). Counted in `roles.rollout_restarts`.
+    again). Counted in `roles.rollout_restarts`.
 
-    Recovers from a dead rollout worker process. Not with `weight_sync.type: collective`:
-    a new engine cannot join the existing push group, so the run stops (RuntimeError
-    naming the worker); use object_store or filesystem to survive an engine's death.
+    Recovers from a dead rollout worker process. With `weight_sync.type: collective` the
+    broadcast group is formed anew (`reform_push_group`: learner rank 0, every engine,
+    a new rendezvous store) and the policy is broadcast to every engine again (the
+    others take the version they already hold); with the other transports only the new
+    engine receives it.
 
     Raises:
-        RuntimeError: collective transport (see above).
-        WeightSyncError: the new engine did not take the policy.
+        WeightSyncError: the new group did not form, or the new engine did not take the
+            policy.
     """
     spec = roles.rollout_spec
-    if roles.group is not None or spec is None:
-        raise RuntimeError(
-            f"rollout worker {index} died; with weight_sync.type: collective a new engine "
-            "cannot join the push group. Resume from the last checkpoint (posttrain run "
-            "--resume RUN_DIR), and set weight_sync.type: object_store or filesystem for "
-            "runs that survive an engine's death")
+    if spec is None:
+        raise RuntimeError(f"rollout worker {index} died and this run cannot start one")
+    grouped = roles.group is not None
+    if grouped:  # the new engine joins the new group below, not the dead one
+        spec = replace(spec, transport=replace(spec.transport, group_address=None))
     try:
         ray.kill(roles.rollout[index], no_restart=True)
     except ray.exceptions.RayError:
@@ -135,12 +138,15 @@ def replace_rollout_worker(roles: Roles, recipe: Recipe, index: int) -> None:
           f"{roles.policy_version}", flush=True)
     worker = start_rollout_worker(spec, index, roles.placement.rollout[index])
     ray.get(worker.health.remote())
+    roles.rollout[index] = worker
+    if grouped:
+        reform_push_group(roles, recipe)
+    targets = roles.rollout if grouped else [worker]
     qlora = adapter_sync(recipe) and recipe.model.adapter.type == "qlora"
     if qlora:  # its base must be the learner's dequantised NF4 base, as at start
-        push(roles.learners, [worker], 0, recipe.weight_sync.timeout_s, full=True)
-    if roles.policy_version > 0:
-        push(roles.learners, [worker], roles.policy_version, recipe.weight_sync.timeout_s)
-    roles.rollout[index] = worker
+        push(roles.learners, targets, 0, recipe.weight_sync.timeout_s, full=True)
+    if roles.policy_version > 0 or grouped:
+        push(roles.learners, targets, roles.policy_version, recipe.weight_sync.timeout_s)
     roles.rollout_restarts += 1
 
 

@@ -31,6 +31,7 @@ from posttrain.recipes.dynamic import sample_with_signal
 from posttrain.recipes.evaluation import due, evaluate, load_eval_prompts
 from posttrain.recipes.grpo import apply_failure_policy, rollout_batch, rollout_metrics
 from posttrain.recipes.monitor import StepLog
+from posttrain.recipes.recovery import STEP_ERRORS, LearnerRecovery
 from posttrain.rewards.protocol import Score
 from posttrain.weightsync import WeightSyncError
 
@@ -70,6 +71,9 @@ def run(recipe: Recipe, run_dir: Path, address: str | None = None,
             metrics of finished steps are kept.
         RunStopped: a signal stopped the run after a checkpoint.
         PushFailed: a weight push failed twice; stopped after a checkpoint.
+        LearnerDied: a learner rank died and `train.max_restarts` allows no restart
+            (recipes/recovery.py; with restarts left the learner group restarts from the
+            newest checkpoint and the steps after it run again).
     """
     quiet_libraries()
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -96,21 +100,31 @@ def run(recipe: Recipe, run_dir: Path, address: str | None = None,
         algo.prepare(state)
         if resume is not None:
             _resume(state, algo, resume, saved["policy_version"])
-        bar = tqdm(range(start, recipe.train.steps), desc=recipe.name,
-                   initial=start, total=recipe.train.steps, disable=not recipe.monitor.progress)
+        bar = tqdm(desc=recipe.name, initial=start, total=recipe.train.steps,
+                   disable=not recipe.monitor.progress)
+        recovery = LearnerRecovery(state, algo, log)
+        step = start
         with StopOnSignal() as stop:
-            for step in bar:
+            while step < recipe.train.steps:
                 evaluated = _eval_if_due(state, step)
                 try:
                     metrics, spans = algo.step(state, step)
                 except WeightSyncError as e:
                     raise _stop_after_failed_push(state, algo, step, e) from e
-                metrics = {"step": step, **metrics, **evaluated}
+                except STEP_ERRORS as e:  # a dead learner rank: restart the group or stop
+                    step = bar.n = recovery.after_error(step, e)
+                    history[:] = [m for m in history if m["step"] < step]
+                    continue
+                metrics = {"step": step, **metrics, **evaluated,
+                           "learner_restarts": roles.learner_restarts}
                 _advise(history, metrics, recipe)
                 history.append(metrics)
                 log.record(step, metrics, spans)
                 _report(bar, metrics)
-                _checkpoint_if_due(state, algo, step + 1, stop.signum)
+                bar.update(1)
+                step += 1
+                _checkpoint_if_due(state, algo, step, stop.signum)
+            bar.close()
             final = _eval_if_due(state, recipe.train.steps)
             if final:
                 log.record(recipe.train.steps, {"step": recipe.train.steps, **final}, [])

@@ -58,6 +58,17 @@ class StepLog:
             if int(f.name[5:-6]) >= start:
                 f.unlink()
 
+    def rewind(self, step: int) -> None:
+        """Drop what was logged for steps from `step` on (the run goes back to a
+        checkpoint and runs them again); TensorBoard purges them on its next event."""
+        self._drop_from(step)
+        if self.tb is not None:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self.tb.close()
+            self.tb = SummaryWriter(log_dir=str(self.run_dir / "tensorboard"),
+                                    purge_step=step)
+
     def record(self, step: int, metrics: dict[str, Any], spans: list[Span]) -> None:
         with open(self.run_dir / METRICS_FILE, "a") as f:
             f.write(json.dumps(_clean(metrics)) + "\n")

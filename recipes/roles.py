@@ -10,7 +10,9 @@ import os
 import secrets
 import subprocess
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -61,6 +63,7 @@ class RolloutSpec:
     threads: int
     delay_s: float
     fail_push: tuple[int, int] | None = None
+    push_delay_s: float = 0.0
 
 
 @dataclass
@@ -80,6 +83,10 @@ class Roles:
     policy_version: int = 0  # what every engine holds (the newest push)
     rollout_restarts: int = 0  # rollout workers replaced so far in this run
     rollout_spec: RolloutSpec | None = None  # how to start a rollout worker again
+    learner_restarts: int = 0  # learner groups restarted so far in this run
+    # how to start the learner group again: (transport, resume_from) -> learner actors
+    learner_launch: Callable[[TransportSettings, str | None], list[Any]] | None = None
+    transport: TransportSettings | None = None  # the weight transport the roles were given
 
 
 def start_roles(recipe: Recipe, algo: Algorithm, model_path: str, run_dir: Path,
@@ -110,8 +117,10 @@ def start_roles(recipe: Recipe, algo: Algorithm, model_path: str, run_dir: Path,
                                 group_world=roles.group.world_size)
         roles.rollout_spec = rollout_spec(recipe, model_path, threads_r, transport)
         roles.rollout = start_rollout(roles.rollout_spec, placement)
-    roles.learners = start_learners(recipe, algo, model_path, placement, threads_l, transport,
-                                    resume_from)
+    roles.transport = transport
+    roles.learner_launch = partial(start_learners, recipe, algo, model_path, placement,
+                                   threads_l)
+    roles.learners = roles.learner_launch(transport, resume_from)
     if roles.rollout:
         ray.get([w.health.remote() for w in roles.rollout])
     if adapter_sync(recipe) and recipe.model.adapter.type == "qlora":
@@ -143,7 +152,7 @@ def rollout_spec(recipe: Recipe, model_path: str, threads: int,
         lora_rank=recipe.model.adapter.r if adapter_sync(recipe) else None,
     )
     return RolloutSpec(engine, transport, threads, recipe.debug.rollout_delay_s,
-                       recipe.debug.fail_weight_push)
+                       recipe.debug.fail_weight_push, recipe.debug.push_delay_s)
 
 
 def start_rollout(spec: RolloutSpec, placement: Placement) -> list[Any]:
@@ -156,7 +165,25 @@ def start_rollout_worker(spec: RolloutSpec, index: int, options: dict[str, Any])
     """Rollout worker `index` on its placement bundle `options` (not waited for)."""
     worker = ray.remote(num_cpus=0)(RolloutWorker)
     return worker.options(**options).remote(index, spec.engine, spec.transport, spec.threads,
-                                            spec.delay_s, spec.fail_push)
+                                            spec.delay_s, spec.fail_push, spec.push_delay_s)
+
+
+def reform_push_group(roles: Roles, recipe: Recipe) -> None:
+    """Form a new weight broadcast group (`weight_sync.type: collective`) of learner rank
+    0 and every engine, on a new rendezvous store, after a member was replaced (a gloo or
+    NCCL group cannot take a new process). Every member must be idle; the new members
+    were started without a `group_address`. The caller pushes the policy again.
+
+    Raises:
+        WeightSyncError: the group did not form within `weight_sync.timeout_s`.
+    """
+    old = roles.group
+    roles.group = GroupStore(len(roles.rollout) + 1, recipe.weight_sync.timeout_s)
+    address, world = roles.group.address, roles.group.world_size
+    ray.get([roles.learners[0].join_push_group.remote(address, world)]
+            + [w.join_push_group.remote(address, world) for w in roles.rollout])
+    if old is not None:
+        old.close()
 
 
 def adapter_sync(recipe: Recipe) -> bool:

@@ -1,0 +1,153 @@
+"""Recovering a run from a dead learner rank (recipes/loop.py calls it when a step
+fails with a Ray actor or task error).
+
+A learner rank that dies (`kill -9`, out of memory, a crashed node) leaves its FSDP
+group broken: the other ranks' collectives fail, and a gloo or NCCL group cannot take a
+new process. So the whole learner group is replaced, never one rank:
+
+1. the dead rank is confirmed (a Ray `RayActorError` from a cheap call on it; an error
+   with every rank alive is not a learner death and is raised as it was);
+2. with `train.max_restarts` used up (default 0) the run stops with `LearnerDied`,
+   naming the newest complete checkpoint and the command that resumes it;
+3. otherwise every learner actor is killed and a new group starts on the same
+   placement, loading the newest complete checkpoint (`setup(resume_from=...)`); with no
+   checkpoint yet it starts from the initial weights and the run goes back to step 0.
+   The prompt stream, the controller's RNGs and the logs go back to that step too
+   (steps logged after it are dropped and run again), the algorithm's `prepare` runs
+   again (DPO: the reference sums, from its cache), a collective transport forms a new
+   broadcast group, and that policy is pushed to every engine as its `policy_version`.
+   Counted in `roles.learner_restarts` (metric `learner_restarts`).
+
+Not thread-safe: the controller's thread alone calls it, between steps.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import ray
+import torch
+from tqdm import tqdm
+
+from posttrain.recipes import checkpoints
+from posttrain.recipes import controller as c
+from posttrain.recipes.data import prompt_stream
+from posttrain.recipes.monitor import StepLog
+
+# Errors a step can end with when a learner rank died: the dead actor's own call
+# (RayActorError) or a surviving rank's collective that lost its peer (RayTaskError).
+STEP_ERRORS = (ray.exceptions.RayActorError, ray.exceptions.RayTaskError)
+
+
+class LearnerDied(RuntimeError):
+    """A learner rank died and `train.max_restarts` allows no (more) restarts; the
+    message names the newest complete checkpoint and how to resume."""
+
+
+def dead_learners(learners: list[Any], timeout_s: float = 30.0) -> list[int]:
+    """Ranks whose actor is dead: a no-op call on each fails with `RayActorError`
+    (a rank still busy after `timeout_s` seconds counts as alive)."""
+    refs = [lw.__ray_ready__.remote() for lw in learners]
+    ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
+    dead = []
+    for rank, ref in enumerate(refs):
+        try:
+            ray.get(ref, timeout=0)
+        except ray.exceptions.RayActorError:
+            dead.append(rank)
+        except (ray.exceptions.GetTimeoutError, ray.exceptions.RayTaskError):
+            pass
+    return dead
+
+
+def last_good(run_dir: Path, step: int) -> Path | None:
+    """The newest complete checkpoint of `run_dir` made after at most `step` steps."""
+    found = [p for p in checkpoints.complete(run_dir) if int(p.name[5:]) <= step]
+    return found[-1] if found else None
+
+
+class LearnerRecovery:
+    """Restarts the learner group of a running `recipes.loop.Run` (see the module
+    docstring). Make it before the first step: it keeps the controller's RNG state of
+    that moment, for a restart from step 0."""
+
+    def __init__(self, run: Any, algo: Any, log: StepLog):
+        self.run, self.algo, self.log = run, algo, log
+        self.rng0 = (torch.get_rng_state(), random.getstate(), np.random.get_state())
+
+    def after_error(self, step: int, error: BaseException) -> int:
+        """Handle `error`, which ended step `step`; returns the step to continue from.
+
+        Raises:
+            BaseException: `error` itself when no learner rank is dead.
+            LearnerDied: a rank is dead and no restart is left.
+        """
+        run, recipe = self.run, self.run.recipe
+        dead = dead_learners(run.roles.learners)
+        if not dead:
+            raise error
+        what = (
+            f"learner rank {', '.join(map(str, dead))} died in step {step} ({type(error).__name__})"
+        )
+        ckpt = last_good(run.run_dir, step)
+        if run.roles.learner_restarts >= recipe.train.max_restarts:
+            where = (
+                f"Last good checkpoint: {ckpt}. Resume with: posttrain run --resume {run.run_dir}"
+                if ckpt
+                else "No checkpoint was written yet; start "
+                f"again with: posttrain run {run.run_dir / 'recipe.yaml'} --out NEW_DIR"
+            )
+            raise LearnerDied(
+                f"{what}; the run stopped after {run.roles.learner_restarts} learner "
+                f"restarts (train.max_restarts: {recipe.train.max_restarts}). {where} "
+                "(train.max_restarts: N lets a run restart its learner group by itself)"
+            ) from error
+        tqdm.write(
+            f"{what}; restarting the learner group from "
+            f"{ckpt or 'the initial weights (no checkpoint yet)'}"
+        )
+        return self.restart(ckpt)
+
+    def restart(self, ckpt: Path | None) -> int:
+        """A new learner group from `ckpt` (None: the initial weights) with everything
+        that goes with it (module docstring); returns the step it holds."""
+        run, roles, recipe = self.run, self.run.roles, self.run.recipe
+        for lw in roles.learners:
+            ray.kill(lw, no_restart=True)
+        transport = roles.transport
+        if roles.group is not None:  # the new rank 0 joins the new group below
+            transport = replace(transport, group_address=None)
+        saved = checkpoints.read_state(ckpt) if ckpt else None
+        roles.learners = roles.learner_launch(transport, str(ckpt / "learner") if ckpt else None)
+        start = saved["step"] if saved else 0
+        if run.prompts is not None:
+            run.prompts = prompt_stream(
+                run.data,
+                recipe.train.prompts_per_step,
+                recipe.data.shuffle_seed,
+                saved and saved["data"],
+            )
+        if ckpt is not None:
+            checkpoints.restore_controller_rng(ckpt)
+        else:
+            torch.set_rng_state(self.rng0[0])
+            random.setstate(self.rng0[1])
+            np.random.set_state(self.rng0[2])
+        self.algo.prepare(run)
+        if self.algo.uses_rollouts:
+            if roles.group is not None:
+                c.reform_push_group(roles, recipe)
+            c.push_weights(roles, recipe, start)
+            ray.get([a.drain_spans.remote() for a in roles.rollout + roles.learners])
+        roles.learner_restarts += 1
+        self.log.rewind(start)
+        tqdm.write(
+            f"learner group restarted ({roles.learner_restarts} of "
+            f"{recipe.train.max_restarts}); continuing from step {start} "
+            f"(policy_version {start})"
+        )
+        return start
