@@ -55,7 +55,9 @@ class ChunkedTokenLogprobs(torch.autograd.Function):
         out = result.view(-1)
         lse = torch.empty(n, dtype=torch.float32, device=hidden.device)
         for s in range(0, n, chunk):
-            z = F.linear(flat_h[s:s + chunk], weight).float() / temperature
+            z = F.linear(flat_h[s:s + chunk], weight).float()
+            if temperature != 1.0:  # in place: no second [chunk, V] buffer
+                z.div_(temperature)
             lse[s:s + chunk] = torch.logsumexp(z, dim=-1)
             out[s:s + chunk] = z.gather(-1, flat_y[s:s + chunk, None]).squeeze(-1)
         out -= lse
@@ -74,7 +76,9 @@ class ChunkedTokenLogprobs(torch.autograd.Function):
             if want_w else None
         for s in range(0, hidden.shape[0], chunk):
             h, g = hidden[s:s + chunk], grad_out[s:s + chunk, None]
-            z = F.linear(h, weight).float() / tau
+            z = F.linear(h, weight).float()
+            if tau != 1.0:
+                z.div_(tau)
             # -g·softmax(z)/τ everywhere, +g/τ at the target: in place on z's buffer.
             dz = z.sub_(lse[s:s + chunk, None]).exp_().mul_(-g / tau)
             dz.scatter_add_(-1, targets[s:s + chunk, None], g / tau)

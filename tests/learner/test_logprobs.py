@@ -130,3 +130,46 @@ def test_chunk_tokens_must_be_positive(model):
     ids = torch.ones(1, 4, dtype=torch.long)
     with pytest.raises(ValueError, match="chunk_tokens"):
         sequence_logprobs(model, ids, torch.ones_like(ids), response_start=1, chunk_tokens=0)
+
+
+def _fsdp_rank(rank, world, model_path, port, queue):
+    """Both paths on one FSDP2-sharded policy (tied head, float32 compute): logprobs of
+    this rank's rows and the full gradients after each backward."""
+    import io
+
+    import torch.distributed as dist
+
+    from posttrain.learner.logprobs import _plain_head
+    from posttrain.learner.models import load_sharded
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=world)
+    model = load_sharded(str(model_path), world, "float32", "policy")
+    torch.manual_seed(rank)
+    ids = torch.randint(4, 60, (2, 9))
+    mask = torch.ones_like(ids)
+    out = {"chunked_head": _plain_head(model) is not None}
+    for chunk in (None, 4):
+        lp = sequence_logprobs(model, ids, mask, response_start=3, chunk_tokens=chunk)
+        (lp * torch.arange(1.0, 10.0)).sum().backward()
+        grads = {n: p.grad.full_tensor().clone() for n, p in model.named_parameters()}
+        model.zero_grad(set_to_none=True)
+        out[chunk] = (lp.detach(), grads)
+    dist.destroy_process_group()
+    if rank == 0:
+        buf = io.BytesIO()
+        torch.save(out, buf)
+        queue.put(buf.getvalue())
+
+
+def test_chunked_head_under_fsdp2_matches_full_logits(tiny_model):
+    """The chunked path is taken on an FSDP2-wrapped policy (2 ranks) and its values and
+    reduced gradients equal the full-logits path's to 1e-6 in fp32."""
+    from tests.learner.ranks import run_ranks
+
+    out = run_ranks(_fsdp_rank, 2, tiny_model)
+    assert out["chunked_head"]
+    (want, want_g), (got, got_g) = out[None], out[4]
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-6)
+    for name, g in want_g.items():
+        torch.testing.assert_close(got_g[name], g, rtol=1e-6, atol=1e-6, msg=name)
