@@ -1,6 +1,7 @@
 """`RolloutWorker`: a Ray actor wrapping one inference engine.
 
-Verbs: `generate`, `update_weights`, `policy_version`, `health`, `weights_checksum`,
+Verbs: `generate`, `generate_ids` (token ids in, samples out: the turns of multi-turn
+episodes), `update_weights`, `policy_version`, `health`, `weights_checksum`,
 `drain_spans`, `close`. With a group transport (`collective`) the worker joins the push
 group as rank `worker_id + 1` while it is constructed.
 
@@ -15,7 +16,7 @@ from __future__ import annotations
 import os
 import time
 
-from posttrain.actors.engine import EngineSettings
+from posttrain.actors.engine import EngineSettings, Sample
 from posttrain.actors.factory import make_engine
 from posttrain.actors.rollout import PromptRequest, Rollout, SamplingSettings
 from posttrain.common.process import quiet_libraries, set_torch_threads
@@ -91,6 +92,20 @@ class RolloutWorker:
                         )
                     )
         return rollouts
+
+    def generate_ids(self, prompts: list[list[int]], sampling: SamplingSettings,
+                     step: int) -> tuple[list[Sample], int]:
+        """One sample per prompt `[N][P_i]` (token ids, already templated; `sampling.n`
+        must be 1) and the policy_version that sampled them.
+
+        Raises:
+            ValueError: `sampling.n` is not 1.
+        """
+        if sampling.n != 1:
+            raise ValueError(f"generate_ids samples one turn per prompt; got n={sampling.n}")
+        with self.spans.span("generate", step):
+            samples = [g[0] for g in self.engine.generate(prompts, sampling)]
+        return samples, self.version
 
     def update_weights(self, handle: WeightHandle, step: int = -1) -> int:
         """Load `handle`'s weights in place (or, when `handle.meta` carries an

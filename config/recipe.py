@@ -22,6 +22,7 @@ from posttrain.config.adapter import AdapterConfig
 from posttrain.config.algorithms import DPOConfig, GRPOConfig, PPOConfig
 from posttrain.config.base import Strict
 from posttrain.config.data import DataConfig, PreferenceData
+from posttrain.config.episodes import HttpEnvironment, PythonEnvironment, PythonTool, check_episodes
 from posttrain.config.evaluation import EvalConfig
 from posttrain.config.rewards import RewardSpec
 
@@ -99,6 +100,14 @@ class RolloutConfig(_Strict):
         1.0, gt=0.0, description="Sampling temperature; inference_logprobs are under it."
     )
     top_p: float = Field(1.0, gt=0.0, le=1.0, description="Nucleus sampling mass.")
+    max_turns: int = Field(1, ge=1, description="Most model turns per episode (1: single-turn; "
+                           "see config/episodes.py).")
+    max_episode_tokens: int | None = Field(
+        None, gt=0, description="Most tokens after the prompt per episode (model and "
+        "environment tokens); default max_turns × max_new_tokens.")
+    tools: list[PythonTool] = Field(default_factory=list, description="Tools the model may call.")
+    environment: HttpEnvironment | PythonEnvironment | None = Field(
+        None, discriminator="type", description="A user's environment answering each turn.")
 
     @field_validator("stop", mode="before")
     @classmethod
@@ -366,6 +375,9 @@ class Recipe(_Strict):
                     f"mini-batches would hold none; set {self.algorithm}.mini_batches: {rows} "
                     "or less")
         self._grpo_family_keys()
+        r = self.rollout
+        check_episodes(self.algorithm, r.max_turns, r.tools, r.environment,
+                       self.grpo.dynamic_sampling)
         names = [r.name for r in self.rewards]
         dup = sorted({n for n in names if names.count(n) > 1})
         if dup:
