@@ -134,6 +134,7 @@ def create_app(
     tokenizer: Any,
     recorder: EpisodeRecorder,
     default_max_tokens: int = 256,
+    temperature: float | None = None,
 ) -> Any:
     """The FastAPI app (see the module docstring).
 
@@ -142,7 +143,10 @@ def create_app(
             caller holds the engine lock inside it.
         tokenizer: the policy's tokenizer with its chat template.
         recorder: where calls are recorded.
-        default_max_tokens: completion limit when the request gives none.
+        default_max_tokens: completion limit when the request gives none, and the most
+            a request may ask for when `temperature` is set (training).
+        temperature: when set (training), every call samples at it whatever the request
+            says: the learner recomputes logprobs at the recipe's temperature.
     """
     from fastapi import FastAPI, Header, HTTPException
 
@@ -180,10 +184,13 @@ def create_app(
         messages = _text_messages(req.messages)
         log = recorder.get(episode)
         stop = (req.stop,) if isinstance(req.stop, str) else tuple(req.stop or ())
+        limit = req.max_completion_tokens or req.max_tokens or default_max_tokens
+        if temperature is not None:
+            limit = min(limit, default_max_tokens)
         sampling = SamplingSettings(
             n=1,
-            max_new_tokens=req.max_completion_tokens or req.max_tokens or default_max_tokens,
-            temperature=req.temperature,
+            max_new_tokens=limit,
+            temperature=temperature if temperature is not None else req.temperature,
             top_p=req.top_p,
             seed=req.seed if req.seed is not None else len(log.calls),
             stop=stop,
@@ -199,7 +206,7 @@ def create_app(
                     list(sample.logprobs),
                     version,
                     sample.finish_reason,
-                    req.temperature,
+                    sampling.temperature,
                 )
             )
             log.messages = [*messages, {"role": "assistant", "content": text}]

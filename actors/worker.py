@@ -115,10 +115,11 @@ class RolloutWorker:
             samples = [g[0] for g in self.engine.generate(prompts, sampling)]
         return samples, self.version
 
-    def serve_openai(self, host: str = "127.0.0.1", port: int = 0,
-                     max_tokens: int = 256) -> str:
+    def serve_openai(self, host: str = "127.0.0.1", port: int = 0, max_tokens: int = 256,
+                     temperature: float | None = None) -> str:
         """Start the OpenAI-compatible endpoint (once) on a server thread; its base URL
-        (`http://host:port/v1`)."""
+        (`http://host:port/v1`). With `temperature` (training) every call samples at it
+        and at most `max_tokens` tokens (see `openai_server.create_app`)."""
         if self.server is None:
             import socket
 
@@ -130,7 +131,8 @@ class RolloutWorker:
                 with self.engine_lock:
                     return self.engine.generate([ids], sampling)[0][0], self.version
 
-            app = create_app(generate, self.engine.tokenizer, self.recorder, max_tokens)
+            app = create_app(generate, self.engine.tokenizer, self.recorder, max_tokens,
+                             temperature)
             sock = socket.socket()
             sock.bind((host, port))
             self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))

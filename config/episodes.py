@@ -70,8 +70,22 @@ class PythonEnvironment(Strict):
     )
 
 
+class AgentProgram(Strict):
+    """A black-box agent program run once per step (README, 'Multi-turn and tools'). It
+    reads the step's episodes from the JSONL file named by $POSTTRAIN_EPISODES (one line
+    each: `episode_id`, `base_url`, `messages`, `ground_truth`, `metadata`), calls
+    `{base_url}/chat/completions` with each episode id, may post each episode's reward
+    to `{base_url}/episodes/{episode_id}/reward`, and exits 0."""
+
+    command: list[str] = Field(
+        min_length=1, description="argv of the agent program, e.g. ['python', 'agent.py'].")
+    timeout_s: float = Field(600.0, gt=0, description="Most seconds the program may run "
+                             "per step; over it the step fails.")
+
+
 def check_episodes(
-    algorithm: str, max_turns: int, tools: list, environment: object, dynamic_sampling: bool
+    algorithm: str, max_turns: int, tools: list, environment: object, dynamic_sampling: bool,
+    agent: object = None,
 ) -> None:
     """Refuse multi-turn settings the run cannot honour.
 
@@ -83,6 +97,14 @@ def check_episodes(
             "rollout.tools / rollout.environment answer the model between turns, "
             "but rollout.max_turns is 1; set rollout.max_turns: 2 or more"
         )
+    if agent is not None and (tools or environment is not None):
+        raise ValueError("rollout.agent drives its own episodes; remove rollout.tools and "
+                         "rollout.environment, or rollout.agent")
+    if agent is not None and algorithm != "grpo":
+        raise ValueError(f"rollout.agent trains with sequence-level advantages; algorithm "
+                         f"{algorithm} is not supported, set algorithm: grpo")
+    if agent is not None and dynamic_sampling:
+        raise ValueError("grpo.dynamic_sampling is not supported with rollout.agent yet")
     if tools and environment is not None:
         raise ValueError(
             "rollout.tools and rollout.environment are both set; an episode has "

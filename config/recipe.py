@@ -22,7 +22,13 @@ from posttrain.config.adapter import AdapterConfig
 from posttrain.config.algorithms import DPOConfig, GRPOConfig, PPOConfig
 from posttrain.config.base import Strict
 from posttrain.config.data import DataConfig, PreferenceData
-from posttrain.config.episodes import HttpEnvironment, PythonEnvironment, PythonTool, check_episodes
+from posttrain.config.episodes import (
+    AgentProgram,
+    HttpEnvironment,
+    PythonEnvironment,
+    PythonTool,
+    check_episodes,
+)
 from posttrain.config.evaluation import EvalConfig
 from posttrain.config.rewards import RewardSpec
 
@@ -108,6 +114,8 @@ class RolloutConfig(_Strict):
     tools: list[PythonTool] = Field(default_factory=list, description="Tools the model may call.")
     environment: HttpEnvironment | PythonEnvironment | None = Field(
         None, discriminator="type", description="A user's environment answering each turn.")
+    agent: AgentProgram | None = Field(
+        None, description="A black-box agent program calling an OpenAI-compatible endpoint.")
 
     @field_validator("stop", mode="before")
     @classmethod
@@ -377,7 +385,7 @@ class Recipe(_Strict):
         self._grpo_family_keys()
         r = self.rollout
         check_episodes(self.algorithm, r.max_turns, r.tools, r.environment,
-                       self.grpo.dynamic_sampling)
+                       self.grpo.dynamic_sampling, r.agent)
         names = [r.name for r in self.rewards]
         dup = sorted({n for n in names if names.count(n) > 1})
         if dup:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import statistics
 from functools import lru_cache
+from pathlib import Path
 from typing import Any
 
 import ray
@@ -91,11 +92,19 @@ def requests_for(prompts: list[PromptItem], recipe: Recipe, step: int) -> list[P
     return out
 
 
+def episodes_enabled(recipe: Recipe) -> bool:
+    """Whether a step samples episodes (multi-turn, or a black-box agent) instead of
+    single-turn rollouts."""
+    return recipe.rollout.max_turns > 1 or recipe.rollout.agent is not None
+
+
 def generate_episodes(
-    roles: Any, prompts: list[PromptItem], recipe: Recipe, model_path: str, step: int
+    roles: Any, prompts: list[PromptItem], recipe: Recipe, model_path: str, step: int,
+    run_dir: Path | None = None,
 ) -> tuple[list[Rollout], dict[str, float]]:
     """`samples_per_prompt` episodes per prompt as Rollouts (with `loss_mask` and
-    `turns`), and the step's episode metrics.
+    `turns`), and the step's episode metrics: turn by turn with the recipe's tools or
+    environment, or by the recipe's agent program (its files under `run_dir/agent`).
 
     Raises:
         TemplateMismatch: the chat template cannot be extended turn by turn.
@@ -103,6 +112,13 @@ def generate_episodes(
     """
     r = recipe.rollout
     tok = policy_tokenizer(model_path)
+    if r.agent is not None:  # black-box agent program (recipes/agent_step.py)
+        from posttrain.recipes.agent_step import generate_agent_episodes
+
+        return generate_agent_episodes(
+            roles.rollout, requests_for(prompts, recipe, step), recipe,
+            lambda ids: tok.decode(ids, skip_special_tokens=True),
+            (run_dir or Path(".")) / "agent", step)
     sampling = SamplingSettings(
         n=1,
         max_new_tokens=r.max_new_tokens,
