@@ -289,3 +289,37 @@ def test_merge_across_a_turn_boundary_is_refused_not_retokenised():
     assert rendered[: len(sampled)] != sampled  # the boundary merge
     with pytest.raises(TemplateMismatch):
         message_delta(bpe, history, new, bpe.convert_tokens_to_ids("1"), None)
+
+
+def _recipe(**rollout):
+    from posttrain.config import Recipe
+
+    algo = rollout.pop("algorithm", "grpo")
+    return Recipe.model_validate({
+        "name": "x", "algorithm": algo, "model": {"path": "m"},
+        "data": {"train": {"generator": "arithmetic", "size": 4}},
+        "rollout": {"engine": "hf", "samples_per_prompt": 2, **rollout},
+        "rewards": [{"name": "c", "type": "math"}], "train": {"steps": 1, "prompts_per_step": 1}})
+
+
+@pytest.mark.parametrize(("rollout", "message"), [
+    ({"tools": [{"name": "python"}]}, "set rollout.max_turns: 2 or more"),
+    ({"max_turns": 3, "algorithm": "ppo"}, "set algorithm: grpo"),
+    ({"max_turns": 3, "tools": [{"name": "python"}],
+      "environment": {"type": "python", "class_path": "a:B"}}, "keep one"),
+    ({"agent": {"command": ["x"]}, "tools": [{"name": "python"}], "max_turns": 2},
+     "drives its own episodes"),
+])
+def test_schema_refuses_inconsistent_episode_settings(rollout, message):
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match=message):
+        _recipe(**rollout)
+
+
+def test_single_turn_defaults_stay_single_turn():
+    r = _recipe()
+    assert r.rollout.max_turns == 1 and not r.rollout.tools and r.rollout.environment is None
+    from posttrain.recipes.episode_step import episodes_enabled
+
+    assert not episodes_enabled(r) and episodes_enabled(_recipe(agent={"command": ["a"]}))
