@@ -83,15 +83,29 @@ class AgentProgram(Strict):
                              "per step; over it the step fails.")
 
 
-def check_episodes(
-    algorithm: str, max_turns: int, tools: list, environment: object, dynamic_sampling: bool,
-    agent: object = None,
-) -> None:
+class EpisodeFields(Strict):
+    """The rollout block's multi-turn keys (`RolloutConfig` inherits them)."""
+
+    max_turns: int = Field(
+        1, ge=1, description="Most model turns per episode (1: single-turn).")
+    max_episode_tokens: int | None = Field(
+        None, gt=0, description="Most tokens after the prompt per episode (model and "
+        "environment tokens); default max_turns × max_new_tokens.")
+    tools: list[PythonTool] = Field(default_factory=list, description="Tools the model may call.")
+    environment: HttpEnvironment | PythonEnvironment | None = Field(
+        None, discriminator="type", description="A user's environment answering each turn.")
+    agent: AgentProgram | None = Field(
+        None, description="A black-box agent program calling an OpenAI-compatible endpoint.")
+
+
+def check_episodes(algorithm: str, rollout: EpisodeFields, dynamic_sampling: bool) -> None:
     """Refuse multi-turn settings the run cannot honour.
 
     Raises:
         ValueError: names the key and the fix.
     """
+    max_turns, tools, environment, agent = (rollout.max_turns, rollout.tools,
+                                            rollout.environment, rollout.agent)
     if (tools or environment is not None) and max_turns < 2:
         raise ValueError(
             "rollout.tools / rollout.environment answer the model between turns, "

@@ -22,13 +22,7 @@ from posttrain.config.adapter import AdapterConfig
 from posttrain.config.algorithms import DPOConfig, GRPOConfig, PPOConfig
 from posttrain.config.base import Strict
 from posttrain.config.data import DataConfig, PreferenceData
-from posttrain.config.episodes import (
-    AgentProgram,
-    HttpEnvironment,
-    PythonEnvironment,
-    PythonTool,
-    check_episodes,
-)
+from posttrain.config.episodes import EpisodeFields, check_episodes
 from posttrain.config.evaluation import EvalConfig
 from posttrain.config.rewards import RewardSpec
 
@@ -77,10 +71,11 @@ class VLLMConfig(_Strict):
     )
 
 
-class RolloutConfig(_Strict):
+class RolloutConfig(EpisodeFields):
     """How rollouts are sampled. Only these parameters shape sampling: the engines ignore
     sampling settings in the model's generation_config.json (repetition penalty, top_k,
-    ...), so `inference_logprobs` describe exactly the distribution sampled."""
+    ...), so `inference_logprobs` describe exactly the distribution sampled. The
+    multi-turn keys (`max_turns`, `tools`, ...) are in config/episodes.py."""
 
     engine: Literal["vllm", "hf"] = Field(
         default_factory=lambda: "vllm" if vllm_installed() else "hf",
@@ -106,16 +101,6 @@ class RolloutConfig(_Strict):
         1.0, gt=0.0, description="Sampling temperature; inference_logprobs are under it."
     )
     top_p: float = Field(1.0, gt=0.0, le=1.0, description="Nucleus sampling mass.")
-    max_turns: int = Field(1, ge=1, description="Most model turns per episode (1: single-turn; "
-                           "see config/episodes.py).")
-    max_episode_tokens: int | None = Field(
-        None, gt=0, description="Most tokens after the prompt per episode (model and "
-        "environment tokens); default max_turns × max_new_tokens.")
-    tools: list[PythonTool] = Field(default_factory=list, description="Tools the model may call.")
-    environment: HttpEnvironment | PythonEnvironment | None = Field(
-        None, discriminator="type", description="A user's environment answering each turn.")
-    agent: AgentProgram | None = Field(
-        None, description="A black-box agent program calling an OpenAI-compatible endpoint.")
 
     @field_validator("stop", mode="before")
     @classmethod
@@ -383,9 +368,7 @@ class Recipe(_Strict):
                     f"mini-batches would hold none; set {self.algorithm}.mini_batches: {rows} "
                     "or less")
         self._grpo_family_keys()
-        r = self.rollout
-        check_episodes(self.algorithm, r.max_turns, r.tools, r.environment,
-                       self.grpo.dynamic_sampling, r.agent)
+        check_episodes(self.algorithm, self.rollout, self.grpo.dynamic_sampling)
         names = [r.name for r in self.rewards]
         dup = sorted({n for n in names if names.count(n) > 1})
         if dup:
