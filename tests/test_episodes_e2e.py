@@ -54,3 +54,34 @@ def test_two_multi_turn_grpo_steps(tiny_model, tmp_path, monkeypatch):
     for r in multi:  # the game answered: its (0.0) reward was added as a component
         assert "environment" in r["reward_details"] and r["metadata"]["environment_reward"] == 0
     assert "guess_env" in sys.modules
+
+
+def test_two_grpo_steps_with_a_black_box_agent(tiny_model, tmp_path):
+    """`rollout.agent`: the example httpx agent program calls the rollout worker's
+    OpenAI-compatible endpoint (a Ray actor's server thread); its rewards are trained on."""
+    recipe = {
+        "name": "tiny-agent",
+        "algorithm": "grpo",
+        "model": {"path": str(tiny_model), "dtype": "float32"},
+        "data": {"train": {"generator": "arithmetic", "size": 20, "seed": 1}},
+        "rollout": {"engine": "hf", "samples_per_prompt": 2, "max_new_tokens": 5,
+                    "agent": {"command": [sys.executable, str(EXAMPLES / "openai_agent.py")],
+                              "timeout_s": 120}},
+        "rewards": [{"name": "short", "type": "length", "target_chars": 3}],
+        "train": {"steps": 2, "prompts_per_step": 2, "micro_batch_size": 4, "lr": 1e-3},
+        "resources": {"rollout": {"gpus": 1}, "learner": {"gpus": 1}, "threads_per_worker": 1},
+        "weight_sync": {"type": "object_store"},
+        "monitor": {"progress": False, "dashboard_port": None, "tensorboard": False},
+    }
+    recipe_file = tmp_path / "agent.yaml"
+    recipe_file.write_text(yaml.safe_dump(recipe))
+    run_dir = tmp_path / "run"
+    history = run(load_recipe(recipe_file), run_dir)
+    assert [h["policy_version"] for h in history] == [1, 2]
+    assert all(h["episode/agent_rewards"] == 4.0 for h in history)
+    saved = [json.loads(x) for x in (run_dir / "rollouts" / "step_00001.jsonl").open()]
+    assert len(saved) == 4 and all(r["policy_version"] == 1 for r in saved)
+    for r in saved:
+        assert "environment" in r["reward_details"]
+        assert [i for t in r["turns"] for i in t["ids"]] == r["response_ids"]
+    assert (run_dir / "agent" / "episodes_00001.jsonl").is_file()
