@@ -82,4 +82,10 @@ class Rollout:
     turns: list[dict[str, Any]] | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """Every field; a single-turn sample's rollout-file line is as before (no
+        `loss_mask` / `turns` keys)."""
+        out = asdict(self)
+        for key in ("loss_mask", "turns"):
+            if out[key] is None:
+                del out[key]
+        return out
