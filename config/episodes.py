@@ -78,45 +78,66 @@ class AgentProgram(Strict):
     to `{base_url}/episodes/{episode_id}/reward`, and exits 0."""
 
     command: list[str] = Field(
-        min_length=1, description="argv of the agent program, e.g. ['python', 'agent.py'].")
-    timeout_s: float = Field(600.0, gt=0, description="Most seconds the program may run "
-                             "per step; over it the step fails.")
+        min_length=1, description="argv of the agent program, e.g. ['python', 'agent.py']."
+    )
+    timeout_s: float = Field(
+        600.0,
+        gt=0,
+        description="Most seconds the program may run per step; over it the step fails.",
+    )
 
 
 class EpisodeFields(Strict):
     """The rollout block's multi-turn keys (`RolloutConfig` inherits them)."""
 
-    max_turns: int = Field(
-        1, ge=1, description="Most model turns per episode (1: single-turn).")
+    max_turns: int = Field(1, ge=1, description="Most model turns per episode (1: single-turn).")
     max_episode_tokens: int | None = Field(
-        None, gt=0, description="Most tokens after the prompt per episode (model and "
-        "environment tokens); default max_turns × max_new_tokens.")
+        None,
+        gt=0,
+        description="Most tokens after the prompt per episode (model and "
+        "environment tokens); default max_turns × max_new_tokens.",
+    )
     tools: list[PythonTool] = Field(default_factory=list, description="Tools the model may call.")
     environment: HttpEnvironment | PythonEnvironment | None = Field(
-        None, discriminator="type", description="A user's environment answering each turn.")
+        None, discriminator="type", description="A user's environment answering each turn."
+    )
     agent: AgentProgram | None = Field(
-        None, description="A black-box agent program calling an OpenAI-compatible endpoint.")
+        None, description="A black-box agent program calling an OpenAI-compatible endpoint."
+    )
 
 
-def check_episodes(algorithm: str, rollout: EpisodeFields, dynamic_sampling: bool) -> None:
+def check_episodes(
+    algorithm: str,
+    rollout: EpisodeFields,
+    dynamic_sampling: bool,
+    overlong_buffer: int | None = None,
+) -> None:
     """Refuse multi-turn settings the run cannot honour.
 
     Raises:
         ValueError: names the key and the fix.
     """
-    max_turns, tools, environment, agent = (rollout.max_turns, rollout.tools,
-                                            rollout.environment, rollout.agent)
+    max_turns, tools, environment, agent = (
+        rollout.max_turns,
+        rollout.tools,
+        rollout.environment,
+        rollout.agent,
+    )
     if (tools or environment is not None) and max_turns < 2:
         raise ValueError(
             "rollout.tools / rollout.environment answer the model between turns, "
             "but rollout.max_turns is 1; set rollout.max_turns: 2 or more"
         )
     if agent is not None and (tools or environment is not None):
-        raise ValueError("rollout.agent drives its own episodes; remove rollout.tools and "
-                         "rollout.environment, or rollout.agent")
+        raise ValueError(
+            "rollout.agent drives its own episodes; remove rollout.tools and "
+            "rollout.environment, or rollout.agent"
+        )
     if agent is not None and algorithm != "grpo":
-        raise ValueError(f"rollout.agent trains with sequence-level advantages; algorithm "
-                         f"{algorithm} is not supported, set algorithm: grpo")
+        raise ValueError(
+            f"rollout.agent trains with sequence-level advantages; algorithm "
+            f"{algorithm} is not supported, set algorithm: grpo"
+        )
     if agent is not None and dynamic_sampling:
         raise ValueError("grpo.dynamic_sampling is not supported with rollout.agent yet")
     if tools and environment is not None:
@@ -128,6 +149,12 @@ def check_episodes(algorithm: str, rollout: EpisodeFields, dynamic_sampling: boo
         raise ValueError(
             f"rollout.max_turns > 1 trains with sequence-level advantages; "
             f"algorithm {algorithm} is not supported, set algorithm: grpo"
+        )
+    if (max_turns > 1 or agent is not None) and overlong_buffer is not None:
+        raise ValueError(
+            "grpo.overlong_buffer penalises responses near rollout.max_new_tokens, "
+            "but an episode's response holds several turns and environment "
+            "tokens; remove grpo.overlong_buffer for multi-turn or agent episodes"
         )
     if max_turns > 1 and dynamic_sampling:
         raise ValueError(

@@ -368,7 +368,8 @@ class Recipe(_Strict):
                     f"mini-batches would hold none; set {self.algorithm}.mini_batches: {rows} "
                     "or less")
         self._grpo_family_keys()
-        check_episodes(self.algorithm, self.rollout, self.grpo.dynamic_sampling)
+        check_episodes(self.algorithm, self.rollout, self.grpo.dynamic_sampling,
+                       self.grpo.overlong_buffer)
         names = [r.name for r in self.rewards]
         dup = sorted({n for n in names if names.count(n) > 1})
         if dup:

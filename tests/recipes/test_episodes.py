@@ -295,21 +295,44 @@ def _recipe(**rollout):
     from posttrain.config import Recipe
 
     algo = rollout.pop("algorithm", "grpo")
-    return Recipe.model_validate({
-        "name": "x", "algorithm": algo, "model": {"path": "m"},
-        "data": {"train": {"generator": "arithmetic", "size": 4}},
-        "rollout": {"engine": "hf", "samples_per_prompt": 2, **rollout},
-        "rewards": [{"name": "c", "type": "math"}], "train": {"steps": 1, "prompts_per_step": 1}})
+    grpo = rollout.pop("grpo", {})
+    return Recipe.model_validate(
+        {
+            "name": "x",
+            "algorithm": algo,
+            "model": {"path": "m"},
+            "data": {"train": {"generator": "arithmetic", "size": 4}},
+            "rollout": {"engine": "hf", "samples_per_prompt": 2, **rollout},
+            "grpo": grpo,
+            "rewards": [{"name": "c", "type": "math"}],
+            "train": {"steps": 1, "prompts_per_step": 1},
+        }
+    )
 
 
-@pytest.mark.parametrize(("rollout", "message"), [
-    ({"tools": [{"name": "python"}]}, "set rollout.max_turns: 2 or more"),
-    ({"max_turns": 3, "algorithm": "ppo"}, "set algorithm: grpo"),
-    ({"max_turns": 3, "tools": [{"name": "python"}],
-      "environment": {"type": "python", "class_path": "a:B"}}, "keep one"),
-    ({"agent": {"command": ["x"]}, "tools": [{"name": "python"}], "max_turns": 2},
-     "drives its own episodes"),
-])
+@pytest.mark.parametrize(
+    ("rollout", "message"),
+    [
+        ({"tools": [{"name": "python"}]}, "set rollout.max_turns: 2 or more"),
+        ({"max_turns": 3, "algorithm": "ppo"}, "set algorithm: grpo"),
+        (
+            {
+                "max_turns": 3,
+                "tools": [{"name": "python"}],
+                "environment": {"type": "python", "class_path": "a:B"},
+            },
+            "keep one",
+        ),
+        (
+            {"agent": {"command": ["x"]}, "tools": [{"name": "python"}], "max_turns": 2},
+            "drives its own episodes",
+        ),
+        (
+            {"max_turns": 2, "max_new_tokens": 64, "grpo": {"overlong_buffer": 16}},
+            "remove grpo.overlong_buffer",
+        ),
+    ],
+)
 def test_schema_refuses_inconsistent_episode_settings(rollout, message):
     from pydantic import ValidationError
 
