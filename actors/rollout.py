@@ -59,6 +59,12 @@ class Rollout:
         policy_version: optimizer steps behind the weights that sampled it.
         prompt_text, response_text: decoded text (response without special tokens).
         ground_truth, metadata: copied from the PromptRequest.
+        loss_mask: `[R]` for a multi-turn episode (recipes/episodes.py): 1 on the
+            model's sampled tokens, 0 on environment tokens (tool results, user
+            messages) inside the response, which the loss never counts; None (every
+            response token is the model's) for a single-turn sample.
+        turns: a multi-turn episode's segments (role, ids, mask, logprobs,
+            policy_version, text), for the rollout files; None for single-turn.
     """
 
     uid: str
@@ -72,6 +78,14 @@ class Rollout:
     response_text: str
     ground_truth: str = ""
     metadata: dict[str, Any] = field(default_factory=dict)
+    loss_mask: list[int] | None = None
+    turns: list[dict[str, Any]] | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """Every field; a single-turn sample's rollout-file line is as before (no
+        `loss_mask` / `turns` keys)."""
+        out = asdict(self)
+        for key in ("loss_mask", "turns"):
+            if out[key] is None:
+                del out[key]
+        return out

@@ -1,12 +1,16 @@
 """`RolloutWorker`: a Ray actor wrapping one inference engine.
 
-Verbs: `generate`, `update_weights`, `join_push_group`, `policy_version`, `health`,
-`weights_checksum`, `drain_spans`, `close`. With a group transport (`collective`) the
-worker joins the push group as rank `worker_id + 1` while it is constructed (when the
-settings carry a `group_address`), and again on `join_push_group` when the controller
-re-forms the group after a member was replaced.
+Verbs: `generate`, `generate_ids` (token ids in, samples out: the turns of multi-turn
+episodes), `update_weights`, `join_push_group`, `policy_version`, `health`,
+`weights_checksum`, `drain_spans`, `close`; for black-box agents `serve_openai` (an
+OpenAI-compatible endpoint, actors/openai_server.py) and `pop_episode` (its recorded
+calls). With a group transport (`collective`) the worker joins the push group as rank
+`worker_id + 1` while it is constructed (when the settings carry a `group_address`), and
+again on `join_push_group` when the controller re-forms the group after a member was
+replaced.
 
-Concurrency: a worker runs one verb at a time (a plain Ray actor). The controller
+Concurrency: a worker runs one verb at a time (a plain Ray actor); the OpenAI
+endpoint's server thread shares the engine under `engine_lock`. The controller
 calls `update_weights(handle)` after the learner's optimizer step and waits for the
 returned `policy_version` before calling `generate` again, so every Rollout of a step
 carries the same `policy_version`.
@@ -15,11 +19,13 @@ carries the same `policy_version`.
 from __future__ import annotations
 
 import os
+import threading
 import time
 from dataclasses import replace
 
-from posttrain.actors.engine import EngineSettings
+from posttrain.actors.engine import EngineSettings, Sample
 from posttrain.actors.factory import make_engine
+from posttrain.actors.openai_server import EpisodeRecorder, create_app
 from posttrain.actors.rollout import PromptRequest, Rollout, SamplingSettings
 from posttrain.common.process import quiet_libraries, set_torch_threads
 from posttrain.common.telemetry import Span, SpanRecorder
@@ -69,12 +75,15 @@ class RolloutWorker:
         self.delay_s = delay_s
         self.fail_push = fail_push
         self.push_delay_s = push_delay_s
+        self.engine_lock = threading.Lock()  # the OpenAI endpoint's threads share the engine
+        self.recorder: EpisodeRecorder | None = None
+        self.server = None
 
     def generate(
         self, requests: list[PromptRequest], sampling: SamplingSettings, step: int
     ) -> list[Rollout]:
         """`sampling.n` Rollouts per request, grouped by request order."""
-        with self.spans.span("generate", step):
+        with self.spans.span("generate", step), self.engine_lock:
             prompt_ids = [self.engine.tokenize_chat(r.messages) for r in requests]
             groups = self.engine.generate(prompt_ids, sampling)
             time.sleep(self.delay_s)
@@ -99,6 +108,53 @@ class RolloutWorker:
                     )
         return rollouts
 
+    def generate_ids(self, prompts: list[list[int]], sampling: SamplingSettings,
+                     step: int) -> tuple[list[Sample], int]:
+        """One sample per prompt `[N][P_i]` (token ids, already templated; `sampling.n`
+        must be 1) and the policy_version that sampled them.
+
+        Raises:
+            ValueError: `sampling.n` is not 1.
+        """
+        if sampling.n != 1:
+            raise ValueError(f"generate_ids samples one turn per prompt; got n={sampling.n}")
+        with self.spans.span("generate", step), self.engine_lock:
+            samples = [g[0] for g in self.engine.generate(prompts, sampling)]
+        return samples, self.version
+
+    def serve_openai(self, host: str = "127.0.0.1", port: int = 0, max_tokens: int = 256,
+                     temperature: float | None = None) -> str:
+        """Start the OpenAI-compatible endpoint (once) on a server thread; its base URL
+        (`http://host:port/v1`). With `temperature` (training) every call samples at it
+        and at most `max_tokens` tokens (see `openai_server.create_app`)."""
+        if self.server is None:
+            import socket
+
+            import uvicorn
+
+            self.recorder = EpisodeRecorder()
+
+            def generate(ids: list[int], sampling: SamplingSettings) -> tuple[Sample, int]:
+                with self.engine_lock:
+                    return self.engine.generate([ids], sampling)[0][0], self.version
+
+            app = create_app(generate, self.engine.tokenizer, self.recorder, max_tokens,
+                             temperature)
+            sock = socket.socket()
+            sock.bind((host, port))
+            self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
+            threading.Thread(target=self.server.run, kwargs={"sockets": [sock]},
+                             daemon=True).start()
+            while not self.server.started:
+                time.sleep(0.01)
+            self.openai_url = f"http://{host}:{sock.getsockname()[1]}/v1"
+        return self.openai_url
+
+    def pop_episode(self, episode_id: str) -> dict | None:
+        """The calls recorded for `episode_id` (prompt ids, completion ids, logprobs,
+        policy_version, ...), its reward and restarts, removed; None if unknown."""
+        return self.recorder.pop(episode_id) if self.recorder else None
+
     def update_weights(self, handle: WeightHandle, step: int = -1) -> int:
         """Load `handle`'s weights in place (or, when `handle.meta` carries an
         `adapter_config`, serve base + that adapter) and take its version; returns it.
@@ -111,7 +167,7 @@ class RolloutWorker:
                 this worker and the version. The worker then still reports its old
                 version, so the controller sees it is stale.
         """
-        with self.spans.span("weight_sync", step):
+        with self.spans.span("weight_sync", step), self.engine_lock:
             if self.fail_push == (self.worker_id, handle.version):
                 raise WeightSyncError(f"rollout worker {self.worker_id}: debug.fail_weight_push "
                                       f"refused policy_version {handle.version}")
@@ -171,5 +227,8 @@ class RolloutWorker:
         return self.spans.drain()
 
     def close(self) -> None:
-        """Release the weight transport's buffers, files and group."""
+        """Release the weight transport's buffers, files and group (and stop the
+        OpenAI endpoint)."""
+        if self.server is not None:
+            self.server.should_exit = True
         self.transport.close()

@@ -22,6 +22,7 @@ from posttrain.config.adapter import AdapterConfig
 from posttrain.config.algorithms import DPOConfig, GRPOConfig, PPOConfig
 from posttrain.config.base import Strict
 from posttrain.config.data import DataConfig, PreferenceData
+from posttrain.config.episodes import EpisodeFields, check_episodes
 from posttrain.config.evaluation import EvalConfig
 from posttrain.config.rewards import RewardSpec
 
@@ -70,10 +71,11 @@ class VLLMConfig(_Strict):
     )
 
 
-class RolloutConfig(_Strict):
+class RolloutConfig(EpisodeFields):
     """How rollouts are sampled. Only these parameters shape sampling: the engines ignore
     sampling settings in the model's generation_config.json (repetition penalty, top_k,
-    ...), so `inference_logprobs` describe exactly the distribution sampled."""
+    ...), so `inference_logprobs` describe exactly the distribution sampled. The
+    multi-turn keys (`max_turns`, `tools`, ...) are in config/episodes.py."""
 
     engine: Literal["vllm", "hf"] = Field(
         default_factory=lambda: "vllm" if vllm_installed() else "hf",
@@ -377,6 +379,8 @@ class Recipe(_Strict):
                     f"mini-batches would hold none; set {self.algorithm}.mini_batches: {rows} "
                     "or less")
         self._grpo_family_keys()
+        check_episodes(self.algorithm, self.rollout, self.grpo.dynamic_sampling,
+                       self.grpo.overlong_buffer)
         names = [r.name for r in self.rewards]
         dup = sorted({n for n in names if names.count(n) > 1})
         if dup:

@@ -25,7 +25,9 @@ def rollout_batch(rollouts: list[Rollout], rewards: list[float | None], pad_id: 
     responses start at one column), with the engines' `inference_logprobs`.
 
     A rollout whose reward is None (failed scoring) keeps its row but gets an all-zero
-    response mask: it counts in no loss or statistic.
+    response mask: it counts in no loss or statistic. A multi-turn episode's response
+    mask is its `loss_mask` (0 on environment tokens), so those tokens count in no loss,
+    token denominator or statistic either.
 
     Raises:
         ValueError: `rewards` and `rollouts` differ in length.
@@ -37,6 +39,9 @@ def rollout_batch(rollouts: list[Rollout], rewards: list[float | None], pad_id: 
     inference = torch.zeros(input_ids.shape, dtype=torch.float32)
     for i, r in enumerate(rollouts):
         inference[i, width_p:width_p + len(r.response_ids)] = torch.tensor(r.inference_logprobs)
+        if r.loss_mask is not None:  # multi-turn: environment tokens are context only
+            response[i, width_p:width_p + len(r.response_ids)] = torch.tensor(
+                r.loss_mask, dtype=response.dtype)
         if rewards[i] is None:
             response[i] = 0.0
     return TrainBatch(input_ids=input_ids, attention_mask=attention, response_mask=response,

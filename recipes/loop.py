@@ -28,6 +28,11 @@ from posttrain.recipes.algorithm import Algorithm, RLAlgorithm, algorithm_for
 from posttrain.recipes.dashboard import DashboardServer
 from posttrain.recipes.data import PromptItem, load_prompts, prompt_stream
 from posttrain.recipes.dynamic import sample_with_signal
+from posttrain.recipes.episode_step import (
+    add_environment_rewards,
+    episodes_enabled,
+    generate_episodes,
+)
 from posttrain.recipes.evaluation import due, evaluate, load_eval_prompts
 from posttrain.recipes.grpo import apply_failure_policy, rollout_batch, rollout_metrics
 from posttrain.recipes.monitor import StepLog
@@ -243,6 +248,14 @@ def rl_step(run: Run, algo: RLAlgorithm, step: int) -> tuple[dict[str, float], l
     if recipe.grpo.dynamic_sampling:  # rounds of generate + score: all in time/generate
         rollouts, scores, dynamic = _sample_with_signal(run, step)
         t1 = t2 = time.time()
+    elif episodes_enabled(recipe):  # multi-turn or agent episodes (recipes/episode_step.py)
+        rollouts, dynamic = generate_episodes(roles, next(run.prompts), recipe, run.model_path,
+                                              step, run.run_dir)
+        t1 = time.time()
+        scores = add_environment_rewards(rollouts, c.score(roles, rollouts))
+        t2 = time.time()
+        if recipe.monitor.save_rollouts:
+            c.save_rollouts(run.run_dir, step, rollouts, scores)
     else:
         rollouts, dynamic = c.generate(roles, next(run.prompts), recipe, step), {}
         t1 = time.time()

@@ -241,7 +241,10 @@ def checked_prompt_tokens(recipe: Recipe, prompts: list[PromptItem],
         return length
     what = (f"rollout.vllm.max_model_len ({limit})" if engine_len else f"the model's context, "
             f"{limit} tokens (max_position_embeddings in {folder / 'config.json'})")
-    new = recipe.rollout.max_new_tokens
+    r = recipe.rollout
+    # A multi-turn episode's whole trajectory (every turn after the prompt) must fit.
+    new = r.max_new_tokens if r.max_turns == 1 else r.max_episode_tokens or (
+        r.max_turns * r.max_new_tokens)
     if length + new <= limit:
         return length
     key = "rollout.vllm.max_model_len" if engine_len else "rollout.max_new_tokens"

@@ -1,0 +1,163 @@
+"""Multi-turn rollouts (`rollout.max_turns`, `rollout.max_episode_tokens`,
+`rollout.tools`, `rollout.environment`): pydantic only, no ML imports.
+
+An episode is multi-turn when `rollout.max_turns > 1`: the model samples a turn, the
+tools or the environment answer with new messages, and so on (recipes/episodes.py).
+With the defaults (`max_turns: 1`, no tools, no environment) a rollout is the
+single-turn sample it always was.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from posttrain.config.base import Strict
+
+
+class PythonTool(Strict):
+    """The built-in `python` tool: the model writes
+    `<tool_call>{"name": "python", "arguments": {"code": "..."}}</tool_call>`; the code
+    runs in the code sandbox (rewards/sandbox.py) and its output comes back as a `tool`
+    message."""
+
+    name: Literal["python"] = Field(description="The tool's name in the model's tool calls.")
+    timeout_s: float = Field(
+        5.0,
+        gt=0,
+        description="Wall-clock limit of one call, seconds; a call over it returns "
+        "'[timed out after N s]' as its result (counted in tool_errors).",
+    )
+    max_output_tokens: int = Field(
+        128,
+        gt=0,
+        description="Most tokens of a call's output put back into the episode; "
+        "longer output is cut and ends with '[... output truncated]'.",
+    )
+    memory_mb: int = Field(512, ge=64, description="Address-space limit of the program, MiB.")
+    sandbox: Literal["bwrap", "none"] = Field(
+        "bwrap",
+        description="'bwrap' (bubblewrap, no network, read-only system; see "
+        "rewards/sandbox.py) or 'none' (a bare subprocess: trusted code only).",
+    )
+
+
+class HttpEnvironment(Strict):
+    """A user's environment over HTTP (README, 'Multi-turn and tools'): `POST /reset`
+    with the data item returns the first messages, `POST /step` with the model's message
+    returns new messages, an optional reward and `done`."""
+
+    type: Literal["http"] = Field(description="An environment served over HTTP.")
+    url: str = Field(description="Base URL; the controller posts to {url}/reset and {url}/step.")
+    token_env: str | None = Field(
+        None,
+        description="Environment variable holding a bearer token sent as "
+        "'Authorization: Bearer <token>'.",
+    )
+    timeout_s: float = Field(30.0, gt=0, description="Per-request timeout, seconds.")
+    retries: int = Field(2, ge=0, description="Retries of a failed or timed-out request.")
+
+
+class PythonEnvironment(Strict):
+    """A user's environment as a Python class `module:Class` (constructed with no
+    arguments per episode) with `reset(item) -> list[message]` and
+    `step(message) -> {"messages": [...], "reward": float | None, "done": bool}`."""
+
+    type: Literal["python"] = Field(description="An environment class imported by name.")
+    class_path: str = Field(
+        description="'package.module:ClassName' importable on the controller's path."
+    )
+
+
+class AgentProgram(Strict):
+    """A black-box agent program run once per step (README, 'Multi-turn and tools'). It
+    reads the step's episodes from the JSONL file named by $POSTTRAIN_EPISODES (one line
+    each: `episode_id`, `base_url`, `messages`, `ground_truth`, `metadata`), calls
+    `{base_url}/chat/completions` with each episode id, may post each episode's reward
+    to `{base_url}/episodes/{episode_id}/reward`, and exits 0."""
+
+    command: list[str] = Field(
+        min_length=1, description="argv of the agent program, e.g. ['python', 'agent.py']."
+    )
+    timeout_s: float = Field(
+        600.0,
+        gt=0,
+        description="Most seconds the program may run per step; over it the step fails.",
+    )
+
+
+class EpisodeFields(Strict):
+    """The rollout block's multi-turn keys (`RolloutConfig` inherits them)."""
+
+    max_turns: int = Field(1, ge=1, description="Most model turns per episode (1: single-turn).")
+    max_episode_tokens: int | None = Field(
+        None,
+        gt=0,
+        description="Most tokens after the prompt per episode (model and "
+        "environment tokens); default max_turns × max_new_tokens.",
+    )
+    tools: list[PythonTool] = Field(default_factory=list, description="Tools the model may call.")
+    environment: HttpEnvironment | PythonEnvironment | None = Field(
+        None, discriminator="type", description="A user's environment answering each turn."
+    )
+    agent: AgentProgram | None = Field(
+        None, description="A black-box agent program calling an OpenAI-compatible endpoint."
+    )
+
+
+def check_episodes(
+    algorithm: str,
+    rollout: EpisodeFields,
+    dynamic_sampling: bool,
+    overlong_buffer: int | None = None,
+) -> None:
+    """Refuse multi-turn settings the run cannot honour.
+
+    Raises:
+        ValueError: names the key and the fix.
+    """
+    max_turns, tools, environment, agent = (
+        rollout.max_turns,
+        rollout.tools,
+        rollout.environment,
+        rollout.agent,
+    )
+    if (tools or environment is not None) and max_turns < 2:
+        raise ValueError(
+            "rollout.tools / rollout.environment answer the model between turns, "
+            "but rollout.max_turns is 1; set rollout.max_turns: 2 or more"
+        )
+    if agent is not None and (tools or environment is not None):
+        raise ValueError(
+            "rollout.agent drives its own episodes; remove rollout.tools and "
+            "rollout.environment, or rollout.agent"
+        )
+    if agent is not None and algorithm != "grpo":
+        raise ValueError(
+            f"rollout.agent trains with sequence-level advantages; algorithm "
+            f"{algorithm} is not supported, set algorithm: grpo"
+        )
+    if agent is not None and dynamic_sampling:
+        raise ValueError("grpo.dynamic_sampling is not supported with rollout.agent yet")
+    if tools and environment is not None:
+        raise ValueError(
+            "rollout.tools and rollout.environment are both set; an episode has "
+            "one source of environment messages: keep one"
+        )
+    if max_turns > 1 and algorithm != "grpo":
+        raise ValueError(
+            f"rollout.max_turns > 1 trains with sequence-level advantages; "
+            f"algorithm {algorithm} is not supported, set algorithm: grpo"
+        )
+    if (max_turns > 1 or agent is not None) and overlong_buffer is not None:
+        raise ValueError(
+            "grpo.overlong_buffer penalises responses near rollout.max_new_tokens, "
+            "but an episode's response holds several turns and environment "
+            "tokens; remove grpo.overlong_buffer for multi-turn or agent episodes"
+        )
+    if max_turns > 1 and dynamic_sampling:
+        raise ValueError(
+            "grpo.dynamic_sampling is not supported with multi-turn episodes "
+            "(rollout.max_turns > 1) yet; set grpo.dynamic_sampling: false"
+        )

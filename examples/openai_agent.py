@@ -1,0 +1,50 @@
+"""An example black-box agent program for `rollout.agent` (README, "Multi-turn and
+tools"): any code that speaks the OpenAI chat API works the same way.
+
+For each episode in $POSTTRAIN_EPISODES it asks the policy the question, asks once more
+when the reply holds no number, and posts reward 1 when the last number of the last
+reply equals the ground truth (else 0).
+
+    rollout:
+      agent: {command: [python, examples/openai_agent.py], timeout_s: 600}
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+
+
+def run_episode(ep: dict) -> None:
+    headers = {"X-Episode-Id": ep["episode_id"]}
+    messages = list(ep["messages"])
+    with httpx.Client(base_url=ep["base_url"], timeout=600, headers=headers) as http:
+        for _ in range(2):
+            r = http.post("/chat/completions", json={"model": "policy", "messages": messages})
+            r.raise_for_status()
+            reply = r.json()["choices"][0]["message"]
+            messages.append({"role": "assistant", "content": reply["content"]})
+            numbers = re.findall(r"-?\d+(?:\.\d+)?", reply["content"])
+            if numbers:
+                break
+            messages.append({"role": "user", "content": "Answer with the number only."})
+        correct = bool(numbers) and numbers[-1] == str(ep["ground_truth"]).strip()
+        http.post(
+            f"/episodes/{ep['episode_id']}/reward", json={"reward": float(correct)}
+        ).raise_for_status()
+
+
+def main() -> None:
+    with open(os.environ["POSTTRAIN_EPISODES"]) as f:
+        episodes = [json.loads(line) for line in f if line.strip()]
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        list(pool.map(run_episode, episodes))
+    print(f"ran {len(episodes)} episodes")
+
+
+if __name__ == "__main__":
+    main()

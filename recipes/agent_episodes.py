@@ -1,0 +1,111 @@
+"""Black-box agent episodes: the calls a rollout worker's OpenAI-compatible endpoint
+recorded for one episode (actors/openai_server.py) → one token-exact `Rollout`.
+
+Each call's prompt ids extend the previous call's prompt + completion ids (the endpoint
+builds them so); the trajectory is the first call's prompt, then per call the new
+environment ids (`loss_mask` 0: tool results, user turns, the template's closing) and
+the sampled completion (`loss_mask` 1, with its `inference_logprobs`). When the agent
+rewrote its history, a call does not extend the previous one: the trajectory is the
+last unbroken chain of calls (the earlier calls are counted in `dropped_calls`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from posttrain.actors.rollout import Rollout
+
+
+class AgentEpisodeError(ValueError):
+    """An episode has no recorded call (the agent never called the endpoint with it)."""
+
+
+def agent_rollout(
+    uid: str,
+    group_id: str,
+    record: dict[str, Any] | None,
+    decode,
+    ground_truth: str = "",
+    metadata: dict[str, Any] | None = None,
+) -> Rollout:
+    """The episode's `Rollout` (see the module docstring).
+
+    Args:
+        record: `RolloutWorker.pop_episode(uid)`: `calls`, `reward`, `restarts`.
+        decode: ids → text (the policy's tokenizer, special tokens skipped).
+
+    Returns:
+        A Rollout with `loss_mask`, `turns`, `policy_version` the oldest of its calls,
+        `finish_reason` of the last call, and the agent's reward (when it gave one) in
+        `metadata['environment_reward']` (added to the reward components' sum), plus
+        `metadata['dropped_calls']`.
+
+    Raises:
+        AgentEpisodeError: no call was recorded under `uid`.
+    """
+    calls = (record or {}).get("calls") or []
+    if not calls:
+        raise AgentEpisodeError(
+            f"episode {uid!r}: the agent made no call with this episode id "
+            "(X-Episode-Id header or episode_id field)"
+        )
+    start = 0
+    for k in range(1, len(calls)):
+        prev = calls[k - 1]
+        if calls[k]["prompt_ids"][: len(prev["prompt_ids"]) + len(prev["completion_ids"])] != (
+            prev["prompt_ids"] + prev["completion_ids"]
+        ):
+            start = k
+    chain = calls[start:]
+    prompt = chain[0]["prompt_ids"]
+    ids, mask, logprobs, turns = [], [], [], []
+    seen = len(prompt)
+    for c in chain:
+        env = c["prompt_ids"][seen:]
+        if env:
+            ids += env
+            mask += [0] * len(env)
+            logprobs += [0.0] * len(env)
+            turns.append(
+                {
+                    "role": "environment",
+                    "ids": env,
+                    "mask": 0,
+                    "logprobs": None,
+                    "policy_version": None,
+                    "text": decode(env),
+                }
+            )
+        comp = c["completion_ids"]
+        ids += comp
+        mask += [1] * len(comp)
+        logprobs += c["logprobs"]
+        turns.append(
+            {
+                "role": "assistant",
+                "ids": comp,
+                "mask": 1,
+                "logprobs": c["logprobs"],
+                "policy_version": c["policy_version"],
+                "text": decode(comp),
+            }
+        )
+        seen = len(c["prompt_ids"]) + len(comp)
+    meta = dict(metadata or {}) | {"dropped_calls": start}
+    if record.get("reward") is not None:
+        meta["environment_reward"] = float(record["reward"])
+    return Rollout(
+        uid=uid,
+        group_id=group_id,
+        prompt_ids=prompt,
+        response_ids=ids,
+        inference_logprobs=logprobs,
+        finish_reason=chain[-1]["finish_reason"],
+        policy_version=min(c["policy_version"] for c in chain),
+        prompt_text=decode(prompt),
+        response_text=turns[-1]["text"],
+        ground_truth=ground_truth,
+        metadata=meta,
+        loss_mask=mask,
+        turns=turns,
+    )

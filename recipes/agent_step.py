@@ -1,0 +1,125 @@
+"""The controller's generate for black-box agents (`rollout.agent`): every rollout
+worker serves its OpenAI-compatible endpoint, the step's episodes go to the user's agent
+program as a JSONL file, the program runs, and each episode's recorded calls become a
+token-exact `Rollout` (recipes/agent_episodes.py).
+
+Episode file (`$POSTTRAIN_EPISODES`, one JSON object per line): `episode_id` (also the
+rollout uid, `{group_id}-{k}`), `base_url` (the OpenAI base URL to call for it: episodes
+are spread round-robin over the rollout workers), `messages`, `ground_truth`, `metadata`.
+The endpoints sample at `rollout.temperature` and at most `rollout.max_new_tokens` per
+call whatever the agent asks, so the learner's logprobs describe what was sampled.
+
+Limits: the endpoints bind 127.0.0.1 (the agent runs on the controller's machine); the
+program runs once per step and must finish within `rollout.agent.timeout_s`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from posttrain.config import Recipe
+from posttrain.recipes.agent_episodes import agent_rollout
+
+
+class AgentProgramFailed(RuntimeError):
+    """The agent program exited non-zero or ran past its timeout (names its log)."""
+
+
+def _ray_call(worker: Any, verb: str, *args: Any) -> Any:
+    import ray
+
+    return ray.get(getattr(worker, verb).remote(*args))
+
+
+def generate_agent_episodes(
+    workers: list[Any],
+    requests: list[Any],
+    recipe: Recipe,
+    decode: Callable[[list[int]], str],
+    folder: Path,
+    step: int,
+    call: Callable[..., Any] = _ray_call,
+) -> tuple[list[Any], dict[str, float]]:
+    """Run the agent program over `samples_per_prompt` episodes per request.
+
+    Args:
+        workers: the rollout workers (Ray handles; `call` invokes their verbs).
+        requests: the step's `PromptRequest`s.
+        decode: ids → text (the policy's tokenizer).
+        folder: where the episode file and the program's log go.
+
+    Returns:
+        One Rollout per episode in request order, and the step's agent metrics.
+
+    Raises:
+        AgentProgramFailed: the program failed or timed out.
+        AgentEpisodeError: an episode got no call.
+    """
+    r = recipe.rollout
+    urls = [
+        call(w, "serve_openai", "127.0.0.1", 0, r.max_new_tokens, r.temperature) for w in workers
+    ]
+    folder.mkdir(parents=True, exist_ok=True)
+    episodes, lines = [], []
+    for req in requests:
+        for k in range(r.samples_per_prompt):
+            uid, w = f"{req.group_id}-{k}", len(episodes) % len(workers)
+            episodes.append((uid, req, w))
+            lines.append(
+                json.dumps(
+                    {
+                        "episode_id": uid,
+                        "base_url": urls[w],
+                        "messages": req.messages,
+                        "ground_truth": req.ground_truth,
+                        "metadata": req.metadata,
+                    }
+                )
+            )
+    file = folder / f"episodes_{step:05d}.jsonl"
+    file.write_text("\n".join(lines) + "\n")
+    log = folder / f"agent_{step:05d}.log"
+    env = {**os.environ, "POSTTRAIN_EPISODES": str(file), "POSTTRAIN_STEP": str(step)}
+    with open(log, "w") as out:
+        try:
+            proc = subprocess.run(
+                r.agent.command,
+                env=env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                timeout=r.agent.timeout_s,
+                check=False,
+            )
+        except subprocess.TimeoutExpired as e:
+            raise AgentProgramFailed(
+                f"step {step}: the agent program ran past "
+                f"rollout.agent.timeout_s={r.agent.timeout_s:g}; see {log}"
+            ) from e
+    if proc.returncode != 0:
+        tail = log.read_text(errors="replace")[-800:]
+        raise AgentProgramFailed(
+            f"step {step}: the agent program exited {proc.returncode}; {log} ends:\n{tail}"
+        )
+    rollouts = [
+        agent_rollout(
+            uid,
+            req.group_id,
+            call(workers[w], "pop_episode", uid),
+            decode,
+            req.ground_truth,
+            req.metadata,
+        )
+        for uid, req, w in episodes
+    ]
+    calls = [sum(t["mask"] for t in x.turns) for x in rollouts]
+    return rollouts, {
+        "episode/turns_mean": sum(calls) / len(calls),
+        "episode/turns_max": float(max(calls)),
+        "episode/dropped_calls": float(sum(x.metadata["dropped_calls"] for x in rollouts)),
+        "episode/agent_rewards": float(sum("environment_reward" in x.metadata for x in rollouts)),
+    }

@@ -1,0 +1,182 @@
+"""The controller's multi-turn generate (`rollout.max_turns > 1`): wires the rollout
+workers (`generate_ids`) and the recipe's tools or environment into
+`recipes.episodes.run_episodes`, and reports the episode metrics.
+
+Concurrency: each turn sends the running episodes' token ids to the rollout workers
+(spread round-robin, one Ray call per worker) and waits for all of them; environment
+steps then run on a few controller threads. A rollout worker that dies mid-episode
+stops the step (no per-turn replacement yet).
+"""
+
+from __future__ import annotations
+
+import statistics
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import ray
+
+from posttrain.actors.engine import Sample
+from posttrain.actors.rollout import PromptRequest, Rollout, SamplingSettings
+from posttrain.config import Recipe
+from posttrain.recipes.data import PromptItem
+from posttrain.recipes.episodes import (
+    Environment,
+    Episode,
+    run_episodes,
+    start_episodes,
+    to_rollout,
+)
+from posttrain.recipes.tools import ToolEnvironment, make_tools
+from posttrain.rewards.protocol import Score
+
+
+@lru_cache(maxsize=4)
+def policy_tokenizer(model_path: str) -> Any:
+    """The policy's tokenizer (with its chat template), loaded once per controller."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(model_path)
+
+
+_TOOLS: dict[tuple[str, str], dict[str, Any]] = {}
+
+
+def environment_factory(recipe: Recipe, tokenizer: Any, step: int):
+    """`uid -> Environment` for the recipe: its tools (built once per run: the sandbox
+    starts with a trial run) or its user environment."""
+    r = recipe.rollout
+    if r.environment is not None:
+        from posttrain.recipes.environments import make_environment
+
+        return lambda uid: make_environment(r.environment, f"{uid}@{step}")
+    key = (tokenizer.name_or_path, repr(r.tools))
+    if key not in _TOOLS:
+        _TOOLS[key] = make_tools(r.tools, tokenizer)
+    tools = _TOOLS[key]
+    return lambda uid: ToolEnvironment(tools)
+
+
+def worker_generate(roles: Any, step: int):
+    """A `GenerateFn` over the run's rollout workers: prompts spread round-robin."""
+
+    def generate(prompts: list[list[int]], sampling: SamplingSettings) -> tuple[list[Sample], int]:
+        n = len(roles.rollout)
+        parts = {i: list(range(i, len(prompts), n)) for i in range(n) if i < len(prompts)}
+        futures = {
+            i: roles.rollout[i].generate_ids.remote([prompts[j] for j in idx], sampling, step)
+            for i, idx in parts.items()
+        }
+        out: list[Sample | None] = [None] * len(prompts)
+        versions = set()
+        for i, f in futures.items():
+            samples, version = ray.get(f)
+            versions.add(version)
+            for j, s in zip(parts[i], samples, strict=True):
+                out[j] = s
+        return out, min(versions)
+
+    return generate
+
+
+def requests_for(prompts: list[PromptItem], recipe: Recipe, step: int) -> list[PromptRequest]:
+    """The step's prompts as chat requests (system prompt first when the recipe has one),
+    group ids as single-turn generation names them."""
+    out = []
+    for i, p in enumerate(prompts):
+        m = [{"role": "user", "content": p.question}]
+        if recipe.model.system_prompt:
+            m.insert(0, {"role": "system", "content": recipe.model.system_prompt})
+        out.append(PromptRequest(f"s{step}-p{p.prompt_id}-{i}", m, p.ground_truth, p.metadata))
+    return out
+
+
+def episodes_enabled(recipe: Recipe) -> bool:
+    """Whether a step samples episodes (multi-turn, or a black-box agent) instead of
+    single-turn rollouts."""
+    return recipe.rollout.max_turns > 1 or recipe.rollout.agent is not None
+
+
+def generate_episodes(
+    roles: Any, prompts: list[PromptItem], recipe: Recipe, model_path: str, step: int,
+    run_dir: Path | None = None,
+) -> tuple[list[Rollout], dict[str, float]]:
+    """`samples_per_prompt` episodes per prompt as Rollouts (with `loss_mask` and
+    `turns`), and the step's episode metrics: turn by turn with the recipe's tools or
+    environment, or by the recipe's agent program (its files under `run_dir/agent`).
+
+    Raises:
+        TemplateMismatch: the chat template cannot be extended turn by turn.
+        SandboxUnavailable: a tool's sandbox cannot start.
+    """
+    r = recipe.rollout
+    tok = policy_tokenizer(model_path)
+    if r.agent is not None:  # black-box agent program (recipes/agent_step.py)
+        from posttrain.recipes.agent_step import generate_agent_episodes
+
+        return generate_agent_episodes(
+            roles.rollout, requests_for(prompts, recipe, step), recipe,
+            lambda ids: tok.decode(ids, skip_special_tokens=True),
+            (run_dir or Path(".")) / "agent", step)
+    sampling = SamplingSettings(
+        n=1,
+        max_new_tokens=r.max_new_tokens,
+        temperature=r.temperature,
+        top_p=r.top_p,
+        seed=recipe.train.seed * 100_003 + step,
+        stop=tuple(r.stop),
+    )
+    new_env: Any = environment_factory(recipe, tok, step)
+    episodes = start_episodes(
+        tok, requests_for(prompts, recipe, step), r.samples_per_prompt, new_env
+    )
+    budget = r.max_episode_tokens or r.max_turns * r.max_new_tokens
+    run_episodes(worker_generate(roles, step), tok, episodes, sampling, r.max_turns, budget)
+    close_all([e.env for e in episodes])
+    texts = {id(e.prompt_ids): tok.decode(e.prompt_ids, skip_special_tokens=True) for e in episodes}
+    return [to_rollout(e, texts[id(e.prompt_ids)]) for e in episodes], episode_metrics(episodes)
+
+
+def close_all(envs: list[Environment]) -> None:
+    """Let environments that hold resources (HTTP clients) release them."""
+    for env in envs:
+        close = getattr(env, "close", None)
+        if close is not None:
+            close()
+
+
+def episode_metrics(episodes: list[Episode]) -> dict[str, float]:
+    """Turns per episode (model turns), tool calls / errors / seconds per step, the share
+    of truncated episodes, and the share of response tokens that are the model's."""
+    model = sum(t.mask * len(t.ids) for e in episodes for t in e.turns)
+    total = sum(e.response_len for e in episodes)
+    return {
+        "episode/turns_mean": statistics.fmean(e.model_turns for e in episodes),
+        "episode/turns_max": float(max(e.model_turns for e in episodes)),
+        "episode/tool_calls": float(sum(e.stats.tool_calls for e in episodes)),
+        "episode/tool_calls_per_episode": statistics.fmean(e.stats.tool_calls for e in episodes),
+        "episode/tool_errors": float(sum(e.stats.tool_errors for e in episodes)),
+        "episode/tool_time_s": sum(e.stats.tool_time_s for e in episodes),
+        "episode/truncated_fraction": sum(e.truncated for e in episodes) / len(episodes),
+        "episode/episodes_with_tool_call": float(sum(e.stats.tool_calls > 0 for e in episodes)),
+        "episode/model_token_fraction": model / max(total, 1),
+    }
+
+
+def add_environment_rewards(rollouts: list[Rollout], scores: list[Score]) -> list[Score]:
+    """Scores with each episode's environment reward (`metadata['environment_reward']`,
+    the sum of its `/step` rewards) added as the `environment` component (weight 1). A
+    failed score (reward None) stays failed."""
+    out = []
+    for r, s in zip(rollouts, scores, strict=True):
+        env = r.metadata.get("environment_reward")
+        if env is None or s.reward is None:
+            out.append(s)
+            continue
+        out.append(
+            s.model_copy(
+                update={"reward": s.reward + env, "details": {**s.details, "environment": env}}
+            )
+        )
+    return out

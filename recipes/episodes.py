@@ -1,0 +1,268 @@
+"""Multi-turn episodes, token in and token out: the model samples a turn, an
+`Environment` (the built-in tools, a user's environment) answers with messages, and so
+on until the environment says done, `max_turns` model turns were sampled, or the
+episode's token budget runs out.
+
+Token bookkeeping (the point of this module): an episode is kept as token ids and is
+never re-tokenised.
+- Model turns are the engine's sampled ids exactly, with their `inference_logprobs`.
+- Environment messages are the chat template's *delta*: the conversation rendered with
+  the new messages (and the generation prompt) minus the conversation rendered without
+  them; the rendering without them must be a prefix of the rendering with them, else
+  `TemplateMismatch` (a template that rewrites earlier turns, e.g. one dropping past
+  reasoning, cannot be extended turn by turn). What the template puts after an
+  assistant's content (`<|im_end|>\\n`) but the model did not sample (the `\\n`; the whole
+  closing when a stop string ended the turn) goes before the delta, as environment
+  tokens.
+- `loss_mask` is 1 on model tokens only; the learner trains on the whole trajectory with
+  it as the response mask, so environment tokens are context, never targets.
+
+Who drives what: this module knows an engine only as a `GenerateFn` and an environment
+only as an `Environment`; the controller (recipes/episode_step.py) wires the rollout
+workers and the tools or user environments to it.
+
+Limits: a turn cut by `max_new_tokens` (or by the budget) ends its episode (truncated);
+environment steps of one turn run on a few threads, model turns of all running episodes
+are one engine call per turn.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any, Protocol
+
+from posttrain.actors.chat import TemplateMismatch, chat_ids, message_delta
+from posttrain.actors.engine import Sample, end_of_turn_token_id
+from posttrain.actors.rollout import PromptRequest, Rollout, SamplingSettings
+
+__all__ = [
+    "Environment",
+    "Episode",
+    "GenerateFn",
+    "StepResult",
+    "TemplateMismatch",
+    "Turn",
+    "chat_ids",
+    "message_delta",
+    "run_episodes",
+    "start_episodes",
+    "to_rollout",
+]
+
+#: (prompts `[N][P_i]`, sampling with n = 1) → (one Sample per prompt, policy_version)
+GenerateFn = Callable[[list[list[int]], SamplingSettings], tuple[list[Sample], int]]
+
+
+@dataclass
+class StepResult:
+    """An environment's answer to one model turn (environment → controller).
+
+    Attributes:
+        messages: new chat messages (`[{"role", "content"}]`), e.g. tool results.
+        reward: a reward for this step, or None; an episode's rewards are summed.
+        done: the episode ends (no messages are appended then).
+        tool_calls, tool_errors: calls made and calls that failed (malformed, unknown
+            tool, non-zero exit, timeout).
+        tool_time_s: seconds spent running tools.
+    """
+
+    messages: list[dict[str, str]] = field(default_factory=list)
+    reward: float | None = None
+    done: bool = False
+    tool_calls: int = 0
+    tool_errors: int = 0
+    tool_time_s: float = 0.0
+
+
+class Environment(Protocol):
+    """One episode's environment. `reset` gives the first messages for the data item;
+    `step` answers each model turn (its text, special tokens removed)."""
+
+    def reset(self, request: PromptRequest) -> list[dict[str, str]]: ...
+
+    def step(self, message: str) -> StepResult: ...
+
+
+@dataclass
+class Turn:
+    """One segment of a trajectory (shown per turn in the rollout files).
+
+    Attributes:
+        role: 'assistant' for a model turn, else the environment messages' role(s) joined
+            by '+' (e.g. 'tool').
+        ids: `[L]` token ids of the segment.
+        mask: 1 for a model turn (trained on), 0 for environment tokens.
+        logprobs: `[L]` the engine's logprobs for a model turn; None for environment.
+        policy_version: version that sampled a model turn; None for environment.
+        text: the model's text, or the environment messages' contents.
+    """
+
+    role: str
+    ids: list[int]
+    mask: int
+    logprobs: list[float] | None = None
+    policy_version: int | None = None
+    text: str = ""
+
+
+@dataclass
+class Episode:
+    """A trajectory being built: the prompt, its turns, and the conversation as messages."""
+
+    uid: str
+    request: PromptRequest
+    env: Environment
+    prompt_ids: list[int]
+    messages: list[dict[str, str]]
+    turns: list[Turn] = field(default_factory=list)
+    done: bool = False
+    truncated: bool = False
+    env_reward: float | None = None
+    stats: StepResult = field(default_factory=StepResult)
+
+    @property
+    def response_len(self) -> int:
+        return sum(len(t.ids) for t in self.turns)
+
+    @property
+    def model_turns(self) -> int:
+        return sum(t.mask for t in self.turns)
+
+
+def start_episodes(
+    tokenizer: Any, requests: list[PromptRequest], n: int, new_env: Callable[[str], Environment]
+) -> list[Episode]:
+    """`n` episodes per request (a group), each with its own environment; uid
+    `{group_id}-{k}` as for single-turn rollouts."""
+    episodes = []
+    for req in requests:
+        for k in range(n):
+            uid = f"{req.group_id}-{k}"
+            env = new_env(uid)
+            messages = list(env.reset(req))
+            episodes.append(Episode(uid, req, env, chat_ids(tokenizer, messages, True), messages))
+    return episodes
+
+
+def run_episodes(
+    generate: GenerateFn,
+    tokenizer: Any,
+    episodes: list[Episode],
+    sampling: SamplingSettings,
+    max_turns: int,
+    max_episode_tokens: int,
+    threads: int = 4,
+) -> list[Episode]:
+    """Run every episode to its end (see the module docstring); returns `episodes`.
+
+    Each turn samples one model turn for every running episode with one `generate` call
+    per per-turn token limit (`min(max_new_tokens, tokens left)`), with seed
+    `sampling.seed + 7919 * turn`.
+
+    Raises:
+        TemplateMismatch: see `message_delta`.
+    """
+    eot = end_of_turn_token_id(tokenizer)
+    with ThreadPoolExecutor(max_workers=threads) as pool:
+        for turn in range(max_turns):
+            running = [e for e in episodes if not e.done]
+            if not running:
+                break
+            by_limit: dict[int, list[Episode]] = {}
+            for e in running:
+                limit = min(sampling.max_new_tokens, max_episode_tokens - e.response_len)
+                by_limit.setdefault(limit, []).append(e)
+            for limit, group in by_limit.items():
+                s = replace(sampling, n=1, max_new_tokens=limit, seed=sampling.seed + 7919 * turn)
+                samples, version = generate([e.prompt_ids + _ids(e) for e in group], s)
+                for e, sample in zip(group, samples, strict=True):
+                    _add_model_turn(tokenizer, e, sample, version)
+            stepping = [e for e in running if not e.done]
+            results = list(pool.map(lambda e: e.env.step(e.messages[-1]["content"]), stepping))
+            for e, res in zip(stepping, results, strict=True):
+                _add_env_turn(tokenizer, e, res, eot, turn + 1 == max_turns, max_episode_tokens)
+    return episodes
+
+
+def _ids(e: Episode) -> list[int]:
+    return [i for t in e.turns for i in t.ids]
+
+
+def _add_model_turn(tokenizer: Any, e: Episode, sample: Sample, version: int) -> None:
+    text = tokenizer.decode(sample.token_ids, skip_special_tokens=True)
+    e.turns.append(
+        Turn("assistant", list(sample.token_ids), 1, list(sample.logprobs), version, text)
+    )
+    e.messages.append({"role": "assistant", "content": text})
+    if sample.finish_reason == "length":  # cut mid-turn: nothing sensible can follow
+        e.done = e.truncated = True
+
+
+def _add_env_turn(
+    tokenizer: Any,
+    e: Episode,
+    res: StepResult,
+    eot: int | None,
+    last_turn: bool,
+    max_episode_tokens: int,
+) -> None:
+    """Record the environment's answer; append its messages unless the episode ends."""
+    st = e.stats
+    st.tool_calls += res.tool_calls
+    st.tool_errors += res.tool_errors
+    st.tool_time_s += res.tool_time_s
+    if res.reward is not None:
+        e.env_reward = (e.env_reward or 0.0) + res.reward
+    if res.done or not res.messages:
+        e.done = True
+        return
+    if last_turn:  # the environment wanted another model turn
+        e.done = e.truncated = True
+        return
+    delta = message_delta(tokenizer, e.messages, res.messages, e.turns[-1].ids[-1], eot)
+    if e.response_len + len(delta) >= max_episode_tokens:
+        e.done = e.truncated = True
+        return
+    e.turns.append(
+        Turn(
+            "+".join(m["role"] for m in res.messages),
+            delta,
+            0,
+            text="\n".join(m["content"] for m in res.messages),
+        )
+    )
+    e.messages.extend(res.messages)
+
+
+def to_rollout(e: Episode, prompt_text: str) -> Rollout:
+    """The episode as a `Rollout`: `response_ids [R]` = every turn's ids after the prompt,
+    `loss_mask [R]` (1 on model tokens), `inference_logprobs [R]` (the engine's on model
+    tokens, 0.0 on environment tokens, where they mean nothing and `loss_mask` is 0),
+    `finish_reason` 'length' for a truncated episode, `response_text` the model's last
+    turn (what a verifier scores), `turns` for the rollout files. The environment's
+    summed reward, when it gave one, is in `metadata['environment_reward']`."""
+    ids = _ids(e)
+    mask = [t.mask for t in e.turns for _ in t.ids]
+    logprobs = [lp for t in e.turns for lp in (t.logprobs or [0.0] * len(t.ids))]
+    versions = [t.policy_version for t in e.turns if t.policy_version is not None]
+    metadata = dict(e.request.metadata)
+    if e.env_reward is not None:
+        metadata["environment_reward"] = e.env_reward
+    last = next(t.text for t in reversed(e.turns) if t.mask)
+    return Rollout(
+        uid=e.uid,
+        group_id=e.request.group_id,
+        prompt_ids=e.prompt_ids,
+        response_ids=ids,
+        inference_logprobs=logprobs,
+        finish_reason="length" if e.truncated else "stop",
+        policy_version=min(versions),
+        prompt_text=prompt_text,
+        response_text=last,
+        ground_truth=e.request.ground_truth,
+        metadata=metadata,
+        loss_mask=mask,
+        turns=[asdict(t) for t in e.turns],
+    )
