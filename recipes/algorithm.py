@@ -18,6 +18,7 @@ import torch
 from posttrain.actors.rollout import Rollout
 from posttrain.algorithms.batch import TrainBatch, pad_rows_to_multiple
 from posttrain.algorithms.common import loss_denominator
+from posttrain.algorithms.correction import Correction
 from posttrain.common.telemetry import Span
 from posttrain.config import Recipe
 from posttrain.recipes.controller import on_learners
@@ -98,6 +99,12 @@ def run_updates(learners: list[Any], batch: TrainBatch, rows: int, epochs: int,
             updates.append(on_learners(learners, "train_step", sub, step)[0])
     stats = {k: statistics.fmean(u[k] for u in updates) for k in updates[0]}
     return {**stats, "grad_norm": updates[-1]["grad_norm"], "lr": updates[-1]["lr"]}
+
+
+def correction_of(recipe: Recipe) -> Correction:
+    """The learner's plain settings of `train.correction`."""
+    c = recipe.train.correction
+    return Correction(mode=c.mode, level=c.level, cap=c.cap)
 
 
 def algorithm_for(recipe: Recipe) -> Algorithm:
