@@ -61,9 +61,14 @@ class Algorithm(ABC):
 
 
 class RLAlgorithm(Algorithm):
-    """GRPO and PPO: the step is `recipes.loop.rl_step`; each says how it trains."""
+    """GRPO and PPO: the step is `recipes.loop.rl_step` (`recipes.async_loop.async_step`
+    with `train.max_staleness` ≥ 1); each says how it trains."""
 
     def step(self, run: Any, step: int) -> tuple[dict[str, float], list[Span]]:
+        if self.recipe.train.max_staleness:  # generation runs ahead of training
+            from posttrain.recipes.async_loop import async_step
+
+            return async_step(run, self, step)
         from posttrain.recipes.loop import rl_step
 
         return rl_step(run, self, step)
