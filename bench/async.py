@@ -73,7 +73,8 @@ def _row(setup: str, k: int, history: list[dict], warmup: int, rows_per_step: in
             "rollout_idle": statistics.fmean(h["rollout_idle_fraction"] for h in steady),
             "learner_idle": statistics.fmean(h["learner_idle_fraction"] for h in steady),
             "staleness": statistics.fmean(h.get("staleness_mean", 0.0) for h in steady),
-            "reward": history[-1]["reward_mean"], "steps": len(history)}
+            "reward": history[-1]["reward_mean"], "steps": len(history),
+            "rewards": [h["reward_mean"] for h in history]}
 
 
 def main() -> None:
@@ -115,6 +116,9 @@ def main() -> None:
         print(f"| {r['setup']} | {r['k']} | {r['steps']} | {r['steps_s']:.3f} "
               f"| {r['tokens_s']:.1f} | {r['rollout_idle']:.2f} | {r['learner_idle']:.2f} "
               f"| {r['staleness']:.2f} | {r['reward']:.3f} | {ratio:.2f}x |")
+    print("\nreward_mean per step:")
+    for r in rows:
+        print(f"  {r['setup']}, k={r['k']}: " + " ".join(f"{x:.3f}" for x in r["rewards"]))
 
 
 if __name__ == "__main__":

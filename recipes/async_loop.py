@@ -54,7 +54,7 @@ from typing import Any
 import ray
 
 from posttrain.actors.rollout import Rollout
-from posttrain.common.telemetry import Span, busy_seconds, idle_fraction
+from posttrain.common.telemetry import Span, busy_seconds, generation_tail, idle_fraction
 from posttrain.recipes import controller as c
 from posttrain.recipes.grpo import apply_failure_policy, rollout_batch, rollout_metrics
 from posttrain.rewards.protocol import Score
@@ -152,7 +152,8 @@ class RolloutStream:
         refs = {}
         for i, chunk in chunks.items():
             refs[self.roles.rollout[i].generate.remote(chunk, sampling, round_)] = i
-            self.inflight[i] = (time.time(), round_)
+            with self.cond:
+                self.inflight[i] = (time.time(), round_)
         while refs:
             done, _ = ray.wait(list(refs), num_returns=1, timeout=1.0)
             if self.stopped:
@@ -160,7 +161,9 @@ class RolloutStream:
             if not done:
                 continue
             i = refs.pop(done[0])
-            sent, _ = self.inflight.pop(i)
+            with self.cond:  # drain_spans moves the start of requests in flight
+                sent, _ = self.inflight.pop(i)
+                self.spans.append(Span("rollout", i, "generate", sent, time.time(), round_))
             try:
                 rollouts = ray.get(done[0])
             except ray.exceptions.RayActorError as e:
@@ -168,8 +171,6 @@ class RolloutStream:
                     f"rollout worker {i} died while generating ahead (train.max_staleness "
                     f"{self.k}); the asynchronous loop does not replace engines. Resume from "
                     f"the last checkpoint: posttrain run --resume {self.run.run_dir}") from e
-            with self.cond:
-                self.spans.append(Span("rollout", i, "generate", sent, time.time(), round_))
             self.scorer.submit(self._score, rollouts, round_)
 
     def _score(self, rollouts: list[Rollout], round_: int) -> None:
@@ -284,7 +285,9 @@ def async_step(run: Any, algo: Any, step: int) -> tuple[dict[str, float], list[S
     """One step of the asynchronous loop: take fresh groups → save → train → push (with
     the producer paused). Metrics as `rl_step`'s, plus `staleness_mean`,
     `staleness_max`, `dropped_stale` (samples), `time/wait_rollouts` (the learner
-    waiting for fresh groups) and `time/wait_push` (waiting for a round in flight)."""
+    waiting for fresh groups) and `time/wait_push` (waiting for a round in flight).
+    `time/generate` is the wait for fresh groups and `time/score` 0: generation and
+    scoring overlap training, only the wait is on the step's critical path."""
     recipe, roles = run.recipe, run.roles
     if run.stream is None:
         run.stream = RolloutStream(run, start_version=step)
@@ -315,6 +318,8 @@ def async_step(run: Any, algo: Any, step: int) -> tuple[dict[str, float], list[S
             "staleness_mean": sum(lag) / len(lag), "staleness_max": float(max(lag)),
             "dropped_stale": float(sum(len(g.rollouts) for g in stale)),
             "time/wait_rollouts": t1 - t0, "time/wait_push": t_push - t_trained,
+            # the step's critical path: generation and scoring run behind training
+            "time/generate": t1 - t0, "time/score": 0.0,
             "time/weight_sync": sync_s,
             "time/step": t_end - t0, "weight_sync_bytes": roles.last_push_bytes,
             "rollout_tokens_per_s": tokens / (t_end - t0),
@@ -334,4 +339,5 @@ def _telemetry(run: Any, start: float, end: float) -> tuple[dict[str, float], li
         "learner_idle_fraction": idle_fraction(spans, "learner", n_l, start, end),
         "rollout_busy_s": busy_seconds(spans, "rollout", n_r, start, end),
         "learner_busy_s": busy_seconds(spans, "learner", n_l, start, end),
+        "time/generation_tail": generation_tail(spans),
     }, spans

@@ -13,10 +13,10 @@ from posttrain.recipes.loop import run
 from tests.test_grpo_e2e import _grpo_recipe
 
 
-@pytest.mark.parametrize("k", [1, 2])
-def test_no_sample_trains_beyond_k_versions(tiny_model, tmp_path, k):
+@pytest.mark.parametrize(("algorithm", "k"), [("grpo", 1), ("grpo", 2), ("ppo", 1)])
+def test_no_sample_trains_beyond_k_versions(tiny_model, tmp_path, algorithm, k):
     recipe_file = _grpo_recipe(
-        tmp_path, tiny_model,
+        tmp_path, tiny_model, algorithm=algorithm,
         train={"steps": 4, "prompts_per_step": 2, "micro_batch_size": 2, "lr": 1e-3,
                "max_staleness": k, "correction": {"mode": "tis", "cap": 2.0}})
     run_dir = tmp_path / "run"
@@ -38,3 +38,30 @@ def test_no_sample_trains_beyond_k_versions(tiny_model, tmp_path, k):
         assert len({r["group_id"] for r in saved}) == 2
     lines = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [m["staleness_max"] for m in lines] == [m["staleness_max"] for m in history]
+
+
+def _prompts_of(run_dir, step):
+    rows = (run_dir / "rollouts" / f"step_{step:05d}.jsonl").read_text().splitlines()
+    return sorted({json.loads(x)["prompt_text"] for x in rows})
+
+
+def test_resume_generates_the_in_flight_samples_again(tiny_model, tmp_path):
+    from posttrain.recipes import checkpoints
+
+    train = {"steps": 4, "prompts_per_step": 2, "micro_batch_size": 2, "lr": 1e-3,
+             "max_staleness": 1}
+    straight = tmp_path / "straight"
+    straight.mkdir()
+    run(load_recipe(_grpo_recipe(straight, tiny_model, train=train)), straight / "run")
+    split = tmp_path / "split"
+    split.mkdir()
+    recipe_file = _grpo_recipe(split, tiny_model, train={**train, "steps": 2})
+    run(load_recipe(recipe_file), split / "run")  # checkpoint after 2 steps; round 2 in flight
+    latest = checkpoints.latest(split / "run")
+    history = run(load_recipe(recipe_file, ["train.steps=4"]), split / "run", resume=latest)
+
+    assert [m["policy_version"] for m in history] == [3, 4]
+    for step in (2, 3):  # the same prompts as the straight run: none skipped
+        assert _prompts_of(split / "run", step) == _prompts_of(straight / "run", step)
+    resumed = [json.loads(x) for x in (split / "run" / "rollouts" / "step_00002.jsonl").open()]
+    assert all(r["policy_version"] == 2 for r in resumed)  # regenerated under the checkpoint
