@@ -28,7 +28,13 @@ from posttrain.algorithms.common import (
     masked_sum,
     ratio_of,
 )
-from posttrain.algorithms.policy_losses import POLICY_LOSSES
+from posttrain.algorithms.correction import (
+    Correction,
+    apply_correction,
+    correction_metrics,
+    mismatch_sums,
+)
+from posttrain.algorithms.policy_losses import POLICY_LOSSES, with_kl
 
 
 def group_advantages(
@@ -173,12 +179,15 @@ class GRPOLoss:
         kl_coef: weight of the k3 KL to the reference (`ref_logprobs` must be given).
         kind: the per-token policy loss, a key of `policy_losses.POLICY_LOSSES`
             (`ppo_clip`, `gspo` or `cispo`).
+        correction: off-policy correction against `inference_logprobs`
+            (`algorithms.correction`); mode 'none' leaves the loss untouched.
     """
 
     clip_low: float = 0.2
     clip_high: float = 0.2
     kl_coef: float = 0.0
     kind: str = "ppo_clip"
+    correction: Correction = Correction()
 
 
 def loss(logprobs: torch.Tensor, mb: TrainBatch, cfg: GRPOLoss,
@@ -194,20 +203,32 @@ def loss(logprobs: torch.Tensor, mb: TrainBatch, cfg: GRPOLoss,
         values: unused (GRPO has no critic).
 
     Returns:
-        LossOutput with sums `loss`, `clipped`, `kl`, `tokens` and, when `old_logprobs`
-        come from this forward, `mismatch` (Σ|logprobs − inference_logprobs|).
+        LossOutput with sums `loss`, `clipped`, `kl`, `tokens`; when `old_logprobs`
+        come from this forward, `mismatch` (Σ|logprobs − inference_logprobs|); with
+        `inference_logprobs`, `mismatch_k3` and `mismatch_abs` (`correction.mismatch_sums`);
+        with a correction, `is_weight` and `is_corrected`.
     """
     fused = mb.old_logprobs is None
     old = logprobs.detach() if fused else mb.old_logprobs
     m = mb.response_mask
-    terms = POLICY_LOSSES[cfg.kind](logprobs, old, mb.advantages, m, cfg.clip_low,
-                                    cfg.clip_high, ref_logprobs=mb.ref_logprobs,
-                                    kl_coef=cfg.kl_coef)
-    total = aggregate_loss(terms.loss, m, mb.loss_denominator)
+    corr, extra = cfg.correction, {}
+    if corr.mode == "none":  # exactly the uncorrected path
+        terms = POLICY_LOSSES[cfg.kind](logprobs, old, mb.advantages, m, cfg.clip_low,
+                                        cfg.clip_high, ref_logprobs=mb.ref_logprobs,
+                                        kl_coef=cfg.kl_coef)
+        per_token = terms.loss
+    else:  # the weight multiplies the policy term only, not the KL to the reference
+        terms = POLICY_LOSSES[cfg.kind](logprobs, old, mb.advantages, m, cfg.clip_low,
+                                        cfg.clip_high)
+        policy, extra = apply_correction(terms.loss, old, mb.inference_logprobs, m, corr)
+        per_token, terms.kl = with_kl(policy, logprobs, mb.ref_logprobs, cfg.kl_coef)
+    total = aggregate_loss(per_token, m, mb.loss_denominator)
     sums = {"loss": float(total.detach()), "clipped": masked_sum(terms.clipped, m),
-            "kl": masked_sum(terms.kl, m), "tokens": float(m.sum())}
-    if fused and mb.inference_logprobs is not None:
-        sums["mismatch"] = masked_sum((logprobs - mb.inference_logprobs).abs(), m)
+            "kl": masked_sum(terms.kl, m), "tokens": float(m.sum()), **extra}
+    if mb.inference_logprobs is not None:
+        sums |= mismatch_sums(old, mb.inference_logprobs, m)
+        if fused:
+            sums["mismatch"] = masked_sum((logprobs - mb.inference_logprobs).abs(), m)
     return LossOutput(total, sums)
 
 
@@ -218,4 +239,4 @@ def finish_metrics(sums: dict[str, float]) -> dict[str, float]:
            "kl": ratio_of(sums, "kl", "tokens")}
     if "mismatch" in sums:
         out["logprob_mismatch"] = ratio_of(sums, "mismatch", "tokens")
-    return out
+    return out | correction_metrics(sums)

@@ -28,7 +28,7 @@ def _per_sequence(advantages: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return (advantages * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)
 
 
-def _with_kl(loss: torch.Tensor, logprobs: torch.Tensor, ref_logprobs: torch.Tensor | None,
+def with_kl(loss: torch.Tensor, logprobs: torch.Tensor, ref_logprobs: torch.Tensor | None,
              kl_coef: float) -> tuple[torch.Tensor, torch.Tensor]:
     """`loss + kl_coef·k3` and the k3 term (zeros without a reference)."""
     if ref_logprobs is None:
@@ -72,7 +72,7 @@ def gspo(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.T
     clipped = ratio.clamp(1.0 - clip_low, 1.0 + clip_high) * adv
     seq_loss = -torch.minimum(unclipped, clipped)
     ones = torch.ones_like(logprobs)
-    loss, kl = _with_kl(seq_loss.unsqueeze(-1) * ones, logprobs, ref_logprobs, kl_coef)
+    loss, kl = with_kl(seq_loss.unsqueeze(-1) * ones, logprobs, ref_logprobs, kl_coef)
     was_clipped = (clipped < unclipped).float().unsqueeze(-1) * ones
     return PolicyLossTerms(loss=loss, clipped=was_clipped, kl=kl,
                            ratio=ratio.detach().unsqueeze(-1) * ones)
@@ -94,7 +94,7 @@ def cispo(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.
         advantages = advantages.unsqueeze(-1)
     ratio = torch.exp((logprobs - old_logprobs).clamp(-20.0, 20.0)).detach()
     weight = ratio.clamp(1.0 - clip_low, 1.0 + clip_high)
-    loss, kl = _with_kl(-weight * advantages * logprobs, logprobs, ref_logprobs, kl_coef)
+    loss, kl = with_kl(-weight * advantages * logprobs, logprobs, ref_logprobs, kl_coef)
     return PolicyLossTerms(loss=loss, clipped=(weight != ratio).float(), kl=kl, ratio=ratio)
 
 

@@ -22,6 +22,13 @@ from posttrain.algorithms.common import (
     masked_sum,
     ratio_of,
 )
+from posttrain.algorithms.correction import (
+    Correction,
+    apply_correction,
+    correction_metrics,
+    mismatch_sums,
+)
+from posttrain.algorithms.policy_losses import with_kl
 
 
 def token_rewards(
@@ -166,11 +173,14 @@ class PPOLoss:
         kl_coef: weight of a k3 KL term in the loss (`kl_mode: loss`; 0 with
             `kl_mode: reward`, where the penalty is in the rewards).
         cliprange_value: value clip around the old values.
+        correction: off-policy correction of the policy term against
+            `inference_logprobs` (`algorithms.correction`); 'none' leaves it untouched.
     """
 
     clip_eps: float = 0.2
     kl_coef: float = 0.0
     cliprange_value: float = 0.2
+    correction: Correction = Correction()
 
 
 def loss(logprobs: torch.Tensor, mb: TrainBatch, cfg: PPOLoss,
@@ -189,16 +199,26 @@ def loss(logprobs: torch.Tensor, mb: TrainBatch, cfg: PPOLoss,
     """
     if values is None or mb.old_logprobs is None:
         raise ValueError("the PPO loss needs the critic's values and old_logprobs")
-    m = mb.response_mask
-    t = clipped_policy_loss(logprobs, mb.old_logprobs, mb.advantages, cfg.clip_eps, cfg.clip_eps,
-                            ref_logprobs=mb.ref_logprobs, kl_coef=cfg.kl_coef)
-    pg = aggregate_loss(t.loss, m, mb.loss_denominator)
+    m, extra = mb.response_mask, {}
+    if cfg.correction.mode == "none":  # exactly the uncorrected path
+        t = clipped_policy_loss(logprobs, mb.old_logprobs, mb.advantages, cfg.clip_eps,
+                                cfg.clip_eps, ref_logprobs=mb.ref_logprobs, kl_coef=cfg.kl_coef)
+        per_token = t.loss
+    else:  # the weight multiplies the policy term only, not the KL to the reference
+        t = clipped_policy_loss(logprobs, mb.old_logprobs, mb.advantages, cfg.clip_eps,
+                                cfg.clip_eps)
+        policy, extra = apply_correction(t.loss, mb.old_logprobs, mb.inference_logprobs, m,
+                                         cfg.correction)
+        per_token, t.kl = with_kl(policy, logprobs, mb.ref_logprobs, cfg.kl_coef)
+    if mb.inference_logprobs is not None:
+        extra |= mismatch_sums(mb.old_logprobs, mb.inference_logprobs, m)
+    pg = aggregate_loss(per_token, m, mb.loss_denominator)
     vl, vclip = clipped_value_loss(values, mb.values, mb.returns, cfg.cliprange_value)
     vf = aggregate_loss(vl, m, mb.loss_denominator)
     return LossOutput(pg + vf, {
         "loss": float(pg.detach()), "value_loss": float(vf.detach()),
         "clipped": masked_sum(t.clipped, m), "value_clipped": masked_sum(vclip, m),
-        "kl": masked_sum(t.kl, m), "tokens": float(m.sum())})
+        "kl": masked_sum(t.kl, m), "tokens": float(m.sum()), **extra})
 
 
 def finish_metrics(sums: dict[str, float]) -> dict[str, float]:
@@ -206,4 +226,4 @@ def finish_metrics(sums: dict[str, float]) -> dict[str, float]:
     return {"loss": sums.get("loss", 0.0), "value_loss": sums.get("value_loss", 0.0),
             "clip_fraction": ratio_of(sums, "clipped", "tokens"),
             "value_clip_fraction": ratio_of(sums, "value_clipped", "tokens"),
-            "kl": ratio_of(sums, "kl", "tokens")}
+            "kl": ratio_of(sums, "kl", "tokens"), **correction_metrics(sums)}

@@ -38,3 +38,20 @@ def quiet_libraries() -> None:
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
+
+
+def split_cores(rollout_workers: int, learner_workers: int, rollout_cores: int | None = None,
+                cores: int | None = None) -> tuple[int, int]:
+    """Threads per rollout worker and per learner rank when both sides compute at once
+    (asynchronous training): `rollout_cores` (default half the cores) go to the rollout
+    workers, the rest to the learner ranks, each side at least one core and each worker
+    at least one thread.
+
+    Args:
+        cores: the machine's cores (default `os.cpu_count()`).
+    """
+    cores = cores or os.cpu_count() or 1
+    share = rollout_cores or max(1, cores // 2)
+    share = min(share, max(1, cores - 1))
+    rest = max(1, cores - share)
+    return max(1, share // max(1, rollout_workers)), max(1, rest // max(1, learner_workers))

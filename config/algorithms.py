@@ -125,3 +125,22 @@ class DPOConfig(_Strict):
         "and free the reference; false keeps the reference in the loop.",
     )
     max_length: int = Field(512, gt=8, description="Most tokens of prompt + reply per row.")
+
+
+class CorrectionConfig(_Strict):
+    """`train.correction`: off-policy correction of GRPO and PPO losses between the engine
+    that sampled (`inference_logprobs`) and the learner's `old_logprobs`
+    (algorithms/correction.py)."""
+
+    mode: Literal["none", "tis", "mis"] = Field(
+        "none",
+        description="none: the loss as without correction. tis: each token's policy loss "
+        "times min(w, cap), w = exp(old_logprobs - inference_logprobs) (truncated importance "
+        "sampling, Yao et al. 2025). mis: tokens (or whole responses) with w outside "
+        "[1/cap, cap] leave the loss (masked importance sampling; verl rollout correction, "
+        "IcePop).",
+    )
+    level: Literal["token", "sequence"] = Field(
+        "token", description="token: one weight per token; sequence: one per response, "
+        "exp of the sum of its token log-ratios, on every token of it.")
+    cap: float = Field(2.0, gt=1, description="C: TIS truncates at C; MIS keeps [1/C, C].")

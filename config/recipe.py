@@ -19,7 +19,8 @@ from typing import Any, Literal
 from pydantic import Field, field_validator, model_validator
 
 from posttrain.config.adapter import AdapterConfig
-from posttrain.config.algorithms import DPOConfig, GRPOConfig, PPOConfig
+from posttrain.config.algorithms import CorrectionConfig, DPOConfig, GRPOConfig, PPOConfig
+from posttrain.config.asynchrony import check_async_and_correction
 from posttrain.config.base import Strict
 from posttrain.config.data import DataConfig, PreferenceData
 from posttrain.config.episodes import EpisodeFields, check_episodes
@@ -178,6 +179,14 @@ class TrainConfig(_Strict):
         "that policy again and the steps after it run again. 0: the run stops, naming the "
         "checkpoint to resume from.",
     )
+    max_staleness: int = Field(
+        0, ge=0,
+        description="0: synchronous, on-policy steps (generate, score, train, push). k >= 1: "
+        "rollouts for the next k steps are generated and scored while the learner trains "
+        "(recipes/async_loop.py); a sample made by policy_version v trains at step s only if "
+        "s - v <= k, older ones are dropped (dropped_stale). GRPO and PPO.",
+    )
+    correction: CorrectionConfig = Field(default_factory=CorrectionConfig)
 
 
 class RolloutResources(_Strict):
@@ -206,6 +215,12 @@ class ResourcesConfig(_Strict):
     )
     threads_per_worker: int | None = Field(
         None, gt=0, description="torch threads per worker; default: cores / workers (at least 1)."
+    )
+    rollout_cores: int | None = Field(
+        None, gt=0,
+        description="With train.max_staleness >= 1 both sides compute at once: cores for the "
+        "rollout workers (split among them), the rest for the learner ranks; default half "
+        "the cores (at least 1 each side). Synchronous runs give each side every core.",
     )
 
     @model_validator(mode="after")
@@ -381,6 +396,7 @@ class Recipe(_Strict):
         self._grpo_family_keys()
         check_episodes(self.algorithm, self.rollout, self.grpo.dynamic_sampling,
                        self.grpo.overlong_buffer)
+        check_async_and_correction(self)
         names = [r.name for r in self.rewards]
         dup = sorted({n for n in names if names.count(n) > 1})
         if dup:

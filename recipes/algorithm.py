@@ -18,6 +18,7 @@ import torch
 from posttrain.actors.rollout import Rollout
 from posttrain.algorithms.batch import TrainBatch, pad_rows_to_multiple
 from posttrain.algorithms.common import loss_denominator
+from posttrain.algorithms.correction import Correction
 from posttrain.common.telemetry import Span
 from posttrain.config import Recipe
 from posttrain.recipes.controller import on_learners
@@ -60,9 +61,14 @@ class Algorithm(ABC):
 
 
 class RLAlgorithm(Algorithm):
-    """GRPO and PPO: the step is `recipes.loop.rl_step`; each says how it trains."""
+    """GRPO and PPO: the step is `recipes.loop.rl_step` (`recipes.async_loop.async_step`
+    with `train.max_staleness` ≥ 1); each says how it trains."""
 
     def step(self, run: Any, step: int) -> tuple[dict[str, float], list[Span]]:
+        if self.recipe.train.max_staleness:  # generation runs ahead of training
+            from posttrain.recipes.async_loop import async_step
+
+            return async_step(run, self, step)
         from posttrain.recipes.loop import rl_step
 
         return rl_step(run, self, step)
@@ -98,6 +104,12 @@ def run_updates(learners: list[Any], batch: TrainBatch, rows: int, epochs: int,
             updates.append(on_learners(learners, "train_step", sub, step)[0])
     stats = {k: statistics.fmean(u[k] for u in updates) for k in updates[0]}
     return {**stats, "grad_norm": updates[-1]["grad_norm"], "lr": updates[-1]["lr"]}
+
+
+def correction_of(recipe: Recipe) -> Correction:
+    """The learner's plain settings of `train.correction`."""
+    c = recipe.train.correction
+    return Correction(mode=c.mode, level=c.level, cap=c.cap)
 
 
 def algorithm_for(recipe: Recipe) -> Algorithm:

@@ -58,6 +58,16 @@ def generate(
     (dynamic sampling's extra rounds of a step) gives distinct group ids and seeds;
     `sampling` defaults to the recipe's rollout settings (evaluation passes its own), `tag`
     starts every group id (`s` for training, `e` for evaluation)."""
+    chunks, sampling = generation_requests(roles, prompts, recipe, step, round_, sampling, tag)
+    return generate_surviving(roles, recipe, chunks, sampling, step)
+
+
+def generation_requests(
+    roles: Roles, prompts: list[PromptItem], recipe: Recipe, step: int, round_: int = 0,
+    sampling: SamplingSettings | None = None, tag: str = "s",
+) -> tuple[dict[int, list[PromptRequest]], SamplingSettings]:
+    """What `generate` sends: rollout worker i's requests `chunks[i]` and the sampling
+    settings (arguments as `generate`)."""
     messages = []
     for p in prompts:
         m = [{"role": "user", "content": p.question}]
@@ -78,8 +88,7 @@ def generate(
         stop=tuple(recipe.rollout.stop),
     )
     n = len(roles.rollout)
-    chunks = {i: requests[i::n] for i in range(n) if requests[i::n]}
-    return generate_surviving(roles, recipe, chunks, sampling, step)
+    return {i: requests[i::n] for i in range(n) if requests[i::n]}, sampling
 
 
 def generate_surviving(roles: Roles, recipe: Recipe, chunks: dict[int, list[PromptRequest]],

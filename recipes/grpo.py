@@ -15,7 +15,7 @@ from posttrain.actors.rollout import Rollout
 from posttrain.algorithms.batch import TrainBatch, concat, pack_rows, pad_rows_to_multiple
 from posttrain.algorithms.grpo import ESTIMATORS, GRPOLoss, mask_truncated, overlong_penalty
 from posttrain.config import Recipe
-from posttrain.recipes.algorithm import RLAlgorithm, run_updates
+from posttrain.recipes.algorithm import RLAlgorithm, correction_of, run_updates
 from posttrain.recipes.controller import on_learners
 from posttrain.rewards.protocol import Score
 
@@ -135,7 +135,7 @@ class GRPO(RLAlgorithm):
         super().__init__(recipe)
         g = recipe.grpo
         self.loss = GRPOLoss(clip_low=g.clip_eps, clip_high=g.clip_eps_high or g.clip_eps,
-                             kl_coef=g.kl_coef, kind=g.loss)
+                             kl_coef=g.kl_coef, kind=g.loss, correction=correction_of(recipe))
         self.estimate = ESTIMATORS[g.estimator]
         self.load_reference = g.kl_coef > 0
 

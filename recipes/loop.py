@@ -53,6 +53,7 @@ class Run:
     data: list[Any]
     prompts: Iterator[list[PromptItem]] | None = None
     eval_prompts: list[PromptItem] | None = None
+    stream: Any = None  # train.max_staleness ≥ 1: the RolloutStream (recipes/async_loop.py)
 
 
 def run(recipe: Recipe, run_dir: Path, address: str | None = None,
@@ -91,7 +92,7 @@ def run(recipe: Recipe, run_dir: Path, address: str | None = None,
     start = saved["step"] if saved else 0
     c.write_manifest(run_dir, recipe, model_path)
     c.init_ray(recipe, address, rollout=algo.uses_rollouts)
-    roles, history, log, dash = None, [], StepLog(run_dir, recipe, start), None
+    roles, history, log, dash, state = None, [], StepLog(run_dir, recipe, start), None, None
     try:
         if recipe.monitor.dashboard_port is not None:
             dash = DashboardServer(run_dir, recipe.monitor.dashboard_port)
@@ -137,6 +138,8 @@ def run(recipe: Recipe, run_dir: Path, address: str | None = None,
             ray.get([lw.save_checkpoint.remote(str(run_dir / "final"), recipe.train.steps)
                      for lw in roles.learners])
     finally:
+        if state is not None and state.stream is not None:
+            state.stream.close()
         c.stop_roles(roles)
         ray.shutdown()
         log.close()

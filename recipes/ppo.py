@@ -14,7 +14,7 @@ from posttrain.algorithms.batch import TrainBatch, concat, pad_rows_to_multiple
 from posttrain.algorithms.ppo import PPOLoss, advantages_and_returns, explained_variance
 from posttrain.config import Recipe
 from posttrain.learner.settings import CriticSettings
-from posttrain.recipes.algorithm import RLAlgorithm, run_updates
+from posttrain.recipes.algorithm import RLAlgorithm, correction_of, run_updates
 from posttrain.recipes.controller import on_learners
 
 
@@ -28,7 +28,8 @@ class PPO(RLAlgorithm):
         p = recipe.ppo
         # k1 in the reward (kl_mode: reward) or k3 in the loss (kl_mode: loss).
         self.loss = PPOLoss(clip_eps=p.clip_eps, cliprange_value=p.cliprange_value,
-                            kl_coef=p.kl_coef if p.kl_mode == "loss" else 0.0)
+                            kl_coef=p.kl_coef if p.kl_mode == "loss" else 0.0,
+                            correction=correction_of(recipe))
         self.load_reference = p.kl_coef > 0
         self.critic = CriticSettings(path=p.critic_path, lr=p.critic_lr)
 

