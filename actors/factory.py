@@ -16,7 +16,7 @@ def make_engine(s: EngineSettings) -> InferenceEngine:
     if s.kind == "hf":
         from posttrain.actors.hf_engine import HFEngine
 
-        return HFEngine(s.model_path, dtype=s.dtype)
+        return HFEngine(s.model_path, dtype=s.dtype, device=s.device)
     if s.kind == "vllm":
         from posttrain.actors.vllm_engine import VLLMEngine
 

@@ -68,6 +68,12 @@ class VLLMConfig(_Strict):
         True, description="Run without torch.compile / CUDA graphs: starts in seconds instead "
         "of minutes, decodes slower. Set false on GPUs for long runs."
     )
+    gpu_memory_utilization: float | None = Field(
+        None, gt=0, le=1, description="device cuda: share of each engine GPU's memory vLLM "
+        "may take (weights + activations + KV cache), vLLM's own setting; null: a KV cache "
+        "of kv_cache_gb instead. Colocated engines share the GPU with a learner rank: keep "
+        "it low (e.g. 0.3); vLLM sleeps while the learner trains."
+    )
 
 
 class RolloutConfig(_Strict):
@@ -157,6 +163,10 @@ class TrainConfig(_Strict):
     betas: tuple[float, float] = Field((0.9, 0.999), description="AdamW betas.")
     max_grad_norm: float = Field(1.0, gt=0, description="Global grad-norm clip.")
     seed: int = Field(0, description="Seed of sampling and initialisation.")
+    gradient_checkpointing: bool = Field(
+        False, description="Recompute each decoder layer's activations in the backward pass "
+        "(transformers' gradient_checkpointing_enable, non-reentrant) instead of keeping "
+        "them: about a third more compute for long sequences that would not fit otherwise.")
     save_final: bool = Field(True, description="Save the final policy with save_pretrained.")
     checkpoint_every: int | None = Field(
         None, gt=0,
@@ -189,10 +199,11 @@ class ResourcesConfig(_Strict):
         description="Rollout engines and learner ranks time-share the same devices "
         "(engine i and rank i on device i) instead of separate ones.",
     )
-    device: Literal["cpu"] = Field(
+    device: Literal["cpu", "cuda"] = Field(
         "cpu",
         description="'cpu': Ray declares GPU resources so the same placement runs without GPUs; "
-        "collectives use gloo.",
+        "collectives use gloo. 'cuda': each learner rank and engine runs on the GPU(s) Ray "
+        "assigns its actor; the learner group and weight broadcasts use NCCL.",
     )
     threads_per_worker: int | None = Field(
         None, gt=0, description="torch threads per worker; default: cores / workers (at least 1)."
@@ -205,21 +216,27 @@ class ResourcesConfig(_Strict):
                 f"rollout.gpus ({self.rollout.gpus}) is not divisible by rollout.gpus_per_engine "
                 f"({self.rollout.gpus_per_engine}); set rollout.gpus to a multiple of it"
             )
-        if self.rollout.gpus_per_engine != 1:
+        if self.rollout.gpus_per_engine != 1 and self.device != "cuda":
             raise ValueError(
-                "rollout.gpus_per_engine > 1 needs tensor-parallel engines, which posttrain "
-                "does not run yet (weights are loaded inside the engine's own process); set "
-                "rollout.gpus_per_engine: 1"
-            )
+                "rollout.gpus_per_engine > 1 runs tensor-parallel vLLM engines, which need "
+                "GPUs; set resources.device: cuda, or rollout.gpus_per_engine: 1")
+        if self.rollout.gpus_per_engine != 1 and self.colocate:
+            raise ValueError(
+                "resources.colocate pairs engine i with learner rank i on one GPU, so an "
+                "engine cannot span rollout.gpus_per_engine "
+                f"({self.rollout.gpus_per_engine}) GPUs; set rollout.gpus_per_engine: 1, or "
+                "colocate: false")
         return self
 
 
 class WeightSyncConfig(_Strict):
-    type: Literal["object_store", "collective", "filesystem"] = Field(
+    type: Literal["object_store", "collective", "filesystem", "cuda_ipc"] = Field(
         "object_store",
         description="Transport of new weights to rollout engines: 'object_store' (Ray's shared "
         "memory), 'collective' (a torch.distributed broadcast from learner rank 0: gloo on CPU, "
-        "NCCL on GPUs), 'filesystem' (safetensors files under weight_sync.directory).",
+        "NCCL on GPUs), 'filesystem' (safetensors files under weight_sync.directory), "
+        "'cuda_ipc' (colocated on GPUs: each engine opens the learner's gathered tensors on "
+        "their shared GPU through CUDA IPC handles, no copy through the host).",
     )
     bucket_mb: int = Field(
         64, gt=0, description="collective: MiB per broadcast bucket (tensors packed together)."
@@ -390,6 +407,20 @@ class Recipe(_Strict):
                 f"grpo.overlong_buffer is {g.overlong_buffer}, but rollout.max_new_tokens is "
                 f"{limit}: the penalty buffer must be the last tokens before the limit; set "
                 f"grpo.overlong_buffer below {limit} (DAPO uses a quarter of it)")
+
+    @model_validator(mode="after")
+    def _devices(self) -> Recipe:
+        res = self.resources
+        if self.weight_sync.type == "cuda_ipc" and not (res.device == "cuda" and res.colocate):
+            raise ValueError(
+                "weight_sync.type: cuda_ipc hands tensors between processes on one GPU, so it "
+                "needs resources.device: cuda and resources.colocate: true; set both, or "
+                "weight_sync.type: collective")
+        if res.rollout.gpus_per_engine != 1 and self.rollout.engine != "vllm":
+            raise ValueError(
+                "resources.rollout.gpus_per_engine > 1 is tensor parallelism, which only "
+                "rollout.engine: vllm runs; set rollout.engine: vllm, or gpus_per_engine: 1")
+        return self
 
     @model_validator(mode="after")
     def _adapter_sync(self) -> Recipe:

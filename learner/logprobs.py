@@ -46,6 +46,6 @@ def sequence_logprobs(
         logits_to_keep=keep,
         use_cache=False,
     ).logits[:, :-1]
-    out = torch.zeros(input_ids.shape, dtype=torch.float32)
+    out = torch.zeros(input_ids.shape, dtype=torch.float32, device=input_ids.device)
     out[:, response_start:] = token_logprobs(logits, input_ids[:, response_start:], temperature)
     return out
