@@ -141,6 +141,10 @@ def rollout_spec(recipe: Recipe, model_path: str, threads: int,
         seed=recipe.train.seed, kv_cache_gb=v.kv_cache_gb, max_model_len=v.max_model_len,
         enforce_eager=v.enforce_eager, device=recipe.resources.device,
         lora_rank=recipe.model.adapter.r if adapter_sync(recipe) else None,
+        gpu_memory_utilization=v.gpu_memory_utilization,
+        tensor_parallel_size=recipe.resources.rollout.gpus_per_engine,
+        sleep_between_steps=(recipe.resources.colocate and recipe.resources.device == "cuda"
+                             and recipe.rollout.engine == "vllm"),
     )
     return RolloutSpec(engine, transport, threads, recipe.debug.rollout_delay_s,
                        recipe.debug.fail_weight_push)

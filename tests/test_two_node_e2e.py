@@ -32,21 +32,58 @@ def _start_node(tmp: Path, name: str, head: str | None) -> subprocess.Popen:
     declared GPU); the caller stops it by its process group."""
     nm, om, agent_l, agent_g, rt, metrics, client = _ports(7)
     lo = 20000 + (os.getpid() % 200) * 100 + (0 if head is None else 50)
-    args = [*RAY, "start", "--block", "--num-cpus", "1", "--num-gpus", "1",
-            "--resources", json.dumps({name: 1}), "--object-store-memory", str(200 << 20),
-            "--node-manager-port", str(nm), "--object-manager-port", str(om),
-            "--dashboard-agent-listen-port", str(agent_l),
-            "--dashboard-agent-grpc-port", str(agent_g), "--runtime-env-agent-port", str(rt),
-            "--metrics-export-port", str(metrics), "--min-worker-port", str(lo),
-            "--max-worker-port", str(lo + 49), "--disable-usage-stats"]
+    args = [
+        *RAY,
+        "start",
+        "--block",
+        "--num-cpus",
+        "1",
+        "--num-gpus",
+        "1",
+        "--resources",
+        json.dumps({name: 1}),
+        "--object-store-memory",
+        str(200 << 20),
+        "--node-manager-port",
+        str(nm),
+        "--object-manager-port",
+        str(om),
+        "--dashboard-agent-listen-port",
+        str(agent_l),
+        "--dashboard-agent-grpc-port",
+        str(agent_g),
+        "--runtime-env-agent-port",
+        str(rt),
+        "--metrics-export-port",
+        str(metrics),
+        "--min-worker-port",
+        str(lo),
+        "--max-worker-port",
+        str(lo + 49),
+        "--disable-usage-stats",
+    ]
     if head is None:
-        args += ["--head", "--port", head_port_of(tmp), "--include-dashboard", "false",
-                 "--ray-client-server-port", str(client), "--temp-dir", str(tmp / "ray")]
+        args += [
+            "--head",
+            "--port",
+            head_port_of(tmp),
+            "--include-dashboard",
+            "false",
+            "--ray-client-server-port",
+            str(client),
+            "--temp-dir",
+            str(tmp / "ray"),
+        ]
     else:
         args += ["--address", head]
     log = (tmp / f"{name}.log").open("w")
-    return subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                            env={**os.environ, "RAY_USAGE_STATS_ENABLED": "0"})
+    return subprocess.Popen(
+        args,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+        env={**os.environ, "RAY_USAGE_STATS_ENABLED": "0"},
+    )
 
 
 def head_port_of(tmp: Path) -> str:
@@ -72,12 +109,14 @@ def _stop(proc: subprocess.Popen) -> None:
 
 
 def _wait_nodes(address: str, n: int, timeout_s: float = 90) -> None:
-    code = ("import ray,time,sys\n"
-            f"ray.init(address='{address}', log_to_driver=False)\n"
-            f"end = time.time() + {timeout_s}\n"
-            f"while sum(x['Alive'] for x in ray.nodes()) < {n} and time.time() < end:\n"
-            "    time.sleep(1)\n"
-            f"sys.exit(0 if sum(x['Alive'] for x in ray.nodes()) >= {n} else 1)\n")
+    code = (
+        "import ray,time,sys\n"
+        f"ray.init(address='{address}', log_to_driver=False)\n"
+        f"end = time.time() + {timeout_s}\n"
+        f"while sum(x['Alive'] for x in ray.nodes()) < {n} and time.time() < end:\n"
+        "    time.sleep(1)\n"
+        f"sys.exit(0 if sum(x['Alive'] for x in ray.nodes()) >= {n} else 1)\n"
+    )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=timeout_s + 60)
 
 
@@ -110,8 +149,12 @@ def test_learner_ranks_on_two_nodes_form_one_group(two_nodes, tiny_model, tmp_pa
         "rollout": {"engine": "hf", "samples_per_prompt": 4, "max_new_tokens": 6},
         "rewards": [{"name": "correct", "type": "math"}],
         "train": {"steps": 2, "prompts_per_step": 2, "micro_batch_size": 2, "lr": 1e-3},
-        "resources": {"rollout": {"gpus": 1}, "learner": {"gpus": 2}, "colocate": True,
-                      "threads_per_worker": 1},
+        "resources": {
+            "rollout": {"gpus": 1},
+            "learner": {"gpus": 2},
+            "colocate": True,
+            "threads_per_worker": 1,
+        },
         "weight_sync": {"type": "collective", "verify_checksum": True},
         "monitor": {"progress": False, "dashboard_port": None, "tensorboard": False},
     }
@@ -119,9 +162,21 @@ def test_learner_ranks_on_two_nodes_form_one_group(two_nodes, tiny_model, tmp_pa
     recipe_file.write_text(yaml.safe_dump(recipe))
     run_dir = tmp_path / "run"
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
-    done = subprocess.run([str(BIN / "posttrain"), "run", str(recipe_file), "--address",
-                           two_nodes, "--out", str(run_dir)],
-                          capture_output=True, text=True, timeout=600, env=env)
+    done = subprocess.run(
+        [
+            str(BIN / "posttrain"),
+            "run",
+            str(recipe_file),
+            "--address",
+            two_nodes,
+            "--out",
+            str(run_dir),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
 
     cluster = json.loads((run_dir / "cluster.json").read_text())
