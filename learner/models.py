@@ -22,10 +22,12 @@ DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
 
 
 def load_sharded(path: str, world: int, dtype: str, kind: Literal["policy", "reference", "critic"],
-                 adapter: AdapterSettings | None = None,
-                 checkpointing: bool = False) -> torch.nn.Module:
-    """A float32 model from `path`, sharded over the process group with FSDP2. FSDP2
-    moves each shard to the group's device (the current CUDA device on GPUs).
+                 adapter: AdapterSettings | None = None, checkpointing: bool = False,
+                 device_type: str = "cpu") -> torch.nn.Module:
+    """A float32 model from `path`, sharded over the process group with FSDP2 on a
+    `device_type` mesh ('cpu', or 'cuda': FSDP2 moves each shard to the current CUDA
+    device). The mesh is explicit: FSDP2's default follows the machine's accelerator,
+    which would put a `device: cpu` rank on a GPU machine onto CUDA.
 
     Args:
         kind: 'policy' (trainable; with `adapter`, a peft LoRA/QLoRA model), 'reference'
@@ -38,6 +40,7 @@ def load_sharded(path: str, world: int, dtype: str, kind: Literal["policy", "ref
     Raises:
         ValueError: a QLoRA weight does not split into NF4 blocks over the ranks.
     """
+    from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
     from transformers import AutoModelForCausalLM, AutoModelForTokenClassification
 
@@ -55,9 +58,10 @@ def load_sharded(path: str, world: int, dtype: str, kind: Literal["policy", "ref
         model = adapters.wrap_policy(model, adapter, world, DTYPES[dtype])
     mp = MixedPrecisionPolicy(param_dtype=DTYPES[dtype], reduce_dtype=torch.float32)
     ignored = adapters.fsdp_ignored_params(model, world)
+    mesh = init_device_mesh(device_type, (world,))
     for layer in adapters.decoder_layers(model):
-        fully_shard(layer, mp_policy=mp, ignored_params=ignored)
-    fully_shard(model, mp_policy=mp, ignored_params=ignored)
+        fully_shard(layer, mesh=mesh, mp_policy=mp, ignored_params=ignored)
+    fully_shard(model, mesh=mesh, mp_policy=mp, ignored_params=ignored)
     if lora:
         # FSDP2 fixes each group's reduce dtype from the parameters that require grad
         # at its first forward, and peft's disable_adapter() clears requires_grad: a

@@ -101,17 +101,18 @@ class LearnerWorker:
         torch.manual_seed(s.seed)
         if s.adapter.enabled:
             adapters.check_targets(s.model_path, s.adapter.target_modules)
+        kind = self.device.type
         self.policy = load_sharded(s.model_path, self.world, s.compute_dtype, "policy", s.adapter,
-                                   checkpointing=s.gradient_checkpointing)
+                                   checkpointing=s.gradient_checkpointing, device_type=kind)
         load_ref = s.load_reference and not s.adapter.enabled
-        self.reference = (load_sharded(s.model_path, self.world, s.compute_dtype, "reference")
-                          if load_ref else None)
+        self.reference = (load_sharded(s.model_path, self.world, s.compute_dtype, "reference",
+                                       device_type=kind) if load_ref else None)
         trainable = [p for p in self.policy.parameters() if p.requires_grad]
         self.optimizers = [torch.optim.AdamW(trainable, lr=s.lr, betas=s.betas,
                                              weight_decay=s.weight_decay)]
         if s.critic is not None:
             self.critic = load_sharded(s.critic.path or s.model_path, self.world,
-                                       s.compute_dtype, "critic")
+                                       s.compute_dtype, "critic", device_type=kind)
             self.optimizers.append(torch.optim.AdamW(self.critic.parameters(), lr=s.critic.lr,
                                                      betas=s.betas))
         warm = s.warmup_steps
