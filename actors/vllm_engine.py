@@ -129,7 +129,7 @@ class VLLMEngine(InferenceEngine):
                             sleep_between_steps)
         self.tp = tensor_parallel_size
         self.sleeps = sleep_between_steps
-        self.asleep = False
+        self.asleep: set[str] = set()  # vLLM memory tags now released
         if lora_rank is not None:
             # vLLM sizes its LoRA slots by one of a few ranks; take the next one up.
             ranks = (1, 8, 16, 32, 64, 128, 256, 320, 512)
@@ -200,15 +200,17 @@ class VLLMEngine(InferenceEngine):
             groups.append(group)
         if self.sleeps:  # the colocated learner rank trains next on this GPU
             self.llm.sleep(level=1)
-            self.asleep = True
+            self.asleep = {"weights", "kv_cache"}
         return groups
 
     def wake(self, tags: list[str] | None = None) -> None:
         """Wake a sleeping engine: `tags=['weights']` restores only the weights (before a
-        load, the KV cache stays freed); None restores everything (before generate)."""
-        if self.asleep:
-            self.llm.wake_up(tags)
-            self.asleep = tags is not None
+        load, the KV cache stays freed); None restores the rest (before generate). Each
+        tag is woken once: a second wake-up of the weights would remap them."""
+        todo = sorted(self.asleep if tags is None else self.asleep & set(tags))
+        if todo:
+            self.llm.wake_up(todo)
+            self.asleep -= set(todo)
 
     def validate_names(self, names: Iterable[str]) -> None:
         names = set(names)
