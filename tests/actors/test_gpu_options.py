@@ -22,3 +22,23 @@ def test_cuda_memory_budget_tensor_parallel_and_sleep():
         "distributed_executor_backend": "ray",
         "enable_sleep_mode": True,
     }
+
+
+class _FakeLLM:
+    def __init__(self):
+        self.calls = []
+
+    def wake_up(self, tags):
+        self.calls.append(tags)
+
+
+def test_sleeping_engine_wakes_each_tag_once():
+    from posttrain.actors.vllm_engine import VLLMEngine
+
+    eng = object.__new__(VLLMEngine)  # only the sleep bookkeeping, no vLLM
+    eng.llm, eng.asleep = _FakeLLM(), {"weights", "kv_cache"}
+    eng.wake(["weights"])  # before a weight load
+    eng.wake(["weights"])  # a second load: nothing to wake
+    eng.wake()  # before generate: the KV cache only
+    eng.wake()
+    assert eng.llm.calls == [["weights"], ["kv_cache"]] and eng.asleep == set()
