@@ -420,6 +420,12 @@ class Recipe(_Strict):
             raise ValueError(
                 "resources.rollout.gpus_per_engine > 1 is tensor parallelism, which only "
                 "rollout.engine: vllm runs; set rollout.engine: vllm, or gpus_per_engine: 1")
+        if res.rollout.gpus_per_engine != 1 and self.weight_sync.type == "collective":
+            raise ValueError(
+                "weight_sync.type: collective broadcasts into the engine actor's own GPU, and a "
+                "tensor-parallel engine's GPUs belong to its vLLM workers (receiving in each "
+                "worker is not built yet); set weight_sync.type: object_store (or "
+                "filesystem) with rollout.gpus_per_engine > 1")
         return self
 
     @model_validator(mode="after")

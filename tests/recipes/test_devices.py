@@ -77,6 +77,13 @@ def test_schema_accepts_cuda_and_gpu_keys():
             {"weight_sync": {"type": "cuda_ipc"}},
             "needs resources.device: cuda and resources.colocate",
         ),
+        (
+            {
+                "resources": {"device": "cuda", "rollout": {"gpus": 2, "gpus_per_engine": 2}},
+                "weight_sync": {"type": "collective"},
+            },
+            "set weight_sync.type: object_store",
+        ),
         ({"rollout": {"vllm": {"gpu_memory_utilization": 1.5}}}, "less than or equal to 1"),
     ],
 )
