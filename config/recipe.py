@@ -23,6 +23,11 @@ from posttrain.config.algorithms import DPOConfig, GRPOConfig, PPOConfig
 from posttrain.config.base import Strict
 from posttrain.config.data import DataConfig, PreferenceData
 from posttrain.config.evaluation import EvalConfig
+from posttrain.config.resources import (  # noqa: F401  (re-exported: recipe.ResourcesConfig)
+    LearnerResources,
+    ResourcesConfig,
+    RolloutResources,
+)
 from posttrain.config.rewards import RewardSpec
 
 _Strict = Strict  # every recipe block forbids unknown keys
@@ -178,55 +183,6 @@ class TrainConfig(_Strict):
     keep_checkpoints: int = Field(
         2, ge=1, description="Training checkpoints kept in RUN_DIR/checkpoints (oldest removed)."
     )
-
-
-class RolloutResources(_Strict):
-    gpus: int = Field(1, gt=0, description="Devices for rollout (on device: cpu, workers).")
-    gpus_per_engine: int = Field(1, gt=0, description="Devices per engine (tensor parallel).")
-
-
-class LearnerResources(_Strict):
-    gpus: int = Field(
-        1, gt=0, description="Learner workers in the FSDP2 group, one device (or CPU process) each."
-    )
-
-
-class ResourcesConfig(_Strict):
-    rollout: RolloutResources = Field(default_factory=RolloutResources)
-    learner: LearnerResources = Field(default_factory=LearnerResources)
-    colocate: bool = Field(
-        False,
-        description="Rollout engines and learner ranks time-share the same devices "
-        "(engine i and rank i on device i) instead of separate ones.",
-    )
-    device: Literal["cpu", "cuda"] = Field(
-        "cpu",
-        description="'cpu': Ray declares GPU resources so the same placement runs without GPUs; "
-        "collectives use gloo. 'cuda': each learner rank and engine runs on the GPU(s) Ray "
-        "assigns its actor; the learner group and weight broadcasts use NCCL.",
-    )
-    threads_per_worker: int | None = Field(
-        None, gt=0, description="torch threads per worker; default: cores / workers (at least 1)."
-    )
-
-    @model_validator(mode="after")
-    def _engine_split(self) -> ResourcesConfig:
-        if self.rollout.gpus % self.rollout.gpus_per_engine:
-            raise ValueError(
-                f"rollout.gpus ({self.rollout.gpus}) is not divisible by rollout.gpus_per_engine "
-                f"({self.rollout.gpus_per_engine}); set rollout.gpus to a multiple of it"
-            )
-        if self.rollout.gpus_per_engine != 1 and self.device != "cuda":
-            raise ValueError(
-                "rollout.gpus_per_engine > 1 runs tensor-parallel vLLM engines, which need "
-                "GPUs; set resources.device: cuda, or rollout.gpus_per_engine: 1")
-        if self.rollout.gpus_per_engine != 1 and self.colocate:
-            raise ValueError(
-                "resources.colocate pairs engine i with learner rank i on one GPU, so an "
-                "engine cannot span rollout.gpus_per_engine "
-                f"({self.rollout.gpus_per_engine}) GPUs; set rollout.gpus_per_engine: 1, or "
-                "colocate: false")
-        return self
 
 
 class WeightSyncConfig(_Strict):
