@@ -376,6 +376,11 @@ class Recipe(_Strict):
             raise ValueError(
                 "resources.rollout.gpus_per_engine > 1 is tensor parallelism, which only "
                 "rollout.engine: vllm runs; set rollout.engine: vllm, or gpus_per_engine: 1")
+        if res.colocate and res.device == "cuda" and self.weight_sync.type == "collective":
+            raise ValueError(
+                "weight_sync.type: collective would make an NCCL group of learner rank 0 and "
+                "the engine on the same GPU, which NCCL refuses (one rank per GPU); colocated "
+                "on cuda set weight_sync.type: cuda_ipc (or object_store)")
         if res.rollout.gpus_per_engine != 1 and self.weight_sync.type == "collective":
             raise ValueError(
                 "weight_sync.type: collective broadcasts into the engine actor's own GPU, and a "

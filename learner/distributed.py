@@ -102,6 +102,16 @@ def rank_device(device: str) -> torch.device:
     return dev
 
 
+def format_cuda_memory(report: dict[str, float]) -> str:
+    """One console line of `cuda_memory`'s keys in a report, or '' when it has none."""
+    if "cuda_peak_mb" not in report:
+        return ""
+    return (
+        f"learner CUDA memory (rank 0): allocated {report['cuda_allocated_mb']:.0f} MiB, "
+        f"reserved {report['cuda_reserved_mb']:.0f} MiB, peak {report['cuda_peak_mb']:.0f} MiB"
+    )
+
+
 def cuda_memory(device: torch.device) -> dict[str, float]:
     """CUDA memory of this process on `device`, MiB: `cuda_allocated_mb` (tensors now),
     `cuda_reserved_mb` (held by the caching allocator), `cuda_peak_mb` (most allocated

@@ -192,6 +192,7 @@ def start_learners(recipe: Recipe, algo: Algorithm, model_path: str, placement: 
             or a learner node cannot see `run_dir`.
     """
     from posttrain.learner.adapters import AdapterSettings, check_targets, format_memory_report
+    from posttrain.learner.distributed import format_cuda_memory
     from posttrain.learner.settings import LearnerSettings
     from posttrain.learner.worker import LearnerWorker
     from posttrain.recipes.cluster import check_shared_run_dir, learner_places, record_places
@@ -225,6 +226,8 @@ def start_learners(recipe: Recipe, algo: Algorithm, model_path: str, placement: 
         check_shared_run_dir(run_dir, places)
     reports = ray.get([lw.setup.remote(master, resume_from) for lw in learners])
     print(format_memory_report(reports[0]), flush=True)
+    if cuda_line := format_cuda_memory(reports[0]):
+        print(cuda_line, flush=True)
     return learners
 
 

@@ -8,7 +8,12 @@ import torch
 
 from posttrain.config import RecipeError, ResourcesConfig
 from posttrain.config.recipe import Recipe
-from posttrain.learner.distributed import backend_for, cuda_memory, rank_device
+from posttrain.learner.distributed import (
+    backend_for,
+    cuda_memory,
+    format_cuda_memory,
+    rank_device,
+)
 from posttrain.recipes.cluster import check_local_cuda
 
 
@@ -84,6 +89,13 @@ def test_schema_accepts_cuda_and_gpu_keys():
             },
             "set weight_sync.type: object_store",
         ),
+        (
+            {
+                "resources": {"device": "cuda", "colocate": True},
+                "weight_sync": {"type": "collective"},
+            },
+            "set weight_sync.type: cuda_ipc",
+        ),
         ({"rollout": {"vllm": {"gpu_memory_utilization": 1.5}}}, "less than or equal to 1"),
     ],
 )
@@ -111,3 +123,8 @@ def test_backend_and_memory_per_device():
     with pytest.raises(ValueError, match="resources.device 'tpu'"):
         backend_for("tpu")
     assert rank_device("cpu") == torch.device("cpu") and cuda_memory(torch.device("cpu")) == {}
+    assert format_cuda_memory({}) == ""
+    line = format_cuda_memory(
+        {"cuda_allocated_mb": 10.4, "cuda_reserved_mb": 20.0, "cuda_peak_mb": 30.6}
+    )
+    assert line == ("learner CUDA memory (rank 0): allocated 10 MiB, reserved 20 MiB, peak 31 MiB")
