@@ -94,7 +94,9 @@ class CudaIpcTransport(WeightTransport):
                 "weight_sync.type cuda_ipc needs the learner's tensors on a "
                 "GPU (resources.device: cuda)"
             )
-        self._kept = weights  # alive until finish: engines read this memory
+        # Contiguous copies where needed, kept alive until finish: engines read them.
+        weights = {n: t.detach().contiguous() for n, t in weights.items()}
+        self._kept = weights
         mine = (gpu_uuid(next(iter(weights.values())).device), share(weights))
         world = dist.get_world_size() if dist.is_initialized() else 1
         every: list[Any] = [None] * world
