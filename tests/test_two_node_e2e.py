@@ -125,7 +125,9 @@ def two_nodes(tmp_path):
     """The head's address of a two-node local cluster, torn down afterwards."""
     procs = [_start_node(tmp_path, "node_a", None)]
     try:
-        address = f"127.0.0.1:{head_port_of(tmp_path)}"
+        import ray
+
+        address = f"{ray.util.get_node_ip_address()}:{head_port_of(tmp_path)}"
         deadline = time.time() + 60
         while not list((tmp_path / "ray").glob("session_*/logs/gcs_server.out")):
             assert procs[0].poll() is None, (tmp_path / "node_a.log").read_text()[-2000:]
