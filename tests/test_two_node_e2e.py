@@ -27,7 +27,7 @@ def _ports(n: int) -> list[int]:
     return [free_port() for _ in range(n)]
 
 
-def _start_node(tmp: Path, name: str, head: str | None) -> subprocess.Popen:
+def _start_node(tmp: Path, name: str, head: str | None, ray_tmp: Path) -> subprocess.Popen:
     """`ray start --block` for one node (its own ports, temp dir, one CPU and one
     declared GPU); the caller stops it by its process group."""
     nm, om, agent_l, agent_g, rt, metrics, client = _ports(7)
