@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -72,7 +74,7 @@ def _start_node(tmp: Path, name: str, head: str | None, ray_tmp: Path) -> subpro
             "--ray-client-server-port",
             str(client),
             "--temp-dir",
-            str(tmp / "ray"),
+            str(ray_tmp),
         ]
     else:
         args += ["--address", head]
@@ -123,22 +125,25 @@ def _wait_nodes(address: str, n: int, timeout_s: float = 90) -> None:
 @pytest.fixture
 def two_nodes(tmp_path):
     """The head's address of a two-node local cluster, torn down afterwards."""
-    procs = [_start_node(tmp_path, "node_a", None)]
+    # Ray's socket paths must stay under 108 bytes: a short temp dir, not tmp_path.
+    ray_tmp = Path(tempfile.mkdtemp(prefix="pt2n", dir="/tmp"))
+    procs = [_start_node(tmp_path, "node_a", None, ray_tmp)]
     try:
         import ray
 
         address = f"{ray.util.get_node_ip_address()}:{head_port_of(tmp_path)}"
         deadline = time.time() + 60
-        while not list((tmp_path / "ray").glob("session_*/logs/gcs_server.out")):
+        while not list(ray_tmp.glob("session_*/logs/gcs_server.out")):
             assert procs[0].poll() is None, (tmp_path / "node_a.log").read_text()[-2000:]
             assert time.time() < deadline, "the head node did not start"
             time.sleep(0.5)
-        procs.append(_start_node(tmp_path, "node_b", address))
+        procs.append(_start_node(tmp_path, "node_b", address, ray_tmp))
         _wait_nodes(address, 2)
         yield address
     finally:
         for p in reversed(procs):
             _stop(p)
+        shutil.rmtree(ray_tmp, ignore_errors=True)
 
 
 @pytest.mark.slow
