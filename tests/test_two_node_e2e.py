@@ -22,6 +22,10 @@ import yaml
 from posttrain.common.net import free_port
 
 RAY = [sys.executable, "-m", "ray.scripts.scripts"]
+# Ray enables token auth by default for `ray start`; a throwaway local cluster opts out
+# (every process of the test: nodes, the readiness probe, the driver).
+ENV = {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0",
+       "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
 BIN = Path(sys.executable).parent
 
 
@@ -84,7 +88,7 @@ def _start_node(tmp: Path, name: str, head: str | None, ray_tmp: Path) -> subpro
         stdout=log,
         stderr=subprocess.STDOUT,
         start_new_session=True,
-        env={**os.environ, "RAY_USAGE_STATS_ENABLED": "0"},
+        env=ENV,
     )
 
 
@@ -119,7 +123,7 @@ def _wait_nodes(address: str, n: int, timeout_s: float = 90) -> None:
         "    time.sleep(1)\n"
         f"sys.exit(0 if sum(x['Alive'] for x in ray.nodes()) >= {n} else 1)\n"
     )
-    subprocess.run([sys.executable, "-c", code], check=True, timeout=timeout_s + 60)
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=timeout_s + 60, env=ENV)
 
 
 @pytest.fixture
@@ -168,7 +172,7 @@ def test_learner_ranks_on_two_nodes_form_one_group(two_nodes, tiny_model, tmp_pa
     recipe_file = tmp_path / "two_node.yaml"
     recipe_file.write_text(yaml.safe_dump(recipe))
     run_dir = tmp_path / "run"
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    env = ENV
     done = subprocess.run(
         [
             str(BIN / "posttrain"),
