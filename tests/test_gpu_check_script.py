@@ -14,9 +14,14 @@ from tests.conftest import ROOT
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU mode of the check")
 def test_gpu_check_runs_its_cpu_parts():
-    done = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_check.sh")], cwd=ROOT,
-                          capture_output=True, text=True, timeout=600,
-                          env={"PATH": "/usr/bin:/bin", "PYTHON": sys.executable})
+    done = subprocess.run(
+        ["bash", str(ROOT / "scripts" / "gpu_check.sh")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={"PATH": "/usr/bin:/bin", "PYTHON": sys.executable},
+    )
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     out = done.stdout
     assert "no CUDA device" in out and "check" in out and "notes" in out

@@ -24,8 +24,13 @@ from posttrain.common.net import free_port
 RAY = [sys.executable, "-m", "ray.scripts.scripts"]
 # Ray enables token auth by default for `ray start`; a throwaway local cluster opts out
 # (every process of the test: nodes, the readiness probe, the driver).
-ENV = {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0",
-       "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+ENV = {
+    **os.environ,
+    "RAY_AUTH_MODE": "disabled",
+    "RAY_USAGE_STATS_ENABLED": "0",
+    "HF_HUB_OFFLINE": "1",
+    "TOKENIZERS_PARALLELISM": "false",
+}
 BIN = Path(sys.executable).parent
 
 
