@@ -163,8 +163,11 @@ def test_learner_ranks_on_two_nodes_form_one_group(two_nodes, tiny_model, tmp_pa
         "model": {"path": str(tiny_model), "dtype": "float32"},
         "data": {"train": {"generator": "arithmetic", "size": 20, "seed": 1}},
         "rollout": {"engine": "hf", "samples_per_prompt": 4, "max_new_tokens": 6},
-        "rewards": [{"name": "correct", "type": "math"}],
-        "train": {"steps": 2, "prompts_per_step": 2, "micro_batch_size": 2, "lr": 1e-3},
+        "rewards": [  # the length reward gives groups signal on a random model
+            {"name": "correct", "type": "math"},
+            {"name": "short", "type": "length", "target_chars": 3, "weight": 0.5},
+        ],
+        "train": {"steps": 2, "prompts_per_step": 3, "micro_batch_size": 2, "lr": 1e-3},
         "resources": {
             "rollout": {"gpus": 1},
             "learner": {"gpus": 2},
