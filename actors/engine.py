@@ -49,6 +49,13 @@ class EngineSettings:
         device: 'cpu' or 'cuda'.
         lora_rank: with adapter-only weight sync, the adapter's rank (the engine serves
             base + the newest LoRA adapter); None otherwise.
+        gpu_memory_utilization: vLLM on cuda: share of the GPU it may take (None: a KV
+            cache of `kv_cache_gb`).
+        tensor_parallel_size: vLLM on cuda: GPUs per engine (`gpus_per_engine`).
+        sleep_between_steps: vLLM on cuda, colocated: release the KV cache and offload
+            the weights after each generate (`LLM.sleep(level=1)`), so the learner rank
+            on the same GPU has its memory while it trains; woken before the next load
+            or generate.
     """
 
     kind: Literal["vllm", "hf"]
@@ -60,6 +67,9 @@ class EngineSettings:
     enforce_eager: bool = True
     device: str = "cpu"
     lora_rank: int | None = None
+    gpu_memory_utilization: float | None = None
+    tensor_parallel_size: int = 1
+    sleep_between_steps: bool = False
 
 
 # Content of an assistant turn rendered to find the token that ends the turn.

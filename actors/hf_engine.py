@@ -26,15 +26,21 @@ _DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
 
 class HFEngine(InferenceEngine):
     """Batched sampling with `transformers.generate`; logprobs recomputed from the raw
-    logits it returns, under the sampling temperature."""
+    logits it returns, under the sampling temperature.
 
-    def __init__(self, model_path: str, dtype: str = "bfloat16", max_batch_rows: int = 64):
+    Args:
+        device: 'cpu', or 'cuda' (the GPU Ray assigned the actor, `cuda:0` in it).
+    """
+
+    def __init__(self, model_path: str, dtype: str = "bfloat16", max_batch_rows: int = 64,
+                 device: str = "cpu"):
         from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)
         self.tokenizer.padding_side = "left"
+        self.device = torch.device("cuda", 0) if device == "cuda" else torch.device("cpu")
         self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=_DTYPES[dtype])
-        self.model.eval()
+        self.model.to(self.device).eval()
         self.max_batch_rows = max_batch_rows
         self.stop_ids = stop_token_ids(self.tokenizer, model_path)
         pad = self.tokenizer.pad_token_id
@@ -72,13 +78,13 @@ class HFEngine(InferenceEngine):
         if sampling.stop:
             config.stop_strings = list(sampling.stop)
         out = self.model.generate(
-            input_ids=ids,
-            attention_mask=mask,
+            input_ids=ids.to(self.device),
+            attention_mask=mask.to(self.device),
             generation_config=config,
             tokenizer=self.tokenizer if sampling.stop else None,
         )
-        new = out.sequences[:, width:]
-        logits = torch.stack(out.logits, dim=1).float() / sampling.temperature  # [N, R, V]
+        new = out.sequences[:, width:].cpu()
+        logits = torch.stack(out.logits, dim=1).float().cpu() / sampling.temperature  # [N, R, V]
         logprobs = logits.log_softmax(-1).gather(-1, new.unsqueeze(-1)).squeeze(-1)
         samples = []
         for i in range(len(rows)):

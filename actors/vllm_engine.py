@@ -2,8 +2,17 @@
 
 vLLM runs in-process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`): the model lives in the
 Ray actor, so every weight transport receives straight into it and `collective_rpc`
-hands the worker extension a lazy tensor stream instead of serialised copies. One
-engine = one device (`resources.rollout.gpus_per_engine: 1`).
+hands the worker extension a lazy tensor stream instead of serialised copies.
+
+GPUs (`device: cuda`): `gpu_memory_utilization` or a KV cache of `kv_cache_gb`;
+`gpus_per_engine > 1` runs vLLM tensor parallel with its Ray executor, its workers in
+the engine's placement bundles (vLLM picks up the actor's placement group). Then the
+workers live in other processes: a push is received by the actor (any transport) and
+handed to every TP worker through `collective_rpc` as a list (one host copy per
+worker), each worker loading its shard through vLLM's weight loaders. Colocated on
+GPUs (`sleep_between_steps`), the engine sleeps after each generate (`LLM.sleep(1)`:
+KV cache freed, weights offloaded to host memory) so the learner rank on the same GPU
+can train, and wakes its weights before a load and everything before a generate.
 
 Logprobs: `logprobs_mode="processed_logprobs"`, so each sampled token's logprob is
 taken after temperature (and top-p, when `top_p < 1`) — the value the learner
@@ -53,6 +62,29 @@ def checkpoint_names(model_path: str) -> set[str]:
     return names
 
 
+def gpu_options(device: str, kv_cache_gb: float, gpu_memory_utilization: float | None,
+                tensor_parallel_size: int, sleep: bool) -> dict:
+    """vLLM `LLM` keyword arguments for `device`: none on CPU; on cuda the memory budget
+    (`gpu_memory_utilization`, else a KV cache of `kv_cache_gb` GiB), tensor parallelism
+    over Ray workers when `tensor_parallel_size > 1`, and sleep mode when asked.
+
+    Raises:
+        ValueError: GPU-only settings (tensor parallel, sleep) asked for on CPU.
+    """
+    if device == "cpu":
+        if tensor_parallel_size != 1 or sleep:
+            raise ValueError("tensor parallel and sleep mode need device cuda")
+        return {}
+    out: dict = ({"gpu_memory_utilization": gpu_memory_utilization}
+                 if gpu_memory_utilization is not None
+                 else {"kv_cache_memory_bytes": int(kv_cache_gb * 2**30)})
+    if tensor_parallel_size > 1:
+        out.update(tensor_parallel_size=tensor_parallel_size, distributed_executor_backend="ray")
+    if sleep:
+        out["enable_sleep_mode"] = True
+    return out
+
+
 class VLLMEngine(InferenceEngine):
     """Continuous-batching sampling with vLLM.
 
@@ -66,6 +98,9 @@ class VLLMEngine(InferenceEngine):
         enforce_eager: skip torch.compile / CUDA graphs (faster start, slower decode).
         device: 'cpu' or 'cuda'.
         lora_rank: serve LoRA adapters of this rank (adapter-only weight sync).
+        gpu_memory_utilization: cuda: vLLM's share of the GPU (None: `kv_cache_gb`).
+        tensor_parallel_size: cuda: GPUs of this engine.
+        sleep_between_steps: cuda, colocated: sleep after each generate (see above).
 
     Raises:
         RuntimeError: vLLM is not installed (the message says how to install it).
@@ -73,7 +108,9 @@ class VLLMEngine(InferenceEngine):
 
     def __init__(self, model_path: str, dtype: str = "bfloat16", seed: int = 0,
                  kv_cache_gb: float = 1.0, max_model_len: int | None = None,
-                 enforce_eager: bool = True, device: str = "cpu", lora_rank: int | None = None):
+                 enforce_eager: bool = True, device: str = "cpu", lora_rank: int | None = None,
+                 gpu_memory_utilization: float | None = None, tensor_parallel_size: int = 1,
+                 sleep_between_steps: bool = False):
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # its per-engine warnings are noise
         if device == "cpu":
@@ -88,7 +125,11 @@ class VLLMEngine(InferenceEngine):
                 "`pip install vllm` on GPU machines (README, 'Installing'); or use "
                 f"rollout.engine 'hf'. ({e})") from e
         warnings.filterwarnings("ignore", message=".*reduce_op.*", category=FutureWarning)
-        extra: dict = {} if device == "cpu" else {"kv_cache_memory_bytes": int(kv_cache_gb * 2**30)}
+        extra = gpu_options(device, kv_cache_gb, gpu_memory_utilization, tensor_parallel_size,
+                            sleep_between_steps)
+        self.tp = tensor_parallel_size
+        self.sleeps = sleep_between_steps
+        self.asleep: set[str] = set()  # vLLM memory tags now released
         if lora_rank is not None:
             # vLLM sizes its LoRA slots by one of a few ranks; take the next one up.
             ranks = (1, 8, 16, 32, 64, 128, 256, 320, 512)
@@ -128,6 +169,7 @@ class VLLMEngine(InferenceEngine):
         if self.broken:
             raise RuntimeError(self.broken)
         check_sampling(sampling)
+        self.wake()
         if not self.per_request_seed:
             torch.manual_seed(sampling.seed)  # vLLM samples in this process
         params = [
@@ -156,7 +198,19 @@ class VLLMEngine(InferenceEngine):
                     finish_reason=o.finish_reason,
                 ))
             groups.append(group)
+        if self.sleeps:  # the colocated learner rank trains next on this GPU
+            self.llm.sleep(level=1)
+            self.asleep = {"weights", "kv_cache"}
         return groups
+
+    def wake(self, tags: list[str] | None = None) -> None:
+        """Wake a sleeping engine: `tags=['weights']` restores only the weights (before a
+        load, the KV cache stays freed); None restores the rest (before generate). Each
+        tag is woken once: a second wake-up of the weights would remap them."""
+        todo = sorted(self.asleep if tags is None else self.asleep & set(tags))
+        if todo:
+            self.llm.wake_up(todo)
+            self.asleep -= set(todo)
 
     def validate_names(self, names: Iterable[str]) -> None:
         names = set(names)
@@ -183,8 +237,11 @@ class VLLMEngine(InferenceEngine):
 
         if isinstance(weights, list | tuple):  # names known up front: refuse before loading
             self.validate_names(n for n, _ in weights)
+        self.wake(["weights"])
+        # Tensor parallel: the workers are other processes; each gets the whole list.
+        stream = checked() if self.tp == 1 else [(n, t.cpu()) for n, t in checked()]
         try:
-            names = self.llm.collective_rpc("posttrain_load_weights", args=(checked(),))[0]
+            names = self.llm.collective_rpc("posttrain_load_weights", args=(stream,))[0]
         except (ValueError, RuntimeError) as e:
             # vLLM's layerwise reload was interrupted: some layers may be half loaded.
             self.broken = f"a weight load failed part-way ({e}); restart this engine"

@@ -60,6 +60,10 @@ class TrainBatch:
             out[f.name] = fn(v) if isinstance(v, torch.Tensor) else v
         return replace(self, **out)
 
+    def to(self, device: torch.device) -> TrainBatch:
+        """Every tensor on `device` (the same batch when already there)."""
+        return self if device.type == "cpu" else self._map(lambda t: t.to(device))
+
     def select(self, rows: slice | torch.Tensor) -> TrainBatch:
         """Rows `rows` of every tensor."""
         return self._map(lambda t: t[rows])

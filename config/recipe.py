@@ -25,6 +25,11 @@ from posttrain.config.base import Strict
 from posttrain.config.data import DataConfig, PreferenceData
 from posttrain.config.episodes import EpisodeFields, check_episodes
 from posttrain.config.evaluation import EvalConfig
+from posttrain.config.resources import (  # noqa: F401  (re-exported: recipe.ResourcesConfig)
+    LearnerResources,
+    ResourcesConfig,
+    RolloutResources,
+)
 from posttrain.config.rewards import RewardSpec
 
 _Strict = Strict  # every recipe block forbids unknown keys
@@ -69,6 +74,12 @@ class VLLMConfig(_Strict):
     enforce_eager: bool = Field(
         True, description="Run without torch.compile / CUDA graphs: starts in seconds instead "
         "of minutes, decodes slower. Set false on GPUs for long runs."
+    )
+    gpu_memory_utilization: float | None = Field(
+        None, gt=0, le=1, description="device cuda: share of each engine GPU's memory vLLM "
+        "may take (weights + activations + KV cache), vLLM's own setting; null: a KV cache "
+        "of kv_cache_gb instead. Colocated engines share the GPU with a learner rank: keep "
+        "it low (e.g. 0.3); vLLM sleeps while the learner trains."
     )
 
 
@@ -160,6 +171,10 @@ class TrainConfig(_Strict):
     betas: tuple[float, float] = Field((0.9, 0.999), description="AdamW betas.")
     max_grad_norm: float = Field(1.0, gt=0, description="Global grad-norm clip.")
     seed: int = Field(0, description="Seed of sampling and initialisation.")
+    gradient_checkpointing: bool = Field(
+        False, description="Recompute each decoder layer's activations in the backward pass "
+        "(transformers' gradient_checkpointing_enable, non-reentrant) instead of keeping "
+        "them: about a third more compute for long sequences that would not fit otherwise.")
     save_final: bool = Field(True, description="Save the final policy with save_pretrained.")
     checkpoint_every: int | None = Field(
         None, gt=0,
@@ -189,62 +204,14 @@ class TrainConfig(_Strict):
     correction: CorrectionConfig = Field(default_factory=CorrectionConfig)
 
 
-class RolloutResources(_Strict):
-    gpus: int = Field(1, gt=0, description="Devices for rollout (on device: cpu, workers).")
-    gpus_per_engine: int = Field(1, gt=0, description="Devices per engine (tensor parallel).")
-
-
-class LearnerResources(_Strict):
-    gpus: int = Field(
-        1, gt=0, description="Learner workers in the FSDP2 group, one device (or CPU process) each."
-    )
-
-
-class ResourcesConfig(_Strict):
-    rollout: RolloutResources = Field(default_factory=RolloutResources)
-    learner: LearnerResources = Field(default_factory=LearnerResources)
-    colocate: bool = Field(
-        False,
-        description="Rollout engines and learner ranks time-share the same devices "
-        "(engine i and rank i on device i) instead of separate ones.",
-    )
-    device: Literal["cpu"] = Field(
-        "cpu",
-        description="'cpu': Ray declares GPU resources so the same placement runs without GPUs; "
-        "collectives use gloo.",
-    )
-    threads_per_worker: int | None = Field(
-        None, gt=0, description="torch threads per worker; default: cores / workers (at least 1)."
-    )
-    rollout_cores: int | None = Field(
-        None, gt=0,
-        description="With train.max_staleness >= 1 both sides compute at once: cores for the "
-        "rollout workers (split among them), the rest for the learner ranks; default half "
-        "the cores (at least 1 each side). Synchronous runs give each side every core.",
-    )
-
-    @model_validator(mode="after")
-    def _engine_split(self) -> ResourcesConfig:
-        if self.rollout.gpus % self.rollout.gpus_per_engine:
-            raise ValueError(
-                f"rollout.gpus ({self.rollout.gpus}) is not divisible by rollout.gpus_per_engine "
-                f"({self.rollout.gpus_per_engine}); set rollout.gpus to a multiple of it"
-            )
-        if self.rollout.gpus_per_engine != 1:
-            raise ValueError(
-                "rollout.gpus_per_engine > 1 needs tensor-parallel engines, which posttrain "
-                "does not run yet (weights are loaded inside the engine's own process); set "
-                "rollout.gpus_per_engine: 1"
-            )
-        return self
-
-
 class WeightSyncConfig(_Strict):
-    type: Literal["object_store", "collective", "filesystem"] = Field(
+    type: Literal["object_store", "collective", "filesystem", "cuda_ipc"] = Field(
         "object_store",
         description="Transport of new weights to rollout engines: 'object_store' (Ray's shared "
         "memory), 'collective' (a torch.distributed broadcast from learner rank 0: gloo on CPU, "
-        "NCCL on GPUs), 'filesystem' (safetensors files under weight_sync.directory).",
+        "NCCL on GPUs), 'filesystem' (safetensors files under weight_sync.directory), "
+        "'cuda_ipc' (colocated on GPUs: each engine opens the learner's gathered tensors on "
+        "their shared GPU through CUDA IPC handles, no copy through the host).",
     )
     bucket_mb: int = Field(
         64, gt=0, description="collective: MiB per broadcast bucket (tensors packed together)."
@@ -421,6 +388,31 @@ class Recipe(_Strict):
                 f"grpo.overlong_buffer is {g.overlong_buffer}, but rollout.max_new_tokens is "
                 f"{limit}: the penalty buffer must be the last tokens before the limit; set "
                 f"grpo.overlong_buffer below {limit} (DAPO uses a quarter of it)")
+
+    @model_validator(mode="after")
+    def _devices(self) -> Recipe:
+        res = self.resources
+        if self.weight_sync.type == "cuda_ipc" and not (res.device == "cuda" and res.colocate):
+            raise ValueError(
+                "weight_sync.type: cuda_ipc hands tensors between processes on one GPU, so it "
+                "needs resources.device: cuda and resources.colocate: true; set both, or "
+                "weight_sync.type: collective")
+        if res.rollout.gpus_per_engine != 1 and self.rollout.engine != "vllm":
+            raise ValueError(
+                "resources.rollout.gpus_per_engine > 1 is tensor parallelism, which only "
+                "rollout.engine: vllm runs; set rollout.engine: vllm, or gpus_per_engine: 1")
+        if res.colocate and res.device == "cuda" and self.weight_sync.type == "collective":
+            raise ValueError(
+                "weight_sync.type: collective would make an NCCL group of learner rank 0 and "
+                "the engine on the same GPU, which NCCL refuses (one rank per GPU); colocated "
+                "on cuda set weight_sync.type: cuda_ipc (or object_store)")
+        if res.rollout.gpus_per_engine != 1 and self.weight_sync.type == "collective":
+            raise ValueError(
+                "weight_sync.type: collective broadcasts into the engine actor's own GPU, and a "
+                "tensor-parallel engine's GPUs belong to its vLLM workers (receiving in each "
+                "worker is not built yet); set weight_sync.type: object_store (or "
+                "filesystem) with rollout.gpus_per_engine > 1")
+        return self
 
     @model_validator(mode="after")
     def _adapter_sync(self) -> Recipe:

@@ -178,7 +178,7 @@ def sequence_logprobs(
     keep = width_total - response_start + 1
     targets = input_ids[:, response_start:]
     head = _plain_head(model) if chunk_tokens is not None else None
-    out = torch.zeros(input_ids.shape, dtype=torch.float32)
+    out = torch.zeros(input_ids.shape, dtype=torch.float32, device=input_ids.device)
     kwargs = dict(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions,
                   logits_to_keep=keep, use_cache=False)
     if head is not None:

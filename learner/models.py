@@ -22,18 +22,25 @@ DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
 
 
 def load_sharded(path: str, world: int, dtype: str, kind: Literal["policy", "reference", "critic"],
-                 adapter: AdapterSettings | None = None) -> torch.nn.Module:
-    """A float32 model from `path`, sharded over the process group with FSDP2.
+                 adapter: AdapterSettings | None = None, checkpointing: bool = False,
+                 device_type: str = "cpu") -> torch.nn.Module:
+    """A float32 model from `path`, sharded over the process group with FSDP2 on a
+    `device_type` mesh ('cpu', or 'cuda': FSDP2 moves each shard to the current CUDA
+    device). The mesh is explicit: FSDP2's default follows the machine's accelerator,
+    which would put a `device: cpu` rank on a GPU machine onto CUDA.
 
     Args:
         kind: 'policy' (trainable; with `adapter`, a peft LoRA/QLoRA model), 'reference'
             (frozen, eval mode) or 'critic' (the architecture with a scalar head,
             `AutoModelForTokenClassification` with one label; trainable).
         dtype: compute dtype of forward/backward.
+        checkpointing: recompute decoder-layer activations in backward (transformers'
+            non-reentrant gradient checkpointing; trainable models only).
 
     Raises:
         ValueError: a QLoRA weight does not split into NF4 blocks over the ranks.
     """
+    from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
     from transformers import AutoModelForCausalLM, AutoModelForTokenClassification
 
@@ -43,21 +50,26 @@ def load_sharded(path: str, world: int, dtype: str, kind: Literal["policy", "ref
     else:
         model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     model.config.use_cache = False
+    if checkpointing and kind != "reference":
+        # Non-reentrant: works under FSDP2 and with frozen inputs (LoRA's base).
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     lora = kind == "policy" and adapter is not None and adapter.enabled
     if lora:
         model = adapters.wrap_policy(model, adapter, world, DTYPES[dtype])
     mp = MixedPrecisionPolicy(param_dtype=DTYPES[dtype], reduce_dtype=torch.float32)
     ignored = adapters.fsdp_ignored_params(model, world)
+    mesh = init_device_mesh(device_type, (world,))
     for layer in adapters.decoder_layers(model):
-        fully_shard(layer, mp_policy=mp, ignored_params=ignored)
-    fully_shard(model, mp_policy=mp, ignored_params=ignored)
+        fully_shard(layer, mesh=mesh, mp_policy=mp, ignored_params=ignored)
+    fully_shard(model, mesh=mesh, mp_policy=mp, ignored_params=ignored)
     if lora:
         # FSDP2 fixes each group's reduce dtype from the parameters that require grad
         # at its first forward, and peft's disable_adapter() clears requires_grad: a
         # reference pass first would leave bf16 gradients that fail to reduce into
         # float32 ones. One tiny forward now, adapter on, settles it.
         with torch.no_grad():
-            model(input_ids=torch.zeros(1, 1, dtype=torch.long))
+            model(input_ids=torch.zeros(1, 1, dtype=torch.long,
+                                        device=next(model.parameters()).device))
         model.reshard()  # the root stays unsharded after a forward
     if kind == "reference":
         model.requires_grad_(False)
@@ -77,8 +89,8 @@ def critic_values(critic: torch.nn.Module, mb: TrainBatch) -> tuple[torch.Tensor
     positions = (mb.attention_mask.long().cumsum(-1) - 1).clamp(min=0)
     out = critic(input_ids=mb.input_ids, attention_mask=mb.attention_mask,
                  position_ids=positions).logits[..., 0].float()
-    values = torch.zeros(mb.input_ids.shape, dtype=torch.float32)
+    values = torch.zeros(mb.input_ids.shape, dtype=torch.float32, device=out.device)
     values[:, mb.response_start:] = out[:, mb.response_start - 1:-1]
-    cols = torch.arange(mb.input_ids.shape[1]).expand_as(mb.attention_mask)
+    cols = torch.arange(mb.input_ids.shape[1], device=out.device).expand_as(mb.attention_mask)
     last = torch.where(mb.attention_mask > 0, cols, torch.zeros_like(cols)).max(-1).values
     return values, out.gather(1, last[:, None]).squeeze(1)

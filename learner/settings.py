@@ -48,6 +48,8 @@ class LearnerSettings:
             adapter-only).
         adapter: LoRA / QLoRA settings.
         delay_s: test knob, extra busy seconds per train_step.
+        device: 'cpu' or 'cuda' (`resources.device`): where this rank computes.
+        gradient_checkpointing: recompute activations in backward (`train.`).
     """
 
     model_path: str
@@ -68,3 +70,5 @@ class LearnerSettings:
     transport: TransportSettings = TransportSettings()
     adapter: AdapterSettings = field(default_factory=AdapterSettings)
     delay_s: float = 0.0
+    device: str = "cpu"
+    gradient_checkpointing: bool = False

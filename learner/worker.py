@@ -2,8 +2,8 @@
 CPU process). It does not know which algorithm runs: the loss is chosen at setup
 (`settings.algorithm`, see `posttrain.algorithms`) and `train_step` is one skeleton.
 
-Verbs (9): `setup`, `compute`, `train_step`, `publish_weights`, `join_push_group`,
-`save_checkpoint`, `free_reference`, `drain_spans`, `close`.
+Verbs (10): `rendezvous`, `setup`, `compute`, `train_step`, `publish_weights`,
+`join_push_group`, `save_checkpoint`, `free_reference`, `drain_spans`, `close`.
 
 Models (learner/models.py): the policy (float32 master weights, compute dtype by
 FSDP2 mixed precision), optionally a frozen reference and a critic, all sharded by
@@ -36,6 +36,12 @@ from posttrain.algorithms.batch import TrainBatch
 from posttrain.common.process import quiet_libraries, set_torch_threads
 from posttrain.common.telemetry import Span, SpanRecorder
 from posttrain.learner import adapters, checkpoint
+from posttrain.learner.distributed import (
+    backend_for,
+    cuda_memory,
+    rank_device,
+    where,
+)
 from posttrain.learner.logprobs import sequence_logprobs
 from posttrain.learner.micro_batches import plan_rows, trim_right_padding
 from posttrain.learner.models import DTYPES, critic_values, load_sharded
@@ -61,13 +67,24 @@ class LearnerWorker:
         self.optimizer_steps = 0
         self.transport = None
         self.critic = None
+        self.device = torch.device("cpu")
 
-    def setup(self, master_port: int, resume_from: str | None = None) -> dict[str, int]:
-        """Join the gloo group, build the sharded models and optimizers, and (rank 0,
-        collective transport) join the push group. Returns the memory report of
-        `adapters.memory_report`, equal on every rank. Collective: all ranks at once.
+    def rendezvous(self) -> dict[str, str]:
+        """Where this rank runs (`node_ip`, `node_id`, `gpus`) and a group rendezvous
+        `address` on its node; the controller hands rank 0's to every rank's `setup`
+        (see learner/distributed.py)."""
+        return where()
+
+    def setup(self, master: int | str, resume_from: str | None = None) -> dict[str, int]:
+        """Join the learner group (gloo on CPU; NCCL for CUDA tensors on `cuda`), build the
+        sharded models and optimizers on this rank's device, and (rank 0, collective
+        transport) join the push group. Returns the memory report of
+        `adapters.memory_report` (plus `cuda_*_mb` on GPUs), equal on every rank but the
+        CUDA figures. Collective: all ranks at once.
 
         Args:
+            master: rank 0's `rendezvous()` address (`tcp://IP:PORT`), or a port on
+                127.0.0.1 (one machine).
             resume_from: a folder written by `save_checkpoint(path, step, kind="state")`:
                 policy, critic, optimizers, LR schedule and RNGs continue from it.
 
@@ -78,21 +95,25 @@ class LearnerWorker:
             WeightSyncError: the push group did not form.
         """
         s = self.s
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{master_port}",
-                                rank=self.rank, world_size=self.world)
+        init = master if isinstance(master, str) else f"tcp://127.0.0.1:{master}"
+        self.device = rank_device(s.device)
+        dist.init_process_group(backend_for(s.device), init_method=init, rank=self.rank,
+                                world_size=self.world)
         torch.manual_seed(s.seed)
         if s.adapter.enabled:
             adapters.check_targets(s.model_path, s.adapter.target_modules)
-        self.policy = load_sharded(s.model_path, self.world, s.compute_dtype, "policy", s.adapter)
+        kind = self.device.type
+        self.policy = load_sharded(s.model_path, self.world, s.compute_dtype, "policy", s.adapter,
+                                   checkpointing=s.gradient_checkpointing, device_type=kind)
         load_ref = s.load_reference and not s.adapter.enabled
-        self.reference = (load_sharded(s.model_path, self.world, s.compute_dtype, "reference")
-                          if load_ref else None)
+        self.reference = (load_sharded(s.model_path, self.world, s.compute_dtype, "reference",
+                                       device_type=kind) if load_ref else None)
         trainable = [p for p in self.policy.parameters() if p.requires_grad]
         self.optimizers = [torch.optim.AdamW(trainable, lr=s.lr, betas=s.betas,
                                              weight_decay=s.weight_decay)]
         if s.critic is not None:
             self.critic = load_sharded(s.critic.path or s.model_path, self.world,
-                                       s.compute_dtype, "critic")
+                                       s.compute_dtype, "critic", device_type=kind)
             self.optimizers.append(torch.optim.AdamW(self.critic.parameters(), lr=s.critic.lr,
                                                      betas=s.betas))
         warm = s.warmup_steps
@@ -101,7 +122,8 @@ class LearnerWorker:
         if resume_from is not None:
             self.optimizer_steps = checkpoint.load_state(self._trained(), self.scheduler,
                                                          self.rank, resume_from)
-        report = adapters.memory_report(self.policy, self.reference)
+        report = {**adapters.memory_report(self.policy, self.reference),
+                  **cuda_memory(self.device)}
         # Only rank 0 sends weights; the others never touch the push group.
         self.transport = make_transport(s.transport, rank=0 if self.rank == 0 else None)
         return report
@@ -114,12 +136,12 @@ class LearnerWorker:
         budget = self.s.max_tokens_per_micro_batch
         plan = plan_rows(batch.attention_mask, unit, self.s.micro_batch_size, budget)
         if budget is None:
-            return [(rows, batch.select(rows)) for rows in plan]
+            return [(rows, batch.select(rows).to(self.device)) for rows in plan]
         count = torch.tensor([len(plan)])
         dist.all_reduce(count, op=dist.ReduceOp.MAX)
         plan = plan_rows(batch.attention_mask, unit, self.s.micro_batch_size, budget,
                          at_least=int(count))
-        return [(rows, trim_right_padding(batch.select(rows))) for rows in plan]
+        return [(rows, trim_right_padding(batch.select(rows)).to(self.device)) for rows in plan]
 
     def _logprobs(self, model: torch.nn.Module, mb: TrainBatch) -> torch.Tensor:
         return sequence_logprobs(model, mb.input_ids, mb.attention_mask, mb.response_start,
@@ -164,8 +186,8 @@ class LearnerWorker:
             with self.spans.span("forward", step):
                 for rows, mb in self._micro_batches(shard):
                     values, final = critic_values(self.critic, mb)
-                    out[rows, :values.shape[1]] = values
-                    out[rows, -1] = final
+                    out[rows, :values.shape[1]] = values.cpu()
+                    out[rows, -1] = final.cpu()
             out[:, :-1] *= shard.response_mask
             return out
         if what == "ref_logprobs":
@@ -177,7 +199,7 @@ class LearnerWorker:
         with ctx as model, self.spans.span("forward", step):
             for rows, mb in self._micro_batches(shard):
                 logprobs = self._logprobs(model, mb)
-                out[rows, :logprobs.shape[1]] = logprobs
+                out[rows, :logprobs.shape[1]] = logprobs.cpu()
         return out * shard.response_mask
 
     def free_reference(self) -> None:
@@ -223,7 +245,8 @@ class LearnerWorker:
     def _optimizer_step(self, step: int) -> dict[str, float]:
         """Clip, step AdamW (each optimizer) and the LR schedule; returns the policy's
         grad_norm (before clipping), lr, and this rank's peak resident memory so far
-        (`learner_peak_rss_mb`, MiB)."""
+        (`learner_peak_rss_mb`, MiB; on GPUs also `learner_cuda_peak_mb`, the most CUDA
+        memory its tensors held since the start)."""
         models = [self.policy] + ([self.critic] if self.critic is not None else [])
         with self.spans.span("optimizer", step):
             norms = []
@@ -238,7 +261,10 @@ class LearnerWorker:
             self.optimizer_steps += 1
             time.sleep(self.s.delay_s)
         peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
-        return {"grad_norm": float(norms[0]), "lr": lr, "learner_peak_rss_mb": peak_mb}
+        stats = {"grad_norm": float(norms[0]), "lr": lr, "learner_peak_rss_mb": peak_mb}
+        if self.device.type == "cuda":
+            stats["learner_cuda_peak_mb"] = cuda_memory(self.device)["cuda_peak_mb"]
+        return stats
 
     # -- weights out ----------------------------------------------------------------------
     def publish_weights(self, version: int, full: bool = False) -> Iterator[WeightHandle | None]:

@@ -87,8 +87,15 @@ def place(res: ResourcesConfig, timeout_s: float = 60.0, rollout: bool = True) -
             pg = placement_group([{"GPU": 1.0}] * res.rollout.gpus_per_engine,
                                  strategy="STRICT_PACK")
             out.groups.append(pg)
-            # The engine actor holds one GPU; tensor-parallel workers take the others.
-            out.rollout.append({"num_gpus": 1, "scheduling_strategy": strategy(pg, 0)})
+            if res.rollout.gpus_per_engine == 1:
+                out.rollout.append({"num_gpus": 1, "scheduling_strategy": strategy(pg, 0)})
+            else:
+                # Tensor parallel: vLLM's Ray executor puts one worker on each bundle of
+                # the actor's group, so the actor itself holds no GPU.
+                out.rollout.append({"num_gpus": 0, "scheduling_strategy":
+                                    PlacementGroupSchedulingStrategy(
+                                        placement_group=pg,
+                                        placement_group_capture_child_tasks=True)})
         pg = placement_group([{"GPU": 1.0}] * res.learner.gpus, strategy="PACK")
         out.groups.append(pg)
         out.learner = [{"num_gpus": 1, "scheduling_strategy": strategy(pg, i)}

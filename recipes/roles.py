@@ -121,8 +121,8 @@ def start_roles(recipe: Recipe, algo: Algorithm, model_path: str, run_dir: Path,
         roles.rollout_spec = rollout_spec(recipe, model_path, threads_r, transport)
         roles.rollout = start_rollout(roles.rollout_spec, placement)
     roles.transport = transport
-    roles.learner_launch = partial(start_learners, recipe, algo, model_path, placement,
-                                   threads_l)
+    roles.learner_launch = partial(_launch_learners, recipe, algo, model_path, placement,
+                                   threads_l, run_dir=run_dir)
     roles.learners = roles.learner_launch(transport, resume_from)
     if roles.rollout:
         ray.get([w.health.remote() for w in roles.rollout])
@@ -153,6 +153,10 @@ def rollout_spec(recipe: Recipe, model_path: str, threads: int,
         seed=recipe.train.seed, kv_cache_gb=v.kv_cache_gb, max_model_len=v.max_model_len,
         enforce_eager=v.enforce_eager, device=recipe.resources.device,
         lora_rank=recipe.model.adapter.r if adapter_sync(recipe) else None,
+        gpu_memory_utilization=v.gpu_memory_utilization,
+        tensor_parallel_size=recipe.resources.rollout.gpus_per_engine,
+        sleep_between_steps=(recipe.resources.colocate and recipe.resources.device == "cuda"
+                             and recipe.rollout.engine == "vllm"),
     )
     return RolloutSpec(engine, transport, threads, recipe.debug.rollout_delay_s,
                        recipe.debug.fail_weight_push, recipe.debug.push_delay_s)
@@ -206,18 +210,30 @@ def transport_settings(recipe: Recipe, run_dir: Path) -> TransportSettings:
     )
 
 
+def _launch_learners(recipe: Recipe, algo: Algorithm, model_path: str, placement: Placement,
+                     threads: int, transport: TransportSettings, resume_from: str | None,
+                     run_dir: Path | None = None) -> list[Any]:
+    # The recovery path (recipes/recovery.py) relaunches with (transport, resume_from).
+    return start_learners(recipe, algo, model_path, placement, threads, transport,
+                          resume_from, run_dir)
+
+
 def start_learners(recipe: Recipe, algo: Algorithm, model_path: str, placement: Placement,
                    threads: int, transport: TransportSettings,
-                   resume_from: str | None = None) -> list[Any]:
+                   resume_from: str | None = None, run_dir: Path | None = None) -> list[Any]:
     """Start the FSDP2 learner ranks on their placement with the algorithm's loss,
-    reference and critic, and wait until they are set up.
+    reference and critic, and wait until they are set up. The group meets at rank 0's
+    node address (recipes/cluster.py records where each rank landed in `run_dir`).
 
     Raises:
-        RecipeError: an adapter target names no linear layer (checked before loading).
+        RecipeError: an adapter target names no linear layer (checked before loading),
+            or a learner node cannot see `run_dir`.
     """
     from posttrain.learner.adapters import AdapterSettings, check_targets, format_memory_report
+    from posttrain.learner.distributed import format_cuda_memory
     from posttrain.learner.settings import LearnerSettings
     from posttrain.learner.worker import LearnerWorker
+    from posttrain.recipes.cluster import check_shared_run_dir, learner_places, record_places
 
     adapter = recipe.model.adapter
     if adapter.type != "none":  # a meta-device model: no weights read
@@ -235,14 +251,21 @@ def start_learners(recipe: Recipe, algo: Algorithm, model_path: str, placement: 
         load_reference=algo.load_reference, critic=algo.critic, transport=transport,
         adapter=AdapterSettings(**{**adapter.model_dump(),
                                    "target_modules": tuple(adapter.target_modules)}),
-        delay_s=recipe.debug.learner_delay_s,
+        delay_s=recipe.debug.learner_delay_s, device=recipe.resources.device,
+        gradient_checkpointing=t.gradient_checkpointing,
     )
     worker = ray.remote(num_cpus=0)(LearnerWorker)
     learners = [worker.options(**opts).remote(r, len(placement.learner), settings, threads)
                 for r, opts in enumerate(placement.learner)]
-    master = free_port()
+    places = learner_places(learners)
+    master = places[0]["address"]
+    if run_dir is not None:
+        record_places(run_dir, places, master)
+        check_shared_run_dir(run_dir, places)
     reports = ray.get([lw.setup.remote(master, resume_from) for lw in learners])
     print(format_memory_report(reports[0]), flush=True)
+    if cuda_line := format_cuda_memory(reports[0]):
+        print(cuda_line, flush=True)
     return learners
 
 
@@ -296,12 +319,23 @@ def stop_roles(roles: Roles | None) -> None:
 def init_ray(recipe: Recipe, address: str | None, rollout: bool = True) -> None:
     """Join `address` (or RAY_ADDRESS), else start an embedded cluster; on device cpu
     declare as many GPUs as the recipe asks for (`rollout`: engines too) so the same
-    placement code runs."""
+    placement code runs; on device cuda Ray counts the real GPUs, after
+    `check_local_cuda`.
+
+    Raises:
+        RecipeError: device cuda on a machine without (enough) CUDA GPUs.
+    """
     address = address or os.environ.get("RAY_ADDRESS")
     if address:
         ray.init(address=address, log_to_driver=True)
         return
-    ray.init(num_cpus=os.cpu_count(), num_gpus=gpus_needed(recipe.resources, rollout=rollout),
+    cuda = recipe.resources.device == "cuda"
+    if cuda:
+        from posttrain.recipes.cluster import check_local_cuda
+
+        check_local_cuda(recipe.resources, rollout)
+    ray.init(num_cpus=os.cpu_count(),
+             num_gpus=None if cuda else gpus_needed(recipe.resources, rollout=rollout),
              include_dashboard=False, log_to_driver=True,
              runtime_env={"env_vars": {"TOKENIZERS_PARALLELISM": "false",
                                        "HF_HUB_OFFLINE": "1"}})

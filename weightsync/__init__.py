@@ -14,7 +14,7 @@ from posttrain.weightsync.base import (
 )
 from posttrain.weightsync.publish import GroupStore, publish, push
 
-TRANSPORTS = ("object_store", "collective", "filesystem")
+TRANSPORTS = ("object_store", "collective", "filesystem", "cuda_ipc")
 
 
 @dataclass(frozen=True)
@@ -76,6 +76,10 @@ def _build(s: TransportSettings) -> WeightTransport:
         from posttrain.weightsync.filesystem import FilesystemTransport
 
         return FilesystemTransport(s.directory)
+    if s.type == "cuda_ipc":
+        from posttrain.weightsync.cuda_ipc import CudaIpcTransport
+
+        return CudaIpcTransport()
     raise ValueError(f"weight_sync.type {s.type!r} is not a known transport; use one of "
                      f"{', '.join(TRANSPORTS)}")
 

@@ -117,6 +117,9 @@ class WeightTransport(ABC):
     #: True when the sender can broadcast tensors as they are produced
     #: (`stream_handle` + `send_stream`), so engines receive while the learner gathers.
     can_stream: bool = False
+    #: True when every learner rank's `send` is part of a collective (each rank shares
+    #: its own copy, e.g. CUDA IPC to its colocated engine); rank 0's handle is pushed.
+    every_rank_sends: bool = False
 
     @abstractmethod
     def send(

@@ -45,6 +45,11 @@ def publish(transport: WeightTransport, source: PushSource, version: int, *, sen
                 pass
         return
     weights = dict(source.tensors)
+    if transport.every_rank_sends:  # a collective send; rank 0's handle goes out
+        handle = transport.send(weights, version, checksum=checksum and sender)
+        yield handle if sender else None
+        transport.finish(handle)
+        return
     if not sender:
         yield None
         return
