@@ -59,6 +59,8 @@ class Rollout:
         policy_version: optimizer steps behind the weights that sampled it.
         prompt_text, response_text: decoded text (response without special tokens).
         ground_truth, metadata: copied from the PromptRequest.
+        messages: the PromptRequest's chat messages (reward models render them); not
+            written by `to_dict` (the rollout files hold `prompt_text`).
     """
 
     uid: str
@@ -72,6 +74,9 @@ class Rollout:
     response_text: str
     ground_truth: str = ""
     metadata: dict[str, Any] = field(default_factory=dict)
+    messages: list[dict[str, str]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        out = asdict(self)
+        del out["messages"]
+        return out

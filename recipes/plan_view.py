@@ -32,7 +32,8 @@ def plan_or_exit(r: Recipe, prompts: list, gpu: str, mfu: float) -> RecipePlan:
                    "plan reads Llama-style configs", err=True)
         raise typer.Exit(code=2) from None
     try:
-        tokens = 0 if r.algorithm == "dpo" else _longest_prompt(Path(folder), r, prompts)[0]
+        pairs = r.algorithm in ("dpo", "reward_model")
+        tokens = 0 if pairs else _longest_prompt(Path(folder), r, prompts)[0]
     except RecipeError as e:
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(code=2) from None

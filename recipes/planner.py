@@ -137,9 +137,20 @@ def _learner_memory(r: Recipe, m: ModelShape, ranks: int, seq: int) -> dict[str,
     return out
 
 
+#: Algorithms that train on preference pairs: no rollout side.
+PAIR_ALGORITHMS = ("dpo", "reward_model")
+
+
+def _reply_tokens(r: Recipe) -> int:
+    """Most tokens after the prompt: a pair's max length, or the rollout's new tokens."""
+    if r.algorithm in PAIR_ALGORITHMS:
+        return getattr(r, r.algorithm).max_length
+    return r.rollout.max_new_tokens
+
+
 def _times(r: Recipe, m: ModelShape, hw: Hardware, mfu: float, rollout: int, learner: int,
            prompt: int, sequences: int) -> Times:
-    seq = prompt + (r.dpo.max_length if r.algorithm == "dpo" else r.rollout.max_new_tokens)
+    seq = prompt + _reply_tokens(r)
     tokens = sequences * seq
     a = r.model.adapter
     per_token = 4 if a.type != "none" else 6  # adapters skip the weight-grad half (2N)
@@ -151,7 +162,7 @@ def _times(r: Recipe, m: ModelShape, hw: Hardware, mfu: float, rollout: int, lea
     if r.algorithm == "ppo":
         flops += 6 * m.params * tokens  # critic
     train = plan.compute_seconds(flops, learner, hw.bf16_flops, mfu)
-    if r.algorithm == "dpo":
+    if r.algorithm in PAIR_ALGORITHMS:
         return Times(0, learner, 0.0, train, 0.0)
     engines = rollout // r.resources.rollout.gpus_per_engine
     per_engine = -(-sequences // engines)
@@ -175,9 +186,9 @@ def plan_recipe(r: Recipe, m: ModelShape, gpu: str, prompt_tokens: int,
     """
     hw = plan.HARDWARE[gpu]
     res = r.resources
-    dpo = r.algorithm == "dpo"
+    dpo = r.algorithm in PAIR_ALGORITHMS
     sequences = r.train.prompts_per_step * (2 if dpo else r.rollout.samples_per_prompt)
-    seq = prompt_tokens + (r.dpo.max_length if dpo else r.rollout.max_new_tokens)
+    seq = prompt_tokens + _reply_tokens(r)
     rollout = 0 if dpo else res.rollout.gpus
     learner = _learner_memory(r, m, res.learner.gpus, seq)
     engine: dict[str, float] = {}
@@ -200,7 +211,7 @@ def _best_split(r: Recipe, m: ModelShape, hw: Hardware, mfu: float, prompt: int,
     """The rollout:learner split of the same total devices with the shortest step whose
     learner state fits (None when nothing can move: DPO or colocated devices)."""
     res = r.resources
-    if r.algorithm == "dpo" or res.colocate:
+    if r.algorithm in PAIR_ALGORITHMS or res.colocate:
         return None
     total, per_engine = res.rollout.gpus + res.learner.gpus, res.rollout.gpus_per_engine
     seq = prompt + r.rollout.max_new_tokens
