@@ -182,6 +182,9 @@ class LearnerWorker:
             with self.spans.span("forward", step):
                 for rows, mb in self._micro_batches(shard):
                     scores[rows] = reward_scores(self.policy, mb)
+            # FSDP2 leaves the root unsharded after a forward; a save's gather of the
+            # adapter's parameters (learner/adapters.py) expects every one sharded.
+            self.policy.reshard()
             return scores
         if what == "ref_logprobs":
             ctx = self._reference_model()

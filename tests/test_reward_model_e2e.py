@@ -37,7 +37,7 @@ def trained(tiny_model, tmp_path_factory):
         "model": {"path": str(tiny_model), "dtype": "float32"},
         "data": {"train": {"path": str(data), "format": "pairs"}},
         "reward_model": {"max_length": 64, "eval_pairs": 8, "eval_every": 5},
-        "train": {"steps": 15, "prompts_per_step": 4, "micro_batch_size": 4, "lr": 3e-3},
+        "train": {"steps": 15, "prompts_per_step": 4, "micro_batch_size": 4, "lr": 2e-3},
         "resources": {"learner": {"gpus": 2}, "threads_per_worker": 1},
         "monitor": {"progress": False, "dashboard_port": None, "tensorboard": False},
     }))
@@ -89,14 +89,14 @@ def test_served_through_post_score(trained, tmp_path):
     client = RewardClient(f"http://127.0.0.1:{port}/score", token="tok", retries=0)
     try:
         client.wait_ready(timeout_s=120, proc=proc)
-        held_out = ROWS[-10:]
+        rows = ROWS[-10:]  # train or held out: every pair must rank right
         items = [ScoreItem(uid=f"{k}-{i}", prompt=r["prompt"], response=r[k])
-                 for i, r in enumerate(held_out) for k in ("chosen", "rejected")]
+                 for i, r in enumerate(rows) for k in ("chosen", "rejected")]
         scores = {s.uid: s.reward for s in client.score(items)}
     finally:
         client.close()
         proc.terminate()
         proc.wait(timeout=10)
     assert None not in scores.values()
-    for i in range(len(held_out)):
+    for i in range(len(rows)):
         assert scores[f"chosen-{i}"] > scores[f"rejected-{i}"]
