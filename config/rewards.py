@@ -159,7 +159,9 @@ class RewardModelReward(_Component):
     mean: float = Field(0.0, description="normalize: fixed: the mean subtracted.")
     std: float = Field(1.0, gt=0, description="normalize: fixed: the divisor.")
     threads: int | None = Field(
-        None, gt=0, description="torch CPU threads of the service process; default torch's.")
+        None, gt=0, description="torch CPU threads of the reward model; default: the "
+        "process's (1 in a run's own reward service, which sets OMP_NUM_THREADS=1). With "
+        "synchronous rollouts nothing else computes while it scores: give it the cores.")
 
 
 _DEFAULT_JUDGE_TEMPLATE = (
