@@ -100,3 +100,36 @@ def test_served_through_post_score(trained, tmp_path):
     assert None not in scores.values()
     for i in range(len(rows)):
         assert scores[f"chosen-{i}"] > scores[f"rejected-{i}"]
+
+
+def test_ppo_step_on_hh_prompts_against_the_model(trained, tiny_model, tmp_path):
+    _, _, final = trained
+    hh = tmp_path / "hh.jsonl"
+    hh.write_text("".join(json.dumps({
+        "chosen": f"\n\nHuman: {r['prompt']}\n\nAssistant: {r['chosen']}",
+        "rejected": f"\n\nHuman: {r['prompt']}\n\nAssistant: {r['rejected']}"}) + "\n"
+        for r in ROWS[:4]))
+    f = tmp_path / "ppo.yaml"
+    f.write_text(yaml.safe_dump({
+        "name": "ppo-rm", "algorithm": "ppo",
+        "model": {"path": str(tiny_model), "dtype": "float32"},
+        "data": {"train": {"path": str(hh), "format": "hh"}},
+        "rollout": {"engine": "hf", "samples_per_prompt": 2, "max_new_tokens": 6},
+        "rewards": [{"name": "rm", "type": "reward_model", "path": str(final),
+                     "normalize": "running"}],
+        "ppo": {"mini_batches": 1, "kl_coef": 0.05},
+        "train": {"steps": 1, "prompts_per_step": 2, "micro_batch_size": 2, "lr": 1e-3},
+        "resources": {"learner": {"gpus": 2}, "threads_per_worker": 1},
+        "monitor": {"progress": False, "dashboard_port": None, "tensorboard": False},
+    }))
+    recipe = load_recipe(f)
+    history = run(recipe, tmp_path / "run", None, load_data(recipe))
+    assert history[0]["failed_scores"] == 0 and history[0]["value_loss"] > 0
+    rows = [json.loads(line) for line in
+            (tmp_path / "run" / "rollouts" / "step_00000.jsonl").read_text().splitlines()]
+    assert len(rows) == 4 and "messages" not in rows[0]
+    assert {r["prompt_text"].split("user\n")[1].split("\n")[0] for r in rows} <= \
+        {r["prompt"] for r in ROWS[:4]}
+    # running normalisation over the step's 4 scores: mean 0
+    assert sum(r["reward"] for r in rows) == pytest.approx(0.0, abs=1e-4)
+    assert all("rm.raw" in r["reward_details"] for r in rows)
