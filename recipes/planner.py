@@ -125,7 +125,7 @@ def _learner_memory(r: Recipe, m: ModelShape, ranks: int, seq: int) -> dict[str,
         out[f"{a.type} adapter (16 B/param)"] = plan.training_state_bytes(
             m.lora_params(a.r, a.target_modules)) / ranks
     kl = r.grpo.kl_coef if r.algorithm == "grpo" else r.ppo.kl_coef if r.algorithm == "ppo" \
-        else 1.0
+        else 1.0 if r.algorithm == "dpo" else 0.0  # a reward model has no reference
     if kl > 0 and a.type == "none":
         out["reference (bf16)"] = plan.frozen_base_bytes(m.params) / ranks
     if r.algorithm == "ppo":
