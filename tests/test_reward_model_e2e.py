@@ -56,7 +56,7 @@ def test_trains_above_chance_and_reports_metrics(trained):
     assert [m["step"] for m in history if "eval/accuracy" in m] == [4, 9, 14]
     assert last["eval/pairs"] == 8
     assert last["eval/accuracy"] >= 0.875  # chance is 0.5
-    assert last["eval/margin"] > 0 and last["eval/loss"] < 0.5
+    assert last["eval/margin"] > 0 and last["eval/loss"] < 0.693  # better than a tie
 
 
 def test_saved_folder_loads_and_reproduces_the_learner(trained, tiny_model):
