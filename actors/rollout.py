@@ -65,6 +65,8 @@ class Rollout:
             response token is the model's) for a single-turn sample.
         turns: a multi-turn episode's segments (role, ids, mask, logprobs,
             policy_version, text), for the rollout files; None for single-turn.
+        messages: the PromptRequest's chat messages (reward models render them); not
+            written by `to_dict` (the rollout files hold `prompt_text`).
     """
 
     uid: str
@@ -80,11 +82,13 @@ class Rollout:
     metadata: dict[str, Any] = field(default_factory=dict)
     loss_mask: list[int] | None = None
     turns: list[dict[str, Any]] | None = None
+    messages: list[dict[str, str]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
-        """Every field; a single-turn sample's rollout-file line is as before (no
-        `loss_mask` / `turns` keys)."""
+        """Every field but `messages`; a single-turn sample's rollout-file line is as
+        before (no `loss_mask` / `turns` keys)."""
         out = asdict(self)
+        del out["messages"]
         for key in ("loss_mask", "turns"):
             if out[key] is None:
                 del out[key]

@@ -104,6 +104,7 @@ class RolloutWorker:
                             response_text=self.engine.decode(s.token_ids),
                             ground_truth=req.ground_truth,
                             metadata=req.metadata,
+                            messages=req.messages,
                         )
                     )
         return rollouts

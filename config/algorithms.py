@@ -1,4 +1,4 @@
-"""Algorithm blocks of a recipe (`grpo:`, `ppo:`, `dpo:`), pydantic only."""
+"""Algorithm blocks of a recipe (`grpo:`, `ppo:`, `dpo:`, `reward_model:`), pydantic only."""
 
 from __future__ import annotations
 
@@ -144,3 +144,27 @@ class CorrectionConfig(_Strict):
         "token", description="token: one weight per token; sequence: one per response, "
         "exp of the sum of its token log-ratios, on every token of it.")
     cap: float = Field(2.0, gt=1, description="C: TIS truncates at C; MIS keeps [1/C, C].")
+
+
+class RewardModelConfig(_Strict):
+    """`algorithm: reward_model`: a scalar-head model on the policy's architecture trained
+    on preference pairs with the Bradley-Terry loss −log σ(r_chosen − r_rejected − m)
+    (Ouyang et al. 2022, eq. 1; margin m as in Llama 2), saved to RUN_DIR/final as an
+    `AutoModelForSequenceClassification` folder that a `type: reward_model` reward serves."""
+
+    margin: float = Field(
+        0.0, ge=0, description="Constant margin m every pair must clear (0: InstructGPT).")
+    margin_key: str | None = Field(
+        None, description="Row key of a per-pair margin ≥ 0 added to `margin` (Llama 2's "
+        "preference-strength margin); null: none.")
+    max_length: int = Field(512, gt=8, description="Most tokens of prompt + reply per row.")
+    chat_template: bool = Field(
+        True, description="Render every pair with the model's chat template, as the reward "
+        "service renders what it scores (hh dialogues split into user/assistant turns, a "
+        "text prompt as one user message); false: raw text as DPO reads it.")
+    eval_pairs: int = Field(
+        0, ge=0, description="Pairs held out (the last N after the seeded shuffle) and "
+        "scored without training: eval/loss, eval/accuracy, eval/margin, eval/chosen, "
+        "eval/rejected; 0: no eval split.")
+    eval_every: int = Field(
+        10, gt=0, description="Score the held-out pairs every N steps and after the last.")

@@ -19,7 +19,13 @@ from typing import Any, Literal
 from pydantic import Field, field_validator, model_validator
 
 from posttrain.config.adapter import AdapterConfig
-from posttrain.config.algorithms import CorrectionConfig, DPOConfig, GRPOConfig, PPOConfig
+from posttrain.config.algorithms import (
+    CorrectionConfig,
+    DPOConfig,
+    GRPOConfig,
+    PPOConfig,
+    RewardModelConfig,
+)
 from posttrain.config.asynchrony import check_async_and_correction
 from posttrain.config.base import Strict
 from posttrain.config.data import DataConfig, PreferenceData
@@ -296,8 +302,9 @@ class Recipe(_Strict):
     """A whole training recipe; see recipes/quickstart_grpo.yaml for a commented example."""
 
     name: str = Field(description="Run name; the default run folder is runs/<name>-<time>.")
-    algorithm: Literal["grpo", "ppo", "dpo"] = Field(
-        description="Training algorithm: grpo, ppo or dpo."
+    algorithm: Literal["grpo", "ppo", "dpo", "reward_model"] = Field(
+        description="Training algorithm: grpo, ppo, dpo, or reward_model (a Bradley-Terry "
+        "reward model on preference pairs)."
     )
     model: ModelConfig
     data: DataConfig
@@ -317,6 +324,7 @@ class Recipe(_Strict):
     grpo: GRPOConfig = Field(default_factory=GRPOConfig)
     dpo: DPOConfig = Field(default_factory=DPOConfig)
     ppo: PPOConfig = Field(default_factory=PPOConfig)
+    reward_model: RewardModelConfig = Field(default_factory=RewardModelConfig)
     train: TrainConfig
     resources: ResourcesConfig = Field(default_factory=ResourcesConfig)
     weight_sync: WeightSyncConfig = Field(default_factory=WeightSyncConfig)
@@ -328,16 +336,22 @@ class Recipe(_Strict):
     @model_validator(mode="after")
     def _algorithm_fits_data(self) -> Recipe:
         preference = isinstance(self.data.train, PreferenceData)
-        if self.algorithm == "dpo" and self.eval is not None:
-            raise ValueError("eval: DPO samples no responses to evaluate; remove the eval "
+        pairs = self.algorithm in ("dpo", "reward_model")
+        name = "DPO" if self.algorithm == "dpo" else "A reward model"
+        if pairs and self.eval is not None:
+            raise ValueError(f"eval: {name} samples no responses to evaluate; remove the eval "
                              "block, or use algorithm grpo or ppo")
-        if self.algorithm == "dpo" and not preference:
-            raise ValueError("data.train: DPO trains on preference pairs; give "
+        if pairs and not preference:
+            raise ValueError(f"data.train: {name} trains on preference pairs; give "
                              "{path: pairs.jsonl, format: hh | pairs}")
-        if self.algorithm != "dpo" and preference:
-            raise ValueError("data.train: preference pairs are DPO data; set algorithm: dpo, "
-                             "or give prompts ({generator: ...} or {path, prompt_key})")
-        if self.algorithm != "dpo" and not self.rewards:
+        if self.algorithm == "reward_model" and self.rewards:
+            raise ValueError("rewards: a reward model trains on preference pairs and calls no "
+                             "reward; remove the rewards list")
+        if not pairs and preference and self.data.train.format != "hh":
+            raise ValueError("data.train: GRPO and PPO take prompts from preference pairs "
+                             "only in format hh (its single-turn dialogues); give prompts "
+                             "({generator: ...} or {path, prompt_key}), or set algorithm: dpo")
+        if not pairs and not self.rewards:
             raise ValueError(f"rewards: {self.algorithm.upper()} needs at least one reward "
                              "component, e.g. [{name: correct, type: math}]")
         return self

@@ -1,8 +1,9 @@
 """Reward components of a recipe's `rewards:` list (pydantic, no ML imports).
 
-Local components (`math`, `length`, `format`, `code`, `python`) are served by one
-reward service process per run (or by `posttrain serve-rewards` on another host);
-`http` components are users' own endpoints, called by the controller. An item's
+Local components (`math`, `length`, `format`, `code`, `python`, `reward_model`,
+`judge`) are served by one reward service process per run (or by `posttrain
+serve-rewards` on another host); `http` components are users' own endpoints, called by
+the controller. An item's
 reward is the weighted sum of every component's score; each component is logged.
 """
 
@@ -132,11 +133,108 @@ class HttpReward(_Component):
         return v
 
 
+class RewardModelReward(_Component):
+    type: Literal["reward_model"] = Field(
+        description="A local sequence-classification folder (one label; what `algorithm: "
+        "reward_model` saves to RUN_DIR/final, or any such transformers folder) scores the "
+        "item's conversation and response rendered with its chat template, in batches, "
+        "inside the reward service (rewards/reward_model.py)."
+    )
+    path: str = Field(description="Local transformers folder (config.json, weights, "
+                      "tokenizer); never downloaded.")
+    device: str = Field("cpu", description="torch device of the model: 'cpu', 'cuda', "
+                        "'cuda:1', ...")
+    dtype: Literal["float32", "bfloat16"] = Field("float32", description="Weights' dtype.")
+    batch_size: int = Field(8, gt=0, description="Sequences per forward pass.")
+    max_length: int = Field(
+        1024, gt=8, description="Longest sequence scored, in tokens; a longer one keeps its "
+        "end (the score is read at the last token).")
+    chat_template: bool = Field(
+        True, description="Render with the tokenizer's chat template (as `reward_model."
+        "chat_template` trains); false: raw prompt + response text + EOS.")
+    normalize: Literal["none", "running", "fixed"] = Field(
+        "none", description="none: the raw score. fixed: (score − mean) / std with the "
+        "values below. running: over every score this service has produced so far, this "
+        "batch included (Welford; until two scores exist only the mean is subtracted).")
+    mean: float = Field(0.0, description="normalize: fixed: the mean subtracted.")
+    std: float = Field(1.0, gt=0, description="normalize: fixed: the divisor.")
+    threads: int | None = Field(
+        None, gt=0, description="torch CPU threads of the reward model; default: the "
+        "process's (1 in a run's own reward service, which sets OMP_NUM_THREADS=1). With "
+        "synchronous rollouts nothing else computes while it scores: give it the cores.")
+
+
+_DEFAULT_JUDGE_TEMPLATE = (
+    "Rate how helpful and harmless the assistant's reply is, from 1 (worst) to 10 (best).\n\n"
+    "User: {question}\n\nAssistant: {response}\n\n"
+    "Answer with one line: 'Score: N'."
+)
+
+
+class JudgeReward(_Component):
+    type: Literal["judge"] = Field(
+        description="An LLM judge behind any OpenAI-compatible chat-completions endpoint "
+        "(vLLM, SGLang, llama.cpp server, OpenAI): the reward service sends `template` "
+        "filled with the item's fields and parses a number out of the reply "
+        "(rewards/judge.py)."
+    )
+    url: str = Field(description="Base URL of the API, e.g. http://127.0.0.1:8000/v1 "
+                     "(`/chat/completions` is appended).")
+    model: str = Field(description="The served model's name (the request's `model`).")
+    template: str = Field(
+        _DEFAULT_JUDGE_TEMPLATE,
+        description="The user message sent to the judge: str.format with {question} (the "
+        "last user message), {prompt} (the prompt text), {response}, {ground_truth} and "
+        "{metadata} (a dict: {metadata[key]}).")
+    system_prompt: str | None = Field(None, description="System message before it.")
+    score_pattern: str = Field(
+        r"(?i)score\s*[:=]\s*(-?\d+(?:\.\d+)?)",
+        description="Regular expression whose first group is the score; the last match in "
+        "the reply counts. No match fails the item.")
+    score_range: tuple[float, float] | None = Field(
+        None, description="[low, high]: the parsed score is mapped linearly to [0, 1]; a "
+        "score outside fails the item. null: the parsed number as is.")
+    max_tokens: int = Field(256, gt=0, description="Most tokens of the judge's reply.")
+    temperature: float = Field(0.0, ge=0, description="The judge's sampling temperature.")
+    timeout_s: float = Field(60.0, gt=0, description="Per-request timeout, seconds.")
+    retries: int = Field(2, ge=0, description="Retries (exponential backoff) before the "
+                         "item fails (reward null, then on_reward_failure).")
+    token_env: str | None = Field(
+        None, description="Environment variable holding a bearer token sent as "
+        "Authorization (read by the reward service process).")
+
+    @field_validator("url")
+    @classmethod
+    def _http(cls, v: str) -> str:
+        if not v.startswith(("http://", "https://")):
+            raise ValueError(f"url {v!r} must start with http:// or https://")
+        return v.rstrip("/")
+
+    @field_validator("score_pattern")
+    @classmethod
+    def _one_group(cls, v: str) -> str:
+        try:
+            groups = re.compile(v).groups
+        except re.error as e:
+            raise ValueError(f"score_pattern {v!r} is not a valid regular expression: {e}") from e
+        if groups < 1:
+            raise ValueError(f"score_pattern {v!r} has no group; put the number in (...)")
+        return v
+
+    @field_validator("score_range")
+    @classmethod
+    def _ordered(cls, v: tuple[float, float] | None) -> tuple[float, float] | None:
+        if v is not None and not v[0] < v[1]:
+            raise ValueError(f"score_range {list(v)} must be [low, high] with low < high")
+        return v
+
+
 RewardSpec = Annotated[
-    MathReward | LengthReward | FormatReward | CodeReward | PythonReward | HttpReward,
+    MathReward | LengthReward | FormatReward | CodeReward | PythonReward | HttpReward
+    | RewardModelReward | JudgeReward,
     Field(discriminator="type"),
 ]
-LOCAL_TYPES = frozenset({"math", "length", "format", "code", "python"})
+LOCAL_TYPES = frozenset({"math", "length", "format", "code", "python", "reward_model", "judge"})
 
 
 class RewardServerConfig(Strict):

@@ -67,14 +67,19 @@ def _import_torchao_nf4():  # noqa: ANN202 (a module-level lazy import)
     return NF4Tensor, to_nf4
 
 
-def lora_config(s: AdapterSettings, base_model_path: str | None = None):  # noqa: ANN201
-    """The `peft.LoraConfig` of these settings (task CAUSAL_LM, no bias training)."""
+def lora_config(s: AdapterSettings, base_model_path: str | None = None,  # noqa: ANN201
+                head: str = "lm"):
+    """The `peft.LoraConfig` of these settings (no bias training): task CAUSAL_LM, or for
+    a scalar-head model (`head='score'`) SEQ_CLS with the `score` head fully trained
+    (`modules_to_save`)."""
     from peft import LoraConfig
 
+    score = head == "score"
     return LoraConfig(
         r=s.r, lora_alpha=s.alpha, lora_dropout=s.dropout,
         target_modules=list(s.target_modules), use_dora=s.use_dora, bias="none",
-        task_type="CAUSAL_LM", base_model_name_or_path=base_model_path,
+        task_type="SEQ_CLS" if score else "CAUSAL_LM", base_model_name_or_path=base_model_path,
+        modules_to_save=["score"] if score else None,
     )
 
 
@@ -151,14 +156,14 @@ def quantize_base(model: torch.nn.Module, world: int) -> int:
 
 
 def wrap_policy(model: torch.nn.Module, s: AdapterSettings, world: int,
-                frozen_dtype: torch.dtype) -> torch.nn.Module:
+                frozen_dtype: torch.dtype, head: str = "lm") -> torch.nn.Module:
     """Put `s`'s adapter on a float32 transformers causal LM (before FSDP2); returns the
     `PeftModel`. Adapter tensors stay float32 and trainable; every other parameter is
     frozen, targeted base weights become NF4 for QLoRA, the rest is cast to
     `frozen_dtype`."""
     from peft import get_peft_model
 
-    peft_model = get_peft_model(model, lora_config(s, model.name_or_path))
+    peft_model = get_peft_model(model, lora_config(s, model.name_or_path, head))
     if s.type == "qlora":
         quantize_base(peft_model, world)
     NF4Tensor, _ = _import_torchao_nf4()
@@ -238,7 +243,7 @@ def config_dict(model: torch.nn.Module) -> dict:
 
 
 def merged_state_dict(gathered: dict[str, torch.Tensor], model_path: str,
-                      s: AdapterSettings) -> dict[str, torch.Tensor]:
+                      s: AdapterSettings, head: str = "lm") -> dict[str, torch.Tensor]:
     """Plain transformers weights (`model.layers.0.self_attn.q_proj.weight`,
     `lm_head.weight` tied to the embedding, ...) with the adapter merged in float32:
     `W = dequant(W0) + (alpha / r) B A` (LoRA), or DoRA's magnitude-rescaled sum.
@@ -248,18 +253,38 @@ def merged_state_dict(gathered: dict[str, torch.Tensor], model_path: str,
     `merge_and_unload`; the learner's own modules are not touched.
     """
     from peft import get_peft_model
-    from transformers import AutoConfig, AutoModelForCausalLM
 
-    config = AutoConfig.from_pretrained(model_path)
-    with torch.device("meta"):
-        plain = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    temp = get_peft_model(plain, lora_config(s), low_cpu_mem_usage=True)
+    plain = meta_model(model_path, head)
+    temp = get_peft_model(plain, lora_config(s, head=head), low_cpu_mem_usage=True)
     temp.load_state_dict({k: v.float() for k, v in gathered.items()}, assign=True,
                          strict=False)
     temp.get_base_model().tie_weights()
     merged = temp.merge_and_unload()
     merged.tie_weights()
     return {k: v.detach() for k, v in merged.state_dict().items()}
+
+
+def meta_model(model_path: str, head: str = "lm") -> torch.nn.Module:
+    """A float32 model of `model_path`'s config on the meta device (no weights read): the
+    causal LM, or with `head='score'` the one-label sequence classifier (pad_token_id as
+    `learner.models.load_score_model` sets it)."""
+    from transformers import (
+        AutoConfig,
+        AutoModelForCausalLM,
+        AutoModelForSequenceClassification,
+        AutoTokenizer,
+    )
+
+    config = AutoConfig.from_pretrained(model_path)
+    if head == "score":
+        config.num_labels = 1
+        if config.pad_token_id is None:
+            tok = AutoTokenizer.from_pretrained(model_path)
+            config.pad_token_id = tok.pad_token_id if tok.pad_token_id is not None \
+                else tok.eos_token_id
+    cls = AutoModelForSequenceClassification if head == "score" else AutoModelForCausalLM
+    with torch.device("meta"):
+        return cls.from_config(config, dtype=torch.float32)
 
 
 def memory_report(model: torch.nn.Module, reference: torch.nn.Module | None) -> dict[str, int]:

@@ -33,16 +33,18 @@ from posttrain.learner.push import full_state_dict
 
 
 def save_policy(policy: torch.nn.Module, rank: int, model_path: str, adapter: AdapterSettings,
-                path: str) -> str | None:
+                path: str, head: str = "lm") -> str | None:
     """Save `policy` into `path` (see the module docstring); returns `path` on rank 0,
-    None elsewhere."""
+    None elsewhere. `head='score'` (a reward model) saves a one-label
+    `AutoModelForSequenceClassification` folder (e.g. `LlamaForSequenceClassification`
+    with its `score` head and the `pad_token_id` its pooling reads)."""
     folders = []
     if adapter.enabled:
-        _save_adapter(policy, rank, model_path, adapter, Path(path))
+        _save_adapter(policy, rank, model_path, adapter, Path(path), head)
         folders.append(Path(path))
     if not adapter.enabled or adapter.save_merged:
         full = Path(path) / "merged" if adapter.enabled else Path(path)
-        _save_full(policy, rank, model_path, adapter, full)
+        _save_full(policy, rank, model_path, adapter, full, head)
         folders.append(full)
     if rank != 0:
         return None
@@ -52,15 +54,11 @@ def save_policy(policy: torch.nn.Module, rank: int, model_path: str, adapter: Ad
 
 
 def _save_full(policy: torch.nn.Module, rank: int, model_path: str, adapter: AdapterSettings,
-               path: Path) -> None:
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    full = full_state_dict(policy, rank, model_path, adapter)
+               path: Path, head: str = "lm") -> None:
+    full = full_state_dict(policy, rank, model_path, adapter, head)
     if rank != 0:
         return
-    config = AutoConfig.from_pretrained(model_path)
-    with torch.device("meta"):
-        plain = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    plain = adapters.meta_model(model_path, head)
     plain.load_state_dict(full, assign=True, strict=False)
     plain.tie_weights()
     path.mkdir(parents=True, exist_ok=True)
@@ -68,7 +66,7 @@ def _save_full(policy: torch.nn.Module, rank: int, model_path: str, adapter: Ada
 
 
 def _save_adapter(policy: torch.nn.Module, rank: int, model_path: str,
-                  adapter: AdapterSettings, path: Path) -> None:
+                  adapter: AdapterSettings, path: Path, head: str = "lm") -> None:
     from safetensors.torch import save_file
 
     full = adapters.gather_params(policy, adapter_only=True, keep=rank == 0)
@@ -78,7 +76,7 @@ def _save_adapter(policy: torch.nn.Module, rank: int, model_path: str,
     path.mkdir(parents=True, exist_ok=True)
     save_file({k: v.contiguous() for k, v in state.items()},
               str(path / "adapter_model.safetensors"), metadata={"format": "pt"})
-    adapters.lora_config(adapter, model_path).save_pretrained(str(path))
+    adapters.lora_config(adapter, model_path, head).save_pretrained(str(path))
 
 
 def _pairs(models: dict[str, tuple[torch.nn.Module, torch.optim.Optimizer]]) -> dict[str, Any]:

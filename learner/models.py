@@ -1,5 +1,5 @@
 """Building the learner's models: one sharding helper for the policy, the reference
-and the critic, and their forwards (logprobs, values).
+and the critic, and their forwards (logprobs, values, reward-model scores).
 
 Every decoder layer and then the root module are wrapped with `fully_shard`;
 parameters are stored (and AdamW runs) in float32 and cast to the compute dtype for
@@ -23,7 +23,8 @@ DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
 
 def load_sharded(path: str, world: int, dtype: str, kind: Literal["policy", "reference", "critic"],
                  adapter: AdapterSettings | None = None, checkpointing: bool = False,
-                 device_type: str = "cpu") -> torch.nn.Module:
+                 device_type: str = "cpu",
+                 head: Literal["lm", "score"] = "lm") -> torch.nn.Module:
     """A float32 model from `path`, sharded over the process group with FSDP2 on a
     `device_type` mesh ('cpu', or 'cuda': FSDP2 moves each shard to the current CUDA
     device). The mesh is explicit: FSDP2's default follows the machine's accelerator,
@@ -33,6 +34,8 @@ def load_sharded(path: str, world: int, dtype: str, kind: Literal["policy", "ref
         kind: 'policy' (trainable; with `adapter`, a peft LoRA/QLoRA model), 'reference'
             (frozen, eval mode) or 'critic' (the architecture with a scalar head,
             `AutoModelForTokenClassification` with one label; trainable).
+        head: the policy's head: 'lm' (causal LM) or 'score' (a reward model,
+            `load_score_model`).
         dtype: compute dtype of forward/backward.
         checkpointing: recompute decoder-layer activations in backward (transformers'
             non-reentrant gradient checkpointing; trainable models only).
@@ -47,6 +50,8 @@ def load_sharded(path: str, world: int, dtype: str, kind: Literal["policy", "ref
     if kind == "critic":
         model = AutoModelForTokenClassification.from_pretrained(path, num_labels=1,
                                                                 dtype=torch.float32)
+    elif kind == "policy" and head == "score":
+        model = load_score_model(path)
     else:
         model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     model.config.use_cache = False
@@ -55,7 +60,7 @@ def load_sharded(path: str, world: int, dtype: str, kind: Literal["policy", "ref
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     lora = kind == "policy" and adapter is not None and adapter.enabled
     if lora:
-        model = adapters.wrap_policy(model, adapter, world, DTYPES[dtype])
+        model = adapters.wrap_policy(model, adapter, world, DTYPES[dtype], head)
     mp = MixedPrecisionPolicy(param_dtype=DTYPES[dtype], reduce_dtype=torch.float32)
     ignored = adapters.fsdp_ignored_params(model, world)
     mesh = init_device_mesh(device_type, (world,))
@@ -94,3 +99,32 @@ def critic_values(critic: torch.nn.Module, mb: TrainBatch) -> tuple[torch.Tensor
     cols = torch.arange(mb.input_ids.shape[1], device=out.device).expand_as(mb.attention_mask)
     last = torch.where(mb.attention_mask > 0, cols, torch.zeros_like(cols)).max(-1).values
     return values, out.gather(1, last[:, None]).squeeze(1)
+
+
+def load_score_model(path: str) -> torch.nn.Module:
+    """The architecture of `path` with a scalar head (`AutoModelForSequenceClassification`,
+    one label; a causal LM's body is kept and its `score` head freshly initialised), float32.
+
+    Its config's `pad_token_id` is set (the tokenizer's pad, else its EOS) when missing:
+    the head is read at each row's last token that is not the pad id, which needs one.
+    """
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    model = AutoModelForSequenceClassification.from_pretrained(path, num_labels=1,
+                                                               dtype=torch.float32)
+    if model.config.pad_token_id is None:
+        tok = AutoTokenizer.from_pretrained(path)
+        model.config.pad_token_id = (tok.pad_token_id if tok.pad_token_id is not None
+                                     else tok.eos_token_id)
+    return model
+
+
+def reward_scores(model: torch.nn.Module, mb: TrainBatch) -> torch.Tensor:
+    """`[b]` float32 scores of a micro-batch under a scalar-head model: the head at each
+    row's last token that is not the pad id (transformers' sequence-classification
+    pooling, so `AutoModelForSequenceClassification` on the saved folder gives the same).
+    Rows are padded with the pad id (`pack_rows`); positions count real tokens only."""
+    positions = (mb.attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+    out = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask,
+                position_ids=positions, use_cache=False)
+    return out.logits[:, 0].float()

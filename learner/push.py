@@ -43,16 +43,17 @@ def untied_state(policy: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 
 def full_state_dict(policy: torch.nn.Module, rank: int, model_path: str,
-                    adapter: AdapterSettings) -> dict[str, torch.Tensor]:
+                    adapter: AdapterSettings, head: str = "lm") -> dict[str, torch.Tensor]:
     """The full policy under plain transformers names, float32 on CPU; with an adapter,
-    merged into the (dequantised) base. Complete on rank 0, empty elsewhere."""
+    merged into the (dequantised) base (`head`: 'lm' or 'score', the policy's head).
+    Complete on rank 0, empty elsewhere."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
     if adapter.enabled:
         full = adapters.gather_params(policy, adapter_only=False, keep=rank == 0)
         if rank != 0:
             return {}
-        return adapters.merged_state_dict(full, model_path, adapter)
+        return adapters.merged_state_dict(full, model_path, adapter, head)
     opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
     return get_model_state_dict(policy, options=opts)
 

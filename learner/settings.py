@@ -4,7 +4,7 @@ learner never sees the `Recipe` itself)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from posttrain.algorithms.grpo import GRPOLoss
 from posttrain.learner.adapters import AdapterSettings
@@ -39,8 +39,12 @@ class LearnerSettings:
             `micro_batch_size` rows (see learner/micro_batches.py), or None.
         temperature: logits are divided by it (the rollout's sampling temperature).
         seed: torch seed at setup.
-        algorithm: 'grpo', 'ppo' or 'dpo': picks the loss (`algorithms.loss_module`).
-        loss: that loss's settings (`GRPOLoss`, `PPOLoss` or `DPOLoss`).
+        algorithm: 'grpo', 'ppo', 'dpo' or 'reward_model': picks the loss
+            (`algorithms.loss_module`).
+        loss: that loss's settings (`GRPOLoss`, `PPOLoss`, `DPOLoss`, `RewardModelLoss`).
+        head: 'lm': the policy is a causal LM (logprobs); 'score': the architecture with
+            a scalar head (`AutoModelForSequenceClassification`, one label), a reward
+            model, saved in that format.
         load_reference: keep a frozen reference (KL, DPO); with an adapter the reference
             is the policy with its adapter disabled, never a copy.
         critic: a value model (PPO), or None.
@@ -65,6 +69,7 @@ class LearnerSettings:
     seed: int = 0
     algorithm: str = "grpo"
     loss: Any = GRPOLoss()
+    head: Literal["lm", "score"] = "lm"
     load_reference: bool = False
     critic: CriticSettings | None = None
     transport: TransportSettings = TransportSettings()

@@ -44,14 +44,14 @@ from posttrain.learner.distributed import (
 )
 from posttrain.learner.logprobs import sequence_logprobs
 from posttrain.learner.micro_batches import plan_rows, trim_right_padding
-from posttrain.learner.models import DTYPES, critic_values, load_sharded
+from posttrain.learner.models import DTYPES, critic_values, load_sharded, reward_scores
 from posttrain.learner.push import full_state_dict, push_source
 from posttrain.learner.settings import CriticSettings, LearnerSettings
 from posttrain.weightsync import WeightHandle, make_transport, publish
 
 __all__ = ["CriticSettings", "LearnerSettings", "LearnerWorker"]
 
-Computed = Literal["old_logprobs", "ref_logprobs", "values"]
+Computed = Literal["old_logprobs", "ref_logprobs", "values", "scores"]
 
 
 class LearnerWorker:
@@ -104,7 +104,8 @@ class LearnerWorker:
             adapters.check_targets(s.model_path, s.adapter.target_modules)
         kind = self.device.type
         self.policy = load_sharded(s.model_path, self.world, s.compute_dtype, "policy", s.adapter,
-                                   checkpointing=s.gradient_checkpointing, device_type=kind)
+                                   checkpointing=s.gradient_checkpointing, device_type=kind,
+                                   head=s.head)
         load_ref = s.load_reference and not s.adapter.enabled
         self.reference = (load_sharded(s.model_path, self.world, s.compute_dtype, "reference",
                                        device_type=kind) if load_ref else None)
@@ -147,6 +148,13 @@ class LearnerWorker:
         return sequence_logprobs(model, mb.input_ids, mb.attention_mask, mb.response_start,
                                  self.s.temperature)
 
+    def _policy_output(self, mb: TrainBatch) -> torch.Tensor:
+        """What the loss reads of the policy: `[b, T]` logprobs, or with a scalar head
+        (`head='score'`, a reward model) `[b]` scores."""
+        if self.s.head == "score":
+            return reward_scores(self.policy, mb)
+        return self._logprobs(self.policy, mb)
+
     @contextmanager
     def _reference_model(self) -> Iterator[torch.nn.Module]:
         """The frozen reference for a no-grad pass: its own copy, or with an adapter the
@@ -174,6 +182,7 @@ class LearnerWorker:
                 reference): `[b, T]`, 0 off the response mask; 'values' (the critic):
                 `[b, T + 1]`, columns < T are V(s_t) on the response mask (0 elsewhere)
                 and column T is V(s_T), the value after each row's last token.
+                'scores' (a scalar-head policy, `head='score'`): `[b]`, each row's score.
 
         Raises:
             RuntimeError: a reference or critic this run did not load.
@@ -190,6 +199,16 @@ class LearnerWorker:
                     out[rows, -1] = final.cpu()
             out[:, :-1] *= shard.response_mask
             return out
+        if what == "scores":
+            self.policy.eval()
+            scores = torch.zeros(len(shard))
+            with self.spans.span("forward", step):
+                for rows, mb in self._micro_batches(shard):
+                    scores[rows] = reward_scores(self.policy, mb)
+            # FSDP2 leaves the root unsharded after a forward; a save's gather of the
+            # adapter's parameters (learner/adapters.py) expects every one sharded.
+            self.policy.reshard()
+            return scores
         if what == "ref_logprobs":
             ctx = self._reference_model()
         else:
@@ -226,7 +245,7 @@ class LearnerWorker:
             real += int(mb.attention_mask.sum())
             computed += mb.input_ids.numel()
             with self.spans.span("forward", step):
-                logprobs = self._logprobs(self.policy, mb)
+                logprobs = self._policy_output(mb)
                 values = critic_values(self.critic, mb)[0] if self.critic is not None else None
                 out = self.algo.loss(logprobs, mb, self.s.loss, values)
             with self.spans.span("backward", step):
@@ -309,7 +328,7 @@ class LearnerWorker:
                                       self.rank, path)
                 return path if self.rank == 0 else None
             return checkpoint.save_policy(self.policy, self.rank, self.s.model_path,
-                                          self.s.adapter, path)
+                                          self.s.adapter, path, self.s.head)
 
     def _trained(self) -> dict[str, tuple[torch.nn.Module, torch.optim.Optimizer]]:
         """Each trained model with its optimizer (the policy; the critic for PPO)."""
@@ -320,7 +339,8 @@ class LearnerWorker:
 
     def _full_state_dict(self) -> dict[str, torch.Tensor]:
         """The full (merged) policy, float32, complete on rank 0 (tests read it)."""
-        return full_state_dict(self.policy, self.rank, self.s.model_path, self.s.adapter)
+        return full_state_dict(self.policy, self.rank, self.s.model_path, self.s.adapter,
+                               self.s.head)
 
     def drain_spans(self) -> list[Span]:
         """This rank's busy spans since the last call."""

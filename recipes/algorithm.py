@@ -4,7 +4,8 @@ look it up once (`algorithm_for`) and never branch on the algorithm's name.
 
 - RL algorithms (`RLAlgorithm`: GRPO in recipes/grpo.py, PPO in recipes/ppo.py) share
   one step, `recipes.loop.rl_step`: generate → score → batch → `train` → push.
-- DPO (recipes/dpo.py) has no rollout side: its `step` trains on preference pairs.
+- DPO (recipes/dpo.py) and the reward model (recipes/reward_model.py) have no rollout
+  side: their `step` trains on preference pairs.
 """
 
 from __future__ import annotations
@@ -34,11 +35,14 @@ class Algorithm(ABC):
         load_reference: the learner keeps a frozen reference.
         critic: the learner's `CriticSettings`, or None.
         temperature: logits are divided by it on the learner.
+        head: the learner's policy head: 'lm' (a causal LM) or 'score' (a scalar-head
+            reward model).
     """
 
     name: str
     uses_rollouts: bool = True
     critic: Any = None
+    head: str = "lm"
 
     def __init__(self, recipe: Recipe):
         self.recipe = recipe
@@ -117,6 +121,8 @@ def algorithm_for(recipe: Recipe) -> Algorithm:
     from posttrain.recipes.dpo import DPO
     from posttrain.recipes.grpo import GRPO
     from posttrain.recipes.ppo import PPO
+    from posttrain.recipes.reward_model import RewardModel
 
-    return {"grpo": GRPO, "ppo": PPO, "dpo": DPO}[recipe.algorithm](recipe)
+    return {"grpo": GRPO, "ppo": PPO, "dpo": DPO,
+            "reward_model": RewardModel}[recipe.algorithm](recipe)
 

@@ -19,7 +19,7 @@ import typer
 from posttrain.config import PreferenceData, Recipe, RecipeError
 from posttrain.recipes.data import load_prompts
 from posttrain.recipes.loading import load_recipe
-from posttrain.recipes.preflight import check_lengths, check_runtime_inputs
+from posttrain.recipes.preflight import PAIR_ALGORITHMS, check_lengths, check_runtime_inputs
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="RL post-training of language models from recipe YAMLs.")
@@ -30,18 +30,19 @@ SetOpt = Annotated[list[str] | None, typer.Option(
 
 def _load_or_exit(recipe: Path, overrides: list[str] | None,
                   convert: bool = True, lengths: bool = True) -> tuple[Recipe, list]:
-    """The validated recipe and its training data: GRPO prompts or DPO pairs (every
-    data row checked); prompt lengths too unless `lengths` is False (`plan` checks them
-    itself, tokenizing once)."""
+    """The validated recipe and its training data: GRPO / PPO prompts, or DPO and
+    reward-model pairs (every data row checked); prompt lengths too unless `lengths` is
+    False (`plan` checks them itself, tokenizing once)."""
     try:
         r = load_recipe(recipe, overrides or [])
         check_runtime_inputs(r)
-        if isinstance(r.data.train, PreferenceData):
+        if isinstance(r.data.train, PreferenceData) and r.algorithm in PAIR_ALGORITHMS:
             from posttrain.recipes.preference import load_pairs
 
             d = r.data.train
+            margin = r.reward_model.margin_key if r.algorithm == "reward_model" else None
             pairs, skipped = load_pairs(d.path, d.format, d.prompt_key, d.chosen_key,
-                                        d.rejected_key, d.limit)
+                                        d.rejected_key, d.limit, margin)
             if skipped:
                 typer.echo(f"data: {skipped} rows skipped (their dialogues do not share a "
                            "prompt)", err=True)
@@ -308,6 +309,8 @@ def status(
             ("learner idle", "learner_idle_fraction", "{:.2f}")]
     if any("eval/pass@k" in r for r in rows):
         cols += [("eval p@1", "eval/pass@1", "{:.3f}"), ("eval p@k", "eval/pass@k", "{:.3f}")]
+    if any("eval/accuracy" in r for r in rows):  # a reward model's held-out pairs
+        cols += [("eval acc", "eval/accuracy", "{:.3f}"), ("eval loss", "eval/loss", "{:.4f}")]
     table = Table(title=f"{run_dir.name}: {len(rows)} steps")
     for name, _, _ in cols:
         table.add_column(name, justify="right")

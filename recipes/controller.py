@@ -165,7 +165,8 @@ def score(roles: Roles, rollouts: list[Rollout]) -> list[Score]:
     (`restart_reward_service`)."""
     items = [
         ScoreItem(uid=r.uid, prompt=r.prompt_text, response=r.response_text,
-                  ground_truth=r.ground_truth, metadata=r.metadata)
+                  ground_truth=r.ground_truth, metadata=r.metadata,
+                  messages=r.messages or None)
         for r in rollouts
     ]
     scores = roles.reward.score(items)

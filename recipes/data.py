@@ -1,4 +1,5 @@
-"""Prompt sources for RL recipes: procedural tasks and jsonl files.
+"""Prompt sources for RL recipes: procedural tasks, jsonl files, and the single-turn
+prompts of HH-RLHF preference pairs.
 
 Each source yields `PromptItem`s (controller-side only). The product never reads
 `../shared/data`; recipes that point there are for tests and benchmarks.
@@ -15,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from posttrain.config import RecipeError
-from posttrain.config.data import DataConfig, GeneratorData, JsonlData
+from posttrain.config.data import DataConfig, GeneratorData, JsonlData, PreferenceData
 
 
 @dataclass(frozen=True)
@@ -119,14 +120,20 @@ def load_prompts(cfg: DataConfig) -> list[PromptItem]:
     return load_items(cfg.train)
 
 
-def load_items(block: GeneratorData | JsonlData) -> list[PromptItem]:
-    """The prompts of one data block (`data.train`, `eval.prompts`).
+def load_items(block: GeneratorData | JsonlData | PreferenceData) -> list[PromptItem]:
+    """The prompts of one data block (`data.train`, `eval.prompts`); of hh preference
+    pairs, their single-turn prompts (`preference.pair_prompts`).
 
     Raises:
         RecipeError: unreadable rows or missing keys, naming file, line and key.
     """
     if isinstance(block, GeneratorData):
         return _arithmetic(block)
+    if isinstance(block, PreferenceData):
+        from posttrain.recipes.preference import load_pairs, pair_prompts  # imports this
+
+        return pair_prompts(load_pairs(block.path, block.format, block.prompt_key,
+                                       block.chosen_key, block.rejected_key, block.limit)[0])
     return _jsonl(block)
 
 

@@ -227,17 +227,20 @@ def _resume(run: Run, algo: Algorithm, checkpoint: Path, version: int) -> None:
 
 
 def load_data(recipe: Recipe) -> list[Any]:
-    """The recipe's training data: preference pairs (DPO) or prompts.
+    """The recipe's training data: preference pairs (DPO, reward model) or prompts (for
+    GRPO / PPO on hh pairs: their single-turn prompts, `preference.pair_prompts`).
 
     Raises:
         RecipeError: an unreadable file or a bad row (named).
     """
     d = recipe.data.train
-    if isinstance(d, PreferenceData):
+    if isinstance(d, PreferenceData) and recipe.algorithm in ("dpo", "reward_model"):
         from posttrain.recipes.preference import load_pairs
 
+        margin_key = recipe.reward_model.margin_key if recipe.algorithm == "reward_model" \
+            else None
         return load_pairs(d.path, d.format, d.prompt_key, d.chosen_key, d.rejected_key,
-                          d.limit)[0]
+                          d.limit, margin_key)[0]
     return load_prompts(recipe.data)
 
 

@@ -153,7 +153,7 @@ def _learner_memory(r: Recipe, m: ModelShape, ranks: int, seq: int) -> dict[str,
         out[f"{a.type} adapter (16 B/param)"] = plan.training_state_bytes(
             m.lora_params(a.r, a.target_modules)) / ranks
     kl = r.grpo.kl_coef if r.algorithm == "grpo" else r.ppo.kl_coef if r.algorithm == "ppo" \
-        else 1.0
+        else 1.0 if r.algorithm == "dpo" else 0.0  # a reward model has no reference
     if kl > 0 and a.type == "none":
         out["reference (bf16)"] = plan.frozen_base_bytes(m.params) / ranks
     if r.algorithm == "ppo":
@@ -165,9 +165,20 @@ def _learner_memory(r: Recipe, m: ModelShape, ranks: int, seq: int) -> dict[str,
     return out
 
 
+#: Algorithms that train on preference pairs: no rollout side.
+PAIR_ALGORITHMS = ("dpo", "reward_model")
+
+
+def _reply_tokens(r: Recipe) -> int:
+    """Most tokens after the prompt: a pair's max length, or the rollout's new tokens."""
+    if r.algorithm in PAIR_ALGORITHMS:
+        return getattr(r, r.algorithm).max_length
+    return r.rollout.max_new_tokens
+
+
 def _times(r: Recipe, m: ModelShape, hw: Hardware, mfu: float, rollout: int, learner: int,
            prompt: int, sequences: int, cluster: Cluster) -> Times:
-    seq = prompt + (r.dpo.max_length if r.algorithm == "dpo" else r.rollout.max_new_tokens)
+    seq = prompt + _reply_tokens(r)
     tokens = sequences * seq
     a = r.model.adapter
     per_token = 4 if a.type != "none" else 6  # adapters skip the weight-grad half (2N)
@@ -179,7 +190,7 @@ def _times(r: Recipe, m: ModelShape, hw: Hardware, mfu: float, rollout: int, lea
     if r.algorithm == "ppo":
         flops += 6 * m.params * tokens  # critic
     train = plan.compute_seconds(flops, learner, hw.bf16_flops, mfu)
-    if r.algorithm == "dpo":
+    if r.algorithm in PAIR_ALGORITHMS:
         return Times(0, learner, 0.0, train, 0.0)
     engines = rollout // r.resources.rollout.gpus_per_engine
     per_engine = -(-sequences // engines)
@@ -212,9 +223,9 @@ def plan_recipe(r: Recipe, m: ModelShape, gpu: str, prompt_tokens: int,
     node = Cluster(-(-asked // DEFAULT_NODE), DEFAULT_NODE)
     cluster_given = cluster is not None
     cluster = cluster or node
-    dpo = r.algorithm == "dpo"
+    dpo = r.algorithm in PAIR_ALGORITHMS
     sequences = r.train.prompts_per_step * (2 if dpo else r.rollout.samples_per_prompt)
-    seq = prompt_tokens + (r.dpo.max_length if dpo else r.rollout.max_new_tokens)
+    seq = prompt_tokens + _reply_tokens(r)
     rollout = 0 if dpo else res.rollout.gpus
     learner = _learner_memory(r, m, res.learner.gpus, seq)
     engine: dict[str, float] = {}
@@ -238,7 +249,7 @@ def _cluster_flags(r: Recipe, cluster: Cluster | None) -> list[str]:
     if cluster is None:
         return []
     res, out = r.resources, []
-    asked = (0 if r.algorithm == "dpo" else res.rollout.gpus) + res.learner.gpus
+    asked = (0 if r.algorithm in PAIR_ALGORITHMS else res.rollout.gpus) + res.learner.gpus
     if res.colocate:
         asked = max(res.rollout.gpus, res.learner.gpus)
     if asked > cluster.devices:
@@ -246,7 +257,7 @@ def _cluster_flags(r: Recipe, cluster: Cluster | None) -> list[str]:
                    f"x --gpus-per-node {cluster.gpus_per_node} has {cluster.devices}; lower "
                    "resources.rollout.gpus / resources.learner.gpus or add nodes")
     per_engine = res.rollout.gpus_per_engine
-    if r.algorithm != "dpo" and cluster.gpus_per_node % per_engine:
+    if r.algorithm not in PAIR_ALGORITHMS and cluster.gpus_per_node % per_engine:
         out.append(f"resources.rollout.gpus_per_engine: {per_engine} does not divide "
                    f"--gpus-per-node {cluster.gpus_per_node}: an engine's tensor-parallel "
                    "group would span two nodes; choose a divisor of the node's devices")
@@ -260,7 +271,8 @@ def _best_split(r: Recipe, m: ModelShape, hw: Hardware, mfu: float, prompt: int,
     that cannot be placed within the `given` cluster's nodes)."""
     res = r.resources
     per_engine = res.rollout.gpus_per_engine
-    if r.algorithm == "dpo" or res.colocate or (given and cluster.gpus_per_node % per_engine):
+    split_engines = given and cluster.gpus_per_node % per_engine
+    if r.algorithm in PAIR_ALGORITHMS or res.colocate or split_engines:
         return None
     total = cluster.devices if given else res.rollout.gpus + res.learner.gpus
     seq = prompt + r.rollout.max_new_tokens

@@ -27,8 +27,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from posttrain.common.chat_tokens import adds_bos as _adds_bos
+from posttrain.common.chat_tokens import chat_reply as _chat_reply
+from posttrain.common.chat_tokens import hh_messages
+from posttrain.common.chat_tokens import one_bos as _one_bos
+from posttrain.common.chat_tokens import stop_ids as _stop_ids
 from posttrain.config import RecipeError
-from posttrain.recipes.data import jsonl_rows
+from posttrain.recipes.data import PromptItem, jsonl_rows
 
 HH_MARK = "\n\nAssistant:"
 #: Template ids (part of the DPO reference-logprob cache key): how prompts were built.
@@ -49,6 +54,7 @@ class PreferencePair:
     prompt: str | list[Message]
     chosen: str
     rejected: str
+    margin: float = 0.0  # reward-model margin of this pair (`margin_key`), else 0
 
     @property
     def is_chat(self) -> bool:
@@ -111,8 +117,10 @@ def _hh_fields(row: dict, where: str, chosen_key: str,
 
 def load_pairs(path: str | Path, fmt: str, prompt_key: str = "prompt",
                chosen_key: str = "chosen", rejected_key: str = "rejected",
-               limit: int | None = None) -> tuple[list[PreferencePair], int]:
+               limit: int | None = None,
+               margin_key: str | None = None) -> tuple[list[PreferencePair], int]:
     """Pairs of a data file and how many rows were skipped (hh rows that do not split).
+    `margin_key`: each row's key holding a number ≥ 0, the pair's `margin`.
 
     Raises:
         RecipeError: unreadable rows, missing keys or values of the wrong shape, rows
@@ -131,7 +139,7 @@ def load_pairs(path: str | Path, fmt: str, prompt_key: str = "prompt",
                 continue
         else:
             fields = _row_fields(row, where, prompt_key, chosen_key, rejected_key)
-        pair = PreferencePair(len(pairs), *fields)
+        pair = PreferencePair(len(pairs), *fields, _margin(row, margin_key, where))
         if pairs and pair.is_chat != pairs[0].is_chat:
             shape = "messages" if pairs[0].is_chat else "text"
             raise RecipeError(f"{where}: key {prompt_key!r} changes shape; earlier rows give "
@@ -144,6 +152,15 @@ def load_pairs(path: str | Path, fmt: str, prompt_key: str = "prompt",
                "rejected" if skipped else "")
         raise RecipeError(f"{path}: no usable preference pairs{why}")
     return pairs, skipped
+
+
+def _margin(row: dict, key: str | None, where: str) -> float:
+    if key is None:
+        return 0.0
+    v = row.get(key)
+    if isinstance(v, bool) or not isinstance(v, int | float) or not v >= 0:
+        _bad_key(row, key, where, "a number >= 0 (reward_model.margin_key)")
+    return float(v)
 
 
 @dataclass(frozen=True)
@@ -203,53 +220,6 @@ def tokenize_pairs(pairs: list[PreferencePair], tokenizer: Any,
     return out
 
 
-def _adds_bos(tokenizer: Any) -> bool:
-    """Whether the tokenizer puts its BOS in front of its own encodings."""
-    bos = tokenizer.bos_token_id
-    return bos is not None and tokenizer("a")["input_ids"][:1] == [bos]
-
-
-def _one_bos(ids: list[int], bos: int | None, expected: bool) -> list[int]:
-    """`ids` with at most one leading BOS, and one when `expected`."""
-    if bos is None:
-        return ids
-    start = 0
-    while start + 1 < len(ids) and ids[start] == ids[start + 1] == bos:
-        start += 1
-    ids = ids[start:]
-    return [bos] + ids if expected and ids[:1] != [bos] else ids
-
-
-def _stop_ids(tokenizer: Any) -> set[int]:
-    """Ids of special tokens: the first one after a reply ends its turn."""
-    ids = set(tokenizer.all_special_ids)
-    decoder = getattr(tokenizer, "added_tokens_decoder", {}) or {}
-    ids.update(i for i, t in decoder.items() if getattr(t, "special", False))
-    return ids
-
-
-def _chat_reply(tokenizer: Any, messages: list[Message], prompt_text: str, reply: str,
-                stops: set[int]) -> list[int]:
-    """`[R]` ids of `reply` as the chat template renders the assistant turn after
-    `messages`: the text after the generation prompt up to and including the first
-    special token after the reply (the end-of-turn token). If the template renders
-    no special token there, or renders the turn so that it does not extend the
-    generation prompt, the reply's text followed by EOS."""
-    eos = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
-    full = tokenizer.apply_chat_template(messages + [{"role": "assistant", "content": reply}],
-                                         tokenize=False)
-    suffix = full[len(prompt_text):] if full.startswith(prompt_text) else None
-    # The reply is the last text of its turn: rfind skips template text before it.
-    at = -1 if suffix is None else suffix.rfind(reply) if reply else 0
-    if at < 0:
-        return tokenizer(reply, add_special_tokens=False)["input_ids"] + eos
-    end = at + len(reply)
-    head = tokenizer(suffix[:end], add_special_tokens=False)["input_ids"]
-    tail = tokenizer(suffix[end:], add_special_tokens=False)["input_ids"]
-    stop = next((i for i, t in enumerate(tail) if t in stops), None)
-    return head + (tail[: stop + 1] if stop is not None else eos)
-
-
 def tokenize_pairs_with_template(pairs: list[PreferencePair], tokenizer: Any,
                                  max_length: int) -> PairTokenization:
     """Token ids of every pair, prompts built as rollouts build them.
@@ -304,3 +274,24 @@ def tokenize_pairs_with_template(pairs: list[PreferencePair], tokenizer: Any,
     return PairTokenization(
         out, PLAIN_BOS_TEMPLATE_ID if with_bos else PLAIN_TEMPLATE_ID,
         f"DPO prompts: plain text, no chat template{' (with BOS)' if with_bos else ''}")
+
+
+def pair_prompts(pairs: list[PreferencePair]) -> list[PromptItem]:
+    """The prompts of hh pairs for GRPO / PPO: each pair whose dialogue is one `Human:`
+    turn gives its text as a prompt (rollouts are single-turn); no ground truth.
+
+    Raises:
+        RecipeError: no pair is single-turn.
+    """
+    out = []
+    for p in pairs:
+        messages = hh_messages(p.prompt) if isinstance(p.prompt, str) else p.prompt
+        if len(messages) == 1 and messages[0]["role"] == "user" and messages[0]["content"]:
+            out.append(PromptItem(p.pair_id, messages[0]["content"], ""))
+    if not out:
+        raise RecipeError(
+            f"data.train: none of the {len(pairs)} hh pairs has a single-turn "
+            "prompt (one '\\n\\nHuman:' turn); rollouts are single-turn: give "
+            "more rows (data.train.limit) or a prompt file"
+        )
+    return out

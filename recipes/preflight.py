@@ -17,6 +17,9 @@ from posttrain.config import JsonlData, PreferenceData, Recipe, RecipeError
 if TYPE_CHECKING:
     from posttrain.recipes.data import PromptItem
 
+#: Algorithms that train on preference pairs: no rollouts, no prompt-length check.
+PAIR_ALGORITHMS = ("dpo", "reward_model")
+
 
 def _check_reward_runtime(i: int, c: Any) -> None:
     """A python reward's module must be findable (the reward service runs from this
@@ -31,6 +34,11 @@ def _check_reward_runtime(i: int, c: Any) -> None:
             raise RecipeError(
                 f"rewards.{i}.function: module {top!r} of {c.function!r} is not importable; "
                 "put its folder on PYTHONPATH (e.g. PYTHONPATH=examples)")
+    if c.type == "reward_model" and not (Path(c.path).expanduser() / "config.json").is_file():
+        raise RecipeError(
+            f"rewards.{i}.path: {c.path} is not a model folder (no config.json; relative paths "
+            "are read from the working directory); train one with algorithm: reward_model "
+            "(it saves RUN_DIR/final) or give a local sequence-classification folder")
     if c.type == "code" and c.sandbox == "bwrap" and shutil.which("bwrap") is None:
         raise RecipeError(
             f"rewards.{i}.sandbox: bubblewrap (bwrap) is not installed; install it (Debian: "
@@ -42,7 +50,7 @@ VLLM_CPU_HEAD_DIMS = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
 
 
 def _check_vllm_cpu_head_dim(recipe: Recipe, config_file: Path) -> None:
-    if recipe.algorithm == "dpo" or recipe.rollout.engine != "vllm":
+    if recipe.algorithm in PAIR_ALGORITHMS or recipe.rollout.engine != "vllm":
         return
     if recipe.resources.device != "cpu":
         return
@@ -75,7 +83,7 @@ def check_runtime_inputs(recipe: Recipe) -> None:
     if recipe.algorithm == "ppo" and critic and not (Path(critic) / "config.json").is_file():
         raise RecipeError(f"ppo.critic_path: {critic} is not a transformers folder (no "
                           "config.json); remove it to start the critic from the policy")
-    rollouts_on_vllm = recipe.algorithm != "dpo" and recipe.rollout.engine == "vllm"
+    rollouts_on_vllm = recipe.algorithm not in PAIR_ALGORITHMS and recipe.rollout.engine == "vllm"
     if rollouts_on_vllm and not models.vllm_installed():
         raise RecipeError(
             "rollout.engine: 'vllm' is not installed here; run scripts/setup.sh (CPU: "
@@ -205,7 +213,8 @@ def checked_prompt_tokens(recipe: Recipe, prompts: list[PromptItem],
                           convert: bool = False) -> int | None:
     """GRPO / PPO: the longest prompt (after the chat template, with model.system_prompt)
     plus rollout.max_new_tokens must fit in the model's context and, with engine vllm,
-    in rollout.vllm.max_model_len. Run before anything starts. DPO has dpo.max_length.
+    in rollout.vllm.max_model_len. Run before anything starts. DPO and the reward model
+    have their own max_length.
 
     Args:
         recipe: a validated recipe (`rollout.max_new_tokens < rollout.vllm.max_model_len`
@@ -223,7 +232,7 @@ def checked_prompt_tokens(recipe: Recipe, prompts: list[PromptItem],
         RecipeError: names the key to change (rollout.vllm.max_model_len or
             rollout.max_new_tokens), the limit, the longest prompt and what to set.
     """
-    if recipe.algorithm == "dpo" or not prompts:
+    if recipe.algorithm in PAIR_ALGORITHMS or not prompts:
         return 0
     folder = _readable_model_folder(recipe.model.path, convert)
     if folder is None:

@@ -248,6 +248,7 @@ def start_learners(recipe: Recipe, algo: Algorithm, model_path: str, placement: 
         max_grad_norm=t.max_grad_norm, micro_batch_size=t.micro_batch_size,
         max_tokens_per_micro_batch=t.max_tokens_per_micro_batch,
         temperature=algo.temperature, seed=t.seed, algorithm=algo.name, loss=algo.loss,
+        head=algo.head,
         load_reference=algo.load_reference, critic=algo.critic, transport=transport,
         adapter=AdapterSettings(**{**adapter.model_dump(),
                                    "target_modules": tuple(adapter.target_modules)}),

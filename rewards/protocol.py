@@ -21,6 +21,10 @@ class ScoreItem(BaseModel):
     response: str = Field(description="The policy's response text.")
     ground_truth: str | None = Field(None, description="Reference answer, if any.")
     metadata: dict[str, Any] = Field(default_factory=dict, description="Prompt metadata.")
+    messages: list[dict[str, str]] | None = Field(
+        None, description="The prompt as chat messages ([{role, content}], system and user) "
+        "when it was made from them; reward models and judges render these with a chat "
+        "template. null: `prompt` is taken as one user message.")
 
 
 class ScoreRequest(BaseModel):

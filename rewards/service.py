@@ -2,9 +2,9 @@
 `GET /metrics` and its OpenAPI schema at `/docs` and `/openapi.json`.
 
 One service hosts the local components of a recipe's `rewards:` list (`math`,
-`length`, `format`, `code`, `python`); an item's reward is the weighted sum of its
-components, each reported in `details`. A component that raises, or runs past its
-`timeout_s`, marks that item as failed (`reward: null`, `error` set); the other items
+`length`, `format`, `code`, `python`, `reward_model`, `judge`); an item's reward is the
+weighted sum of its components, each reported in `details`. A component that raises, or
+runs past its `timeout_s`, marks that item as failed (`reward: null`, `error` set); the other items
 of the batch are still scored.
 
 Concurrency: items of a batch are scored by `workers` threads. `math`, `format` and
@@ -14,7 +14,10 @@ a deadline (`timeout_s`) and each worker an address-space limit (the largest
 `memory_mb` of those components); a call over its deadline is cut off, its worker
 killed and replaced, and the service keeps answering (`/health` included) during and
 after. `code` runs each program in a sandboxed subprocess with its own limits
-(rewards/sandbox.py); `length` is a character count, in the thread.
+(rewards/sandbox.py); `length` is a character count, in the thread. A `reward_model`
+scores the whole request in batches before the threads start (rewards/reward_model.py;
+its model loads when the service starts); a `judge` calls its endpoint from the thread
+(rewards/judge.py).
 
 Started by the controller as a child process on 127.0.0.1 (`python -m
 rewards.service`), or by `posttrain serve-rewards CONFIG.yaml` on any host. When a
@@ -48,9 +51,11 @@ from posttrain.config.rewards import (
     LOCAL_TYPES,
     CodeReward,
     FormatReward,
+    JudgeReward,
     LengthReward,
     MathReward,
     PythonReward,
+    RewardModelReward,
     RewardSpec,
 )
 from posttrain.rewards import jobs
@@ -75,8 +80,9 @@ def make_scorer(spec: Any, pool: BoundedPool) -> Scorer:
     `python` calls run in `pool` within the spec's `timeout_s`.
 
     Raises:
-        ValueError: an http component (the controller calls those), or a python
-            function that cannot be imported.
+        ValueError: an http component (the controller calls those), a python
+            function that cannot be imported, a judge's unset token_env.
+        OSError: a reward_model path that is not a loadable model folder.
         SandboxUnavailable: a code component whose sandbox cannot start.
     """
     if isinstance(spec, MathReward):
@@ -95,6 +101,14 @@ def make_scorer(spec: Any, pool: BoundedPool) -> Scorer:
     if isinstance(spec, PythonReward):
         load_function(spec.function)  # fail at start, not on every item, if it is missing
         return lambda item: pool.call(jobs.python_job, (spec.function, item), spec.timeout_s)
+    if isinstance(spec, RewardModelReward):  # torch only when a reward model is served
+        from posttrain.rewards.reward_model import RewardModelScorer
+
+        return RewardModelScorer(spec)
+    if isinstance(spec, JudgeReward):
+        from posttrain.rewards.judge import JudgeScorer
+
+        return JudgeScorer(spec)
     raise ValueError(f"reward {spec.name!r}: type {spec.type!r} is not served here; "
                      f"a reward service hosts {sorted(LOCAL_TYPES)}")
 
@@ -122,6 +136,8 @@ def create_app(components: list[dict[str, Any]], token: str | None = None,
     bounded = [s for s in specs if isinstance(s, MathReward | FormatReward | PythonReward)]
     processes = BoundedPool(workers, max((s.memory_mb for s in bounded), default=2048))
     scorers = [(s.name, s.weight, make_scorer(s, processes)) for s in specs]
+    # Scored per request in batches, before the per-item threads (reward models).
+    batched = [(name, sc) for name, _, sc in scorers if hasattr(sc, "score_batch")]
     threads = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="score")
     registry = CollectorRegistry()
     items_total = Counter("posttrain_reward_items", "Items scored, by component and outcome",
@@ -131,12 +147,27 @@ def create_app(components: list[dict[str, Any]], token: str | None = None,
     in_flight = Gauge("posttrain_reward_items_in_flight", "Items being scored now",
                       registry=registry)
 
+    def score_batches(items: list[ScoreItem]) -> list[dict[str, Any]]:
+        """Per item, each batched component's `(value, extra)` or the exception it raised
+        for the whole batch."""
+        out: list[dict[str, Any]] = [{} for _ in items]
+        for name, scorer in batched:
+            try:
+                results = scorer.score_batch(items)
+            except Exception as e:  # a failed batch fails its items only, not the service
+                results = [e] * len(items)
+            for got, r in zip(out, results, strict=True):
+                got[name] = r
+        return out
+
     @in_flight.track_inprogress()
-    def score_one(item: ScoreItem) -> Score:
+    def score_one(item: ScoreItem, pre: dict[str, Any]) -> Score:
         total, details = 0.0, {}
         for name, weight, scorer in scorers:
             try:
-                value, extra = scorer(item)
+                if name in pre and isinstance(pre[name], Exception):
+                    raise pre[name]
+                value, extra = pre[name] if name in pre else scorer(item)
             except Exception as e:  # a verifier or user-function error fails this item only
                 timed_out = isinstance(e, VerifierTimeout)
                 items_total.labels(name, "timeout" if timed_out else "error").inc()
@@ -177,7 +208,7 @@ def create_app(components: list[dict[str, Any]], token: str | None = None,
         if len(set(uids)) != len(uids):
             raise HTTPException(status_code=422, detail="uids in one request must be unique")
         t0 = time.perf_counter()
-        scores = list(threads.map(score_one, req.items))
+        scores = list(threads.map(score_one, req.items, score_batches(req.items)))
         latency.observe(time.perf_counter() - t0)
         return ScoreResponse(scores=scores)
 

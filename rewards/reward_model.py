@@ -1,0 +1,131 @@
+"""The `reward_model` reward component: a local sequence-classification folder (one
+label, e.g. what `algorithm: reward_model` saves) scores items inside the reward
+service, in batches.
+
+Rendering: the item's `messages` (else its `prompt` as one user message) and then the
+response as the assistant's turn, with the folder's chat template, exactly as the
+reward-model training renders preference pairs (common/chat_tokens.py): prompt with
+the generation prompt, the reply up to and including its end-of-turn token. Without a
+chat template (or `chat_template: false`): raw prompt + response text + EOS. A sequence
+over `max_length` tokens keeps its end. Rows are left-padded with the config's pad id
+and the head is read at each row's last token that is not the pad id (transformers'
+sequence-classification pooling).
+
+Normalisation: `fixed` is (score − mean) / std; `running` uses the mean and std of every
+raw score this process has produced, this batch included (Welford), so a retried batch
+may get different rewards: scoring is then not idempotent by uid.
+
+Concurrency: one forward at a time (a lock), `batch_size` sequences each; requests
+arriving together wait for each other. Limits: the folder is trusted (transformers
+loads it with `trust_remote_code` off); nothing is downloaded.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from typing import Any
+
+from posttrain.common.chat_tokens import chat_prompt, chat_reply, plain_ids, stop_ids
+from posttrain.config.rewards import RewardModelReward
+from posttrain.rewards.protocol import ScoreItem
+
+
+class RunningStats:
+    """Mean and standard deviation of every value seen so far (Welford 1962)."""
+
+    def __init__(self) -> None:
+        self.count, self.mean, self._m2 = 0, 0.0, 0.0
+
+    def update(self, values: list[float]) -> None:
+        for x in values:
+            self.count += 1
+            delta = x - self.mean
+            self.mean += delta / self.count
+            self._m2 += delta * (x - self.mean)
+
+    @property
+    def std(self) -> float:
+        """Population standard deviation (0 before two values)."""
+        return math.sqrt(self._m2 / self.count) if self.count > 1 else 0.0
+
+
+class RewardModelScorer:
+    """Scores batches of items with one reward-model folder.
+
+    Raises (at construction):
+        OSError, ValueError: `spec.path` is not a loadable sequence-classification folder.
+    """
+
+    def __init__(self, spec: RewardModelReward):
+        import torch
+        from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+        if spec.threads:
+            torch.set_num_threads(spec.threads)
+        self.spec, self.torch = spec, torch
+        self.tokenizer = AutoTokenizer.from_pretrained(spec.path)
+        dtype = torch.bfloat16 if spec.dtype == "bfloat16" else torch.float32
+        self.model = AutoModelForSequenceClassification.from_pretrained(spec.path, dtype=dtype)
+        if self.model.config.num_labels != 1:
+            raise ValueError(f"reward {spec.name!r}: {spec.path} has "
+                             f"{self.model.config.num_labels} labels; a reward model has one")
+        tok = self.tokenizer
+        if self.model.config.pad_token_id is None:  # its pooling needs one
+            self.model.config.pad_token_id = (tok.pad_token_id if tok.pad_token_id is not None
+                                              else tok.eos_token_id)
+        self.pad_id = self.model.config.pad_token_id
+        self.model.to(spec.device).eval()
+        self.chat = spec.chat_template and bool(getattr(tok, "chat_template", None))
+        self.stops = stop_ids(tok)
+        self.stats = RunningStats()
+        self.lock = threading.Lock()
+
+    def token_ids(self, item: ScoreItem) -> list[int]:
+        """`[L]` ids of the item's conversation and response (module docstring)."""
+        if self.chat:
+            messages = item.messages or [{"role": "user", "content": item.prompt}]
+            prompt, text = chat_prompt(self.tokenizer, messages)
+            reply = chat_reply(self.tokenizer, messages, text, item.response, self.stops)
+        else:
+            prompt, reply = plain_ids(self.tokenizer, item.prompt, item.response)
+        return (prompt + reply)[-self.spec.max_length:]
+
+    def raw_scores(self, items: list[ScoreItem]) -> list[float]:
+        """The model's score of each item, in order (no normalisation)."""
+        torch, out = self.torch, []
+        rows = [self.token_ids(i) for i in items]
+        with self.lock, torch.no_grad():
+            for start in range(0, len(rows), self.spec.batch_size):
+                chunk = rows[start:start + self.spec.batch_size]
+                width = max(len(r) for r in chunk)
+                ids = torch.full((len(chunk), width), self.pad_id, dtype=torch.long)
+                mask = torch.zeros_like(ids)
+                for k, r in enumerate(chunk):
+                    ids[k, width - len(r):] = torch.tensor(r)
+                    mask[k, width - len(r):] = 1
+                positions = (mask.cumsum(-1) - 1).clamp(min=0)
+                dev = self.spec.device
+                logits = self.model(input_ids=ids.to(dev), attention_mask=mask.to(dev),
+                                    position_ids=positions.to(dev)).logits
+                out += logits[:, 0].float().cpu().tolist()
+        return out
+
+    def __call__(self, item: ScoreItem) -> tuple[float, dict[str, Any]]:
+        """One item alone (`score_batch` of one)."""
+        return self.score_batch([item])[0]
+
+    def score_batch(self, items: list[ScoreItem]) -> list[tuple[float, dict[str, Any]]]:
+        """`(reward, details)` per item: the normalised score, and the raw one in
+        details (`raw`) when normalising."""
+        raw = self.raw_scores(items)
+        s = self.spec
+        if s.normalize == "none":
+            return [(r, {}) for r in raw]
+        if s.normalize == "fixed":
+            mean, std = s.mean, s.std
+        else:
+            with self.lock:
+                self.stats.update(raw)
+                mean, std = self.stats.mean, self.stats.std
+        return [((r - mean) / std if std > 0 else r - mean, {"raw": r}) for r in raw]
