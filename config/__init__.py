@@ -2,8 +2,9 @@
 stack), importable by every role, the CLI and a reward host alike.
 
 Each block lives in its own module: `recipe` (the whole `Recipe` and its small
-blocks), `data`, `rewards`, `algorithms`, `adapter`; `base` holds `Strict` and
-`RecipeError`.
+blocks), `data`, `rewards`, `algorithms`, `adapter`, `resources`, `monitor` (monitor and
+debug), `evaluation`, `episodes` (multi-turn keys) and `asynchrony` (rules of
+`train.max_staleness` / `train.correction`); `base` holds `Strict` and `RecipeError`.
 """
 
 from posttrain.config.adapter import AdapterConfig

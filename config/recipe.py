@@ -31,6 +31,11 @@ from posttrain.config.base import Strict
 from posttrain.config.data import DataConfig, PreferenceData
 from posttrain.config.episodes import EpisodeFields, check_episodes
 from posttrain.config.evaluation import EvalConfig
+from posttrain.config.monitor import (  # noqa: F401  (re-exported: recipe.MonitorConfig)
+    AdvisoriesConfig,
+    DebugConfig,
+    MonitorConfig,
+)
 from posttrain.config.resources import (  # noqa: F401  (re-exported: recipe.ResourcesConfig)
     LearnerResources,
     ResourcesConfig,
@@ -240,62 +245,6 @@ class WeightSyncConfig(_Strict):
         "and the engine loads them as a LoRA adapter (plain LoRA only, not DoRA; QLoRA first "
         "sends its dequantised NF4 base once, as policy_version 0).",
     )
-
-
-class AdvisoriesConfig(_Strict):
-    """Thresholds of the health advisories (recipes/advisories.py), checked after every
-    step; an advisory is printed when it starts and listed in metrics.jsonl."""
-
-    no_variance_groups: float = Field(
-        0.5, ge=0, le=1, description="Advise when this share of a step's groups or more has "
-        "no reward variance (every sample scored the same: no GRPO signal).")
-    truncated: float = Field(
-        0.25, ge=0, le=1, description="Advise when this share of responses or more hit "
-        "rollout.max_new_tokens.")
-    slow_step: float = Field(
-        5.0, gt=1, description="Advise when a step takes this many times the median step "
-        "time so far or more.")
-    failed_rewards: int = Field(
-        1, ge=1, description="Advise when this many rollouts or more could not be scored.")
-    logprob_mismatch: float = Field(
-        0.1, gt=0, description="Advise when the mean |learner - engine| logprob of the "
-        "sampled tokens is above this.")
-    idle: float = Field(
-        0.9, gt=0, le=1, description="Advise when a side (rollout or learner) is idle more "
-        "than this share of the step ...")
-    idle_steps: int = Field(3, ge=1, description="... for this many steps in a row.")
-
-
-class MonitorConfig(_Strict):
-    progress: bool = Field(True, description="Show a progress bar on the console.")
-    dashboard_port: int | None = Field(
-        8765, ge=0, le=65535,
-        description="Live dashboard and Prometheus /metrics on 127.0.0.1:PORT (0: any free "
-        "port; null: off).",
-    )
-    tensorboard: bool = Field(True, description="Write TensorBoard event files to "
-                              "RUN_DIR/tensorboard.")
-    wandb_project: str | None = Field(
-        None, description="Log every step to this Weights & Biases project (needs wandb; "
-        "WANDB_MODE=offline works without network)."
-    )
-    save_rollouts: bool = Field(
-        True, description="Write every step's rollouts and rewards to RUN_DIR/rollouts/."
-    )
-    advisories: AdvisoriesConfig = Field(default_factory=AdvisoriesConfig)
-
-
-class DebugConfig(_Strict):
-    """Knobs for tests and benchmarks of the idle-time accounting; leave at 0."""
-
-    learner_delay_s: float = Field(0.0, ge=0, description="Extra busy seconds per train_step.")
-    rollout_delay_s: float = Field(0.0, ge=0, description="Extra busy seconds per generate.")
-    push_delay_s: float = Field(
-        0.0, ge=0, description="Fault drills: extra seconds each engine spends taking a weight "
-        "push (a window to signal the controller during push_weights).")
-    fail_weight_push: tuple[int, int] | None = Field(
-        None, description="Fault drill: [engine, policy_version] — that engine refuses "
-        "every push of that version (keeping its old weights).")
 
 
 class Recipe(_Strict):
