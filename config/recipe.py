@@ -360,6 +360,16 @@ class Recipe(_Strict):
                 "weight_sync.type: cuda_ipc hands tensors between processes on one GPU, so it "
                 "needs resources.device: cuda and resources.colocate: true; set both, or "
                 "weight_sync.type: collective")
+        merged_adapter = (self.model.adapter.type != "none"
+                          and self.weight_sync.adapter_mode == "merged")
+        if self.weight_sync.type == "cuda_ipc" and merged_adapter and res.rollout.gpus > 1:
+            # Only learner rank 0 builds the merged tensors, so only its GPU's engine
+            # would receive them.
+            raise ValueError(
+                "weight_sync.type: cuda_ipc with model.adapter and weight_sync.adapter_mode: "
+                "merged reaches only the engine on learner rank 0's GPU; with "
+                f"resources.rollout.gpus {res.rollout.gpus} set weight_sync.type: "
+                "object_store, or resources.rollout.gpus: 1")
         if res.rollout.gpus_per_engine != 1 and self.rollout.engine != "vllm":
             raise ValueError(
                 "resources.rollout.gpus_per_engine > 1 is tensor parallelism, which only "

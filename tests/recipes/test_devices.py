@@ -96,6 +96,15 @@ def test_schema_accepts_cuda_and_gpu_keys():
             },
             "set weight_sync.type: cuda_ipc",
         ),
+        (
+            {
+                "resources": {"device": "cuda", "colocate": True, "rollout": {"gpus": 2},
+                              "learner": {"gpus": 2}},
+                "model": {"adapter": {"type": "lora"}},
+                "weight_sync": {"type": "cuda_ipc"},
+            },
+            "reaches only the engine on learner rank 0's GPU",
+        ),
         ({"rollout": {"vllm": {"gpu_memory_utilization": 1.5}}}, "less than or equal to 1"),
     ],
 )
