@@ -121,6 +121,10 @@ def long_tiny_model(tmp_path_factory: pytest.TempPathFactory):
 @pytest.mark.parametrize("path", sorted((ROOT / "recipes").rglob("*.yaml")), ids=lambda p: p.name)
 def test_plan_runs_on_every_shipped_recipe(path, long_tiny_model):
     """Every recipe plans with its data tokenized once (times: README "Planning a run")."""
+    # A reward-model reward needs a model folder before anything starts; the tiny model's
+    # folder stands in for the one recipes/rm_hh.yaml would train.
+    uses_rm = "type: reward_model" in path.read_text()
+    stand_in = ["--set", f"rewards.0.path={long_tiny_model}"] if uses_rm else []
     out = CliRunner().invoke(
         app,
         [
@@ -130,6 +134,7 @@ def test_plan_runs_on_every_shipped_recipe(path, long_tiny_model):
             f"model.path={long_tiny_model}",
             "--set",
             "rollout.engine=hf",
+            *stand_in,
             "--nodes",
             "2",
             "--gpus-per-node",
