@@ -54,7 +54,7 @@ from typing import Any
 import ray
 
 from posttrain.actors.rollout import Rollout
-from posttrain.common.telemetry import Span, busy_seconds, generation_tail, idle_fraction
+from posttrain.common.telemetry import Span
 from posttrain.recipes import controller as c
 from posttrain.recipes.grpo import apply_failure_policy, rollout_batch, rollout_metrics
 from posttrain.rewards.protocol import Score
@@ -329,15 +329,4 @@ def async_step(run: Any, algo: Any, step: int) -> tuple[dict[str, float], list[S
 def _telemetry(run: Any, start: float, end: float) -> tuple[dict[str, float], list[Span]]:
     """Idle fractions and busy seconds of both sides in [start, end], from the workers'
     own spans and the controller's view of each generation request."""
-    roles = run.roles
-    spans = [s for part in ray.get([a.drain_spans.remote() for a in roles.rollout
-                                    + roles.learners]) for s in part]
-    spans += run.stream.drain_spans(end)
-    n_r, n_l = len(roles.rollout), len(roles.learners)
-    return {
-        "rollout_idle_fraction": idle_fraction(spans, "rollout", n_r, start, end),
-        "learner_idle_fraction": idle_fraction(spans, "learner", n_l, start, end),
-        "rollout_busy_s": busy_seconds(spans, "rollout", n_r, start, end),
-        "learner_busy_s": busy_seconds(spans, "learner", n_l, start, end),
-        "time/generation_tail": generation_tail(spans),
-    }, spans
+    return c.step_telemetry(run.roles, start, end, [], counted=run.stream.drain_spans(end))

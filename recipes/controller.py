@@ -240,12 +240,14 @@ def served_versions(roles: Roles, timeout_s: float = 10.0) -> list[int | None]:
 
 
 def step_telemetry(
-    roles: Roles, start: float, end: float, extra: list[Span]
+    roles: Roles, start: float, end: float, extra: list[Span], counted: list[Span] | None = None
 ) -> tuple[dict[str, float], list[Span]]:
     """Idle fractions, busy seconds and generation tail of one step from every worker's
-    spans (plus the controller's own `extra` spans); returns metrics and all spans."""
+    spans plus `counted` (the asynchronous loop's view of each generation request), with
+    the controller's own `extra` spans appended uncounted; returns metrics and all spans."""
     spans: list[Span] = [s for part in ray.get(
         [a.drain_spans.remote() for a in roles.rollout + roles.learners]) for s in part]
+    spans += counted or []
     n_r, n_l = len(roles.rollout), len(roles.learners)
     return {
         "rollout_idle_fraction": idle_fraction(spans, "rollout", n_r, start, end),
