@@ -31,12 +31,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from _quiet import QUIET  # noqa: E402  (bench/ is sys.path[0] when a bench runs)
+
 from posttrain.recipes.loading import load_recipe  # noqa: E402
 from posttrain.recipes.loop import run  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-QUIET = ["monitor.progress=false", "monitor.dashboard_port=null", "monitor.tensorboard=false",
-         "monitor.save_rollouts=false", "train.save_final=false"]
 
 
 def _quickstart(k: int, steps: int) -> list[dict]:

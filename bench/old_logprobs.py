@@ -19,6 +19,8 @@ import statistics
 import tempfile
 from pathlib import Path
 
+from _quiet import QUIET  # bench/ is sys.path[0] when a bench runs
+
 from posttrain.recipes.loading import load_recipe
 from posttrain.recipes.loop import run
 
@@ -27,9 +29,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def _run(mode: str, steps: int) -> list[dict]:
     recipe = load_recipe(ROOT / "recipes" / "quickstart_grpo.yaml", [
-        f"train.steps={steps}", f"grpo.old_logprob_pass={mode}", "monitor.progress=false",
-        "monitor.dashboard_port=null", "monitor.tensorboard=false",
-        "monitor.save_rollouts=false", "train.save_final=false"])
+        f"train.steps={steps}", f"grpo.old_logprob_pass={mode}", *QUIET])
     with tempfile.TemporaryDirectory() as tmp:
         return run(recipe, Path(tmp) / "run")
 

@@ -21,6 +21,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from _quiet import QUIET  # noqa: E402  (bench/ is sys.path[0] when a bench runs)
+
 from posttrain.common.model_registry import resolve_model_path  # noqa: E402
 from posttrain.recipes.advice import advise_run  # noqa: E402
 from posttrain.recipes.data import load_prompts  # noqa: E402
@@ -56,11 +58,7 @@ def main() -> None:
         Path(args.recipe),
         [
             f"train.steps={args.steps}",
-            "monitor.progress=false",
-            "monitor.dashboard_port=null",
-            "monitor.tensorboard=false",
-            "monitor.save_rollouts=false",
-            "train.save_final=false",
+            *QUIET,
             "eval=null",
             *args.sets,
         ],

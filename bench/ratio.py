@@ -19,6 +19,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from _quiet import QUIET  # noqa: E402  (bench/ is sys.path[0] when a bench runs)
+
 from posttrain.recipes.loading import load_recipe  # noqa: E402
 from posttrain.recipes.loop import run  # noqa: E402
 
@@ -33,9 +35,7 @@ def main() -> None:
         n_r, n_l = (int(x) for x in split.split(":"))
         recipe = load_recipe(ROOT / "recipes" / "quickstart_grpo.yaml", [
             f"train.steps={args.steps}", f"resources.rollout.gpus={n_r}",
-            f"resources.learner.gpus={n_l}", "monitor.progress=false",
-            "monitor.dashboard_port=null", "monitor.tensorboard=false",
-            "monitor.save_rollouts=false", "train.save_final=false"])
+            f"resources.learner.gpus={n_l}", *QUIET])
         with tempfile.TemporaryDirectory() as tmp:
             history = run(recipe, Path(tmp) / "run")[1:]  # step 0 includes warm-up
         keys = ("time/step", "time/generate", "time/train", "rollout_idle_fraction",

@@ -21,6 +21,8 @@ import statistics
 import tempfile
 from pathlib import Path
 
+from _quiet import QUIET  # bench/ is sys.path[0] when a bench runs
+
 from posttrain.recipes.loading import load_recipe
 from posttrain.recipes.loop import run
 
@@ -33,8 +35,7 @@ def _run(budget: int | None, args: argparse.Namespace) -> list[dict]:
         f"data.train.path={args.data}", f"train.steps={args.steps}",
         f"train.prompts_per_step={args.prompts}", "train.warmup_steps=0",
         f"train.max_tokens_per_micro_batch={'null' if budget is None else budget}",
-        "monitor.progress=false", "monitor.dashboard_port=null", "monitor.tensorboard=false",
-        "monitor.save_rollouts=false", "train.save_final=false"])
+        *QUIET])
     with tempfile.TemporaryDirectory() as tmp:
         return run(recipe, Path(tmp) / "run")
 

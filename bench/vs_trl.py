@@ -36,6 +36,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from _quiet import QUIET  # bench/ is sys.path[0] when a bench runs
+
 ROOT = Path(__file__).resolve().parents[1]
 VENV = ROOT / ".bench-venv" / "trl"
 DATA = Path("/work/shared/data/gsm8k/train.jsonl")
@@ -193,11 +195,7 @@ def _posttrain(args: argparse.Namespace) -> list[dict]:
             f"data.train.path={args.data}",
             f"train.steps={args.steps}",
             *OVERRIDES,
-            "monitor.progress=false",
-            "monitor.dashboard_port=null",
-            "monitor.tensorboard=false",
-            "monitor.save_rollouts=false",
-            "train.save_final=false",
+            *QUIET,
             *args.set,
         ],
     )
