@@ -41,7 +41,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def _quickstart(k: int, steps: int) -> list[dict]:
     recipe = load_recipe(ROOT / "recipes" / "quickstart_grpo.yaml",
-                         [f"train.steps={steps}", f"train.max_staleness={k}", *QUIET])
+                         [f"train.steps={steps}", f"train.max_staleness={k}", "eval=null", *QUIET])
     with tempfile.TemporaryDirectory() as tmp:
         return run(recipe, Path(tmp) / "run")
 
