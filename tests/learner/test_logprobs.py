@@ -6,7 +6,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from posttrain.learner.logprobs import sequence_logprobs
+from posttrain.learner.logprobs import _packed, sequence_logprobs, shared_prompts
 
 
 @pytest.fixture(scope="module")
@@ -126,6 +126,47 @@ def test_sequence_logprobs_chunked_matches_full_on_a_model(tiny_model, temperatu
         torch.testing.assert_close(got_g[name], g, rtol=0, atol=1e-6, msg=name)
 
 
+def test_shared_prompts_by_hand():
+    ids = torch.tensor([[1, 2, 7], [1, 2, 8], [3, 4, 9], [1, 2, 5]])
+    mask = torch.ones_like(ids)
+    first, inverse = shared_prompts(ids, mask, 2)
+    assert first[inverse].tolist() == [0, 0, 2, 0]  # rows 0, 1, 3 share one prompt
+    assert sorted(first.tolist()) == [0, 2]
+    assert shared_prompts(ids, mask, 3) is None  # no two rows equal over 3 columns
+    mask[1, 0] = 0  # same ids, another mask: another prompt
+    assert shared_prompts(ids[:2], mask[:2], 2) is None
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.6])
+def test_shared_prompts_match_one_pass_on_a_model(tiny_model, temperature):
+    """Groups of rows with one prompt (one group left-padded, responses right-padded),
+    packed one sequence per prompt: the row-by-row values and every parameter's gradient
+    to 1e-5 in fp32."""
+    torch.manual_seed(0)
+    ids = torch.randint(4, 60, (7, 13))
+    mask = torch.ones_like(ids)
+    ids[1:4, :10] = ids[0, :10]  # rows 0-3: one prompt (columns 0-9)
+    ids[4, :3], mask[4, :3] = 1, 0  # rows 4-5: a left-padded prompt
+    ids[5, :10], mask[5, :10] = ids[4, :10], mask[4, :10]
+    ids[2, 11:], mask[2, 11:] = 1, 0  # a short response; row 6 shares nothing
+    weights = torch.randn(7, 13)
+    probe = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32)
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    assert _packed(probe, ids, mask, positions, 10) is not None  # the packed path is taken
+    runs = []
+    for share in (False, True):
+        m = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32)
+        out = sequence_logprobs(m, ids, mask, response_start=10, temperature=temperature,
+                                chunk_tokens=4, share_prompts=share)
+        (out * weights * mask).sum().backward()
+        runs.append((out.detach() * mask, {n: p.grad for n, p in m.named_parameters()}))
+    (want, want_g), (got, got_g) = runs
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-5)
+    assert got[:, :10].abs().sum() == 0
+    for name, g in want_g.items():
+        torch.testing.assert_close(got_g[name], g, rtol=0, atol=1e-5, msg=name)
+
+
 def test_chunk_tokens_must_be_positive(model):
     ids = torch.ones(1, 4, dtype=torch.long)
     with pytest.raises(ValueError, match="chunk_tokens"):
@@ -139,19 +180,22 @@ def _fsdp_rank(rank, world, model_path, port, queue):
 
     import torch.distributed as dist
 
-    from posttrain.learner.logprobs import _plain_head
+    from posttrain.learner.logprobs import _packed, _plain_head
     from posttrain.learner.models import load_sharded
 
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=world)
     model = load_sharded(str(model_path), world, "float32", "policy")
     torch.manual_seed(rank)
-    ids = torch.randint(4, 60, (2, 9))
+    ids = torch.randint(4, 60, (4, 12))
+    ids[1:3, :9] = ids[0, :9]  # rows 0-2 share a prompt: the chunked path packs them
     mask = torch.ones_like(ids)
-    out = {"chunked_head": _plain_head(model) is not None}
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    out = {"chunked_head": _plain_head(model) is not None,
+           "packed": _packed(model, ids, mask, positions, 9) is not None}
     for chunk in (None, 4):
-        lp = sequence_logprobs(model, ids, mask, response_start=3, chunk_tokens=chunk)
-        (lp * torch.arange(1.0, 10.0)).sum().backward()
+        lp = sequence_logprobs(model, ids, mask, response_start=9, chunk_tokens=chunk)
+        (lp * torch.arange(1.0, 13.0)).sum().backward()
         grads = {n: p.grad.full_tensor().clone() for n, p in model.named_parameters()}
         model.zero_grad(set_to_none=True)
         out[chunk] = (lp.detach(), grads)
@@ -163,13 +207,16 @@ def _fsdp_rank(rank, world, model_path, port, queue):
 
 
 def test_chunked_head_under_fsdp2_matches_full_logits(tiny_model):
-    """The chunked path is taken on an FSDP2-wrapped policy (2 ranks) and its values and
-    reduced gradients equal the full-logits path's to 1e-6 in fp32."""
+    """The chunked path is taken on an FSDP2-wrapped policy (2 ranks; two rows share a
+    prompt, so it also runs that prompt once, two forwards before one backward) and its
+    values equal the full-logits path's to 1e-6 in fp32, its reduced gradients to 1e-5."""
     from tests.learner.ranks import run_ranks
 
     out = run_ranks(_fsdp_rank, 2, tiny_model)
-    assert out["chunked_head"]
+    assert out["chunked_head"] and out["packed"]
     (want, want_g), (got, got_g) = out[None], out[4]
     torch.testing.assert_close(got, want, rtol=0, atol=1e-6)
     for name, g in want_g.items():
-        torch.testing.assert_close(got_g[name], g, rtol=1e-6, atol=1e-6, msg=name)
+        # 1e-5: the packed rows sum a shared prompt's gradient in another order (the
+        # tied embedding's largest entries differ by 3.7e-6 here)
+        torch.testing.assert_close(got_g[name], g, rtol=0, atol=1e-5, msg=name)
