@@ -2,8 +2,9 @@
 
     flock /tmp/posttrain-heavy.lock .venv/bin/python bench/plan.py [--steps 4] [--set k=v ...]
 
-First the prediction (the calibration of recipes/calibrate.py, a few seconds, then
-recipes/plan_cpu.py), then the quickstart itself for `--steps` steps on the real model.
+First the prediction (a fresh calibration by recipes/calibrate.py, as `plan --gpu cpu
+--recalibrate` makes, then recipes/plan_cpu.py), then the quickstart itself for `--steps`
+steps on the real model.
 The measured column is the mean over the steps after the first (which includes warm-up);
 train is split into forward+backward and AdamW by the learner's spans. Ratio = measured /
 predicted; the target for the step is 0.8-1.2.
@@ -69,7 +70,7 @@ def main() -> None:
     tokens = checked_prompt_tokens(recipe, prompts) or 0
     load_before = loadavg()
     t0 = time.perf_counter()
-    cal, pred = cpu_prediction(recipe, Path(folder), shape, tokens)
+    cal, pred, _ = cpu_prediction(recipe, Path(folder), shape, tokens, recalibrate=True)
     plan_s = time.perf_counter() - t0
     with tempfile.TemporaryDirectory() as tmp:
         history = run(recipe, Path(tmp) / "run", data=prompts)
@@ -96,7 +97,9 @@ def main() -> None:
     ]
     print(
         f"calibration {cal.seconds:.1f} s (prediction in all {plan_s:.1f} s); decode probe "
-        f"{cal.decode.step_s * 1e3:.0f} ms/token at batch {cal.decode.batch}; train-probe "
+        f"({cal.decode.engine}) {cal.decode.step_s * 1e3:.0f} ms/token at batch "
+        f"{cal.decode.batch}; engine load {cal.push.load_s:.2f} s; gloo all-gather "
+        f"{cal.push.collective_s * 1e3:.2f} ms; train-probe "
         f"MFU {pred.mfu:.0%} of {cal.matmul_flops[pred.learner_threads] / 1e9:.0f} GFLOP/s; "
         f"copy {cal.copy_bytes_per_s / 1e9:.1f} GB/s; loopback "
         f"{cal.loopback_bytes_per_s / 1e9:.2f} GB/s"

@@ -1,37 +1,54 @@
-"""`posttrain plan --gpu cpu`'s measurements of this machine, a few seconds in all.
+"""`posttrain plan --gpu cpu`'s measurements of this machine, cached per machine and
+recipe shape (`~/.cache/posttrain/calibration/`; `plan --recalibrate` measures again).
 
 What is timed, each at the thread count the recipe's workers get (torch threads = the
 cores a worker owns, common/process.py):
 - `matmul_flops`: bf16 matmuls of the model's MLP shape (the learner's and the engine's
   compute dtype), FLOP/s.
-- `copy_bytes_per_s`: a 256 MiB float32 tensor copied (bytes read + written per second),
-  the memory bandwidth that bounds AdamW and a weight load.
+- `copy_bytes_per_s`: a 256 MiB float32 tensor copied (bytes read + written per second).
 - `loopback_bytes_per_s`: bytes through a TCP socket on 127.0.0.1, what gloo (the CPU
   backend of FSDP2's collectives and of the weight broadcast) rides on one host.
-- `decode`: the real model (transformers, bf16) prefills the step's batch (up to 8
-  tokens each) and decodes 4 tokens with its KV cache, at the rollout worker's threads
-  (seconds per token: their median).
-- `train`: one forward + backward of the real model on a small batch at a learner
+- `decode`: the recipe's own engine (`rollout.engine`, built as a rollout worker builds
+  it) prefills the step's prompts and decodes a few tokens per sequence, at the rollout
+  worker's threads. vLLM and transformers differ several-fold here, so neither stands in
+  for the other; building a vLLM engine is most of the calibration's time (~10 s).
+- `push`: the same engine's `load_weights` of the model's own tensors, and the latency of
+  a small all-gather between two gloo ranks (two threads of this process).
+- `train`: one forward + backward of the real model on about 256 tokens at a learner
   rank's threads (the first call, which builds kernels, is not timed).
+- `adamw_s_per_param`: one AdamW step over fp32 tensors of the model's shapes, each cut
+  to one learner rank's shard.
 
 Limits: the probes run in this process with whatever else the machine runs at the same
-time (measure on an idle machine, or under the same load as the run); transformers'
-decode is not vLLM's, so the decode probe is the HF engine's speed, and a vLLM engine's
-ratio to it is what `bench/plan.py` shows.
+time (measure on an idle machine, or under the same load as the run); a cached
+calibration is only as good as the load it was measured under (its time is shown).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import datetime
+import gc
+import hashlib
+import json
 import os
+import platform
 import socket
-import statistics
 import threading
 import time
 from pathlib import Path
 
 import torch
 
-from posttrain.recipes.plan_cpu import CpuCalibration, DecodeProbe, TrainProbe
+from posttrain.common.model_registry import cache_dir
+from posttrain.config import Recipe
+from posttrain.recipes.plan_cpu import (
+    CpuCalibration,
+    DecodeProbe,
+    PushProbe,
+    TrainProbe,
+    worker_threads,
+)
 
 MIB = 2**20
 
@@ -98,30 +115,74 @@ def measure_loopback(nbytes: int = 64 * MIB, chunk: int = 4 * MIB) -> float:
     return got / elapsed
 
 
-def measure_decode(
-    model: torch.nn.Module, threads: int, batch: int, prompt_tokens: int, steps: int = 4
-) -> DecodeProbe:
-    """Prefill `[batch, prompt_tokens]` random token ids, then `steps` one-token decode
-    steps with the KV cache; seconds per step is their median. A one-token forward and
-    the first decode step build kernels first and are not timed."""
+def measure_collective(reps: int = 64) -> float:
+    """Seconds of one all-gather of 64 bf16 values between two gloo ranks (two threads of
+    this process, meeting in an in-memory store): the per-tensor latency of a push's
+    gather, whatever its bytes."""
+    import torch.distributed as dist
+
+    store = dist.HashStore()
+    groups: list = [None, None]
+    times: list[float] = [0.0, 0.0]
+
+    def join(rank: int) -> None:
+        groups[rank] = dist.ProcessGroupGloo(store, rank, 2, datetime.timedelta(seconds=60))
+
+    def loop(rank: int) -> None:
+        x = torch.ones(64, dtype=torch.bfloat16)
+        out = [torch.empty_like(x), torch.empty_like(x)]
+        groups[rank].allgather([out], [x]).wait()
+        t0 = time.perf_counter()
+        for _ in range(reps):
+            groups[rank].allgather([out], [x]).wait()
+        times[rank] = (time.perf_counter() - t0) / reps
+
+    for fn in (join, loop):
+        threads = [threading.Thread(target=fn, args=(r,)) for r in (0, 1)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    return max(times)
+
+
+def measure_engine(
+    engine, threads: int, prompts: int, n: int, prompt_tokens: int, vocab: int,
+    weights: dict[str, torch.Tensor], steps: int = 8,
+) -> tuple[DecodeProbe, PushProbe]:
+    """Time `engine` (an `InferenceEngine`) as a step uses it: `prompts` random prompts of
+    `prompt_tokens` tokens, `n` samples each. One call with 1 new token gives the prefill;
+    a second on fresh prompts (no prefix-cache hits) with 1 + `steps` new tokens gives
+    the seconds per decode step (over the longest response it made). Then one untimed and
+    one timed `load_weights(weights)`. A one-prompt call first builds kernels."""
+    from posttrain.actors.rollout import SamplingSettings
+
     torch.set_num_threads(threads)
     gen = torch.Generator().manual_seed(0)
-    vocab = model.config.vocab_size
-    ids = torch.randint(0, vocab, (batch, prompt_tokens), generator=gen)
-    with torch.no_grad():
-        model(input_ids=ids[:1, :1], use_cache=True)
+
+    def batch(count: int) -> list[list[int]]:
+        ids = torch.randint(32, max(33, vocab - 32), (count, prompt_tokens), generator=gen)
+        return ids.tolist()
+
+    def timed(rows: list[list[int]], new: int) -> tuple[float, int]:
         t0 = time.perf_counter()
-        out = model(input_ids=ids, use_cache=True)
-        prefill = time.perf_counter() - t0
-        past, nxt = out.past_key_values, out.logits[:, -1:].argmax(-1)
-        out = model(input_ids=nxt, past_key_values=past, use_cache=True)
-        times = []
-        for _ in range(steps):
-            past, nxt = out.past_key_values, out.logits[:, -1:].argmax(-1)
-            t0 = time.perf_counter()
-            out = model(input_ids=nxt, past_key_values=past, use_cache=True)
-            times.append(time.perf_counter() - t0)
-    return DecodeProbe(threads, batch, prompt_tokens, steps, prefill, statistics.median(times))
+        groups = engine.generate(rows, SamplingSettings(n=n, max_new_tokens=new))
+        longest = max(len(s.token_ids) for g in groups for s in g)
+        return time.perf_counter() - t0, longest
+
+    timed(batch(1), 2)
+    prefill, _ = timed(batch(prompts), 1)
+    both, longest = timed(batch(prompts), 1 + steps)
+    made = max(1, longest - 1)
+    decode = DecodeProbe(type(engine).__name__.removesuffix("Engine").lower(), threads,
+                         prompts * n, prompt_tokens, made, prefill,
+                         max(0.0, both - prefill) / made)
+    engine.load_weights(weights.items())
+    t0 = time.perf_counter()
+    engine.load_weights(weights.items())
+    load = time.perf_counter() - t0
+    nbytes = sum(t.numel() * t.element_size() for t in weights.values())
+    return decode, PushProbe(load, float(nbytes), 0.0, len(weights))
 
 
 def measure_train(model: torch.nn.Module, threads: int, batch: int, seq: int) -> TrainProbe:
@@ -147,41 +208,134 @@ def ram_bytes() -> float:
     return float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
 
 
-def calibrate(
-    model_folder: Path,
-    hidden: int,
-    intermediate: int,
-    threads: set[int],
-    decode_batch: int,
-    prompt_tokens: int,
-    rollout_threads: int,
-    learner_threads: int,
-    train_seq: int,
-) -> CpuCalibration:
-    """Every measurement above; the probes load the real model from `model_folder`.
+def measure_adamw(model: torch.nn.Module, ranks: int, threads: int) -> float:
+    """Seconds per parameter of one AdamW step (torch's default implementation, as the
+    learner's) over fp32 tensors shaped as `model`'s parameters, each cut to 1/`ranks` of
+    its elements (one FSDP2 rank's shard); the first step (state allocation) untimed."""
+    torch.set_num_threads(threads)
+    shards = [
+        torch.nn.Parameter(torch.zeros(-(-p.numel() // ranks), dtype=torch.float32))
+        for p in model.parameters()
+    ]
+    for p in shards:
+        p.grad = torch.full_like(p, 1e-3)
+    opt = torch.optim.AdamW(shards, lr=1e-6)
+    opt.step()
+    times = []
+    for _ in range(2):
+        t0 = time.perf_counter()
+        opt.step()
+        times.append(time.perf_counter() - t0)
+    return min(times) / sum(p.numel() for p in shards)
+
+
+def calibrate(r: Recipe, folder: Path, prompt_tokens: int, hidden: int,
+              intermediate: int) -> CpuCalibration:
+    """Every measurement above for recipe `r` (its engine, its workers' threads, its
+    step's batch); the probes load the real model from `folder`.
 
     Args:
+        prompt_tokens: the longest prompt after the chat template.
         hidden, intermediate: the model's MLP shape, for the matmul probe.
-        threads: thread counts to time matmuls at (each worker's).
-        decode_batch, prompt_tokens: the rollout engine's sequences per step and prompt
-            length (the decode probe's batch).
-        train_seq: prompt + response tokens of one training sequence.
     """
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    from posttrain.actors.factory import make_engine
+    from posttrain.recipes.roles import engine_settings
+
     t0 = time.perf_counter()
+    cores = os.cpu_count() or 1
+    t_r, t_l = worker_threads(r, cores)
+    res = r.resources
+    engines = res.rollout.gpus // res.rollout.gpus_per_engine
+    prompts = -(-r.train.prompts_per_step // engines)
+    n = r.rollout.samples_per_prompt
     before = torch.get_num_threads()
     try:
-        rows = max(decode_batch, 64)
-        flops = {t: measure_matmul(t, rows, hidden, intermediate) for t in sorted(threads)}
-        torch.set_num_threads(learner_threads)  # AdamW runs at a learner rank's threads
-        copy, loop = measure_copy(), measure_loopback()
-        from transformers import AutoModelForCausalLM
-
-        model = AutoModelForCausalLM.from_pretrained(str(model_folder), dtype=torch.bfloat16)
-        # a prefill of up to 8 tokens per sequence: plan_cpu scales it to the prompt
-        decode = measure_decode(model, rollout_threads, decode_batch, min(prompt_tokens, 8))
-        train = measure_train(model, learner_threads, 2, train_seq)
+        flops = {t: measure_matmul(t, max(prompts * n, 64), hidden, intermediate)
+                 for t in sorted({t_r, t_l})}
+        torch.set_num_threads(t_l)  # AdamW and the FSDP2 copies run at a learner's threads
+        copy, loop, latency = measure_copy(), measure_loopback(), measure_collective()
+        dtype = getattr(torch, r.model.dtype)
+        weights = {}
+        for f in sorted(folder.glob("*.safetensors")):
+            weights.update({k: v.to(dtype) for k, v in load_file(str(f)).items()})
+        engine = make_engine(engine_settings(r, str(folder)))
+        decode, push = measure_engine(engine, t_r, prompts, n, prompt_tokens,
+                                      engine_vocab(folder), weights)
+        del engine, weights  # its KV cache and weights before the learner's probes
+        gc.collect()
+        push = dataclasses.replace(push, collective_s=latency)
+        model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.bfloat16)
+        seq = prompt_tokens + r.rollout.max_new_tokens
+        train = measure_train(model, t_l, max(2, -(-256 // seq)), seq)
+        adamw = measure_adamw(model, res.learner.gpus, t_l)
     finally:
         torch.set_num_threads(before)
+    now = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
+    return CpuCalibration(cores, ram_bytes(), flops, copy, loop, decode, train, push, adamw,
+                          time.perf_counter() - t0, now)
+
+
+def engine_vocab(folder: Path) -> int:
+    """The model's vocabulary size from its config.json (random prompt ids stay below it)."""
+    return int(json.loads((folder / "config.json").read_text())["vocab_size"])
+
+
+def cpu_name() -> str:
+    """The CPU's model name (/proc/cpuinfo on Linux, else `platform.processor()`)."""
+    info = Path("/proc/cpuinfo")
+    if info.exists():
+        for line in info.read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return platform.processor()
+
+
+def cache_key(r: Recipe, folder: Path, prompt_tokens: int) -> str:
+    """What a calibration depends on: this machine (CPU model, cores, RAM, torch), the
+    model folder (path and config time), the engine and the step's shape."""
+    parts = {
+        "cpu": cpu_name(), "cores": os.cpu_count(), "ram": ram_bytes(), "torch": torch.__version__,
+        "folder": str(folder.resolve()), "config_mtime": (folder / "config.json").stat().st_mtime,
+        "engine": r.rollout.engine, "dtype": r.model.dtype, "vllm": r.rollout.vllm.model_dump(),
+        "threads": worker_threads(r, os.cpu_count() or 1), "rollout": r.resources.rollout.gpus,
+        "per_engine": r.resources.rollout.gpus_per_engine, "ranks": r.resources.learner.gpus,
+        "prompts": r.train.prompts_per_step, "n": r.rollout.samples_per_prompt,
+        "prompt_tokens": prompt_tokens, "new": r.rollout.max_new_tokens,
+    }
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def from_json(d: dict) -> CpuCalibration:
+    """A `CpuCalibration` from its `dataclasses.asdict` JSON (thread counts back to int).
+
+    Raises:
+        KeyError, TypeError: the file is not a calibration of this version.
+    """
     return CpuCalibration(
-        os.cpu_count() or 1, ram_bytes(), flops, copy, loop, decode, train, time.perf_counter() - t0
+        **{**d, "matmul_flops": {int(k): v for k, v in d["matmul_flops"].items()},
+           "decode": DecodeProbe(**d["decode"]), "train": TrainProbe(**d["train"]),
+           "push": PushProbe(**d["push"])}
     )
+
+
+def cached_calibration(r: Recipe, folder: Path, prompt_tokens: int, hidden: int,
+                       intermediate: int, recalibrate: bool = False
+                       ) -> tuple[CpuCalibration, Path | None]:
+    """The calibration of `r` on this machine: read from the cache when one was measured
+    for the same machine, model and step shape (and `recalibrate` is off), else measured
+    now and saved. Returns it and the cache file it came from (None: measured now)."""
+    path = cache_dir() / "calibration" / f"{cache_key(r, folder, prompt_tokens)}.json"
+    if not recalibrate and path.exists():
+        try:
+            return from_json(json.loads(path.read_text())), path
+        except (ValueError, KeyError, TypeError):
+            pass  # an older or broken file: measure again and overwrite it
+    cal = calibrate(r, folder, prompt_tokens, hidden, intermediate)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(dataclasses.asdict(cal), indent=1))
+    tmp.replace(path)
+    return cal, None

@@ -192,6 +192,9 @@ def plan(
     nodes: Annotated[int | None, typer.Option(min=1, help="Machines (with --gpus-per-node); "
                                               "the split search uses all their devices.")] = None,
     gpus_per_node: Annotated[int | None, typer.Option(min=1, help="Devices per machine.")] = None,
+    recalibrate: Annotated[bool, typer.Option(
+        help="--gpu cpu: measure this machine again instead of reading the cached "
+             "calibration (~/.cache/posttrain/calibration).")] = False,
     set_: SetOpt = None,
 ) -> None:
     """Predict memory per device, step time, idle fractions and the best rollout:learner
@@ -209,7 +212,7 @@ def plan(
     r, prompts = _load_or_exit(recipe, set_, convert=False, lengths=False)
     from posttrain.recipes import plan_view
 
-    plan_view.main(r, prompts, gpu, mfu, nodes, gpus_per_node)
+    plan_view.main(r, prompts, gpu, mfu, nodes, gpus_per_node, recalibrate)
 
 
 @app.command("serve-rewards")

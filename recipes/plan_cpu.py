@@ -2,19 +2,22 @@
 measured rates (recipes/calibrate.py) and plan.py's formulas. No torch here.
 
 The step is synchronous, as `posttrain run`'s: generate, then train, then push.
-- generate: the decode probe's prefill scaled by prompt tokens, plus `max_new_tokens`
-  decode steps at the probe's seconds per step (scaled by batch); shown beside the
+- generate: the recipe's own engine (vLLM or transformers) timed on the step's batch
+  (one prefill, then decode steps); the prefill scaled by prompt tokens, plus
+  `max_new_tokens` decode steps at the probe's seconds per step (scaled by batch). The
   roofline max(weight bytes / bandwidth, 2·N·batch / matmul rate) (Williams et al. 2009,
-  "Roofline"), whose ratio to the probe is the decode efficiency.
-- train, per learner rank: 6·N·tokens (plus 2·N·tokens of reference forward when the KL
+  "Roofline") is shown beside it; its ratio to the probe is the engine's decode efficiency.
+- train, per learner rank: 6·N·tokens (counted as the learner packs a group's rows:
+  `learner_tokens`; plus 2·N·tokens of reference forward when the KL
   needs one, times grpo.epochs) at the matmul rate × an MFU measured by the train probe
-  (its 6·N·tokens over its seconds, over the matmul rate: PaLM App. B); AdamW reading
-  and writing 28 bytes per trainable parameter (param, grad, two moments read; param,
-  two moments written, fp32) at the copy bandwidth; FSDP2's per-micro-batch all-gathers
-  of bf16 parameters (forward and backward) and reduce-scatter of fp32 gradients,
-  (n−1)/n of (2 + 2 + 4)·N bytes (ZeRO §7) at the loopback rate.
-- push: the bf16 all-gather to rank 0, (n−1)/n·2N, and the broadcast of 2N bytes to
-  every engine over loopback, then the engine's copy of 2N bytes into its model.
+  (its 6·N·tokens over its seconds, over the matmul rate: PaLM App. B); AdamW at the
+  seconds per parameter an AdamW step over the model's own (sharded) tensors took; FSDP2's
+  per-micro-batch all-gathers of bf16 parameters (forward and backward) and reduce-scatter
+  of fp32 gradients, (n−1)/n of (2 + 2 + 4)·N bytes (ZeRO §7) at the loopback rate.
+- push: one all-gather per tensor to rank 0 (the measured latency of a small gloo
+  all-gather each, plus (n−1)/n·2N bytes), the broadcast of 2N bytes to every engine over
+  loopback, then the engine's own load of the weights (timed on the engine: vLLM's CPU
+  backend repacks every linear weight, so it costs several memcpys).
 Not modelled: scoring, the controller's own work, ray call latency, early-stopping
 samples (every response counts at max_new_tokens), and other jobs on the machine.
 """
@@ -24,18 +27,18 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from posttrain.common.packing import packing_pays
 from posttrain.config import Recipe
 from posttrain.recipes import plan
-
-ADAMW_BYTES_PER_PARAM = 28  # fp32: read param, grad, m, v; write param, m, v
 
 
 @dataclass(frozen=True)
 class DecodeProbe:
-    """One short generation of the real model: `batch` sequences of `prompt_tokens`
-    prefilled (`prefill_s` seconds), then `steps` one-token decode steps (`step_s`
-    seconds each), at `threads` torch threads."""
+    """One short generation of the real model on the recipe's engine (`engine`: 'vllm' or
+    'hf'): `batch` sequences of `prompt_tokens` prefilled (`prefill_s` seconds), then
+    `steps` one-token decode steps (`step_s` seconds each), at `threads` torch threads."""
 
+    engine: str
     threads: int
     batch: int
     prompt_tokens: int
@@ -56,6 +59,24 @@ class TrainProbe:
 
 
 @dataclass(frozen=True)
+class PushProbe:
+    """The parts of a weight push that are not bytes over a link.
+
+    Attributes:
+        load_s: seconds the engine took to load all `load_bytes` bytes of weights
+            (`InferenceEngine.load_weights`, the tensors already in its process).
+        collective_s: seconds of one small all-gather between two gloo ranks on this host
+            (a push all-gathers each of the policy's tensors once).
+        tensors: tensors one push sends (the policy's, tied aliases left out).
+    """
+
+    load_s: float
+    load_bytes: float
+    collective_s: float
+    tensors: int
+
+
+@dataclass(frozen=True)
 class CpuCalibration:
     """What recipes/calibrate.py measured on this machine.
 
@@ -63,7 +84,10 @@ class CpuCalibration:
         matmul_flops: torch threads -> bf16 FLOP/s of the model's MLP matmul.
         copy_bytes_per_s: bytes read + written per second by a large tensor copy.
         loopback_bytes_per_s: bytes/s through TCP on 127.0.0.1 (gloo's transport here).
-        seconds: how long the calibration took.
+        adamw_s_per_param: seconds per trainable parameter of one AdamW step (fp32, the
+            model's tensors sharded over the learner ranks, a learner rank's threads).
+        seconds: how long the measurements took.
+        measured_at: when (ISO 8601, UTC); a cached calibration keeps its own.
     """
 
     cores: int
@@ -73,7 +97,10 @@ class CpuCalibration:
     loopback_bytes_per_s: float
     decode: DecodeProbe
     train: TrainProbe
+    push: PushProbe
+    adamw_s_per_param: float
     seconds: float
+    measured_at: str = ""
 
 
 @dataclass(frozen=True)
@@ -138,14 +165,36 @@ def train_flops_per_token(r: Recipe, params: float) -> float:
     return per
 
 
+def learner_tokens(r: Recipe, prompt_tokens: int, hidden: int | None,
+                   intermediate: int | None) -> float:
+    """Tokens one learner rank computes per forward pass of a step: each micro-batch's
+    groups packed one sequence per prompt where learner/logprobs.py packs them
+    (`common.packing.packing_pays`, the model's `hidden`/`intermediate` sizes; None:
+    never), else every row at prompt + max_new_tokens."""
+    n_l = r.resources.learner.gpus
+    seq = prompt_tokens + r.rollout.max_new_tokens
+    rows = r.train.prompts_per_step * r.rollout.samples_per_prompt / n_l
+    mb, g = r.train.micro_batch_size, r.rollout.samples_per_prompt
+    prompts = max(1, mb // g)
+    if hidden is None or g < 2 or mb < 2 or not packing_pays(
+        min(mb, prompts * g), seq, prompt_tokens, prompts, min(g, mb), hidden,
+        intermediate or 4 * hidden
+    ):
+        return rows * seq
+    return rows / g * (prompt_tokens + g * r.rollout.max_new_tokens)
+
+
 def predict(
-    r: Recipe, params: float, trainable: float, prompt_tokens: int, cal: CpuCalibration
+    r: Recipe, params: float, trainable: float, prompt_tokens: int, cal: CpuCalibration,
+    hidden: int | None = None, intermediate: int | None = None,
 ) -> CpuStep:
     """One GRPO/PPO step of `r` on this CPU.
 
     Args:
         params: the policy's parameters N; trainable: those AdamW updates.
         prompt_tokens: the longest prompt after the chat template (all prompts count at it).
+        hidden, intermediate: the model's sizes, to count the learner's packed tokens
+            (`learner_tokens`); None: no packing.
 
     Raises:
         ValueError: a DPO recipe (no rollout step).
@@ -167,14 +216,16 @@ def predict(
     roof = new * max(weights / cal.copy_bytes_per_s, 2 * params * batch / cal.matmul_flops[t_r])
     probe_rate = 6 * params * cal.train.tokens / cal.train.seconds
     mfu = probe_rate / cal.matmul_flops[t_l]
-    tokens_rank = seqs * (prompt_tokens + new) / n_l
+    tokens_rank = learner_tokens(r, prompt_tokens, hidden, intermediate)
     compute = train_flops_per_token(r, params) * tokens_rank / (cal.matmul_flops[t_l] * mfu)
-    optimizer = ADAMW_BYTES_PER_PARAM * trainable / n_l / cal.copy_bytes_per_s
+    optimizer = cal.adamw_s_per_param * trainable / n_l
     share = (n_l - 1) / n_l
     micro = math.ceil(math.ceil(seqs / n_l) / r.train.micro_batch_size)
     epochs = r.grpo.epochs if r.algorithm == "grpo" else 1
     comm = micro * epochs * share * (2 + 2 + 4) * params / cal.loopback_bytes_per_s
-    push = (
-        share * weights + weights
-    ) / cal.loopback_bytes_per_s + 2 * weights / cal.copy_bytes_per_s
+    pp = cal.push
+    gather = (pp.tensors * pp.collective_s if n_l > 1 else 0.0) + (
+        share * weights / cal.loopback_bytes_per_s
+    )
+    push = gather + weights / cal.loopback_bytes_per_s + pp.load_s * weights / pp.load_bytes
     return CpuStep(t_r, t_l, prefill, decode, roof, compute, optimizer, comm, push, mfu)

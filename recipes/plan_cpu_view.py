@@ -11,39 +11,30 @@ from rich.table import Table
 
 from posttrain.config import Recipe
 from posttrain.recipes.plan import GB, Hardware
-from posttrain.recipes.plan_cpu import CpuCalibration, CpuStep, predict, worker_threads
+from posttrain.recipes.plan_cpu import CpuCalibration, CpuStep, predict
 from posttrain.recipes.planner import ModelShape, plan_recipe
 
 
 def cpu_prediction(
-    r: Recipe, folder: Path, shape: ModelShape, prompt_tokens: int
-) -> tuple[CpuCalibration, CpuStep]:
-    """Calibrate at the recipe's thread counts, then predict its step."""
-    import os
+    r: Recipe, folder: Path, shape: ModelShape, prompt_tokens: int, recalibrate: bool = False
+) -> tuple[CpuCalibration, CpuStep, Path | None]:
+    """Calibrate at the recipe's engine, thread counts and batch (or read the cached
+    calibration of the same machine and shape), then predict its step. The third value
+    is the cache file the calibration came from (None: measured now)."""
+    from posttrain.recipes.calibrate import cached_calibration
 
-    from posttrain.recipes.calibrate import calibrate
-
-    cores = os.cpu_count() or 1
-    t_r, t_l = worker_threads(r, cores)
-    engines = r.resources.rollout.gpus // r.resources.rollout.gpus_per_engine
-    batch = -(-r.train.prompts_per_step * r.rollout.samples_per_prompt // engines)
-    cal = calibrate(
-        folder,
-        shape.hidden,
-        shape.intermediate,
-        {t_r, t_l},
-        batch,
-        prompt_tokens,
-        t_r,
-        t_l,
-        prompt_tokens + r.rollout.max_new_tokens,
+    cal, cached = cached_calibration(
+        r, folder, prompt_tokens, shape.hidden, shape.intermediate, recalibrate
     )
     a = r.model.adapter
     trainable = shape.lora_params(a.r, a.target_modules) if a.type != "none" else shape.params
-    return cal, predict(r, shape.params, trainable, prompt_tokens, cal)
+    step = predict(r, shape.params, trainable, prompt_tokens, cal, shape.hidden,
+                   shape.intermediate)
+    return cal, step, cached
 
 
-def plan_cpu_or_exit(r: Recipe, folder: Path, shape: ModelShape, prompt_tokens: int) -> None:
+def plan_cpu_or_exit(r: Recipe, folder: Path, shape: ModelShape, prompt_tokens: int,
+                     recalibrate: bool = False) -> None:
     """Print the CPU plan of a GRPO/PPO recipe; exits 2 for DPO."""
     if r.algorithm == "dpo":
         typer.echo(
@@ -52,12 +43,13 @@ def plan_cpu_or_exit(r: Recipe, folder: Path, shape: ModelShape, prompt_tokens: 
             err=True,
         )
         raise typer.Exit(code=2)
-    cal, step = cpu_prediction(r, folder, shape, prompt_tokens)
-    print_cpu_plan(r, shape, prompt_tokens, cal, step)
+    cal, step, cached = cpu_prediction(r, folder, shape, prompt_tokens, recalibrate)
+    print_cpu_plan(r, shape, prompt_tokens, cal, step, cached)
 
 
 def print_cpu_plan(
-    r: Recipe, shape: ModelShape, prompt_tokens: int, cal: CpuCalibration, s: CpuStep
+    r: Recipe, shape: ModelShape, prompt_tokens: int, cal: CpuCalibration, s: CpuStep,
+    cached: Path | None = None,
 ) -> None:
     """The measurements, the step table, and the memory of all workers against RAM."""
     console = Console(width=120)
@@ -65,14 +57,23 @@ def print_cpu_plan(
         f"{t} thread{'s' if t > 1 else ''} {f / 1e9:.0f}"
         for t, f in sorted(cal.matmul_flops.items())
     )
-    d, tp = cal.decode, cal.train
+    d, tp, pp = cal.decode, cal.train, cal.push
+    when = (
+        f"cached, measured {cal.measured_at} in {cal.seconds:.1f} s ({cached}; --recalibrate "
+        "measures again)"
+        if cached
+        else f"measured in {cal.seconds:.1f} s"
+    )
     console.print(
-        f"measured in {cal.seconds:.1f} s on {cal.cores} cores: bf16 matmul GFLOP/s "
+        f"{when} on {cal.cores} cores: bf16 matmul GFLOP/s "
         f"({rates}); copy {cal.copy_bytes_per_s / GB:.1f} GB/s; loopback TCP "
-        f"{cal.loopback_bytes_per_s / GB:.2f} GB/s; decode probe ({d.batch} seqs, "
-        f"{d.threads} threads): prefill {d.prefill_s:.3f} s, {d.step_s * 1e3:.0f} ms/token; "
+        f"{cal.loopback_bytes_per_s / GB:.2f} GB/s; decode probe ({d.engine} engine, {d.batch} "
+        f"seqs, {d.threads} threads): prefill {d.prefill_s:.3f} s, {d.step_s * 1e3:.0f} "
+        f"ms/token; engine load of {pp.load_bytes / 1e6:.0f} MB: {pp.load_s:.2f} s; gloo "
+        f"all-gather latency {pp.collective_s * 1e3:.2f} ms x {pp.tensors} tensors; "
         f"forward+backward of {tp.tokens} tokens ({tp.threads} threads): {tp.seconds:.2f} s "
-        f"= MFU {s.mfu:.0%} of the matmul rate",
+        f"= MFU {s.mfu:.0%} of the matmul rate; AdamW {cal.adamw_s_per_param * 1e9:.1f} "
+        "ns/param",
         markup=False,
     )
     seqs = r.train.prompts_per_step * r.rollout.samples_per_prompt

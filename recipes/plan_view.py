@@ -17,7 +17,7 @@ from posttrain.recipes.planner import Cluster, ModelShape, RecipePlan, Times, pl
 
 
 def main(r: Recipe, prompts: list, gpu: str, mfu: float, nodes: int | None,
-         gpus_per_node: int | None) -> None:
+         gpus_per_node: int | None, recalibrate: bool = False) -> None:
     """`posttrain plan`: print the GPU plan, or calibrate and print the CPU one."""
     folder, shape, tokens = inputs_or_exit(r, prompts)
     if gpu != "cpu":
@@ -26,7 +26,7 @@ def main(r: Recipe, prompts: list, gpu: str, mfu: float, nodes: int | None,
         return
     from posttrain.recipes.plan_cpu_view import plan_cpu_or_exit
 
-    plan_cpu_or_exit(r, folder, shape, tokens)
+    plan_cpu_or_exit(r, folder, shape, tokens, recalibrate)
 
 
 def inputs_or_exit(r: Recipe, prompts: list) -> tuple[Path, ModelShape, int]:

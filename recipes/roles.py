@@ -144,11 +144,11 @@ def start_roles(recipe: Recipe, algo: Algorithm, model_path: str, run_dir: Path,
     return roles
 
 
-def rollout_spec(recipe: Recipe, model_path: str, threads: int,
-                 transport: TransportSettings) -> RolloutSpec:
-    """The recipe's engine, transport and debug settings for a rollout worker."""
+def engine_settings(recipe: Recipe, model_path: str) -> EngineSettings:
+    """The recipe's inference engine (`rollout.engine`, `rollout.vllm`, the model's dtype)
+    as the rollout workers build it; `plan --gpu cpu` times the same engine."""
     v = recipe.rollout.vllm
-    engine = EngineSettings(
+    return EngineSettings(
         kind=recipe.rollout.engine, model_path=model_path, dtype=recipe.model.dtype,
         seed=recipe.train.seed, kv_cache_gb=v.kv_cache_gb, max_model_len=v.max_model_len,
         enforce_eager=v.enforce_eager, device=recipe.resources.device,
@@ -158,6 +158,12 @@ def rollout_spec(recipe: Recipe, model_path: str, threads: int,
         sleep_between_steps=(recipe.resources.colocate and recipe.resources.device == "cuda"
                              and recipe.rollout.engine == "vllm"),
     )
+
+
+def rollout_spec(recipe: Recipe, model_path: str, threads: int,
+                 transport: TransportSettings) -> RolloutSpec:
+    """The recipe's engine, transport and debug settings for a rollout worker."""
+    engine = engine_settings(recipe, model_path)
     return RolloutSpec(engine, transport, threads, recipe.debug.rollout_delay_s,
                        recipe.debug.fail_weight_push, recipe.debug.push_delay_s)
 

@@ -13,7 +13,9 @@ from posttrain.recipes.loading import load_recipe
 from posttrain.recipes.plan_cpu import (
     CpuCalibration,
     DecodeProbe,
+    PushProbe,
     TrainProbe,
+    learner_tokens,
     predict,
     worker_threads,
 )
@@ -27,8 +29,12 @@ CAL = CpuCalibration(
     matmul_flops={1: 50e9, 2: 100e9},
     copy_bytes_per_s=10e9,
     loopback_bytes_per_s=1e9,
-    decode=DecodeProbe(threads=2, batch=32, prompt_tokens=31, steps=4, prefill_s=0.5, step_s=0.1),
+    decode=DecodeProbe(
+        engine="hf", threads=2, batch=32, prompt_tokens=31, steps=4, prefill_s=0.5, step_s=0.1
+    ),
     train=TrainProbe(threads=1, batch=2, tokens=110, seconds=2.0),
+    push=PushProbe(load_s=0.4, load_bytes=1e8, collective_s=0.002, tensors=100),
+    adamw_s_per_param=5e-9,
     seconds=3.0,
 )
 
@@ -44,10 +50,12 @@ def test_quickstart_step_by_hand():
     assert s.mfu == pytest.approx(6e8 * 110 / 2.0 / 50e9)  # 0.66
     # 32·55/2 = 880 tokens per rank at 6e8 FLOP each, 50 GFLOP/s × 0.66
     assert s.train_compute == pytest.approx(6e8 * 880 / 33e9)
-    assert s.optimizer == pytest.approx(28 * 1e8 / 2 / 10e9)
+    assert s.optimizer == pytest.approx(5e-9 * 1e8 / 2)  # each rank steps half
     assert s.fsdp_comm == pytest.approx(0.5 * 8 * 1e8 / 1e9)  # 1 micro-batch of 16
-    assert s.push == pytest.approx((0.5 * 2e8 + 2e8) / 1e9 + 2 * 2e8 / 10e9)
-    assert s.step == pytest.approx(2.9 + s.train + 0.34)
+    # 100 all-gathers of 2 ms, half of 2e8 bytes gathered and 2e8 broadcast at 1 GB/s,
+    # then the engine loads 2e8 bytes at its measured 0.4 s per 1e8
+    assert s.push == pytest.approx(100 * 0.002 + (0.5 * 2e8 + 2e8) / 1e9 + 0.8)
+    assert s.step == pytest.approx(2.9 + s.train + 1.3)
     assert s.rollout_idle + s.learner_idle + s.push / s.step == pytest.approx(1.0)
 
 
@@ -76,15 +84,56 @@ def test_step_scales_with_the_recipe():
     assert lora.optimizer == pytest.approx(base.optimizer / 100)
 
 
+def test_learner_tokens_count_packed_groups():
+    """Quickstart: 16 rows per rank, 2 groups of 8 per micro-batch of 16; SmolLM2's sizes
+    (576, 1536): packed, each group is 31 + 8·24 tokens instead of 8·(31 + 24)."""
+    r = load_recipe(QUICK, ["rollout.engine=hf"])
+    assert learner_tokens(r, 31, None, None) == 16 * 55
+    assert learner_tokens(r, 31, 576, 1536) == 2 * (31 + 8 * 24)
+    long = load_recipe(QUICK, ["rollout.engine=hf", "rollout.max_new_tokens=4000"])
+    assert learner_tokens(long, 31, 576, 1536) == 16 * 4031  # dense attention: not packed
+    packed = predict(r, 1e8, 1e8, 31, CAL, 576, 1536)
+    assert packed.train_compute == pytest.approx(6e8 * 446 / 33e9)
+
+
+def test_one_rank_gathers_nothing():
+    s = predict(load_recipe(QUICK, ["rollout.engine=hf", "resources.learner.gpus=1"]),
+                1e8, 1e8, 31, CAL)
+    assert s.push == pytest.approx(2e8 / 1e9 + 0.8)  # broadcast + engine load only
+    assert s.optimizer == pytest.approx(5e-9 * 1e8)
+
+
 def test_probes_measure_positive_rates():
     from posttrain.recipes import calibrate
 
     assert calibrate.measure_matmul(1, 64, 64, 64, seconds=0.01) > 0
     assert math.isfinite(calibrate.measure_copy(8 * calibrate.MIB, reps=1))
     assert calibrate.measure_loopback(4 * calibrate.MIB, calibrate.MIB) > 0
+    assert 0 < calibrate.measure_collective(reps=4) < 10
 
 
-def test_plan_cpu_cli_on_a_tiny_model(tiny_model):
+def test_calibration_is_cached_per_machine_and_shape(tiny_model, monkeypatch, tmp_path):
+    """The second plan reads the file the first wrote (same values); another step shape
+    or --recalibrate measures again."""
+    from posttrain.recipes import calibrate
+
+    monkeypatch.setenv("POSTTRAIN_CACHE", str(tmp_path))
+    r = load_recipe(QUICK, [f"model.path={tiny_model}", "rollout.engine=hf"])
+    first, came_from = calibrate.cached_calibration(r, tiny_model, 12, 64, 128)
+    assert came_from is None and first.decode.engine == "hf" and first.push.tensors > 0
+    again, came_from = calibrate.cached_calibration(r, tiny_model, 12, 64, 128)
+    assert came_from is not None and came_from.parent == tmp_path / "calibration"
+    assert again == first
+    other = load_recipe(QUICK, [f"model.path={tiny_model}", "rollout.engine=hf",
+                                "rollout.max_new_tokens=8"])
+    assert calibrate.cached_calibration(other, tiny_model, 12, 64, 128)[1] is None
+    assert calibrate.cached_calibration(r, tiny_model, 12, 64, 128, recalibrate=True)[1] is None
+    came_from.write_text("{not json")  # a broken file is measured again, not an error
+    assert calibrate.cached_calibration(r, tiny_model, 12, 64, 128)[1] is None
+
+
+def test_plan_cpu_cli_on_a_tiny_model(tiny_model, monkeypatch, tmp_path):
+    monkeypatch.setenv("POSTTRAIN_CACHE", str(tmp_path))
     out = CliRunner().invoke(
         app,
         [
@@ -101,12 +150,16 @@ def test_plan_cpu_cli_on_a_tiny_model(tiny_model):
     assert out.exit_code == 0, out.output
     for needle in (
         "measured in",
-        "decode probe (32 seqs, 2 threads)",
+        "decode probe (hf engine, 32 seqs, 2 threads)",
+        "engine load of",
         "step time on this CPU",
         "rollout idle",
         "memory: 2 learner ranks",
     ):
         assert needle in out.output
+    again = CliRunner().invoke(app, ["plan", str(QUICK), "--gpu", "cpu", "--set",
+                                     f"model.path={tiny_model}", "--set", "rollout.engine=hf"])
+    assert again.exit_code == 0 and "cached, measured" in again.output, again.output
     bad = CliRunner().invoke(app, ["plan", str(QUICK), "--gpu", "cpu", "--nodes", "2"])
     assert bad.exit_code == 2
 
