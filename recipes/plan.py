@@ -29,7 +29,8 @@ class Hardware:
         hbm_bytes_per_s: HBM bandwidth, bytes/s.
         bf16_flops: peak dense bf16 tensor-core rate, FLOP/s.
         nvlink_bytes_per_s: NVLink bandwidth per GPU, bytes/s (both directions summed,
-            as the datasheet states it).
+            as the datasheet states it; a one-way transfer gets half,
+            `nvlink_one_way_bytes_per_s`).
         network_bytes_per_s: inter-node bandwidth per GPU (one NIC per GPU), bytes/s.
         source: where the numbers come from.
     """
@@ -40,6 +41,13 @@ class Hardware:
     nvlink_bytes_per_s: float
     network_bytes_per_s: float
     source: str
+
+    @property
+    def nvlink_one_way_bytes_per_s(self) -> float:
+        """NVLink bytes/s in one direction: half the datasheet's bidirectional figure
+        (H100: 900 GB/s total = 18 links × 25 GB/s each way), what a broadcast from one
+        GPU can send."""
+        return self.nvlink_bytes_per_s / 2
 
 
 HARDWARE: dict[str, Hardware] = {

@@ -99,8 +99,9 @@ def print_plan(p: RecipePlan) -> None:
                       f"{_s(p.times.step)} s -> {_s(p.best.step)} s)")
     if p.cluster:
         console.print(f"split searched over {p.cluster.devices} devices; weight push over "
-                      f"NVLink {p.hw.nvlink_bytes_per_s / GB:.0f} GB/s within a node, the "
-                      f"NIC {p.hw.network_bytes_per_s / GB:.0f} GB/s across nodes", style="dim")
+                      f"NVLink {p.hw.nvlink_one_way_bytes_per_s / GB:.0f} GB/s (one way) "
+                      f"within a node, the NIC {p.hw.network_bytes_per_s / GB:.0f} GB/s "
+                      "across nodes", style="dim")
     console.print(f"hardware: {p.hw.source}", style="dim")
 
 

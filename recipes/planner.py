@@ -200,7 +200,7 @@ def _times(r: Recipe, m: ModelShape, hw: Hardware, mfu: float, rollout: int, lea
     pushed = m.lora_params(a.r, a.target_modules) if (
         r.weight_sync.adapter_mode == "adapter") else m.params
     cross = cluster.push_crosses_nodes(rollout)
-    link = hw.network_bytes_per_s if cross else hw.nvlink_bytes_per_s
+    link = hw.network_bytes_per_s if cross else hw.nvlink_one_way_bytes_per_s
     push = plan.transfer_seconds(plan.broadcast_bytes(pushed), link)
     return Times(rollout, learner, decode, train, push, cross)
 
