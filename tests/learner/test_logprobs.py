@@ -173,9 +173,10 @@ def test_chunk_tokens_must_be_positive(model):
         sequence_logprobs(model, ids, torch.ones_like(ids), response_start=1, chunk_tokens=0)
 
 
-def _fsdp_rank(rank, world, model_path, port, queue):
+def _fsdp_rank(rank, world, model_path, port, queue, packed=False):
     """Both paths on one FSDP2-sharded policy (tied head, float32 compute): logprobs of
-    this rank's rows and the full gradients after each backward."""
+    this rank's rows and the full gradients after each backward. `packed`: three of four
+    rows share a prompt, so the chunked path packs them."""
     import io
 
     import torch.distributed as dist
@@ -187,15 +188,17 @@ def _fsdp_rank(rank, world, model_path, port, queue):
                             world_size=world)
     model = load_sharded(str(model_path), world, "float32", "policy")
     torch.manual_seed(rank)
-    ids = torch.randint(4, 60, (4, 12))
-    ids[1:3, :9] = ids[0, :9]  # rows 0-2 share a prompt: the chunked path packs them
+    rows, width, start = (4, 12, 9) if packed else (2, 9, 3)
+    ids = torch.randint(4, 60, (rows, width))
+    if packed:
+        ids[1:3, :start] = ids[0, :start]
     mask = torch.ones_like(ids)
     positions = (mask.cumsum(-1) - 1).clamp(min=0)
     out = {"chunked_head": _plain_head(model) is not None,
-           "packed": _packed(model, ids, mask, positions, 9) is not None}
+           "packed": _packed(model, ids, mask, positions, start) is not None}
     for chunk in (None, 4):
-        lp = sequence_logprobs(model, ids, mask, response_start=9, chunk_tokens=chunk)
-        (lp * torch.arange(1.0, 13.0)).sum().backward()
+        lp = sequence_logprobs(model, ids, mask, response_start=start, chunk_tokens=chunk)
+        (lp * torch.arange(1.0, width + 1.0)).sum().backward()
         grads = {n: p.grad.full_tensor().clone() for n, p in model.named_parameters()}
         model.zero_grad(set_to_none=True)
         out[chunk] = (lp.detach(), grads)
@@ -206,17 +209,33 @@ def _fsdp_rank(rank, world, model_path, port, queue):
         queue.put(buf.getvalue())
 
 
+def _fsdp_packed_rank(rank, world, model_path, port, queue):
+    _fsdp_rank(rank, world, model_path, port, queue, packed=True)
+
+
 def test_chunked_head_under_fsdp2_matches_full_logits(tiny_model):
-    """The chunked path is taken on an FSDP2-wrapped policy (2 ranks; two rows share a
-    prompt, so it also runs that prompt once, two forwards before one backward) and its
-    values equal the full-logits path's to 1e-6 in fp32, its reduced gradients to 1e-5."""
+    """The chunked path is taken on an FSDP2-wrapped policy (2 ranks) and its values and
+    reduced gradients equal the full-logits path's to 1e-6 in fp32."""
     from tests.learner.ranks import run_ranks
 
     out = run_ranks(_fsdp_rank, 2, tiny_model)
+    assert out["chunked_head"] and not out["packed"]
+    (want, want_g), (got, got_g) = out[None], out[4]
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-6)
+    for name, g in want_g.items():
+        torch.testing.assert_close(got_g[name], g, rtol=1e-6, atol=1e-6, msg=name)
+
+
+def test_packed_prompts_under_fsdp2_match_full_logits(tiny_model):
+    """Rows sharing a prompt, packed into one sequence on an FSDP2-wrapped policy (2
+    ranks): values equal the full-logits path's (row by row) to 1e-6 in fp32, reduced
+    gradients to 1e-5 (the tied embedding's gradient sums the shared prompt's
+    contributions in another order: 3.7e-6 apart at most here)."""
+    from tests.learner.ranks import run_ranks
+
+    out = run_ranks(_fsdp_packed_rank, 2, tiny_model)
     assert out["chunked_head"] and out["packed"]
     (want, want_g), (got, got_g) = out[None], out[4]
     torch.testing.assert_close(got, want, rtol=0, atol=1e-6)
     for name, g in want_g.items():
-        # 1e-5: the packed rows sum a shared prompt's gradient in another order (the
-        # tied embedding's largest entries differ by 3.7e-6 here)
         torch.testing.assert_close(got_g[name], g, rtol=0, atol=1e-5, msg=name)
