@@ -5,19 +5,22 @@
     .venv/bin/python bench/vs_trl.py --only trl --save /tmp/vs_trl.json
     .venv/bin/python bench/vs_trl.py --only posttrain --save /tmp/vs_trl.json  # prints both
 
-The workload of issue 15: SmolLM2-135M-Instruct (the built-in model's converted folder),
-GSM8K train prompts with the recipe's system prompt, 8 prompts × 4 samples per step, at
-most 64 new tokens, temperature 1, KL 0, lr 1e-6 (constant), float32 master weights
-with bf16 compute on both sides, micro-batches of 16 sequences; the first step
-(warm-up) is left out of the medians.
+The workload of issue 15 (`--shape gsm8k`, the default): SmolLM2-135M-Instruct (the
+built-in model's converted folder), GSM8K train prompts with the recipe's system prompt,
+8 prompts × 4 samples per step, at most 64 new tokens, temperature 1, KL 0, lr 1e-6
+(constant), float32 master weights with bf16 compute on both sides, micro-batches of 16
+sequences; the first step (warm-up) is left out of the medians. `--shape quickstart`:
+the quickstart recipe's own prompts (one-digit addition), system prompt and lr (5e-6,
+constant), 4 prompts × 8 samples, at most 24 new tokens.
 
 - TRL runs in its own virtualenv (`.bench-venv/trl`, made on first use: `pip install
   torch==2.13.0 trl==1.16.0 datasets`), in one process with every core as torch
   threads (`bf16=True` on CPU: fp32 weights under bf16 autocast), generating with
   `model.generate`. Its reward: 1 when the last number of the completion equals the
   reference answer (reward values do not change the work done per step).
-- posttrain runs `recipes/grpo_gsm8k.yaml` with the overrides printed below (its vLLM
-  engine, learner layout and weight transport as the recipe says).
+- posttrain runs `recipes/grpo_gsm8k.yaml` (or `quickstart_grpo.yaml`) with the
+  overrides printed below (its vLLM engine, learner layout and weight transport as the
+  recipe says).
 
 Columns: s/step (median), its parts (TRL: generate = TRL's `_generate` (`model.generate`
 and decoding); train = the rest of the step), and generated tokens per second end
@@ -41,33 +44,49 @@ from _quiet import QUIET  # bench/ is sys.path[0] when a bench runs
 ROOT = Path(__file__).resolve().parents[1]
 VENV = ROOT / ".bench-venv" / "trl"
 DATA = Path("/work/shared/data/gsm8k/train.jsonl")
-SYSTEM = "Solve the problem step by step. End with the final answer as: #### <number>"
-PROMPTS, SAMPLES, NEW_TOKENS, LR, MICRO = 8, 4, 64, 1e-6, 16
-OVERRIDES = [
-    f"train.prompts_per_step={PROMPTS}",
-    f"rollout.samples_per_prompt={SAMPLES}",
-    f"rollout.max_new_tokens={NEW_TOKENS}",
-    "grpo.kl_coef=0",
-    f"train.micro_batch_size={MICRO}",
-    "train.warmup_steps=0",
-    f"train.lr={LR}",
-]
+#: Two workloads (`--shape`): issue 15's GSM8K one, and the quickstart's (one-digit
+#: addition, 4 prompts x 8 samples, <= 24 new tokens, its system prompt and lr).
+SHAPES = {
+    "gsm8k": {
+        "recipe": "grpo_gsm8k.yaml", "prompts": 8, "samples": 4, "new_tokens": 64,
+        "lr": 1e-6, "micro": 16,
+        "system": "Solve the problem step by step. End with the final answer as: #### <number>",
+    },
+    "quickstart": {
+        "recipe": "quickstart_grpo.yaml", "prompts": 4, "samples": 8, "new_tokens": 24,
+        "lr": 5e-6, "micro": 16, "system": "Reply with only the final number.",
+    },
+}
+
+
+def overrides(w: dict) -> list[str]:
+    """posttrain's `--set`s for workload `w` (the rest is its recipe)."""
+    return [
+        f"train.prompts_per_step={w['prompts']}",
+        f"rollout.samples_per_prompt={w['samples']}",
+        f"rollout.max_new_tokens={w['new_tokens']}",
+        "grpo.kl_coef=0",
+        f"train.micro_batch_size={w['micro']}",
+        "train.warmup_steps=0",
+        f"train.lr={w['lr']}",
+    ]
 
 
 # -- TRL side (runs inside .bench-venv/trl: imports nothing of posttrain) ---------------------
-def _trl_worker(model_path: str, data: str, steps: int, out: str) -> None:
+def _trl_worker(model_path: str, data: str, steps: int, out: str, w: dict) -> None:
     import torch
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
     torch.set_num_threads(os.cpu_count() or 1)
-    rows = [json.loads(x) for x in Path(data).read_text().splitlines()[: PROMPTS * (steps + 2)]]
+    prompts, samples, micro = w["prompts"], w["samples"], w["micro"]
+    rows = [json.loads(x) for x in Path(data).read_text().splitlines()[: prompts * (steps + 2)]]
     ds = Dataset.from_list(
         [
             {
                 "prompt": [
-                    {"role": "system", "content": SYSTEM},
+                    {"role": "system", "content": w["system"]},
                     {"role": "user", "content": r["question"]},
                 ],
                 "answer": r["answer"].split("####")[-1].strip().replace(",", ""),
@@ -91,13 +110,13 @@ def _trl_worker(model_path: str, data: str, steps: int, out: str) -> None:
         output_dir=tempfile.mkdtemp(prefix="trl-bench-"),
         use_cpu=True,
         bf16=True,
-        per_device_train_batch_size=MICRO,
-        gradient_accumulation_steps=PROMPTS * SAMPLES // MICRO,
-        num_generations=SAMPLES,
-        max_completion_length=NEW_TOKENS,
+        per_device_train_batch_size=micro,
+        gradient_accumulation_steps=prompts * samples // micro,
+        num_generations=samples,
+        max_completion_length=w["new_tokens"],
         temperature=1.0,
         beta=0.0,
-        learning_rate=LR,
+        learning_rate=w["lr"],
         lr_scheduler_type="constant",
         warmup_steps=0,
         max_steps=steps,
@@ -155,6 +174,21 @@ def _trl_worker(model_path: str, data: str, steps: int, out: str) -> None:
     Path(out).write_text(json.dumps(rec))
 
 
+def _quickstart_data(w: dict) -> Path:
+    """The quickstart recipe's own prompts (its arithmetic generator) as the GSM8K-style
+    jsonl the TRL side reads, in a temporary file."""
+    from posttrain.recipes.data import load_prompts
+    from posttrain.recipes.loading import load_recipe
+
+    recipe = load_recipe(ROOT / "recipes" / w["recipe"], ["eval=null"])
+    lines = [json.dumps({"question": p.question, "answer": f"#### {p.ground_truth}"})
+             for p in load_prompts(recipe.data)]
+    f = tempfile.NamedTemporaryFile("w", suffix=".jsonl", delete=False)
+    f.write("\n".join(lines))
+    f.close()
+    return Path(f.name)
+
+
 def _trl(args: argparse.Namespace, model_path: str) -> list[dict]:
     py = VENV / "bin" / "python"
     if not py.exists():
@@ -172,11 +206,14 @@ def _trl(args: argparse.Namespace, model_path: str) -> list[dict]:
                 "--trl-worker",
                 model_path,
                 "--data",
-                args.data,
+                str(_quickstart_data(SHAPES[args.shape])) if args.shape == "quickstart"
+                else args.data,
                 "--steps",
                 str(args.steps),
                 "--save",
                 f.name,
+                "--shape",
+                args.shape,
             ],
             check=True,
             cwd=tempfile.gettempdir(),
@@ -189,15 +226,11 @@ def _posttrain(args: argparse.Namespace) -> list[dict]:
     from posttrain.recipes.loading import load_recipe
     from posttrain.recipes.loop import run
 
+    w = SHAPES[args.shape]
+    data = [f"data.train.path={args.data}"] if args.shape == "gsm8k" else ["eval=null"]
     recipe = load_recipe(
-        ROOT / "recipes" / "grpo_gsm8k.yaml",
-        [
-            f"data.train.path={args.data}",
-            f"train.steps={args.steps}",
-            *OVERRIDES,
-            *QUIET,
-            *args.set,
-        ],
+        ROOT / "recipes" / w["recipe"],
+        [*data, f"train.steps={args.steps}", *overrides(w), *QUIET, *args.set],
     )
     with tempfile.TemporaryDirectory() as tmp:
         hist = run(recipe, Path(tmp) / "run")
@@ -208,13 +241,14 @@ def _posttrain(args: argparse.Namespace) -> list[dict]:
             "old_logprobs": h.get("time/logprobs"),
             "train": h.get("time/train"),
             "weight_sync": h["time/weight_sync"],
-            "tokens": h["response_length_mean"] * PROMPTS * SAMPLES,
+            "tokens": h["response_length_mean"] * w["prompts"] * w["samples"],
         }
         for h in hist
     ]
 
 
-def _table(runs: dict[str, list[dict]], loads: dict[str, list[str]], steps: int) -> None:
+def _table(runs: dict[str, list[dict]], loads: dict[str, list[str]], steps: int,
+           shape: str) -> None:
     def med(rs: list[dict], k: str) -> float | None:
         vals = [r[k] for r in rs[1:] if r.get(k) is not None]
         return statistics.median(vals) if vals else None
@@ -222,9 +256,10 @@ def _table(runs: dict[str, list[dict]], loads: dict[str, list[str]], steps: int)
     def cell(v: float | None) -> str:
         return "—" if v is None else f"{v:.1f}"
 
+    w = SHAPES[shape]
     print(
-        f"\nGSM8K, SmolLM2-135M-Instruct, {PROMPTS} prompts x {SAMPLES} samples, <= "
-        f"{NEW_TOKENS} new tokens, KL 0, lr {LR}; medians of steps 2..{steps}\n"
+        f"\n{shape}, SmolLM2-135M-Instruct, {w['prompts']} prompts x {w['samples']} samples, "
+        f"<= {w['new_tokens']} new tokens, KL 0, lr {w['lr']}; medians of steps 2..{steps}\n"
     )
     print(
         "| system | s/step (median) | generate | old logprobs | train | weight sync "
@@ -244,7 +279,7 @@ def _table(runs: dict[str, list[dict]], loads: dict[str, list[str]], steps: int)
         print(f"\nposttrain / TRL, generated tokens/s end to end: {ours / trl:.2f}x")
     for name, load in loads.items():
         print(f"load average (1/5/15 min) after {name}: {' '.join(load)}")
-    print(f"posttrain: recipes/grpo_gsm8k.yaml --set {' --set '.join(OVERRIDES)}")
+    print(f"posttrain: recipes/{w['recipe']} --set {' --set '.join(overrides(w))}")
 
 
 def main() -> None:
@@ -254,8 +289,9 @@ def main() -> None:
         ap.add_argument("--data")
         ap.add_argument("--steps", type=int)
         ap.add_argument("--save")
+        ap.add_argument("--shape", default="gsm8k")
         a = ap.parse_args()
-        _trl_worker(a.trl_worker, a.data, a.steps, a.save)
+        _trl_worker(a.trl_worker, a.data, a.steps, a.save, SHAPES[a.shape])
         return
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=6, help="steps per system, first is warm-up")
@@ -263,6 +299,8 @@ def main() -> None:
     ap.add_argument("--only", choices=["trl", "posttrain"], help="run one system")
     ap.add_argument("--save", type=Path, help="JSON of runs so far (with --only: merged)")
     ap.add_argument("--set", action="append", default=[], help="extra posttrain override")
+    ap.add_argument("--shape", choices=sorted(SHAPES), default="gsm8k",
+                    help="workload: issue 15's GSM8K one or the quickstart's")
     args = ap.parse_args()
     if args.steps < 2:
         ap.error("--steps must be at least 2 (the first is warm-up)")
@@ -280,7 +318,8 @@ def main() -> None:
         loads[names[key]] = Path("/proc/loadavg").read_text().split()[:3]
         if args.save:
             args.save.write_text(json.dumps({"runs": runs, "loads": loads}))
-    _table({k: runs[k] for k in names.values() if k in runs}, loads, args.steps)
+    _table({k: runs[k] for k in names.values() if k in runs}, loads, args.steps,
+           args.shape)
 
 
 if __name__ == "__main__":
