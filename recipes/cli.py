@@ -152,6 +152,12 @@ def _checkpoint_or_exit(run_dir: Path) -> Path:
     """The newest complete checkpoint of `run_dir`."""
     from posttrain.recipes import checkpoints
 
+    if not run_dir.is_dir() or not (run_dir / "recipe.yaml").is_file():
+        what = "is not a folder" if not run_dir.is_dir() else "has no recipe.yaml"
+        typer.echo(f"error: --resume {run_dir}: {what}, so it is not a run folder; give the "
+                   "RUN_DIR a `posttrain run` made (it prints it; the default is "
+                   "runs/NAME-TIME)", err=True)
+        raise typer.Exit(code=2)
     last = checkpoints.latest(run_dir)
     if last is None:
         typer.echo(f"error: --resume {run_dir}: no complete checkpoint in "
@@ -205,9 +211,12 @@ def plan(
     if gpu not in (*HARDWARE, "cpu"):
         typer.echo(f"error: --gpu {gpu!r}: give one of {', '.join(HARDWARE)}, cpu", err=True)
         raise typer.Exit(code=2)
-    if (nodes is None) != (gpus_per_node is None) or (gpu == "cpu" and nodes):
-        typer.echo("error: give --nodes and --gpus-per-node together (GPU plans only)",
-                   err=True)
+    if gpu == "cpu" and (nodes or gpus_per_node):
+        typer.echo("error: --nodes / --gpus-per-node plan GPU clusters; --gpu cpu measures "
+                   "this one machine: drop them or give --gpu h100|h200|a100", err=True)
+        raise typer.Exit(code=2)
+    if (nodes is None) != (gpus_per_node is None):
+        typer.echo("error: give --nodes and --gpus-per-node together", err=True)
         raise typer.Exit(code=2)
     r, prompts = _load_or_exit(recipe, set_, convert=False, lengths=False)
     from posttrain.recipes import plan_view

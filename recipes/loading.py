@@ -95,6 +95,11 @@ def load_recipe(path: str | Path, overrides: list[str] | None = None) -> Recipe:
             the message names the file and each offending key path with its fix.
     """
     path = Path(path)
+    if path.is_dir():
+        hint = " (a run folder: its recipe is RUN_DIR/recipe.yaml)" if (
+            path / "recipe.yaml").is_file() else ""
+        raise RecipeError(f"{path}: is a folder, not a recipe file{hint}; give the path to a "
+                          ".yaml recipe")
     if not path.is_file():
         raise RecipeError(f"{path}: recipe file not found; give the path to a .yaml recipe")
     try:

@@ -76,6 +76,13 @@ def print_cpu_plan(
         "ns/param",
         markup=False,
     )
+    rates_by_threads = [f for _, f in sorted(cal.matmul_flops.items())]
+    if any(b < a for a, b in zip(rates_by_threads, rates_by_threads[1:], strict=False)):
+        console.print(
+            "[yellow]warning[/yellow]: more threads measured a lower matmul rate than fewer "
+            "(other jobs are using the cores): every figure below carries that load, the "
+            "decode roofline most; measure again on a quiet machine with --recalibrate"
+        )
     seqs = r.train.prompts_per_step * r.rollout.samples_per_prompt
     t = Table(
         title=f"step time on this CPU (s): {seqs} sequences x ({prompt_tokens} + "

@@ -66,4 +66,9 @@ def test_cli_resume_rules(tmp_path, tiny_model):
     empty = tmp_path / "empty"
     empty.mkdir()
     none = cli.invoke(app, ["run", "--resume", str(empty)])
-    assert none.exit_code == 2 and "no complete checkpoint" in none.output
+    assert none.exit_code == 2 and "has no recipe.yaml, so it is not a run folder" in none.output
+    absent = cli.invoke(app, ["run", "--resume", str(tmp_path / "absent")])
+    assert absent.exit_code == 2 and "is not a folder" in absent.output
+    (empty / "recipe.yaml").write_text((tmp_path / "tiny.yaml").read_text())
+    unsaved = cli.invoke(app, ["run", "--resume", str(empty)])
+    assert unsaved.exit_code == 2 and "no complete checkpoint" in unsaved.output

@@ -96,6 +96,22 @@ def test_learner_tokens_count_packed_groups():
     assert packed.train_compute == pytest.approx(6e8 * 446 / 33e9)
 
 
+def test_a_loaded_machine_is_flagged(capsys):
+    """2 threads measured slower than 1 (other jobs on the cores): the plan says so."""
+    from dataclasses import replace
+
+    from posttrain.recipes.plan_cpu_view import print_cpu_plan
+    from posttrain.recipes.planner import ModelShape
+
+    r = load_recipe(QUICK, ["rollout.engine=hf"])
+    shape = ModelShape(layers=2, hidden=64, heads=4, kv_heads=4, head_dim=16,
+                       intermediate=128, vocab=100, tied=True)
+    for flops, flagged in (({1: 50e9, 2: 100e9}, False), ({1: 50e9, 2: 10e9}, True)):
+        cal = replace(CAL, matmul_flops=flops)
+        print_cpu_plan(r, shape, 31, cal, predict(r, 1e8, 1e8, 31, cal))
+        assert ("other jobs are using the cores" in capsys.readouterr().out) == flagged
+
+
 def test_one_rank_gathers_nothing():
     s = predict(load_recipe(QUICK, ["rollout.engine=hf", "resources.learner.gpus=1"]),
                 1e8, 1e8, 31, CAL)

@@ -81,6 +81,8 @@ def test_missing_section_and_yaml_errors(tmp_path):
         load_recipe(_write(tmp_path, "name: [unclosed"))
     with pytest.raises(RecipeError, match="recipe file not found"):
         load_recipe(tmp_path / "absent.yaml")
+    with pytest.raises(RecipeError, match="is a folder, not a recipe file"):
+        load_recipe(tmp_path)
 
 
 def test_missing_data_file_and_model_folder(tmp_path):
