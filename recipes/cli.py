@@ -319,11 +319,17 @@ def status(
             ("train s", "time/train", "{:.1f}"), ("sync s", "time/weight_sync", "{:.2f}"),
             ("rollout idle", "rollout_idle_fraction", "{:.2f}"),
             ("learner idle", "learner_idle_fraction", "{:.2f}")]
-    if any("eval/pass@k" in r for r in rows):
-        cols += [("eval p@1", "eval/pass@1", "{:.3f}"), ("eval p@k", "eval/pass@k", "{:.3f}")]
+    if any("staleness_mean" in r for r in rows):  # asynchronous: generation runs behind
+        cols = [("gen wait s", k, f) if k == "time/generate" else (n, k, f)
+                for n, k, f in cols] + [("stale", "staleness_mean", "{:.2f}")]
+    evals = [("eval p@1", "eval/pass@1", "{:.3f}"), ("eval p@k", "eval/pass@k", "{:.3f}")] \
+        if any("eval/pass@k" in r for r in rows) else []
     if any("eval/accuracy" in r for r in rows):  # a reward model's held-out pairs
-        cols += [("eval acc", "eval/accuracy", "{:.3f}"), ("eval loss", "eval/loss", "{:.4f}")]
-    table = Table(title=f"{run_dir.name}: {len(rows)} steps")
+        evals += [("eval acc", "eval/accuracy", "{:.3f}"), ("eval loss", "eval/loss", "{:.4f}")]
+    cols += evals
+    # an evaluation of the final policy adds a row of its own, not a training step
+    trained = [r for r in rows if "time/step" in r]
+    table = Table(title=f"{run_dir.name}: {len(trained)} steps")
     for name, _, _ in cols:
         table.add_column(name, justify="right")
 
@@ -333,11 +339,14 @@ def status(
 
     for row in rows[-last:]:
         table.add_row(*[cell(row, k, f) for _, k, f in cols])
-    if rows:
-        present = {k: [r[k] for r in rows if r.get(k) is not None] for _, k, _ in cols}
+    if trained:
+        # over every training step; evaluations are of different policies: no mean
+        skip = {k for _, k, _ in evals}
+        present = {k: [r[k] for r in trained if r.get(k) is not None]
+                   for _, k, _ in cols if k not in skip}
         mean = {k: sum(v) / len(v) if v else None for k, v in present.items()}
         table.add_section()
-        table.add_row("mean", *[cell(mean, k, f) for _, k, f in cols[1:]])
+        table.add_row(f"mean of {len(trained)}", *[cell(mean, k, f) for _, k, f in cols[1:]])
     console = Console(width=None if sys.stdout.isatty() else 160)
     console.print(table)
     advised = [(r.get("step"), a) for r in rows[-last:] for a in r.get("advisories") or []]

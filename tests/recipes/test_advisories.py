@@ -84,3 +84,30 @@ def test_status_prints_the_shown_steps_advisories(tmp_path):
     assert "step 2: failed_rewards: 3 rollouts" in out.stdout
     assert "truncated" not in out.stdout  # step 0 is not shown
     assert "eval p@k" in out.stdout and "0.625" in out.stdout
+
+
+def test_status_counts_training_steps_and_leaves_evals_out_of_the_mean(tmp_path):
+    """An asynchronous run with a final evaluation row: the title counts training steps,
+    the mean row says over how many, pass@1 of two policies is not averaged, and the
+    generate column is the learner's wait (generation runs behind training)."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from posttrain.recipes.cli import app
+
+    rows = [
+        {"step": 0, "reward_mean": 0.25, "time/step": 4.0, "time/generate": 1.0,
+         "staleness_mean": 0.0, "eval/pass@1": 0.125, "eval/pass@k": 0.5},
+        {"step": 1, "reward_mean": 0.75, "time/step": 6.0, "time/generate": 0.0,
+         "staleness_mean": 1.0},
+        {"step": 2, "eval/pass@1": 0.875, "eval/pass@k": 1.0},
+    ]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = CliRunner().invoke(app, ["status", str(tmp_path)], env={"COLUMNS": "200"})
+    assert out.exit_code == 0, out.output
+    assert f"{tmp_path.name}: 2 steps" in out.output
+    assert "gen wait s" in out.output and "stale" in out.output
+    mean = next(line for line in out.output.splitlines() if "mean of 2" in line)
+    assert "0.500" in mean and "5.0" in mean  # reward and step time over the 2 steps
+    assert "0.875" not in mean and "0.125" not in mean  # eval columns: no mean
