@@ -35,7 +35,11 @@ def format_errors(err: ValidationError, source: str) -> str:
     for e in err.errors():
         loc = _key_path(e["loc"])
         msg = e["msg"].removeprefix("Value error, ")
-        if e["type"] == "extra_forbidden":
+        if e["type"] == "extra_forbidden" and loc == "data.train.path":
+            # a generator's block with a path added to it (`--set data.train.path=...`)
+            msg = ("unknown key in a generator's data.train block; to train on a file "
+                   "replace the block: --set 'data.train={path: FILE.jsonl}'")
+        elif e["type"] == "extra_forbidden":
             msg = "unknown key; remove it or fix its spelling (see `posttrain schema`)"
         elif e["type"] == "missing":
             msg = "required key is missing; add it (see `posttrain schema`)"

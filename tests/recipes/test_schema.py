@@ -85,6 +85,11 @@ def test_missing_section_and_yaml_errors(tmp_path):
         load_recipe(tmp_path)
 
 
+def test_a_path_set_on_a_generator_block_says_how_to_replace_it():
+    with pytest.raises(RecipeError, match=r"--set 'data.train=\{path: FILE.jsonl\}'"):
+        load_recipe(ROOT / "recipes" / "quickstart_grpo.yaml", ["data.train.path=x.jsonl"])
+
+
 def test_missing_data_file_and_model_folder(tmp_path):
     r = load_recipe(ROOT / "recipes" / "quickstart_grpo.yaml",
                     ["data.train={path: nowhere.jsonl}"])
