@@ -9,10 +9,10 @@ weights, bf16 compute, FSDP2 over gloo), `--steps` optimizer steps of a GRPO-sha
 update: per micro-batch the response logprobs (learner/logprobs.py), a policy-gradient
 surrogate `-(A · logprob)` token-mean over the whole batch, backward; then gradient
 clipping and AdamW. The default shape is the GSM8K workload of issue 15 (8 prompts ×
-4 samples, 64 new tokens, `micro_batch_size` 16); the quickstart's is `--rows 32
---prompt 40 --response 24`. Rows are split evenly over the ranks, as the controller
-does. Times are medians over the steps after the first; the layouts alternate when
-`--rounds` > 1.
+4 samples sharing their prompt, 64 new tokens, `micro_batch_size` 16); the quickstart's is
+`--rows 32 --prompt 40 --response 24 --samples 8`. Rows are split evenly over the
+ranks, as the controller does. Times are medians over the steps after the first; the
+layouts alternate when `--rounds` > 1.
 """
 
 from __future__ import annotations
@@ -47,6 +47,8 @@ def _rank(rank: int, world: int, args: dict, port: int, queue) -> None:
     g = torch.Generator().manual_seed(0)
     width = args["prompt"] + args["response"]
     ids = torch.randint(0, 49152, (args["rows"], width), generator=g)
+    for first in range(0, args["rows"], args["samples"]):  # a group shares its prompt
+        ids[first:first + args["samples"], :args["prompt"]] = ids[first, :args["prompt"]]
     adv = torch.randn(args["rows"], 1, generator=g).expand(-1, width)
     mine = torch.arange(args["rows"]).chunk(world)[rank]
     denom = args["rows"] * args["response"]  # token-mean over the whole step
@@ -81,6 +83,8 @@ def main() -> None:
     ap.add_argument("--prompt", type=int, default=160)
     ap.add_argument("--response", type=int, default=64)
     ap.add_argument("--micro-batch", type=int, default=16)
+    ap.add_argument("--samples", type=int, default=4,
+                    help="rows per group, sharing one prompt (the learner packs them)")
     ap.add_argument("--rounds", type=int, default=1)
     args = ap.parse_args()
     cores = os.cpu_count() or 1

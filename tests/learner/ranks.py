@@ -5,12 +5,26 @@ from __future__ import annotations
 
 import io
 import multiprocessing as mp
+import os
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
 from posttrain.common.net import free_port
+
+
+def _run_then_exit(target: Callable[..., None], *args: Any) -> None:
+    """Run `target(*args)` (its last argument is the result queue), flush the queue, and
+    leave without interpreter finalization: gloo's worker threads can abort a process
+    there after its work is done and its group destroyed ("terminate called without an
+    active exception", exit -6; see pytorch/pytorch#179291). An exception in `target`
+    still exits non-zero, before this point."""
+    target(*args)
+    queue = args[-1]
+    queue.close()
+    queue.join_thread()
+    os._exit(0)
 
 
 def run_ranks(target: Callable[..., None], world: int, *args: Any) -> Any:
@@ -21,7 +35,7 @@ def run_ranks(target: Callable[..., None], world: int, *args: Any) -> Any:
     """
     ctx = mp.get_context("spawn")
     queue, port = ctx.Queue(), free_port()
-    procs = [ctx.Process(target=target, args=(r, world, *args, port, queue))
+    procs = [ctx.Process(target=_run_then_exit, args=(target, r, world, *args, port, queue))
              for r in range(world)]
     for p in procs:
         p.start()
