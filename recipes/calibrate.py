@@ -49,6 +49,7 @@ from posttrain.recipes.plan_cpu import (
     TrainProbe,
     worker_threads,
 )
+from posttrain.recipes.planner import ModelShape
 
 MIB = 2**20
 
@@ -147,14 +148,15 @@ def measure_collective(reps: int = 64) -> float:
 
 
 def measure_engine(
-    engine, threads: int, prompts: int, n: int, prompt_tokens: int, vocab: int,
+    engine, kind: str, threads: int, prompts: int, n: int, prompt_tokens: int, vocab: int,
     weights: dict[str, torch.Tensor], steps: int = 8,
 ) -> tuple[DecodeProbe, PushProbe]:
-    """Time `engine` (an `InferenceEngine`) as a step uses it: `prompts` random prompts of
-    `prompt_tokens` tokens, `n` samples each. One call with 1 new token gives the prefill;
-    a second on fresh prompts (no prefix-cache hits) with 1 + `steps` new tokens gives
-    the seconds per decode step (over the longest response it made). Then one untimed and
-    one timed `load_weights(weights)`. A one-prompt call first builds kernels."""
+    """Time `engine` (an `InferenceEngine` of `kind` 'vllm' or 'hf') as a step uses it:
+    `prompts` random prompts of `prompt_tokens` tokens (ids below `vocab`), `n` samples
+    each. One call with 1 new token gives the prefill; a second on fresh prompts (no
+    prefix-cache hits) with 1 + `steps` new tokens gives the seconds per decode step (over
+    the longest response it made). Then one untimed and one timed `load_weights(weights)`.
+    A one-prompt call first builds kernels."""
     from posttrain.actors.rollout import SamplingSettings
 
     torch.set_num_threads(threads)
@@ -174,8 +176,7 @@ def measure_engine(
     prefill, _ = timed(batch(prompts), 1)
     both, longest = timed(batch(prompts), 1 + steps)
     made = max(1, longest - 1)
-    decode = DecodeProbe(type(engine).__name__.removesuffix("Engine").lower(), threads,
-                         prompts * n, prompt_tokens, made, prefill,
+    decode = DecodeProbe(kind, threads, prompts * n, prompt_tokens, made, prefill,
                          max(0.0, both - prefill) / made)
     engine.load_weights(weights.items())
     t0 = time.perf_counter()
@@ -229,14 +230,14 @@ def measure_adamw(model: torch.nn.Module, ranks: int, threads: int) -> float:
     return min(times) / sum(p.numel() for p in shards)
 
 
-def calibrate(r: Recipe, folder: Path, prompt_tokens: int, hidden: int,
-              intermediate: int) -> CpuCalibration:
+def calibrate(r: Recipe, folder: Path, prompt_tokens: int, shape: ModelShape) -> CpuCalibration:
     """Every measurement above for recipe `r` (its engine, its workers' threads, its
     step's batch); the probes load the real model from `folder`.
 
     Args:
         prompt_tokens: the longest prompt after the chat template.
-        hidden, intermediate: the model's MLP shape, for the matmul probe.
+        shape: the model's sizes (its MLP shape for the matmul probe, its vocabulary
+            for the engine probe's random prompts).
     """
     from safetensors.torch import load_file
     from transformers import AutoModelForCausalLM
@@ -253,7 +254,7 @@ def calibrate(r: Recipe, folder: Path, prompt_tokens: int, hidden: int,
     n = r.rollout.samples_per_prompt
     before = torch.get_num_threads()
     try:
-        flops = {t: measure_matmul(t, max(prompts * n, 64), hidden, intermediate)
+        flops = {t: measure_matmul(t, max(prompts * n, 64), shape.hidden, shape.intermediate)
                  for t in sorted({t_r, t_l})}
         torch.set_num_threads(t_l)  # AdamW and the FSDP2 copies run at a learner's threads
         copy, loop, latency = measure_copy(), measure_loopback(), measure_collective()
@@ -261,9 +262,10 @@ def calibrate(r: Recipe, folder: Path, prompt_tokens: int, hidden: int,
         weights = {}
         for f in sorted(folder.glob("*.safetensors")):
             weights.update({k: v.to(dtype) for k, v in load_file(str(f)).items()})
-        engine = make_engine(engine_settings(r, str(folder)))
-        decode, push = measure_engine(engine, t_r, prompts, n, prompt_tokens,
-                                      engine_vocab(folder), weights)
+        settings = engine_settings(r, str(folder))
+        engine = make_engine(settings)
+        decode, push = measure_engine(engine, settings.kind, t_r, prompts, n, prompt_tokens,
+                                      shape.vocab, weights)
         del engine, weights  # its KV cache and weights before the learner's probes
         gc.collect()
         push = dataclasses.replace(push, collective_s=latency)
@@ -276,11 +278,6 @@ def calibrate(r: Recipe, folder: Path, prompt_tokens: int, hidden: int,
     now = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
     return CpuCalibration(cores, ram_bytes(), flops, copy, loop, decode, train, push, adamw,
                           time.perf_counter() - t0, now)
-
-
-def engine_vocab(folder: Path) -> int:
-    """The model's vocabulary size from its config.json (random prompt ids stay below it)."""
-    return int(json.loads((folder / "config.json").read_text())["vocab_size"])
 
 
 def cpu_name() -> str:
@@ -321,9 +318,8 @@ def from_json(d: dict) -> CpuCalibration:
     )
 
 
-def cached_calibration(r: Recipe, folder: Path, prompt_tokens: int, hidden: int,
-                       intermediate: int, recalibrate: bool = False
-                       ) -> tuple[CpuCalibration, Path | None]:
+def cached_calibration(r: Recipe, folder: Path, prompt_tokens: int, shape: ModelShape,
+                       recalibrate: bool = False) -> tuple[CpuCalibration, Path | None]:
     """The calibration of `r` on this machine: read from the cache when one was measured
     for the same machine, model and step shape (and `recalibrate` is off), else measured
     now and saved. Returns it and the cache file it came from (None: measured now)."""
@@ -333,7 +329,7 @@ def cached_calibration(r: Recipe, folder: Path, prompt_tokens: int, hidden: int,
             return from_json(json.loads(path.read_text())), path
         except (ValueError, KeyError, TypeError):
             pass  # an older or broken file: measure again and overwrite it
-    cal = calibrate(r, folder, prompt_tokens, hidden, intermediate)
+    cal = calibrate(r, folder, prompt_tokens, shape)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(dataclasses.asdict(cal), indent=1))

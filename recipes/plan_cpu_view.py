@@ -24,7 +24,7 @@ def cpu_prediction(
     from posttrain.recipes.calibrate import cached_calibration
 
     cal, cached = cached_calibration(
-        r, folder, prompt_tokens, shape.hidden, shape.intermediate, recalibrate
+        r, folder, prompt_tokens, shape, recalibrate
     )
     a = r.model.adapter
     trainable = shape.lora_params(a.r, a.target_modules) if a.type != "none" else shape.params

@@ -132,20 +132,22 @@ def test_calibration_is_cached_per_machine_and_shape(tiny_model, monkeypatch, tm
     """The second plan reads the file the first wrote (same values); another step shape
     or --recalibrate measures again."""
     from posttrain.recipes import calibrate
+    from posttrain.recipes.planner import ModelShape
 
     monkeypatch.setenv("POSTTRAIN_CACHE", str(tmp_path))
+    TINY = ModelShape.from_config(tiny_model / "config.json")  # noqa: N806
     r = load_recipe(QUICK, [f"model.path={tiny_model}", "rollout.engine=hf"])
-    first, came_from = calibrate.cached_calibration(r, tiny_model, 12, 64, 128)
+    first, came_from = calibrate.cached_calibration(r, tiny_model, 12, TINY)
     assert came_from is None and first.decode.engine == "hf" and first.push.tensors > 0
-    again, came_from = calibrate.cached_calibration(r, tiny_model, 12, 64, 128)
+    again, came_from = calibrate.cached_calibration(r, tiny_model, 12, TINY)
     assert came_from is not None and came_from.parent == tmp_path / "calibration"
     assert again == first
     other = load_recipe(QUICK, [f"model.path={tiny_model}", "rollout.engine=hf",
                                 "rollout.max_new_tokens=8"])
-    assert calibrate.cached_calibration(other, tiny_model, 12, 64, 128)[1] is None
-    assert calibrate.cached_calibration(r, tiny_model, 12, 64, 128, recalibrate=True)[1] is None
+    assert calibrate.cached_calibration(other, tiny_model, 12, TINY)[1] is None
+    assert calibrate.cached_calibration(r, tiny_model, 12, TINY, recalibrate=True)[1] is None
     came_from.write_text("{not json")  # a broken file is measured again, not an error
-    assert calibrate.cached_calibration(r, tiny_model, 12, 64, 128)[1] is None
+    assert calibrate.cached_calibration(r, tiny_model, 12, TINY)[1] is None
 
 
 def test_plan_cpu_cli_on_a_tiny_model(tiny_model, monkeypatch, tmp_path):
