@@ -43,12 +43,6 @@ def check_async_and_correction(recipe: Any) -> None:
             "one of them off (train.max_staleness: 0 or grpo.dynamic_sampling: "
             "false)"
         )
-    if recipe.eval is not None:
-        raise ValueError(
-            f"{key} and an eval block is set; evaluation runs in the synchronous "
-            "loop only for now; remove the eval block (on the command line: --set eval=null) "
-            "or set train.max_staleness: 0"
-        )
     if recipe.rollout.max_turns > 1 or recipe.rollout.agent is not None:
         raise ValueError(
             f"{key} and rollout episodes are multi-turn (rollout.max_turns / rollout.agent); "

@@ -25,8 +25,11 @@ Concurrency (the order, written down):
 2. A push (`paused()`) first stops new rounds and waits for the round in flight to end,
    so a push lands between generation requests: an engine never mixes two policy
    versions inside one sample (partial rollouts are not implemented).
-3. Only the main thread trains, pushes and checkpoints; the producer only generates and
-   scores. A dead rollout worker stops the run (resume from the last checkpoint)
+3. An evaluation (`eval:`) pauses the same way and also waits for the scorer to go
+   idle, so it samples exactly the policy version it names and scores on the reward
+   client alone.
+4. Only the main thread trains, pushes, evaluates and checkpoints; the producer only
+   generates and scores. A dead rollout worker stops the run (resume from the last checkpoint)
    rather than being replaced under a concurrent push.
 
 Checkpoints and resume: the data position saved is the one before the oldest batch
@@ -110,6 +113,7 @@ class RolloutStream:
         self.ready: list[Group] = []
         self.outstanding = 0  # groups generating, scoring or ready (not yet taken)
         self.generating = False
+        self.scoring = 0  # shares handed to the scorer and not yet scored
         self.pauses = 0
         self.stopped = False
         self.error: BaseException | None = None
@@ -171,6 +175,8 @@ class RolloutStream:
                     f"rollout worker {i} died while generating ahead (train.max_staleness "
                     f"{self.k}); the asynchronous loop does not replace engines. Resume from "
                     f"the last checkpoint: posttrain run --resume {self.run.run_dir}") from e
+            with self.cond:
+                self.scoring += 1
             self.scorer.submit(self._score, rollouts, round_)
 
     def _score(self, rollouts: list[Rollout], round_: int) -> None:
@@ -188,6 +194,10 @@ class RolloutStream:
                 self.cond.notify_all()
         except Exception as e:  # noqa: BLE001  (handed to the main thread by `take`)
             self._fail(e)
+        finally:
+            with self.cond:
+                self.scoring -= 1
+                self.cond.notify_all()
 
     def _fail(self, e: BaseException) -> None:
         with self.cond:
@@ -238,12 +248,18 @@ class RolloutStream:
             return self.positions[0][1] if self.positions else self.prompts.state()
 
     @contextmanager
-    def paused(self) -> Iterator[None]:
+    def paused(self, scoring: bool = False) -> Iterator[None]:
         """No generation round runs inside: waits for the one in flight to end (a weight
-        push lands between generation requests)."""
+        push lands between generation requests). With `scoring`, also waits until every
+        share handed to the scorer is scored (an evaluation scores on the same reward
+        client)."""
+        def quiet() -> bool:
+            busy = self.generating or (scoring and self.scoring > 0)
+            return not busy or self.error is not None
+
         with self.cond:
             self.pauses += 1
-            self.cond.wait_for(lambda: not self.generating or self.error is not None)
+            self.cond.wait_for(quiet)
         try:
             yield
         finally:

@@ -9,6 +9,7 @@ import signal
 import threading
 import time
 from collections.abc import Iterator
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -300,7 +301,10 @@ def _eval_if_due(run: Run, version: int) -> dict[str, Any]:
     if not run.eval_prompts or not due(run.recipe, version):
         return {}
     t0 = time.time()
-    m = evaluate(run.roles, run.recipe, run.eval_prompts, run.run_dir, version)
+    # k ≥ 1: no generation round (the engines hold `version`) and no scoring call (one
+    # reward client, one restart path) runs beside the evaluation
+    with run.stream.paused(scoring=True) if run.stream is not None else nullcontext():
+        m = evaluate(run.roles, run.recipe, run.eval_prompts, run.run_dir, version)
     m["time/eval"] = time.time() - t0
     tqdm.write(f"eval of policy {version}: pass@1 {m['eval/pass@1']:.3f}  pass@{m['eval/k']:.0f} "
                f"{m['eval/pass@k']:.3f}  avg@{m['eval/k']:.0f} {m['eval/avg@k']:.3f}  "

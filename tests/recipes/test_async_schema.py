@@ -30,9 +30,8 @@ def test_defaults_are_synchronous_and_uncorrected():
             ["train.max_staleness", "grpo.dynamic_sampling"],
         ),
         (["train.correction.cap=1.0"], ["cap"]),
-        (["train.max_staleness=1"], ["train.max_staleness", "eval=null"]),
         (
-            ["train.max_staleness=1", "eval=null", "train.max_restarts=1"],
+            ["train.max_staleness=1", "train.max_restarts=1"],
             ["train.max_staleness", "train.max_restarts"],
         ),
     ],
@@ -51,5 +50,6 @@ def test_async_and_correction_accepted(tmp_path: Path):
         "train: {max_staleness: 2, correction: {mode: mis, level: sequence, cap: 3.0}, steps: 20,",
     )
     (tmp_path / "r.yaml").write_text(text)
-    r = load_recipe(tmp_path / "r.yaml", ["eval=null"])  # the quickstart's eval block is sync-only
+    r = load_recipe(tmp_path / "r.yaml")  # with the quickstart's eval block
     assert r.train.max_staleness == 2 and r.train.correction.level == "sequence"
+    assert r.eval is not None

@@ -92,9 +92,13 @@ def test_dpo_with_eval_is_refused(tmp_path, tiny_model):
         load_recipe(f)
 
 
-def test_eval_before_and_during_training(tmp_path, tiny_model, capsys):
+@pytest.mark.parametrize("k", [0, 1])
+def test_eval_before_and_during_training(tmp_path, tiny_model, capsys, k):
+    """k = 1: the evaluation pauses the rollout stream, so it samples the version it
+    names while generation for later steps runs between evaluations."""
     run_dir = tmp_path / "run"
-    history = run(load_recipe(_recipe_file(tmp_path, tiny_model)), run_dir)
+    train = {"steps": 2, "prompts_per_step": 2, "save_final": False, "max_staleness": k}
+    history = run(load_recipe(_recipe_file(tmp_path, tiny_model, train=train)), run_dir)
     rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     # versions 0 (before training), 1 (after step 0) in the step rows, 2 in a final row
     assert [r["step"] for r in rows] == [0, 1, 2]
@@ -106,6 +110,7 @@ def test_eval_before_and_during_training(tmp_path, tiny_model, capsys):
         samples = [json.loads(x) for x in
                    (run_dir / "eval" / f"step_{v:05d}.jsonl").read_text().splitlines()]
         assert len(samples) == 2 * 3 and all(s["group_id"].startswith(f"e{v}-") for s in samples)
+        assert all(s["policy_version"] == v for s in samples)
     train_ids = [json.loads(x)["group_id"] for x in
                  (run_dir / "rollouts" / "step_00000.jsonl").read_text().splitlines()]
     assert len(train_ids) == 4 and all(g.startswith("s0-") for g in train_ids)
