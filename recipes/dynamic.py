@@ -5,7 +5,9 @@ prompt stream, keeps the groups with signal, and stops once it has `prompts_per_
 of them or after `grpo.max_rounds` rounds.
 
 Limits: a step that finds fewer groups with signal trains on those it found; one that
-finds none trains on its last round (zero advantages: no update but the KL term). Each
+finds none trains on its last round (zero advantages, so no update but the KL term,
+unless `grpo.overlong_buffer` is set: its length penalty is added to the rewards after
+this check, as in DAPO, whose filter looks at accuracy only). Each
 round draws fresh prompts, so a run with dynamic sampling goes through its data faster.
 A failed score (None) is left out when judging a group; a group with under two scored
 samples has no signal.

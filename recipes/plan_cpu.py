@@ -27,9 +27,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from posttrain.common.packing import packing_pays
 from posttrain.config import Recipe
 from posttrain.recipes import plan
+from posttrain.recipes.planner import trained_tokens
 
 
 @dataclass(frozen=True)
@@ -167,21 +167,9 @@ def train_flops_per_token(r: Recipe, params: float) -> float:
 
 def learner_tokens(r: Recipe, prompt_tokens: int, hidden: int | None,
                    intermediate: int | None) -> float:
-    """Tokens one learner rank computes per forward pass of a step: each micro-batch's
-    groups packed one sequence per prompt where learner/logprobs.py packs them
-    (`common.packing.packing_pays`, the model's `hidden`/`intermediate` sizes; None:
-    never), else every row at prompt + max_new_tokens."""
-    n_l = r.resources.learner.gpus
-    seq = prompt_tokens + r.rollout.max_new_tokens
-    rows = r.train.prompts_per_step * r.rollout.samples_per_prompt / n_l
-    mb, g = r.train.micro_batch_size, r.rollout.samples_per_prompt
-    prompts = max(1, mb // g)
-    if hidden is None or g < 2 or mb < 2 or not packing_pays(
-        min(mb, prompts * g), seq, prompt_tokens, prompts, min(g, mb), hidden,
-        intermediate or 4 * hidden
-    ):
-        return rows * seq
-    return rows / g * (prompt_tokens + g * r.rollout.max_new_tokens)
+    """Tokens one learner rank computes per forward pass of a step:
+    `planner.trained_tokens` over `resources.learner.gpus` ranks."""
+    return trained_tokens(r, prompt_tokens, hidden, intermediate) / r.resources.learner.gpus
 
 
 def predict(

@@ -23,6 +23,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from posttrain.common.packing import packing_pays
 from posttrain.config import Recipe
 from posttrain.recipes import plan
 from posttrain.recipes.plan import GB, Hardware
@@ -176,17 +177,43 @@ def _reply_tokens(r: Recipe) -> int:
     return r.rollout.max_new_tokens
 
 
+def trained_tokens(r: Recipe, prompt_tokens: int, hidden: int | None,
+                   intermediate: int | None) -> float:
+    """Tokens the learner computes per forward pass of one GRPO/PPO step, over all ranks.
+
+    learner/logprobs.py packs the rows of one prompt that share a micro-batch into one
+    sequence (`[prompt | response 1 | ... ]`) when that cuts the forward's FLOPs by
+    ≥ 10% (`common.packing.packing_pays`, from the model's `hidden`/`intermediate`
+    sizes; None: never packed). Then a group of G samples costs its prompt once per
+    micro-batch it spans (ceil(G / micro_batch_size) times) plus G responses, instead
+    of G · (prompt + response). Every response counts at `rollout.max_new_tokens`.
+    """
+    g, mb = r.rollout.samples_per_prompt, r.train.micro_batch_size
+    prompts = r.train.prompts_per_step
+    seq = prompt_tokens + r.rollout.max_new_tokens
+    per_mb = max(1, mb // g)  # prompts in one micro-batch
+    if hidden is None or g < 2 or mb < 2 or not packing_pays(
+        min(mb, per_mb * g), seq, prompt_tokens, per_mb, min(g, mb), hidden,
+        intermediate or 4 * hidden
+    ):
+        return prompts * g * seq
+    return prompts * (-(-g // mb) * prompt_tokens + g * r.rollout.max_new_tokens)
+
+
 def _times(r: Recipe, m: ModelShape, hw: Hardware, mfu: float, rollout: int, learner: int,
            prompt: int, sequences: int, cluster: Cluster) -> Times:
     seq = prompt + _reply_tokens(r)
     tokens = sequences * seq
+    # the policy and the reference pack a group's shared prompt; the critic does not
+    packed = tokens if r.algorithm in PAIR_ALGORITHMS else trained_tokens(
+        r, prompt, m.hidden, m.intermediate)
     a = r.model.adapter
     per_token = 4 if a.type != "none" else 6  # adapters skip the weight-grad half (2N)
-    flops = per_token * m.params * tokens
+    flops = per_token * m.params * packed
     if r.algorithm == "grpo":
         flops *= r.grpo.epochs
         if r.grpo.kl_coef > 0:
-            flops += 2 * m.params * tokens  # reference forward
+            flops += 2 * m.params * packed  # reference forward
     if r.algorithm == "ppo":
         flops += 6 * m.params * tokens  # critic
     train = plan.compute_seconds(flops, learner, hw.bf16_flops, mfu)

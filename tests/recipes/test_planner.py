@@ -10,7 +10,7 @@ import pytest
 
 from posttrain.recipes import plan
 from posttrain.recipes.loading import load_recipe
-from posttrain.recipes.planner import Cluster, ModelShape, plan_recipe
+from posttrain.recipes.planner import Cluster, ModelShape, plan_recipe, trained_tokens
 from tests.conftest import ROOT
 
 QUICK = ROOT / "recipes" / "quickstart_grpo.yaml"
@@ -115,3 +115,19 @@ def test_nodes_flag_too_few_devices_and_engines_across_nodes():
     assert any("asks for 5 devices" in f and "has 4" in f for f in p.flags)
     assert any(f.startswith("resources.rollout.gpus_per_engine: 3") for f in p.flags)
     assert p.best is None  # a 3-GPU engine cannot be placed within 4-GPU nodes twice over
+
+
+def test_gpu_plan_trains_the_packed_tokens():
+    """The quickstart (4 prompts × 8 samples, 31 + 24 tokens, micro-batch 16): the learner
+    packs each group into 31 + 8·24 tokens, so the policy's 6·N·tokens count 892 tokens,
+    not 32·55 = 1760; at micro-batch 4 a group spans 2 micro-batches and its prompt counts
+    twice (4 · (2·31 + 192) = 1016)."""
+    r = load_recipe(QUICK, ["rollout.engine=hf"])
+    assert trained_tokens(r, 31, SMOLLM2.hidden, SMOLLM2.intermediate) == 4 * (31 + 8 * 24)
+    assert trained_tokens(r, 31, None, None) == 32 * 55
+    small_mb = load_recipe(QUICK, ["rollout.engine=hf", "train.micro_batch_size=4"])
+    assert trained_tokens(small_mb, 31, 576, 1536) == 4 * (2 * 31 + 8 * 24)
+    p = plan_recipe(r, SMOLLM2, "h100", prompt_tokens=31)
+    hw = plan.HARDWARE["h100"]
+    expected = plan.compute_seconds(6 * SMOLLM2.params * 892, 2, hw.bf16_flops, p.mfu)
+    assert p.times.train == pytest.approx(expected, rel=1e-12)

@@ -1,0 +1,107 @@
+"""The learner's training forward/backward eager against `torch.compile`d decoder
+layers, side by side on this CPU: compile time (the first call) and steady-state time.
+
+    .venv/bin/python bench/compile.py [--rows 16] [--prompt 160] [--response 64]
+        [--repeats 3] [--threads 2]
+
+SmolLM2-135M-Instruct as the learner holds it (FSDP2 on one gloo rank, float32 master
+weights, bf16 compute, chunked LM-head logprobs). "compiled" wraps each decoder layer's
+`forward` in `torch.compile` (inductor, C++ codegen on CPU) before sharding, as
+torchtitan compiles per block, so FSDP2's hooks stay eager. Each variant runs in its own
+process, eager first; times are medians over `--repeats` after the first call (wall
+seconds, and CPU seconds of the process beside them).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import statistics
+import time
+from pathlib import Path
+
+
+def _variant(compiled: bool, args: dict, queue) -> None:
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    from transformers import AutoModelForCausalLM
+
+    from posttrain.common.model_registry import resolve_model_path
+    from posttrain.common.net import free_port
+    from posttrain.learner.logprobs import sequence_logprobs
+
+    torch.set_num_threads(args["threads"])
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}",
+                            rank=0, world_size=1)
+    path = str(resolve_model_path("smollm2-135m-instruct"))
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    model.config.use_cache = False
+    mp_policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    mesh = init_device_mesh("cpu", (1,))
+    for layer in model.model.layers:
+        if compiled:
+            layer.forward = torch.compile(layer.forward)
+        fully_shard(layer, mesh=mesh, mp_policy=mp_policy)
+    fully_shard(model, mesh=mesh, mp_policy=mp_policy)
+    g = torch.Generator().manual_seed(0)
+    width = args["prompt"] + args["response"]
+    ids = torch.randint(0, 49152, (args["rows"], width), generator=g)
+    mask = torch.ones_like(ids)
+    adv = torch.randn(args["rows"], width, generator=g)
+
+    def train() -> tuple[float, float, float, float]:
+        t0, c0 = time.perf_counter(), time.process_time()
+        out = sequence_logprobs(model, ids, mask, args["prompt"], 1.0)
+        (out * adv).sum().backward()
+        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1e9).full_tensor()
+        model.zero_grad(set_to_none=True)
+        return (time.perf_counter() - t0, time.process_time() - c0, float(out.sum()),
+                float(norm))
+
+    first, first_cpu, logprob_sum, grad_norm = train()
+    runs = [train() for _ in range(args["repeats"])]
+    dist.destroy_process_group()
+    queue.put({"first": first, "first_cpu": first_cpu,
+               "train": statistics.median(r[0] for r in runs),
+               "train_cpu": statistics.median(r[1] for r in runs),
+               "logprob_sum": logprob_sum, "grad_norm": grad_norm})
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rows", type=int, default=16)
+    ap.add_argument("--prompt", type=int, default=160)
+    ap.add_argument("--response", type=int, default=64)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=2)
+    args = ap.parse_args()
+    ctx = mp.get_context("spawn")
+    load0 = Path("/proc/loadavg").read_text().split()[:3]
+    results = {}
+    for name, compiled in (("eager", False), ("compiled layers", True)):
+        queue = ctx.Queue()
+        p = ctx.Process(target=_variant, args=(compiled, vars(args), queue))
+        p.start()
+        results[name] = queue.get(timeout=3600)
+        p.join()
+    load1 = Path("/proc/loadavg").read_text().split()[:3]
+    print(f"\nSmolLM2-135M, FSDP2 1 rank x {args.threads} threads, bf16 compute, one training "
+          f"forward/backward of {args.rows} rows x ({args.prompt} + {args.response}) tokens; "
+          f"medians of {args.repeats} after the first call\n")
+    print("| variant | first call s (CPU s) | steady s (CPU s) | steady vs eager | logprob sum "
+          "| grad norm |")
+    print("|---|---|---|---|---|---|")
+    base = results["eager"]
+    for name, v in results.items():
+        print(f"| {name} | {v['first']:.1f} ({v['first_cpu']:.1f}) | {v['train']:.2f} "
+              f"({v['train_cpu']:.2f}) | {v['train'] / base['train']:.2f}x "
+              f"| {v['logprob_sum']:.3f} | {v['grad_norm']:.4f} |")
+    print(f"\nload average before: {' '.join(load0)}; after: {' '.join(load1)}")
+    print(json.dumps(results))
+
+
+if __name__ == "__main__":
+    main()
