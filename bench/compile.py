@@ -2,7 +2,11 @@
 layers, side by side on this CPU: compile time (the first call) and steady-state time.
 
     .venv/bin/python bench/compile.py [--rows 16] [--prompt 160] [--response 64]
-        [--repeats 3] [--threads 2]
+        [--repeats 3] [--threads 2] [--quickstart-steps N] [--skip-micro]
+
+`--quickstart-steps N` also runs the quickstart (real model, vLLM, 2 learner ranks) for N
+steps with `train.compile` off, then on, and prints the learner's train time per step:
+the first step (which pays the compiles) and the median of the others.
 
 SmolLM2-135M-Instruct as the learner holds it (FSDP2 on one gloo rank, float32 master
 weights, bf16 compute, chunked LM-head logprobs). "compiled" wraps each decoder layer's
@@ -70,6 +74,34 @@ def _variant(compiled: bool, args: dict, queue) -> None:
                "logprob_sum": logprob_sum, "grad_norm": grad_norm})
 
 
+def _quickstart(steps: int) -> list[dict]:
+    """Median train/step seconds of the quickstart with train.compile off and on."""
+    import sys
+    import tempfile
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from _quiet import QUIET
+
+    from posttrain.recipes.loading import load_recipe
+    from posttrain.recipes.loop import run
+
+    root = Path(__file__).resolve().parents[1]
+    rows = []
+    for compiled in (False, True):
+        recipe = load_recipe(root / "recipes" / "quickstart_grpo.yaml",
+                             [f"train.steps={steps}", "eval=null", f"train.compile={compiled}",
+                              *QUIET])
+        with tempfile.TemporaryDirectory() as tmp:
+            history = run(recipe, Path(tmp) / "run")
+        rest = history[1:] or history
+        rows.append({"variant": "compiled layers" if compiled else "eager",
+                     "first_train": history[0]["time/train"],
+                     "train": statistics.median(h["time/train"] for h in rest),
+                     "step": statistics.median(h["time/step"] for h in rest),
+                     "rewards": [round(h["reward_mean"], 4) for h in history]})
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rows", type=int, default=16)
@@ -77,17 +109,32 @@ def main() -> None:
     ap.add_argument("--response", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--quickstart-steps", type=int, default=0)
+    ap.add_argument("--skip-micro", action="store_true", help="only the quickstart runs")
     args = ap.parse_args()
     ctx = mp.get_context("spawn")
     load0 = Path("/proc/loadavg").read_text().split()[:3]
     results = {}
-    for name, compiled in (("eager", False), ("compiled layers", True)):
+    for name, compiled in () if args.skip_micro else (("eager", False),
+                                                        ("compiled layers", True)):
         queue = ctx.Queue()
         p = ctx.Process(target=_variant, args=(compiled, vars(args), queue))
         p.start()
         results[name] = queue.get(timeout=3600)
         p.join()
+    quick = _quickstart(args.quickstart_steps) if args.quickstart_steps else []
     load1 = Path("/proc/loadavg").read_text().split()[:3]
+    if quick:
+        print(f"\nquickstart, {args.quickstart_steps} steps each (eval off); medians of "
+              "steps 1 on\n")
+        print("| variant | step 0 train s | train s | step s | train vs eager | rewards |")
+        print("|---|---|---|---|---|---|")
+        for q in quick:
+            print(f"| {q['variant']} | {q['first_train']:.1f} | {q['train']:.2f} | "
+                  f"{q['step']:.2f} | {q['train'] / quick[0]['train']:.2f}x | {q['rewards']} |")
+    if not results:
+        print(f"\nload average before: {' '.join(load0)}; after: {' '.join(load1)}")
+        return
     print(f"\nSmolLM2-135M, FSDP2 1 rank x {args.threads} threads, bf16 compute, one training "
           f"forward/backward of {args.rows} rows x ({args.prompt} + {args.response}) tokens; "
           f"medians of {args.repeats} after the first call\n")

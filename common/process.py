@@ -3,6 +3,11 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
+
+#: CPU flags (Linux /proc/cpuinfo) of instructions that multiply bf16 matrices natively:
+#: x86's AVX512-BF16 and AMX-BF16, Arm's BF16 extension.
+BF16_FLAGS = frozenset({"avx512_bf16", "amx_bf16", "bf16"})
 
 
 def set_torch_threads(threads: int) -> None:
@@ -55,3 +60,31 @@ def split_cores(rollout_workers: int, learner_workers: int, rollout_cores: int |
     share = min(share, max(1, cores - 1))
     rest = max(1, cores - share)
     return max(1, share // max(1, rollout_workers)), max(1, rest // max(1, learner_workers))
+
+
+def cpu_has_bf16(cpuinfo: Path = Path("/proc/cpuinfo")) -> bool | None:
+    """Whether this CPU multiplies bf16 matrices natively (one of `BF16_FLAGS` among the
+    `flags`/`Features` of `cpuinfo`); None when that cannot be read (not Linux). Without
+    them torch converts bf16 operands to float32 and back around each product, which
+    makes bf16 compute slower than float32 (measured in README "How a step runs")."""
+    try:
+        text = cpuinfo.read_text()
+    except OSError:
+        return None
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() in ("flags", "Features"):
+            return bool(BF16_FLAGS & set(value.split()))
+    return None
+
+
+def bf16_note(device: str, dtype: str, cpuinfo: Path = Path("/proc/cpuinfo")) -> str | None:
+    """A console note when a recipe computes in bf16 on a CPU without bf16 instructions
+    (`cpu_has_bf16` False); None otherwise. The recipe is left as it is: switching the
+    dtype would change the run's numbers."""
+    if device != "cpu" or dtype != "bfloat16" or cpu_has_bf16(cpuinfo) is not False:
+        return None
+    return ("note: model.dtype is bfloat16, but this CPU has no bf16 matrix instructions "
+            "(none of avx512_bf16, amx_bf16, bf16 in /proc/cpuinfo), so bf16 matmuls are "
+            "emulated and run slower than float32; --set model.dtype=float32 trains and "
+            "samples faster here, with float32 engine weights (twice the memory)")

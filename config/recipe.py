@@ -186,6 +186,11 @@ class TrainConfig(_Strict):
         False, description="Recompute each decoder layer's activations in the backward pass "
         "(transformers' gradient_checkpointing_enable, non-reentrant) instead of keeping "
         "them: about a third more compute for long sequences that would not fit otherwise.")
+    compile: bool = Field(
+        False, description="torch.compile each decoder layer of the learner's policy and "
+        "reference (inductor, per block, FSDP2's hooks eager). Full fine-tuning only. Pays a "
+        "compile on the first micro-batch of each new shape; bench/compile.py measures "
+        "whether it pays on your machine.")
     save_final: bool = Field(True, description="Save the final policy with save_pretrained.")
     checkpoint_every: int | None = Field(
         None, gt=0,
@@ -396,4 +401,10 @@ class Recipe(_Strict):
         if self.weight_sync.adapter_mode == "adapter" and self.model.adapter.use_dora:
             raise ValueError("weight_sync.adapter_mode: 'adapter' loads the adapter as a vLLM "
                              "LoRA, and vLLM does not serve DoRA; set adapter_mode: merged")
+        if self.train.compile and self.model.adapter.type != "none":
+            # peft's wrapped layers and torchao's NF4 tensors are untested under dynamo here
+            raise ValueError(f"train.compile is on with model.adapter.type "
+                             f"'{self.model.adapter.type}'; compiling is built for full "
+                             "fine-tuning only: set train.compile: false or "
+                             "model.adapter.type: none")
         return self

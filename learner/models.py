@@ -24,7 +24,8 @@ DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
 def load_sharded(path: str, world: int, dtype: str, kind: Literal["policy", "reference", "critic"],
                  adapter: AdapterSettings | None = None, checkpointing: bool = False,
                  device_type: str = "cpu",
-                 head: Literal["lm", "score"] = "lm") -> torch.nn.Module:
+                 head: Literal["lm", "score"] = "lm",
+                 compile_layers: bool = False) -> torch.nn.Module:
     """A float32 model from `path`, sharded over the process group with FSDP2 on a
     `device_type` mesh ('cpu', or 'cuda': FSDP2 moves each shard to the current CUDA
     device). The mesh is explicit: FSDP2's default follows the machine's accelerator,
@@ -39,6 +40,11 @@ def load_sharded(path: str, world: int, dtype: str, kind: Literal["policy", "ref
         dtype: compute dtype of forward/backward.
         checkpointing: recompute decoder-layer activations in backward (transformers'
             non-reentrant gradient checkpointing; trainable models only).
+        compile_layers: wrap each decoder layer's `forward` in `torch.compile` (inductor;
+            C++ on CPU, Triton on CUDA) before sharding, one block at a time as torchtitan
+            does, so FSDP2's all-gather hooks stay eager and the state-dict keys do not
+            change. The first micro-batch of each new shape kind pays the compile
+            (bench/compile.py measures it).
 
     Raises:
         ValueError: a QLoRA weight does not split into NF4 blocks over the ranks.
@@ -65,6 +71,8 @@ def load_sharded(path: str, world: int, dtype: str, kind: Literal["policy", "ref
     ignored = adapters.fsdp_ignored_params(model, world)
     mesh = init_device_mesh(device_type, (world,))
     for layer in adapters.decoder_layers(model):
+        if compile_layers:
+            layer.forward = torch.compile(layer.forward)
         fully_shard(layer, mesh=mesh, mp_policy=mp, ignored_params=ignored)
     fully_shard(model, mesh=mesh, mp_policy=mp, ignored_params=ignored)
     if lora:

@@ -54,6 +54,8 @@ class LearnerSettings:
         delay_s: test knob, extra busy seconds per train_step.
         device: 'cpu' or 'cuda' (`resources.device`): where this rank computes.
         gradient_checkpointing: recompute activations in backward (`train.`).
+        compile: `torch.compile` the policy's and reference's decoder layers
+            (`train.compile`).
     """
 
     model_path: str
@@ -77,3 +79,4 @@ class LearnerSettings:
     delay_s: float = 0.0
     device: str = "cpu"
     gradient_checkpointing: bool = False
+    compile: bool = False

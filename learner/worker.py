@@ -105,10 +105,11 @@ class LearnerWorker:
         kind = self.device.type
         self.policy = load_sharded(s.model_path, self.world, s.compute_dtype, "policy", s.adapter,
                                    checkpointing=s.gradient_checkpointing, device_type=kind,
-                                   head=s.head)
+                                   head=s.head, compile_layers=s.compile)
         load_ref = s.load_reference and not s.adapter.enabled
         self.reference = (load_sharded(s.model_path, self.world, s.compute_dtype, "reference",
-                                       device_type=kind) if load_ref else None)
+                                       device_type=kind, compile_layers=s.compile)
+                          if load_ref else None)
         trainable = [p for p in self.policy.parameters() if p.requires_grad]
         self.optimizers = [torch.optim.AdamW(trainable, lr=s.lr, betas=s.betas,
                                              weight_decay=s.weight_decay)]

@@ -3,8 +3,9 @@ recipe shape (`~/.cache/posttrain/calibration/`; `plan --recalibrate` measures a
 
 What is timed, each at the thread count the recipe's workers get (torch threads = the
 cores a worker owns, common/process.py):
-- `matmul_flops`: bf16 matmuls of the model's MLP shape (the learner's and the engine's
-  compute dtype), FLOP/s.
+- `matmul_flops`: matmuls of the model's MLP shape in `model.dtype` (the learner's and
+  the engine's compute dtype: a CPU without bf16 instructions runs bf16 several times
+  slower than float32), FLOP/s.
 - `copy_bytes_per_s`: a 256 MiB float32 tensor copied (bytes read + written per second).
 - `loopback_bytes_per_s`: bytes through a TCP socket on 127.0.0.1, what gloo (the CPU
   backend of FSDP2's collectives and of the weight broadcast) rides on one host.
@@ -55,15 +56,16 @@ MIB = 2**20
 
 
 def measure_matmul(
-    threads: int, m: int, k: int, n: int, seconds: float = 0.3, windows: int = 5
+    threads: int, m: int, k: int, n: int, seconds: float = 0.3, windows: int = 5,
+    dtype: torch.dtype = torch.bfloat16,
 ) -> float:
-    """bf16 FLOP/s of `[m, k] @ [k, n]` at `threads` torch threads (2·m·k·n FLOPs per
+    """FLOP/s of `[m, k] @ [k, n]` in `dtype` at `threads` torch threads (2·m·k·n FLOPs per
     product): the best of `windows` windows of about `seconds / windows` each, after one
     warm-up product (the best, as timeit takes the minimum: other jobs on the machine
     only ever slow a window down)."""
     torch.set_num_threads(threads)
-    a = torch.randn(m, k, dtype=torch.bfloat16)
-    b = torch.randn(k, n, dtype=torch.bfloat16)
+    a = torch.randn(m, k, dtype=dtype)
+    b = torch.randn(k, n, dtype=dtype)
     a @ b
     best = 0.0
     for _ in range(windows):
@@ -254,11 +256,11 @@ def calibrate(r: Recipe, folder: Path, prompt_tokens: int, shape: ModelShape) ->
     n = r.rollout.samples_per_prompt
     before = torch.get_num_threads()
     try:
-        flops = {t: measure_matmul(t, max(prompts * n, 64), shape.hidden, shape.intermediate)
-                 for t in sorted({t_r, t_l})}
+        dtype = getattr(torch, r.model.dtype)
+        flops = {t: measure_matmul(t, max(prompts * n, 64), shape.hidden, shape.intermediate,
+                                   dtype=dtype) for t in sorted({t_r, t_l})}
         torch.set_num_threads(t_l)  # AdamW and the FSDP2 copies run at a learner's threads
         copy, loop, latency = measure_copy(), measure_loopback(), measure_collective()
-        dtype = getattr(torch, r.model.dtype)
         weights = {}
         for f in sorted(folder.glob("*.safetensors")):
             weights.update({k: v.to(dtype) for k, v in load_file(str(f)).items()})
@@ -269,7 +271,7 @@ def calibrate(r: Recipe, folder: Path, prompt_tokens: int, shape: ModelShape) ->
         del engine, weights  # its KV cache and weights before the learner's probes
         gc.collect()
         push = dataclasses.replace(push, collective_s=latency)
-        model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.bfloat16)
+        model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=dtype)
         seq = prompt_tokens + r.rollout.max_new_tokens
         train = measure_train(model, t_l, max(2, -(-256 // seq)), seq)
         adamw = measure_adamw(model, res.learner.gpus, t_l)

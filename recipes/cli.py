@@ -16,6 +16,7 @@ from typing import Annotated
 
 import typer
 
+from posttrain.common.process import bf16_note
 from posttrain.config import PreferenceData, Recipe, RecipeError
 from posttrain.recipes.data import load_prompts
 from posttrain.recipes.loading import load_recipe
@@ -115,6 +116,8 @@ def run(
             raise typer.Exit(code=2)
     _check_port_or_exit(r.monitor.dashboard_port)
     typer.echo(f"posttrain: {r.name} ({r.algorithm}) → {run_dir}")
+    if (note := bf16_note(r.resources.device, r.model.dtype)) is not None:
+        typer.echo(note)
     from posttrain.recipes.loop import PushFailed, RunStopped
     from posttrain.recipes.loop import run as run_loop  # heavy imports only after validation
     from posttrain.recipes.recovery import LearnerDied
@@ -219,6 +222,8 @@ def plan(
         typer.echo("error: give --nodes and --gpus-per-node together", err=True)
         raise typer.Exit(code=2)
     r, prompts = _load_or_exit(recipe, set_, convert=False, lengths=False)
+    if gpu == "cpu" and (note := bf16_note(r.resources.device, r.model.dtype)) is not None:
+        typer.echo(note)
     from posttrain.recipes import plan_view
 
     plan_view.main(r, prompts, gpu, mfu, nodes, gpus_per_node, recalibrate)

@@ -65,7 +65,7 @@ def print_cpu_plan(
         else f"measured in {cal.seconds:.1f} s"
     )
     console.print(
-        f"{when} on {cal.cores} cores: bf16 matmul GFLOP/s "
+        f"{when} on {cal.cores} cores: {r.model.dtype} matmul GFLOP/s "
         f"({rates}); copy {cal.copy_bytes_per_s / GB:.1f} GB/s; loopback TCP "
         f"{cal.loopback_bytes_per_s / GB:.2f} GB/s; decode probe ({d.engine} engine, {d.batch} "
         f"seqs, {d.threads} threads): prefill {d.prefill_s:.3f} s, {d.step_s * 1e3:.0f} "

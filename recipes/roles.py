@@ -259,7 +259,7 @@ def start_learners(recipe: Recipe, algo: Algorithm, model_path: str, placement: 
         adapter=AdapterSettings(**{**adapter.model_dump(),
                                    "target_modules": tuple(adapter.target_modules)}),
         delay_s=recipe.debug.learner_delay_s, device=recipe.resources.device,
-        gradient_checkpointing=t.gradient_checkpointing,
+        gradient_checkpointing=t.gradient_checkpointing, compile=t.compile,
     )
     worker = ray.remote(num_cpus=0)(LearnerWorker)
     learners = [worker.options(**opts).remote(r, len(placement.learner), settings, threads)

@@ -36,6 +36,8 @@ def test_lora_defaults_cover_attention_and_mlp():
     (["model.adapter={type: lora4}"], "model.adapter.type"),
     (["weight_sync.adapter_mode=adapter"],
      "weight_sync.adapter_mode: 'adapter' sends only adapter tensors"),
+    (["train.compile=true", "model.adapter={type: qlora}"],
+     "train.compile is on with model.adapter.type 'qlora'"),
 ])
 def test_bad_adapter_blocks_name_the_key(sets, message):
     with pytest.raises(RecipeError, match=message.replace(".", r"\.").replace("'", ".")):
