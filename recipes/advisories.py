@@ -47,8 +47,12 @@ def advisories(history: Sequence[dict[str, Any]], t: AdvisoriesConfig) -> list[s
                    "reward errors in RUN_DIR/rollouts/")
     mismatch = m.get("logprob_mismatch")
     if mismatch is not None and mismatch > t.logprob_mismatch:
+        lag = m.get("staleness_max") or 0
+        why = (f"samples up to {lag:.0f} policy versions old (train.max_staleness), so part "
+               "of it is the policy's own change; train.correction weighs it" if lag else
+               "check model.dtype and the weight push")
         out.append(f"logprob_mismatch: learner and engine logprobs differ by {mismatch:.3f} "
-                   f"(> {t.logprob_mismatch:g}); check model.dtype and the weight push")
+                   f"(> {t.logprob_mismatch:g}); {why}")
     for side in ("rollout", "learner"):
         key = f"{side}_idle_fraction"
         recent = [r.get(key) for r in history[-t.idle_steps:]]

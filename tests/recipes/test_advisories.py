@@ -47,6 +47,10 @@ def test_any_failed_reward_and_mismatch_bound():
     assert codes([healthy(logprob_mismatch=0.11)]) == ["logprob_mismatch"]
     assert codes([healthy(logprob_mismatch=0.1)]) == []
     assert codes([healthy(logprob_mismatch=0.2)], AdvisoriesConfig(logprob_mismatch=0.5)) == []
+    [synchronous] = advisories([healthy(logprob_mismatch=0.11)], T)
+    assert "check model.dtype" in synchronous
+    [stale] = advisories([healthy(logprob_mismatch=0.11, staleness_max=1.0)], T)
+    assert "1 policy versions old" in stale and "train.correction" in stale
 
 
 def test_idle_side_needs_n_steps_in_a_row():
