@@ -12,12 +12,13 @@ The step is synchronous, as `posttrain run`'s: generate, then train, then push.
   needs one, times grpo.epochs) at the matmul rate × an MFU measured by the train probe
   (its 6·N·tokens over its seconds, over the matmul rate: PaLM App. B); AdamW at the
   seconds per parameter an AdamW step over the model's own (sharded) tensors took; FSDP2's
-  per-micro-batch all-gathers of bf16 parameters (forward and backward) and reduce-scatter
-  of fp32 gradients, (n−1)/n of (2 + 2 + 4)·N bytes (ZeRO §7) at the loopback rate.
+  per-micro-batch all-gathers of parameters in `model.dtype` (forward and backward) and
+  reduce-scatter of fp32 gradients, (n−1)/n of (2 + 2 + 4)·N bytes in bf16 (ZeRO §7)
+  at the loopback rate.
 - push: one all-gather per tensor to rank 0 (the measured latency of a small gloo
-  all-gather each, plus (n−1)/n·2N bytes), the broadcast of 2N bytes to every engine over
-  loopback, then the engine's own load of the weights (timed on the engine: vLLM's CPU
-  backend repacks every linear weight, so it costs several memcpys).
+  all-gather each, plus (n−1)/n·2N bytes; 4N in float32), the broadcast of 2N bytes to
+  every engine over loopback, then the engine's own load of the weights (timed on the
+  engine: vLLM's CPU backend repacks every linear weight, so it costs several memcpys).
 Not modelled: scoring, the controller's own work, ray call latency, early-stopping
 samples (every response counts at max_new_tokens), and other jobs on the machine.
 """
@@ -29,7 +30,7 @@ from dataclasses import dataclass
 
 from posttrain.config import Recipe
 from posttrain.recipes import plan
-from posttrain.recipes.planner import trained_tokens
+from posttrain.recipes.planner import trained_tokens, weight_bytes
 
 
 @dataclass(frozen=True)
@@ -81,7 +82,7 @@ class CpuCalibration:
     """What recipes/calibrate.py measured on this machine.
 
     Attributes:
-        matmul_flops: torch threads -> bf16 FLOP/s of the model's MLP matmul.
+        matmul_flops: torch threads -> FLOP/s of the model's MLP matmul in `model.dtype`.
         copy_bytes_per_s: bytes read + written per second by a large tensor copy.
         loopback_bytes_per_s: bytes/s through TCP on 127.0.0.1 (gloo's transport here).
         adamw_s_per_param: seconds per trainable parameter of one AdamW step (fp32, the
@@ -200,7 +201,8 @@ def predict(
     d = cal.decode
     prefill = d.prefill_s * (batch * prompt_tokens) / (d.batch * d.prompt_tokens)
     decode = new * d.step_s * batch / d.batch
-    weights = plan.broadcast_bytes(params)
+    width = weight_bytes(r)
+    weights = plan.broadcast_bytes(params, width)
     roof = new * max(weights / cal.copy_bytes_per_s, 2 * params * batch / cal.matmul_flops[t_r])
     probe_rate = 6 * params * cal.train.tokens / cal.train.seconds
     mfu = probe_rate / cal.matmul_flops[t_l]
@@ -210,7 +212,7 @@ def predict(
     share = (n_l - 1) / n_l
     micro = math.ceil(math.ceil(seqs / n_l) / r.train.micro_batch_size)
     epochs = r.grpo.epochs if r.algorithm == "grpo" else 1
-    comm = micro * epochs * share * (2 + 2 + 4) * params / cal.loopback_bytes_per_s
+    comm = micro * epochs * share * (width + width + 4) * params / cal.loopback_bytes_per_s
     pp = cal.push
     gather = (pp.tensors * pp.collective_s if n_l > 1 else 0.0) + (
         share * weights / cal.loopback_bytes_per_s

@@ -166,6 +166,12 @@ def _learner_memory(r: Recipe, m: ModelShape, ranks: int, seq: int) -> dict[str,
     return out
 
 
+def weight_bytes(r: Recipe) -> int:
+    """Bytes per parameter of the engine's weights and of a push: `model.dtype`'s width
+    (the learner computes in it and the engines serve it)."""
+    return 4 if r.model.dtype == "float32" else 2
+
+
 #: Algorithms that train on preference pairs: no rollout side.
 PAIR_ALGORITHMS = ("dpo", "reward_model")
 
@@ -221,14 +227,15 @@ def _times(r: Recipe, m: ModelShape, hw: Hardware, mfu: float, rollout: int, lea
         return Times(0, learner, 0.0, train, 0.0)
     engines = rollout // r.resources.rollout.gpus_per_engine
     per_engine = -(-sequences // engines)
-    decode = plan.decode_seconds(plan.broadcast_bytes(m.params), m.kv_bytes_per_token(),
+    decode = plan.decode_seconds(plan.broadcast_bytes(m.params, weight_bytes(r)),
+                                 m.kv_bytes_per_token(),
                                  per_engine, prompt, r.rollout.max_new_tokens,
                                  hw.hbm_bytes_per_s * r.resources.rollout.gpus_per_engine)
     pushed = m.lora_params(a.r, a.target_modules) if (
         r.weight_sync.adapter_mode == "adapter") else m.params
     cross = cluster.push_crosses_nodes(rollout)
     link = hw.network_bytes_per_s if cross else hw.nvlink_one_way_bytes_per_s
-    push = plan.transfer_seconds(plan.broadcast_bytes(pushed), link)
+    push = plan.transfer_seconds(plan.broadcast_bytes(pushed, weight_bytes(r)), link)
     return Times(rollout, learner, decode, train, push, cross)
 
 
@@ -259,7 +266,8 @@ def plan_recipe(r: Recipe, m: ModelShape, gpu: str, prompt_tokens: int,
     if not dpo:
         engines = res.rollout.gpus // res.rollout.gpus_per_engine
         per_engine = -(-sequences // engines)
-        engine["weights (bf16)"] = plan.broadcast_bytes(m.params) / res.rollout.gpus_per_engine
+        engine[f"weights ({r.model.dtype})"] = plan.broadcast_bytes(
+            m.params, weight_bytes(r)) / res.rollout.gpus_per_engine
         engine[f"KV cache ({per_engine} seqs x {seq} tokens)"] = plan.kv_cache_bytes(
             m.layers, m.kv_heads, m.head_dim, per_engine * seq) / res.rollout.gpus_per_engine
     now = _times(r, m, hw, mfu, rollout, res.learner.gpus, prompt_tokens, sequences, cluster)

@@ -131,3 +131,13 @@ def test_gpu_plan_trains_the_packed_tokens():
     hw = plan.HARDWARE["h100"]
     expected = plan.compute_seconds(6 * SMOLLM2.params * 892, 2, hw.bf16_flops, p.mfu)
     assert p.times.train == pytest.approx(expected, rel=1e-12)
+
+
+def test_engine_weights_and_push_in_the_recipes_dtype():
+    """A float32 recipe serves and pushes 4 bytes per parameter, a bf16 one 2."""
+    bf16 = plan_recipe(load_recipe(QUICK, ["rollout.engine=hf"]), SMOLLM2, "h100", 31)
+    fp32 = plan_recipe(load_recipe(QUICK, ["rollout.engine=hf", "model.dtype=float32"]),
+                       SMOLLM2, "h100", 31)
+    assert bf16.engine_memory["weights (bfloat16)"] == 2 * SMOLLM2.params
+    assert fp32.engine_memory["weights (float32)"] == 4 * SMOLLM2.params
+    assert fp32.times.push == pytest.approx(2 * bf16.times.push, rel=1e-12)
