@@ -95,8 +95,9 @@ def end_of_turn_token_id(tokenizer: Any) -> int | None:
     if not ids:
         return None
     added = getattr(tokenizer, "added_tokens_decoder", {}) or {}
-    special = ids[0] in set(tokenizer.all_special_ids) or getattr(added.get(ids[0]), "special",
-                                                                  False)
+    special = ids[0] in set(tokenizer.all_special_ids) or getattr(
+        added.get(ids[0]), "special", False
+    )
     return ids[0] if special else None
 
 
@@ -138,9 +139,11 @@ def stop_token_ids(tokenizer: Any, model_path: str) -> list[int]:
     if (turn := end_of_turn_token_id(tokenizer)) is not None:
         ids.add(turn)
     if not ids:
-        raise ValueError(f"{model_path}: neither the tokenizer, generation_config.json nor the "
-                         "chat template names an end-of-sequence token; set eos_token in "
-                         "tokenizer_config.json")
+        raise ValueError(
+            f"{model_path}: neither the tokenizer, generation_config.json nor the "
+            "chat template names an end-of-sequence token; set eos_token in "
+            "tokenizer_config.json"
+        )
     return sorted(ids)
 
 
@@ -152,8 +155,10 @@ def check_sampling(sampling: SamplingSettings) -> None:
             would end after its first token).
     """
     if any(s == "" for s in sampling.stop):
-        raise ValueError("stop strings must not be empty: every text contains '', so every "
-                         "sample would end after one token; remove it from rollout.stop")
+        raise ValueError(
+            "stop strings must not be empty: every text contains '', so every "
+            "sample would end after one token; remove it from rollout.stop"
+        )
 
 
 class InferenceEngine(ABC):
@@ -195,8 +200,9 @@ class InferenceEngine(ABC):
         """
         return None
 
-    def load_adapter(self, weights: Iterable[tuple[str, torch.Tensor]], config: dict,
-                     version: int) -> list[str]:
+    def load_adapter(
+        self, weights: Iterable[tuple[str, torch.Tensor]], config: dict, version: int
+    ) -> list[str]:
         """Serve base + this LoRA adapter from now on (adapter-only weight sync).
 
         Args:

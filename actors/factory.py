@@ -20,10 +20,17 @@ def make_engine(s: EngineSettings) -> InferenceEngine:
     if s.kind == "vllm":
         from posttrain.actors.vllm_engine import VLLMEngine
 
-        return VLLMEngine(s.model_path, dtype=s.dtype, seed=s.seed, kv_cache_gb=s.kv_cache_gb,
-                          max_model_len=s.max_model_len, enforce_eager=s.enforce_eager,
-                          device=s.device, lora_rank=s.lora_rank,
-                          gpu_memory_utilization=s.gpu_memory_utilization,
-                          tensor_parallel_size=s.tensor_parallel_size,
-                          sleep_between_steps=s.sleep_between_steps)
+        return VLLMEngine(
+            s.model_path,
+            dtype=s.dtype,
+            seed=s.seed,
+            kv_cache_gb=s.kv_cache_gb,
+            max_model_len=s.max_model_len,
+            enforce_eager=s.enforce_eager,
+            device=s.device,
+            lora_rank=s.lora_rank,
+            gpu_memory_utilization=s.gpu_memory_utilization,
+            tensor_parallel_size=s.tensor_parallel_size,
+            sleep_between_steps=s.sleep_between_steps,
+        )
     raise ValueError(f"rollout.engine {s.kind!r} is not available; use 'vllm' or 'hf'")

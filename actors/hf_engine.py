@@ -32,8 +32,13 @@ class HFEngine(InferenceEngine):
         device: 'cpu', or 'cuda' (the GPU Ray assigned the actor, `cuda:0` in it).
     """
 
-    def __init__(self, model_path: str, dtype: str = "bfloat16", max_batch_rows: int = 64,
-                 device: str = "cpu"):
+    def __init__(
+        self,
+        model_path: str,
+        dtype: str = "bfloat16",
+        max_batch_rows: int = 64,
+        device: str = "cpu",
+    ):
         from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)
@@ -47,7 +52,8 @@ class HFEngine(InferenceEngine):
         self.pad_id = pad if pad is not None else self.stop_ids[0]
         # `generate` merges this into the config it is passed: keep nothing of the file.
         self.model.generation_config = GenerationConfig(
-            eos_token_id=self.stop_ids, pad_token_id=self.pad_id)
+            eos_token_id=self.stop_ids, pad_token_id=self.pad_id
+        )
 
     @torch.no_grad()
     def _sample_rows(self, rows: list[list[int]], sampling: SamplingSettings) -> list[Sample]:
@@ -57,8 +63,8 @@ class HFEngine(InferenceEngine):
         ids = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
         mask = torch.zeros((len(rows), width), dtype=torch.long)
         for i, r in enumerate(rows):
-            ids[i, width - len(r):] = torch.tensor(r)
-            mask[i, width - len(r):] = 1
+            ids[i, width - len(r) :] = torch.tensor(r)
+            mask[i, width - len(r) :] = 1
         config = GenerationConfig(
             do_sample=True,
             temperature=sampling.temperature,
@@ -67,8 +73,13 @@ class HFEngine(InferenceEngine):
             # The other processors at their neutral values; those without one (min_p,
             # bad words, suppressed tokens) stay unset, and the empty
             # `model.generation_config` has nothing to fill them with.
-            typical_p=1.0, epsilon_cutoff=0.0, eta_cutoff=0.0, repetition_penalty=1.0,
-            encoder_repetition_penalty=1.0, no_repeat_ngram_size=0, min_length=0,
+            typical_p=1.0,
+            epsilon_cutoff=0.0,
+            eta_cutoff=0.0,
+            repetition_penalty=1.0,
+            encoder_repetition_penalty=1.0,
+            no_repeat_ngram_size=0,
+            min_length=0,
             max_new_tokens=sampling.max_new_tokens,
             pad_token_id=self.pad_id,
             eos_token_id=self.stop_ids,
@@ -91,7 +102,7 @@ class HFEngine(InferenceEngine):
             tokens = new[i].tolist()
             end = next((j for j, t in enumerate(tokens) if t in self.stop_ids), None)
             if sampling.stop:
-                hit = self._stop_string_end(tokens[:None if end is None else end], sampling.stop)
+                hit = self._stop_string_end(tokens[: None if end is None else end], sampling.stop)
                 end = hit if hit is not None else end
             length = len(tokens) if end is None else end + 1
             samples.append(
@@ -106,7 +117,7 @@ class HFEngine(InferenceEngine):
     def _stop_string_end(self, tokens: list[int], stop: tuple[str, ...]) -> int | None:
         """Index of the token that completes the first stop string, or None."""
         for j in range(len(tokens)):
-            text = self.tokenizer.decode(tokens[:j + 1], skip_special_tokens=True)
+            text = self.tokenizer.decode(tokens[: j + 1], skip_special_tokens=True)
             if any(s in text for s in stop):
                 return j
         return None
@@ -117,12 +128,13 @@ class HFEngine(InferenceEngine):
         rows = [p for p in prompts for _ in range(sampling.n)]
         flat: list[Sample] = []
         for i in range(0, len(rows), self.max_batch_rows):
-            flat.extend(self._sample_rows(rows[i:i + self.max_batch_rows], sampling))
-        return [flat[i * sampling.n:(i + 1) * sampling.n] for i in range(len(prompts))]
+            flat.extend(self._sample_rows(rows[i : i + self.max_batch_rows], sampling))
+        return [flat[i * sampling.n : (i + 1) * sampling.n] for i in range(len(prompts))]
 
     @torch.no_grad()
-    def load_adapter(self, weights: Iterable[tuple[str, torch.Tensor]], config: dict,
-                     version: int) -> list[str]:
+    def load_adapter(
+        self, weights: Iterable[tuple[str, torch.Tensor]], config: dict, version: int
+    ) -> list[str]:
         """Wrap the model with peft on the first adapter, then swap adapter tensors in
         place (`set_peft_model_state_dict`); the base weights stay as loaded."""
         from peft import LoraConfig, get_peft_model, set_peft_model_state_dict
@@ -135,8 +147,9 @@ class HFEngine(InferenceEngine):
             self.model = get_peft_model(self.model, cfg).eval()
         result = set_peft_model_state_dict(self.model, tensors)
         if result.unexpected_keys:
-            raise ValueError(f"adapter tensors {result.unexpected_keys[:5]} do not fit the "
-                             "rollout model")
+            raise ValueError(
+                f"adapter tensors {result.unexpected_keys[:5]} do not fit the rollout model"
+            )
         return list(tensors)
 
     def named_weights(self) -> dict[str, torch.Tensor]:

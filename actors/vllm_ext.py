@@ -14,9 +14,7 @@ import torch
 class WeightLoaderExtension:
     """Mixed into vLLM's worker class; `self.model_runner` is vLLM's."""
 
-    def posttrain_load_weights(
-        self, stream: Iterable[tuple[str, torch.Tensor]]
-    ) -> list[str]:
+    def posttrain_load_weights(self, stream: Iterable[tuple[str, torch.Tensor]]) -> list[str]:
         """Load checkpoint-format `(name, tensor)` pairs in place through vLLM's
         `reload_weights` (which handles fused qkv / gate_up layouts and the CPU backend's
         repacking); returns the names consumed, in order."""

@@ -109,8 +109,9 @@ class RolloutWorker:
                     )
         return rollouts
 
-    def generate_ids(self, prompts: list[list[int]], sampling: SamplingSettings,
-                     step: int) -> tuple[list[Sample], int]:
+    def generate_ids(
+        self, prompts: list[list[int]], sampling: SamplingSettings, step: int
+    ) -> tuple[list[Sample], int]:
         """One sample per prompt `[N][P_i]` (token ids, already templated; `sampling.n`
         must be 1) and the policy_version that sampled them.
 
@@ -123,8 +124,13 @@ class RolloutWorker:
             samples = [g[0] for g in self.engine.generate(prompts, sampling)]
         return samples, self.version
 
-    def serve_openai(self, host: str = "127.0.0.1", port: int = 0, max_tokens: int = 256,
-                     temperature: float | None = None) -> str:
+    def serve_openai(
+        self,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        max_tokens: int = 256,
+        temperature: float | None = None,
+    ) -> str:
         """Start the OpenAI-compatible endpoint (once) on a server thread; its base URL
         (`http://host:port/v1`). With `temperature` (training) every call samples at it
         and at most `max_tokens` tokens (see `openai_server.create_app`)."""
@@ -139,13 +145,15 @@ class RolloutWorker:
                 with self.engine_lock:
                     return self.engine.generate([ids], sampling)[0][0], self.version
 
-            app = create_app(generate, self.engine.tokenizer, self.recorder, max_tokens,
-                             temperature)
+            app = create_app(
+                generate, self.engine.tokenizer, self.recorder, max_tokens, temperature
+            )
             sock = socket.socket()
             sock.bind((host, port))
             self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
-            threading.Thread(target=self.server.run, kwargs={"sockets": [sock]},
-                             daemon=True).start()
+            threading.Thread(
+                target=self.server.run, kwargs={"sockets": [sock]}, daemon=True
+            ).start()
             while not self.server.started:
                 time.sleep(0.01)
             self.openai_url = f"http://{host}:{sock.getsockname()[1]}/v1"
@@ -170,8 +178,10 @@ class RolloutWorker:
         """
         with self.spans.span("weight_sync", step), self.engine_lock:
             if self.fail_push == (self.worker_id, handle.version):
-                raise WeightSyncError(f"rollout worker {self.worker_id}: debug.fail_weight_push "
-                                      f"refused policy_version {handle.version}")
+                raise WeightSyncError(
+                    f"rollout worker {self.worker_id}: debug.fail_weight_push "
+                    f"refused policy_version {handle.version}"
+                )
             time.sleep(self.push_delay_s)
             try:
                 stream = ChecksumTap(self.transport.receive(handle))
@@ -205,8 +215,9 @@ class RolloutWorker:
             WeightSyncError: the group did not form within the transport's timeout.
         """
         self.transport.close()
-        self.transport_settings = replace(self.transport_settings, group_address=address,
-                                          group_world=world_size)
+        self.transport_settings = replace(
+            self.transport_settings, group_address=address, group_world=world_size
+        )
         self.transport = make_transport(self.transport_settings, rank=self.worker_id + 1)
 
     def weights_checksum(self, names: list[str] | None = None) -> str:
@@ -221,8 +232,12 @@ class RolloutWorker:
     def health(self) -> dict[str, float | int]:
         """Worker index, held policy_version, seconds alive, and the process id (for
         fault drills that kill it)."""
-        return {"worker": self.worker_id, "policy_version": self.version,
-                "uptime_s": time.time() - self.started, "pid": os.getpid()}
+        return {
+            "worker": self.worker_id,
+            "policy_version": self.version,
+            "uptime_s": time.time() - self.started,
+            "pid": os.getpid(),
+        }
 
     def drain_spans(self) -> list[Span]:
         return self.spans.drain()

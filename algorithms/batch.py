@@ -99,10 +99,10 @@ def pack_rows(
     attn = torch.zeros_like(ids)
     resp = torch.zeros(ids.shape, dtype=torch.float32)
     for i, (p, r) in enumerate(rows):
-        ids[i, width_p - len(p):width_p] = torch.tensor(list(p), dtype=torch.long)
-        ids[i, width_p:width_p + len(r)] = torch.tensor(list(r), dtype=torch.long)
-        attn[i, width_p - len(p):width_p + len(r)] = 1
-        resp[i, width_p:width_p + len(r)] = 1.0
+        ids[i, width_p - len(p) : width_p] = torch.tensor(list(p), dtype=torch.long)
+        ids[i, width_p : width_p + len(r)] = torch.tensor(list(r), dtype=torch.long)
+        attn[i, width_p - len(p) : width_p + len(r)] = 1
+        resp[i, width_p : width_p + len(r)] = 1.0
     return ids, attn, resp, width_p
 
 
@@ -117,7 +117,7 @@ def pad_rows_to_multiple(batch: TrainBatch, multiple: int) -> TrainBatch:
         return torch.cat([t, t[:1].expand(extra, *t.shape[1:])], dim=0)
 
     grown = batch._map(grow)
-    grown.response_mask[len(batch):] = 0
+    grown.response_mask[len(batch) :] = 0
     return grown
 
 

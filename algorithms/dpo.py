@@ -76,8 +76,11 @@ def dpo_loss(
         loss = (h / beta - 1 / (2 * beta)) ** 2
     else:
         raise ValueError(f"unknown DPO loss_type {loss_type!r}; use 'sigmoid' or 'ipo'")
-    return DPOTerms(loss=loss, chosen_rewards=(beta * chosen_ratio).detach(),
-                    rejected_rewards=(beta * rejected_ratio).detach())
+    return DPOTerms(
+        loss=loss,
+        chosen_rewards=(beta * chosen_ratio).detach(),
+        rejected_rewards=(beta * rejected_ratio).detach(),
+    )
 
 
 @dataclass(frozen=True)
@@ -104,8 +107,9 @@ def reply_logprobs(logprobs: torch.Tensor, mask: torch.Tensor, token_mean: bool)
     return sums / mask.sum(-1).clamp(min=1.0) if token_mean else sums
 
 
-def loss(logprobs: torch.Tensor, mb: TrainBatch, cfg: DPOLoss,
-         values: torch.Tensor | None = None) -> LossOutput:
+def loss(
+    logprobs: torch.Tensor, mb: TrainBatch, cfg: DPOLoss, values: torch.Tensor | None = None
+) -> LossOutput:
     """The DPO (or IPO) loss of one micro-batch of whole pairs.
 
     Args:
@@ -124,20 +128,31 @@ def loss(logprobs: torch.Tensor, mb: TrainBatch, cfg: DPOLoss,
     mean = cfg.loss_type == "ipo" and cfg.ipo_token_mean
     pol = reply_logprobs(logprobs, m, mean)
     ref = mb.ref_sums / m.sum(-1).clamp(min=1.0) if mean else mb.ref_sums
-    t = dpo_loss(pol[0::2], pol[1::2], ref[0::2], ref[1::2], cfg.beta, cfg.label_smoothing,
-                 cfg.loss_type)
+    t = dpo_loss(
+        pol[0::2], pol[1::2], ref[0::2], ref[1::2], cfg.beta, cfg.label_smoothing, cfg.loss_type
+    )
     valid = (m[0::2].sum(-1) > 0).float()
     total = (t.loss * valid).sum() / mb.loss_denominator
     won = (t.chosen_rewards > t.rejected_rewards).float()
-    return LossOutput(total, {
-        "loss": float(total.detach()), "won": float((won * valid).sum()),
-        "chosen": float((t.chosen_rewards * valid).sum()),
-        "rejected": float((t.rejected_rewards * valid).sum()), "pairs": float(valid.sum())})
+    return LossOutput(
+        total,
+        {
+            "loss": float(total.detach()),
+            "won": float((won * valid).sum()),
+            "chosen": float((t.chosen_rewards * valid).sum()),
+            "rejected": float((t.rejected_rewards * valid).sum()),
+            "pairs": float(valid.sum()),
+        },
+    )
 
 
 def finish_metrics(sums: dict[str, float]) -> dict[str, float]:
     """Step metrics: loss and the implicit rewards' accuracy, means and margin per pair."""
     chosen, rejected = ratio_of(sums, "chosen", "pairs"), ratio_of(sums, "rejected", "pairs")
-    return {"loss": sums.get("loss", 0.0), "rewards/accuracy": ratio_of(sums, "won", "pairs"),
-            "rewards/chosen": chosen, "rewards/rejected": rejected,
-            "rewards/margin": chosen - rejected}
+    return {
+        "loss": sums.get("loss", 0.0),
+        "rewards/accuracy": ratio_of(sums, "won", "pairs"),
+        "rewards/chosen": chosen,
+        "rewards/rejected": rejected,
+        "rewards/margin": chosen - rejected,
+    }

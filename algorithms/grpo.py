@@ -111,8 +111,9 @@ def rloo_advantages(rewards: torch.Tensor, group_ids: Sequence[Hashable]) -> tor
     return adv.to(torch.float32)
 
 
-def reinforce_pp_advantages(rewards: torch.Tensor, group_ids: Sequence[Hashable],
-                            eps: float = 1e-6) -> torch.Tensor:
+def reinforce_pp_advantages(
+    rewards: torch.Tensor, group_ids: Sequence[Hashable], eps: float = 1e-6
+) -> torch.Tensor:
     """REINFORCE++ with a group baseline (Hu 2025, "REINFORCE++", the -baseline variant,
     eqs. 7-8): subtract the group's mean reward, then divide by the std (unbiased, two
     passes) of those centred values over every valid sample of the batch plus `eps`:
@@ -139,7 +140,8 @@ ESTIMATORS: dict[str, Estimator] = {
     "grpo": group_advantages,
     "rloo": lambda rewards, ids, scale_by_std, eps: rloo_advantages(rewards, ids),
     "reinforce_pp": lambda rewards, ids, scale_by_std, eps: reinforce_pp_advantages(
-        rewards, ids, eps),
+        rewards, ids, eps
+    ),
 }
 """`grpo.estimator` → `fn(rewards [N], group_ids, scale_by_std, eps) -> [N]`; the only
 place the name is read. `scale_by_std` is GRPO's alone."""
@@ -153,8 +155,9 @@ def mask_truncated(response_mask: torch.Tensor, truncated: torch.Tensor) -> torc
     return response_mask * (~truncated.bool()).to(response_mask.dtype).unsqueeze(-1)
 
 
-def overlong_penalty(lengths: torch.Tensor, max_len: int, buffer: int,
-                     factor: float = 1.0) -> torch.Tensor:
+def overlong_penalty(
+    lengths: torch.Tensor, max_len: int, buffer: int, factor: float = 1.0
+) -> torch.Tensor:
     """DAPO's soft overlong punishment (Yu et al. 2025, eq. 13), added to the reward:
 
         0                                      if len ≤ L_max − L_cache
@@ -190,8 +193,9 @@ class GRPOLoss:
     correction: Correction = Correction()
 
 
-def loss(logprobs: torch.Tensor, mb: TrainBatch, cfg: GRPOLoss,
-         values: torch.Tensor | None = None) -> LossOutput:
+def loss(
+    logprobs: torch.Tensor, mb: TrainBatch, cfg: GRPOLoss, values: torch.Tensor | None = None
+) -> LossOutput:
     """The GRPO objective of one micro-batch (DeepSeekMath eq. 3, token-level).
 
     Args:
@@ -213,18 +217,31 @@ def loss(logprobs: torch.Tensor, mb: TrainBatch, cfg: GRPOLoss,
     m = mb.response_mask
     corr, extra = cfg.correction, {}
     if corr.mode == "none":  # exactly the uncorrected path
-        terms = POLICY_LOSSES[cfg.kind](logprobs, old, mb.advantages, m, cfg.clip_low,
-                                        cfg.clip_high, ref_logprobs=mb.ref_logprobs,
-                                        kl_coef=cfg.kl_coef)
+        terms = POLICY_LOSSES[cfg.kind](
+            logprobs,
+            old,
+            mb.advantages,
+            m,
+            cfg.clip_low,
+            cfg.clip_high,
+            ref_logprobs=mb.ref_logprobs,
+            kl_coef=cfg.kl_coef,
+        )
         per_token = terms.loss
     else:  # the weight multiplies the policy term only, not the KL to the reference
-        terms = POLICY_LOSSES[cfg.kind](logprobs, old, mb.advantages, m, cfg.clip_low,
-                                        cfg.clip_high)
+        terms = POLICY_LOSSES[cfg.kind](
+            logprobs, old, mb.advantages, m, cfg.clip_low, cfg.clip_high
+        )
         policy, extra = apply_correction(terms.loss, old, mb.inference_logprobs, m, corr)
         per_token, terms.kl = with_kl(policy, logprobs, mb.ref_logprobs, cfg.kl_coef)
     total = aggregate_loss(per_token, m, mb.loss_denominator)
-    sums = {"loss": float(total.detach()), "clipped": masked_sum(terms.clipped, m),
-            "kl": masked_sum(terms.kl, m), "tokens": float(m.sum()), **extra}
+    sums = {
+        "loss": float(total.detach()),
+        "clipped": masked_sum(terms.clipped, m),
+        "kl": masked_sum(terms.kl, m),
+        "tokens": float(m.sum()),
+        **extra,
+    }
     if mb.inference_logprobs is not None:
         sums |= mismatch_sums(old, mb.inference_logprobs, m)
         if fused:
@@ -235,8 +252,11 @@ def loss(logprobs: torch.Tensor, mb: TrainBatch, cfg: GRPOLoss,
 def finish_metrics(sums: dict[str, float]) -> dict[str, float]:
     """Step metrics from the summed `loss` sums: loss, clip_fraction, kl and (fused
     old logprobs) logprob_mismatch, per response token."""
-    out = {"loss": sums.get("loss", 0.0), "clip_fraction": ratio_of(sums, "clipped", "tokens"),
-           "kl": ratio_of(sums, "kl", "tokens")}
+    out = {
+        "loss": sums.get("loss", 0.0),
+        "clip_fraction": ratio_of(sums, "clipped", "tokens"),
+        "kl": ratio_of(sums, "kl", "tokens"),
+    }
     if "mismatch" in sums:
         out["logprob_mismatch"] = ratio_of(sums, "mismatch", "tokens")
     return out | correction_metrics(sums)

@@ -28,8 +28,9 @@ def _per_sequence(advantages: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return (advantages * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)
 
 
-def with_kl(loss: torch.Tensor, logprobs: torch.Tensor, ref_logprobs: torch.Tensor | None,
-             kl_coef: float) -> tuple[torch.Tensor, torch.Tensor]:
+def with_kl(
+    loss: torch.Tensor, logprobs: torch.Tensor, ref_logprobs: torch.Tensor | None, kl_coef: float
+) -> tuple[torch.Tensor, torch.Tensor]:
     """`loss + kl_coef·k3` and the k3 term (zeros without a reference)."""
     if ref_logprobs is None:
         return loss, torch.zeros_like(loss)
@@ -37,18 +38,39 @@ def with_kl(loss: torch.Tensor, logprobs: torch.Tensor, ref_logprobs: torch.Tens
     return loss + kl_coef * kl, kl
 
 
-def ppo_clip(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor,
-             response_mask: torch.Tensor, clip_low: float, clip_high: float,
-             ref_logprobs: torch.Tensor | None = None, kl_coef: float = 0.0) -> PolicyLossTerms:
+def ppo_clip(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    clip_low: float,
+    clip_high: float,
+    ref_logprobs: torch.Tensor | None = None,
+    kl_coef: float = 0.0,
+) -> PolicyLossTerms:
     """Token-level clipped surrogate (PPO, Schulman et al. 2017, eq. 7; GRPO's default):
     `common.clipped_policy_loss` unchanged; `response_mask` is not needed."""
-    return clipped_policy_loss(logprobs, old_logprobs, advantages, clip_low, clip_high,
-                               ref_logprobs=ref_logprobs, kl_coef=kl_coef)
+    return clipped_policy_loss(
+        logprobs,
+        old_logprobs,
+        advantages,
+        clip_low,
+        clip_high,
+        ref_logprobs=ref_logprobs,
+        kl_coef=kl_coef,
+    )
 
 
-def gspo(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor,
-         response_mask: torch.Tensor, clip_low: float, clip_high: float,
-         ref_logprobs: torch.Tensor | None = None, kl_coef: float = 0.0) -> PolicyLossTerms:
+def gspo(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    clip_low: float,
+    clip_high: float,
+    ref_logprobs: torch.Tensor | None = None,
+    kl_coef: float = 0.0,
+) -> PolicyLossTerms:
     """GSPO (Zheng et al. 2025, "Group Sequence Policy Optimization", eqs. 5-7): one
     importance ratio per sequence, the geometric mean of its token ratios,
 
@@ -74,13 +96,21 @@ def gspo(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.T
     ones = torch.ones_like(logprobs)
     loss, kl = with_kl(seq_loss.unsqueeze(-1) * ones, logprobs, ref_logprobs, kl_coef)
     was_clipped = (clipped < unclipped).float().unsqueeze(-1) * ones
-    return PolicyLossTerms(loss=loss, clipped=was_clipped, kl=kl,
-                           ratio=ratio.detach().unsqueeze(-1) * ones)
+    return PolicyLossTerms(
+        loss=loss, clipped=was_clipped, kl=kl, ratio=ratio.detach().unsqueeze(-1) * ones
+    )
 
 
-def cispo(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor,
-          response_mask: torch.Tensor, clip_low: float, clip_high: float,
-          ref_logprobs: torch.Tensor | None = None, kl_coef: float = 0.0) -> PolicyLossTerms:
+def cispo(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    clip_low: float,
+    clip_high: float,
+    ref_logprobs: torch.Tensor | None = None,
+    kl_coef: float = 0.0,
+) -> PolicyLossTerms:
     """CISPO (MiniMax-M1, MiniMax 2025, eqs. 4-5): the token's importance weight is
     clipped and detached, and multiplies the REINFORCE term, so no token's gradient is
     dropped by the clip:

@@ -183,8 +183,9 @@ class PPOLoss:
     correction: Correction = Correction()
 
 
-def loss(logprobs: torch.Tensor, mb: TrainBatch, cfg: PPOLoss,
-         values: torch.Tensor | None = None) -> LossOutput:
+def loss(
+    logprobs: torch.Tensor, mb: TrainBatch, cfg: PPOLoss, values: torch.Tensor | None = None
+) -> LossOutput:
     """Clipped policy loss plus clipped value loss of one micro-batch (one backward:
     policy and critic have disjoint parameters).
 
@@ -201,29 +202,50 @@ def loss(logprobs: torch.Tensor, mb: TrainBatch, cfg: PPOLoss,
         raise ValueError("the PPO loss needs the critic's values and old_logprobs")
     m, extra = mb.response_mask, {}
     if cfg.correction.mode == "none":  # exactly the uncorrected path
-        t = clipped_policy_loss(logprobs, mb.old_logprobs, mb.advantages, cfg.clip_eps,
-                                cfg.clip_eps, ref_logprobs=mb.ref_logprobs, kl_coef=cfg.kl_coef)
+        t = clipped_policy_loss(
+            logprobs,
+            mb.old_logprobs,
+            mb.advantages,
+            cfg.clip_eps,
+            cfg.clip_eps,
+            ref_logprobs=mb.ref_logprobs,
+            kl_coef=cfg.kl_coef,
+        )
         per_token = t.loss
     else:  # the weight multiplies the policy term only, not the KL to the reference
-        t = clipped_policy_loss(logprobs, mb.old_logprobs, mb.advantages, cfg.clip_eps,
-                                cfg.clip_eps)
-        policy, extra = apply_correction(t.loss, mb.old_logprobs, mb.inference_logprobs, m,
-                                         cfg.correction)
+        t = clipped_policy_loss(
+            logprobs, mb.old_logprobs, mb.advantages, cfg.clip_eps, cfg.clip_eps
+        )
+        policy, extra = apply_correction(
+            t.loss, mb.old_logprobs, mb.inference_logprobs, m, cfg.correction
+        )
         per_token, t.kl = with_kl(policy, logprobs, mb.ref_logprobs, cfg.kl_coef)
     if mb.inference_logprobs is not None:
         extra |= mismatch_sums(mb.old_logprobs, mb.inference_logprobs, m)
     pg = aggregate_loss(per_token, m, mb.loss_denominator)
     vl, vclip = clipped_value_loss(values, mb.values, mb.returns, cfg.cliprange_value)
     vf = aggregate_loss(vl, m, mb.loss_denominator)
-    return LossOutput(pg + vf, {
-        "loss": float(pg.detach()), "value_loss": float(vf.detach()),
-        "clipped": masked_sum(t.clipped, m), "value_clipped": masked_sum(vclip, m),
-        "kl": masked_sum(t.kl, m), "tokens": float(m.sum()), **extra})
+    return LossOutput(
+        pg + vf,
+        {
+            "loss": float(pg.detach()),
+            "value_loss": float(vf.detach()),
+            "clipped": masked_sum(t.clipped, m),
+            "value_clipped": masked_sum(vclip, m),
+            "kl": masked_sum(t.kl, m),
+            "tokens": float(m.sum()),
+            **extra,
+        },
+    )
 
 
 def finish_metrics(sums: dict[str, float]) -> dict[str, float]:
     """Step metrics of one PPO update from its summed loss sums."""
-    return {"loss": sums.get("loss", 0.0), "value_loss": sums.get("value_loss", 0.0),
-            "clip_fraction": ratio_of(sums, "clipped", "tokens"),
-            "value_clip_fraction": ratio_of(sums, "value_clipped", "tokens"),
-            "kl": ratio_of(sums, "kl", "tokens"), **correction_metrics(sums)}
+    return {
+        "loss": sums.get("loss", 0.0),
+        "value_loss": sums.get("value_loss", 0.0),
+        "clip_fraction": ratio_of(sums, "clipped", "tokens"),
+        "value_clip_fraction": ratio_of(sums, "value_clipped", "tokens"),
+        "kl": ratio_of(sums, "kl", "tokens"),
+        **correction_metrics(sums),
+    }

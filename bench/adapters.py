@@ -25,34 +25,56 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 MODES = {
     "full": [],
-    "LoRA r16": ["model.adapter={type: lora, r: 16, alpha: 32}", "train.lr=2.0e-5",
-                 "weight_sync.adapter_mode=adapter"],
-    "QLoRA r16": ["model.adapter={type: qlora, r: 16, alpha: 32}", "train.lr=2.0e-5",
-                  "weight_sync.adapter_mode=adapter"],
+    "LoRA r16": [
+        "model.adapter={type: lora, r: 16, alpha: 32}",
+        "train.lr=2.0e-5",
+        "weight_sync.adapter_mode=adapter",
+    ],
+    "QLoRA r16": [
+        "model.adapter={type: qlora, r: 16, alpha: 32}",
+        "train.lr=2.0e-5",
+        "weight_sync.adapter_mode=adapter",
+    ],
 }
 
 
 def run(name: str, sets: list[str], steps: int, out: Path) -> dict:
     run_dir = out / name.split()[0].lower()
-    cmd = [str(ROOT / ".venv/bin/posttrain"), "run", str(ROOT / "recipes/quickstart_grpo.yaml"),
-           "--out", str(run_dir), "--set", f"train.steps={steps}", "--set",
-           "monitor.dashboard_port=null", "--set", "monitor.progress=false",
-           "--set", "train.save_final=false"]
+    cmd = [
+        str(ROOT / ".venv/bin/posttrain"),
+        "run",
+        str(ROOT / "recipes/quickstart_grpo.yaml"),
+        "--out",
+        str(run_dir),
+        "--set",
+        f"train.steps={steps}",
+        "--set",
+        "monitor.dashboard_port=null",
+        "--set",
+        "monitor.progress=false",
+        "--set",
+        "train.save_final=false",
+    ]
     for s in sets:
         cmd += ["--set", s]
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
     if proc.returncode:
         sys.exit(f"{name}: posttrain run failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}")
-    report = re.search(r"learner memory: trainable ([\d,]+) params.*?frozen [\d,]+ params "
-                       r"([\d.]+) MiB", proc.stdout + proc.stderr)
+    report = re.search(
+        r"learner memory: trainable ([\d,]+) params.*?frozen [\d,]+ params "
+        r"([\d.]+) MiB",
+        proc.stdout + proc.stderr,
+    )
     m = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()][1:]
     mean = lambda k: statistics.mean(x[k] for x in m)  # noqa: E731
     return {
         "trainable": int(report.group(1).replace(",", "")) if report else -1,
         "frozen_mib": float(report.group(2)) if report else float("nan"),
         "peak_mb": max(x["learner_peak_rss_mb"] for x in m),
-        "step_s": mean("time/step"), "sync_bytes": mean("weight_sync_bytes"),
-        "sync_s": mean("time/weight_sync"), "tokens_s": mean("rollout_tokens_per_s"),
+        "step_s": mean("time/step"),
+        "sync_bytes": mean("weight_sync_bytes"),
+        "sync_s": mean("time/weight_sync"),
+        "tokens_s": mean("rollout_tokens_per_s"),
     }
 
 
@@ -63,15 +85,21 @@ def main() -> None:
     args = ap.parse_args()
     rows = [(name, run(name, sets, args.steps, args.out)) for name, sets in MODES.items()]
     full = rows[0][1]
-    print(f"\nSmolLM2-135M, quickstart recipe, {args.steps} steps (means over steps 1..), "
-          "vLLM + collective sync, 2 learner ranks\n")
-    print("| mode | trainable params | frozen base MiB | learner peak RSS MiB | step s | "
-          "push bytes | push s | rollout tokens/s | step vs full |")
+    print(
+        f"\nSmolLM2-135M, quickstart recipe, {args.steps} steps (means over steps 1..), "
+        "vLLM + collective sync, 2 learner ranks\n"
+    )
+    print(
+        "| mode | trainable params | frozen base MiB | learner peak RSS MiB | step s | "
+        "push bytes | push s | rollout tokens/s | step vs full |"
+    )
     print("|---|---|---|---|---|---|---|---|---|")
     for name, r in rows:
-        print(f"| {name} | {r['trainable']:,} | {r['frozen_mib']:.1f} | {r['peak_mb']:.0f} | "
-              f"{r['step_s']:.1f} | {r['sync_bytes'] / 1e6:.1f} MB | {r['sync_s']:.2f} | "
-              f"{r['tokens_s']:.0f} | {r['step_s'] / full['step_s']:.2f}x |")
+        print(
+            f"| {name} | {r['trainable']:,} | {r['frozen_mib']:.1f} | {r['peak_mb']:.0f} | "
+            f"{r['step_s']:.1f} | {r['sync_bytes'] / 1e6:.1f} MB | {r['sync_s']:.2f} | "
+            f"{r['tokens_s']:.0f} | {r['step_s'] / full['step_s']:.2f}x |"
+        )
 
 
 if __name__ == "__main__":

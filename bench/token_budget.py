@@ -31,11 +31,17 @@ DATA = ROOT.parent / "shared" / "data" / "gsm8k" / "train.jsonl"
 
 
 def _run(budget: int | None, args: argparse.Namespace) -> list[dict]:
-    recipe = load_recipe(ROOT / "recipes" / "grpo_gsm8k.yaml", [
-        f"data.train.path={args.data}", f"train.steps={args.steps}",
-        f"train.prompts_per_step={args.prompts}", "train.warmup_steps=0",
-        f"train.max_tokens_per_micro_batch={'null' if budget is None else budget}",
-        *QUIET])
+    recipe = load_recipe(
+        ROOT / "recipes" / "grpo_gsm8k.yaml",
+        [
+            f"data.train.path={args.data}",
+            f"train.steps={args.steps}",
+            f"train.prompts_per_step={args.prompts}",
+            "train.warmup_steps=0",
+            f"train.max_tokens_per_micro_batch={'null' if budget is None else budget}",
+            *QUIET,
+        ],
+    )
     with tempfile.TemporaryDirectory() as tmp:
         return run(recipe, Path(tmp) / "run")
 
@@ -60,21 +66,28 @@ def main() -> None:
     if names["fixed"] not in runs:
         return
     keys = ("time/train", "time/step", "padding_fraction", "loss")
-    means = {m: {k: statistics.fmean(h[k] for h in r[1:] or r) for k in keys}
-             for m, r in runs.items()}
+    means = {
+        m: {k: statistics.fmean(h[k] for h in r[1:] or r) for k in keys} for m, r in runs.items()
+    }
     base = next(iter(means.values()))
     which = f"means of steps 2..{args.steps}" if args.steps > 1 else "step 1, with warm-up"
     print(f"\ngrpo_gsm8k, {args.steps} steps x {args.prompts} prompts; {which}\n")
-    print("| micro-batches | train s | step s | train vs fixed | step vs fixed "
-          "| padding_fraction | loss |")
+    print(
+        "| micro-batches | train s | step s | train vs fixed | step vs fixed "
+        "| padding_fraction | loss |"
+    )
     print("|---|---|---|---|---|---|---|")
     for m, v in means.items():
-        print(f"| {m} | {v['time/train']:.2f} | {v['time/step']:.2f} "
-              f"| {v['time/train'] / base['time/train']:.2f}x "
-              f"| {v['time/step'] / base['time/step']:.2f}x | {v['padding_fraction']:.3f} "
-              f"| {v['loss']:.5f} |")
-    print("\nload average (1/5/15 min) after each variant: "
-          + "; ".join(f"{m}: {' '.join(v)}" for m, v in loads.items()))
+        print(
+            f"| {m} | {v['time/train']:.2f} | {v['time/step']:.2f} "
+            f"| {v['time/train'] / base['time/train']:.2f}x "
+            f"| {v['time/step'] / base['time/step']:.2f}x | {v['padding_fraction']:.3f} "
+            f"| {v['loss']:.5f} |"
+        )
+    print(
+        "\nload average (1/5/15 min) after each variant: "
+        + "; ".join(f"{m}: {' '.join(v)}" for m, v in loads.items())
+    )
 
 
 if __name__ == "__main__":

@@ -48,13 +48,22 @@ DATA = Path("/work/shared/data/gsm8k/train.jsonl")
 #: addition, 4 prompts x 8 samples, <= 24 new tokens, its system prompt and lr).
 SHAPES = {
     "gsm8k": {
-        "recipe": "grpo_gsm8k.yaml", "prompts": 8, "samples": 4, "new_tokens": 64,
-        "lr": 1e-6, "micro": 16,
+        "recipe": "grpo_gsm8k.yaml",
+        "prompts": 8,
+        "samples": 4,
+        "new_tokens": 64,
+        "lr": 1e-6,
+        "micro": 16,
         "system": "Solve the problem step by step. End with the final answer as: #### <number>",
     },
     "quickstart": {
-        "recipe": "quickstart_grpo.yaml", "prompts": 4, "samples": 8, "new_tokens": 24,
-        "lr": 5e-6, "micro": 16, "system": "Reply with only the final number.",
+        "recipe": "quickstart_grpo.yaml",
+        "prompts": 4,
+        "samples": 8,
+        "new_tokens": 24,
+        "lr": 5e-6,
+        "micro": 16,
+        "system": "Reply with only the final number.",
     },
 }
 
@@ -181,8 +190,10 @@ def _quickstart_data(w: dict) -> Path:
     from posttrain.recipes.loading import load_recipe
 
     recipe = load_recipe(ROOT / "recipes" / w["recipe"], ["eval=null"])
-    lines = [json.dumps({"question": p.question, "answer": f"#### {p.ground_truth}"})
-             for p in load_prompts(recipe.data)]
+    lines = [
+        json.dumps({"question": p.question, "answer": f"#### {p.ground_truth}"})
+        for p in load_prompts(recipe.data)
+    ]
     f = tempfile.NamedTemporaryFile("w", suffix=".jsonl", delete=False)
     f.write("\n".join(lines))
     f.close()
@@ -206,7 +217,8 @@ def _trl(args: argparse.Namespace, model_path: str) -> list[dict]:
                 "--trl-worker",
                 model_path,
                 "--data",
-                str(_quickstart_data(SHAPES[args.shape])) if args.shape == "quickstart"
+                str(_quickstart_data(SHAPES[args.shape]))
+                if args.shape == "quickstart"
                 else args.data,
                 "--steps",
                 str(args.steps),
@@ -247,8 +259,9 @@ def _posttrain(args: argparse.Namespace) -> list[dict]:
     ]
 
 
-def _table(runs: dict[str, list[dict]], loads: dict[str, list[str]], steps: int,
-           shape: str) -> None:
+def _table(
+    runs: dict[str, list[dict]], loads: dict[str, list[str]], steps: int, shape: str
+) -> None:
     def med(rs: list[dict], k: str) -> float | None:
         vals = [r[k] for r in rs[1:] if r.get(k) is not None]
         return statistics.median(vals) if vals else None
@@ -299,8 +312,12 @@ def main() -> None:
     ap.add_argument("--only", choices=["trl", "posttrain"], help="run one system")
     ap.add_argument("--save", type=Path, help="JSON of runs so far (with --only: merged)")
     ap.add_argument("--set", action="append", default=[], help="extra posttrain override")
-    ap.add_argument("--shape", choices=sorted(SHAPES), default="gsm8k",
-                    help="workload: issue 15's GSM8K one or the quickstart's")
+    ap.add_argument(
+        "--shape",
+        choices=sorted(SHAPES),
+        default="gsm8k",
+        help="workload: issue 15's GSM8K one or the quickstart's",
+    )
     args = ap.parse_args()
     if args.steps < 2:
         ap.error("--steps must be at least 2 (the first is warm-up)")
@@ -318,8 +335,7 @@ def main() -> None:
         loads[names[key]] = Path("/proc/loadavg").read_text().split()[:3]
         if args.save:
             args.save.write_text(json.dumps({"runs": runs, "loads": loads}))
-    _table({k: runs[k] for k in names.values() if k in runs}, loads, args.steps,
-           args.shape)
+    _table({k: runs[k] for k in names.values() if k in runs}, loads, args.steps, args.shape)
 
 
 if __name__ == "__main__":

@@ -85,22 +85,34 @@ def main() -> None:
     memcpy = statistics.median(_time(lambda: dst.copy_(src)) for _ in range(max(3, args.repeats)))
 
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    rows = [("torch memcpy, once", "-", memcpy),
-            (f"torch memcpy x {args.engines} (limit)", "-", memcpy * args.engines)]
+    rows = [
+        ("torch memcpy, once", "-", memcpy),
+        (f"torch memcpy x {args.engines} (limit)", "-", memcpy * args.engines),
+    ]
     limit = memcpy * args.engines  # every engine needs its own copy of the bytes
     for kind in TRANSPORTS:
-        settings = TransportSettings(kind, bucket_mb=64, timeout_s=300,
-                                     directory=f"/dev/shm/posttrain-bench-{kind}")
+        settings = TransportSettings(
+            kind, bucket_mb=64, timeout_s=300, directory=f"/dev/shm/posttrain-bench-{kind}"
+        )
         store = None
         if kind == "collective":  # receivers join the push group while constructed
             store = GroupStore(args.engines + 1, 300)
-            settings = replace(settings, group_address=store.address,
-                               group_world=args.engines + 1)
-        modes = [("transport", lambda i, s=settings: ray.remote(num_cpus=0)(Sink).remote(
-            i + 1, s, shapes))]
+            settings = replace(settings, group_address=store.address, group_world=args.engines + 1)
+        modes = [
+            (
+                "transport",
+                lambda i, s=settings: ray.remote(num_cpus=0)(Sink).remote(i + 1, s, shapes),
+            )
+        ]
         if not args.no_vllm:
-            modes.append(("vLLM", lambda i, s=settings: ray.remote(num_cpus=0)(
-                RolloutWorker).remote(i, EngineSettings("vllm", path, args.dtype), s, 1)))
+            modes.append(
+                (
+                    "vLLM",
+                    lambda i, s=settings: ray.remote(num_cpus=0)(RolloutWorker).remote(
+                        i, EngineSettings("vllm", path, args.dtype), s, 1
+                    ),
+                )
+            )
         for mode, start in modes:
             receivers = [start(i) for i in range(args.engines)]
             sender = make_transport(settings, rank=0)
@@ -111,8 +123,10 @@ def main() -> None:
                 ray.kill(r)
     ray.shutdown()
 
-    print(f"\nSmolLM2-135M {args.dtype}: {nbytes / 1e6:.1f} MB to {args.engines} engines, "
-          f"median of {args.repeats}\n")
+    print(
+        f"\nSmolLM2-135M {args.dtype}: {nbytes / 1e6:.1f} MB to {args.engines} engines, "
+        f"median of {args.repeats}\n"
+    )
     print(f"| transport | into | seconds | GB/s | vs memcpy x {args.engines} |")
     print("|---|---|---|---|---|")
     for kind, mode, s in rows:
@@ -122,8 +136,10 @@ def main() -> None:
         steps = [json.loads(x) for x in args.metrics.read_text().splitlines()]
         step_s = statistics.mean(m["time/step"] for m in steps)
         sync_s = statistics.mean(m["time/weight_sync"] for m in steps)
-        print(f"\n{args.metrics}: mean step {step_s:.1f} s, mean push (weight_sync) {sync_s:.2f} s "
-              f"= {100 * sync_s / step_s:.1f}% of a step")
+        print(
+            f"\n{args.metrics}: mean step {step_s:.1f} s, mean push (weight_sync) {sync_s:.2f} s "
+            f"= {100 * sync_s / step_s:.1f}% of a step"
+        )
 
 
 def _time(fn) -> float:

@@ -17,8 +17,9 @@ def forward_cost(rows: int, length: int, hidden: int, intermediate: int) -> floa
     return rows * length * hidden * (4 * hidden + 3 * intermediate) + 2 * hidden * rows * length**2
 
 
-def packing_pays(rows: int, length: int, prompt: int, prompts: int, group: int, hidden: int,
-                 intermediate: int) -> bool:
+def packing_pays(
+    rows: int, length: int, prompt: int, prompts: int, group: int, hidden: int, intermediate: int
+) -> bool:
     """Whether packing `rows` rows of `length` columns (the first `prompt` shared, in
     `prompts` distinct prompts of at most `group` rows each) into `prompts` rows of
     `prompt + group·(length − prompt)` columns cuts the forward's FLOPs by ≥ 10%."""

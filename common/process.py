@@ -45,8 +45,12 @@ def quiet_libraries() -> None:
     hf_logging.disable_progress_bar()
 
 
-def split_cores(rollout_workers: int, learner_workers: int, rollout_cores: int | None = None,
-                cores: int | None = None) -> tuple[int, int]:
+def split_cores(
+    rollout_workers: int,
+    learner_workers: int,
+    rollout_cores: int | None = None,
+    cores: int | None = None,
+) -> tuple[int, int]:
     """Threads per rollout worker and per learner rank when both sides compute at once
     (asynchronous training): `rollout_cores` (default half the cores) go to the rollout
     workers, the rest to the learner ranks, each side at least one core and each worker
@@ -84,7 +88,9 @@ def bf16_note(device: str, dtype: str, cpuinfo: Path = Path("/proc/cpuinfo")) ->
     dtype would change the run's numbers."""
     if device != "cpu" or dtype != "bfloat16" or cpu_has_bf16(cpuinfo) is not False:
         return None
-    return ("note: model.dtype is bfloat16, but this CPU has no bf16 matrix instructions "
-            "(none of avx512_bf16, amx_bf16, bf16 in /proc/cpuinfo), so bf16 matmuls are "
-            "emulated and run slower than float32; --set model.dtype=float32 trains and "
-            "samples faster here, with float32 engine weights (twice the memory)")
+    return (
+        "note: model.dtype is bfloat16, but this CPU has no bf16 matrix instructions "
+        "(none of avx512_bf16, amx_bf16, bf16 in /proc/cpuinfo), so bf16 matmuls are "
+        "emulated and run slower than float32; --set model.dtype=float32 trains and "
+        "samples faster here, with float32 engine weights (twice the memory)"
+    )

@@ -21,7 +21,24 @@ from posttrain.config.recipe import (
 )
 from posttrain.config.rewards import LOCAL_TYPES, RewardServerConfig, RewardSpec
 
-__all__ = ["LOCAL_TYPES", "AdapterConfig", "AdvisoriesConfig", "DPOConfig", "DataConfig",
-           "GRPOConfig", "GeneratorData", "JsonlData", "PPOConfig", "PreferenceData", "Recipe",
-           "RecipeError", "ResourcesConfig", "RewardServerConfig", "RewardSpec", "RolloutConfig",
-           "Strict", "WeightSyncConfig", "vllm_installed"]
+__all__ = [
+    "LOCAL_TYPES",
+    "AdapterConfig",
+    "AdvisoriesConfig",
+    "DPOConfig",
+    "DataConfig",
+    "GRPOConfig",
+    "GeneratorData",
+    "JsonlData",
+    "PPOConfig",
+    "PreferenceData",
+    "Recipe",
+    "RecipeError",
+    "ResourcesConfig",
+    "RewardServerConfig",
+    "RewardSpec",
+    "RolloutConfig",
+    "Strict",
+    "WeightSyncConfig",
+    "vllm_installed",
+]

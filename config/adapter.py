@@ -13,8 +13,7 @@ from pydantic import Field, model_validator
 
 from posttrain.config.base import Strict as _Strict
 
-DEFAULT_LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
-                        "down_proj")
+DEFAULT_LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
 class AdapterConfig(_Strict):
@@ -34,24 +33,25 @@ class AdapterConfig(_Strict):
         "scales).",
     )
     r: int = Field(16, gt=0, le=1024, description="LoRA rank r (rows of A, columns of B).")
-    alpha: float = Field(
-        32.0, gt=0, description="LoRA alpha; the update is scaled by alpha / r."
-    )
+    alpha: float = Field(32.0, gt=0, description="LoRA alpha; the update is scaled by alpha / r.")
     dropout: float = Field(
         0.0, ge=0.0, lt=1.0, description="Dropout on the LoRA branch's input while training."
     )
     target_modules: list[str] = Field(
-        default_factory=lambda: list(DEFAULT_LORA_TARGETS), min_length=1,
+        default_factory=lambda: list(DEFAULT_LORA_TARGETS),
+        min_length=1,
         description="Names (last path component) of the linear layers that get adapters; the "
         "default is every attention and MLP projection of Llama-style models.",
     )
     use_dora: bool = Field(
-        False, description="DoRA (Liu et al. 2024): also learn a per-output-channel magnitude. "
-        "LoRA only (not with qlora)."
+        False,
+        description="DoRA (Liu et al. 2024): also learn a per-output-channel magnitude. "
+        "LoRA only (not with qlora).",
     )
     save_merged: bool = Field(
-        False, description="The final checkpoint holds the adapter (PEFT format); also write "
-        "the merged full model to FINAL/merged with save_pretrained."
+        False,
+        description="The final checkpoint holds the adapter (PEFT format); also write "
+        "the merged full model to FINAL/merged with save_pretrained.",
     )
 
     @model_validator(mode="after")
@@ -80,4 +80,3 @@ class AdapterConfig(_Strict):
                 "use_dora, or qlora without it"
             )
         return self
-

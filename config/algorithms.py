@@ -39,14 +39,17 @@ class GRPOConfig(_Strict):
         "and denominator alike (DAPO's overlong filtering, Yu et al. 2025).",
     )
     overlong_buffer: int | None = Field(
-        None, gt=0,
+        None,
+        gt=0,
         description="DAPO's soft overlong punishment (Yu et al. 2025, eq. 13): responses longer "
         "than rollout.max_new_tokens − overlong_buffer lose up to overlong_penalty of reward, "
         "linearly over this many last tokens; null: off. Must be below max_new_tokens.",
     )
     overlong_penalty: float = Field(
-        1.0, ge=0, description="The soft overlong punishment at the length limit (DAPO's "
-        "penalty factor); used with overlong_buffer."
+        1.0,
+        ge=0,
+        description="The soft overlong punishment at the length limit (DAPO's "
+        "penalty factor); used with overlong_buffer.",
     )
     dynamic_sampling: bool = Field(
         False,
@@ -59,8 +62,9 @@ class GRPOConfig(_Strict):
         3, gt=0, description="Most generate+score rounds per step with dynamic_sampling."
     )
     scale_rewards: bool = Field(
-        True, description="estimator grpo: divide group-centred rewards by the group's std "
-        "(False: Dr. GRPO)."
+        True,
+        description="estimator grpo: divide group-centred rewards by the group's std "
+        "(False: Dr. GRPO).",
     )
     std_eps: float = Field(1e-6, gt=0, description="Added to the group std before dividing.")
     loss_agg: Literal["token_mean", "seq_mean_token_sum"] = Field(
@@ -70,7 +74,9 @@ class GRPOConfig(_Strict):
     )
     epochs: int = Field(1, gt=0, description="Passes over each step's rollouts.")
     mini_batches: int = Field(
-        1, gt=0, description="Optimizer steps per epoch (the step's rollouts split into this "
+        1,
+        gt=0,
+        description="Optimizer steps per epoch (the step's rollouts split into this "
         "many shuffled mini-batches). With epochs × mini_batches = 1 (the default) the "
         "batch gets one update from the policy that sampled it: the ratio is 1 and the clip "
         "cannot act. From the second update of a step on, the clip acts.",
@@ -95,16 +101,19 @@ class PPOConfig(_Strict):
     kl_mode: Literal["reward", "loss"] = Field(
         "reward", description="reward: k1 per-token penalty in the reward; loss: k3 loss term."
     )
-    whiten_advantages: bool = Field(True, description="Whiten advantages over the step's "
-                                    "valid tokens.")
+    whiten_advantages: bool = Field(
+        True, description="Whiten advantages over the step's valid tokens."
+    )
     bootstrap_truncated: bool = Field(
-        False, description="A response cut at max_new_tokens bootstraps GAE from the critic's "
-        "last value instead of 0."
+        False,
+        description="A response cut at max_new_tokens bootstraps GAE from the critic's "
+        "last value instead of 0.",
     )
     critic_lr: float = Field(1e-5, gt=0, description="AdamW learning rate of the critic.")
     critic_path: str | None = Field(
-        None, description="Initialise the critic from this transformers folder; default the "
-        "policy's weights."
+        None,
+        description="Initialise the critic from this transformers folder; default the "
+        "policy's weights.",
     )
 
 
@@ -115,9 +124,10 @@ class DPOConfig(_Strict):
         "sigmoid", description="sigmoid (Rafailov et al. 2023, eq. 7) or ipo (Azar et al. 2023)."
     )
     ipo_token_mean: bool = Field(
-        True, description="ipo: compare per-token mean logprobs of each reply (IPO's authors, "
+        True,
+        description="ipo: compare per-token mean logprobs of each reply (IPO's authors, "
         "TRL), so the target margin 1/(2β) does not depend on reply length; false: summed "
-        "logprobs, as sigmoid DPO uses."
+        "logprobs, as sigmoid DPO uses.",
     )
     precompute_ref_logprobs: bool = Field(
         True,
@@ -141,8 +151,10 @@ class CorrectionConfig(_Strict):
         "IcePop).",
     )
     level: Literal["token", "sequence"] = Field(
-        "token", description="token: one weight per token; sequence: one per response, "
-        "exp of the sum of its token log-ratios, on every token of it.")
+        "token",
+        description="token: one weight per token; sequence: one per response, "
+        "exp of the sum of its token log-ratios, on every token of it.",
+    )
     cap: float = Field(2.0, gt=1, description="C: TIS truncates at C; MIS keeps [1/C, C].")
 
 
@@ -153,18 +165,27 @@ class RewardModelConfig(_Strict):
     `AutoModelForSequenceClassification` folder that a `type: reward_model` reward serves."""
 
     margin: float = Field(
-        0.0, ge=0, description="Constant margin m every pair must clear (0: InstructGPT).")
+        0.0, ge=0, description="Constant margin m every pair must clear (0: InstructGPT)."
+    )
     margin_key: str | None = Field(
-        None, description="Row key of a per-pair margin ≥ 0 added to `margin` (Llama 2's "
-        "preference-strength margin); null: none.")
+        None,
+        description="Row key of a per-pair margin ≥ 0 added to `margin` (Llama 2's "
+        "preference-strength margin); null: none.",
+    )
     max_length: int = Field(512, gt=8, description="Most tokens of prompt + reply per row.")
     chat_template: bool = Field(
-        True, description="Render every pair with the model's chat template, as the reward "
+        True,
+        description="Render every pair with the model's chat template, as the reward "
         "service renders what it scores (hh dialogues split into user/assistant turns, a "
-        "text prompt as one user message); false: raw text as DPO reads it.")
+        "text prompt as one user message); false: raw text as DPO reads it.",
+    )
     eval_pairs: int = Field(
-        0, ge=0, description="Pairs held out (the last N after the seeded shuffle) and "
+        0,
+        ge=0,
+        description="Pairs held out (the last N after the seeded shuffle) and "
         "scored without training: eval/loss, eval/accuracy, eval/margin, eval/chosen, "
-        "eval/rejected; 0: no eval split.")
+        "eval/rejected; 0: no eval split.",
+    )
     eval_every: int = Field(
-        10, gt=0, description="Score the held-out pairs every N steps and after the last.")
+        10, gt=0, description="Score the held-out pairs every N steps and after the last."
+    )

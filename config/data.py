@@ -60,8 +60,10 @@ class JsonlData(_Strict):
 
 
 class PreferenceData(_Strict):
-    path: str = Field(description="Preference pairs, .jsonl or .jsonl.gz, relative to the "
-                      "recipe file or absolute.")
+    path: str = Field(
+        description="Preference pairs, .jsonl or .jsonl.gz, relative to the "
+        "recipe file or absolute."
+    )
     format: Literal["hh", "pairs"] = Field(
         description="hh: HH-RLHF rows {chosen, rejected} of whole dialogues, split into the "
         "shared prompt and the two last replies. pairs: rows with prompt, chosen, rejected."
@@ -81,7 +83,8 @@ def _data_kind(v: Any) -> str:
 
 class DataConfig(_Strict):
     train: Annotated[
-        Annotated[GeneratorData, Tag("generator")] | Annotated[JsonlData, Tag("jsonl")]
+        Annotated[GeneratorData, Tag("generator")]
+        | Annotated[JsonlData, Tag("jsonl")]
         | Annotated[PreferenceData, Tag("preference")],
         Discriminator(_data_kind),
     ] = Field(
@@ -89,5 +92,6 @@ class DataConfig(_Strict):
         "answer_key}. DPO: {path: pairs.jsonl[.gz], format: hh | pairs, ...}."
     )
     shuffle_seed: int = Field(0, description="Seed of the order prompts are drawn in.")
+
 
 __all__ = ["DataConfig", "GeneratorData", "JsonlData", "PreferenceData"]

@@ -13,37 +13,58 @@ class AdvisoriesConfig(_Strict):
     step; an advisory is printed when it starts and listed in metrics.jsonl."""
 
     no_variance_groups: float = Field(
-        0.5, ge=0, le=1, description="Advise when this share of a step's groups or more has "
-        "no reward variance (every sample scored the same: no GRPO signal).")
+        0.5,
+        ge=0,
+        le=1,
+        description="Advise when this share of a step's groups or more has "
+        "no reward variance (every sample scored the same: no GRPO signal).",
+    )
     truncated: float = Field(
-        0.25, ge=0, le=1, description="Advise when this share of responses or more hit "
-        "rollout.max_new_tokens.")
+        0.25,
+        ge=0,
+        le=1,
+        description="Advise when this share of responses or more hit rollout.max_new_tokens.",
+    )
     slow_step: float = Field(
-        5.0, gt=1, description="Advise when a step takes this many times the median step "
-        "time so far or more.")
+        5.0,
+        gt=1,
+        description="Advise when a step takes this many times the median step time so far or more.",
+    )
     failed_rewards: int = Field(
-        1, ge=1, description="Advise when this many rollouts or more could not be scored.")
+        1, ge=1, description="Advise when this many rollouts or more could not be scored."
+    )
     logprob_mismatch: float = Field(
-        0.1, gt=0, description="Advise when the mean |learner - engine| logprob of the "
-        "sampled tokens is above this.")
+        0.1,
+        gt=0,
+        description="Advise when the mean |learner - engine| logprob of the "
+        "sampled tokens is above this.",
+    )
     idle: float = Field(
-        0.9, gt=0, le=1, description="Advise when a side (rollout or learner) is idle more "
-        "than this share of the step ...")
+        0.9,
+        gt=0,
+        le=1,
+        description="Advise when a side (rollout or learner) is idle more "
+        "than this share of the step ...",
+    )
     idle_steps: int = Field(3, ge=1, description="... for this many steps in a row.")
 
 
 class MonitorConfig(_Strict):
     progress: bool = Field(True, description="Show a progress bar on the console.")
     dashboard_port: int | None = Field(
-        8765, ge=0, le=65535,
+        8765,
+        ge=0,
+        le=65535,
         description="Live dashboard and Prometheus /metrics on 127.0.0.1:PORT (0: any free "
         "port; null: off).",
     )
-    tensorboard: bool = Field(True, description="Write TensorBoard event files to "
-                              "RUN_DIR/tensorboard.")
+    tensorboard: bool = Field(
+        True, description="Write TensorBoard event files to RUN_DIR/tensorboard."
+    )
     wandb_project: str | None = Field(
-        None, description="Log every step to this Weights & Biases project (needs wandb; "
-        "WANDB_MODE=offline works without network)."
+        None,
+        description="Log every step to this Weights & Biases project (needs wandb; "
+        "WANDB_MODE=offline works without network).",
     )
     save_rollouts: bool = Field(
         True, description="Write every step's rollouts and rewards to RUN_DIR/rollouts/."
@@ -57,8 +78,13 @@ class DebugConfig(_Strict):
     learner_delay_s: float = Field(0.0, ge=0, description="Extra busy seconds per train_step.")
     rollout_delay_s: float = Field(0.0, ge=0, description="Extra busy seconds per generate.")
     push_delay_s: float = Field(
-        0.0, ge=0, description="Fault drills: extra seconds each engine spends taking a weight "
-        "push (a window to signal the controller during push_weights).")
+        0.0,
+        ge=0,
+        description="Fault drills: extra seconds each engine spends taking a weight "
+        "push (a window to signal the controller during push_weights).",
+    )
     fail_weight_push: tuple[int, int] | None = Field(
-        None, description="Fault drill: [engine, policy_version] — that engine refuses "
-        "every push of that version (keeping its old weights).")
+        None,
+        description="Fault drill: [engine, policy_version] — that engine refuses "
+        "every push of that version (keeping its old weights).",
+    )

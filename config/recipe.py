@@ -74,23 +74,31 @@ class VLLMConfig(_Strict):
     """Settings of `engine: vllm`."""
 
     kv_cache_gb: float = Field(
-        1.0, gt=0, description="KV cache per engine, GiB (CPU: VLLM_CPU_KVCACHE_SPACE, rounded "
-        "to whole GiB, at least 1; GPU: kv_cache_memory_bytes)."
+        1.0,
+        gt=0,
+        description="KV cache per engine, GiB (CPU: VLLM_CPU_KVCACHE_SPACE, rounded "
+        "to whole GiB, at least 1; GPU: kv_cache_memory_bytes).",
     )
     max_model_len: int | None = Field(
-        None, gt=0, description="Longest prompt + response in tokens; default: the model's "
+        None,
+        gt=0,
+        description="Longest prompt + response in tokens; default: the model's "
         "context (max_position_embeddings). Must exceed rollout.max_new_tokens, and "
-        "`posttrain validate` checks the longest prompt + max_new_tokens fits."
+        "`posttrain validate` checks the longest prompt + max_new_tokens fits.",
     )
     enforce_eager: bool = Field(
-        True, description="Run without torch.compile / CUDA graphs: starts in seconds instead "
-        "of minutes, decodes slower. Set false on GPUs for long runs."
+        True,
+        description="Run without torch.compile / CUDA graphs: starts in seconds instead "
+        "of minutes, decodes slower. Set false on GPUs for long runs.",
     )
     gpu_memory_utilization: float | None = Field(
-        None, gt=0, le=1, description="device cuda: share of each engine GPU's memory vLLM "
+        None,
+        gt=0,
+        le=1,
+        description="device cuda: share of each engine GPU's memory vLLM "
         "may take (weights + activations + KV cache), vLLM's own setting; null: a KV cache "
         "of kv_cache_gb instead. Colocated engines share the GPU with a learner rank: keep "
-        "it low (e.g. 0.3); vLLM sleeps while the learner trains."
+        "it low (e.g. 0.3); vLLM sleeps while the learner trains.",
     )
 
 
@@ -117,8 +125,10 @@ class RolloutConfig(EpisodeFields):
         8, ge=1, description="Samples drawn per prompt; one prompt's samples form a group."
     )
     max_new_tokens: int = Field(
-        128, gt=0, description="Most response tokens per sample; the longest prompt plus this "
-        "must fit in the model's context (and rollout.vllm.max_model_len)."
+        128,
+        gt=0,
+        description="Most response tokens per sample; the longest prompt plus this "
+        "must fit in the model's context (and rollout.vllm.max_model_len).",
     )
     temperature: float = Field(
         1.0, gt=0.0, description="Sampling temperature; inference_logprobs are under it."
@@ -134,9 +144,11 @@ class RolloutConfig(EpisodeFields):
     @classmethod
     def _no_empty_stop(cls, v: list[str]) -> list[str]:
         if "" in v:
-            raise ValueError("an empty stop string is contained in every text, so every sample "
-                             "would end after its first token; remove it (stop strings must "
-                             "be non-empty)")
+            raise ValueError(
+                "an empty stop string is contained in every text, so every sample "
+                "would end after its first token; remove it (stop strings must "
+                "be non-empty)"
+            )
         return v
 
     @model_validator(mode="after")
@@ -170,7 +182,8 @@ class TrainConfig(_Strict):
         4, gt=0, description="Sequences per forward/backward on each learner worker."
     )
     max_tokens_per_micro_batch: int | None = Field(
-        None, gt=0,
+        None,
+        gt=0,
         description="Token budget per forward/backward: each learner worker sorts its rows "
         "by length and groups whole examples so a micro-batch holds at most this many real "
         "tokens (a longer example runs alone), cutting right padding; the loss is unchanged. "
@@ -183,17 +196,22 @@ class TrainConfig(_Strict):
     max_grad_norm: float = Field(1.0, gt=0, description="Global grad-norm clip.")
     seed: int = Field(0, description="Seed of sampling and initialisation.")
     gradient_checkpointing: bool = Field(
-        False, description="Recompute each decoder layer's activations in the backward pass "
+        False,
+        description="Recompute each decoder layer's activations in the backward pass "
         "(transformers' gradient_checkpointing_enable, non-reentrant) instead of keeping "
-        "them: about a third more compute for long sequences that would not fit otherwise.")
+        "them: about a third more compute for long sequences that would not fit otherwise.",
+    )
     compile: bool = Field(
-        False, description="torch.compile each decoder layer of the learner's policy and "
+        False,
+        description="torch.compile each decoder layer of the learner's policy and "
         "reference (inductor, per block, FSDP2's hooks eager). Full fine-tuning only. Pays a "
         "compile on the first micro-batch of each new shape; bench/compile.py measures "
-        "whether it pays on your machine.")
+        "whether it pays on your machine.",
+    )
     save_final: bool = Field(True, description="Save the final policy with save_pretrained.")
     checkpoint_every: int | None = Field(
-        None, gt=0,
+        None,
+        gt=0,
         description="Write a training checkpoint (RUN_DIR/checkpoints/step_NNNNN: sharded "
         "policy, optimizer, critic, LR schedule, RNGs, data position) every N steps; null: "
         "only at the end of the run and on SIGTERM/Ctrl-C. `posttrain run --resume RUN_DIR` "
@@ -203,7 +221,8 @@ class TrainConfig(_Strict):
         2, ge=1, description="Training checkpoints kept in RUN_DIR/checkpoints (oldest removed)."
     )
     max_restarts: int = Field(
-        0, ge=0,
+        0,
+        ge=0,
         description="Times a run may restart its learner group by itself after a learner rank "
         "dies (killed, out of memory): the whole group is started again from the newest "
         "checkpoint (from the initial weights at step 0 when none exists yet), the engines get "
@@ -211,7 +230,8 @@ class TrainConfig(_Strict):
         "checkpoint to resume from.",
     )
     max_staleness: int = Field(
-        0, ge=0,
+        0,
+        ge=0,
         description="0: synchronous, on-policy steps (generate, score, train, push). k >= 1: "
         "rollouts for the next k steps are generated and scored while the learner trains "
         "(recipes/async_loop.py); a sample made by policy_version v trains at step s only if "
@@ -284,7 +304,8 @@ class Recipe(_Strict):
     weight_sync: WeightSyncConfig = Field(default_factory=WeightSyncConfig)
     monitor: MonitorConfig = Field(default_factory=MonitorConfig)
     eval: EvalConfig | None = Field(
-        None, description="Evaluation on held-out prompts during training (GRPO, PPO).")
+        None, description="Evaluation on held-out prompts during training (GRPO, PPO)."
+    )
     debug: DebugConfig = Field(default_factory=DebugConfig)
 
     @model_validator(mode="after")
@@ -293,21 +314,31 @@ class Recipe(_Strict):
         pairs = self.algorithm in ("dpo", "reward_model")
         name = "DPO" if self.algorithm == "dpo" else "A reward model"
         if pairs and self.eval is not None:
-            raise ValueError(f"eval: {name} samples no responses to evaluate; remove the eval "
-                             "block, or use algorithm grpo or ppo")
+            raise ValueError(
+                f"eval: {name} samples no responses to evaluate; remove the eval "
+                "block, or use algorithm grpo or ppo"
+            )
         if pairs and not preference:
-            raise ValueError(f"data.train: {name} trains on preference pairs; give "
-                             "{path: pairs.jsonl, format: hh | pairs}")
+            raise ValueError(
+                f"data.train: {name} trains on preference pairs; give "
+                "{path: pairs.jsonl, format: hh | pairs}"
+            )
         if self.algorithm == "reward_model" and self.rewards:
-            raise ValueError("rewards: a reward model trains on preference pairs and calls no "
-                             "reward; remove the rewards list")
+            raise ValueError(
+                "rewards: a reward model trains on preference pairs and calls no "
+                "reward; remove the rewards list"
+            )
         if not pairs and preference and self.data.train.format != "hh":
-            raise ValueError("data.train: GRPO and PPO take prompts from preference pairs "
-                             "only in format hh (its single-turn dialogues); give prompts "
-                             "({generator: ...} or {path, prompt_key}), or set algorithm: dpo")
+            raise ValueError(
+                "data.train: GRPO and PPO take prompts from preference pairs "
+                "only in format hh (its single-turn dialogues); give prompts "
+                "({generator: ...} or {path, prompt_key}), or set algorithm: dpo"
+            )
         if not pairs and not self.rewards:
-            raise ValueError(f"rewards: {self.algorithm.upper()} needs at least one reward "
-                             "component, e.g. [{name: correct, type: math}]")
+            raise ValueError(
+                f"rewards: {self.algorithm.upper()} needs at least one reward "
+                "component, e.g. [{name: correct, type: math}]"
+            )
         return self
 
     @model_validator(mode="after")
@@ -327,10 +358,12 @@ class Recipe(_Strict):
                     f"{self.algorithm}.mini_batches is {split}, but a step has only {rows} "
                     "rollouts (train.prompts_per_step × rollout.samples_per_prompt), so some "
                     f"mini-batches would hold none; set {self.algorithm}.mini_batches: {rows} "
-                    "or less")
+                    "or less"
+                )
         self._grpo_family_keys()
-        check_episodes(self.algorithm, self.rollout, self.grpo.dynamic_sampling,
-                       self.grpo.overlong_buffer)
+        check_episodes(
+            self.algorithm, self.rollout, self.grpo.dynamic_sampling, self.grpo.overlong_buffer
+        )
         check_async_and_correction(self)
         names = [r.name for r in self.rewards]
         dup = sorted({n for n in names if names.count(n) > 1})
@@ -343,19 +376,29 @@ class Recipe(_Strict):
         algorithm grpo, and the overlong buffer must end before the length limit."""
         g = self.grpo
         if self.algorithm != "grpo":
-            set_keys = [k for k in ("estimator", "loss", "mask_truncated", "overlong_buffer",
-                                  "dynamic_sampling")
-                        if getattr(g, k) != GRPOConfig.model_fields[k].default]
+            set_keys = [
+                k
+                for k in (
+                    "estimator",
+                    "loss",
+                    "mask_truncated",
+                    "overlong_buffer",
+                    "dynamic_sampling",
+                )
+                if getattr(g, k) != GRPOConfig.model_fields[k].default
+            ]
             if set_keys:
                 raise ValueError(
                     f"grpo.{set_keys[0]} is set, but algorithm is {self.algorithm} and only "
-                    f"GRPO reads it; set algorithm: grpo, or remove grpo.{set_keys[0]}")
+                    f"GRPO reads it; set algorithm: grpo, or remove grpo.{set_keys[0]}"
+                )
         limit = self.rollout.max_new_tokens
         if g.overlong_buffer is not None and g.overlong_buffer >= limit:
             raise ValueError(
                 f"grpo.overlong_buffer is {g.overlong_buffer}, but rollout.max_new_tokens is "
                 f"{limit}: the penalty buffer must be the last tokens before the limit; set "
-                f"grpo.overlong_buffer below {limit} (DAPO uses a quarter of it)")
+                f"grpo.overlong_buffer below {limit} (DAPO uses a quarter of it)"
+            )
 
     @model_validator(mode="after")
     def _devices(self) -> Recipe:
@@ -364,9 +407,11 @@ class Recipe(_Strict):
             raise ValueError(
                 "weight_sync.type: cuda_ipc hands tensors between processes on one GPU, so it "
                 "needs resources.device: cuda and resources.colocate: true; set both, or "
-                "weight_sync.type: collective")
-        merged_adapter = (self.model.adapter.type != "none"
-                          and self.weight_sync.adapter_mode == "merged")
+                "weight_sync.type: collective"
+            )
+        merged_adapter = (
+            self.model.adapter.type != "none" and self.weight_sync.adapter_mode == "merged"
+        )
         if self.weight_sync.type == "cuda_ipc" and merged_adapter and res.rollout.gpus > 1:
             # Only learner rank 0 builds the merged tensors, so only its GPU's engine
             # would receive them.
@@ -374,37 +419,47 @@ class Recipe(_Strict):
                 "weight_sync.type: cuda_ipc with model.adapter and weight_sync.adapter_mode: "
                 "merged reaches only the engine on learner rank 0's GPU; with "
                 f"resources.rollout.gpus {res.rollout.gpus} set weight_sync.type: "
-                "object_store, or resources.rollout.gpus: 1")
+                "object_store, or resources.rollout.gpus: 1"
+            )
         if res.rollout.gpus_per_engine != 1 and self.rollout.engine != "vllm":
             raise ValueError(
                 "resources.rollout.gpus_per_engine > 1 is tensor parallelism, which only "
-                "rollout.engine: vllm runs; set rollout.engine: vllm, or gpus_per_engine: 1")
+                "rollout.engine: vllm runs; set rollout.engine: vllm, or gpus_per_engine: 1"
+            )
         if res.colocate and res.device == "cuda" and self.weight_sync.type == "collective":
             raise ValueError(
                 "weight_sync.type: collective would make an NCCL group of learner rank 0 and "
                 "the engine on the same GPU, which NCCL refuses (one rank per GPU); colocated "
-                "on cuda set weight_sync.type: cuda_ipc (or object_store)")
+                "on cuda set weight_sync.type: cuda_ipc (or object_store)"
+            )
         if res.rollout.gpus_per_engine != 1 and self.weight_sync.type == "collective":
             raise ValueError(
                 "weight_sync.type: collective broadcasts into the engine actor's own GPU, and a "
                 "tensor-parallel engine's GPUs belong to its vLLM workers (receiving in each "
                 "worker is not built yet); set weight_sync.type: object_store (or "
-                "filesystem) with rollout.gpus_per_engine > 1")
+                "filesystem) with rollout.gpus_per_engine > 1"
+            )
         return self
 
     @model_validator(mode="after")
     def _adapter_sync(self) -> Recipe:
         if self.weight_sync.adapter_mode == "adapter" and self.model.adapter.type == "none":
-            raise ValueError("weight_sync.adapter_mode: 'adapter' sends only adapter tensors, "
-                             "but model.adapter.type is 'none'; set model.adapter.type: lora "
-                             "(or qlora), or adapter_mode: merged")
+            raise ValueError(
+                "weight_sync.adapter_mode: 'adapter' sends only adapter tensors, "
+                "but model.adapter.type is 'none'; set model.adapter.type: lora "
+                "(or qlora), or adapter_mode: merged"
+            )
         if self.weight_sync.adapter_mode == "adapter" and self.model.adapter.use_dora:
-            raise ValueError("weight_sync.adapter_mode: 'adapter' loads the adapter as a vLLM "
-                             "LoRA, and vLLM does not serve DoRA; set adapter_mode: merged")
+            raise ValueError(
+                "weight_sync.adapter_mode: 'adapter' loads the adapter as a vLLM "
+                "LoRA, and vLLM does not serve DoRA; set adapter_mode: merged"
+            )
         if self.train.compile and self.model.adapter.type != "none":
             # peft's wrapped layers and torchao's NF4 tensors are untested under dynamo here
-            raise ValueError(f"train.compile is on with model.adapter.type "
-                             f"'{self.model.adapter.type}'; compiling is built for full "
-                             "fine-tuning only: set train.compile: false or "
-                             "model.adapter.type: none")
+            raise ValueError(
+                f"train.compile is on with model.adapter.type "
+                f"'{self.model.adapter.type}'; compiling is built for full "
+                "fine-tuning only: set train.compile: false or "
+                "model.adapter.type: none"
+            )
         return self

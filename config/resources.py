@@ -38,7 +38,8 @@ class ResourcesConfig(_Strict):
         "assigns its actor; the learner group and weight broadcasts use NCCL.",
     )
     rollout_cores: int | None = Field(
-        None, gt=0,
+        None,
+        gt=0,
         description="With train.max_staleness >= 1 both sides compute at once: cores for the "
         "rollout workers (split among them), the rest for the learner ranks; default half "
         "the cores (at least 1 each side). Synchronous runs give each side every core.",

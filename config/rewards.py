@@ -26,7 +26,9 @@ class _Bounded(_Component):
     """A component the reward service runs in a killable worker process (rewards/bounded.py)."""
 
     memory_mb: int = Field(
-        2048, ge=256, description="Address-space limit (MiB) of the worker processes that run "
+        2048,
+        ge=256,
+        description="Address-space limit (MiB) of the worker processes that run "
         "this component; a service's workers take the largest value among its components. A "
         "call over it fails its item (reward null).",
     )
@@ -40,7 +42,9 @@ class MathReward(_Bounded):
         "rewards/math_verifier.py."
     )
     timeout_s: float = Field(
-        5.0, gt=0, description="Wall-clock limit (seconds) per item; an item over it (e.g. "
+        5.0,
+        gt=0,
+        description="Wall-clock limit (seconds) per item; an item over it (e.g. "
         "\\boxed{9^{9^{9^{9}}}}) fails with reward null and its worker is replaced.",
     )
 
@@ -56,7 +60,9 @@ class FormatReward(_Bounded):
     type: Literal["format"] = Field(description="1 if `pattern` matches the response, else 0.")
     pattern: str = Field(description="Python regular expression, searched (re.DOTALL).")
     timeout_s: float = Field(
-        5.0, gt=0, description="Wall-clock limit (seconds) per item: a pattern that backtracks "
+        5.0,
+        gt=0,
+        description="Wall-clock limit (seconds) per item: a pattern that backtracks "
         "catastrophically on some response fails that item (reward null), not the service.",
     )
 
@@ -97,7 +103,9 @@ class PythonReward(_Bounded):
     )
     function: str = Field(description="'module:function', importable by the reward service.")
     timeout_s: float = Field(
-        30.0, gt=0, description="Wall-clock limit (seconds) per item; a call over it fails "
+        30.0,
+        gt=0,
+        description="Wall-clock limit (seconds) per item; a call over it fails "
         "that item (reward null) and its worker is replaced.",
     )
 
@@ -140,28 +148,40 @@ class RewardModelReward(_Component):
         "item's conversation and response rendered with its chat template, in batches, "
         "inside the reward service (rewards/reward_model.py)."
     )
-    path: str = Field(description="Local transformers folder (config.json, weights, "
-                      "tokenizer); never downloaded.")
-    device: str = Field("cpu", description="torch device of the model: 'cpu', 'cuda', "
-                        "'cuda:1', ...")
+    path: str = Field(
+        description="Local transformers folder (config.json, weights, tokenizer); never downloaded."
+    )
+    device: str = Field(
+        "cpu", description="torch device of the model: 'cpu', 'cuda', 'cuda:1', ..."
+    )
     dtype: Literal["float32", "bfloat16"] = Field("float32", description="Weights' dtype.")
     batch_size: int = Field(8, gt=0, description="Sequences per forward pass.")
     max_length: int = Field(
-        1024, gt=8, description="Longest sequence scored, in tokens; a longer one keeps its "
-        "end (the score is read at the last token).")
+        1024,
+        gt=8,
+        description="Longest sequence scored, in tokens; a longer one keeps its "
+        "end (the score is read at the last token).",
+    )
     chat_template: bool = Field(
-        True, description="Render with the tokenizer's chat template (as `reward_model."
-        "chat_template` trains); false: raw prompt + response text + EOS.")
+        True,
+        description="Render with the tokenizer's chat template (as `reward_model."
+        "chat_template` trains); false: raw prompt + response text + EOS.",
+    )
     normalize: Literal["none", "running", "fixed"] = Field(
-        "none", description="none: the raw score. fixed: (score − mean) / std with the "
+        "none",
+        description="none: the raw score. fixed: (score − mean) / std with the "
         "values below. running: over every score this service has produced so far, this "
-        "batch included (Welford; until two scores exist only the mean is subtracted).")
+        "batch included (Welford; until two scores exist only the mean is subtracted).",
+    )
     mean: float = Field(0.0, description="normalize: fixed: the mean subtracted.")
     std: float = Field(1.0, gt=0, description="normalize: fixed: the divisor.")
     threads: int | None = Field(
-        None, gt=0, description="torch CPU threads of the reward model; default: the "
+        None,
+        gt=0,
+        description="torch CPU threads of the reward model; default: the "
         "process's (1 in a run's own reward service, which sets OMP_NUM_THREADS=1). With "
-        "synchronous rollouts nothing else computes while it scores: give it the cores.")
+        "synchronous rollouts nothing else computes while it scores: give it the cores.",
+    )
 
 
 _DEFAULT_JUDGE_TEMPLATE = (
@@ -178,30 +198,42 @@ class JudgeReward(_Component):
         "filled with the item's fields and parses a number out of the reply "
         "(rewards/judge.py)."
     )
-    url: str = Field(description="Base URL of the API, e.g. http://127.0.0.1:8000/v1 "
-                     "(`/chat/completions` is appended).")
+    url: str = Field(
+        description="Base URL of the API, e.g. http://127.0.0.1:8000/v1 "
+        "(`/chat/completions` is appended)."
+    )
     model: str = Field(description="The served model's name (the request's `model`).")
     template: str = Field(
         _DEFAULT_JUDGE_TEMPLATE,
         description="The user message sent to the judge: str.format with {question} (the "
         "last user message), {prompt} (the prompt text), {response}, {ground_truth} and "
-        "{metadata} (a dict: {metadata[key]}).")
+        "{metadata} (a dict: {metadata[key]}).",
+    )
     system_prompt: str | None = Field(None, description="System message before it.")
     score_pattern: str = Field(
         r"(?i)score\s*[:=]\s*(-?\d+(?:\.\d+)?)",
         description="Regular expression whose first group is the score; the last match in "
-        "the reply counts. No match fails the item.")
+        "the reply counts. No match fails the item.",
+    )
     score_range: tuple[float, float] | None = Field(
-        None, description="[low, high]: the parsed score is mapped linearly to [0, 1]; a "
-        "score outside fails the item. null: the parsed number as is.")
+        None,
+        description="[low, high]: the parsed score is mapped linearly to [0, 1]; a "
+        "score outside fails the item. null: the parsed number as is.",
+    )
     max_tokens: int = Field(256, gt=0, description="Most tokens of the judge's reply.")
     temperature: float = Field(0.0, ge=0, description="The judge's sampling temperature.")
     timeout_s: float = Field(60.0, gt=0, description="Per-request timeout, seconds.")
-    retries: int = Field(2, ge=0, description="Retries (exponential backoff) before the "
-                         "item fails (reward null, then on_reward_failure).")
+    retries: int = Field(
+        2,
+        ge=0,
+        description="Retries (exponential backoff) before the "
+        "item fails (reward null, then on_reward_failure).",
+    )
     token_env: str | None = Field(
-        None, description="Environment variable holding a bearer token sent as "
-        "Authorization (read by the reward service process).")
+        None,
+        description="Environment variable holding a bearer token sent as "
+        "Authorization (read by the reward service process).",
+    )
 
     @field_validator("url")
     @classmethod
@@ -230,8 +262,14 @@ class JudgeReward(_Component):
 
 
 RewardSpec = Annotated[
-    MathReward | LengthReward | FormatReward | CodeReward | PythonReward | HttpReward
-    | RewardModelReward | JudgeReward,
+    MathReward
+    | LengthReward
+    | FormatReward
+    | CodeReward
+    | PythonReward
+    | HttpReward
+    | RewardModelReward
+    | JudgeReward,
     Field(discriminator="type"),
 ]
 LOCAL_TYPES = frozenset({"math", "length", "format", "code", "python", "reward_model", "judge"})
@@ -242,11 +280,14 @@ class RewardServerConfig(Strict):
 
     rewards: list[RewardSpec] = Field(min_length=1, description="Local components to serve.")
     token_env: str | None = Field(
-        None, description="Environment variable with the bearer token clients must send; "
-        "unset or empty: no auth (bind to 127.0.0.1 then)."
+        None,
+        description="Environment variable with the bearer token clients must send; "
+        "unset or empty: no auth (bind to 127.0.0.1 then).",
     )
     workers: int = Field(
-        2, gt=0, description="Items scored in parallel: threads, and as many worker processes "
+        2,
+        gt=0,
+        description="Items scored in parallel: threads, and as many worker processes "
         "for the math, format and python components.",
     )
 
@@ -255,6 +296,8 @@ class RewardServerConfig(Strict):
     def _local_only(cls, v: list) -> list:
         remote = [c.name for c in v if c.type not in LOCAL_TYPES]
         if remote:
-            raise ValueError(f"components {remote} are http endpoints; a reward service hosts "
-                             f"only {sorted(LOCAL_TYPES)}")
+            raise ValueError(
+                f"components {remote} are http endpoints; a reward service hosts "
+                f"only {sorted(LOCAL_TYPES)}"
+            )
         return v

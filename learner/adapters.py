@@ -67,8 +67,11 @@ def _import_torchao_nf4():  # noqa: ANN202 (a module-level lazy import)
     return NF4Tensor, to_nf4
 
 
-def lora_config(s: AdapterSettings, base_model_path: str | None = None,  # noqa: ANN201
-                head: str = "lm"):
+def lora_config(
+    s: AdapterSettings,
+    base_model_path: str | None = None,  # noqa: ANN201
+    head: str = "lm",
+):
     """The `peft.LoraConfig` of these settings (no bias training): task CAUSAL_LM, or for
     a scalar-head model (`head='score'`) SEQ_CLS with the `score` head fully trained
     (`modules_to_save`)."""
@@ -76,9 +79,14 @@ def lora_config(s: AdapterSettings, base_model_path: str | None = None,  # noqa:
 
     score = head == "score"
     return LoraConfig(
-        r=s.r, lora_alpha=s.alpha, lora_dropout=s.dropout,
-        target_modules=list(s.target_modules), use_dora=s.use_dora, bias="none",
-        task_type="SEQ_CLS" if score else "CAUSAL_LM", base_model_name_or_path=base_model_path,
+        r=s.r,
+        lora_alpha=s.alpha,
+        lora_dropout=s.dropout,
+        target_modules=list(s.target_modules),
+        use_dora=s.use_dora,
+        bias="none",
+        task_type="SEQ_CLS" if score else "CAUSAL_LM",
+        base_model_name_or_path=base_model_path,
         modules_to_save=["score"] if score else None,
     )
 
@@ -96,8 +104,9 @@ def check_targets(model_path: str, targets: tuple[str, ...]) -> None:
     config = AutoConfig.from_pretrained(model_path)
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config)
-    names = {n.rsplit(".", 1)[-1] for n, m in model.named_modules()
-             if isinstance(m, torch.nn.Linear)}
+    names = {
+        n.rsplit(".", 1)[-1] for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)
+    }
     unknown = [t for t in targets if t not in names]
     if unknown:
         raise ValueError(
@@ -155,8 +164,13 @@ def quantize_base(model: torch.nn.Module, world: int) -> int:
     return count
 
 
-def wrap_policy(model: torch.nn.Module, s: AdapterSettings, world: int,
-                frozen_dtype: torch.dtype, head: str = "lm") -> torch.nn.Module:
+def wrap_policy(
+    model: torch.nn.Module,
+    s: AdapterSettings,
+    world: int,
+    frozen_dtype: torch.dtype,
+    head: str = "lm",
+) -> torch.nn.Module:
     """Put `s`'s adapter on a float32 transformers causal LM (before FSDP2); returns the
     `PeftModel`. Adapter tensors stay float32 and trainable; every other parameter is
     frozen, targeted base weights become NF4 for QLoRA, the rest is cast to
@@ -204,13 +218,15 @@ def _full(p: torch.Tensor) -> torch.Tensor:
 
     if isinstance(p, DTensor):
         local = _dequantize(p.to_local())
-        return DTensor.from_local(local, p.device_mesh, p.placements, run_check=False,
-                                  shape=p.shape, stride=p.stride()).full_tensor()
+        return DTensor.from_local(
+            local, p.device_mesh, p.placements, run_check=False, shape=p.shape, stride=p.stride()
+        ).full_tensor()
     return _dequantize(p.detach())
 
 
-def gather_params(model: torch.nn.Module, adapter_only: bool,
-                  keep: bool) -> dict[str, torch.Tensor]:
+def gather_params(
+    model: torch.nn.Module, adapter_only: bool, keep: bool
+) -> dict[str, torch.Tensor]:
     """Full float tensors of `model`'s parameters under their peft names (NF4 bases
     dequantised), or only the adapter's when `adapter_only`. Collective: every rank
     calls it; tensors are kept (on CPU) only where `keep`, e.g. on rank 0."""
@@ -224,8 +240,9 @@ def gather_params(model: torch.nn.Module, adapter_only: bool,
     return out
 
 
-def peft_adapter_state(model: torch.nn.Module,
-                       gathered: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+def peft_adapter_state(
+    model: torch.nn.Module, gathered: dict[str, torch.Tensor]
+) -> dict[str, torch.Tensor]:
     """PEFT-format adapter tensors (as `get_peft_model_state_dict` gives them, e.g.
     `base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight`) from gathered
     full tensors with the live model's names."""
@@ -238,12 +255,12 @@ def config_dict(model: torch.nn.Module) -> dict:
     """The live adapter's `LoraConfig` as plain JSON-able values (sets as sorted lists,
     enums as their values)."""
     raw = model.peft_config[ADAPTER].to_dict()
-    return {k: sorted(v) if isinstance(v, set) else getattr(v, "value", v)
-            for k, v in raw.items()}
+    return {k: sorted(v) if isinstance(v, set) else getattr(v, "value", v) for k, v in raw.items()}
 
 
-def merged_state_dict(gathered: dict[str, torch.Tensor], model_path: str,
-                      s: AdapterSettings, head: str = "lm") -> dict[str, torch.Tensor]:
+def merged_state_dict(
+    gathered: dict[str, torch.Tensor], model_path: str, s: AdapterSettings, head: str = "lm"
+) -> dict[str, torch.Tensor]:
     """Plain transformers weights (`model.layers.0.self_attn.q_proj.weight`,
     `lm_head.weight` tied to the embedding, ...) with the adapter merged in float32:
     `W = dequant(W0) + (alpha / r) B A` (LoRA), or DoRA's magnitude-rescaled sum.
@@ -256,8 +273,7 @@ def merged_state_dict(gathered: dict[str, torch.Tensor], model_path: str,
 
     plain = meta_model(model_path, head)
     temp = get_peft_model(plain, lora_config(s, head=head), low_cpu_mem_usage=True)
-    temp.load_state_dict({k: v.float() for k, v in gathered.items()}, assign=True,
-                         strict=False)
+    temp.load_state_dict({k: v.float() for k, v in gathered.items()}, assign=True, strict=False)
     temp.get_base_model().tie_weights()
     merged = temp.merge_and_unload()
     merged.tie_weights()
@@ -280,8 +296,9 @@ def meta_model(model_path: str, head: str = "lm") -> torch.nn.Module:
         config.num_labels = 1
         if config.pad_token_id is None:
             tok = AutoTokenizer.from_pretrained(model_path)
-            config.pad_token_id = tok.pad_token_id if tok.pad_token_id is not None \
-                else tok.eos_token_id
+            config.pad_token_id = (
+                tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+            )
     cls = AutoModelForSequenceClassification if head == "score" else AutoModelForCausalLM
     with torch.device("meta"):
         return cls.from_config(config, dtype=torch.float32)
@@ -329,8 +346,10 @@ def memory_report(model: torch.nn.Module, reference: torch.nn.Module | None) -> 
 def format_memory_report(r: dict[str, int]) -> str:
     """One console line of `memory_report`, in MiB."""
     mib = 1 << 20
-    return (f"learner memory: trainable {r['trainable_params']:,} params "
-            f"({r['trainable_bytes'] / mib:.1f} MiB fp32, AdamW state "
-            f"{r['optimizer_bytes'] / mib:.1f} MiB); frozen {r['frozen_params']:,} params "
-            f"{r['frozen_bytes'] / mib:.1f} MiB (bf16 would be "
-            f"{r['frozen_bytes_bf16'] / mib:.1f} MiB)")
+    return (
+        f"learner memory: trainable {r['trainable_params']:,} params "
+        f"({r['trainable_bytes'] / mib:.1f} MiB fp32, AdamW state "
+        f"{r['optimizer_bytes'] / mib:.1f} MiB); frozen {r['frozen_params']:,} params "
+        f"{r['frozen_bytes'] / mib:.1f} MiB (bf16 would be "
+        f"{r['frozen_bytes_bf16'] / mib:.1f} MiB)"
+    )

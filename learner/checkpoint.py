@@ -32,8 +32,14 @@ from posttrain.learner.export import carry_model_files
 from posttrain.learner.push import full_state_dict
 
 
-def save_policy(policy: torch.nn.Module, rank: int, model_path: str, adapter: AdapterSettings,
-                path: str, head: str = "lm") -> str | None:
+def save_policy(
+    policy: torch.nn.Module,
+    rank: int,
+    model_path: str,
+    adapter: AdapterSettings,
+    path: str,
+    head: str = "lm",
+) -> str | None:
     """Save `policy` into `path` (see the module docstring); returns `path` on rank 0,
     None elsewhere. `head='score'` (a reward model) saves a one-label
     `AutoModelForSequenceClassification` folder (e.g. `LlamaForSequenceClassification`
@@ -53,8 +59,14 @@ def save_policy(policy: torch.nn.Module, rank: int, model_path: str, adapter: Ad
     return path
 
 
-def _save_full(policy: torch.nn.Module, rank: int, model_path: str, adapter: AdapterSettings,
-               path: Path, head: str = "lm") -> None:
+def _save_full(
+    policy: torch.nn.Module,
+    rank: int,
+    model_path: str,
+    adapter: AdapterSettings,
+    path: Path,
+    head: str = "lm",
+) -> None:
     full = full_state_dict(policy, rank, model_path, adapter, head)
     if rank != 0:
         return
@@ -65,8 +77,14 @@ def _save_full(policy: torch.nn.Module, rank: int, model_path: str, adapter: Ada
     plain.save_pretrained(path)
 
 
-def _save_adapter(policy: torch.nn.Module, rank: int, model_path: str,
-                  adapter: AdapterSettings, path: Path, head: str = "lm") -> None:
+def _save_adapter(
+    policy: torch.nn.Module,
+    rank: int,
+    model_path: str,
+    adapter: AdapterSettings,
+    path: Path,
+    head: str = "lm",
+) -> None:
     from safetensors.torch import save_file
 
     full = adapters.gather_params(policy, adapter_only=True, keep=rank == 0)
@@ -74,8 +92,11 @@ def _save_adapter(policy: torch.nn.Module, rank: int, model_path: str,
         return
     state = adapters.peft_adapter_state(policy, full)
     path.mkdir(parents=True, exist_ok=True)
-    save_file({k: v.contiguous() for k, v in state.items()},
-              str(path / "adapter_model.safetensors"), metadata={"format": "pt"})
+    save_file(
+        {k: v.contiguous() for k, v in state.items()},
+        str(path / "adapter_model.safetensors"),
+        metadata={"format": "pt"},
+    )
     adapters.lora_config(adapter, model_path, head).save_pretrained(str(path))
 
 
@@ -89,8 +110,13 @@ def _pairs(models: dict[str, tuple[torch.nn.Module, torch.optim.Optimizer]]) -> 
     return out
 
 
-def save_state(models: dict[str, tuple[torch.nn.Module, torch.optim.Optimizer]],
-               scheduler: Any, optimizer_steps: int, rank: int, path: str) -> None:
+def save_state(
+    models: dict[str, tuple[torch.nn.Module, torch.optim.Optimizer]],
+    scheduler: Any,
+    optimizer_steps: int,
+    rank: int,
+    path: str,
+) -> None:
     """Write every (model, optimizer) pair of `models` (sharded, DCP) and this rank's
     scheduler, step count and RNGs into `path` (see the module docstring)."""
     import torch.distributed.checkpoint as dcp
@@ -98,13 +124,24 @@ def save_state(models: dict[str, tuple[torch.nn.Module, torch.optim.Optimizer]],
     folder = Path(path)
     folder.mkdir(parents=True, exist_ok=True)
     dcp.save(_pairs(models), checkpoint_id=str(folder / "sharded"))
-    torch.save({"scheduler": scheduler.state_dict(), "optimizer_steps": optimizer_steps,
-                "torch_rng": torch.get_rng_state(), "python_rng": random.getstate(),
-                "numpy_rng": np.random.get_state()}, folder / f"rank_{rank}.pt")
+    torch.save(
+        {
+            "scheduler": scheduler.state_dict(),
+            "optimizer_steps": optimizer_steps,
+            "torch_rng": torch.get_rng_state(),
+            "python_rng": random.getstate(),
+            "numpy_rng": np.random.get_state(),
+        },
+        folder / f"rank_{rank}.pt",
+    )
 
 
-def load_state(models: dict[str, tuple[torch.nn.Module, torch.optim.Optimizer]],
-               scheduler: Any, rank: int, path: str) -> int:
+def load_state(
+    models: dict[str, tuple[torch.nn.Module, torch.optim.Optimizer]],
+    scheduler: Any,
+    rank: int,
+    path: str,
+) -> int:
     """Load what `save_state` wrote into the live models, optimizers, scheduler and RNGs;
     returns the optimizer-step count.
 
@@ -120,8 +157,9 @@ def load_state(models: dict[str, tuple[torch.nn.Module, torch.optim.Optimizer]],
     state = _pairs(models)
     dcp.load(state, checkpoint_id=str(folder / "sharded"))
     for name, (model, opt) in models.items():
-        set_state_dict(model, opt, model_state_dict=state[name]["model"],
-                       optim_state_dict=state[name]["optim"])
+        set_state_dict(
+            model, opt, model_state_dict=state[name]["model"], optim_state_dict=state[name]["optim"]
+        )
     own = folder / f"rank_{rank}.pt"
     extra = torch.load(own if own.is_file() else folder / "rank_0.pt", weights_only=False)
     scheduler.load_state_dict(extra["scheduler"])

@@ -45,8 +45,17 @@ CARRIED_PATTERNS: tuple[str, ...] = (
 CARRIED_FOLDERS: tuple[str, ...] = ("additional_chat_templates",)
 #: Never carried, even when a pattern above matches (weights and model config).
 NEVER_CARRIED: tuple[str, ...] = (
-    "config.json", "*.safetensors", "*.bin", "*.pt", "*.pth", "*.ckpt", "*.h5",
-    "*.msgpack", "*.gguf", "*.index.json", "adapter_*",
+    "config.json",
+    "*.safetensors",
+    "*.bin",
+    "*.pt",
+    "*.pth",
+    "*.ckpt",
+    "*.h5",
+    "*.msgpack",
+    "*.gguf",
+    "*.index.json",
+    "adapter_*",
 )
 
 
@@ -65,13 +74,18 @@ def model_file_names(source: str | Path) -> list[str]:
     """
     source = Path(source)
     if not source.is_dir():
-        raise FileNotFoundError(f"model folder {source} does not exist or is not a folder; "
-                                "pass the local folder the policy was loaded from")
+        raise FileNotFoundError(
+            f"model folder {source} does not exist or is not a folder; "
+            "pass the local folder the policy was loaded from"
+        )
     names = [p.name for p in source.iterdir() if p.is_file() and _carried(p.name)]
     for folder in CARRIED_FOLDERS:
         if (source / folder).is_dir():
-            names += [p.relative_to(source).as_posix()
-                      for p in (source / folder).rglob("*") if p.is_file()]
+            names += [
+                p.relative_to(source).as_posix()
+                for p in (source / folder).rglob("*")
+                if p.is_file()
+            ]
     return sorted(names)
 
 
@@ -113,5 +127,8 @@ def differing_model_files(source: str | Path, dest: str | Path) -> list[str]:
         FileNotFoundError: `source` is not a folder.
     """
     source, dest = Path(source), Path(dest)
-    return [n for n in model_file_names(source)
-            if not (dest / n).is_file() or not filecmp.cmp(source / n, dest / n, shallow=False)]
+    return [
+        n
+        for n in model_file_names(source)
+        if not (dest / n).is_file() or not filecmp.cmp(source / n, dest / n, shallow=False)
+    ]

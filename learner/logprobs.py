@@ -57,11 +57,11 @@ class ChunkedTokenLogprobs(torch.autograd.Function):
         out = result.view(-1)
         lse = torch.empty(n, dtype=torch.float32, device=hidden.device)
         for s in range(0, n, chunk):
-            z = F.linear(flat_h[s:s + chunk], weight).float()
+            z = F.linear(flat_h[s : s + chunk], weight).float()
             if temperature != 1.0:  # in place: no second [chunk, V] buffer
                 z.div_(temperature)
-            lse[s:s + chunk] = torch.logsumexp(z, dim=-1)
-            out[s:s + chunk] = z.gather(-1, flat_y[s:s + chunk, None]).squeeze(-1)
+            lse[s : s + chunk] = torch.logsumexp(z, dim=-1)
+            out[s : s + chunk] = z.gather(-1, flat_y[s : s + chunk, None]).squeeze(-1)
         out -= lse
         ctx.save_for_backward(flat_h, weight, flat_y, lse)
         ctx.temperature, ctx.chunk, ctx.hidden_shape = temperature, chunk, hidden.shape
@@ -74,27 +74,38 @@ class ChunkedTokenLogprobs(torch.autograd.Function):
         grad_out = grad_result.reshape(-1)
         want_h, want_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         grad_h = torch.empty_like(hidden) if want_h else None
-        grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) \
-            if want_w else None
+        grad_w = (
+            torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if want_w else None
+        )
         for s in range(0, hidden.shape[0], chunk):
-            h, g = hidden[s:s + chunk], grad_out[s:s + chunk, None]
+            h, g = hidden[s : s + chunk], grad_out[s : s + chunk, None]
             z = F.linear(h, weight).float()
             if tau != 1.0:
                 z.div_(tau)
             # -g·softmax(z)/τ everywhere, +g/τ at the target: in place on z's buffer.
-            dz = z.sub_(lse[s:s + chunk, None]).exp_().mul_(-g / tau)
-            dz.scatter_add_(-1, targets[s:s + chunk, None], g / tau)
+            dz = z.sub_(lse[s : s + chunk, None]).exp_().mul_(-g / tau)
+            dz.scatter_add_(-1, targets[s : s + chunk, None], g / tau)
             dz = dz.to(hidden.dtype)
             if want_h:
-                grad_h[s:s + chunk] = dz @ weight
+                grad_h[s : s + chunk] = dz @ weight
             if want_w:
                 grad_w += (dz.t() @ h).float()
-        return (grad_h.view(ctx.hidden_shape) if want_h else None,
-                grad_w.to(weight.dtype) if want_w else None, None, None, None)
+        return (
+            grad_h.view(ctx.hidden_shape) if want_h else None,
+            grad_w.to(weight.dtype) if want_w else None,
+            None,
+            None,
+            None,
+        )
 
 
-def chunked_token_logprobs(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
-                           temperature: float = 1.0, chunk: int = CHUNK_TOKENS) -> torch.Tensor:
+def chunked_token_logprobs(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    targets: torch.Tensor,
+    temperature: float = 1.0,
+    chunk: int = CHUNK_TOKENS,
+) -> torch.Tensor:
     """`token_logprobs(F.linear(hidden, weight), targets, temperature)` without the
     `[..., V]` logits: see `ChunkedTokenLogprobs`.
 
@@ -123,9 +134,13 @@ def _plain_head(model: torch.nn.Module) -> torch.nn.Linear | None:
 
 
 @contextmanager
-def _head_returns_logprobs(head: torch.nn.Linear, targets: torch.Tensor, temperature: float,
-                           chunk: int, select: tuple[torch.Tensor, torch.Tensor] | None = None
-                           ) -> Iterator[None]:
+def _head_returns_logprobs(
+    head: torch.nn.Linear,
+    targets: torch.Tensor,
+    temperature: float,
+    chunk: int,
+    select: tuple[torch.Tensor, torch.Tensor] | None = None,
+) -> Iterator[None]:
     """Make `head` return the targets' logprobs instead of logits for one forward: it
     still runs inside the model's forward, so FSDP2 has its weight unsharded (and
     reduces its gradient) exactly as for the plain head.
@@ -147,8 +162,9 @@ def _head_returns_logprobs(head: torch.nn.Linear, targets: torch.Tensor, tempera
         del head.forward
 
 
-def shared_prompts(input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                   prompt_columns: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+def shared_prompts(
+    input_ids: torch.Tensor, attention_mask: torch.Tensor, prompt_columns: int
+) -> tuple[torch.Tensor, torch.Tensor] | None:
     """Rows whose first `prompt_columns` columns (ids and mask) are identical, as a GRPO
     group's G samples of one prompt are.
 
@@ -160,8 +176,10 @@ def shared_prompts(input_ids: torch.Tensor, attention_mask: torch.Tensor,
         `(first, inverse)`: `[U]` the first row of each distinct prompt and `[B]` each
         row's index into `first`; None when no two rows share a prompt.
     """
-    key = torch.cat([input_ids[:, :prompt_columns],
-                     attention_mask[:, :prompt_columns].to(input_ids.dtype)], dim=1)
+    key = torch.cat(
+        [input_ids[:, :prompt_columns], attention_mask[:, :prompt_columns].to(input_ids.dtype)],
+        dim=1,
+    )
     _, inverse = torch.unique(key, dim=0, return_inverse=True)
     distinct = int(inverse.max()) + 1
     if distinct == input_ids.shape[0]:
@@ -193,8 +211,14 @@ class PromptPacking:
     columns: torch.Tensor
 
     @staticmethod
-    def build(input_ids: torch.Tensor, attention_mask: torch.Tensor, positions: torch.Tensor,
-              prompt: int, first: torch.Tensor, inverse: torch.Tensor) -> PromptPacking:
+    def build(
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        positions: torch.Tensor,
+        prompt: int,
+        first: torch.Tensor,
+        inverse: torch.Tensor,
+    ) -> PromptPacking:
         """Pack `[B, T]` rows whose first `prompt` columns are shared (`shared_prompts`)."""
         b, t = input_ids.shape
         r, dev = t - prompt, input_ids.device
@@ -221,8 +245,9 @@ class PromptPacking:
         allowed |= torch.eye(length, dtype=torch.bool, device=dev)  # no empty softmax row
         # Kept hidden states start at packed column P − 1 (the prompt's last), which
         # predicts every response's first token; then response column c predicts c + 1.
-        head_cols = torch.cat([torch.zeros(b, 1, dtype=torch.long, device=dev),
-                               cols[:, :-1] - prompt + 1], dim=1)
+        head_cols = torch.cat(
+            [torch.zeros(b, 1, dtype=torch.long, device=dev), cols[:, :-1] - prompt + 1], dim=1
+        )
         return PromptPacking(ids, pos, allowed[:, None], rows, head_cols)
 
 
@@ -277,17 +302,28 @@ def sequence_logprobs(
     targets = input_ids[:, response_start:]
     head = _plain_head(model) if chunk_tokens is not None else None
     out = torch.zeros(input_ids.shape, dtype=torch.float32, device=input_ids.device)
-    kwargs = dict(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions,
-                  logits_to_keep=keep, use_cache=False)
+    kwargs = dict(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        position_ids=positions,
+        logits_to_keep=keep,
+        use_cache=False,
+    )
     if head is not None:
-        pack = _packed(model, input_ids, attention_mask, positions, response_start) \
-            if share_prompts else None
+        pack = (
+            _packed(model, input_ids, attention_mask, positions, response_start)
+            if share_prompts
+            else None
+        )
         select = None
         if pack is not None:
-            kwargs = dict(input_ids=pack.input_ids, attention_mask=pack.mask,
-                          position_ids=pack.positions,
-                          logits_to_keep=pack.input_ids.shape[1] - response_start + 1,
-                          use_cache=False)
+            kwargs = dict(
+                input_ids=pack.input_ids,
+                attention_mask=pack.mask,
+                position_ids=pack.positions,
+                logits_to_keep=pack.input_ids.shape[1] - response_start + 1,
+                use_cache=False,
+            )
             select = (pack.rows, pack.columns)
         with _head_returns_logprobs(head, targets, temperature, chunk_tokens, select):
             out[:, response_start:] = model(**kwargs).logits
@@ -297,8 +333,13 @@ def sequence_logprobs(
     return out
 
 
-def _packed(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-            positions: torch.Tensor, prompt: int) -> PromptPacking | None:
+def _packed(
+    model: torch.nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    positions: torch.Tensor,
+    prompt: int,
+) -> PromptPacking | None:
     """The packing of this micro-batch, or None where it is not taken: no shared prompt,
     an attention other than SDPA (a boolean 4-D mask is SDPA's), or too little gain."""
     config = getattr(model, "config", None)
@@ -311,7 +352,8 @@ def _packed(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: tor
     g = int(torch.bincount(inverse).max())
     b, t = input_ids.shape
     h = getattr(config, "hidden_size", None)
-    if h is None or not packing_pays(b, t, prompt, first.shape[0], g, h,
-                                     getattr(config, "intermediate_size", None) or 4 * h):
+    if h is None or not packing_pays(
+        b, t, prompt, first.shape[0], g, h, getattr(config, "intermediate_size", None) or 4 * h
+    ):
         return None
     return PromptPacking.build(input_ids, attention_mask, positions, prompt, first, inverse)

@@ -47,8 +47,7 @@ def plan_rows(
     examples = [torch.arange(i, min(i + unit, n)) for i in range(0, n, unit)]
     if max_tokens is None:
         per = -(-micro_batch_size // unit)
-        groups = [list(range(i, min(i + per, len(examples))))
-                  for i in range(0, len(examples), per)]
+        groups = [list(range(i, min(i + per, len(examples)))) for i in range(0, len(examples), per)]
     else:
         lengths = attention_mask.sum(-1)
         tokens = [int(lengths[e].sum()) for e in examples]
@@ -63,7 +62,7 @@ def plan_rows(
     while len(groups) < min(at_least, len(examples)):
         big = max(range(len(groups)), key=lambda g: len(groups[g]))
         half = len(groups[big]) // 2
-        groups[big:big + 1] = [groups[big][:half], groups[big][half:]]
+        groups[big : big + 1] = [groups[big][:half], groups[big][half:]]
     return [torch.cat([examples[i] for i in g]) for g in groups]
 
 

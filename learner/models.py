@@ -21,11 +21,17 @@ from posttrain.learner.adapters import AdapterSettings
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
 
 
-def load_sharded(path: str, world: int, dtype: str, kind: Literal["policy", "reference", "critic"],
-                 adapter: AdapterSettings | None = None, checkpointing: bool = False,
-                 device_type: str = "cpu",
-                 head: Literal["lm", "score"] = "lm",
-                 compile_layers: bool = False) -> torch.nn.Module:
+def load_sharded(
+    path: str,
+    world: int,
+    dtype: str,
+    kind: Literal["policy", "reference", "critic"],
+    adapter: AdapterSettings | None = None,
+    checkpointing: bool = False,
+    device_type: str = "cpu",
+    head: Literal["lm", "score"] = "lm",
+    compile_layers: bool = False,
+) -> torch.nn.Module:
     """A float32 model from `path`, sharded over the process group with FSDP2 on a
     `device_type` mesh ('cpu', or 'cuda': FSDP2 moves each shard to the current CUDA
     device). The mesh is explicit: FSDP2's default follows the machine's accelerator,
@@ -54,8 +60,9 @@ def load_sharded(path: str, world: int, dtype: str, kind: Literal["policy", "ref
     from transformers import AutoModelForCausalLM, AutoModelForTokenClassification
 
     if kind == "critic":
-        model = AutoModelForTokenClassification.from_pretrained(path, num_labels=1,
-                                                                dtype=torch.float32)
+        model = AutoModelForTokenClassification.from_pretrained(
+            path, num_labels=1, dtype=torch.float32
+        )
     elif kind == "policy" and head == "score":
         model = load_score_model(path)
     else:
@@ -81,8 +88,11 @@ def load_sharded(path: str, world: int, dtype: str, kind: Literal["policy", "ref
         # reference pass first would leave bf16 gradients that fail to reduce into
         # float32 ones. One tiny forward now, adapter on, settles it.
         with torch.no_grad():
-            model(input_ids=torch.zeros(1, 1, dtype=torch.long,
-                                        device=next(model.parameters()).device))
+            model(
+                input_ids=torch.zeros(
+                    1, 1, dtype=torch.long, device=next(model.parameters()).device
+                )
+            )
         model.reshard()  # the root stays unsharded after a forward
     if kind == "reference":
         model.requires_grad_(False)
@@ -100,10 +110,13 @@ def critic_values(critic: torch.nn.Module, mb: TrainBatch) -> tuple[torch.Tensor
         response bootstraps from.
     """
     positions = (mb.attention_mask.long().cumsum(-1) - 1).clamp(min=0)
-    out = critic(input_ids=mb.input_ids, attention_mask=mb.attention_mask,
-                 position_ids=positions).logits[..., 0].float()
+    out = (
+        critic(input_ids=mb.input_ids, attention_mask=mb.attention_mask, position_ids=positions)
+        .logits[..., 0]
+        .float()
+    )
     values = torch.zeros(mb.input_ids.shape, dtype=torch.float32, device=out.device)
-    values[:, mb.response_start:] = out[:, mb.response_start - 1:-1]
+    values[:, mb.response_start :] = out[:, mb.response_start - 1 : -1]
     cols = torch.arange(mb.input_ids.shape[1], device=out.device).expand_as(mb.attention_mask)
     last = torch.where(mb.attention_mask > 0, cols, torch.zeros_like(cols)).max(-1).values
     return values, out.gather(1, last[:, None]).squeeze(1)
@@ -118,12 +131,14 @@ def load_score_model(path: str) -> torch.nn.Module:
     """
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-    model = AutoModelForSequenceClassification.from_pretrained(path, num_labels=1,
-                                                               dtype=torch.float32)
+    model = AutoModelForSequenceClassification.from_pretrained(
+        path, num_labels=1, dtype=torch.float32
+    )
     if model.config.pad_token_id is None:
         tok = AutoTokenizer.from_pretrained(path)
-        model.config.pad_token_id = (tok.pad_token_id if tok.pad_token_id is not None
-                                     else tok.eos_token_id)
+        model.config.pad_token_id = (
+            tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+        )
     return model
 
 
@@ -133,6 +148,10 @@ def reward_scores(model: torch.nn.Module, mb: TrainBatch) -> torch.Tensor:
     pooling, so `AutoModelForSequenceClassification` on the saved folder gives the same).
     Rows are padded with the pad id (`pack_rows`); positions count real tokens only."""
     positions = (mb.attention_mask.long().cumsum(-1) - 1).clamp(min=0)
-    out = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask,
-                position_ids=positions, use_cache=False)
+    out = model(
+        input_ids=mb.input_ids,
+        attention_mask=mb.attention_mask,
+        position_ids=positions,
+        use_cache=False,
+    )
     return out.logits[:, 0].float()

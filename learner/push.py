@@ -42,8 +42,9 @@ def untied_state(policy: torch.nn.Module) -> dict[str, torch.Tensor]:
     return {n: t for n, t in policy.state_dict().items() if n in keep}
 
 
-def full_state_dict(policy: torch.nn.Module, rank: int, model_path: str,
-                    adapter: AdapterSettings, head: str = "lm") -> dict[str, torch.Tensor]:
+def full_state_dict(
+    policy: torch.nn.Module, rank: int, model_path: str, adapter: AdapterSettings, head: str = "lm"
+) -> dict[str, torch.Tensor]:
     """The full policy under plain transformers names, float32 on CPU; with an adapter,
     merged into the (dequantised) base (`head`: 'lm' or 'score', the policy's head).
     Complete on rank 0, empty elsewhere."""
@@ -58,8 +59,9 @@ def full_state_dict(policy: torch.nn.Module, rank: int, model_path: str,
     return get_model_state_dict(policy, options=opts)
 
 
-def _plain_stream(policy: torch.nn.Module, dtype: torch.dtype
-                  ) -> Iterator[tuple[str, torch.Tensor]]:
+def _plain_stream(
+    policy: torch.nn.Module, dtype: torch.dtype
+) -> Iterator[tuple[str, torch.Tensor]]:
     for name, t in untied_state(policy).items():
         local = t.detach().to(dtype)
         yield name, local.full_tensor() if hasattr(local, "full_tensor") else local
@@ -71,8 +73,14 @@ def _later(make: callable) -> Iterator[tuple[str, torch.Tensor]]:
     yield from make().items()
 
 
-def push_source(policy: torch.nn.Module, rank: int, model_path: str, adapter: AdapterSettings,
-                dtype: torch.dtype, adapter_only: bool) -> PushSource:
+def push_source(
+    policy: torch.nn.Module,
+    rank: int,
+    model_path: str,
+    adapter: AdapterSettings,
+    dtype: torch.dtype,
+    adapter_only: bool,
+) -> PushSource:
     """The tensors of one push, cast to the engines' `dtype`, as a `PushSource`.
 
     Plain policy: streamable (layout given). With an adapter: merged full weights, or
@@ -85,6 +93,7 @@ def push_source(policy: torch.nn.Module, rank: int, model_path: str, adapter: Ad
         layout = [(n, d, tuple(t.shape)) for n, t in untied_state(policy).items()]
         return PushSource(_plain_stream(policy, dtype), layout)
     if adapter_only:
+
         def state() -> dict[str, torch.Tensor]:
             full = adapters.gather_params(policy, adapter_only=True, keep=rank == 0)
             if rank != 0:

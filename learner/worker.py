@@ -97,35 +97,61 @@ class LearnerWorker:
         s = self.s
         init = master if isinstance(master, str) else f"tcp://127.0.0.1:{master}"
         self.device = rank_device(s.device)
-        dist.init_process_group(backend_for(s.device), init_method=init, rank=self.rank,
-                                world_size=self.world)
+        dist.init_process_group(
+            backend_for(s.device), init_method=init, rank=self.rank, world_size=self.world
+        )
         torch.manual_seed(s.seed)
         if s.adapter.enabled:
             adapters.check_targets(s.model_path, s.adapter.target_modules)
         kind = self.device.type
-        self.policy = load_sharded(s.model_path, self.world, s.compute_dtype, "policy", s.adapter,
-                                   checkpointing=s.gradient_checkpointing, device_type=kind,
-                                   head=s.head, compile_layers=s.compile)
+        self.policy = load_sharded(
+            s.model_path,
+            self.world,
+            s.compute_dtype,
+            "policy",
+            s.adapter,
+            checkpointing=s.gradient_checkpointing,
+            device_type=kind,
+            head=s.head,
+            compile_layers=s.compile,
+        )
         load_ref = s.load_reference and not s.adapter.enabled
-        self.reference = (load_sharded(s.model_path, self.world, s.compute_dtype, "reference",
-                                       device_type=kind, compile_layers=s.compile)
-                          if load_ref else None)
+        self.reference = (
+            load_sharded(
+                s.model_path,
+                self.world,
+                s.compute_dtype,
+                "reference",
+                device_type=kind,
+                compile_layers=s.compile,
+            )
+            if load_ref
+            else None
+        )
         trainable = [p for p in self.policy.parameters() if p.requires_grad]
-        self.optimizers = [torch.optim.AdamW(trainable, lr=s.lr, betas=s.betas,
-                                             weight_decay=s.weight_decay)]
+        self.optimizers = [
+            torch.optim.AdamW(trainable, lr=s.lr, betas=s.betas, weight_decay=s.weight_decay)
+        ]
         if s.critic is not None:
-            self.critic = load_sharded(s.critic.path or s.model_path, self.world,
-                                       s.compute_dtype, "critic", device_type=kind)
-            self.optimizers.append(torch.optim.AdamW(self.critic.parameters(), lr=s.critic.lr,
-                                                     betas=s.betas))
+            self.critic = load_sharded(
+                s.critic.path or s.model_path,
+                self.world,
+                s.compute_dtype,
+                "critic",
+                device_type=kind,
+            )
+            self.optimizers.append(
+                torch.optim.AdamW(self.critic.parameters(), lr=s.critic.lr, betas=s.betas)
+            )
         warm = s.warmup_steps
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizers[0], lambda i: min(1.0, (i + 1) / warm) if warm else 1.0)
+            self.optimizers[0], lambda i: min(1.0, (i + 1) / warm) if warm else 1.0
+        )
         if resume_from is not None:
-            self.optimizer_steps = checkpoint.load_state(self._trained(), self.scheduler,
-                                                         self.rank, resume_from)
-        report = {**adapters.memory_report(self.policy, self.reference),
-                  **cuda_memory(self.device)}
+            self.optimizer_steps = checkpoint.load_state(
+                self._trained(), self.scheduler, self.rank, resume_from
+            )
+        report = {**adapters.memory_report(self.policy, self.reference), **cuda_memory(self.device)}
         # Only rank 0 sends weights; the others never touch the push group.
         self.transport = make_transport(s.transport, rank=0 if self.rank == 0 else None)
         return report
@@ -141,13 +167,15 @@ class LearnerWorker:
             return [(rows, batch.select(rows).to(self.device)) for rows in plan]
         count = torch.tensor([len(plan)])
         dist.all_reduce(count, op=dist.ReduceOp.MAX)
-        plan = plan_rows(batch.attention_mask, unit, self.s.micro_batch_size, budget,
-                         at_least=int(count))
+        plan = plan_rows(
+            batch.attention_mask, unit, self.s.micro_batch_size, budget, at_least=int(count)
+        )
         return [(rows, trim_right_padding(batch.select(rows)).to(self.device)) for rows in plan]
 
     def _logprobs(self, model: torch.nn.Module, mb: TrainBatch) -> torch.Tensor:
-        return sequence_logprobs(model, mb.input_ids, mb.attention_mask, mb.response_start,
-                                 self.s.temperature)
+        return sequence_logprobs(
+            model, mb.input_ids, mb.attention_mask, mb.response_start, self.s.temperature
+        )
 
     def _policy_output(self, mb: TrainBatch) -> torch.Tensor:
         """What the loss reads of the policy: `[b, T]` logprobs, or with a scalar head
@@ -171,8 +199,10 @@ class LearnerWorker:
             with self.policy.disable_adapter():
                 yield self.policy
         else:
-            raise RuntimeError("reference logprobs asked for, but this run loaded no "
-                               "reference (kl_coef 0, or freed after the DPO precompute)")
+            raise RuntimeError(
+                "reference logprobs asked for, but this run loaded no "
+                "reference (kl_coef 0, or freed after the DPO precompute)"
+            )
 
     @torch.no_grad()
     def compute(self, shard: TrainBatch, step: int, what: Computed) -> torch.Tensor:
@@ -196,7 +226,7 @@ class LearnerWorker:
             with self.spans.span("forward", step):
                 for rows, mb in self._micro_batches(shard):
                     values, final = critic_values(self.critic, mb)
-                    out[rows, :values.shape[1]] = values.cpu()
+                    out[rows, : values.shape[1]] = values.cpu()
                     out[rows, -1] = final.cpu()
             out[:, :-1] *= shard.response_mask
             return out
@@ -219,7 +249,7 @@ class LearnerWorker:
         with ctx as model, self.spans.span("forward", step):
             for rows, mb in self._micro_batches(shard):
                 logprobs = self._logprobs(model, mb)
-                out[rows, :logprobs.shape[1]] = logprobs.cpu()
+                out[rows, : logprobs.shape[1]] = logprobs.cpu()
         return out * shard.response_mask
 
     def free_reference(self) -> None:
@@ -294,10 +324,21 @@ class LearnerWorker:
         its dequantised base once, as version 0). Collective."""
         s = self.s
         with self.spans.span("weight_sync", version - 1):
-            source = push_source(self.policy, self.rank, s.model_path, s.adapter,
-                                 DTYPES[s.compute_dtype], s.transport.adapter_only and not full)
-            yield from publish(self.transport, source, version, sender=self.rank == 0,
-                               checksum=s.transport.checksum)
+            source = push_source(
+                self.policy,
+                self.rank,
+                s.model_path,
+                s.adapter,
+                DTYPES[s.compute_dtype],
+                s.transport.adapter_only and not full,
+            )
+            yield from publish(
+                self.transport,
+                source,
+                version,
+                sender=self.rank == 0,
+                checksum=s.transport.checksum,
+            )
 
     def join_push_group(self, address: str, world_size: int) -> None:
         """Rank 0 only: leave the weight broadcast group and join a new one at `address`
@@ -312,8 +353,9 @@ class LearnerWorker:
         settings = replace(self.s.transport, group_address=address, group_world=world_size)
         self.transport = make_transport(settings, rank=0)
 
-    def save_checkpoint(self, path: str, step: int,
-                        kind: Literal["policy", "state"] = "policy") -> str | None:
+    def save_checkpoint(
+        self, path: str, step: int, kind: Literal["policy", "state"] = "policy"
+    ) -> str | None:
         """Save into `path` (see learner/checkpoint.py). Collective; returns the path on
         rank 0.
 
@@ -325,11 +367,13 @@ class LearnerWorker:
         """
         with self.spans.span("checkpoint", step):
             if kind == "state":
-                checkpoint.save_state(self._trained(), self.scheduler, self.optimizer_steps,
-                                      self.rank, path)
+                checkpoint.save_state(
+                    self._trained(), self.scheduler, self.optimizer_steps, self.rank, path
+                )
                 return path if self.rank == 0 else None
-            return checkpoint.save_policy(self.policy, self.rank, self.s.model_path,
-                                          self.s.adapter, path, self.s.head)
+            return checkpoint.save_policy(
+                self.policy, self.rank, self.s.model_path, self.s.adapter, path, self.s.head
+            )
 
     def _trained(self) -> dict[str, tuple[torch.nn.Module, torch.optim.Optimizer]]:
         """Each trained model with its optimizer (the policy; the critic for PPO)."""
@@ -340,8 +384,9 @@ class LearnerWorker:
 
     def _full_state_dict(self) -> dict[str, torch.Tensor]:
         """The full (merged) policy, float32, complete on rank 0 (tests read it)."""
-        return full_state_dict(self.policy, self.rank, self.s.model_path, self.s.adapter,
-                               self.s.head)
+        return full_state_dict(
+            self.policy, self.rank, self.s.model_path, self.s.adapter, self.s.head
+        )
 
     def drain_spans(self) -> list[Span]:
         """This rank's busy spans since the last call."""

@@ -78,8 +78,14 @@ class RLAlgorithm(Algorithm):
         return rl_step(run, self, step)
 
     @abstractmethod
-    def train(self, learners: list[Any], batch: TrainBatch, rollouts: list[Rollout],
-              rewards: list[float | None], step: int) -> dict[str, float]:
+    def train(
+        self,
+        learners: list[Any],
+        batch: TrainBatch,
+        rollouts: list[Rollout],
+        rewards: list[float | None],
+        step: int,
+    ) -> dict[str, float]:
         """Advantages and the optimizer step(s) of one step on the learner group.
 
         Args:
@@ -88,8 +94,16 @@ class RLAlgorithm(Algorithm):
         """
 
 
-def run_updates(learners: list[Any], batch: TrainBatch, rows: int, epochs: int,
-                mini_batches: int, loss_agg: str, seed: int, step: int) -> dict[str, float]:
+def run_updates(
+    learners: list[Any],
+    batch: TrainBatch,
+    rows: int,
+    epochs: int,
+    mini_batches: int,
+    loss_agg: str,
+    seed: int,
+    step: int,
+) -> dict[str, float]:
     """`epochs × mini_batches` optimizer steps on the first `rows` rows of `batch` (the
     rest only pads the no-grad passes). Each epoch splits the real rows into
     `mini_batches` (shuffled, seeded, when there is more than one update), and each
@@ -123,6 +137,6 @@ def algorithm_for(recipe: Recipe) -> Algorithm:
     from posttrain.recipes.ppo import PPO
     from posttrain.recipes.reward_model import RewardModel
 
-    return {"grpo": GRPO, "ppo": PPO, "dpo": DPO,
-            "reward_model": RewardModel}[recipe.algorithm](recipe)
-
+    return {"grpo": GRPO, "ppo": PPO, "dpo": DPO, "reward_model": RewardModel}[recipe.algorithm](
+        recipe
+    )

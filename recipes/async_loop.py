@@ -77,8 +77,9 @@ class Group:
         return min(r.policy_version for r in self.rollouts)
 
 
-def take_fresh(groups: list[Group], step: int, k: int, count: int
-               ) -> tuple[list[Group], list[Group], list[Group]]:
+def take_fresh(
+    groups: list[Group], step: int, k: int, count: int
+) -> tuple[list[Group], list[Group], list[Group]]:
     """Split ready `groups` (oldest first) for training step `step`: the first `count`
     whose staleness `step − version` is at most `k`, those too old (dropped), and the
     rest (kept for later steps). Pure; the order of `groups` is kept in each list."""
@@ -174,7 +175,8 @@ class RolloutStream:
                 raise RuntimeError(
                     f"rollout worker {i} died while generating ahead (train.max_staleness "
                     f"{self.k}); the asynchronous loop does not replace engines. Resume from "
-                    f"the last checkpoint: posttrain run --resume {self.run.run_dir}") from e
+                    f"the last checkpoint: posttrain run --resume {self.run.run_dir}"
+                ) from e
             with self.cond:
                 self.scoring += 1
             self.scorer.submit(self._score, rollouts, round_)
@@ -216,8 +218,9 @@ class RolloutStream:
         with self.cond:
             while True:
                 if self.error is not None:
-                    raise RuntimeError(f"generating rollouts ahead failed: {self.error}"
-                                       ) from self.error
+                    raise RuntimeError(
+                        f"generating rollouts ahead failed: {self.error}"
+                    ) from self.error
                 fresh, stale, rest = take_fresh(self.ready, step, self.k, self.per_step)
                 if stale:  # never trained on; their room goes back to the producer
                     dropped += stale
@@ -253,6 +256,7 @@ class RolloutStream:
         push lands between generation requests). With `scoring`, also waits until every
         share handed to the scorer is scored (an evaluation scores on the same reward
         client)."""
+
         def quiet() -> bool:
             busy = self.generating or (scoring and self.scoring > 0)
             return not busy or self.error is not None
@@ -315,10 +319,15 @@ def async_step(run: Any, algo: Any, step: int) -> tuple[dict[str, float], list[S
     scores = [s for g in groups for s in g.scores]
     if recipe.monitor.save_rollouts:
         c.save_rollouts(run.run_dir, step, rollouts, scores)
-    rewards = apply_failure_policy([s.reward for s in scores], [r.group_id for r in rollouts],
-                                   recipe.on_reward_failure, [s.error for s in scores])
-    stats = algo.train(roles.learners, rollout_batch(rollouts, rewards, roles.pad_id), rollouts,
-                       rewards, step)
+    rewards = apply_failure_policy(
+        [s.reward for s in scores],
+        [r.group_id for r in rollouts],
+        recipe.on_reward_failure,
+        [s.error for s in scores],
+    )
+    stats = algo.train(
+        roles.learners, rollout_batch(rollouts, rewards, roles.pad_id), rollouts, rewards, step
+    )
     t_trained = time.time()
     with run.stream.paused():
         t_push = time.time()
@@ -328,18 +337,27 @@ def async_step(run: Any, algo: Any, step: int) -> tuple[dict[str, float], list[S
     lag = [step - r.policy_version for r in rollouts]
     tokens = sum(len(r.response_ids) for r in rollouts)
     accuracy_of = next((r.name for r in recipe.rewards if r.type == "math"), None)
-    return {"policy_version": step + 1, "rollout_restarts": roles.rollout_restarts,
-            "reward_restarts": roles.reward_restarts,
-            **rollout_metrics(rollouts, scores, accuracy_of), **stats,
-            "staleness_mean": sum(lag) / len(lag), "staleness_max": float(max(lag)),
-            "dropped_stale": float(sum(len(g.rollouts) for g in stale)),
-            "time/wait_rollouts": t1 - t0, "time/wait_push": t_push - t_trained,
-            # the step's critical path: generation and scoring run behind training
-            "time/generate": t1 - t0, "time/score": 0.0,
-            "time/weight_sync": sync_s,
-            "time/step": t_end - t0, "weight_sync_bytes": roles.last_push_bytes,
-            "rollout_tokens_per_s": tokens / (t_end - t0),
-            "weight_sync_fraction": sync_s / (t_end - t0), **telemetry}, spans
+    return {
+        "policy_version": step + 1,
+        "rollout_restarts": roles.rollout_restarts,
+        "reward_restarts": roles.reward_restarts,
+        **rollout_metrics(rollouts, scores, accuracy_of),
+        **stats,
+        "staleness_mean": sum(lag) / len(lag),
+        "staleness_max": float(max(lag)),
+        "dropped_stale": float(sum(len(g.rollouts) for g in stale)),
+        "time/wait_rollouts": t1 - t0,
+        "time/wait_push": t_push - t_trained,
+        # the step's critical path: generation and scoring run behind training
+        "time/generate": t1 - t0,
+        "time/score": 0.0,
+        "time/weight_sync": sync_s,
+        "time/step": t_end - t0,
+        "weight_sync_bytes": roles.last_push_bytes,
+        "rollout_tokens_per_s": tokens / (t_end - t0),
+        "weight_sync_fraction": sync_s / (t_end - t0),
+        **telemetry,
+    }, spans
 
 
 def _telemetry(run: Any, start: float, end: float) -> tuple[dict[str, float], list[Span]]:

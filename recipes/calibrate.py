@@ -56,7 +56,12 @@ MIB = 2**20
 
 
 def measure_matmul(
-    threads: int, m: int, k: int, n: int, seconds: float = 0.3, windows: int = 5,
+    threads: int,
+    m: int,
+    k: int,
+    n: int,
+    seconds: float = 0.3,
+    windows: int = 5,
     dtype: torch.dtype = torch.bfloat16,
 ) -> float:
     """FLOP/s of `[m, k] @ [k, n]` in `dtype` at `threads` torch threads (2·m·k·n FLOPs per
@@ -150,8 +155,15 @@ def measure_collective(reps: int = 64) -> float:
 
 
 def measure_engine(
-    engine, kind: str, threads: int, prompts: int, n: int, prompt_tokens: int, vocab: int,
-    weights: dict[str, torch.Tensor], steps: int = 8,
+    engine,
+    kind: str,
+    threads: int,
+    prompts: int,
+    n: int,
+    prompt_tokens: int,
+    vocab: int,
+    weights: dict[str, torch.Tensor],
+    steps: int = 8,
 ) -> tuple[DecodeProbe, PushProbe]:
     """Time `engine` (an `InferenceEngine` of `kind` 'vllm' or 'hf') as a step uses it:
     `prompts` random prompts of `prompt_tokens` tokens (ids below `vocab`), `n` samples
@@ -178,8 +190,9 @@ def measure_engine(
     prefill, _ = timed(batch(prompts), 1)
     both, longest = timed(batch(prompts), 1 + steps)
     made = max(1, longest - 1)
-    decode = DecodeProbe(kind, threads, prompts * n, prompt_tokens, made, prefill,
-                         max(0.0, both - prefill) / made)
+    decode = DecodeProbe(
+        kind, threads, prompts * n, prompt_tokens, made, prefill, max(0.0, both - prefill) / made
+    )
     engine.load_weights(weights.items())
     t0 = time.perf_counter()
     engine.load_weights(weights.items())
@@ -257,8 +270,12 @@ def calibrate(r: Recipe, folder: Path, prompt_tokens: int, shape: ModelShape) ->
     before = torch.get_num_threads()
     try:
         dtype = getattr(torch, r.model.dtype)
-        flops = {t: measure_matmul(t, max(prompts * n, 64), shape.hidden, shape.intermediate,
-                                   dtype=dtype) for t in sorted({t_r, t_l})}
+        flops = {
+            t: measure_matmul(
+                t, max(prompts * n, 64), shape.hidden, shape.intermediate, dtype=dtype
+            )
+            for t in sorted({t_r, t_l})
+        }
         torch.set_num_threads(t_l)  # AdamW and the FSDP2 copies run at a learner's threads
         copy, loop, latency = measure_copy(), measure_loopback(), measure_collective()
         weights = {}
@@ -266,8 +283,9 @@ def calibrate(r: Recipe, folder: Path, prompt_tokens: int, shape: ModelShape) ->
             weights.update({k: v.to(dtype) for k, v in load_file(str(f)).items()})
         settings = engine_settings(r, str(folder))
         engine = make_engine(settings)
-        decode, push = measure_engine(engine, settings.kind, t_r, prompts, n, prompt_tokens,
-                                      shape.vocab, weights)
+        decode, push = measure_engine(
+            engine, settings.kind, t_r, prompts, n, prompt_tokens, shape.vocab, weights
+        )
         del engine, weights  # its KV cache and weights before the learner's probes
         gc.collect()
         push = dataclasses.replace(push, collective_s=latency)
@@ -278,8 +296,19 @@ def calibrate(r: Recipe, folder: Path, prompt_tokens: int, shape: ModelShape) ->
     finally:
         torch.set_num_threads(before)
     now = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
-    return CpuCalibration(cores, ram_bytes(), flops, copy, loop, decode, train, push, adamw,
-                          time.perf_counter() - t0, now)
+    return CpuCalibration(
+        cores,
+        ram_bytes(),
+        flops,
+        copy,
+        loop,
+        decode,
+        train,
+        push,
+        adamw,
+        time.perf_counter() - t0,
+        now,
+    )
 
 
 def cpu_name() -> str:
@@ -296,13 +325,23 @@ def cache_key(r: Recipe, folder: Path, prompt_tokens: int) -> str:
     """What a calibration depends on: this machine (CPU model, cores, RAM, torch), the
     model folder (path and config time), the engine and the step's shape."""
     parts = {
-        "cpu": cpu_name(), "cores": os.cpu_count(), "ram": ram_bytes(), "torch": torch.__version__,
-        "folder": str(folder.resolve()), "config_mtime": (folder / "config.json").stat().st_mtime,
-        "engine": r.rollout.engine, "dtype": r.model.dtype, "vllm": r.rollout.vllm.model_dump(),
-        "threads": worker_threads(r, os.cpu_count() or 1), "rollout": r.resources.rollout.gpus,
-        "per_engine": r.resources.rollout.gpus_per_engine, "ranks": r.resources.learner.gpus,
-        "prompts": r.train.prompts_per_step, "n": r.rollout.samples_per_prompt,
-        "prompt_tokens": prompt_tokens, "new": r.rollout.max_new_tokens,
+        "cpu": cpu_name(),
+        "cores": os.cpu_count(),
+        "ram": ram_bytes(),
+        "torch": torch.__version__,
+        "folder": str(folder.resolve()),
+        "config_mtime": (folder / "config.json").stat().st_mtime,
+        "engine": r.rollout.engine,
+        "dtype": r.model.dtype,
+        "vllm": r.rollout.vllm.model_dump(),
+        "threads": worker_threads(r, os.cpu_count() or 1),
+        "rollout": r.resources.rollout.gpus,
+        "per_engine": r.resources.rollout.gpus_per_engine,
+        "ranks": r.resources.learner.gpus,
+        "prompts": r.train.prompts_per_step,
+        "n": r.rollout.samples_per_prompt,
+        "prompt_tokens": prompt_tokens,
+        "new": r.rollout.max_new_tokens,
     }
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
@@ -314,14 +353,19 @@ def from_json(d: dict) -> CpuCalibration:
         KeyError, TypeError: the file is not a calibration of this version.
     """
     return CpuCalibration(
-        **{**d, "matmul_flops": {int(k): v for k, v in d["matmul_flops"].items()},
-           "decode": DecodeProbe(**d["decode"]), "train": TrainProbe(**d["train"]),
-           "push": PushProbe(**d["push"])}
+        **{
+            **d,
+            "matmul_flops": {int(k): v for k, v in d["matmul_flops"].items()},
+            "decode": DecodeProbe(**d["decode"]),
+            "train": TrainProbe(**d["train"]),
+            "push": PushProbe(**d["push"]),
+        }
     )
 
 
-def cached_calibration(r: Recipe, folder: Path, prompt_tokens: int, shape: ModelShape,
-                       recalibrate: bool = False) -> tuple[CpuCalibration, Path | None]:
+def cached_calibration(
+    r: Recipe, folder: Path, prompt_tokens: int, shape: ModelShape, recalibrate: bool = False
+) -> tuple[CpuCalibration, Path | None]:
     """The calibration of `r` on this machine: read from the cache when one was measured
     for the same machine, model and step shape (and `recalibrate` is off), else measured
     now and saved. Returns it and the cache file it came from (None: measured now)."""

@@ -39,19 +39,27 @@ _NAME = re.compile(r"step_(\d{5,})")
 
 # What a resume may not change (the samples, batches or model it continues), and what it
 # may (how long, where to watch, how many learner ranks); any other change is refused too.
-FIXED = ("model.path", "algorithm", "rollout.samples_per_prompt", "train.prompts_per_step",
-         "data")
-MAY_CHANGE = ("train.steps", "train.checkpoint_every", "train.keep_checkpoints",
-              "train.max_restarts", "monitor",
-              "resources.learner.gpus", "resources.threads_per_worker",
-              "weight_sync.timeout_s")
+FIXED = ("model.path", "algorithm", "rollout.samples_per_prompt", "train.prompts_per_step", "data")
+MAY_CHANGE = (
+    "train.steps",
+    "train.checkpoint_every",
+    "train.keep_checkpoints",
+    "train.max_restarts",
+    "monitor",
+    "resources.learner.gpus",
+    "resources.threads_per_worker",
+    "weight_sync.timeout_s",
+)
 
 
 def complete(run_dir: Path) -> list[Path]:
     """The run's complete checkpoints, oldest first."""
     folder = Path(run_dir) / FOLDER
-    found = [p for p in folder.glob("step_*") if _NAME.fullmatch(p.name)
-             and (p / STATE_FILE).is_file()] if folder.is_dir() else []
+    found = (
+        [p for p in folder.glob("step_*") if _NAME.fullmatch(p.name) and (p / STATE_FILE).is_file()]
+        if folder.is_dir()
+        else []
+    )
     return sorted(found, key=lambda p: int(p.name[5:]))
 
 
@@ -66,8 +74,14 @@ def read_state(checkpoint: Path) -> dict[str, Any]:
     return json.loads((Path(checkpoint) / STATE_FILE).read_text())
 
 
-def save(run_dir: Path, recipe: Recipe, learners: list[Any], steps_done: int,
-         data_state: dict[str, Any] | None, algo_state: dict[str, Any]) -> Path:
+def save(
+    run_dir: Path,
+    recipe: Recipe,
+    learners: list[Any],
+    steps_done: int,
+    data_state: dict[str, Any] | None,
+    algo_state: dict[str, Any],
+) -> Path:
     """Write the checkpoint after `steps_done` steps (see the module docstring) and
     remove the oldest beyond `train.keep_checkpoints`; returns its folder. The state
     file records the save's wall time (`seconds`, for `posttrain status --advise`)."""
@@ -80,18 +94,33 @@ def save(run_dir: Path, recipe: Recipe, learners: list[Any], steps_done: int,
     final, tmp = root / f"step_{steps_done:05d}", root / f".tmp-step_{steps_done:05d}"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    ray.get([lw.save_checkpoint.remote(str(tmp / "learner"), steps_done, "state")
-             for lw in learners])
-    torch.save({"torch": torch.get_rng_state(), "python": random.getstate(),
-                "numpy": np.random.get_state()}, tmp / "controller_rng.pt")
+    ray.get(
+        [lw.save_checkpoint.remote(str(tmp / "learner"), steps_done, "state") for lw in learners]
+    )
+    torch.save(
+        {
+            "torch": torch.get_rng_state(),
+            "python": random.getstate(),
+            "numpy": np.random.get_state(),
+        },
+        tmp / "controller_rng.pt",
+    )
     (tmp / "recipe.yaml").write_text(dump_recipe(recipe))
-    (tmp / STATE_FILE).write_text(json.dumps({
-        "step": steps_done, "policy_version": steps_done, "data": data_state,
-        "algorithm": algo_state, "seconds": time.time() - t0}))
+    (tmp / STATE_FILE).write_text(
+        json.dumps(
+            {
+                "step": steps_done,
+                "policy_version": steps_done,
+                "data": data_state,
+                "algorithm": algo_state,
+                "seconds": time.time() - t0,
+            }
+        )
+    )
     if final.exists():  # the same step again (a resume that stopped at once)
         shutil.rmtree(final)
     tmp.rename(final)
-    for old in complete(run_dir)[:-recipe.train.keep_checkpoints]:
+    for old in complete(run_dir)[: -recipe.train.keep_checkpoints]:
         shutil.rmtree(old, ignore_errors=True)
     return final
 
@@ -128,11 +157,14 @@ def resume_changes(saved: Recipe, new: Recipe) -> list[str]:
     changed = sorted(k for k in old.keys() | cur.keys() if old.get(k) != cur.get(k))
     for key in changed:
         if _under(key, FIXED) or not _under(key, MAY_CHANGE):
-            why = ("it fixes the model, the data or the batches the run continues"
-                   if _under(key, FIXED) else "a resumed run keeps the rest of its recipe "
-                   "so it continues exactly")
+            why = (
+                "it fixes the model, the data or the batches the run continues"
+                if _under(key, FIXED)
+                else "a resumed run keeps the rest of its recipe so it continues exactly"
+            )
             raise RecipeError(
                 f"{key}: the checkpoint was made with {old.get(key)!r}, this recipe has "
                 f"{cur.get(key)!r}; {why}. Resume with the checkpoint's value (a resume may "
-                f"change only {', '.join(MAY_CHANGE)}), or start a new run with --out")
+                f"change only {', '.join(MAY_CHANGE)}), or start a new run with --out"
+            )
     return [f"{k}: {old.get(k)!r} → {cur.get(k)!r}" for k in changed]

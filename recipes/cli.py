@@ -22,15 +22,23 @@ from posttrain.recipes.data import load_prompts
 from posttrain.recipes.loading import load_recipe
 from posttrain.recipes.preflight import PAIR_ALGORITHMS, check_lengths, check_runtime_inputs
 
-app = typer.Typer(add_completion=False, no_args_is_help=True,
-                  help="RL post-training of language models from recipe YAMLs.")
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    help="RL post-training of language models from recipe YAMLs.",
+)
 
-SetOpt = Annotated[list[str] | None, typer.Option(
-    "--set", help="Override a recipe key: --set train.steps=2 (value parsed as YAML).")]
+SetOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--set", help="Override a recipe key: --set train.steps=2 (value parsed as YAML)."
+    ),
+]
 
 
-def _load_or_exit(recipe: Path, overrides: list[str] | None,
-                  convert: bool = True, lengths: bool = True) -> tuple[Recipe, list]:
+def _load_or_exit(
+    recipe: Path, overrides: list[str] | None, convert: bool = True, lengths: bool = True
+) -> tuple[Recipe, list]:
     """The validated recipe and its training data: GRPO / PPO prompts, or DPO and
     reward-model pairs (every data row checked); prompt lengths too unless `lengths` is
     False (`plan` checks them itself, tokenizing once)."""
@@ -42,19 +50,25 @@ def _load_or_exit(recipe: Path, overrides: list[str] | None,
 
             d = r.data.train
             margin = r.reward_model.margin_key if r.algorithm == "reward_model" else None
-            pairs, skipped = load_pairs(d.path, d.format, d.prompt_key, d.chosen_key,
-                                        d.rejected_key, d.limit, margin)
+            pairs, skipped = load_pairs(
+                d.path, d.format, d.prompt_key, d.chosen_key, d.rejected_key, d.limit, margin
+            )
             if skipped:
-                typer.echo(f"data: {skipped} rows skipped (their dialogues do not share a "
-                           "prompt)", err=True)
+                typer.echo(
+                    f"data: {skipped} rows skipped (their dialogues do not share a prompt)",
+                    err=True,
+                )
             return r, pairs
         prompts = load_prompts(r.data)
         # GRPO / PPO: the longest prompt + max_new_tokens fits (`run` converts a built-in
         # model first, so the check never waits for the first training run)
         if lengths and not check_lengths(r, prompts, convert=convert):
-            typer.echo(f"note: prompt lengths not checked yet: model.path {r.model.path!r} is "
-                       "converted on the first `posttrain run`, which checks them before "
-                       "training", err=True)
+            typer.echo(
+                f"note: prompt lengths not checked yet: model.path {r.model.path!r} is "
+                "converted on the first `posttrain run`, which checks them before "
+                "training",
+                err=True,
+            )
         return r, prompts
     except RecipeError as e:
         typer.echo(f"error: {e}", err=True)
@@ -66,8 +80,10 @@ def validate(recipe: Path, set_: SetOpt = None) -> None:
     """Check a recipe (schema, data rows, model path) without starting anything."""
     r, prompts = _load_or_exit(recipe, set_, convert=False)
     what = "pairs" if isinstance(r.data.train, PreferenceData) else "prompts"
-    typer.echo(f"ok: {recipe} ({r.algorithm}, {r.train.steps} steps, {len(prompts)} {what}, "
-               f"model {r.model.path})")
+    typer.echo(
+        f"ok: {recipe} ({r.algorithm}, {r.train.steps} steps, {len(prompts)} {what}, "
+        f"model {r.model.path})"
+    )
 
 
 @app.command()
@@ -78,17 +94,27 @@ def schema() -> None:
 
 @app.command()
 def run(
-    recipe: Annotated[Path | None, typer.Argument(
-        help="Recipe YAML (with --resume: default RUN_DIR's own recipe).")] = None,
+    recipe: Annotated[
+        Path | None,
+        typer.Argument(help="Recipe YAML (with --resume: default RUN_DIR's own recipe)."),
+    ] = None,
     set_: SetOpt = None,
     out: Annotated[
         Path | None, typer.Option(help="Run folder; default runs/<name>-<time>.")
     ] = None,
-    address: Annotated[str | None, typer.Option(
-        help="Ray cluster to join (default: RAY_ADDRESS, else an embedded local cluster).")] = None,
-    resume: Annotated[Path | None, typer.Option(
-        help="Continue RUN_DIR from its newest complete checkpoint (--set may change "
-             "train.steps, monitor.*, resources.learner.gpus).")] = None,
+    address: Annotated[
+        str | None,
+        typer.Option(
+            help="Ray cluster to join (default: RAY_ADDRESS, else an embedded local cluster)."
+        ),
+    ] = None,
+    resume: Annotated[
+        Path | None,
+        typer.Option(
+            help="Continue RUN_DIR from its newest complete checkpoint (--set may change "
+            "train.steps, monitor.*, resources.learner.gpus)."
+        ),
+    ] = None,
 ) -> None:
     """Train a recipe end to end, or continue a run with --resume RUN_DIR."""
     from posttrain.recipes import checkpoints
@@ -99,20 +125,29 @@ def run(
         _check_resume_or_exit(r, checkpoint)
     else:
         if recipe is None:
-            typer.echo("error: give a recipe (posttrain run RECIPE) or a run to continue "
-                       "(posttrain run --resume RUN_DIR)", err=True)
+            typer.echo(
+                "error: give a recipe (posttrain run RECIPE) or a run to continue "
+                "(posttrain run --resume RUN_DIR)",
+                err=True,
+            )
             raise typer.Exit(code=2)
         r, prompts = _load_or_exit(recipe, set_)
         checkpoint = None
         run_dir = out or Path("runs") / f"{r.name}-{time.strftime('%Y%m%d-%H%M%S')}"
         if (last := checkpoints.latest(run_dir)) is not None:
-            typer.echo(f"error: --out {run_dir} holds a run with a checkpoint ({last.name}); "
-                       f"continue it with: posttrain run --resume {run_dir} (add --set "
-                       "train.steps=N to run longer), or give a new folder", err=True)
+            typer.echo(
+                f"error: --out {run_dir} holds a run with a checkpoint ({last.name}); "
+                f"continue it with: posttrain run --resume {run_dir} (add --set "
+                "train.steps=N to run longer), or give a new folder",
+                err=True,
+            )
             raise typer.Exit(code=2)
         if (run_dir / "metrics.jsonl").exists():
-            typer.echo(f"error: --out {run_dir} already holds a run (metrics.jsonl); give a "
-                       "new folder or remove that one", err=True)
+            typer.echo(
+                f"error: --out {run_dir} already holds a run (metrics.jsonl); give a "
+                "new folder or remove that one",
+                err=True,
+            )
             raise typer.Exit(code=2)
     _check_port_or_exit(r.monitor.dashboard_port)
     typer.echo(f"posttrain: {r.name} ({r.algorithm}) → {run_dir}")
@@ -145,9 +180,12 @@ def _check_port_or_exit(port: int | None) -> None:
         try:
             s.bind(("127.0.0.1", port))
         except OSError:
-            typer.echo(f"error: monitor.dashboard_port: 127.0.0.1:{port} is in use (another "
-                       "run?); --set monitor.dashboard_port=0 takes any free port, null "
-                       "turns the dashboard off", err=True)
+            typer.echo(
+                f"error: monitor.dashboard_port: 127.0.0.1:{port} is in use (another "
+                "run?); --set monitor.dashboard_port=0 takes any free port, null "
+                "turns the dashboard off",
+                err=True,
+            )
             raise typer.Exit(code=2) from None
 
 
@@ -157,16 +195,21 @@ def _checkpoint_or_exit(run_dir: Path) -> Path:
 
     if not run_dir.is_dir() or not (run_dir / "recipe.yaml").is_file():
         what = "is not a folder" if not run_dir.is_dir() else "has no recipe.yaml"
-        typer.echo(f"error: --resume {run_dir}: {what}, so it is not a run folder; give the "
-                   "RUN_DIR a `posttrain run` made (it prints it; the default is "
-                   "runs/NAME-TIME)", err=True)
+        typer.echo(
+            f"error: --resume {run_dir}: {what}, so it is not a run folder; give the "
+            "RUN_DIR a `posttrain run` made (it prints it; the default is "
+            "runs/NAME-TIME)",
+            err=True,
+        )
         raise typer.Exit(code=2)
     last = checkpoints.latest(run_dir)
     if last is None:
-        typer.echo(f"error: --resume {run_dir}: no complete checkpoint in "
-                   f"{run_dir / checkpoints.FOLDER} (train.checkpoint_every writes them); "
-                   f"start over with: posttrain run {run_dir / 'recipe.yaml'} --out NEW_DIR",
-                   err=True)
+        typer.echo(
+            f"error: --resume {run_dir}: no complete checkpoint in "
+            f"{run_dir / checkpoints.FOLDER} (train.checkpoint_every writes them); "
+            f"start over with: posttrain run {run_dir / 'recipe.yaml'} --out NEW_DIR",
+            err=True,
+        )
         raise typer.Exit(code=2)
     return last
 
@@ -182,9 +225,12 @@ def _check_resume_or_exit(r: Recipe, checkpoint: Path) -> None:
         raise typer.Exit(code=2) from None
     done = checkpoints.read_state(checkpoint)["step"]
     if r.train.steps <= done:
-        typer.echo(f"error: --resume: the checkpoint {checkpoint.name} already holds "
-                   f"{done} steps and train.steps is {r.train.steps}; run further with "
-                   f"--set train.steps={done + r.train.steps}", err=True)
+        typer.echo(
+            f"error: --resume: the checkpoint {checkpoint.name} already holds "
+            f"{done} steps and train.steps is {r.train.steps}; run further with "
+            f"--set train.steps={done + r.train.steps}",
+            err=True,
+        )
         raise typer.Exit(code=2)
     for line in changes:
         typer.echo(f"resume changes {line}")
@@ -194,16 +240,27 @@ def _check_resume_or_exit(r: Recipe, checkpoint: Path) -> None:
 @app.command()
 def plan(
     recipe: Path,
-    gpu: Annotated[str, typer.Option(
-        help="Accelerator: h100, h200, a100, or cpu (measures this machine first).")] = "h100",
-    mfu: Annotated[float, typer.Option(min=0.01, max=1.0,
-                                       help="Assumed model-FLOPs utilisation of training.")] = 0.4,
-    nodes: Annotated[int | None, typer.Option(min=1, help="Machines (with --gpus-per-node); "
-                                              "the split search uses all their devices.")] = None,
+    gpu: Annotated[
+        str,
+        typer.Option(help="Accelerator: h100, h200, a100, or cpu (measures this machine first)."),
+    ] = "h100",
+    mfu: Annotated[
+        float, typer.Option(min=0.01, max=1.0, help="Assumed model-FLOPs utilisation of training.")
+    ] = 0.4,
+    nodes: Annotated[
+        int | None,
+        typer.Option(
+            min=1, help="Machines (with --gpus-per-node); the split search uses all their devices."
+        ),
+    ] = None,
     gpus_per_node: Annotated[int | None, typer.Option(min=1, help="Devices per machine.")] = None,
-    recalibrate: Annotated[bool, typer.Option(
-        help="--gpu cpu: measure this machine again instead of reading the cached "
-             "calibration (~/.cache/posttrain/calibration).")] = False,
+    recalibrate: Annotated[
+        bool,
+        typer.Option(
+            help="--gpu cpu: measure this machine again instead of reading the cached "
+            "calibration (~/.cache/posttrain/calibration)."
+        ),
+    ] = False,
     set_: SetOpt = None,
 ) -> None:
     """Predict memory per device, step time, idle fractions and the best rollout:learner
@@ -215,8 +272,11 @@ def plan(
         typer.echo(f"error: --gpu {gpu!r}: give one of {', '.join(HARDWARE)}, cpu", err=True)
         raise typer.Exit(code=2)
     if gpu == "cpu" and (nodes or gpus_per_node):
-        typer.echo("error: --nodes / --gpus-per-node plan GPU clusters; --gpu cpu measures "
-                   "this one machine: drop them or give --gpu h100|h200|a100", err=True)
+        typer.echo(
+            "error: --nodes / --gpus-per-node plan GPU clusters; --gpu cpu measures "
+            "this one machine: drop them or give --gpu h100|h200|a100",
+            err=True,
+        )
         raise typer.Exit(code=2)
     if (nodes is None) != (gpus_per_node is None):
         typer.echo("error: give --nodes and --gpus-per-node together", err=True)
@@ -275,8 +335,10 @@ def serve_rewards(
     except OSError as e:
         typer.echo(f"error: cannot listen on {host}:{port}: {e}", err=True)
         raise typer.Exit(code=2) from None
-    typer.echo(f"reward service on http://{host}:{port}/score "
-               f"({', '.join(c.name for c in cfg.rewards)}; auth {'on' if token else 'off'})")
+    typer.echo(
+        f"reward service on http://{host}:{port}/score "
+        f"({', '.join(c.name for c in cfg.rewards)}; auth {'on' if token else 'off'})"
+    )
     uvicorn.run(app, host=host, port=port, log_level="warning")
 
 
@@ -284,13 +346,15 @@ def _run_dir_or_exit(run_dir: Path) -> list[dict]:
     from posttrain.recipes.monitor import METRICS_FILE, read_jsonl
 
     if not run_dir.is_dir():
-        typer.echo(f"error: {run_dir} does not exist; give a run folder (runs/<name>-<time>)",
-                   err=True)
+        typer.echo(
+            f"error: {run_dir} does not exist; give a run folder (runs/<name>-<time>)", err=True
+        )
         raise typer.Exit(code=2)
     rows = read_jsonl(run_dir / METRICS_FILE)
     if not rows and not (run_dir / "recipe.yaml").is_file():
-        typer.echo(f"error: {run_dir} is not a run folder (no metrics.jsonl or recipe.yaml)",
-                   err=True)
+        typer.echo(
+            f"error: {run_dir} is not a run folder (no metrics.jsonl or recipe.yaml)", err=True
+        )
         raise typer.Exit(code=2)
     return rows
 
@@ -299,11 +363,19 @@ def _run_dir_or_exit(run_dir: Path) -> list[dict]:
 def status(
     run_dir: Path,
     last: Annotated[int, typer.Option(min=1, help="Steps to show.")] = 10,
-    advise: Annotated[bool, typer.Option(
-        help="Suggest a rollout:learner split and a checkpoint interval from the measured "
-             "spans.")] = False,
-    mtbf: Annotated[float | None, typer.Option(
-        min=0.001, help="With --advise: the cluster's mean time between failures, hours.")] = None,
+    advise: Annotated[
+        bool,
+        typer.Option(
+            help="Suggest a rollout:learner split and a checkpoint interval from the measured "
+            "spans."
+        ),
+    ] = False,
+    mtbf: Annotated[
+        float | None,
+        typer.Option(
+            min=0.001, help="With --advise: the cluster's mean time between failures, hours."
+        ),
+    ] = None,
 ) -> None:
     """Print a table of a run's last steps and its totals."""
     from rich.console import Console
@@ -311,24 +383,44 @@ def status(
 
     rows = _run_dir_or_exit(run_dir)
     dpo = bool(rows) and "rewards/accuracy" in rows[0]
-    cols = [("step", "step", "{:.0f}"), ("loss", "loss", "{:.4f}"),
-            ("pref acc", "rewards/accuracy", "{:.3f}"), ("margin", "rewards/margin", "{:.4f}"),
-            ("chosen r", "rewards/chosen", "{:.4f}"), ("rejected r", "rewards/rejected", "{:.4f}"),
-            ("step s", "time/step", "{:.1f}"), ("ref s", "time/reference", "{:.1f}"),
+    cols = (
+        [
+            ("step", "step", "{:.0f}"),
+            ("loss", "loss", "{:.4f}"),
+            ("pref acc", "rewards/accuracy", "{:.3f}"),
+            ("margin", "rewards/margin", "{:.4f}"),
+            ("chosen r", "rewards/chosen", "{:.4f}"),
+            ("rejected r", "rewards/rejected", "{:.4f}"),
+            ("step s", "time/step", "{:.1f}"),
+            ("ref s", "time/reference", "{:.1f}"),
             ("train s", "time/train", "{:.1f}"),
-            ("learner idle", "learner_idle_fraction", "{:.2f}")] if dpo else [
-            ("step", "step", "{:.0f}"), ("reward", "reward_mean", "{:.3f}"),
-            ("acc", "accuracy", "{:.3f}"), ("len", "response_length_mean", "{:.1f}"),
-            ("step s", "time/step", "{:.1f}"), ("gen s", "time/generate", "{:.1f}"),
-            ("score s", "time/score", "{:.2f}"), ("logp s", "time/logprobs", "{:.1f}"),
-            ("train s", "time/train", "{:.1f}"), ("sync s", "time/weight_sync", "{:.2f}"),
+            ("learner idle", "learner_idle_fraction", "{:.2f}"),
+        ]
+        if dpo
+        else [
+            ("step", "step", "{:.0f}"),
+            ("reward", "reward_mean", "{:.3f}"),
+            ("acc", "accuracy", "{:.3f}"),
+            ("len", "response_length_mean", "{:.1f}"),
+            ("step s", "time/step", "{:.1f}"),
+            ("gen s", "time/generate", "{:.1f}"),
+            ("score s", "time/score", "{:.2f}"),
+            ("logp s", "time/logprobs", "{:.1f}"),
+            ("train s", "time/train", "{:.1f}"),
+            ("sync s", "time/weight_sync", "{:.2f}"),
             ("rollout idle", "rollout_idle_fraction", "{:.2f}"),
-            ("learner idle", "learner_idle_fraction", "{:.2f}")]
+            ("learner idle", "learner_idle_fraction", "{:.2f}"),
+        ]
+    )
     if any("staleness_mean" in r for r in rows):  # asynchronous: generation runs behind
-        cols = [("gen wait s", k, f) if k == "time/generate" else (n, k, f)
-                for n, k, f in cols] + [("stale", "staleness_mean", "{:.2f}")]
-    evals = [("eval p@1", "eval/pass@1", "{:.3f}"), ("eval p@k", "eval/pass@k", "{:.3f}")] \
-        if any("eval/pass@k" in r for r in rows) else []
+        cols = [("gen wait s", k, f) if k == "time/generate" else (n, k, f) for n, k, f in cols] + [
+            ("stale", "staleness_mean", "{:.2f}")
+        ]
+    evals = (
+        [("eval p@1", "eval/pass@1", "{:.3f}"), ("eval p@k", "eval/pass@k", "{:.3f}")]
+        if any("eval/pass@k" in r for r in rows)
+        else []
+    )
     if any("eval/accuracy" in r for r in rows):  # a reward model's held-out pairs
         evals += [("eval acc", "eval/accuracy", "{:.3f}"), ("eval loss", "eval/loss", "{:.4f}")]
     cols += evals
@@ -347,8 +439,9 @@ def status(
     if trained:
         # over every training step; evaluations are of different policies: no mean
         skip = {k for _, k, _ in evals}
-        present = {k: [r[k] for r in trained if r.get(k) is not None]
-                   for _, k, _ in cols if k not in skip}
+        present = {
+            k: [r[k] for r in trained if r.get(k) is not None] for _, k, _ in cols if k not in skip
+        }
         mean = {k: sum(v) / len(v) if v else None for k, v in present.items()}
         table.add_section()
         table.add_row(f"mean of {len(trained)}", *[cell(mean, k, f) for _, k, f in cols[1:]])
@@ -388,13 +481,15 @@ def _summary(history: list[dict[str, float]], run_dir: Path, wall: float) -> Non
         return
     if "rewards/accuracy" in history[0]:  # DPO
         first, last = history[0], history[-1]
-        typer.echo(f"done: {len(history)} steps in {wall:.0f} s\n"
-                   f"  loss {first['loss']:.4f} → {last['loss']:.4f}   reward accuracy "
-                   f"{first['rewards/accuracy']:.2f} → {last['rewards/accuracy']:.2f}   margin "
-                   f"{first['rewards/margin']:.3f} → {last['rewards/margin']:.3f}\n"
-                   f"  metrics: {run_dir / 'metrics.jsonl'}   final policy: {run_dir / 'final'}")
+        typer.echo(
+            f"done: {len(history)} steps in {wall:.0f} s\n"
+            f"  loss {first['loss']:.4f} → {last['loss']:.4f}   reward accuracy "
+            f"{first['rewards/accuracy']:.2f} → {last['rewards/accuracy']:.2f}   margin "
+            f"{first['rewards/margin']:.3f} → {last['rewards/margin']:.3f}\n"
+            f"  metrics: {run_dir / 'metrics.jsonl'}   final policy: {run_dir / 'final'}"
+        )
         return
-    first, last = history[: min(3, len(history))], history[-min(3, len(history)):]
+    first, last = history[: min(3, len(history))], history[-min(3, len(history)) :]
 
     def mean(rows: list[dict[str, float]], key: str) -> float:
         return sum(h[key] for h in rows) / len(rows)

@@ -51,8 +51,13 @@ if TYPE_CHECKING:
 
 
 def generate(
-    roles: Roles, prompts: list[PromptItem], recipe: Recipe, step: int, round_: int = 0,
-    sampling: SamplingSettings | None = None, tag: str = "s",
+    roles: Roles,
+    prompts: list[PromptItem],
+    recipe: Recipe,
+    step: int,
+    round_: int = 0,
+    sampling: SamplingSettings | None = None,
+    tag: str = "s",
 ) -> list[Rollout]:
     """Sample a group per prompt, spreading prompts over the rollout workers. `round_`
     (dynamic sampling's extra rounds of a step) gives distinct group ids and seeds;
@@ -63,8 +68,13 @@ def generate(
 
 
 def generation_requests(
-    roles: Roles, prompts: list[PromptItem], recipe: Recipe, step: int, round_: int = 0,
-    sampling: SamplingSettings | None = None, tag: str = "s",
+    roles: Roles,
+    prompts: list[PromptItem],
+    recipe: Recipe,
+    step: int,
+    round_: int = 0,
+    sampling: SamplingSettings | None = None,
+    tag: str = "s",
 ) -> tuple[dict[int, list[PromptRequest]], SamplingSettings]:
     """What `generate` sends: rollout worker i's requests `chunks[i]` and the sampling
     settings (arguments as `generate`)."""
@@ -75,8 +85,12 @@ def generation_requests(
             m.insert(0, {"role": "system", "content": recipe.model.system_prompt})
         messages.append(m)
     requests = [
-        PromptRequest(f"{tag}{step}{f'r{round_}' if round_ else ''}-p{p.prompt_id}-{i}", m,
-                      p.ground_truth, p.metadata)
+        PromptRequest(
+            f"{tag}{step}{f'r{round_}' if round_ else ''}-p{p.prompt_id}-{i}",
+            m,
+            p.ground_truth,
+            p.metadata,
+        )
         for i, (p, m) in enumerate(zip(prompts, messages, strict=True))
     ]
     sampling = sampling or SamplingSettings(
@@ -91,8 +105,13 @@ def generation_requests(
     return {i: requests[i::n] for i in range(n) if requests[i::n]}, sampling
 
 
-def generate_surviving(roles: Roles, recipe: Recipe, chunks: dict[int, list[PromptRequest]],
-                       sampling: SamplingSettings, step: int) -> list[Rollout]:
+def generate_surviving(
+    roles: Roles,
+    recipe: Recipe,
+    chunks: dict[int, list[PromptRequest]],
+    sampling: SamplingSettings,
+    step: int,
+) -> list[Rollout]:
     """Worker i generates `chunks[i]`; the Rollouts in worker order.
 
     Recovers from a rollout worker that dies during `generate` (killed, out of memory,
@@ -102,16 +121,20 @@ def generate_surviving(roles: Roles, recipe: Recipe, chunks: dict[int, list[Prom
     """
     done: dict[int, list[Rollout]] = {}
     for attempt in range(2):
-        futures = {i: roles.rollout[i].generate.remote(c, sampling, step)
-                   for i, c in chunks.items() if i not in done}
+        futures = {
+            i: roles.rollout[i].generate.remote(c, sampling, step)
+            for i, c in chunks.items()
+            if i not in done
+        }
         lost = []
         for i, f in futures.items():
             try:
                 done[i] = ray.get(f)
             except ray.exceptions.RayActorError as e:
                 if attempt == 1:
-                    raise RuntimeError(f"rollout worker {i} died again in step {step} after "
-                                       f"a restart: {e}") from e
+                    raise RuntimeError(
+                        f"rollout worker {i} died again in step {step} after a restart: {e}"
+                    ) from e
                 lost.append(i)
         for i in lost:
             replace_rollout_worker(roles, recipe, i)
@@ -143,8 +166,11 @@ def replace_rollout_worker(roles: Roles, recipe: Recipe, index: int) -> None:
         ray.kill(roles.rollout[index], no_restart=True)
     except ray.exceptions.RayError:
         pass
-    print(f"rollout worker {index} died; starting a replacement at policy_version "
-          f"{roles.policy_version}", flush=True)
+    print(
+        f"rollout worker {index} died; starting a replacement at policy_version "
+        f"{roles.policy_version}",
+        flush=True,
+    )
     worker = start_rollout_worker(spec, index, roles.placement.rollout[index])
     ray.get(worker.health.remote())
     roles.rollout[index] = worker
@@ -164,9 +190,14 @@ def score(roles: Roles, rollouts: list[Rollout]) -> list[Score]:
     local reward service is restarted and its lost items scored again
     (`restart_reward_service`)."""
     items = [
-        ScoreItem(uid=r.uid, prompt=r.prompt_text, response=r.response_text,
-                  ground_truth=r.ground_truth, metadata=r.metadata,
-                  messages=r.messages or None)
+        ScoreItem(
+            uid=r.uid,
+            prompt=r.prompt_text,
+            response=r.response_text,
+            ground_truth=r.ground_truth,
+            metadata=r.metadata,
+            messages=r.messages or None,
+        )
         for r in rollouts
     ]
     scores = roles.reward.score(items)
@@ -201,8 +232,9 @@ def on_learners(learners: list[Any], method: str, batch: TrainBatch, *args: Any)
     """Call `method(shard_r, *args)` on every learner rank at once (a collective) and
     return each rank's result; `len(batch)` must split evenly over the ranks."""
     world = len(learners)
-    return ray.get([getattr(lw, method).remote(batch.shard(r, world), *args)
-                    for r, lw in enumerate(learners)])
+    return ray.get(
+        [getattr(lw, method).remote(batch.shard(r, world), *args) for r, lw in enumerate(learners)]
+    )
 
 
 def push_weights(roles: Roles, recipe: Recipe, version: int) -> float:
@@ -223,10 +255,14 @@ def push_weights(roles: Roles, recipe: Recipe, version: int) -> float:
             break
         except WeightSyncError as e:
             if attempt == 2:
-                raise WeightSyncError(f"weight push failed twice: {e}; engines still serve "
-                                      f"policy_versions {served_versions(roles)}") from e
-            print(f"weight push of policy_version {version} failed ({e}); trying once more",
-                  flush=True)
+                raise WeightSyncError(
+                    f"weight push failed twice: {e}; engines still serve "
+                    f"policy_versions {served_versions(roles)}"
+                ) from e
+            print(
+                f"weight push of policy_version {version} failed ({e}); trying once more",
+                flush=True,
+            )
     roles.last_push_bytes = handle.num_bytes
     roles.policy_version = version
     return time.time() - t0
@@ -245,8 +281,11 @@ def step_telemetry(
     """Idle fractions, busy seconds and generation tail of one step from every worker's
     spans plus `counted` (the asynchronous loop's view of each generation request), with
     the controller's own `extra` spans appended uncounted; returns metrics and all spans."""
-    spans: list[Span] = [s for part in ray.get(
-        [a.drain_spans.remote() for a in roles.rollout + roles.learners]) for s in part]
+    spans: list[Span] = [
+        s
+        for part in ray.get([a.drain_spans.remote() for a in roles.rollout + roles.learners])
+        for s in part
+    ]
     spans += counted or []
     n_r, n_l = len(roles.rollout), len(roles.learners)
     return {
@@ -258,8 +297,13 @@ def step_telemetry(
     }, spans + extra
 
 
-def save_rollouts(run_dir: Path, step: int, rollouts: list[Rollout], scores: list[Score],
-                  folder_name: str = "rollouts") -> None:
+def save_rollouts(
+    run_dir: Path,
+    step: int,
+    rollouts: list[Rollout],
+    scores: list[Score],
+    folder_name: str = "rollouts",
+) -> None:
     """One jsonl per step in `run_dir/folder_name`: every rollout with its reward (and the
     scoring error in `reward_details.error`), written before training on it."""
     folder = run_dir / folder_name
@@ -267,5 +311,6 @@ def save_rollouts(run_dir: Path, step: int, rollouts: list[Rollout], scores: lis
     with open(folder / f"step_{step:05d}.jsonl", "w") as f:
         for r, s in zip(rollouts, scores, strict=True):
             details = s.details | ({"error": s.error} if s.error else {})
-            f.write(json.dumps(r.to_dict() | {"reward": s.reward, "reward_details": details})
-                    + "\n")
+            f.write(
+                json.dumps(r.to_dict() | {"reward": s.reward, "reward_details": details}) + "\n"
+            )

@@ -80,8 +80,9 @@ class DashboardServer:
     def __init__(self, run_dir: Path, port: int):
         import uvicorn
 
-        config = uvicorn.Config(create_dashboard(run_dir), host="127.0.0.1", port=port,
-                                log_level="warning")
+        config = uvicorn.Config(
+            create_dashboard(run_dir), host="127.0.0.1", port=port, log_level="warning"
+        )
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, daemon=True, name="dashboard")
 
@@ -95,8 +96,10 @@ class DashboardServer:
         deadline = time.monotonic() + timeout_s
         while not self.server.started:
             if not self.thread.is_alive() or time.monotonic() > deadline:
-                raise RuntimeError("the dashboard could not start; is monitor.dashboard_port "
-                                   "taken? set another port, 0 for any, or null to turn it off")
+                raise RuntimeError(
+                    "the dashboard could not start; is monitor.dashboard_port "
+                    "taken? set another port, 0 for any, or null to turn it off"
+                )
             time.sleep(0.05)
         port = self.server.servers[0].sockets[0].getsockname()[1]
         return f"http://127.0.0.1:{port}/"

@@ -52,8 +52,9 @@ def _arithmetic(cfg: GeneratorData) -> list[PromptItem]:
         allow_parentheses=False,
     )
     return [
-        PromptItem(i, row["question"], str(row["answer"]),
-                   {"expression": row["metadata"]["expression"]})
+        PromptItem(
+            i, row["question"], str(row["answer"]), {"expression": row["metadata"]["expression"]}
+        )
         for i, row in enumerate(ds)
     ]
 
@@ -76,16 +77,20 @@ def jsonl_rows(path: str | Path) -> Iterator[tuple[int, Any]]:
                 except json.JSONDecodeError as e:
                     raise RecipeError(f"{path}:{lineno}: not valid JSON ({e.msg})") from None
     except (OSError, UnicodeDecodeError, EOFError) as e:
-        raise RecipeError(f"{path}: cannot read it as UTF-8 JSON lines"
-                          f"{' (gzip)' if opener is gzip.open else ''}: {e}") from None
+        raise RecipeError(
+            f"{path}: cannot read it as UTF-8 JSON lines"
+            f"{' (gzip)' if opener is gzip.open else ''}: {e}"
+        ) from None
 
 
 def _jsonl(cfg: JsonlData) -> list[PromptItem]:
     items: list[PromptItem] = []
     for lineno, row in jsonl_rows(cfg.path):
         if not isinstance(row, dict):
-            raise RecipeError(f"{cfg.path}:{lineno}: a row must be a JSON object with "
-                              f"{cfg.prompt_key!r}, got {type(row).__name__}")
+            raise RecipeError(
+                f"{cfg.path}:{lineno}: a row must be a JSON object with "
+                f"{cfg.prompt_key!r}, got {type(row).__name__}"
+            )
         for key, role in ((cfg.prompt_key, "prompt_key"), (cfg.answer_key, "answer_key")):
             if key is None:
                 continue
@@ -132,8 +137,16 @@ def load_items(block: GeneratorData | JsonlData | PreferenceData) -> list[Prompt
     if isinstance(block, PreferenceData):
         from posttrain.recipes.preference import load_pairs, pair_prompts  # imports this
 
-        return pair_prompts(load_pairs(block.path, block.format, block.prompt_key,
-                                       block.chosen_key, block.rejected_key, block.limit)[0])
+        return pair_prompts(
+            load_pairs(
+                block.path,
+                block.format,
+                block.prompt_key,
+                block.chosen_key,
+                block.rejected_key,
+                block.limit,
+            )[0]
+        )
     return _jsonl(block)
 
 
@@ -146,8 +159,9 @@ class PromptStream:
     from it.
     """
 
-    def __init__(self, items: list[PromptItem], per_step: int, seed: int,
-                 state: dict[str, Any] | None = None):
+    def __init__(
+        self, items: list[PromptItem], per_step: int, seed: int, state: dict[str, Any] | None = None
+    ):
         self.items, self.per_step = items, per_step
         self.rng = random.Random(seed)
         self.epoch, self.index = 0, 0
@@ -156,8 +170,10 @@ class PromptStream:
             for _ in range(state["epoch"]):
                 self.order = self._shuffle()
             if self.order != state["order"]:
-                raise RecipeError(f"the checkpoint's data stream shuffled {len(state['order'])} "
-                                  f"prompts, this run has {len(items)}; resume with the same data")
+                raise RecipeError(
+                    f"the checkpoint's data stream shuffled {len(state['order'])} "
+                    f"prompts, this run has {len(items)}; resume with the same data"
+                )
             self.epoch, self.index = state["epoch"], state["index"]
 
     def _shuffle(self) -> list[int]:
@@ -182,8 +198,9 @@ class PromptStream:
         return {"epoch": self.epoch, "index": self.index, "order": list(self.order)}
 
 
-def prompt_stream(items: list[PromptItem], per_step: int, seed: int,
-                  state: dict[str, Any] | None = None) -> PromptStream:
+def prompt_stream(
+    items: list[PromptItem], per_step: int, seed: int, state: dict[str, Any] | None = None
+) -> PromptStream:
     """Yield `per_step` prompts at a time, reshuffling at every epoch boundary (see
     `PromptStream`; `state` resumes a stream's `state()`)."""
     return PromptStream(items, per_step, seed, state)

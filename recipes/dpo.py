@@ -37,12 +37,15 @@ def pair_batch(pairs: list[TokenizedPair | None], pad_id: int) -> TrainBatch:
     """Rows 2i / 2i+1 = pair i's chosen / rejected reply after its left-padded prompt.
     A None pair is padding: a copy of a real row with an all-zero response mask."""
     real = next(p for p in pairs if p is not None)
-    rows = [(q.prompt_ids, reply) for q in (p or real for p in pairs)
-            for reply in (q.chosen_ids, q.rejected_ids)]
+    rows = [
+        (q.prompt_ids, reply)
+        for q in (p or real for p in pairs)
+        for reply in (q.chosen_ids, q.rejected_ids)
+    ]
     ids, attn, resp, width_p = pack_rows(rows, pad_id)
     for i, p in enumerate(pairs):
         if p is None:
-            resp[2 * i:2 * i + 2] = 0.0
+            resp[2 * i : 2 * i + 2] = 0.0
     return TrainBatch(ids, attn, resp, width_p)
 
 
@@ -54,29 +57,41 @@ def cache_key(recipe: Recipe, model_path: str, template_id: str = PLAIN_TEMPLATE
     """Hash of everything the reference logprobs depend on."""
     h = hashlib.sha256()
     data = recipe.data.train
-    for f in [Path(data.path)] + sorted(Path(model_path).glob("*.safetensors")) + sorted(
-            p for p in Path(model_path).glob("*") if p.name.startswith(("tokenizer", "chat"))):
+    for f in (
+        [Path(data.path)]
+        + sorted(Path(model_path).glob("*.safetensors"))
+        + sorted(p for p in Path(model_path).glob("*") if p.name.startswith(("tokenizer", "chat")))
+    ):
         with open(f, "rb") as fh:
             for block in iter(lambda fh=fh: fh.read(1 << 20), b""):
                 h.update(block)
         h.update(f.name.encode())
-    h.update(json.dumps([data.model_dump(exclude={"path"}), recipe.dpo.max_length,
-                         recipe.model.dtype, template_id]).encode())
+    h.update(
+        json.dumps(
+            [
+                data.model_dump(exclude={"path"}),
+                recipe.dpo.max_length,
+                recipe.model.dtype,
+                template_id,
+            ]
+        ).encode()
+    )
     if recipe.model.adapter.type == "qlora":  # the reference is then the NF4 base, whose
         # blocks depend on the learner count (learner.adapters.nf4_block_sizes)
         h.update(f"qlora-nf4-{recipe.resources.learner.gpus}".encode())
     return h.hexdigest()[:24]
 
 
-def reference_sums(learners: list[Any], pairs: list[TokenizedPair], pad_id: int,
-                   chunk: int) -> torch.Tensor:
+def reference_sums(
+    learners: list[Any], pairs: list[TokenizedPair], pad_id: int, chunk: int
+) -> torch.Tensor:
     """`[2N]` reference summed logprobs of every pair's rows (chosen, rejected, ...)."""
     out = []
     for i in range(0, len(pairs), chunk):
-        part = pairs[i:i + chunk]
+        part = pairs[i : i + chunk]
         batch = pair_batch(_padded(part, len(learners)), pad_id)
         sums = concat(on_learners(learners, "compute", batch, -1, "ref_logprobs")).sum(-1)
-        out.append(sums[:2 * len(part)])
+        out.append(sums[: 2 * len(part)])
     return torch.cat(out)
 
 
@@ -89,8 +104,12 @@ class DPO(Algorithm):
     def __init__(self, recipe: Recipe):
         super().__init__(recipe)
         d = recipe.dpo
-        self.loss = DPOLoss(beta=d.beta, label_smoothing=d.label_smoothing,
-                            loss_type=d.loss_type, ipo_token_mean=d.ipo_token_mean)
+        self.loss = DPOLoss(
+            beta=d.beta,
+            label_smoothing=d.label_smoothing,
+            loss_type=d.loss_type,
+            ipo_token_mean=d.ipo_token_mean,
+        )
         self.load_reference = True
         self.temperature = 1.0
         self.ref_all: torch.Tensor | None = None
@@ -128,39 +147,52 @@ class DPO(Algorithm):
             save_file({"ref_sums": sums.contiguous()}, tmp)
             tmp.rename(path)
         ray.get([lw.free_reference.remote() for lw in learners])
-        info = {"cache_hit": hit, "path": str(path), "pairs": len(self.pairs),
-                "seconds": time.time() - t0, "bytes": path.stat().st_size}
+        info = {
+            "cache_hit": hit,
+            "path": str(path),
+            "pairs": len(self.pairs),
+            "seconds": time.time() - t0,
+            "bytes": path.stat().st_size,
+        }
         (Path(run.run_dir) / "precompute.json").write_text(json.dumps(info, indent=1))
-        print(f"reference logprobs: {'cache hit' if hit else 'computed'} ({len(self.pairs)} "
-              f"pairs, {info['seconds']:.1f} s) {path}", flush=True)
+        print(
+            f"reference logprobs: {'cache hit' if hit else 'computed'} ({len(self.pairs)} "
+            f"pairs, {info['seconds']:.1f} s) {path}",
+            flush=True,
+        )
         return sums
 
     def checkpoint_state(self) -> dict[str, Any]:
         """The reference cache key (the sums a resume reloads) and the pair order's seed:
         step k trains on pairs `order[k·n : (k+1)·n]`, so the step is the position."""
-        return {"ref_cache_key": getattr(self, "ref_key", None),
-                "order_seed": self.recipe.data.shuffle_seed, "pairs": len(self.order)}
+        return {
+            "ref_cache_key": getattr(self, "ref_key", None),
+            "order_seed": self.recipe.data.shuffle_seed,
+            "pairs": len(self.order),
+        }
 
     def step(self, run: Any, step: int) -> tuple[dict[str, float], list[Span]]:
         learners, per_step = run.roles.learners, self.recipe.train.prompts_per_step
         t0 = time.time()
         idx = [self.order[(step * per_step + k) % len(self.order)] for k in range(per_step)]
-        batch = pair_batch(_padded([self.pairs[i] for i in idx], len(learners)),
-                           run.roles.pad_id)
+        batch = pair_batch(_padded([self.pairs[i] for i in idx], len(learners)), run.roles.pad_id)
         if self.ref_all is not None:
             rows = torch.tensor([2 * i + j for i in idx for j in (0, 1)])
-            batch.ref_sums = torch.cat([self.ref_all[rows],
-                                        torch.zeros(len(batch) - len(rows))])
+            batch.ref_sums = torch.cat([self.ref_all[rows], torch.zeros(len(batch) - len(rows))])
         else:
-            batch.ref_sums = concat(on_learners(learners, "compute", batch, step,
-                                                "ref_logprobs")).sum(-1)
+            batch.ref_sums = concat(
+                on_learners(learners, "compute", batch, step, "ref_logprobs")
+            ).sum(-1)
         batch.loss_denominator = float(per_step)
         t_ref = time.time()
         stats = on_learners(learners, "train_step", batch, step)[0]
         t_end = time.time()
-        spans = [s for part in ray.get([lw.drain_spans.remote() for lw in learners])
-                 for s in part]
-        return {**stats, "time/step": t_end - t0, "time/reference": t_ref - t0,
-                "time/train": t_end - t_ref, "tokens": float(batch.attention_mask.sum()),
-                "learner_idle_fraction": idle_fraction(spans, "learner", len(learners),
-                                                       t0, t_end)}, spans
+        spans = [s for part in ray.get([lw.drain_spans.remote() for lw in learners]) for s in part]
+        return {
+            **stats,
+            "time/step": t_end - t0,
+            "time/reference": t_ref - t0,
+            "time/train": t_end - t_ref,
+            "tokens": float(batch.attention_mask.sum()),
+            "learner_idle_fraction": idle_fraction(spans, "learner", len(learners), t0, t_end),
+        }, spans

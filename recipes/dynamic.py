@@ -89,5 +89,11 @@ def sample_with_signal(
     if not keep:  # nothing to learn from: train on the last round (zero advantages)
         keep = [[start + i for i in rows] for rows in _groups(rollouts).values()]
     rows = [i for g in keep for i in g]
-    return Sampled([all_rollouts[i] for i in rows], [all_scores[i] for i in rows],
-                   all_rollouts, all_scores, groups - len(keep), rounds)
+    return Sampled(
+        [all_rollouts[i] for i in rows],
+        [all_scores[i] for i in rows],
+        all_rollouts,
+        all_scores,
+        groups - len(keep),
+        rounds,
+    )

@@ -99,7 +99,11 @@ def episodes_enabled(recipe: Recipe) -> bool:
 
 
 def generate_episodes(
-    roles: Any, prompts: list[PromptItem], recipe: Recipe, model_path: str, step: int,
+    roles: Any,
+    prompts: list[PromptItem],
+    recipe: Recipe,
+    model_path: str,
+    step: int,
     run_dir: Path | None = None,
 ) -> tuple[list[Rollout], dict[str, float]]:
     """`samples_per_prompt` episodes per prompt as Rollouts (with `loss_mask` and
@@ -116,9 +120,13 @@ def generate_episodes(
         from posttrain.recipes.agent_step import generate_agent_episodes
 
         return generate_agent_episodes(
-            roles.rollout, requests_for(prompts, recipe, step), recipe,
+            roles.rollout,
+            requests_for(prompts, recipe, step),
+            recipe,
             lambda ids: tok.decode(ids, skip_special_tokens=True),
-            (run_dir or Path(".")) / "agent", step)
+            (run_dir or Path(".")) / "agent",
+            step,
+        )
     sampling = SamplingSettings(
         n=1,
         max_new_tokens=r.max_new_tokens,

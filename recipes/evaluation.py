@@ -42,8 +42,9 @@ def pass_at_k(n: int, c_: int, k: int) -> float:
     return 1.0 - prod
 
 
-def eval_metrics(rollouts: list[Rollout], scores: list[Score], k: int,
-                 threshold: float) -> dict[str, float]:
+def eval_metrics(
+    rollouts: list[Rollout], scores: list[Score], k: int, threshold: float
+) -> dict[str, float]:
     """`eval/pass@1`, `eval/pass@k`, `eval/avg@k` (mean reward) over prompts, and the
     same per reward component (`eval/pass@k/NAME`, ...); `eval/k`, `eval/prompts`."""
     values: dict[str, dict[str, list[float | None]]] = {"": {}}
@@ -79,22 +80,26 @@ def load_eval_prompts(recipe: Recipe) -> list[PromptItem]:
     if recipe.eval is None:
         return []
     items = load_items(recipe.eval.prompts)
-    return items[:recipe.eval.limit] if recipe.eval.limit else items
+    return items[: recipe.eval.limit] if recipe.eval.limit else items
 
 
-def evaluate(roles: c.Roles, recipe: Recipe, prompts: list[PromptItem], run_dir: Path,
-             version: int) -> dict[str, Any]:
+def evaluate(
+    roles: c.Roles, recipe: Recipe, prompts: list[PromptItem], run_dir: Path, version: int
+) -> dict[str, Any]:
     """Sample, score and log one evaluation of the policy the engines hold (`version`);
     its engine spans are dropped (they belong to no training step)."""
     e = recipe.eval
     assert e is not None
-    sampling = SamplingSettings(n=e.k, max_new_tokens=e.max_new_tokens
-                                or recipe.rollout.max_new_tokens, temperature=e.temperature,
-                                top_p=recipe.rollout.top_p, seed=e.seed,
-                                stop=tuple(recipe.rollout.stop))
+    sampling = SamplingSettings(
+        n=e.k,
+        max_new_tokens=e.max_new_tokens or recipe.rollout.max_new_tokens,
+        temperature=e.temperature,
+        top_p=recipe.rollout.top_p,
+        seed=e.seed,
+        stop=tuple(recipe.rollout.stop),
+    )
     rollouts = c.generate(roles, prompts, recipe, version, sampling=sampling, tag="e")
     scores = c.score(roles, rollouts)
     ray.get([a.drain_spans.remote() for a in roles.rollout])
     c.save_rollouts(run_dir, version, rollouts, scores, "eval")
-    return {"eval/policy_version": version, **eval_metrics(rollouts, scores, e.k,
-                                                            e.pass_threshold)}
+    return {"eval/policy_version": version, **eval_metrics(rollouts, scores, e.k, e.pass_threshold)}

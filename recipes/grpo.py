@@ -35,17 +35,24 @@ def rollout_batch(rollouts: list[Rollout], rewards: list[float | None], pad_id: 
     if len(rewards) != len(rollouts):
         raise ValueError(f"{len(rewards)} rewards for {len(rollouts)} rollouts")
     input_ids, attention, response, width_p = pack_rows(
-        [(r.prompt_ids, r.response_ids) for r in rollouts], pad_id)
+        [(r.prompt_ids, r.response_ids) for r in rollouts], pad_id
+    )
     inference = torch.zeros(input_ids.shape, dtype=torch.float32)
     for i, r in enumerate(rollouts):
-        inference[i, width_p:width_p + len(r.response_ids)] = torch.tensor(r.inference_logprobs)
+        inference[i, width_p : width_p + len(r.response_ids)] = torch.tensor(r.inference_logprobs)
         if r.loss_mask is not None:  # multi-turn: environment tokens are context only
-            response[i, width_p:width_p + len(r.response_ids)] = torch.tensor(
-                r.loss_mask, dtype=response.dtype)
+            response[i, width_p : width_p + len(r.response_ids)] = torch.tensor(
+                r.loss_mask, dtype=response.dtype
+            )
         if rewards[i] is None:
             response[i] = 0.0
-    return TrainBatch(input_ids=input_ids, attention_mask=attention, response_mask=response,
-                      response_start=width_p, inference_logprobs=inference)
+    return TrainBatch(
+        input_ids=input_ids,
+        attention_mask=attention,
+        response_mask=response,
+        response_start=width_p,
+        inference_logprobs=inference,
+    )
 
 
 class RewardFailure(RuntimeError):
@@ -69,8 +76,10 @@ def apply_failure_policy(
         return list(rewards)
     if policy == "fail_step":
         shown = "; ".join(f"{group_ids[i]}: {errors[i]}" for i in failed[:3])
-        raise RewardFailure(f"{len(failed)} rollouts could not be scored ({shown}); "
-                            "set on_reward_failure: drop_group or zero to train on")
+        raise RewardFailure(
+            f"{len(failed)} rollouts could not be scored ({shown}); "
+            "set on_reward_failure: drop_group or zero to train on"
+        )
     if policy == "zero":
         return [0.0 if x is None else x for x in rewards]
     if policy == "drop_group":
@@ -79,8 +88,9 @@ def apply_failure_policy(
     raise ValueError(f"unknown on_reward_failure {policy!r}")
 
 
-def rollout_metrics(rollouts: list[Rollout], scores: list[Score],
-                    accuracy_component: str | None = None) -> dict[str, float]:
+def rollout_metrics(
+    rollouts: list[Rollout], scores: list[Score], accuracy_component: str | None = None
+) -> dict[str, float]:
     """Reward mean/std, per-component means, response length, truncation and
     failed-score counts of one step; `accuracy` is the share of scored rollouts whose
     `accuracy_component` (a 0/1 verifier such as `math`) is 1."""
@@ -134,8 +144,13 @@ class GRPO(RLAlgorithm):
     def __init__(self, recipe: Recipe):
         super().__init__(recipe)
         g = recipe.grpo
-        self.loss = GRPOLoss(clip_low=g.clip_eps, clip_high=g.clip_eps_high or g.clip_eps,
-                             kl_coef=g.kl_coef, kind=g.loss, correction=correction_of(recipe))
+        self.loss = GRPOLoss(
+            clip_low=g.clip_eps,
+            clip_high=g.clip_eps_high or g.clip_eps,
+            kl_coef=g.kl_coef,
+            kind=g.loss,
+            correction=correction_of(recipe),
+        )
         self.estimate = ESTIMATORS[g.estimator]
         self.load_reference = g.kl_coef > 0
 
@@ -144,15 +159,24 @@ class GRPO(RLAlgorithm):
         g = self.recipe.grpo
         return g.epochs * g.mini_batches > 1 or g.old_logprob_pass == "always"
 
-    def train(self, learners: list[Any], batch: TrainBatch, rollouts: list[Rollout],
-              rewards: list[float | None], step: int) -> dict[str, float]:
+    def train(
+        self,
+        learners: list[Any],
+        batch: TrainBatch,
+        rollouts: list[Rollout],
+        rewards: list[float | None],
+        step: int,
+    ) -> dict[str, float]:
         g, t0 = self.recipe.grpo, time.time()
         reward_t = torch.tensor([math.nan if x is None else x for x in rewards])
         stats: dict[str, float] = {}
         if g.overlong_buffer is not None:
-            penalty = overlong_penalty(torch.tensor([len(r.response_ids) for r in rollouts]),
-                                       self.recipe.rollout.max_new_tokens, g.overlong_buffer,
-                                       g.overlong_penalty)
+            penalty = overlong_penalty(
+                torch.tensor([len(r.response_ids) for r in rollouts]),
+                self.recipe.rollout.max_new_tokens,
+                g.overlong_buffer,
+                g.overlong_penalty,
+            )
             reward_t = reward_t + penalty
             stats["overlong_penalty_mean"] = float(penalty.mean())
         adv = self.estimate(reward_t, [r.group_id for r in rollouts], g.scale_rewards, g.std_eps)
@@ -162,14 +186,28 @@ class GRPO(RLAlgorithm):
         batch.advantages = adv.unsqueeze(-1) * batch.response_mask
         padded = pad_rows_to_multiple(batch, len(learners))
         if self.separate_old_logprobs():
-            padded.old_logprobs = concat(on_learners(learners, "compute", padded, step,
-                                                     "old_logprobs"))
-            stats["logprob_mismatch"] = logprob_mismatch(batch, padded.old_logprobs[:len(batch)])
+            padded.old_logprobs = concat(
+                on_learners(learners, "compute", padded, step, "old_logprobs")
+            )
+            stats["logprob_mismatch"] = logprob_mismatch(batch, padded.old_logprobs[: len(batch)])
         if g.kl_coef > 0:
-            padded.ref_logprobs = concat(on_learners(learners, "compute", padded, step,
-                                                     "ref_logprobs"))
+            padded.ref_logprobs = concat(
+                on_learners(learners, "compute", padded, step, "ref_logprobs")
+            )
         t_train = time.time()
-        updates = run_updates(learners, padded, len(batch), g.epochs, g.mini_batches, g.loss_agg,
-                              self.recipe.train.seed * 7919 + step, step)
-        return {**updates, **stats, "time/logprobs": t_train - t0,
-                "time/train": time.time() - t_train}
+        updates = run_updates(
+            learners,
+            padded,
+            len(batch),
+            g.epochs,
+            g.mini_batches,
+            g.loss_agg,
+            self.recipe.train.seed * 7919 + step,
+            step,
+        )
+        return {
+            **updates,
+            **stats,
+            "time/logprobs": t_train - t0,
+            "time/train": time.time() - t_train,
+        }

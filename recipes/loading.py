@@ -22,8 +22,7 @@ _REWARD_TAGS = {"math", "length", "format", "code", "python", "http"}
 def _key_path(loc: tuple) -> str:
     keep, prev = [], None
     for p in loc:
-        tag = (prev == "train" and p in _DATA_TAGS) or (isinstance(prev, int)
-                                                        and p in _REWARD_TAGS)
+        tag = (prev == "train" and p in _DATA_TAGS) or (isinstance(prev, int) and p in _REWARD_TAGS)
         if not tag and not str(p).startswith("function-after"):
             keep.append(str(p))
         prev = p
@@ -37,8 +36,10 @@ def format_errors(err: ValidationError, source: str) -> str:
         msg = e["msg"].removeprefix("Value error, ")
         if e["type"] == "extra_forbidden" and loc == "data.train.path":
             # a generator's block with a path added to it (`--set data.train.path=...`)
-            msg = ("unknown key in a generator's data.train block; to train on a file "
-                   "replace the block: --set 'data.train={path: FILE.jsonl}'")
+            msg = (
+                "unknown key in a generator's data.train block; to train on a file "
+                "replace the block: --set 'data.train={path: FILE.jsonl}'"
+            )
         elif e["type"] == "extra_forbidden":
             msg = "unknown key; remove it or fix its spelling (see `posttrain schema`)"
         elif e["type"] == "missing":
@@ -83,8 +84,10 @@ def apply_overrides(tree: dict[str, Any], overrides: list[str]) -> dict[str, Any
         try:
             value = yaml.safe_load(raw)
         except yaml.YAMLError as e:
-            raise RecipeError(f"--set {item!r}: the value is not valid YAML ({e.problem}); "
-                              "quote strings, e.g. --set 'model.path=\"/my/model\"'") from None
+            raise RecipeError(
+                f"--set {item!r}: the value is not valid YAML ({e.problem}); "
+                "quote strings, e.g. --set 'model.path=\"/my/model\"'"
+            ) from None
         _set_path(tree, key.strip(), value)
     return tree
 
@@ -100,10 +103,14 @@ def load_recipe(path: str | Path, overrides: list[str] | None = None) -> Recipe:
     """
     path = Path(path)
     if path.is_dir():
-        hint = " (a run folder: its recipe is RUN_DIR/recipe.yaml)" if (
-            path / "recipe.yaml").is_file() else ""
-        raise RecipeError(f"{path}: is a folder, not a recipe file{hint}; give the path to a "
-                          ".yaml recipe")
+        hint = (
+            " (a run folder: its recipe is RUN_DIR/recipe.yaml)"
+            if (path / "recipe.yaml").is_file()
+            else ""
+        )
+        raise RecipeError(
+            f"{path}: is a folder, not a recipe file{hint}; give the path to a .yaml recipe"
+        )
     if not path.is_file():
         raise RecipeError(f"{path}: recipe file not found; give the path to a .yaml recipe")
     try:

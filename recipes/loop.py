@@ -57,8 +57,13 @@ class Run:
     stream: Any = None  # train.max_staleness ≥ 1: the RolloutStream (recipes/async_loop.py)
 
 
-def run(recipe: Recipe, run_dir: Path, address: str | None = None,
-        data: list[Any] | None = None, resume: Path | None = None) -> list[dict[str, float]]:
+def run(
+    recipe: Recipe,
+    run_dir: Path,
+    address: str | None = None,
+    data: list[Any] | None = None,
+    resume: Path | None = None,
+) -> list[dict[str, float]]:
     """Train `recipe` end to end; returns the per-step metrics also written to
     `run_dir/metrics.jsonl`. The final policy goes to `run_dir/final` (save_pretrained),
     training checkpoints to `run_dir/checkpoints` (recipes/checkpoints.py): every
@@ -98,17 +103,30 @@ def run(recipe: Recipe, run_dir: Path, address: str | None = None,
         if recipe.monitor.dashboard_port is not None:
             dash = DashboardServer(run_dir, recipe.monitor.dashboard_port)
             print(f"dashboard: {dash.start()}  (Prometheus: /metrics)", flush=True)
-        roles = c.start_roles(recipe, algo, model_path, run_dir,
-                              resume_from=str(resume / "learner") if resume else None)
+        roles = c.start_roles(
+            recipe,
+            algo,
+            model_path,
+            run_dir,
+            resume_from=str(resume / "learner") if resume else None,
+        )
         state = Run(recipe, run_dir, model_path, roles, data, eval_prompts=eval_prompts)
         if algo.uses_rollouts:
-            state.prompts = prompt_stream(data, recipe.train.prompts_per_step,
-                                          recipe.data.shuffle_seed, saved and saved["data"])
+            state.prompts = prompt_stream(
+                data,
+                recipe.train.prompts_per_step,
+                recipe.data.shuffle_seed,
+                saved and saved["data"],
+            )
         algo.prepare(state)
         if resume is not None:
             _resume(state, algo, resume, saved["policy_version"])
-        bar = tqdm(desc=recipe.name, initial=start, total=recipe.train.steps,
-                   disable=not recipe.monitor.progress)
+        bar = tqdm(
+            desc=recipe.name,
+            initial=start,
+            total=recipe.train.steps,
+            disable=not recipe.monitor.progress,
+        )
         recovery = LearnerRecovery(state, algo, log)
         step = start
         with StopOnSignal() as stop:
@@ -122,8 +140,12 @@ def run(recipe: Recipe, run_dir: Path, address: str | None = None,
                     step = bar.n = recovery.after_error(step, e)
                     history[:] = [m for m in history if m["step"] < step]
                     continue
-                metrics = {"step": step, **metrics, **evaluated,
-                           "learner_restarts": roles.learner_restarts}
+                metrics = {
+                    "step": step,
+                    **metrics,
+                    **evaluated,
+                    "learner_restarts": roles.learner_restarts,
+                }
                 _advise(history, metrics, recipe)
                 history.append(metrics)
                 log.record(step, metrics, spans)
@@ -136,8 +158,12 @@ def run(recipe: Recipe, run_dir: Path, address: str | None = None,
             if final:
                 log.record(recipe.train.steps, {"step": recipe.train.steps, **final}, [])
         if recipe.train.save_final:
-            ray.get([lw.save_checkpoint.remote(str(run_dir / "final"), recipe.train.steps)
-                     for lw in roles.learners])
+            ray.get(
+                [
+                    lw.save_checkpoint.remote(str(run_dir / "final"), recipe.train.steps)
+                    for lw in roles.learners
+                ]
+            )
     finally:
         if state is not None and state.stream is not None:
             state.stream.close()
@@ -154,9 +180,11 @@ class RunStopped(RuntimeError):
 
     def __init__(self, run_dir: Path, steps_done: int, signum: int):
         self.run_dir, self.steps_done, self.signum = run_dir, steps_done, signum
-        super().__init__(f"stopped by {signal.Signals(signum).name} after step "
-                         f"{steps_done - 1}; checkpoint {run_dir / checkpoints.FOLDER}/"
-                         f"step_{steps_done:05d}. Resume with: posttrain run --resume {run_dir}")
+        super().__init__(
+            f"stopped by {signal.Signals(signum).name} after step "
+            f"{steps_done - 1}; checkpoint {run_dir / checkpoints.FOLDER}/"
+            f"step_{steps_done:05d}. Resume with: posttrain run --resume {run_dir}"
+        )
 
 
 class StopOnSignal:
@@ -172,8 +200,10 @@ class StopOnSignal:
         if self.signum is not None and signum == signal.SIGINT:
             raise KeyboardInterrupt
         self.signum = signum
-        tqdm.write(f"{signal.Signals(signum).name}: finishing this step, then a checkpoint "
-                   "(Ctrl-C again stops at once, without one)")
+        tqdm.write(
+            f"{signal.Signals(signum).name}: finishing this step, then a checkpoint "
+            "(Ctrl-C again stops at once, without one)"
+        )
 
     def __enter__(self) -> StopOnSignal:
         if threading.current_thread() is threading.main_thread():
@@ -190,11 +220,19 @@ def _checkpoint_if_due(run: Run, algo: Algorithm, done: int, signum: int | None)
     """A checkpoint after `done` steps when one is due (every `train.checkpoint_every`,
     the last step, or a signal); raises RunStopped after it on a signal."""
     t = run.recipe.train
-    if done == t.steps or signum is not None or (t.checkpoint_every
-                                                 and done % t.checkpoint_every == 0):
-        folder = checkpoints.save(run.run_dir, run.recipe, run.roles.learners, done,
-                                  run.prompts.state() if run.prompts else None,
-                                  algo.checkpoint_state())
+    if (
+        done == t.steps
+        or signum is not None
+        or (t.checkpoint_every and done % t.checkpoint_every == 0)
+    ):
+        folder = checkpoints.save(
+            run.run_dir,
+            run.recipe,
+            run.roles.learners,
+            done,
+            run.prompts.state() if run.prompts else None,
+            algo.checkpoint_state(),
+        )
         tqdm.write(f"checkpoint: {folder}")
     if signum is not None and done < t.steps:
         raise RunStopped(run.run_dir, done, signum)
@@ -204,17 +242,25 @@ class PushFailed(RuntimeError):
     """A weight push failed twice; the run stopped after a checkpoint."""
 
 
-def _stop_after_failed_push(run: Run, algo: Algorithm, step: int,
-                            error: WeightSyncError) -> PushFailed:
+def _stop_after_failed_push(
+    run: Run, algo: Algorithm, step: int, error: WeightSyncError
+) -> PushFailed:
     """Recovers what a twice-failed weight push leaves: the learners trained step `step`
     but the engines still serve the old policy. A checkpoint after `step + 1` steps
     keeps that training (a resume pushes its policy to every engine first); the step's
     metrics line is not written."""
-    folder = checkpoints.save(run.run_dir, run.recipe, run.roles.learners, step + 1,
-                              run.prompts.state() if run.prompts else None,
-                              algo.checkpoint_state())
-    return PushFailed(f"step {step}: {error}. Checkpoint {folder}; once the engine is "
-                      f"fixed, resume with: posttrain run --resume {run.run_dir}")
+    folder = checkpoints.save(
+        run.run_dir,
+        run.recipe,
+        run.roles.learners,
+        step + 1,
+        run.prompts.state() if run.prompts else None,
+        algo.checkpoint_state(),
+    )
+    return PushFailed(
+        f"step {step}: {error}. Checkpoint {folder}; once the engine is "
+        f"fixed, resume with: posttrain run --resume {run.run_dir}"
+    )
 
 
 def _resume(run: Run, algo: Algorithm, checkpoint: Path, version: int) -> None:
@@ -238,10 +284,10 @@ def load_data(recipe: Recipe) -> list[Any]:
     if isinstance(d, PreferenceData) and recipe.algorithm in ("dpo", "reward_model"):
         from posttrain.recipes.preference import load_pairs
 
-        margin_key = recipe.reward_model.margin_key if recipe.algorithm == "reward_model" \
-            else None
-        return load_pairs(d.path, d.format, d.prompt_key, d.chosen_key, d.rejected_key,
-                          d.limit, margin_key)[0]
+        margin_key = recipe.reward_model.margin_key if recipe.algorithm == "reward_model" else None
+        return load_pairs(
+            d.path, d.format, d.prompt_key, d.chosen_key, d.rejected_key, d.limit, margin_key
+        )[0]
     return load_prompts(recipe.data)
 
 
@@ -256,8 +302,9 @@ def rl_step(run: Run, algo: RLAlgorithm, step: int) -> tuple[dict[str, float], l
         rollouts, scores, dynamic = _sample_with_signal(run, step)
         t1 = t2 = time.time()
     elif episodes_enabled(recipe):  # multi-turn or agent episodes (recipes/episode_step.py)
-        rollouts, dynamic = generate_episodes(roles, next(run.prompts), recipe, run.model_path,
-                                              step, run.run_dir)
+        rollouts, dynamic = generate_episodes(
+            roles, next(run.prompts), recipe, run.model_path, step, run.run_dir
+        )
         t1 = time.time()
         scores = add_environment_rewards(rollouts, c.score(roles, rollouts))
         t2 = time.time()
@@ -270,29 +317,44 @@ def rl_step(run: Run, algo: RLAlgorithm, step: int) -> tuple[dict[str, float], l
         t2 = time.time()
         if recipe.monitor.save_rollouts:
             c.save_rollouts(run.run_dir, step, rollouts, scores)
-    rewards = apply_failure_policy([s.reward for s in scores], [r.group_id for r in rollouts],
-                                   recipe.on_reward_failure, [s.error for s in scores])
+    rewards = apply_failure_policy(
+        [s.reward for s in scores],
+        [r.group_id for r in rollouts],
+        recipe.on_reward_failure,
+        [s.error for s in scores],
+    )
     batch = rollout_batch(rollouts, rewards, roles.pad_id)
     stats = algo.train(roles.learners, batch, rollouts, rewards, step)
     sync_s = c.push_weights(roles, recipe, version=step + 1)
     t_end = time.time()
-    telemetry, spans = c.step_telemetry(roles, t0, t_end,
-                                        [Span("reward", 0, "score", t1, t2, step)])
+    telemetry, spans = c.step_telemetry(
+        roles, t0, t_end, [Span("reward", 0, "score", t1, t2, step)]
+    )
     accuracy_of = next((r.name for r in recipe.rewards if r.type == "math"), None)
     quality = rollout_metrics(rollouts, scores, accuracy_of)
     if quality["failed_scores"]:
         first = next(s for s in scores if s.reward is None)
-        tqdm.write(f"step {step}: {quality['failed_scores']:.0f} rollouts could not be scored "
-                   f"({first.error}); on_reward_failure={recipe.on_reward_failure}")
-    return {"policy_version": step + 1, "rollout_restarts": roles.rollout_restarts,
-            "reward_restarts": roles.reward_restarts, **quality, **dynamic,
-            **stats, "time/generate": t1 - t0, "time/score": t2 - t1,
-            "time/weight_sync": sync_s, "time/step": t_end - t0,
-            "weight_sync_bytes": roles.last_push_bytes,
-            "rollout_tokens_per_s": sum(len(r.response_ids) for r in rollouts)
-            / max(t1 - t0, 1e-9),
-            "weight_sync_fraction": sync_s / (t_end - t0),
-            "score_fraction": (t2 - t1) / (t_end - t0), **telemetry}, spans
+        tqdm.write(
+            f"step {step}: {quality['failed_scores']:.0f} rollouts could not be scored "
+            f"({first.error}); on_reward_failure={recipe.on_reward_failure}"
+        )
+    return {
+        "policy_version": step + 1,
+        "rollout_restarts": roles.rollout_restarts,
+        "reward_restarts": roles.reward_restarts,
+        **quality,
+        **dynamic,
+        **stats,
+        "time/generate": t1 - t0,
+        "time/score": t2 - t1,
+        "time/weight_sync": sync_s,
+        "time/step": t_end - t0,
+        "weight_sync_bytes": roles.last_push_bytes,
+        "rollout_tokens_per_s": sum(len(r.response_ids) for r in rollouts) / max(t1 - t0, 1e-9),
+        "weight_sync_fraction": sync_s / (t_end - t0),
+        "score_fraction": (t2 - t1) / (t_end - t0),
+        **telemetry,
+    }, spans
 
 
 def _eval_if_due(run: Run, version: int) -> dict[str, Any]:
@@ -306,9 +368,11 @@ def _eval_if_due(run: Run, version: int) -> dict[str, Any]:
     with run.stream.paused(scoring=True) if run.stream is not None else nullcontext():
         m = evaluate(run.roles, run.recipe, run.eval_prompts, run.run_dir, version)
     m["time/eval"] = time.time() - t0
-    tqdm.write(f"eval of policy {version}: pass@1 {m['eval/pass@1']:.3f}  pass@{m['eval/k']:.0f} "
-               f"{m['eval/pass@k']:.3f}  avg@{m['eval/k']:.0f} {m['eval/avg@k']:.3f}  "
-               f"({m['eval/prompts']:.0f} prompts, {m['time/eval']:.1f} s)")
+    tqdm.write(
+        f"eval of policy {version}: pass@1 {m['eval/pass@1']:.3f}  pass@{m['eval/k']:.0f} "
+        f"{m['eval/pass@k']:.3f}  avg@{m['eval/k']:.0f} {m['eval/avg@k']:.3f}  "
+        f"({m['eval/prompts']:.0f} prompts, {m['time/eval']:.1f} s)"
+    )
     return m
 
 
@@ -320,25 +384,34 @@ def _advise(history: list[dict[str, Any]], metrics: dict[str, Any], recipe: Reci
         tqdm.write(f"step {metrics['step']}: advisory {a}")
 
 
-def _sample_with_signal(run: Run, step: int
-                        ) -> tuple[list[Rollout], list[Score], dict[str, float]]:
+def _sample_with_signal(run: Run, step: int) -> tuple[list[Rollout], list[Score], dict[str, float]]:
     """DAPO's dynamic sampling (recipes/dynamic.py): the groups with signal to train on,
     their scores and the metrics; every round's groups go to the rollout file."""
     recipe, roles = run.recipe, run.roles
     got = sample_with_signal(
-        run.prompts, lambda prompts, r: c.generate(roles, prompts, recipe, step, r),
-        lambda rollouts: c.score(roles, rollouts), recipe.train.prompts_per_step,
-        recipe.grpo.max_rounds)
+        run.prompts,
+        lambda prompts, r: c.generate(roles, prompts, recipe, step, r),
+        lambda rollouts: c.score(roles, rollouts),
+        recipe.train.prompts_per_step,
+        recipe.grpo.max_rounds,
+    )
     if recipe.monitor.save_rollouts:
         c.save_rollouts(run.run_dir, step, got.all_rollouts, got.all_scores)
-    return got.rollouts, got.scores, {"dynamic/dropped_groups": float(got.dropped_groups),
-                                      "dynamic/rounds": float(got.rounds)}
+    return (
+        got.rollouts,
+        got.scores,
+        {"dynamic/dropped_groups": float(got.dropped_groups), "dynamic/rounds": float(got.rounds)},
+    )
 
 
 def _report(bar: tqdm, m: dict[str, Any]) -> None:
     """The progress bar's postfix: reward and length for RL steps, loss for DPO."""
     if "reward_mean" in m:
-        bar.set_postfix(reward=f"{m['reward_mean']:.3f}", len=f"{m['response_length_mean']:.0f}",
-                        step_s=f"{m['time/step']:.1f}", refresh=False)
+        bar.set_postfix(
+            reward=f"{m['reward_mean']:.3f}",
+            len=f"{m['response_length_mean']:.0f}",
+            step_s=f"{m['time/step']:.1f}",
+            refresh=False,
+        )
     else:
         bar.set_postfix(loss=f"{m['loss']:.4f}", step_s=f"{m['time/step']:.1f}", refresh=False)

@@ -39,16 +39,23 @@ class StepLog:
         if recipe.monitor.tensorboard:
             from torch.utils.tensorboard import SummaryWriter
 
-            self.tb = SummaryWriter(log_dir=str(run_dir / "tensorboard"),
-                                    purge_step=start if start > 0 else None)
+            self.tb = SummaryWriter(
+                log_dir=str(run_dir / "tensorboard"), purge_step=start if start > 0 else None
+            )
         if recipe.monitor.wandb_project:
             try:
                 import wandb
             except ImportError as e:
-                raise RuntimeError("monitor.wandb_project is set but wandb is not installed; "
-                                   "pip install wandb, or remove monitor.wandb_project") from e
-            self.wandb = wandb.init(project=recipe.monitor.wandb_project, name=recipe.name,
-                                    dir=str(run_dir), config=recipe.model_dump(mode="json"))
+                raise RuntimeError(
+                    "monitor.wandb_project is set but wandb is not installed; "
+                    "pip install wandb, or remove monitor.wandb_project"
+                ) from e
+            self.wandb = wandb.init(
+                project=recipe.monitor.wandb_project,
+                name=recipe.name,
+                dir=str(run_dir),
+                config=recipe.model_dump(mode="json"),
+            )
 
     def _drop_from(self, start: int) -> None:
         for name in (METRICS_FILE, SPANS_FILE):
@@ -66,8 +73,7 @@ class StepLog:
             from torch.utils.tensorboard import SummaryWriter
 
             self.tb.close()
-            self.tb = SummaryWriter(log_dir=str(self.run_dir / "tensorboard"),
-                                    purge_step=step)
+            self.tb = SummaryWriter(log_dir=str(self.run_dir / "tensorboard"), purge_step=step)
 
     def record(self, step: int, metrics: dict[str, Any], spans: list[Span]) -> None:
         with open(self.run_dir / METRICS_FILE, "a") as f:
@@ -75,8 +81,11 @@ class StepLog:
         with open(self.run_dir / SPANS_FILE, "a") as f:
             for s in spans:
                 f.write(json.dumps(s.to_dict()) + "\n")
-        numeric = {k: v for k, v in metrics.items()
-                   if isinstance(v, int | float) and not (isinstance(v, float) and math.isnan(v))}
+        numeric = {
+            k: v
+            for k, v in metrics.items()
+            if isinstance(v, int | float) and not (isinstance(v, float) and math.isnan(v))
+        }
         if self.tb is not None:
             for k, v in numeric.items():
                 self.tb.add_scalar(k, v, global_step=step)

@@ -47,12 +47,18 @@ def check_cluster(res: ResourcesConfig, cluster_gpus: float, rollout: bool = Tru
     """Raises RecipeError, naming the numbers, when the cluster has too few GPUs."""
     need = gpus_needed(res, rollout)
     if cluster_gpus < need:
-        how = ("learner only" if not rollout else "colocated" if res.colocate else
-               f"{res.rollout.gpus} for rollout + {res.learner.gpus} for the learner")
+        how = (
+            "learner only"
+            if not rollout
+            else "colocated"
+            if res.colocate
+            else f"{res.rollout.gpus} for rollout + {res.learner.gpus} for the learner"
+        )
         raise RecipeError(
             f"resources: the recipe needs {need} GPUs ({how}) but the Ray cluster has "
             f"{cluster_gpus:g}; lower resources.rollout.gpus / resources.learner.gpus, set "
-            "resources.colocate: true, or add nodes")
+            "resources.colocate: true, or add nodes"
+        )
 
 
 def place(res: ResourcesConfig, timeout_s: float = 60.0, rollout: bool = True) -> Placement:
@@ -72,41 +78,53 @@ def place(res: ResourcesConfig, timeout_s: float = 60.0, rollout: bool = True) -
     n_engines = res.rollout.gpus // res.rollout.gpus_per_engine if rollout else 0
 
     def strategy(pg: Any, index: int) -> PlacementGroupSchedulingStrategy:
-        return PlacementGroupSchedulingStrategy(placement_group=pg,
-                                                placement_group_bundle_index=index)
+        return PlacementGroupSchedulingStrategy(
+            placement_group=pg, placement_group_bundle_index=index
+        )
 
     if res.colocate:
         pg = placement_group([{"GPU": 1.0}] * gpus_needed(res), strategy="PACK")
         out.groups.append(pg)
-        out.rollout = [{"num_gpus": 0.5, "scheduling_strategy": strategy(pg, i)}
-                       for i in range(n_engines)]
-        out.learner = [{"num_gpus": 0.5, "scheduling_strategy": strategy(pg, i)}
-                       for i in range(res.learner.gpus)]
+        out.rollout = [
+            {"num_gpus": 0.5, "scheduling_strategy": strategy(pg, i)} for i in range(n_engines)
+        ]
+        out.learner = [
+            {"num_gpus": 0.5, "scheduling_strategy": strategy(pg, i)}
+            for i in range(res.learner.gpus)
+        ]
     else:
         for _ in range(n_engines):
-            pg = placement_group([{"GPU": 1.0}] * res.rollout.gpus_per_engine,
-                                 strategy="STRICT_PACK")
+            pg = placement_group(
+                [{"GPU": 1.0}] * res.rollout.gpus_per_engine, strategy="STRICT_PACK"
+            )
             out.groups.append(pg)
             if res.rollout.gpus_per_engine == 1:
                 out.rollout.append({"num_gpus": 1, "scheduling_strategy": strategy(pg, 0)})
             else:
                 # Tensor parallel: vLLM's Ray executor puts one worker on each bundle of
                 # the actor's group, so the actor itself holds no GPU.
-                out.rollout.append({"num_gpus": 0, "scheduling_strategy":
-                                    PlacementGroupSchedulingStrategy(
-                                        placement_group=pg,
-                                        placement_group_capture_child_tasks=True)})
+                out.rollout.append(
+                    {
+                        "num_gpus": 0,
+                        "scheduling_strategy": PlacementGroupSchedulingStrategy(
+                            placement_group=pg, placement_group_capture_child_tasks=True
+                        ),
+                    }
+                )
         pg = placement_group([{"GPU": 1.0}] * res.learner.gpus, strategy="PACK")
         out.groups.append(pg)
-        out.learner = [{"num_gpus": 1, "scheduling_strategy": strategy(pg, i)}
-                       for i in range(res.learner.gpus)]
-    ready, _ = ray.wait([g.ready() for g in out.groups], num_returns=len(out.groups),
-                        timeout=timeout_s)
+        out.learner = [
+            {"num_gpus": 1, "scheduling_strategy": strategy(pg, i)} for i in range(res.learner.gpus)
+        ]
+    ready, _ = ray.wait(
+        [g.ready() for g in out.groups], num_returns=len(out.groups), timeout=timeout_s
+    )
     if len(ready) < len(out.groups):
         release(out)
         raise RecipeError(
             f"resources: Ray could not schedule the placement groups within {timeout_s:.0f} s "
-            f"({len(out.groups) - len(ready)} pending); check `ray status` for free GPUs")
+            f"({len(out.groups) - len(ready)} pending); check `ray status` for free GPUs"
+        )
     return out
 
 

@@ -51,15 +51,33 @@ class Hardware:
 
 
 HARDWARE: dict[str, Hardware] = {
-    "h100": Hardware(80 * GB, 3.35e12, 989e12, 900 * GB, 400e9 / 8,
-                     "NVIDIA H100 Tensor Core GPU datasheet (H100 SXM: 80 GB HBM3, 3.35 TB/s, "
-                     "989 TFLOPS bf16 dense, NVLink 900 GB/s); ConnectX-7 NDR 400 Gb/s per GPU"),
-    "h200": Hardware(141 * GB, 4.8e12, 989e12, 900 * GB, 400e9 / 8,
-                     "NVIDIA H200 Tensor Core GPU datasheet (H200 SXM: 141 GB HBM3e, 4.8 TB/s, "
-                     "989 TFLOPS bf16 dense, NVLink 900 GB/s); ConnectX-7 NDR 400 Gb/s per GPU"),
-    "a100": Hardware(80 * GB, 2.039e12, 312e12, 600 * GB, 200e9 / 8,
-                     "NVIDIA A100 Tensor Core GPU datasheet (A100 80GB SXM: 2,039 GB/s, "
-                     "312 TFLOPS bf16 dense, NVLink 600 GB/s); ConnectX-6 HDR 200 Gb/s per GPU"),
+    "h100": Hardware(
+        80 * GB,
+        3.35e12,
+        989e12,
+        900 * GB,
+        400e9 / 8,
+        "NVIDIA H100 Tensor Core GPU datasheet (H100 SXM: 80 GB HBM3, 3.35 TB/s, "
+        "989 TFLOPS bf16 dense, NVLink 900 GB/s); ConnectX-7 NDR 400 Gb/s per GPU",
+    ),
+    "h200": Hardware(
+        141 * GB,
+        4.8e12,
+        989e12,
+        900 * GB,
+        400e9 / 8,
+        "NVIDIA H200 Tensor Core GPU datasheet (H200 SXM: 141 GB HBM3e, 4.8 TB/s, "
+        "989 TFLOPS bf16 dense, NVLink 900 GB/s); ConnectX-7 NDR 400 Gb/s per GPU",
+    ),
+    "a100": Hardware(
+        80 * GB,
+        2.039e12,
+        312e12,
+        600 * GB,
+        200e9 / 8,
+        "NVIDIA A100 Tensor Core GPU datasheet (A100 80GB SXM: 2,039 GB/s, "
+        "312 TFLOPS bf16 dense, NVLink 600 GB/s); ConnectX-6 HDR 200 Gb/s per GPU",
+    ),
 }
 
 # --- learner memory -------------------------------------------------------------------
@@ -87,8 +105,9 @@ def zero_bytes_per_rank(params: float, ranks: int, stage: int) -> float:
     if ranks < 1 or stage not in (0, 1, 2, 3):
         raise ValueError(f"ranks must be >= 1 and stage 0..3, got {ranks}, {stage}")
     w, g, k = WEIGHT_BYTES * params, GRAD_BYTES * params, OPTIMIZER_BYTES * params
-    return {0: w + g + k, 1: w + g + k / ranks, 2: w + (g + k) / ranks,
-            3: (w + g + k) / ranks}[stage]
+    return {0: w + g + k, 1: w + g + k / ranks, 2: w + (g + k) / ranks, 3: (w + g + k) / ranks}[
+        stage
+    ]
 
 
 def zero_wire_elements(params: float, stage: int) -> float:
@@ -117,15 +136,17 @@ def frozen_base_bytes(params: float, quant: str = "bf16", double_quant: bool = T
     raise ValueError(f"quant must be 'bf16' or 'nf4', got {quant!r}")
 
 
-def adapter_bytes_per_rank(base_params: float, adapter_params: float, ranks: int,
-                           quant: str = "bf16") -> float:
+def adapter_bytes_per_rank(
+    base_params: float, adapter_params: float, ranks: int, quant: str = "bf16"
+) -> float:
     """LoRA / QLoRA state per rank with everything sharded over `ranks` (FSDP2): the frozen
     base (no grads, no optimizer) plus the adapter at 16 B/param."""
     return (frozen_base_bytes(base_params, quant) + training_state_bytes(adapter_params)) / ranks
 
 
-def activation_bytes_per_layer(seq: int, batch: int, hidden: int, heads: int,
-                               scores: bool = False) -> float:
+def activation_bytes_per_layer(
+    seq: int, batch: int, hidden: int, heads: int, scores: bool = False
+) -> float:
     """Activation bytes one transformer layer keeps for the backward, 16-bit, no tensor
     parallelism (Korthikanti et al. 2022, "Reducing Activation Recomputation", eq. 1):
     s·b·h·(34 + 5·a·s/h). With fused attention (flash / SDPA) the a·s² score terms are
@@ -135,8 +156,9 @@ def activation_bytes_per_layer(seq: int, batch: int, hidden: int, heads: int,
     return seq * batch * hidden * per
 
 
-def activation_bytes(layers: int, seq: int, batch: int, hidden: int, heads: int,
-                     vocab: int, checkpointing: bool) -> float:
+def activation_bytes(
+    layers: int, seq: int, batch: int, hidden: int, heads: int, vocab: int, checkpointing: bool
+) -> float:
     """Peak activation bytes of one micro-batch: every layer (eq. 1, fused attention), or
     with full activation checkpointing only each layer's 16-bit input, 2·s·b·h, plus one
     layer recomputed (Korthikanti §4.1); plus the fp32 logits, 4·s·b·V."""
@@ -148,15 +170,22 @@ def activation_bytes(layers: int, seq: int, batch: int, hidden: int, heads: int,
 # --- rollout engine -------------------------------------------------------------------
 
 
-def kv_cache_bytes(layers: int, kv_heads: int, head_dim: int, tokens: float,
-                   bytes_per_value: int = 2) -> float:
+def kv_cache_bytes(
+    layers: int, kv_heads: int, head_dim: int, tokens: float, bytes_per_value: int = 2
+) -> float:
     """KV cache bytes: 2 (K and V) × layers × kv_heads × head_dim × bytes × tokens (Pope et
     al. 2022, "Efficiently Scaling Transformer Inference", §2; GQA counts kv heads)."""
     return 2 * layers * kv_heads * head_dim * bytes_per_value * tokens
 
 
-def decode_seconds(weight_bytes: float, kv_bytes_per_token: float, sequences: int,
-                   prompt_tokens: int, new_tokens: int, hbm_bytes_per_s: float) -> float:
+def decode_seconds(
+    weight_bytes: float,
+    kv_bytes_per_token: float,
+    sequences: int,
+    prompt_tokens: int,
+    new_tokens: int,
+    hbm_bytes_per_s: float,
+) -> float:
     """Time to decode `new_tokens` for a batch of `sequences` when memory-bandwidth bound
     (Pope et al. 2022, §3): each step reads all weights once plus every sequence's KV cache
     so far; summed over steps with the cache's mean length prompt + new/2."""
@@ -202,8 +231,9 @@ def compute_seconds(flops: float, devices: int, peak_flops: float, mfu: float) -
     return flops / (devices * peak_flops * mfu)
 
 
-def mfu(params: float, tokens: float, step_seconds: float, devices: int,
-        peak_flops: float) -> float:
+def mfu(
+    params: float, tokens: float, step_seconds: float, devices: int, peak_flops: float
+) -> float:
     """Model FLOPs utilisation of a measured step (PaLM App. B), 6·N·tokens per step."""
     return training_flops(params, tokens) / (step_seconds * devices * peak_flops)
 

@@ -166,16 +166,22 @@ def train_flops_per_token(r: Recipe, params: float) -> float:
     return per
 
 
-def learner_tokens(r: Recipe, prompt_tokens: int, hidden: int | None,
-                   intermediate: int | None) -> float:
+def learner_tokens(
+    r: Recipe, prompt_tokens: int, hidden: int | None, intermediate: int | None
+) -> float:
     """Tokens one learner rank computes per forward pass of a step:
     `planner.trained_tokens` over `resources.learner.gpus` ranks."""
     return trained_tokens(r, prompt_tokens, hidden, intermediate) / r.resources.learner.gpus
 
 
 def predict(
-    r: Recipe, params: float, trainable: float, prompt_tokens: int, cal: CpuCalibration,
-    hidden: int | None = None, intermediate: int | None = None,
+    r: Recipe,
+    params: float,
+    trainable: float,
+    prompt_tokens: int,
+    cal: CpuCalibration,
+    hidden: int | None = None,
+    intermediate: int | None = None,
 ) -> CpuStep:
     """One GRPO/PPO step of `r` on this CPU.
 

@@ -23,18 +23,16 @@ def cpu_prediction(
     is the cache file the calibration came from (None: measured now)."""
     from posttrain.recipes.calibrate import cached_calibration
 
-    cal, cached = cached_calibration(
-        r, folder, prompt_tokens, shape, recalibrate
-    )
+    cal, cached = cached_calibration(r, folder, prompt_tokens, shape, recalibrate)
     a = r.model.adapter
     trainable = shape.lora_params(a.r, a.target_modules) if a.type != "none" else shape.params
-    step = predict(r, shape.params, trainable, prompt_tokens, cal, shape.hidden,
-                   shape.intermediate)
+    step = predict(r, shape.params, trainable, prompt_tokens, cal, shape.hidden, shape.intermediate)
     return cal, step, cached
 
 
-def plan_cpu_or_exit(r: Recipe, folder: Path, shape: ModelShape, prompt_tokens: int,
-                     recalibrate: bool = False) -> None:
+def plan_cpu_or_exit(
+    r: Recipe, folder: Path, shape: ModelShape, prompt_tokens: int, recalibrate: bool = False
+) -> None:
     """Print the CPU plan of a GRPO/PPO recipe; exits 2 for DPO."""
     if r.algorithm == "dpo":
         typer.echo(
@@ -48,7 +46,11 @@ def plan_cpu_or_exit(r: Recipe, folder: Path, shape: ModelShape, prompt_tokens: 
 
 
 def print_cpu_plan(
-    r: Recipe, shape: ModelShape, prompt_tokens: int, cal: CpuCalibration, s: CpuStep,
+    r: Recipe,
+    shape: ModelShape,
+    prompt_tokens: int,
+    cal: CpuCalibration,
+    s: CpuStep,
     cached: Path | None = None,
 ) -> None:
     """The measurements, the step table, and the memory of all workers against RAM."""

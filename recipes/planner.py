@@ -49,18 +49,34 @@ class ModelShape:
         if "num_hidden_layers" not in cfg and isinstance(cfg.get("text_config"), dict):
             cfg = cfg["text_config"]
         heads = cfg["num_attention_heads"]
-        return cls(layers=cfg["num_hidden_layers"], hidden=cfg["hidden_size"], heads=heads,
-                   kv_heads=cfg.get("num_key_value_heads") or heads,
-                   head_dim=cfg.get("head_dim") or cfg["hidden_size"] // heads,
-                   intermediate=cfg["intermediate_size"], vocab=cfg["vocab_size"],
-                   tied=bool(cfg.get("tie_word_embeddings", False)))
+        return cls(
+            layers=cfg["num_hidden_layers"],
+            hidden=cfg["hidden_size"],
+            heads=heads,
+            kv_heads=cfg.get("num_key_value_heads") or heads,
+            head_dim=cfg.get("head_dim") or cfg["hidden_size"] // heads,
+            intermediate=cfg["intermediate_size"],
+            vocab=cfg["vocab_size"],
+            tied=bool(cfg.get("tie_word_embeddings", False)),
+        )
 
     def linear_shapes(self) -> dict[str, tuple[int, int]]:
         """(in, out) of each linear layer of one decoder layer, by module name."""
-        h, q, kv, i = self.hidden, self.heads * self.head_dim, self.kv_heads * self.head_dim, \
-            self.intermediate
-        return {"q_proj": (h, q), "k_proj": (h, kv), "v_proj": (h, kv), "o_proj": (q, h),
-                "gate_proj": (h, i), "up_proj": (h, i), "down_proj": (i, h)}
+        h, q, kv, i = (
+            self.hidden,
+            self.heads * self.head_dim,
+            self.kv_heads * self.head_dim,
+            self.intermediate,
+        )
+        return {
+            "q_proj": (h, q),
+            "k_proj": (h, kv),
+            "v_proj": (h, kv),
+            "o_proj": (q, h),
+            "gate_proj": (h, i),
+            "up_proj": (h, i),
+            "down_proj": (i, h),
+        }
 
     @property
     def params(self) -> int:
@@ -146,23 +162,31 @@ def _learner_memory(r: Recipe, m: ModelShape, ranks: int, seq: int) -> dict[str,
     a = r.model.adapter
     out: dict[str, float] = {}
     if a.type == "none":
-        out["weights+grads+AdamW (16 B/param, FSDP)"] = plan.zero_bytes_per_rank(m.params,
-                                                                                 ranks, 3)
+        out["weights+grads+AdamW (16 B/param, FSDP)"] = plan.zero_bytes_per_rank(m.params, ranks, 3)
     else:
         quant = "nf4" if a.type == "qlora" else "bf16"
         out[f"frozen base ({quant})"] = plan.frozen_base_bytes(m.params, quant) / ranks
-        out[f"{a.type} adapter (16 B/param)"] = plan.training_state_bytes(
-            m.lora_params(a.r, a.target_modules)) / ranks
-    kl = r.grpo.kl_coef if r.algorithm == "grpo" else r.ppo.kl_coef if r.algorithm == "ppo" \
-        else 1.0 if r.algorithm == "dpo" else 0.0  # a reward model has no reference
+        out[f"{a.type} adapter (16 B/param)"] = (
+            plan.training_state_bytes(m.lora_params(a.r, a.target_modules)) / ranks
+        )
+    kl = (
+        r.grpo.kl_coef
+        if r.algorithm == "grpo"
+        else r.ppo.kl_coef
+        if r.algorithm == "ppo"
+        else 1.0
+        if r.algorithm == "dpo"
+        else 0.0
+    )  # a reward model has no reference
     if kl > 0 and a.type == "none":
         out["reference (bf16)"] = plan.frozen_base_bytes(m.params) / ranks
     if r.algorithm == "ppo":
         out["critic (16 B/param, FSDP)"] = plan.zero_bytes_per_rank(m.params, ranks, 3)
     for ckpt in (False, True):
         key = "activations" + (" (checkpointed: not counted)" if ckpt else "")
-        out[key] = plan.activation_bytes(m.layers, seq, r.train.micro_batch_size, m.hidden,
-                                         m.heads, m.vocab, checkpointing=ckpt)
+        out[key] = plan.activation_bytes(
+            m.layers, seq, r.train.micro_batch_size, m.hidden, m.heads, m.vocab, checkpointing=ckpt
+        )
     return out
 
 
@@ -183,8 +207,9 @@ def _reply_tokens(r: Recipe) -> int:
     return r.rollout.max_new_tokens
 
 
-def trained_tokens(r: Recipe, prompt_tokens: int, hidden: int | None,
-                   intermediate: int | None) -> float:
+def trained_tokens(
+    r: Recipe, prompt_tokens: int, hidden: int | None, intermediate: int | None
+) -> float:
     """Tokens the learner computes per forward pass of one GRPO/PPO step, over all ranks.
 
     learner/logprobs.py packs the rows of one prompt that share a micro-batch into one
@@ -198,21 +223,43 @@ def trained_tokens(r: Recipe, prompt_tokens: int, hidden: int | None,
     prompts = r.train.prompts_per_step
     seq = prompt_tokens + r.rollout.max_new_tokens
     per_mb = max(1, mb // g)  # prompts in one micro-batch
-    if hidden is None or g < 2 or mb < 2 or not packing_pays(
-        min(mb, per_mb * g), seq, prompt_tokens, per_mb, min(g, mb), hidden,
-        intermediate or 4 * hidden
+    if (
+        hidden is None
+        or g < 2
+        or mb < 2
+        or not packing_pays(
+            min(mb, per_mb * g),
+            seq,
+            prompt_tokens,
+            per_mb,
+            min(g, mb),
+            hidden,
+            intermediate or 4 * hidden,
+        )
     ):
         return prompts * g * seq
     return prompts * (-(-g // mb) * prompt_tokens + g * r.rollout.max_new_tokens)
 
 
-def _times(r: Recipe, m: ModelShape, hw: Hardware, mfu: float, rollout: int, learner: int,
-           prompt: int, sequences: int, cluster: Cluster) -> Times:
+def _times(
+    r: Recipe,
+    m: ModelShape,
+    hw: Hardware,
+    mfu: float,
+    rollout: int,
+    learner: int,
+    prompt: int,
+    sequences: int,
+    cluster: Cluster,
+) -> Times:
     seq = prompt + _reply_tokens(r)
     tokens = sequences * seq
     # the policy and the reference pack a group's shared prompt; the critic does not
-    packed = tokens if r.algorithm in PAIR_ALGORITHMS else trained_tokens(
-        r, prompt, m.hidden, m.intermediate)
+    packed = (
+        tokens
+        if r.algorithm in PAIR_ALGORITHMS
+        else trained_tokens(r, prompt, m.hidden, m.intermediate)
+    )
     a = r.model.adapter
     per_token = 4 if a.type != "none" else 6  # adapters skip the weight-grad half (2N)
     flops = per_token * m.params * packed
@@ -227,21 +274,34 @@ def _times(r: Recipe, m: ModelShape, hw: Hardware, mfu: float, rollout: int, lea
         return Times(0, learner, 0.0, train, 0.0)
     engines = rollout // r.resources.rollout.gpus_per_engine
     per_engine = -(-sequences // engines)
-    decode = plan.decode_seconds(plan.broadcast_bytes(m.params, weight_bytes(r)),
-                                 m.kv_bytes_per_token(),
-                                 per_engine, prompt, r.rollout.max_new_tokens,
-                                 hw.hbm_bytes_per_s * r.resources.rollout.gpus_per_engine)
-    pushed = m.lora_params(a.r, a.target_modules) if (
-        r.weight_sync.adapter_mode == "adapter") else m.params
+    decode = plan.decode_seconds(
+        plan.broadcast_bytes(m.params, weight_bytes(r)),
+        m.kv_bytes_per_token(),
+        per_engine,
+        prompt,
+        r.rollout.max_new_tokens,
+        hw.hbm_bytes_per_s * r.resources.rollout.gpus_per_engine,
+    )
+    pushed = (
+        m.lora_params(a.r, a.target_modules)
+        if (r.weight_sync.adapter_mode == "adapter")
+        else m.params
+    )
     cross = cluster.push_crosses_nodes(rollout)
     link = hw.network_bytes_per_s if cross else hw.nvlink_one_way_bytes_per_s
     push = plan.transfer_seconds(plan.broadcast_bytes(pushed, weight_bytes(r)), link)
     return Times(rollout, learner, decode, train, push, cross)
 
 
-def plan_recipe(r: Recipe, m: ModelShape, gpu: str, prompt_tokens: int,
-                mfu: float = 0.4, cluster: Cluster | None = None,
-                hw: Hardware | None = None) -> RecipePlan:
+def plan_recipe(
+    r: Recipe,
+    m: ModelShape,
+    gpu: str,
+    prompt_tokens: int,
+    mfu: float = 0.4,
+    cluster: Cluster | None = None,
+    hw: Hardware | None = None,
+) -> RecipePlan:
     """Memory, step time and best split of recipe `r` for model `m` on `gpu`.
 
     Args:
@@ -266,13 +326,27 @@ def plan_recipe(r: Recipe, m: ModelShape, gpu: str, prompt_tokens: int,
     if not dpo:
         engines = res.rollout.gpus // res.rollout.gpus_per_engine
         per_engine = -(-sequences // engines)
-        engine[f"weights ({r.model.dtype})"] = plan.broadcast_bytes(
-            m.params, weight_bytes(r)) / res.rollout.gpus_per_engine
-        engine[f"KV cache ({per_engine} seqs x {seq} tokens)"] = plan.kv_cache_bytes(
-            m.layers, m.kv_heads, m.head_dim, per_engine * seq) / res.rollout.gpus_per_engine
+        engine[f"weights ({r.model.dtype})"] = (
+            plan.broadcast_bytes(m.params, weight_bytes(r)) / res.rollout.gpus_per_engine
+        )
+        engine[f"KV cache ({per_engine} seqs x {seq} tokens)"] = (
+            plan.kv_cache_bytes(m.layers, m.kv_heads, m.head_dim, per_engine * seq)
+            / res.rollout.gpus_per_engine
+        )
     now = _times(r, m, hw, mfu, rollout, res.learner.gpus, prompt_tokens, sequences, cluster)
-    p = RecipePlan(gpu, hw, mfu, prompt_tokens, seq - prompt_tokens, sequences, learner,
-                   engine, now, None, cluster=cluster if cluster_given else None)
+    p = RecipePlan(
+        gpu,
+        hw,
+        mfu,
+        prompt_tokens,
+        seq - prompt_tokens,
+        sequences,
+        learner,
+        engine,
+        now,
+        None,
+        cluster=cluster if cluster_given else None,
+    )
     p.best = _best_split(r, m, hw, mfu, prompt_tokens, sequences, cluster, cluster_given)
     p.flags = _flags(r, p) + _cluster_flags(r, cluster if cluster_given else None)
     return p
@@ -288,19 +362,31 @@ def _cluster_flags(r: Recipe, cluster: Cluster | None) -> list[str]:
     if res.colocate:
         asked = max(res.rollout.gpus, res.learner.gpus)
     if asked > cluster.devices:
-        out.append(f"resources: the recipe asks for {asked} devices, --nodes {cluster.nodes} "
-                   f"x --gpus-per-node {cluster.gpus_per_node} has {cluster.devices}; lower "
-                   "resources.rollout.gpus / resources.learner.gpus or add nodes")
+        out.append(
+            f"resources: the recipe asks for {asked} devices, --nodes {cluster.nodes} "
+            f"x --gpus-per-node {cluster.gpus_per_node} has {cluster.devices}; lower "
+            "resources.rollout.gpus / resources.learner.gpus or add nodes"
+        )
     per_engine = res.rollout.gpus_per_engine
     if r.algorithm not in PAIR_ALGORITHMS and cluster.gpus_per_node % per_engine:
-        out.append(f"resources.rollout.gpus_per_engine: {per_engine} does not divide "
-                   f"--gpus-per-node {cluster.gpus_per_node}: an engine's tensor-parallel "
-                   "group would span two nodes; choose a divisor of the node's devices")
+        out.append(
+            f"resources.rollout.gpus_per_engine: {per_engine} does not divide "
+            f"--gpus-per-node {cluster.gpus_per_node}: an engine's tensor-parallel "
+            "group would span two nodes; choose a divisor of the node's devices"
+        )
     return out
 
 
-def _best_split(r: Recipe, m: ModelShape, hw: Hardware, mfu: float, prompt: int,
-                sequences: int, cluster: Cluster, given: bool) -> Times | None:
+def _best_split(
+    r: Recipe,
+    m: ModelShape,
+    hw: Hardware,
+    mfu: float,
+    prompt: int,
+    sequences: int,
+    cluster: Cluster,
+    given: bool,
+) -> Times | None:
     """The rollout:learner split of the cluster's devices with the shortest step whose
     learner state fits (None when nothing can move: DPO, colocated devices, or engines
     that cannot be placed within the `given` cluster's nodes)."""
@@ -327,20 +413,28 @@ def _flags(r: Recipe, p: RecipePlan) -> list[str]:
     out = []
     hbm = p.hw.hbm_bytes
     if p.learner_total > hbm:
-        out.append(f"learner: {p.learner_total / GB:.1f} GB per device > {hbm / GB:.0f} GB; "
-                   "raise resources.learner.gpus, lower train.micro_batch_size, or set "
-                   "model.adapter.type: lora / qlora")
+        out.append(
+            f"learner: {p.learner_total / GB:.1f} GB per device > {hbm / GB:.0f} GB; "
+            "raise resources.learner.gpus, lower train.micro_batch_size, or set "
+            "model.adapter.type: lora / qlora"
+        )
     if p.engine_total > hbm:
-        out.append(f"rollout engine: {p.engine_total / GB:.1f} GB > {hbm / GB:.0f} GB; raise "
-                   "resources.rollout.gpus or lower rollout.max_new_tokens / "
-                   "train.prompts_per_step")
+        out.append(
+            f"rollout engine: {p.engine_total / GB:.1f} GB > {hbm / GB:.0f} GB; raise "
+            "resources.rollout.gpus or lower rollout.max_new_tokens / "
+            "train.prompts_per_step"
+        )
     if r.resources.colocate and p.learner_total + p.engine_total > hbm:
-        out.append(f"colocated: learner + engine {(p.learner_total + p.engine_total) / GB:.1f}"
-                   f" GB per device > {hbm / GB:.0f} GB; set resources.colocate: false")
+        out.append(
+            f"colocated: learner + engine {(p.learner_total + p.engine_total) / GB:.1f}"
+            f" GB per device > {hbm / GB:.0f} GB; set resources.colocate: false"
+        )
     kv = next((v for k, v in p.engine_memory.items() if k.startswith("KV")), 0.0)
     budget = r.rollout.vllm.kv_cache_gb * 2**30
     if r.rollout.engine == "vllm" and kv > budget:
-        out.append(f"rollout.vllm.kv_cache_gb: the step's KV cache needs {kv / 2**30:.2f} GiB "
-                   f"per engine, {r.rollout.vllm.kv_cache_gb:g} GiB is reserved: sequences "
-                   f"wait for room; set rollout.vllm.kv_cache_gb: {kv / 2**30 * 1.1:.2f}")
+        out.append(
+            f"rollout.vllm.kv_cache_gb: the step's KV cache needs {kv / 2**30:.2f} GiB "
+            f"per engine, {r.rollout.vllm.kv_cache_gb:g} GiB is reserved: sequences "
+            f"wait for room; set rollout.vllm.kv_cache_gb: {kv / 2**30 * 1.1:.2f}"
+        )
     return out

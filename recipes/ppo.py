@@ -27,38 +27,65 @@ class PPO(RLAlgorithm):
         super().__init__(recipe)
         p = recipe.ppo
         # k1 in the reward (kl_mode: reward) or k3 in the loss (kl_mode: loss).
-        self.loss = PPOLoss(clip_eps=p.clip_eps, cliprange_value=p.cliprange_value,
-                            kl_coef=p.kl_coef if p.kl_mode == "loss" else 0.0,
-                            correction=correction_of(recipe))
+        self.loss = PPOLoss(
+            clip_eps=p.clip_eps,
+            cliprange_value=p.cliprange_value,
+            kl_coef=p.kl_coef if p.kl_mode == "loss" else 0.0,
+            correction=correction_of(recipe),
+        )
         self.load_reference = p.kl_coef > 0
         self.critic = CriticSettings(path=p.critic_path, lr=p.critic_lr)
 
-    def train(self, learners: list[Any], batch: TrainBatch, rollouts: list[Rollout],
-              rewards: list[float | None], step: int) -> dict[str, float]:
+    def train(
+        self,
+        learners: list[Any],
+        batch: TrainBatch,
+        rollouts: list[Rollout],
+        rewards: list[float | None],
+        step: int,
+    ) -> dict[str, float]:
         p, t0 = self.recipe.ppo, time.time()
         n = len(batch)
         padded = pad_rows_to_multiple(batch, len(learners))
         extra = len(padded) - n
-        padded.old_logprobs = concat(on_learners(learners, "compute", padded, step,
-                                                 "old_logprobs"))
+        padded.old_logprobs = concat(on_learners(learners, "compute", padded, step, "old_logprobs"))
         if p.kl_coef > 0:
-            padded.ref_logprobs = concat(on_learners(learners, "compute", padded, step,
-                                                     "ref_logprobs"))
+            padded.ref_logprobs = concat(
+                on_learners(learners, "compute", padded, step, "ref_logprobs")
+            )
         values = concat(on_learners(learners, "compute", padded, step, "values"))
         padded.values, final = values[:, :-1], values[:, -1]
         scores = torch.tensor([x or 0.0 for x in rewards] + [0.0] * extra)
         truncated = torch.tensor([r.finish_reason == "length" for r in rollouts] + [False] * extra)
         raw, padded.advantages, padded.returns = advantages_and_returns(
-            padded, scores, truncated, final, p.gamma, p.lam,
-            kl_coef=p.kl_coef if p.kl_mode == "reward" else 0.0, whiten=p.whiten_advantages,
-            bootstrap_truncated=p.bootstrap_truncated)
+            padded,
+            scores,
+            truncated,
+            final,
+            p.gamma,
+            p.lam,
+            kl_coef=p.kl_coef if p.kl_mode == "reward" else 0.0,
+            whiten=p.whiten_advantages,
+            bootstrap_truncated=p.bootstrap_truncated,
+        )
         t_train, m = time.time(), padded.response_mask
-        stats = run_updates(learners, padded, n, p.epochs, p.mini_batches, "token_mean",
-                            self.recipe.train.seed * 7919 + step, step)
+        stats = run_updates(
+            learners,
+            padded,
+            n,
+            p.epochs,
+            p.mini_batches,
+            "token_mean",
+            self.recipe.train.seed * 7919 + step,
+            step,
+        )
         valid = raw[m > 0]
-        return {**stats,
-                "explained_variance": explained_variance(padded.values, padded.returns, m),
-                "advantage_mean": float(valid.mean()) if valid.numel() else 0.0,
-                "advantage_std": float(valid.std()) if valid.numel() > 1 else 0.0,
-                "returns_mean": float(padded.returns[m > 0].mean()) if valid.numel() else 0.0,
-                "time/logprobs": t_train - t0, "time/train": time.time() - t_train}
+        return {
+            **stats,
+            "explained_variance": explained_variance(padded.values, padded.returns, m),
+            "advantage_mean": float(valid.mean()) if valid.numel() else 0.0,
+            "advantage_std": float(valid.std()) if valid.numel() > 1 else 0.0,
+            "returns_mean": float(padded.returns[m > 0].mean()) if valid.numel() else 0.0,
+            "time/logprobs": t_train - t0,
+            "time/train": time.time() - t_train,
+        }

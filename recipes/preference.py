@@ -65,13 +65,16 @@ def _messages(value: Any) -> list[Message] | None:
     """`value` if it is a non-empty list of `{role: str, content: str, ...}` dicts."""
     if not isinstance(value, list) or not value:
         return None
-    ok = all(isinstance(m, dict) and isinstance(m.get("role"), str)
-             and isinstance(m.get("content"), str) for m in value)
+    ok = all(
+        isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
+        for m in value
+    )
     return value if ok else None
 
 
-def _row_fields(row: dict, where: str, prompt_key: str, chosen_key: str,
-                rejected_key: str) -> tuple[str | list[Message], str, str]:
+def _row_fields(
+    row: dict, where: str, prompt_key: str, chosen_key: str, rejected_key: str
+) -> tuple[str | list[Message], str, str]:
     """Prompt (text or messages) and the two reply texts of one `pairs` row."""
     prompt = row.get(prompt_key)
     chat = _messages(prompt) is not None
@@ -86,11 +89,15 @@ def _row_fields(row: dict, where: str, prompt_key: str, chosen_key: str,
         elif msgs is not None and len(msgs) == 1 and msgs[0]["role"] == "assistant" and chat:
             replies.append(msgs[0]["content"])
         elif msgs is not None and chat:
-            raise RecipeError(f"{where}: key {k!r} must hold one assistant message, not "
-                              f"{[m['role'] for m in msgs]}; put earlier turns in {prompt_key!r}")
+            raise RecipeError(
+                f"{where}: key {k!r} must hold one assistant message, not "
+                f"{[m['role'] for m in msgs]}; put earlier turns in {prompt_key!r}"
+            )
         elif msgs is not None:
-            raise RecipeError(f"{where}: key {k!r} is a list of messages but {prompt_key!r} "
-                              "is text; give the prompt as a list of messages too")
+            raise RecipeError(
+                f"{where}: key {k!r} is a list of messages but {prompt_key!r} "
+                "is text; give the prompt as a list of messages too"
+            )
         else:
             _bad_key(row, k, where, "text or a list of one assistant message")
     return prompt, replies[0], replies[1]
@@ -98,12 +105,15 @@ def _row_fields(row: dict, where: str, prompt_key: str, chosen_key: str,
 
 def _bad_key(row: dict, key: str, where: str, wanted: str) -> None:
     what = "is missing" if key not in row else f"is {json.dumps(row[key])[:30]}, not {wanted}"
-    raise RecipeError(f"{where}: key {key!r} {what}; the row's keys are {sorted(row)} "
-                      "(see data.train.*_key, data.train.format)")
+    raise RecipeError(
+        f"{where}: key {key!r} {what}; the row's keys are {sorted(row)} "
+        "(see data.train.*_key, data.train.format)"
+    )
 
 
-def _hh_fields(row: dict, where: str, chosen_key: str,
-               rejected_key: str) -> tuple[str, str, str] | None:
+def _hh_fields(
+    row: dict, where: str, chosen_key: str, rejected_key: str
+) -> tuple[str, str, str] | None:
     """Shared prompt and the two last replies of an hh row; None if they do not split."""
     for k in (chosen_key, rejected_key):
         if not isinstance(row.get(k), str):
@@ -112,13 +122,18 @@ def _hh_fields(row: dict, where: str, chosen_key: str,
     prompt = row[chosen_key][: cut + len(HH_MARK)] if cut >= 0 else ""
     if not prompt or not row[rejected_key].startswith(prompt):
         return None
-    return prompt, row[chosen_key][len(prompt):], row[rejected_key][len(prompt):]
+    return prompt, row[chosen_key][len(prompt) :], row[rejected_key][len(prompt) :]
 
 
-def load_pairs(path: str | Path, fmt: str, prompt_key: str = "prompt",
-               chosen_key: str = "chosen", rejected_key: str = "rejected",
-               limit: int | None = None,
-               margin_key: str | None = None) -> tuple[list[PreferencePair], int]:
+def load_pairs(
+    path: str | Path,
+    fmt: str,
+    prompt_key: str = "prompt",
+    chosen_key: str = "chosen",
+    rejected_key: str = "rejected",
+    limit: int | None = None,
+    margin_key: str | None = None,
+) -> tuple[list[PreferencePair], int]:
     """Pairs of a data file and how many rows were skipped (hh rows that do not split).
     `margin_key`: each row's key holding a number ≥ 0, the pair's `margin`.
 
@@ -142,14 +157,19 @@ def load_pairs(path: str | Path, fmt: str, prompt_key: str = "prompt",
         pair = PreferencePair(len(pairs), *fields, _margin(row, margin_key, where))
         if pairs and pair.is_chat != pairs[0].is_chat:
             shape = "messages" if pairs[0].is_chat else "text"
-            raise RecipeError(f"{where}: key {prompt_key!r} changes shape; earlier rows give "
-                              f"the prompt as {shape}: use one shape for the whole file")
+            raise RecipeError(
+                f"{where}: key {prompt_key!r} changes shape; earlier rows give "
+                f"the prompt as {shape}: use one shape for the whole file"
+            )
         pairs.append(pair)
         if limit and len(pairs) >= limit:
             break
     if not pairs:
-        why = (f"; {skipped} hh rows skipped: no '\\n\\nAssistant:' turn shared by chosen and "
-               "rejected" if skipped else "")
+        why = (
+            f"; {skipped} hh rows skipped: no '\\n\\nAssistant:' turn shared by chosen and rejected"
+            if skipped
+            else ""
+        )
         raise RecipeError(f"{path}: no usable preference pairs{why}")
     return pairs, skipped
 
@@ -189,8 +209,9 @@ class PairTokenization:
     description: str
 
 
-def _fit(prompt: list[int], replies: list[list[int]], max_length: int,
-         keep_first: int = 0) -> tuple[list[int], list[list[int]]]:
+def _fit(
+    prompt: list[int], replies: list[list[int]], max_length: int, keep_first: int = 0
+) -> tuple[list[int], list[list[int]]]:
     """Truncate to `max_length` tokens per row: the end of the prompt (its first
     `keep_first` tokens, a BOS, always kept) and the start of the replies, the prompt
     never shorter than half of `max_length` (TRL's keep_end/keep_start)."""
@@ -199,12 +220,13 @@ def _fit(prompt: list[int], replies: list[list[int]], max_length: int,
         return prompt, replies
     keep = max(max_length - longest, max_length // 2)
     if keep < len(prompt):
-        prompt = prompt[:keep_first] + prompt[len(prompt) - max(keep - keep_first, 0):]
+        prompt = prompt[:keep_first] + prompt[len(prompt) - max(keep - keep_first, 0) :]
     return prompt, [r[: max(max_length - len(prompt), 0)] for r in replies]
 
 
-def tokenize_pairs(pairs: list[PreferencePair], tokenizer: Any,
-                   max_length: int) -> list[TokenizedPair]:
+def tokenize_pairs(
+    pairs: list[PreferencePair], tokenizer: Any, max_length: int
+) -> list[TokenizedPair]:
     """Plain-text tokenisation (no chat template, no BOS), replies end with EOS. A pair
     longer than `max_length` keeps the end of its prompt and the start of its replies,
     with the prompt never shorter than half of `max_length` (TRL's keep_end/keep_start).
@@ -213,15 +235,18 @@ def tokenize_pairs(pairs: list[PreferencePair], tokenizer: Any,
     out = []
     for p in pairs:
         prompt = tokenizer(p.prompt, add_special_tokens=False)["input_ids"]
-        replies = [tokenizer(r, add_special_tokens=False)["input_ids"] + eos
-                   for r in (p.chosen, p.rejected)]
+        replies = [
+            tokenizer(r, add_special_tokens=False)["input_ids"] + eos
+            for r in (p.chosen, p.rejected)
+        ]
         prompt, replies = _fit(prompt, replies, max_length)
         out.append(TokenizedPair(prompt, replies[0], replies[1]))
     return out
 
 
-def tokenize_pairs_with_template(pairs: list[PreferencePair], tokenizer: Any,
-                                 max_length: int) -> PairTokenization:
+def tokenize_pairs_with_template(
+    pairs: list[PreferencePair], tokenizer: Any, max_length: int
+) -> PairTokenization:
     """Token ids of every pair, prompts built as rollouts build them.
 
     Chat-format pairs: prompt ids are `apply_chat_template(prompt,
@@ -245,9 +270,11 @@ def tokenize_pairs_with_template(pairs: list[PreferencePair], tokenizer: Any,
     if any(p.is_chat != chat for p in pairs):
         raise ValueError("pairs mix chat-format and text prompts; tokenise them separately")
     if chat and not getattr(tokenizer, "chat_template", None):
-        raise RecipeError(f"chat-format preference pairs need a chat template, and the "
-                          f"tokenizer of {tokenizer.name_or_path!r} has none: give the "
-                          "prompts as text, or use a model that ships a chat template")
+        raise RecipeError(
+            f"chat-format preference pairs need a chat template, and the "
+            f"tokenizer of {tokenizer.name_or_path!r} has none: give the "
+            "prompts as text, or use a model that ships a chat template"
+        )
     bos, adds_bos = tokenizer.bos_token_id, _adds_bos(tokenizer)
     eos = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
     stops, out = _stop_ids(tokenizer), []
@@ -257,23 +284,33 @@ def tokenize_pairs_with_template(pairs: list[PreferencePair], tokenizer: Any,
             enc = tokenizer.apply_chat_template(p.prompt, tokenize=True, return_dict=True, **kw)
             prompt = _one_bos(list(enc["input_ids"]), bos, adds_bos)
             text = tokenizer.apply_chat_template(p.prompt, tokenize=False, **kw)
-            replies = [_chat_reply(tokenizer, p.prompt, text, r, stops)
-                       for r in (p.chosen, p.rejected)]
+            replies = [
+                _chat_reply(tokenizer, p.prompt, text, r, stops) for r in (p.chosen, p.rejected)
+            ]
         else:
-            prompt = _one_bos(tokenizer(p.prompt, add_special_tokens=False)["input_ids"],
-                              bos, adds_bos)
-            replies = [tokenizer(r, add_special_tokens=False)["input_ids"] + eos
-                       for r in (p.chosen, p.rejected)]
+            prompt = _one_bos(
+                tokenizer(p.prompt, add_special_tokens=False)["input_ids"], bos, adds_bos
+            )
+            replies = [
+                tokenizer(r, add_special_tokens=False)["input_ids"] + eos
+                for r in (p.chosen, p.rejected)
+            ]
         keep_first = 1 if bos is not None and prompt[:1] == [bos] else 0
         prompt, replies = _fit(prompt, replies, max_length, keep_first)
         out.append(TokenizedPair(prompt, replies[0], replies[1]))
     if chat:
-        return PairTokenization(out, CHAT_TEMPLATE_ID, "DPO prompts: the model's chat "
-                                "template (chat-format pairs), replies end at its end of turn")
+        return PairTokenization(
+            out,
+            CHAT_TEMPLATE_ID,
+            "DPO prompts: the model's chat "
+            "template (chat-format pairs), replies end at its end of turn",
+        )
     with_bos = adds_bos and bos is not None
     return PairTokenization(
-        out, PLAIN_BOS_TEMPLATE_ID if with_bos else PLAIN_TEMPLATE_ID,
-        f"DPO prompts: plain text, no chat template{' (with BOS)' if with_bos else ''}")
+        out,
+        PLAIN_BOS_TEMPLATE_ID if with_bos else PLAIN_TEMPLATE_ID,
+        f"DPO prompts: plain text, no chat template{' (with BOS)' if with_bos else ''}",
+    )
 
 
 def pair_prompts(pairs: list[PreferencePair]) -> list[PromptItem]:

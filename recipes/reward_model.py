@@ -173,4 +173,3 @@ class RewardModel(Algorithm):
             "eval/margin": float((c - r).mean()),
             "eval/pairs": float(len(c)),
         }
-

@@ -50,8 +50,9 @@ class LocalServiceLaunch:
     workers: int
 
     def start(self) -> subprocess.Popen:
-        return start_local_service(self.components_json, self.port, self.token,
-                                   self.log_path, workers=self.workers)
+        return start_local_service(
+            self.components_json, self.port, self.token, self.log_path, workers=self.workers
+        )
 
 
 @dataclass
@@ -89,8 +90,9 @@ class Roles:
     transport: TransportSettings | None = None  # the weight transport the roles were given
 
 
-def start_roles(recipe: Recipe, algo: Algorithm, model_path: str, run_dir: Path,
-                resume_from: str | None = None) -> Roles:
+def start_roles(
+    recipe: Recipe, algo: Algorithm, model_path: str, run_dir: Path, resume_from: str | None = None
+) -> Roles:
     """Start the learner group and, when the algorithm samples (`algo.uses_rollouts`),
     the reward service, the rollout workers and their push group. `resume_from`: the
     learners' training state to load (a checkpoint's `learner/` folder).
@@ -116,13 +118,15 @@ def start_roles(recipe: Recipe, algo: Algorithm, model_path: str, run_dir: Path,
         roles.reward_proc = roles.reward_launch.start() if roles.reward_launch else None
         if make_transport(transport.type).needs_group:
             roles.group = GroupStore(n_rollout + 1, recipe.weight_sync.timeout_s)
-            transport = replace(transport, group_address=roles.group.address,
-                                group_world=roles.group.world_size)
+            transport = replace(
+                transport, group_address=roles.group.address, group_world=roles.group.world_size
+            )
         roles.rollout_spec = rollout_spec(recipe, model_path, threads_r, transport)
         roles.rollout = start_rollout(roles.rollout_spec, placement)
     roles.transport = transport
-    roles.learner_launch = partial(_launch_learners, recipe, algo, model_path, placement,
-                                   threads_l, run_dir=run_dir)
+    roles.learner_launch = partial(
+        _launch_learners, recipe, algo, model_path, placement, threads_l, run_dir=run_dir
+    )
     roles.learners = roles.learner_launch(transport, resume_from)
     if roles.rollout:
         ray.get([w.health.remote() for w in roles.rollout])
@@ -136,7 +140,8 @@ def start_roles(recipe: Recipe, algo: Algorithm, model_path: str, run_dir: Path,
         except RuntimeError as e:
             log = (run_dir / "reward_service.log").read_text(errors="replace")[-1500:]
             raise RuntimeError(
-                f"{e}; its log ({run_dir / 'reward_service.log'}) ends:\n{log}") from None
+                f"{e}; its log ({run_dir / 'reward_service.log'}) ends:\n{log}"
+            ) from None
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(model_path)
@@ -149,23 +154,38 @@ def engine_settings(recipe: Recipe, model_path: str) -> EngineSettings:
     as the rollout workers build it; `plan --gpu cpu` times the same engine."""
     v = recipe.rollout.vllm
     return EngineSettings(
-        kind=recipe.rollout.engine, model_path=model_path, dtype=recipe.model.dtype,
-        seed=recipe.train.seed, kv_cache_gb=v.kv_cache_gb, max_model_len=v.max_model_len,
-        enforce_eager=v.enforce_eager, device=recipe.resources.device,
+        kind=recipe.rollout.engine,
+        model_path=model_path,
+        dtype=recipe.model.dtype,
+        seed=recipe.train.seed,
+        kv_cache_gb=v.kv_cache_gb,
+        max_model_len=v.max_model_len,
+        enforce_eager=v.enforce_eager,
+        device=recipe.resources.device,
         lora_rank=recipe.model.adapter.r if adapter_sync(recipe) else None,
         gpu_memory_utilization=v.gpu_memory_utilization,
         tensor_parallel_size=recipe.resources.rollout.gpus_per_engine,
-        sleep_between_steps=(recipe.resources.colocate and recipe.resources.device == "cuda"
-                             and recipe.rollout.engine == "vllm"),
+        sleep_between_steps=(
+            recipe.resources.colocate
+            and recipe.resources.device == "cuda"
+            and recipe.rollout.engine == "vllm"
+        ),
     )
 
 
-def rollout_spec(recipe: Recipe, model_path: str, threads: int,
-                 transport: TransportSettings) -> RolloutSpec:
+def rollout_spec(
+    recipe: Recipe, model_path: str, threads: int, transport: TransportSettings
+) -> RolloutSpec:
     """The recipe's engine, transport and debug settings for a rollout worker."""
     engine = engine_settings(recipe, model_path)
-    return RolloutSpec(engine, transport, threads, recipe.debug.rollout_delay_s,
-                       recipe.debug.fail_weight_push, recipe.debug.push_delay_s)
+    return RolloutSpec(
+        engine,
+        transport,
+        threads,
+        recipe.debug.rollout_delay_s,
+        recipe.debug.fail_weight_push,
+        recipe.debug.push_delay_s,
+    )
 
 
 def start_rollout(spec: RolloutSpec, placement: Placement) -> list[Any]:
@@ -177,8 +197,15 @@ def start_rollout(spec: RolloutSpec, placement: Placement) -> list[Any]:
 def start_rollout_worker(spec: RolloutSpec, index: int, options: dict[str, Any]) -> Any:
     """Rollout worker `index` on its placement bundle `options` (not waited for)."""
     worker = ray.remote(num_cpus=0)(RolloutWorker)
-    return worker.options(**options).remote(index, spec.engine, spec.transport, spec.threads,
-                                            spec.delay_s, spec.fail_push, spec.push_delay_s)
+    return worker.options(**options).remote(
+        index,
+        spec.engine,
+        spec.transport,
+        spec.threads,
+        spec.delay_s,
+        spec.fail_push,
+        spec.push_delay_s,
+    )
 
 
 def reform_push_group(roles: Roles, recipe: Recipe) -> None:
@@ -193,8 +220,10 @@ def reform_push_group(roles: Roles, recipe: Recipe) -> None:
     old = roles.group
     roles.group = GroupStore(len(roles.rollout) + 1, recipe.weight_sync.timeout_s)
     address, world = roles.group.address, roles.group.world_size
-    ray.get([roles.learners[0].join_push_group.remote(address, world)]
-            + [w.join_push_group.remote(address, world) for w in roles.rollout])
+    ray.get(
+        [roles.learners[0].join_push_group.remote(address, world)]
+        + [w.join_push_group.remote(address, world) for w in roles.rollout]
+    )
     if old is not None:
         old.close()
 
@@ -209,24 +238,42 @@ def transport_settings(recipe: Recipe, run_dir: Path) -> TransportSettings:
     of its own under `weight_sync.directory`."""
     ws = recipe.weight_sync
     return TransportSettings(
-        type=ws.type, bucket_mb=ws.bucket_mb, timeout_s=ws.timeout_s,
+        type=ws.type,
+        bucket_mb=ws.bucket_mb,
+        timeout_s=ws.timeout_s,
         backend="nccl" if recipe.resources.device == "cuda" else "gloo",
         directory=str(Path(ws.directory) / f"{run_dir.name}-{os.getpid()}"),
-        checksum=ws.verify_checksum, adapter_only=adapter_sync(recipe),
+        checksum=ws.verify_checksum,
+        adapter_only=adapter_sync(recipe),
     )
 
 
-def _launch_learners(recipe: Recipe, algo: Algorithm, model_path: str, placement: Placement,
-                     threads: int, transport: TransportSettings, resume_from: str | None,
-                     run_dir: Path | None = None) -> list[Any]:
+def _launch_learners(
+    recipe: Recipe,
+    algo: Algorithm,
+    model_path: str,
+    placement: Placement,
+    threads: int,
+    transport: TransportSettings,
+    resume_from: str | None,
+    run_dir: Path | None = None,
+) -> list[Any]:
     # The recovery path (recipes/recovery.py) relaunches with (transport, resume_from).
-    return start_learners(recipe, algo, model_path, placement, threads, transport,
-                          resume_from, run_dir)
+    return start_learners(
+        recipe, algo, model_path, placement, threads, transport, resume_from, run_dir
+    )
 
 
-def start_learners(recipe: Recipe, algo: Algorithm, model_path: str, placement: Placement,
-                   threads: int, transport: TransportSettings,
-                   resume_from: str | None = None, run_dir: Path | None = None) -> list[Any]:
+def start_learners(
+    recipe: Recipe,
+    algo: Algorithm,
+    model_path: str,
+    placement: Placement,
+    threads: int,
+    transport: TransportSettings,
+    resume_from: str | None = None,
+    run_dir: Path | None = None,
+) -> list[Any]:
     """Start the FSDP2 learner ranks on their placement with the algorithm's loss,
     reference and critic, and wait until they are set up. The group meets at rank 0's
     node address (recipes/cluster.py records where each rank landed in `run_dir`).
@@ -249,21 +296,36 @@ def start_learners(recipe: Recipe, algo: Algorithm, model_path: str, placement: 
             raise RecipeError(str(e)) from None
     t = recipe.train
     settings = LearnerSettings(
-        model_path=model_path, compute_dtype=recipe.model.dtype, lr=t.lr, betas=t.betas,
-        weight_decay=t.weight_decay, warmup_steps=t.warmup_steps,
-        max_grad_norm=t.max_grad_norm, micro_batch_size=t.micro_batch_size,
+        model_path=model_path,
+        compute_dtype=recipe.model.dtype,
+        lr=t.lr,
+        betas=t.betas,
+        weight_decay=t.weight_decay,
+        warmup_steps=t.warmup_steps,
+        max_grad_norm=t.max_grad_norm,
+        micro_batch_size=t.micro_batch_size,
         max_tokens_per_micro_batch=t.max_tokens_per_micro_batch,
-        temperature=algo.temperature, seed=t.seed, algorithm=algo.name, loss=algo.loss,
+        temperature=algo.temperature,
+        seed=t.seed,
+        algorithm=algo.name,
+        loss=algo.loss,
         head=algo.head,
-        load_reference=algo.load_reference, critic=algo.critic, transport=transport,
-        adapter=AdapterSettings(**{**adapter.model_dump(),
-                                   "target_modules": tuple(adapter.target_modules)}),
-        delay_s=recipe.debug.learner_delay_s, device=recipe.resources.device,
-        gradient_checkpointing=t.gradient_checkpointing, compile=t.compile,
+        load_reference=algo.load_reference,
+        critic=algo.critic,
+        transport=transport,
+        adapter=AdapterSettings(
+            **{**adapter.model_dump(), "target_modules": tuple(adapter.target_modules)}
+        ),
+        delay_s=recipe.debug.learner_delay_s,
+        device=recipe.resources.device,
+        gradient_checkpointing=t.gradient_checkpointing,
+        compile=t.compile,
     )
     worker = ray.remote(num_cpus=0)(LearnerWorker)
-    learners = [worker.options(**opts).remote(r, len(placement.learner), settings, threads)
-                for r, opts in enumerate(placement.learner)]
+    learners = [
+        worker.options(**opts).remote(r, len(placement.learner), settings, threads)
+        for r, opts in enumerate(placement.learner)
+    ]
     places = learner_places(learners)
     master = places[0]["address"]
     if run_dir is not None:
@@ -283,17 +345,32 @@ def start_rewards(recipe: Recipe, run_dir: Path) -> tuple[RewardSet, LocalServic
     builtin = [c.model_dump() for c in recipe.rewards if c.type in LOCAL_TYPES]
     if builtin:
         token, port = secrets.token_urlsafe(16), free_port()
-        launch = LocalServiceLaunch(json.dumps(builtin), port, token,
-                                    run_dir / "reward_service.log", cfg.workers)
-        local = RewardClient(f"http://127.0.0.1:{port}/score", token=token,
-                             timeout_s=cfg.timeout_s, retries=cfg.retries,
-                             batch_size=cfg.batch_size)
+        launch = LocalServiceLaunch(
+            json.dumps(builtin), port, token, run_dir / "reward_service.log", cfg.workers
+        )
+        local = RewardClient(
+            f"http://127.0.0.1:{port}/score",
+            token=token,
+            timeout_s=cfg.timeout_s,
+            retries=cfg.retries,
+            batch_size=cfg.batch_size,
+        )
     endpoints = [
-        (c.name, c.weight, RewardClient(
-            c.url, token=os.environ.get(c.token_env) if c.token_env else None,
-            timeout_s=c.timeout_s, retries=c.retries, batch_size=c.batch_size,
-            protocol=c.protocol, max_concurrency=c.max_concurrency))
-        for c in recipe.rewards if c.type == "http"
+        (
+            c.name,
+            c.weight,
+            RewardClient(
+                c.url,
+                token=os.environ.get(c.token_env) if c.token_env else None,
+                timeout_s=c.timeout_s,
+                retries=c.retries,
+                batch_size=c.batch_size,
+                protocol=c.protocol,
+                max_concurrency=c.max_concurrency,
+            ),
+        )
+        for c in recipe.rewards
+        if c.type == "http"
     ]
     return RewardSet(local, endpoints), launch
 
@@ -341,16 +418,19 @@ def init_ray(recipe: Recipe, address: str | None, rollout: bool = True) -> None:
         from posttrain.recipes.cluster import check_local_cuda
 
         check_local_cuda(recipe.resources, rollout)
-    ray.init(num_cpus=os.cpu_count(),
-             num_gpus=None if cuda else gpus_needed(recipe.resources, rollout=rollout),
-             include_dashboard=False, log_to_driver=True,
-             runtime_env={"env_vars": {"TOKENIZERS_PARALLELISM": "false",
-                                       "HF_HUB_OFFLINE": "1"}})
+    ray.init(
+        num_cpus=os.cpu_count(),
+        num_gpus=None if cuda else gpus_needed(recipe.resources, rollout=rollout),
+        include_dashboard=False,
+        log_to_driver=True,
+        runtime_env={"env_vars": {"TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1"}},
+    )
 
 
 def write_manifest(run_dir: Path, recipe: Recipe, model_path: str) -> None:
     """The validated recipe (as `load_recipe` reads it back) and the resolved model
     folder."""
     (run_dir / "recipe.yaml").write_text(dump_recipe(recipe))
-    (run_dir / "run.json").write_text(json.dumps({
-        "model_path": model_path, "torch": torch.__version__, "started": time.time()}))
+    (run_dir / "run.json").write_text(
+        json.dumps({"model_path": model_path, "torch": torch.__version__, "started": time.time()})
+    )

@@ -69,10 +69,18 @@ class _Worker:
         mine, theirs = socket.socketpair()
         try:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "posttrain.rewards.bounded", str(theirs.fileno()),
-                 str(memory_mb), _PRELOAD],
-                stdin=subprocess.DEVNULL, stdout=2,
-                pass_fds=(theirs.fileno(),))
+                [
+                    sys.executable,
+                    "-m",
+                    "posttrain.rewards.bounded",
+                    str(theirs.fileno()),
+                    str(memory_mb),
+                    _PRELOAD,
+                ],
+                stdin=subprocess.DEVNULL,
+                stdout=2,
+                pass_fds=(theirs.fileno(),),
+            )
         finally:
             theirs.close()
         self.conn = Connection(mine.detach())
@@ -86,8 +94,10 @@ class _Worker:
                 raise WorkerDied(f"a scoring worker did not start within {timeout_s:.0f} s")
             self.conn.recv_bytes()
         except (EOFError, OSError) as e:
-            raise WorkerDied(f"a scoring worker exited at start (code {self.proc.poll()}); "
-                             "see the service log; is memory_mb too small?") from e
+            raise WorkerDied(
+                f"a scoring worker exited at start (code {self.proc.poll()}); "
+                "see the service log; is memory_mb too small?"
+            ) from e
         self.ready = True
 
     def kill(self) -> None:
@@ -188,14 +198,18 @@ class BoundedPool:
         try:
             w.conn.send_bytes(payload)
             if not w.conn.poll(timeout_s):
-                raise VerifierTimeout(f"timed out after {timeout_s:g} s; the worker was killed "
-                                      "and replaced (raise timeout_s if this input is legitimate)")
+                raise VerifierTimeout(
+                    f"timed out after {timeout_s:g} s; the worker was killed "
+                    "and replaced (raise timeout_s if this input is legitimate)"
+                )
             status, value = pickle.loads(w.conn.recv_bytes())
             keep = True
         except (EOFError, OSError) as e:
-            raise WorkerDied(f"the scoring worker died during the call (exit code "
-                             f"{_exit_code(w.proc)}); over its {self.memory_mb} MiB memory "
-                             "limit?") from e
+            raise WorkerDied(
+                f"the scoring worker died during the call (exit code "
+                f"{_exit_code(w.proc)}); over its {self.memory_mb} MiB memory "
+                "limit?"
+            ) from e
         finally:
             if keep:
                 self._idle.put(w)

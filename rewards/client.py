@@ -51,9 +51,11 @@ class RewardClient:
 
     def _post(self, items: list[ScoreItem]) -> dict[str, Score]:
         if self.protocol == "openrlhf":
-            body = {"query": [i.prompt + i.response for i in items],
-                    "prompts": [i.prompt for i in items],
-                    "labels": [i.ground_truth for i in items]}
+            body = {
+                "query": [i.prompt + i.response for i in items],
+                "prompts": [i.prompt for i in items],
+                "labels": [i.ground_truth for i in items],
+            }
         else:
             body = ScoreRequest(items=items).model_dump()
         resp = self.http.post(self.url, json=body)
@@ -67,8 +69,9 @@ class RewardClient:
             raise ValueError(f"openrlhf endpoint returned {got} rewards for {len(items)} items")
         if not all(isinstance(r, int | float) and not isinstance(r, bool) for r in rewards):
             raise ValueError("openrlhf endpoint returned a non-numeric reward")
-        return {i.uid: Score(uid=i.uid, reward=float(r)) for i, r in zip(items, rewards,
-                                                                          strict=True)}
+        return {
+            i.uid: Score(uid=i.uid, reward=float(r)) for i, r in zip(items, rewards, strict=True)
+        }
 
     def _score_batch(self, items: list[ScoreItem]) -> list[Score]:
         last, got = "", None
@@ -92,7 +95,7 @@ class RewardClient:
 
     def score(self, items: list[ScoreItem]) -> list[Score]:
         """One Score per item, in the items' order."""
-        batches = [items[i:i + self.batch_size] for i in range(0, len(items), self.batch_size)]
+        batches = [items[i : i + self.batch_size] for i in range(0, len(items), self.batch_size)]
         with ThreadPoolExecutor(max_workers=self.max_concurrency) as pool:
             return [s for part in pool.map(self._score_batch, batches) for s in part]
 
@@ -126,9 +129,20 @@ def start_local_service(
     env = dict(os.environ, POSTTRAIN_REWARD_TOKEN=token, OMP_NUM_THREADS="1")
     log = open(log_path, "ab")  # noqa: SIM115 - owned by the child for its lifetime
     return subprocess.Popen(
-        [sys.executable, "-m", "posttrain.rewards.service", "--components", components_json,
-         "--port", str(port), "--workers", str(workers)],
-        stdout=log, stderr=subprocess.STDOUT, env=env,
+        [
+            sys.executable,
+            "-m",
+            "posttrain.rewards.service",
+            "--components",
+            components_json,
+            "--port",
+            str(port),
+            "--workers",
+            str(workers),
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env=env,
     )
 
 
@@ -140,8 +154,9 @@ class RewardSet:
     fails (reward None) if any component failed for it; the error names the component.
     """
 
-    def __init__(self, local: RewardClient | None,
-                 endpoints: list[tuple[str, float, RewardClient]]):
+    def __init__(
+        self, local: RewardClient | None, endpoints: list[tuple[str, float, RewardClient]]
+    ):
         self.local, self.endpoints = local, endpoints
 
     def score(self, items: list[ScoreItem]) -> list[Score]:
@@ -158,11 +173,19 @@ class RewardSet:
                     errors.append(s.error if nw is None else f"{nw[0]}: {s.error}")
                     continue
                 total += s.reward if nw is None else nw[1] * s.reward
-                details.update(s.details if nw is None else
-                               {nw[0]: s.reward, **{f"{nw[0]}.{a}": b
-                                                    for a, b in s.details.items()}})
-            out.append(Score(uid=item.uid, reward=None if errors else total,
-                             error="; ".join(errors) or None, details=details))
+                details.update(
+                    s.details
+                    if nw is None
+                    else {nw[0]: s.reward, **{f"{nw[0]}.{a}": b for a, b in s.details.items()}}
+                )
+            out.append(
+                Score(
+                    uid=item.uid,
+                    reward=None if errors else total,
+                    error="; ".join(errors) or None,
+                    details=details,
+                )
+            )
         return out
 
     def close(self) -> None:

@@ -113,13 +113,16 @@ def _why(res: RunResult) -> str:
     if res.timed_out:
         return "timed out"
     if res.returncode == 0:
-        return ("exited with status 0 before the tests finished (no completion marker)\n"
-                + res.stderr[-240:])
+        return (
+            "exited with status 0 before the tests finished (no completion marker)\n"
+            + res.stderr[-240:]
+        )
     return res.stderr[-300:]
 
 
-def _run(sandbox: BwrapSandbox | NoSandbox, program: str, stdin: str | None,
-         limits: Limits) -> tuple[RunResult, str | None]:
+def _run(
+    sandbox: BwrapSandbox | NoSandbox, program: str, stdin: str | None, limits: Limits
+) -> tuple[RunResult, str | None]:
     marker = secrets.token_hex(16)
     res = sandbox.run(program, stdin, limits, secret=marker.encode())
     return res, _finished(res, marker)
@@ -140,13 +143,18 @@ def score_code(
         res, out = _run(sandbox, _HUMANEVAL_HARNESS % (solution, tests), None, limits)
         ok = out is not None
         return (1.0 if ok else 0.0), {
-            "passed": int(ok), "total": 1, "timed_out": res.timed_out,
-            "stderr": "" if ok else _why(res)}
+            "passed": int(ok),
+            "total": 1,
+            "timed_out": res.timed_out,
+            "stderr": "" if ok else _why(res),
+        }
     if "inputs" in meta and "outputs" in meta:
         inputs, outputs = meta["inputs"], meta["outputs"]
         if len(inputs) != len(outputs) or not inputs:
-            raise ValueError(f"item {item.uid}: inputs ({len(inputs)}) and outputs "
-                             f"({len(outputs)}) must be non-empty lists of equal length")
+            raise ValueError(
+                f"item {item.uid}: inputs ({len(inputs)}) and outputs "
+                f"({len(outputs)}) must be non-empty lists of equal length"
+            )
         passed, first_err, program = 0, "", _STDIO_HARNESS % (code,)
         for stdin, want in zip(inputs, outputs, strict=True):
             res, out = _run(sandbox, program, "" if stdin is None else str(stdin), limits)
@@ -155,6 +163,11 @@ def score_code(
             elif not first_err:
                 first_err = _why(res) if out is None else "wrong output"
         return (1.0 if passed == len(inputs) else 0.0), {
-            "passed": passed, "total": len(inputs), "stderr": first_err}
-    raise ValueError(f"item {item.uid}: the code reward needs metadata test + entry_point "
-                     "(HumanEval) or inputs + outputs (stdin/stdout)")
+            "passed": passed,
+            "total": len(inputs),
+            "stderr": first_err,
+        }
+    raise ValueError(
+        f"item {item.uid}: the code reward needs metadata test + entry_point "
+        "(HumanEval) or inputs + outputs (stdin/stdout)"
+    )

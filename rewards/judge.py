@@ -49,8 +49,9 @@ def parse_score(text: str, pattern: str, score_range: tuple[float, float] | None
     """
     found = re.findall(pattern, text)
     if not found:
-        raise JudgeError(f"no score in the judge's reply ({pattern!r} did not match): "
-                         f"{text[-200:]!r}")
+        raise JudgeError(
+            f"no score in the judge's reply ({pattern!r} did not match): {text[-200:]!r}"
+        )
     last = found[-1]
     value = float(last[0] if isinstance(last, tuple) else last)
     if score_range is None:
@@ -74,8 +75,10 @@ class JudgeScorer:
         if spec.token_env:
             token = os.environ.get(spec.token_env)
             if not token:
-                raise ValueError(f"reward {spec.name!r}: environment variable "
-                                 f"{spec.token_env} (token_env) is not set")
+                raise ValueError(
+                    f"reward {spec.name!r}: environment variable "
+                    f"{spec.token_env} (token_env) is not set"
+                )
             headers["Authorization"] = f"Bearer {token}"
         self.http = httpx.Client(timeout=spec.timeout_s, headers=headers)
 
@@ -87,15 +90,22 @@ class JudgeScorer:
         """
         s = self.spec
         try:
-            text = s.template.format(question=question_of(item), prompt=item.prompt,
-                                     response=item.response,
-                                     ground_truth=item.ground_truth or "",
-                                     metadata=item.metadata)
+            text = s.template.format(
+                question=question_of(item),
+                prompt=item.prompt,
+                response=item.response,
+                ground_truth=item.ground_truth or "",
+                metadata=item.metadata,
+            )
         except (KeyError, IndexError, AttributeError) as e:
             raise JudgeError(f"template field {e} is missing for this item") from e
         messages = [{"role": "system", "content": s.system_prompt}] if s.system_prompt else []
-        return {"model": s.model, "messages": messages + [{"role": "user", "content": text}],
-                "max_tokens": s.max_tokens, "temperature": s.temperature}
+        return {
+            "model": s.model,
+            "messages": messages + [{"role": "user", "content": text}],
+            "max_tokens": s.max_tokens,
+            "temperature": s.temperature,
+        }
 
     def _reply(self, body: dict[str, Any]) -> str:
         last = ""
@@ -123,8 +133,9 @@ class JudgeScorer:
             JudgeError: see the module docstring.
         """
         reply = self._reply(self.request(item))
-        return parse_score(reply, self.spec.score_pattern, self.spec.score_range), \
-            {"reply": reply[-500:]}
+        return parse_score(reply, self.spec.score_pattern, self.spec.score_range), {
+            "reply": reply[-500:]
+        }
 
     def close(self) -> None:
         self.http.close()

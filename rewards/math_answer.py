@@ -30,12 +30,14 @@ _PHRASE = re.compile(
     re.IGNORECASE,
 )
 # "+7" is 7: a plus sign at the start, or after `=`, `(`, `:`, `$`, a comma or "is".
-_PLUS = re.compile(r"(?:^|(?<=[=(\[{:$,])|(?<=[=(\[{:$,] )|(?<=\bis )|(?<=\bbe ))\+(?=\d)",
-                   re.MULTILINE)
+_PLUS = re.compile(
+    r"(?:^|(?<=[=(\[{:$,])|(?<=[=(\[{:$,] )|(?<=\bis )|(?<=\bbe ))\+(?=\d)", re.MULTILINE
+)
 # Alternatives offered inside one final answer: "3 or 4", "3 \\text{ or } 4".
 _OR = re.compile(r"\\text\{\s*or\s*\}|\bor\b", re.IGNORECASE)
-_FILLER = re.compile(r"^(?:(?:either|maybe|perhaps|possibly|else|equivalently)\b[ \t,]*)+",
-                     re.IGNORECASE)
+_FILLER = re.compile(
+    r"^(?:(?:either|maybe|perhaps|possibly|else|equivalently)\b[ \t,]*)+", re.IGNORECASE
+)
 _LAST_EQ = re.compile(r"(?<![\\<>!])=")
 _ENVS = (("$$", "$$"), ("$", "$"), ("\\(", "\\)"), ("\\[", "\\]"))
 _OPEN, _CLOSE = "([{", ")]}"
@@ -79,7 +81,7 @@ def find_markers(response: str) -> list[Marker]:
     for m in _BOXED.finditer(response):
         close = closers.get(m.end() - 1)
         if close is not None:
-            found.append(Marker(m.start(), "boxed", response[m.end():close]))
+            found.append(Marker(m.start(), "boxed", response[m.end() : close]))
     found += [Marker(m.start(), "####", m.group(1)) for m in _HASHES.finditer(response)]
     found += [Marker(m.start(), "answer phrase", m.group(1)) for m in _PHRASE.finditer(response)]
     return sorted(found, key=lambda k: k.start)
@@ -93,7 +95,7 @@ def sentence(text: str) -> str:
             depth += 1
         elif c in _CLOSE:
             depth = max(0, depth - 1)
-        elif depth == 0 and (c in ";\n" or (c == "." and not text[i + 1:i + 2].isdigit())):
+        elif depth == 0 and (c in ";\n" or (c == "." and not text[i + 1 : i + 2].isdigit())):
             return text[:i]
     return text
 
@@ -106,15 +108,19 @@ def leading_value(text: str) -> str:
     for left, right in _ENVS:
         if s.startswith(left):
             close = s.find(right, len(left))
-            return s[len(left):close] if close > 0 else s[len(left):]
+            return s[len(left) : close] if close > 0 else s[len(left) :]
     s, depth = sentence(s), 0
     for i, c in enumerate(s):
         if c in _OPEN:
             depth += 1
         elif c in _CLOSE:
             depth = max(0, depth - 1)
-        elif (depth == 0 and c.isspace() and re.match(r"[A-Za-z]{2}", s[i + 1:i + 3])
-              and s[i + 1:i + 2] != "\\"):
+        elif (
+            depth == 0
+            and c.isspace()
+            and re.match(r"[A-Za-z]{2}", s[i + 1 : i + 3])
+            and s[i + 1 : i + 2] != "\\"
+        ):
             return s[:i].rstrip(" ,")
     return s.rstrip(" ,")
 

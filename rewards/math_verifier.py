@@ -139,10 +139,15 @@ def score_math(response: str, ground_truth: str | None) -> tuple[float, dict[str
         raise ValueError("the math reward needs a ground_truth for every item")
     gold = list(parse_gold(str(ground_truth)))
     if not gold:
-        raise ValueError(f"ground_truth {str(ground_truth)[:80]!r} has no answer math-verify "
-                         "can parse; give a number or LaTeX")
+        raise ValueError(
+            f"ground_truth {str(ground_truth)[:80]!r} has no answer math-verify "
+            "can parse; give a number or LaTeX"
+        )
     answer = final_answer(response, _is_multi(gold))
     pred = answer.parsed
     ok = bool(pred) and not answer.hedged and verify(gold, pred, timeout_seconds=None)
-    return (1.0 if ok else 0.0), {"extracted": str(pred[-1]) if pred else None,
-                                  "source": answer.source, "hedged": answer.hedged}
+    return (1.0 if ok else 0.0), {
+        "extracted": str(pred[-1]) if pred else None,
+        "source": answer.source,
+        "hedged": answer.hedged,
+    }

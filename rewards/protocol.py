@@ -22,9 +22,11 @@ class ScoreItem(BaseModel):
     ground_truth: str | None = Field(None, description="Reference answer, if any.")
     metadata: dict[str, Any] = Field(default_factory=dict, description="Prompt metadata.")
     messages: list[dict[str, str]] | None = Field(
-        None, description="The prompt as chat messages ([{role, content}], system and user) "
+        None,
+        description="The prompt as chat messages ([{role, content}], system and user) "
         "when it was made from them; reward models and judges render these with a chat "
-        "template. null: `prompt` is taken as one user message.")
+        "template. null: `prompt` is taken as one user message.",
+    )
 
 
 class ScoreRequest(BaseModel):

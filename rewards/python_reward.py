@@ -27,8 +27,10 @@ def load_function(spec: str) -> Callable[..., Any]:
     try:
         module = importlib.import_module(module_name)
     except ImportError as e:
-        raise ValueError(f"function {spec!r}: cannot import {module_name!r} ({e}); put it on "
-                         "the reward service's PYTHONPATH") from e
+        raise ValueError(
+            f"function {spec!r}: cannot import {module_name!r} ({e}); put it on "
+            "the reward service's PYTHONPATH"
+        ) from e
     fn = getattr(module, attr, None)
     if not callable(fn):
         raise ValueError(f"function {spec!r}: {module_name} has no callable {attr!r}")
@@ -42,13 +44,14 @@ def score_python(fn: Callable[..., Any], item: ScoreItem) -> tuple[float, dict[s
         ValueError: the function returned something other than a finite number or a
             dict with a numeric 'score'.
     """
-    out = fn(item.metadata.get("data_source", ""), item.response, item.ground_truth,
-             item.metadata)
+    out = fn(item.metadata.get("data_source", ""), item.response, item.ground_truth, item.metadata)
     details: dict[str, Any] = {}
     if isinstance(out, dict):
         details = {k: v for k, v in out.items() if k != "score"}
         out = out.get("score")
     if isinstance(out, bool) or not isinstance(out, int | float) or not math.isfinite(out):
-        raise ValueError(f"compute_score returned {out!r}; return a finite float or "
-                         "a dict with a numeric 'score'")
+        raise ValueError(
+            f"compute_score returned {out!r}; return a finite float or "
+            "a dict with a numeric 'score'"
+        )
     return float(out), details

@@ -68,12 +68,15 @@ class RewardModelScorer:
         dtype = torch.bfloat16 if spec.dtype == "bfloat16" else torch.float32
         self.model = AutoModelForSequenceClassification.from_pretrained(spec.path, dtype=dtype)
         if self.model.config.num_labels != 1:
-            raise ValueError(f"reward {spec.name!r}: {spec.path} has "
-                             f"{self.model.config.num_labels} labels; a reward model has one")
+            raise ValueError(
+                f"reward {spec.name!r}: {spec.path} has "
+                f"{self.model.config.num_labels} labels; a reward model has one"
+            )
         tok = self.tokenizer
         if self.model.config.pad_token_id is None:  # its pooling needs one
-            self.model.config.pad_token_id = (tok.pad_token_id if tok.pad_token_id is not None
-                                              else tok.eos_token_id)
+            self.model.config.pad_token_id = (
+                tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+            )
         self.pad_id = self.model.config.pad_token_id
         self.model.to(spec.device).eval()
         self.chat = spec.chat_template and bool(getattr(tok, "chat_template", None))
@@ -89,7 +92,7 @@ class RewardModelScorer:
             reply = chat_reply(self.tokenizer, messages, text, item.response, self.stops)
         else:
             prompt, reply = plain_ids(self.tokenizer, item.prompt, item.response)
-        return (prompt + reply)[-self.spec.max_length:]
+        return (prompt + reply)[-self.spec.max_length :]
 
     def raw_scores(self, items: list[ScoreItem]) -> list[float]:
         """The model's score of each item, in order (no normalisation)."""
@@ -97,17 +100,20 @@ class RewardModelScorer:
         rows = [self.token_ids(i) for i in items]
         with self.lock, torch.no_grad():
             for start in range(0, len(rows), self.spec.batch_size):
-                chunk = rows[start:start + self.spec.batch_size]
+                chunk = rows[start : start + self.spec.batch_size]
                 width = max(len(r) for r in chunk)
                 ids = torch.full((len(chunk), width), self.pad_id, dtype=torch.long)
                 mask = torch.zeros_like(ids)
                 for k, r in enumerate(chunk):
-                    ids[k, width - len(r):] = torch.tensor(r)
-                    mask[k, width - len(r):] = 1
+                    ids[k, width - len(r) :] = torch.tensor(r)
+                    mask[k, width - len(r) :] = 1
                 positions = (mask.cumsum(-1) - 1).clamp(min=0)
                 dev = self.spec.device
-                logits = self.model(input_ids=ids.to(dev), attention_mask=mask.to(dev),
-                                    position_ids=positions.to(dev)).logits
+                logits = self.model(
+                    input_ids=ids.to(dev),
+                    attention_mask=mask.to(dev),
+                    position_ids=positions.to(dev),
+                ).logits
                 out += logits[:, 0].float().cpu().tolist()
         return out
 

@@ -101,11 +101,34 @@ class _UidPool:
 
 
 _DENIED_SYSCALLS = (
-    "ptrace", "mount", "umount2", "pivot_root", "chroot", "reboot", "kexec_load",
-    "kexec_file_load", "init_module", "finit_module", "delete_module", "bpf",
-    "perf_event_open", "keyctl", "add_key", "request_key", "setns", "unshare",
-    "personality", "swapon", "swapoff", "acct", "settimeofday", "clock_settime",
-    "io_uring_setup", "userfaultfd", "process_vm_readv", "process_vm_writev",
+    "ptrace",
+    "mount",
+    "umount2",
+    "pivot_root",
+    "chroot",
+    "reboot",
+    "kexec_load",
+    "kexec_file_load",
+    "init_module",
+    "finit_module",
+    "delete_module",
+    "bpf",
+    "perf_event_open",
+    "keyctl",
+    "add_key",
+    "request_key",
+    "setns",
+    "unshare",
+    "personality",
+    "swapon",
+    "swapoff",
+    "acct",
+    "settimeofday",
+    "clock_settime",
+    "io_uring_setup",
+    "userfaultfd",
+    "process_vm_readv",
+    "process_vm_writev",
 )
 
 
@@ -163,18 +186,30 @@ def _secret_pipe(secret: bytes) -> int:
     return r
 
 
-def _run(argv: list[str], stdin: str | None, limits: Limits, uid: int | None,
-         pass_fds: tuple[int, ...] = (), cwd: str | None = None,
-         secret: bytes | None = None) -> RunResult:
+def _run(
+    argv: list[str],
+    stdin: str | None,
+    limits: Limits,
+    uid: int | None,
+    pass_fds: tuple[int, ...] = (),
+    cwd: str | None = None,
+    secret: bytes | None = None,
+) -> RunResult:
     start = time.monotonic()
     secret_fd = None if secret is None else _secret_pipe(secret)
     if secret_fd is not None:
         argv, pass_fds = [*argv, str(secret_fd)], (*pass_fds, secret_fd)
     try:
         proc = subprocess.Popen(
-            argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            preexec_fn=_rlimits(limits, uid), start_new_session=True, pass_fds=pass_fds,
-            cwd=cwd, env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "PYTHONHASHSEED": "0"},
+            argv,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            preexec_fn=_rlimits(limits, uid),
+            start_new_session=True,
+            pass_fds=pass_fds,
+            cwd=cwd,
+            env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "PYTHONHASHSEED": "0"},
         )
     finally:
         if secret_fd is not None:
@@ -188,8 +223,9 @@ def _run(argv: list[str], stdin: str | None, limits: Limits, uid: int | None,
         out, err = proc.communicate()
     stdout, cut1 = _read_capped(out, limits.max_output_bytes)
     stderr, cut2 = _read_capped(err, limits.max_output_bytes)
-    return RunResult(proc.returncode, stdout, stderr, timed_out, cut1 or cut2,
-                     time.monotonic() - start)
+    return RunResult(
+        proc.returncode, stdout, stderr, timed_out, cut1 or cut2, time.monotonic() - start
+    )
 
 
 class BwrapSandbox:
@@ -205,35 +241,64 @@ class BwrapSandbox:
         if self.bwrap is None:
             raise SandboxUnavailable(
                 "bubblewrap (bwrap) is not installed; install it (Debian: apt-get install "
-                "bubblewrap) or set the code reward's sandbox: none for trusted code only")
+                "bubblewrap) or set the code reward's sandbox: none for trusted code only"
+            )
         if not os.path.exists(SANDBOX_PYTHON):
             raise SandboxUnavailable(f"{SANDBOX_PYTHON} is missing; install python3 (Debian)")
         try:
             os.close(_seccomp_fd())
         except (ImportError, OSError, RuntimeError) as e:
-            raise SandboxUnavailable(f"cannot build the seccomp filter ({e}); "
-                                     "install pyseccomp and libseccomp2") from e
+            raise SandboxUnavailable(
+                f"cannot build the seccomp filter ({e}); install pyseccomp and libseccomp2"
+            ) from e
         self.uids = _UidPool() if os.geteuid() == 0 else None
         trial = self.run("print(6 * 7)", None, Limits(wall_s=30))
         if trial.stdout.strip() != "42":
             raise SandboxUnavailable(
                 f"a trial run in bubblewrap failed (exit {trial.returncode}): "
-                f"{trial.stderr.strip()[-300:]}; are unprivileged user namespaces enabled?")
+                f"{trial.stderr.strip()[-300:]}; are unprivileged user namespaces enabled?"
+            )
 
     def _argv(self, seccomp_fd: int) -> list[str]:
-        binds = [a for d in ("/usr", "/bin", "/lib", "/lib64", "/lib32") if os.path.exists(d)
-                 for a in ("--ro-bind", d, d)]
+        binds = [
+            a
+            for d in ("/usr", "/bin", "/lib", "/lib64", "/lib32")
+            if os.path.exists(d)
+            for a in ("--ro-bind", d, d)
+        ]
         return [
-            self.bwrap, "--unshare-all", "--die-with-parent", "--new-session",
-            *binds, "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp",
-            "--dir", "/work", "--chdir", "/work", "--clearenv",
-            "--setenv", "PATH", "/usr/bin:/bin", "--setenv", "HOME", "/work",
-            "--seccomp", str(seccomp_fd),
-            SANDBOX_PYTHON, "-I", "-c",
+            self.bwrap,
+            "--unshare-all",
+            "--die-with-parent",
+            "--new-session",
+            *binds,
+            "--proc",
+            "/proc",
+            "--dev",
+            "/dev",
+            "--tmpfs",
+            "/tmp",
+            "--dir",
+            "/work",
+            "--chdir",
+            "/work",
+            "--clearenv",
+            "--setenv",
+            "PATH",
+            "/usr/bin:/bin",
+            "--setenv",
+            "HOME",
+            "/work",
+            "--seccomp",
+            str(seccomp_fd),
+            SANDBOX_PYTHON,
+            "-I",
+            "-c",
         ]
 
-    def run(self, code: str, stdin: str | None, limits: Limits,
-            secret: bytes | None = None) -> RunResult:
+    def run(
+        self, code: str, stdin: str | None, limits: Limits, secret: bytes | None = None
+    ) -> RunResult:
         """Run `code` with `stdin` (None: empty) under `limits`; `secret`: see the module
         docstring."""
         res = self._run_once(code, stdin, limits, secret)
@@ -245,13 +310,15 @@ class BwrapSandbox:
             res = self._run_once(code, stdin, limits, secret)
         return res
 
-    def _run_once(self, code: str, stdin: str | None, limits: Limits,
-                  secret: bytes | None) -> RunResult:
+    def _run_once(
+        self, code: str, stdin: str | None, limits: Limits, secret: bytes | None
+    ) -> RunResult:
         fd = _seccomp_fd()
         uid = self.uids.acquire() if self.uids else None
         try:
-            return _run([*self._argv(fd), code], stdin, limits, uid, pass_fds=(fd,), cwd="/",
-                        secret=secret)
+            return _run(
+                [*self._argv(fd), code], stdin, limits, uid, pass_fds=(fd,), cwd="/", secret=secret
+            )
         finally:
             os.close(fd)
             if uid is not None:
@@ -263,16 +330,21 @@ class NoSandbox:
     sandbox's overhead. Warns at every start."""
 
     def __init__(self) -> None:
-        warnings.warn("code reward runs WITHOUT a sandbox (sandbox: none): model-written "
-                      "programs can reach the network, the disk and this host", stacklevel=2)
+        warnings.warn(
+            "code reward runs WITHOUT a sandbox (sandbox: none): model-written "
+            "programs can reach the network, the disk and this host",
+            stacklevel=2,
+        )
 
-    def run(self, code: str, stdin: str | None, limits: Limits,
-            secret: bytes | None = None) -> RunResult:
+    def run(
+        self, code: str, stdin: str | None, limits: Limits, secret: bytes | None = None
+    ) -> RunResult:
         """Run `code` with `stdin` (None: empty) under `limits`; `secret`: see the module
         docstring."""
         with tempfile.TemporaryDirectory() as work:
-            return _run([SANDBOX_PYTHON, "-I", "-c", code], stdin, limits, None, cwd=work,
-                        secret=secret)
+            return _run(
+                [SANDBOX_PYTHON, "-I", "-c", code], stdin, limits, None, cwd=work, secret=secret
+            )
 
 
 def make_sandbox(kind: str) -> BwrapSandbox | NoSandbox:

@@ -86,17 +86,24 @@ def make_scorer(spec: Any, pool: BoundedPool) -> Scorer:
         SandboxUnavailable: a code component whose sandbox cannot start.
     """
     if isinstance(spec, MathReward):
-        return lambda item: pool.call(jobs.math_job, (item.response, item.ground_truth),
-                                      spec.timeout_s)
+        return lambda item: pool.call(
+            jobs.math_job, (item.response, item.ground_truth), spec.timeout_s
+        )
     if isinstance(spec, LengthReward):
         return lambda item: score_length(item.response, spec.target_chars)
     if isinstance(spec, FormatReward):
-        return lambda item: pool.call(jobs.format_job, (spec.pattern, item.response),
-                                      spec.timeout_s)
+        return lambda item: pool.call(
+            jobs.format_job, (spec.pattern, item.response), spec.timeout_s
+        )
     if isinstance(spec, CodeReward):
         sandbox = make_sandbox(spec.sandbox)
-        limits = Limits(wall_s=spec.timeout_s, cpu_s=spec.cpu_s, memory_mb=spec.memory_mb,
-                        max_procs=spec.max_procs, max_output_bytes=spec.max_output_bytes)
+        limits = Limits(
+            wall_s=spec.timeout_s,
+            cpu_s=spec.cpu_s,
+            memory_mb=spec.memory_mb,
+            max_procs=spec.max_procs,
+            max_output_bytes=spec.max_output_bytes,
+        )
         return lambda item: score_code(item, sandbox, limits)
     if isinstance(spec, PythonReward):
         load_function(spec.function)  # fail at start, not on every item, if it is missing
@@ -109,8 +116,10 @@ def make_scorer(spec: Any, pool: BoundedPool) -> Scorer:
         from posttrain.rewards.judge import JudgeScorer
 
         return JudgeScorer(spec)
-    raise ValueError(f"reward {spec.name!r}: type {spec.type!r} is not served here; "
-                     f"a reward service hosts {sorted(LOCAL_TYPES)}")
+    raise ValueError(
+        f"reward {spec.name!r}: type {spec.type!r} is not served here; "
+        f"a reward service hosts {sorted(LOCAL_TYPES)}"
+    )
 
 
 def parse_components(components: list[dict[str, Any]]) -> list[Any]:
@@ -122,8 +131,9 @@ def parse_components(components: list[dict[str, Any]]) -> list[Any]:
     return TypeAdapter(list[RewardSpec]).validate_python(components)
 
 
-def create_app(components: list[dict[str, Any]], token: str | None = None,
-               workers: int = 2) -> FastAPI:
+def create_app(
+    components: list[dict[str, Any]], token: str | None = None, workers: int = 2
+) -> FastAPI:
     """The service for `components` (recipe reward entries as dicts), scoring `workers`
     items at once. Under uvicorn its lifespan starts the worker processes before serving
     and kills them at shutdown; without a lifespan (a bare TestClient) they start on
@@ -140,12 +150,18 @@ def create_app(components: list[dict[str, Any]], token: str | None = None,
     batched = [(name, sc) for name, _, sc in scorers if hasattr(sc, "score_batch")]
     threads = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="score")
     registry = CollectorRegistry()
-    items_total = Counter("posttrain_reward_items", "Items scored, by component and outcome",
-                          ["component", "outcome"], registry=registry)
-    latency = Histogram("posttrain_reward_request_seconds", "POST /score latency, seconds",
-                        registry=registry)
-    in_flight = Gauge("posttrain_reward_items_in_flight", "Items being scored now",
-                      registry=registry)
+    items_total = Counter(
+        "posttrain_reward_items",
+        "Items scored, by component and outcome",
+        ["component", "outcome"],
+        registry=registry,
+    )
+    latency = Histogram(
+        "posttrain_reward_request_seconds", "POST /score latency, seconds", registry=registry
+    )
+    in_flight = Gauge(
+        "posttrain_reward_items_in_flight", "Items being scored now", registry=registry
+    )
 
     def score_batches(items: list[ScoreItem]) -> list[dict[str, Any]]:
         """Per item, each batched component's `(value, extra)` or the exception it raised
@@ -187,8 +203,11 @@ def create_app(components: list[dict[str, Any]], token: str | None = None,
         processes.close()
         threads.shutdown(wait=False, cancel_futures=True)
 
-    app = FastAPI(title="posttrain reward service", lifespan=lifespan,
-                  description="Scores rollouts; protocol in rewards/protocol.py.")
+    app = FastAPI(
+        title="posttrain reward service",
+        lifespan=lifespan,
+        description="Scores rollouts; protocol in rewards/protocol.py.",
+    )
 
     @app.get("/metrics", response_class=PlainTextResponse)
     def metrics() -> str:
@@ -222,10 +241,17 @@ def main() -> None:
     ap.add_argument("--components", required=True, help="JSON list of reward entries")
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--port", type=int, required=True)
-    ap.add_argument("--workers", type=int, default=2,
-                    help="items scored in parallel (threads, and worker processes)")
-    ap.add_argument("--token-env", default="POSTTRAIN_REWARD_TOKEN",
-                    help="environment variable holding the bearer token (unset: no auth)")
+    ap.add_argument(
+        "--workers",
+        type=int,
+        default=2,
+        help="items scored in parallel (threads, and worker processes)",
+    )
+    ap.add_argument(
+        "--token-env",
+        default="POSTTRAIN_REWARD_TOKEN",
+        help="environment variable holding the bearer token (unset: no auth)",
+    )
     args = ap.parse_args()
     app = create_app(json.loads(args.components), os.environ.get(args.token_env), args.workers)
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning")

@@ -27,8 +27,9 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def tiny_model_vllm(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The tiny Llama widened to head_dim 32 (vLLM's CPU attention needs it), with room
     for 1024 positions."""
-    return build_tiny_model(tmp_path_factory.mktemp("tiny_vllm") / "model", hidden=128,
-                            max_positions=1024)
+    return build_tiny_model(
+        tmp_path_factory.mktemp("tiny_vllm") / "model", hidden=128, max_positions=1024
+    )
 
 
 @pytest.fixture(scope="session")

@@ -29,9 +29,15 @@ LORA_KEYS = ("lora_A", "lora_B")
 
 
 def _settings(model_path: Path, kind: str, dtype: str, lr: float, **kw) -> LearnerSettings:
-    return LearnerSettings(model_path=str(model_path), compute_dtype=dtype, lr=lr,
-                           micro_batch_size=2, max_grad_norm=1e9,
-                           adapter=AdapterSettings(type=kind, r=R, alpha=ALPHA), **kw)
+    return LearnerSettings(
+        model_path=str(model_path),
+        compute_dtype=dtype,
+        lr=lr,
+        micro_batch_size=2,
+        max_grad_norm=1e9,
+        adapter=AdapterSettings(type=kind, r=R, alpha=ALPHA),
+        **kw,
+    )
 
 
 def _plain(model_path: Path) -> torch.nn.Module:
@@ -88,7 +94,8 @@ def _hand_base(model_path: Path, kind: str) -> dict[str, torch.Tensor]:
 @pytest.mark.parametrize("kind", ["lora", "qlora"])
 def test_two_rank_step_moves_only_the_adapter_and_merges_by_hand(tiny_model, tmp_path, kind):
     report, stats, before, after, merged, intact, state = _run_two_ranks(
-        tiny_model, kind, tmp_path / "ckpt")
+        tiny_model, kind, tmp_path / "ckpt"
+    )
     assert math.isfinite(stats["loss"]) and stats["grad_norm"] > 0
     # only the adapter moved: B leaves 0 in the first step (A's gradient is B-times, so 0)
     lora_b = [k for k in after if "lora_B" in k]
@@ -115,10 +122,12 @@ def test_two_rank_step_moves_only_the_adapter_and_merges_by_hand(tiny_model, tmp
     assert len(tensors) == 2 * 7 * 2  # A and B, 7 projections, 2 layers
     name = "base_model.model.model.layers.0.self_attn.q_proj.lora_B.weight"
     torch.testing.assert_close(
-        tensors[name], after[name.replace("lora_B.", "lora_B.default.")], rtol=0, atol=0)
+        tensors[name], after[name.replace("lora_B.", "lora_B.default.")], rtol=0, atol=0
+    )
     # memory report: only adapters train; NF4 holds the frozen projections in ~1/4
-    assert report["trainable_params"] == sum(after[k].numel() for k in after
-                                             if any(s in k for s in LORA_KEYS))
+    assert report["trainable_params"] == sum(
+        after[k].numel() for k in after if any(s in k for s in LORA_KEYS)
+    )
     assert report["optimizer_bytes"] == 8 * report["trainable_params"]
     ratio = report["frozen_bytes"] / report["frozen_bytes_bf16"]
     assert ratio == pytest.approx(1.0) if kind == "lora" else ratio < 0.75
@@ -146,8 +155,9 @@ def _adapter_grads(w: LearnerWorker, batch) -> dict[str, torch.Tensor]:
     w.policy.train()
     lp = w._logprobs(w.policy, batch)
     ((lp * batch.advantages).sum()).backward()
-    grads = {n: p.grad.to_local().clone() for n, p in w.policy.named_parameters()
-             if p.grad is not None}
+    grads = {
+        n: p.grad.to_local().clone() for n, p in w.policy.named_parameters() if p.grad is not None
+    }
     w.optimizers[0].zero_grad(set_to_none=True)
     return grads
 
@@ -196,15 +206,18 @@ def test_lora_reference_is_the_base_and_dpo_loss_matches_by_hand(tiny_model, tmp
     from peft import PeftModel
 
     beta = 0.1
-    w = _one_rank(tiny_model, "lora", "float32", load_reference=True, algorithm="dpo",
-                  loss=DPOLoss(beta=beta))
+    w = _one_rank(
+        tiny_model, "lora", "float32", load_reference=True, algorithm="dpo", loss=DPOLoss(beta=beta)
+    )
     try:
         _randomise_adapter(w)
         batch = make_batch()  # rows (0, 1) and (2, 3): chosen/rejected pairs
         base = _plain(tiny_model)
         with torch.no_grad():
-            base_lp = sequence_logprobs(base, batch.input_ids, batch.attention_mask,
-                                        batch.response_start) * batch.response_mask
+            base_lp = (
+                sequence_logprobs(base, batch.input_ids, batch.attention_mask, batch.response_start)
+                * batch.response_mask
+            )
         ref_lp = w.compute(batch, 0, "ref_logprobs")
         pol_lp = w.compute(batch, 0, "old_logprobs")
         torch.testing.assert_close(ref_lp, base_lp, rtol=0, atol=1e-5)
@@ -213,8 +226,7 @@ def test_lora_reference_is_the_base_and_dpo_loss_matches_by_hand(tiny_model, tmp
         ref_sums = w.compute(batch, 0, "ref_logprobs").sum(-1)
         w.free_reference()  # nothing to free with an adapter; still usable
         torch.testing.assert_close(w.compute(batch, 0, "ref_logprobs").sum(-1), ref_sums)
-        torch.testing.assert_close(w.compute(batch, 0, "old_logprobs").sum(-1),
-                                   pol_lp.sum(-1))
+        torch.testing.assert_close(w.compute(batch, 0, "old_logprobs").sum(-1), pol_lp.sum(-1))
         rc, rr = base_lp.sum(-1)[0::2], base_lp.sum(-1)[1::2]
         pc, pr = pol_lp.sum(-1)[0::2], pol_lp.sum(-1)[1::2]
         want = -F.logsigmoid(beta * ((pc - rc) - (pr - rr))).mean()
@@ -226,8 +238,12 @@ def test_lora_reference_is_the_base_and_dpo_loss_matches_by_hand(tiny_model, tmp
         after = w.compute(batch, 1, "old_logprobs")
         loaded = PeftModel.from_pretrained(_plain(tiny_model), str(tmp_path / "final")).eval()
         with torch.no_grad():
-            peft_lp = sequence_logprobs(loaded, batch.input_ids, batch.attention_mask,
-                                        batch.response_start) * batch.response_mask
+            peft_lp = (
+                sequence_logprobs(
+                    loaded, batch.input_ids, batch.attention_mask, batch.response_start
+                )
+                * batch.response_mask
+            )
         torch.testing.assert_close(peft_lp, after, rtol=0, atol=1e-5)
     finally:
         w.close()
@@ -248,9 +264,18 @@ def test_nf4_blocks_split_over_ranks():
 
 
 def test_dora_step_and_merged_weights_give_the_learners_logprobs(tiny_model):
-    w = LearnerWorker(0, 1, LearnerSettings(
-        model_path=str(tiny_model), compute_dtype="float32", lr=1e-2, micro_batch_size=2,
-        adapter=AdapterSettings(type="lora", r=R, alpha=ALPHA, use_dora=True)), threads=2)
+    w = LearnerWorker(
+        0,
+        1,
+        LearnerSettings(
+            model_path=str(tiny_model),
+            compute_dtype="float32",
+            lr=1e-2,
+            micro_batch_size=2,
+            adapter=AdapterSettings(type="lora", r=R, alpha=ALPHA, use_dora=True),
+        ),
+        threads=2,
+    )
     w.setup(free_port())
     try:
         _randomise_adapter(w)
@@ -262,9 +287,14 @@ def test_dora_step_and_merged_weights_give_the_learners_logprobs(tiny_model):
         plain = _plain(tiny_model)
         plain.load_state_dict(w._full_state_dict())
         with torch.no_grad():
-            merged_lp = sequence_logprobs(plain, batch.input_ids, batch.attention_mask,
-                                          batch.response_start) * batch.response_mask
-        torch.testing.assert_close(merged_lp, w.compute(batch, 1, "old_logprobs"), rtol=0,
-                                   atol=1e-5)
+            merged_lp = (
+                sequence_logprobs(
+                    plain, batch.input_ids, batch.attention_mask, batch.response_start
+                )
+                * batch.response_mask
+            )
+        torch.testing.assert_close(
+            merged_lp, w.compute(batch, 1, "old_logprobs"), rtol=0, atol=1e-5
+        )
     finally:
         w.close()

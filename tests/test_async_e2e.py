@@ -16,9 +16,18 @@ from tests.test_grpo_e2e import _grpo_recipe
 @pytest.mark.parametrize(("algorithm", "k"), [("grpo", 1), ("grpo", 2), ("ppo", 1)])
 def test_no_sample_trains_beyond_k_versions(tiny_model, tmp_path, algorithm, k):
     recipe_file = _grpo_recipe(
-        tmp_path, tiny_model, algorithm=algorithm,
-        train={"steps": 4, "prompts_per_step": 2, "micro_batch_size": 2, "lr": 1e-3,
-               "max_staleness": k, "correction": {"mode": "tis", "cap": 2.0}})
+        tmp_path,
+        tiny_model,
+        algorithm=algorithm,
+        train={
+            "steps": 4,
+            "prompts_per_step": 2,
+            "micro_batch_size": 2,
+            "lr": 1e-3,
+            "max_staleness": k,
+            "correction": {"mode": "tis", "cap": 2.0},
+        },
+    )
     run_dir = tmp_path / "run"
     history = run(load_recipe(recipe_file), run_dir)
 
@@ -48,8 +57,13 @@ def _prompts_of(run_dir, step):
 def test_resume_generates_the_in_flight_samples_again(tiny_model, tmp_path):
     from posttrain.recipes import checkpoints
 
-    train = {"steps": 4, "prompts_per_step": 2, "micro_batch_size": 2, "lr": 1e-3,
-             "max_staleness": 1}
+    train = {
+        "steps": 4,
+        "prompts_per_step": 2,
+        "micro_batch_size": 2,
+        "lr": 1e-3,
+        "max_staleness": 1,
+    }
     straight = tmp_path / "straight"
     straight.mkdir()
     run(load_recipe(_grpo_recipe(straight, tiny_model, train=train)), straight / "run")

@@ -18,8 +18,10 @@ from posttrain.recipes.loading import load_recipe
 from posttrain.recipes.loop import run
 from posttrain.recipes.preference import PreferencePair, load_pairs, tokenize_pairs
 
-ROWS = [{"prompt": f"Q{i}: what is {i}+{i}?", "chosen": f" {2 * i}", "rejected": f" {i}{i}"}
-        for i in range(6)]
+ROWS = [
+    {"prompt": f"Q{i}: what is {i}+{i}?", "chosen": f" {2 * i}", "rejected": f" {i}{i}"}
+    for i in range(6)
+]
 
 
 @pytest.fixture
@@ -30,15 +32,20 @@ def dpo_recipe(tiny_model, tmp_path, monkeypatch):
 
     def make(precompute: bool, name: str):
         f = tmp_path / f"{name}.yaml"
-        f.write_text(yaml.safe_dump({
-            "name": name, "algorithm": "dpo",
-            "model": {"path": str(tiny_model), "dtype": "float32"},
-            "data": {"train": {"path": str(data), "format": "pairs"}},
-            "dpo": {"beta": 0.1, "precompute_ref_logprobs": precompute, "max_length": 64},
-            "train": {"steps": 2, "prompts_per_step": 3, "micro_batch_size": 2, "lr": 1e-2},
-            "resources": {"learner": {"gpus": 2}, "threads_per_worker": 1},
-            "monitor": {"progress": False, "dashboard_port": None, "tensorboard": False},
-        }))
+        f.write_text(
+            yaml.safe_dump(
+                {
+                    "name": name,
+                    "algorithm": "dpo",
+                    "model": {"path": str(tiny_model), "dtype": "float32"},
+                    "data": {"train": {"path": str(data), "format": "pairs"}},
+                    "dpo": {"beta": 0.1, "precompute_ref_logprobs": precompute, "max_length": 64},
+                    "train": {"steps": 2, "prompts_per_step": 3, "micro_batch_size": 2, "lr": 1e-2},
+                    "resources": {"learner": {"gpus": 2}, "threads_per_worker": 1},
+                    "monitor": {"progress": False, "dashboard_port": None, "tensorboard": False},
+                }
+            )
+        )
         return load_recipe(f)
 
     return make, data
@@ -80,14 +87,20 @@ def test_cache_key_changes_with_data(dpo_recipe):
 def test_left_padding_does_not_change_the_loss(tiny_model):
     tok = AutoTokenizer.from_pretrained(tiny_model)
     model = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32).eval()
-    short, long = tokenize_pairs([PreferencePair(0, "Hi", " a", " bb"),
-                                  PreferencePair(1, "A much longer prompt here", " ccc", " d")],
-                                 tok, 64)
+    short, long = tokenize_pairs(
+        [
+            PreferencePair(0, "Hi", " a", " bb"),
+            PreferencePair(1, "A much longer prompt here", " ccc", " d"),
+        ],
+        tok,
+        64,
+    )
 
     def sums(batch):
         with torch.no_grad():
-            lp = sequence_logprobs(model, batch.input_ids, batch.attention_mask,
-                                   batch.response_start)
+            lp = sequence_logprobs(
+                model, batch.input_ids, batch.attention_mask, batch.response_start
+            )
         return (lp * batch.response_mask).sum(-1)
 
     alone = sums(pair_batch([short], tok.pad_token_id))

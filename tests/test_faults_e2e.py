@@ -21,7 +21,8 @@ from posttrain.recipes.loop import run
 def _recipe(tmp_path: Path, model_path: Path, **blocks) -> Path:
     """A 2-step GRPO recipe with 2 rollout engines, 4 prompts a step (2 per engine)."""
     recipe = {
-        "name": "tiny-faults", "algorithm": "grpo",
+        "name": "tiny-faults",
+        "algorithm": "grpo",
         "model": {"path": str(model_path), "dtype": "float32"},
         "data": {"train": {"generator": "arithmetic", "size": 20, "seed": 1}},
         "rollout": {"engine": "hf", "samples_per_prompt": 2, "max_new_tokens": 4},
@@ -40,6 +41,7 @@ def _recipe(tmp_path: Path, model_path: Path, **blocks) -> Path:
 def _kill_when(pids: list[int], index: int, ready: Path, delay_s: float) -> threading.Thread:
     """A thread that `kill -9`s `pids[index]` `delay_s` seconds after `ready` exists and
     has a line (the first step logged: the next generate is under way)."""
+
     def kill() -> None:
         deadline = time.time() + 300
         while time.time() < deadline and not (ready.exists() and ready.read_text().strip()):
@@ -65,8 +67,9 @@ def test_rollout_worker_killed_mid_generate(tiny_model, tmp_path, monkeypatch):
     run_dir = tmp_path / "run"
     # generate sleeps 3 s after sampling: worker 1 dies 1 s into step 1's generate
     killer = _kill_when(pids, 1, run_dir / "metrics.jsonl", delay_s=1.0)
-    history = run(load_recipe(_recipe(tmp_path, tiny_model, debug={"rollout_delay_s": 3.0})),
-                  run_dir)
+    history = run(
+        load_recipe(_recipe(tmp_path, tiny_model, debug={"rollout_delay_s": 3.0})), run_dir
+    )
     killer.join(timeout=5)
 
     assert [m["rollout_restarts"] for m in history] == [0, 1]
@@ -87,9 +90,14 @@ def test_failed_weight_push_is_retried_then_stops_with_a_checkpoint(tiny_model, 
 
     run_dir = tmp_path / "run"
     # engine 1 refuses policy_version 2 (step 1's push) on both tries
-    bad = load_recipe(_recipe(tmp_path, tiny_model, debug={"fail_weight_push": [1, 2]},
-                              train={"steps": 3, "prompts_per_step": 4, "micro_batch_size": 2,
-                                     "lr": 1e-3}))
+    bad = load_recipe(
+        _recipe(
+            tmp_path,
+            tiny_model,
+            debug={"fail_weight_push": [1, 2]},
+            train={"steps": 3, "prompts_per_step": 4, "micro_batch_size": 2, "lr": 1e-3},
+        )
+    )
     with pytest.raises(PushFailed) as stop:
         run(bad, run_dir)
     message = str(stop.value)
@@ -99,8 +107,7 @@ def test_failed_weight_push_is_retried_then_stops_with_a_checkpoint(tiny_model, 
     ckpt = checkpoints.latest(run_dir)
     assert ckpt is not None and checkpoints.read_state(ckpt)["policy_version"] == 2
 
-    good = bad.model_copy(update={"debug": bad.debug.model_copy(
-        update={"fail_weight_push": None})})
+    good = bad.model_copy(update={"debug": bad.debug.model_copy(update={"fail_weight_push": None})})
     history = run(good, run_dir, resume=ckpt)  # the resume pushes version 2 to both
     assert [m["step"] for m in history] == [2] and history[0]["policy_version"] == 3
     saved = [json.loads(x) for x in (run_dir / "rollouts" / "step_00002.jsonl").open()]
@@ -128,11 +135,14 @@ def test_reward_service_killed_mid_request(tiny_model, tmp_path, monkeypatch):
     killer = threading.Thread(target=kill_when_scoring, daemon=True)
     killer.start()
     recipe = _recipe(
-        tmp_path, tiny_model,
-        rewards=[{"name": "slow", "type": "python",
-                  "function": "tests.rewards.user_rewards:slow_length"}],
+        tmp_path,
+        tiny_model,
+        rewards=[
+            {"name": "slow", "type": "python", "function": "tests.rewards.user_rewards:slow_length"}
+        ],
         train={"steps": 1, "prompts_per_step": 4, "micro_batch_size": 2, "lr": 1e-3},
-        resources={"rollout": {"gpus": 1}, "learner": {"gpus": 1}, "threads_per_worker": 1})
+        resources={"rollout": {"gpus": 1}, "learner": {"gpus": 1}, "threads_per_worker": 1},
+    )
     history = run(load_recipe(recipe), tmp_path / "run")
     killer.join(timeout=5)
 

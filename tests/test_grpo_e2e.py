@@ -23,8 +23,10 @@ def _grpo_recipe(tmp_path, model_path, **blocks):
         "model": {"path": str(model_path), "dtype": "float32"},
         "data": {"train": {"generator": "arithmetic", "size": 20, "seed": 1}},
         "rollout": {"engine": "hf", "samples_per_prompt": 4, "max_new_tokens": 6},
-        "rewards": [{"name": "correct", "type": "math"},
-                    {"name": "short", "type": "length", "target_chars": 3, "weight": 0.5}],
+        "rewards": [
+            {"name": "correct", "type": "math"},
+            {"name": "short", "type": "length", "target_chars": 3, "weight": 0.5},
+        ],
         "train": {"steps": 2, "prompts_per_step": 3, "micro_batch_size": 2, "lr": 1e-3},
         "resources": {"rollout": {"gpus": 1}, "learner": {"gpus": 2}, "threads_per_worker": 1},
         "weight_sync": {"type": "object_store", "verify_checksum": True},
@@ -39,9 +41,16 @@ def _grpo_recipe(tmp_path, model_path, **blocks):
 @pytest.mark.parametrize("colocate", [False, True], ids=["split", "colocated"])
 def test_two_grpo_steps(tiny_model, tmp_path, colocate):
     recipe_file = _grpo_recipe(
-        tmp_path, tiny_model, grpo={"kl_coef": 0.01},
-        resources={"rollout": {"gpus": 1}, "learner": {"gpus": 2}, "threads_per_worker": 1,
-                   "colocate": colocate})
+        tmp_path,
+        tiny_model,
+        grpo={"kl_coef": 0.01},
+        resources={
+            "rollout": {"gpus": 1},
+            "learner": {"gpus": 2},
+            "threads_per_worker": 1,
+            "colocate": colocate,
+        },
+    )
     run_dir = tmp_path / "run"
     history = run(load_recipe(recipe_file), run_dir)
 
@@ -66,19 +75,30 @@ def test_unscorable_step_fails_loudly_and_keeps_rollouts(tiny_model, tmp_path):
     from posttrain.recipes.grpo import RewardFailure
 
     recipe_file = tmp_path / "dead.yaml"
-    recipe_file.write_text(yaml.safe_dump({
-        "name": "tiny-dead-endpoint",
-        "algorithm": "grpo",
-        "model": {"path": str(tiny_model), "dtype": "float32"},
-        "data": {"train": {"generator": "arithmetic", "size": 4}},
-        "rollout": {"engine": "hf", "samples_per_prompt": 2, "max_new_tokens": 4},
-        "rewards": [{"name": "dead", "type": "http", "retries": 1, "timeout_s": 2,
-                     "url": f"http://127.0.0.1:{free_port()}/score"}],
-        "on_reward_failure": "fail_step",
-        "train": {"steps": 2, "prompts_per_step": 2},
-        "resources": {"threads_per_worker": 1},
-        "monitor": {"progress": False, "dashboard_port": None, "tensorboard": False},
-    }))
+    recipe_file.write_text(
+        yaml.safe_dump(
+            {
+                "name": "tiny-dead-endpoint",
+                "algorithm": "grpo",
+                "model": {"path": str(tiny_model), "dtype": "float32"},
+                "data": {"train": {"generator": "arithmetic", "size": 4}},
+                "rollout": {"engine": "hf", "samples_per_prompt": 2, "max_new_tokens": 4},
+                "rewards": [
+                    {
+                        "name": "dead",
+                        "type": "http",
+                        "retries": 1,
+                        "timeout_s": 2,
+                        "url": f"http://127.0.0.1:{free_port()}/score",
+                    }
+                ],
+                "on_reward_failure": "fail_step",
+                "train": {"steps": 2, "prompts_per_step": 2},
+                "resources": {"threads_per_worker": 1},
+                "monitor": {"progress": False, "dashboard_port": None, "tensorboard": False},
+            }
+        )
+    )
     with pytest.raises(RewardFailure, match="could not be scored"):
         run(load_recipe(recipe_file), tmp_path / "run")
     saved = [json.loads(x) for x in (tmp_path / "run" / "rollouts" / "step_00000.jsonl").open()]
@@ -88,22 +108,34 @@ def test_unscorable_step_fails_loudly_and_keeps_rollouts(tiny_model, tmp_path):
 
 def test_two_ppo_steps_with_critic(tiny_model, tmp_path):
     recipe_file = tmp_path / "ppo.yaml"
-    recipe_file.write_text(yaml.safe_dump({
-        "name": "tiny-ppo", "algorithm": "ppo",
-        "model": {"path": str(tiny_model), "dtype": "float32"},
-        "data": {"train": {"generator": "arithmetic", "size": 8}},
-        "rollout": {"engine": "hf", "samples_per_prompt": 2, "max_new_tokens": 5},
-        "rewards": [{"name": "len", "type": "length", "target_chars": 3}],
-        "ppo": {"epochs": 2, "mini_batches": 2, "kl_coef": 0.05, "critic_lr": 1e-3},
-        "train": {"steps": 2, "prompts_per_step": 2, "micro_batch_size": 2, "lr": 1e-3},
-        "resources": {"learner": {"gpus": 2}, "threads_per_worker": 1},
-        "monitor": {"progress": False, "dashboard_port": None, "tensorboard": False},
-    }))
+    recipe_file.write_text(
+        yaml.safe_dump(
+            {
+                "name": "tiny-ppo",
+                "algorithm": "ppo",
+                "model": {"path": str(tiny_model), "dtype": "float32"},
+                "data": {"train": {"generator": "arithmetic", "size": 8}},
+                "rollout": {"engine": "hf", "samples_per_prompt": 2, "max_new_tokens": 5},
+                "rewards": [{"name": "len", "type": "length", "target_chars": 3}],
+                "ppo": {"epochs": 2, "mini_batches": 2, "kl_coef": 0.05, "critic_lr": 1e-3},
+                "train": {"steps": 2, "prompts_per_step": 2, "micro_batch_size": 2, "lr": 1e-3},
+                "resources": {"learner": {"gpus": 2}, "threads_per_worker": 1},
+                "monitor": {"progress": False, "dashboard_port": None, "tensorboard": False},
+            }
+        )
+    )
     history = run(load_recipe(recipe_file), tmp_path / "run")
     assert [h["policy_version"] for h in history] == [1, 2]
     for h in history:
-        for key in ("value_loss", "explained_variance", "clip_fraction",
-                    "value_clip_fraction", "kl", "advantage_mean", "advantage_std"):
+        for key in (
+            "value_loss",
+            "explained_variance",
+            "clip_fraction",
+            "value_clip_fraction",
+            "kl",
+            "advantage_mean",
+            "advantage_std",
+        ):
             assert key in h
         assert h["value_loss"] > 0 and h["grad_norm"] > 0
     # 2 epochs × 2 mini-batches: later updates see a moved policy, so the ratio leaves 1
@@ -118,13 +150,15 @@ def test_two_grpo_steps_on_vllm_with_collective_sync(tiny_model_vllm, tmp_path, 
     learner gathers, or gathered first and checksummed); after each push the learner's
     old_logprobs reproduce the engines' inference_logprobs (fp32)."""
     recipe_file = _grpo_recipe(
-        tmp_path, tiny_model_vllm,
+        tmp_path,
+        tiny_model_vllm,
         rollout={"engine": "vllm", "samples_per_prompt": 4, "max_new_tokens": 6},
         # a random model's 6 characters hold a digit about half the time: groups differ
         rewards=[{"name": "digit", "type": "format", "pattern": "[0-9]"}],
         train={"steps": 2, "prompts_per_step": 4, "micro_batch_size": 4, "lr": 1e-3},
         resources={"rollout": {"gpus": 2}, "learner": {"gpus": 2}, "threads_per_worker": 1},
-        weight_sync={"type": "collective", "bucket_mb": 1, "verify_checksum": checksum})
+        weight_sync={"type": "collective", "bucket_mb": 1, "verify_checksum": checksum},
+    )
     run_dir = tmp_path / "run"
     history = run(load_recipe(recipe_file), run_dir)
     assert [h["policy_version"] for h in history] == [1, 2]
@@ -138,21 +172,28 @@ def test_two_grpo_steps_on_vllm_with_collective_sync(tiny_model_vllm, tmp_path, 
 
 @pytest.mark.vllm
 @requires_vllm
-@pytest.mark.parametrize(("adapter", "transport"), [("lora", "object_store"),
-                                                    ("qlora", "collective")])
-def test_adapter_only_sync_serves_the_learners_policy(tiny_model_vllm, tmp_path, adapter,
-                                                      transport):
+@pytest.mark.parametrize(
+    ("adapter", "transport"), [("lora", "object_store"), ("qlora", "collective")]
+)
+def test_adapter_only_sync_serves_the_learners_policy(
+    tiny_model_vllm, tmp_path, adapter, transport
+):
     """LoRA/QLoRA with `adapter_mode: adapter`: only adapter tensors travel each step
     (QLoRA's dequantised NF4 base once, as version 0), and the engine's
     inference_logprobs equal the learner's old_logprobs (fp32)."""
     recipe_file = _grpo_recipe(
-        tmp_path, tiny_model_vllm,
-        model={"path": str(tiny_model_vllm), "dtype": "float32",
-               "adapter": {"type": adapter, "r": 8, "alpha": 16}},
+        tmp_path,
+        tiny_model_vllm,
+        model={
+            "path": str(tiny_model_vllm),
+            "dtype": "float32",
+            "adapter": {"type": adapter, "r": 8, "alpha": 16},
+        },
         rollout={"engine": "vllm", "samples_per_prompt": 4, "max_new_tokens": 6},
         rewards=[{"name": "digit", "type": "format", "pattern": "[0-9]"}],
         train={"steps": 3, "prompts_per_step": 4, "micro_batch_size": 4, "lr": 1e-2},
-        weight_sync={"type": transport, "adapter_mode": "adapter", "verify_checksum": True})
+        weight_sync={"type": transport, "adapter_mode": "adapter", "verify_checksum": True},
+    )
     history = run(load_recipe(recipe_file), tmp_path / "run")
     assert [h["policy_version"] for h in history] == [1, 2, 3]
     assert any(h["grad_norm"] > 0.0 for h in history)

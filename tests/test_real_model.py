@@ -25,8 +25,9 @@ def test_alias_converts_once_to_a_plain_folder(tmp_path, monkeypatch):
 
 
 def test_quickstart_two_steps(tmp_path):
-    recipe = load_recipe(ROOT / "recipes" / "quickstart_grpo.yaml",
-                         ["train.steps=2", "monitor.progress=false"])
+    recipe = load_recipe(
+        ROOT / "recipes" / "quickstart_grpo.yaml", ["train.steps=2", "monitor.progress=false"]
+    )
     history = run(recipe, tmp_path / "run")
     assert [h["policy_version"] for h in history] == [1, 2]
     assert all(h["failed_scores"] == 0 for h in history)

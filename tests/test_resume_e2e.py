@@ -24,14 +24,21 @@ KEYS = ("loss", "reward_mean", "lr", "grad_norm", "response_length_mean", "polic
 
 def _recipe(tmp_path, **train):
     return _grpo_recipe(
-        tmp_path, tmp_path.parent / "model",
-        rollout={"engine": "hf", "samples_per_prompt": 4, "max_new_tokens": 6,
-                 "temperature": 1.0},
-        train={"steps": 4, "prompts_per_step": 3, "micro_batch_size": 2, "lr": 1e-2,
-               "warmup_steps": 4, **train},
+        tmp_path,
+        tmp_path.parent / "model",
+        rollout={"engine": "hf", "samples_per_prompt": 4, "max_new_tokens": 6, "temperature": 1.0},
+        train={
+            "steps": 4,
+            "prompts_per_step": 3,
+            "micro_batch_size": 2,
+            "lr": 1e-2,
+            "warmup_steps": 4,
+            **train,
+        },
         resources={"rollout": {"gpus": 1}, "learner": {"gpus": 2}, "threads_per_worker": 1},
         # 20 prompts, 3 a step: the stream crosses no epoch here (see test_data for that)
-        weight_sync={"type": "object_store"})
+        weight_sync={"type": "object_store"},
+    )
 
 
 def _metrics(run_dir):
@@ -40,8 +47,9 @@ def _metrics(run_dir):
 
 def _rollouts(run_dir, step):
     rows = (run_dir / "rollouts" / f"step_{step:05d}.jsonl").read_text().splitlines()
-    return [(r["response_ids"], r["inference_logprobs"], r["reward"])
-            for r in map(json.loads, rows)]
+    return [
+        (r["response_ids"], r["inference_logprobs"], r["reward"]) for r in map(json.loads, rows)
+    ]
 
 
 @pytest.fixture
@@ -114,23 +122,36 @@ def test_ppo_resume_restores_the_critic(tiny_model, tmp_path):
 
     def make(steps):
         f = tmp_path / f"ppo{steps}.yaml"
-        f.write_text(yaml.safe_dump({
-            "name": "tiny-ppo", "algorithm": "ppo",
-            "model": {"path": str(tiny_model), "dtype": "float32"},
-            "data": {"train": {"generator": "arithmetic", "size": 8}},
-            "rollout": {"engine": "hf", "samples_per_prompt": 2, "max_new_tokens": 5},
-            "rewards": [{"name": "len", "type": "length", "target_chars": 3}],
-            "ppo": {"epochs": 2, "mini_batches": 2, "critic_lr": 1e-2},
-            "train": {"steps": steps, "prompts_per_step": 2, "micro_batch_size": 2,
-                      "lr": 1e-2, "warmup_steps": 2},
-            "resources": {"learner": {"gpus": 2}, "threads_per_worker": 1},
-            "monitor": {"progress": False, "dashboard_port": None, "tensorboard": False},
-        }))
+        f.write_text(
+            yaml.safe_dump(
+                {
+                    "name": "tiny-ppo",
+                    "algorithm": "ppo",
+                    "model": {"path": str(tiny_model), "dtype": "float32"},
+                    "data": {"train": {"generator": "arithmetic", "size": 8}},
+                    "rollout": {"engine": "hf", "samples_per_prompt": 2, "max_new_tokens": 5},
+                    "rewards": [{"name": "len", "type": "length", "target_chars": 3}],
+                    "ppo": {"epochs": 2, "mini_batches": 2, "critic_lr": 1e-2},
+                    "train": {
+                        "steps": steps,
+                        "prompts_per_step": 2,
+                        "micro_batch_size": 2,
+                        "lr": 1e-2,
+                        "warmup_steps": 2,
+                    },
+                    "resources": {"learner": {"gpus": 2}, "threads_per_worker": 1},
+                    "monitor": {"progress": False, "dashboard_port": None, "tensorboard": False},
+                }
+            )
+        )
         return load_recipe(f)
 
     # value_loss at step 1 reads the critic (and its Adam state) the checkpoint restored
-    _split_equals_straight(make, tmp_path, ("loss", "value_loss", "explained_variance",
-                                            "reward_mean", "lr", "grad_norm"))
+    _split_equals_straight(
+        make,
+        tmp_path,
+        ("loss", "value_loss", "explained_variance", "reward_mean", "lr", "grad_norm"),
+    )
 
 
 @pytest.mark.slow  # 3 DPO runs, about 85 s
@@ -139,22 +160,35 @@ def test_dpo_resume_continues_the_pair_order(tiny_model, tmp_path, monkeypatch):
 
     monkeypatch.setenv("POSTTRAIN_CACHE", str(tmp_path / "cache"))
     data = tmp_path / "pairs.jsonl"
-    data.write_text("".join(
-        json.dumps({"prompt": f"Q{i}: {i}+{i}?", "chosen": f" {2 * i}", "rejected": f" {i}"})
-        + "\n" for i in range(6)))
+    data.write_text(
+        "".join(
+            json.dumps({"prompt": f"Q{i}: {i}+{i}?", "chosen": f" {2 * i}", "rejected": f" {i}"})
+            + "\n"
+            for i in range(6)
+        )
+    )
 
     def make(steps):
         f = tmp_path / f"dpo{steps}.yaml"
-        f.write_text(yaml.safe_dump({
-            "name": "tiny-dpo", "algorithm": "dpo",
-            "model": {"path": str(tiny_model), "dtype": "float32"},
-            "data": {"train": {"path": str(data), "format": "pairs"}},
-            "dpo": {"beta": 0.1, "max_length": 64},
-            "train": {"steps": steps, "prompts_per_step": 2, "micro_batch_size": 2,
-                      "lr": 1e-2},
-            "resources": {"learner": {"gpus": 2}, "threads_per_worker": 1},
-            "monitor": {"progress": False, "dashboard_port": None, "tensorboard": False},
-        }))
+        f.write_text(
+            yaml.safe_dump(
+                {
+                    "name": "tiny-dpo",
+                    "algorithm": "dpo",
+                    "model": {"path": str(tiny_model), "dtype": "float32"},
+                    "data": {"train": {"path": str(data), "format": "pairs"}},
+                    "dpo": {"beta": 0.1, "max_length": 64},
+                    "train": {
+                        "steps": steps,
+                        "prompts_per_step": 2,
+                        "micro_batch_size": 2,
+                        "lr": 1e-2,
+                    },
+                    "resources": {"learner": {"gpus": 2}, "threads_per_worker": 1},
+                    "monitor": {"progress": False, "dashboard_port": None, "tensorboard": False},
+                }
+            )
+        )
         return load_recipe(f)
 
     ckpt = _split_equals_straight(make, tmp_path, ("loss", "rewards/margin", "lr"))

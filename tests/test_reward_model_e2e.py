@@ -22,8 +22,14 @@ from posttrain.recipes.reward_model import RewardModel
 from posttrain.rewards.client import RewardClient, start_local_service
 from posttrain.rewards.protocol import ScoreItem
 
-ROWS = [{"prompt": f"Tell me about item {i}.", "chosen": f"Item {i} is nice!",
-         "rejected": f"Item {i} is nice."} for i in range(40)]
+ROWS = [
+    {
+        "prompt": f"Tell me about item {i}.",
+        "chosen": f"Item {i} is nice!",
+        "rejected": f"Item {i} is nice.",
+    }
+    for i in range(40)
+]
 
 
 @pytest.fixture(scope="module")
@@ -32,15 +38,20 @@ def trained(tiny_model, tmp_path_factory):
     data = tmp / "pairs.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in ROWS))
     f = tmp / "rm.yaml"
-    f.write_text(yaml.safe_dump({
-        "name": "rm", "algorithm": "reward_model",
-        "model": {"path": str(tiny_model), "dtype": "float32"},
-        "data": {"train": {"path": str(data), "format": "pairs"}},
-        "reward_model": {"max_length": 64, "eval_pairs": 8, "eval_every": 5},
-        "train": {"steps": 15, "prompts_per_step": 4, "micro_batch_size": 4, "lr": 2e-3},
-        "resources": {"learner": {"gpus": 2}, "threads_per_worker": 1},
-        "monitor": {"progress": False, "dashboard_port": None, "tensorboard": False},
-    }))
+    f.write_text(
+        yaml.safe_dump(
+            {
+                "name": "rm",
+                "algorithm": "reward_model",
+                "model": {"path": str(tiny_model), "dtype": "float32"},
+                "data": {"train": {"path": str(data), "format": "pairs"}},
+                "reward_model": {"max_length": 64, "eval_pairs": 8, "eval_every": 5},
+                "train": {"steps": 15, "prompts_per_step": 4, "micro_batch_size": 4, "lr": 2e-3},
+                "resources": {"learner": {"gpus": 2}, "threads_per_worker": 1},
+                "monitor": {"progress": False, "dashboard_port": None, "tensorboard": False},
+            }
+        )
+    )
     recipe = load_recipe(f)
     history = run(recipe, tmp / "run", None, load_data(recipe))
     return recipe, history, tmp / "run" / "final"
@@ -49,8 +60,7 @@ def trained(tiny_model, tmp_path_factory):
 def test_trains_above_chance_and_reports_metrics(trained):
     _, history, _ = trained
     first, last = history[0], history[-1]
-    for key in ("loss", "rewards/accuracy", "rewards/chosen", "rewards/rejected",
-                "rewards/margin"):
+    for key in ("loss", "rewards/accuracy", "rewards/chosen", "rewards/rejected", "rewards/margin"):
         assert key in first
     assert first["loss"] == pytest.approx(0.693, abs=0.1)  # a fresh head: r_c ≈ r_r
     assert [m["step"] for m in history if "eval/accuracy" in m] == [4, 9, 14]
@@ -90,8 +100,11 @@ def test_served_through_post_score(trained, tmp_path):
     try:
         client.wait_ready(timeout_s=120, proc=proc)
         rows = ROWS[-10:]  # train or held out: every pair must rank right
-        items = [ScoreItem(uid=f"{k}-{i}", prompt=r["prompt"], response=r[k])
-                 for i, r in enumerate(rows) for k in ("chosen", "rejected")]
+        items = [
+            ScoreItem(uid=f"{k}-{i}", prompt=r["prompt"], response=r[k])
+            for i, r in enumerate(rows)
+            for k in ("chosen", "rejected")
+        ]
         scores = {s.uid: s.reward for s in client.score(items)}
     finally:
         client.close()
@@ -105,31 +118,53 @@ def test_served_through_post_score(trained, tmp_path):
 def test_ppo_step_on_hh_prompts_against_the_model(trained, tiny_model, tmp_path):
     _, _, final = trained
     hh = tmp_path / "hh.jsonl"
-    hh.write_text("".join(json.dumps({
-        "chosen": f"\n\nHuman: {r['prompt']}\n\nAssistant: {r['chosen']}",
-        "rejected": f"\n\nHuman: {r['prompt']}\n\nAssistant: {r['rejected']}"}) + "\n"
-        for r in ROWS[:4]))
+    hh.write_text(
+        "".join(
+            json.dumps(
+                {
+                    "chosen": f"\n\nHuman: {r['prompt']}\n\nAssistant: {r['chosen']}",
+                    "rejected": f"\n\nHuman: {r['prompt']}\n\nAssistant: {r['rejected']}",
+                }
+            )
+            + "\n"
+            for r in ROWS[:4]
+        )
+    )
     f = tmp_path / "ppo.yaml"
-    f.write_text(yaml.safe_dump({
-        "name": "ppo-rm", "algorithm": "ppo",
-        "model": {"path": str(tiny_model), "dtype": "float32"},
-        "data": {"train": {"path": str(hh), "format": "hh"}},
-        "rollout": {"engine": "hf", "samples_per_prompt": 2, "max_new_tokens": 6},
-        "rewards": [{"name": "rm", "type": "reward_model", "path": str(final),
-                     "normalize": "running"}],
-        "ppo": {"mini_batches": 1, "kl_coef": 0.05},
-        "train": {"steps": 1, "prompts_per_step": 2, "micro_batch_size": 2, "lr": 1e-3},
-        "resources": {"learner": {"gpus": 2}, "threads_per_worker": 1},
-        "monitor": {"progress": False, "dashboard_port": None, "tensorboard": False},
-    }))
+    f.write_text(
+        yaml.safe_dump(
+            {
+                "name": "ppo-rm",
+                "algorithm": "ppo",
+                "model": {"path": str(tiny_model), "dtype": "float32"},
+                "data": {"train": {"path": str(hh), "format": "hh"}},
+                "rollout": {"engine": "hf", "samples_per_prompt": 2, "max_new_tokens": 6},
+                "rewards": [
+                    {
+                        "name": "rm",
+                        "type": "reward_model",
+                        "path": str(final),
+                        "normalize": "running",
+                    }
+                ],
+                "ppo": {"mini_batches": 1, "kl_coef": 0.05},
+                "train": {"steps": 1, "prompts_per_step": 2, "micro_batch_size": 2, "lr": 1e-3},
+                "resources": {"learner": {"gpus": 2}, "threads_per_worker": 1},
+                "monitor": {"progress": False, "dashboard_port": None, "tensorboard": False},
+            }
+        )
+    )
     recipe = load_recipe(f)
     history = run(recipe, tmp_path / "run", None, load_data(recipe))
     assert history[0]["failed_scores"] == 0 and history[0]["value_loss"] > 0
-    rows = [json.loads(line) for line in
-            (tmp_path / "run" / "rollouts" / "step_00000.jsonl").read_text().splitlines()]
+    rows = [
+        json.loads(line)
+        for line in (tmp_path / "run" / "rollouts" / "step_00000.jsonl").read_text().splitlines()
+    ]
     assert len(rows) == 4 and "messages" not in rows[0]
-    assert {r["prompt_text"].split("user\n")[1].split("\n")[0] for r in rows} <= \
-        {r["prompt"] for r in ROWS[:4]}
+    assert {r["prompt_text"].split("user\n")[1].split("\n")[0] for r in rows} <= {
+        r["prompt"] for r in ROWS[:4]
+    }
     # running normalisation over the step's 4 scores: mean 0
     assert sum(r["reward"] for r in rows) == pytest.approx(0.0, abs=1e-4)
     assert all("rm.raw" in r["reward_details"] for r in rows)

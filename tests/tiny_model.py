@@ -16,10 +16,17 @@ SPECIALS = ["<unk>", "<pad>", "<|im_start|>", "<|im_end|>"]
 CHARS = list(string.ascii_letters + string.digits + string.punctuation + " \n")
 
 
-def build_tiny_model(folder: Path, seed: int = 0, layers: int = 2, hidden: int = 32,
-                     max_positions: int = 512, *, eos_token: str = "<|im_end|>",
-                     extra_specials: tuple[str, ...] = (),
-                     generation_config: dict[str, Any] | None = None) -> Path:
+def build_tiny_model(
+    folder: Path,
+    seed: int = 0,
+    layers: int = 2,
+    hidden: int = 32,
+    max_positions: int = 512,
+    *,
+    eos_token: str = "<|im_end|>",
+    extra_specials: tuple[str, ...] = (),
+    generation_config: dict[str, Any] | None = None,
+) -> Path:
     """Write a transformers folder (config, safetensors, tokenizer) into `folder`.
 
     vLLM's CPU attention needs head_dim ≥ 32 (4 heads: hidden ≥ 128).
@@ -43,15 +50,25 @@ def build_tiny_model(folder: Path, seed: int = 0, layers: int = 2, hidden: int =
     core.decoder = decoders.Fuse()
     others = [t for t in ("<|im_start|>", "<|im_end|>", *extra_specials) if t != eos_token]
     tok = PreTrainedTokenizerFast(
-        tokenizer_object=core, unk_token="<unk>", pad_token="<pad>", eos_token=eos_token,
+        tokenizer_object=core,
+        unk_token="<unk>",
+        pad_token="<pad>",
+        eos_token=eos_token,
         additional_special_tokens=others,
     )
     tok.chat_template = CHAT_TEMPLATE
     config = LlamaConfig(
-        vocab_size=len(vocab), hidden_size=hidden, intermediate_size=2 * hidden,
-        num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
-        max_position_embeddings=max_positions, tie_word_embeddings=True,
-        eos_token_id=vocab[eos_token], pad_token_id=vocab["<pad>"], bos_token_id=None,
+        vocab_size=len(vocab),
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=max_positions,
+        tie_word_embeddings=True,
+        eos_token_id=vocab[eos_token],
+        pad_token_id=vocab["<pad>"],
+        bos_token_id=None,
     )
     torch.manual_seed(seed)
     model = LlamaForCausalLM(config)

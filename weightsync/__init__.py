@@ -80,10 +80,22 @@ def _build(s: TransportSettings) -> WeightTransport:
         from posttrain.weightsync.cuda_ipc import CudaIpcTransport
 
         return CudaIpcTransport()
-    raise ValueError(f"weight_sync.type {s.type!r} is not a known transport; use one of "
-                     f"{', '.join(TRANSPORTS)}")
+    raise ValueError(
+        f"weight_sync.type {s.type!r} is not a known transport; use one of {', '.join(TRANSPORTS)}"
+    )
 
 
-__all__ = ["TRANSPORTS", "ChecksumTap", "GroupStore", "PushSource", "TransportSettings",
-           "WeightHandle", "WeightSyncError", "WeightTransport", "make_transport", "publish",
-           "push", "state_checksum"]
+__all__ = [
+    "TRANSPORTS",
+    "ChecksumTap",
+    "GroupStore",
+    "PushSource",
+    "TransportSettings",
+    "WeightHandle",
+    "WeightSyncError",
+    "WeightTransport",
+    "make_transport",
+    "publish",
+    "push",
+    "state_checksum",
+]

@@ -148,8 +148,9 @@ class WeightTransport(ABC):
         """
         return None
 
-    def stream_handle(self, layout: list[tuple[str, str, tuple[int, ...]]],
-                      version: int) -> WeightHandle:
+    def stream_handle(
+        self, layout: list[tuple[str, str, tuple[int, ...]]], version: int
+    ) -> WeightHandle:
         """A handle for a push whose tensors do not exist yet, made from the layout
         alone (only when `can_stream`).
 
@@ -158,8 +159,7 @@ class WeightTransport(ABC):
         """
         raise WeightSyncError(f"{type(self).__name__} cannot stream a push")
 
-    def send_stream(self, stream: Iterator[tuple[str, torch.Tensor]],
-                    handle: WeightHandle) -> None:
+    def send_stream(self, stream: Iterator[tuple[str, torch.Tensor]], handle: WeightHandle) -> None:
         """Send `stream` (the tensors of `handle`, in its order) as they are produced;
         blocks until all is delivered (only when `can_stream`).
 

@@ -38,8 +38,9 @@ def tensor_meta(weights: dict[str, torch.Tensor]) -> list[tuple[str, str, tuple[
     return [(n, str(t.dtype).removeprefix("torch."), tuple(t.shape)) for n, t in weights.items()]
 
 
-def bucket_layout(weights: dict[str, torch.Tensor] | list[tuple[str, str, tuple[int, ...]]],
-                  bucket_bytes: int) -> list[dict]:
+def bucket_layout(
+    weights: dict[str, torch.Tensor] | list[tuple[str, str, tuple[int, ...]]], bucket_bytes: int
+) -> list[dict]:
     """Group tensors, in order, into buckets of at most `bucket_bytes` bytes; `weights`
     is the tensors or just their `tensor_meta` (a layout can be made before the tensors
     exist, for a streamed push).
@@ -66,8 +67,11 @@ def bucket_layout(weights: dict[str, torch.Tensor] | list[tuple[str, str, tuple[
 
 
 def _device(backend: str) -> torch.device:
-    return torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else (
-        torch.device("cpu"))
+    return (
+        torch.device("cuda", torch.cuda.current_device())
+        if backend == "nccl"
+        else (torch.device("cpu"))
+    )
 
 
 class CollectiveTransport(WeightTransport):
@@ -105,8 +109,9 @@ class CollectiveTransport(WeightTransport):
 
         host, port = address.rsplit(":", 1)
         try:
-            self._store = dist.TCPStore(host, int(port), None, is_master=False,
-                                        timeout=self.timeout)
+            self._store = dist.TCPStore(
+                host, int(port), None, is_master=False, timeout=self.timeout
+            )
             if self.backend == "nccl":
                 self.pg = dist.ProcessGroupNCCL(self._store, rank, world_size)
             else:
@@ -114,29 +119,42 @@ class CollectiveTransport(WeightTransport):
         except (RuntimeError, ValueError) as e:  # c10d raises DistStoreError/RuntimeError
             raise WeightSyncError(
                 f"rank {rank} could not join the weight broadcast group at {address} "
-                f"({world_size} ranks, {self.backend}): {e}") from e
+                f"({world_size} ranks, {self.backend}): {e}"
+            ) from e
         self.rank = rank
 
     def _require_group(self) -> None:
         if self.pg is None:
-            raise WeightSyncError("the collective transport has no group yet: call "
-                                  "join_group on the learner and every engine first")
+            raise WeightSyncError(
+                "the collective transport has no group yet: call "
+                "join_group on the learner and every engine first"
+            )
 
     def send(
         self, weights: dict[str, torch.Tensor], version: int, checksum: bool = False
     ) -> WeightHandle:
         self._require_group()
         if self._thread is not None:
-            raise WeightSyncError(f"push of policy_version {version} started before the "
-                                  "previous push finished (call finish first)")
+            raise WeightSyncError(
+                f"push of policy_version {version} started before the "
+                "previous push finished (call finish first)"
+            )
         layout = bucket_layout(weights, self.bucket_bytes)
         digest = state_checksum(weights.items()) if checksum else None
-        handle = WeightHandle(version=version, payload=layout,
-                              num_bytes=sum(b["size"] for b in layout), checksum=digest,
-                              names=tuple(weights))
+        handle = WeightHandle(
+            version=version,
+            payload=layout,
+            num_bytes=sum(b["size"] for b in layout),
+            checksum=digest,
+            names=tuple(weights),
+        )
         self._error = None
-        self._thread = threading.Thread(target=self._broadcast_all, args=(weights, layout),
-                                        name=f"weight-broadcast-v{version}", daemon=True)
+        self._thread = threading.Thread(
+            target=self._broadcast_all,
+            args=(weights, layout),
+            name=f"weight-broadcast-v{version}",
+            daemon=True,
+        )
         self._thread.start()
         return handle
 
@@ -146,8 +164,9 @@ class CollectiveTransport(WeightTransport):
         except (RuntimeError, ValueError) as e:
             self._error = e
 
-    def _broadcast_buckets(self, stream: Iterator[tuple[str, torch.Tensor]],
-                           layout: list[dict]) -> None:
+    def _broadcast_buckets(
+        self, stream: Iterator[tuple[str, torch.Tensor]], layout: list[dict]
+    ) -> None:
         # Two buckets in flight: pack bucket i+1 while bucket i is on the wire.
         device = _device(self.backend)
         pending = None
@@ -157,8 +176,9 @@ class CollectiveTransport(WeightTransport):
                 got, t = next(stream)
                 if got != name:
                     raise ValueError(f"streamed tensor {got!r} where the layout has {name!r}")
-                buf[offset:offset + nbytes].copy_(t.detach().contiguous().view(-1)
-                                                  .view(torch.uint8))
+                buf[offset : offset + nbytes].copy_(
+                    t.detach().contiguous().view(-1).view(torch.uint8)
+                )
             work = self.pg.broadcast(buf, 0)
             if pending is not None:
                 pending[0].wait()
@@ -166,22 +186,26 @@ class CollectiveTransport(WeightTransport):
         if pending is not None:
             pending[0].wait()
 
-    def stream_handle(self, meta: list[tuple[str, str, tuple[int, ...]]],
-                      version: int) -> WeightHandle:
+    def stream_handle(
+        self, meta: list[tuple[str, str, tuple[int, ...]]], version: int
+    ) -> WeightHandle:
         layout = bucket_layout(meta, self.bucket_bytes)
-        return WeightHandle(version=version, payload=layout,
-                            num_bytes=sum(b["size"] for b in layout),
-                            names=tuple(m[0] for m in meta))
+        return WeightHandle(
+            version=version,
+            payload=layout,
+            num_bytes=sum(b["size"] for b in layout),
+            names=tuple(m[0] for m in meta),
+        )
 
-    def send_stream(self, stream: Iterator[tuple[str, torch.Tensor]],
-                    handle: WeightHandle) -> None:
+    def send_stream(self, stream: Iterator[tuple[str, torch.Tensor]], handle: WeightHandle) -> None:
         # Bucket by bucket as the tensors are produced; engines run `receive` meanwhile.
         self._require_group()
         try:
             self._broadcast_buckets(stream, handle.payload)
         except (RuntimeError, ValueError, StopIteration) as e:
-            raise WeightSyncError(f"streamed broadcast of policy_version {handle.version} "
-                                  f"failed: {e}") from e
+            raise WeightSyncError(
+                f"streamed broadcast of policy_version {handle.version} failed: {e}"
+            ) from e
 
     def finish(self, handle: WeightHandle) -> None:
         thread, self._thread = self._thread, None
@@ -189,11 +213,14 @@ class CollectiveTransport(WeightTransport):
             return
         thread.join(self.timeout.total_seconds() + 10)
         if thread.is_alive():
-            raise WeightSyncError(f"broadcast of policy_version {handle.version} still running "
-                                  f"after {self.timeout.total_seconds():.0f} s")
+            raise WeightSyncError(
+                f"broadcast of policy_version {handle.version} still running "
+                f"after {self.timeout.total_seconds():.0f} s"
+            )
         if self._error is not None:
-            raise WeightSyncError(f"broadcast of policy_version {handle.version} failed: "
-                                  f"{self._error}") from self._error
+            raise WeightSyncError(
+                f"broadcast of policy_version {handle.version} failed: {self._error}"
+            ) from self._error
 
     def receive(self, handle: WeightHandle) -> Iterator[tuple[str, torch.Tensor]]:
         self._require_group()
@@ -214,9 +241,10 @@ class CollectiveTransport(WeightTransport):
             except RuntimeError as e:
                 raise WeightSyncError(
                     f"broadcast of policy_version {handle.version} failed at bucket "
-                    f"{i + 1}/{len(layout)}: {e}") from e
+                    f"{i + 1}/{len(layout)}: {e}"
+                ) from e
             for name, dtype, shape, offset, nbytes in bucket["entries"]:
-                yield name, buf[offset:offset + nbytes].view(getattr(torch, dtype)).view(shape)
+                yield name, buf[offset : offset + nbytes].view(getattr(torch, dtype)).view(shape)
 
     def close(self) -> None:
         self.pg, self._store = None, None

@@ -47,14 +47,14 @@ class FilesystemTransport(WeightTransport):
             save_file(tensors, str(tmp), metadata={"policy_version": str(version)})
             os.replace(tmp, path)
         except OSError as e:
-            raise WeightSyncError(f"could not write policy_version {version} to {path}: {e}"
-                                  ) from e
+            raise WeightSyncError(f"could not write policy_version {version} to {path}: {e}") from e
         for old in self.dir.glob("policy_v*.safetensors"):
             v = old.stem.removeprefix("policy_v")
             if v.isdigit() and int(v) < version - 1:
                 old.unlink(missing_ok=True)
         return WeightHandle(
-            version=version, payload=str(path),
+            version=version,
+            payload=str(path),
             num_bytes=sum(t.numel() * t.element_size() for t in weights.values()),
             checksum=state_checksum(weights.items()) if checksum else None,
             names=tuple(weights),

@@ -48,8 +48,9 @@ class ObjectStoreTransport(WeightTransport):
         ref = ray.put({"arrays": arrays, "dtypes": dtypes})
         digest = state_checksum(weights.items()) if checksum else None
         # A list keeps Ray from resolving the ref when the handle is passed as an argument.
-        self._last = WeightHandle(version=version, payload=[ref], num_bytes=total, checksum=digest,
-                                  names=tuple(weights))
+        self._last = WeightHandle(
+            version=version, payload=[ref], num_bytes=total, checksum=digest, names=tuple(weights)
+        )
         return self._last
 
     def receive(self, handle: WeightHandle) -> Iterator[tuple[str, torch.Tensor]]:

@@ -24,8 +24,14 @@ from typing import Any
 from posttrain.weightsync.base import PushSource, WeightHandle, WeightSyncError, WeightTransport
 
 
-def publish(transport: WeightTransport, source: PushSource, version: int, *, sender: bool,
-            checksum: bool = False) -> Iterator[WeightHandle | None]:
+def publish(
+    transport: WeightTransport,
+    source: PushSource,
+    version: int,
+    *,
+    sender: bool,
+    checksum: bool = False,
+) -> Iterator[WeightHandle | None]:
     """Learner side of one push: yields the handle (None on ranks other than the
     sender), then returns once the push is delivered on the sender's side.
 
@@ -60,8 +66,13 @@ def publish(transport: WeightTransport, source: PushSource, version: int, *, sen
     transport.finish(handle)
 
 
-def push(learners: Sequence[Any], engines: Sequence[Any], version: int, timeout_s: float,
-         full: bool = False) -> WeightHandle:
+def push(
+    learners: Sequence[Any],
+    engines: Sequence[Any],
+    version: int,
+    timeout_s: float,
+    full: bool = False,
+) -> WeightHandle:
     """Controller side of one push: learners publish `version`, every engine applies
     the handle, and all acknowledge within `timeout_s` seconds. Returns rank 0's handle.
 
@@ -77,23 +88,28 @@ def push(learners: Sequence[Any], engines: Sequence[Any], version: int, timeout_
     """
     import ray
 
-    gens = [lw.publish_weights.options(num_returns="streaming").remote(version, full)
-            for lw in learners]
+    gens = [
+        lw.publish_weights.options(num_returns="streaming").remote(version, full) for lw in learners
+    ]
     ready, _ = ray.wait([gens[0]], timeout=timeout_s)  # ready: its next item exists
     if not ready:
-        raise WeightSyncError(f"learner rank 0 did not publish policy_version {version} "
-                              f"within {timeout_s:.0f} s")
+        raise WeightSyncError(
+            f"learner rank 0 did not publish policy_version {version} within {timeout_s:.0f} s"
+        )
     handle = ray.get(next(gens[0]))
     pending = {w.update_weights.remote(handle, version - 1): i for i, w in enumerate(engines)}
     done, late = ray.wait(list(pending), num_returns=len(pending), timeout=timeout_s)
     if late:
         raise WeightSyncError(
             f"rollout engines {sorted(pending[r] for r in late)} did not acknowledge "
-            f"policy_version {version} within {timeout_s:.0f} s")
+            f"policy_version {version} within {timeout_s:.0f} s"
+        )
     for ref in done:
         if (got := ray.get(ref)) != version:
-            raise WeightSyncError(f"rollout engine {pending[ref]} reports policy_version {got} "
-                                  f"after a push of {version}")
+            raise WeightSyncError(
+                f"rollout engine {pending[ref]} reports policy_version {got} "
+                f"after a push of {version}"
+            )
     for g in gens:  # the learners' side ends once every engine has it
         for ref in g:
             ray.get(ref)
@@ -115,12 +131,17 @@ class GroupStore:
         import torch.distributed as dist
 
         host = ray.util.get_node_ip_address() if ray.is_initialized() else "127.0.0.1"
-        self.store = dist.TCPStore(host, 0, None, is_master=True, wait_for_workers=False,
-                                   timeout=timedelta(seconds=timeout_s))
+        self.store = dist.TCPStore(
+            host,
+            0,
+            None,
+            is_master=True,
+            wait_for_workers=False,
+            timeout=timedelta(seconds=timeout_s),
+        )
         self.address = f"{host}:{self.store.port}"
         self.world_size = world_size
 
     def close(self) -> None:
         """Stop hosting (the members' groups stay usable)."""
         self.store = None
-

@@ -41,11 +41,21 @@ def model_dir(tmp_path_factory) -> Path:
     """The tiny Llama at head_dim 32 (vLLM's CPU kernels), with the hostile files."""
     eot = len(SPECIALS) + len(CHARS) + 1  # the second extra special token
     return build_tiny_model(
-        tmp_path_factory.mktemp("hostile") / "model", hidden=128, max_positions=1024,
-        eos_token=EOS, extra_specials=(EOS, EOT),
-        generation_config={"eos_token_id": [eot], "repetition_penalty": 5.0,
-                           "no_repeat_ngram_size": 2, "min_p": 0.2, "top_k": 3, "top_p": 0.5,
-                           "temperature": 0.3})
+        tmp_path_factory.mktemp("hostile") / "model",
+        hidden=128,
+        max_positions=1024,
+        eos_token=EOS,
+        extra_specials=(EOS, EOT),
+        generation_config={
+            "eos_token_id": [eot],
+            "repetition_penalty": 5.0,
+            "no_repeat_ngram_size": 2,
+            "min_p": 0.2,
+            "top_k": 3,
+            "top_p": 0.5,
+            "temperature": 0.3,
+        },
+    )
 
 
 @pytest.fixture(scope="module")
@@ -56,8 +66,7 @@ def stop_ids(model_dir) -> dict[str, int]:
 
 @pytest.fixture(scope="module", params=KINDS)
 def engine(request, ray_local, model_dir):
-    e = RemoteEngine(EngineSettings(kind=request.param, model_path=str(model_dir),
-                                    dtype="float32"))
+    e = RemoteEngine(EngineSettings(kind=request.param, model_path=str(model_dir), dtype="float32"))
     e.kind = request.param
     yield e
     e.kill()
@@ -100,7 +109,7 @@ def test_stop_string_ends_the_sample(engine, stop_ids):
     for s in out:
         decoded = engine.decode(s.token_ids)
         if s.finish_reason == "stop" and s.token_ids[-1] not in ends:
-            assert decoded.endswith(stop) and stop not in decoded[:-len(stop)]
+            assert decoded.endswith(stop) and stop not in decoded[: -len(stop)]
         else:
             assert stop not in decoded
     assert any(s.finish_reason == "stop" and s.token_ids[-1] not in ends for s in out)
@@ -108,15 +117,17 @@ def test_stop_string_ends_the_sample(engine, stop_ids):
 
 def test_empty_stop_string_is_refused(engine):
     with pytest.raises(ValueError, match="stop strings must not be empty"):
-        engine.generate([_prompt(engine, "go")],
-                        SamplingSettings(n=1, max_new_tokens=4, stop=("",)))
+        engine.generate(
+            [_prompt(engine, "go")], SamplingSettings(n=1, max_new_tokens=4, stop=("",))
+        )
 
 
 def test_every_end_of_sequence_token_ends_the_sample(engine, stop_ids):
     """Tokenizer EOS, generation-config EOS and template end of turn all stop a sample
     (an engine stopping on one of them only let samples run past the others)."""
-    out = engine.generate([_prompt(engine, "hello")],
-                          SamplingSettings(n=64, max_new_tokens=40, seed=4))[0]
+    out = engine.generate(
+        [_prompt(engine, "hello")], SamplingSettings(n=64, max_new_tokens=40, seed=4)
+    )[0]
     ends = set(stop_ids.values())
     for s in out:
         inside = [t for t in s.token_ids[:-1] if t in ends]
@@ -129,13 +140,14 @@ def test_every_end_of_sequence_token_ends_the_sample(engine, stop_ids):
 @pytest.mark.parametrize("temperature", [1.0, 0.5])
 def test_learner_reproduces_inference_logprobs(engine, model_dir, temperature):
     prompt = _prompt(engine, "7+8")
-    sample = engine.generate([prompt], SamplingSettings(n=1, max_new_tokens=12,
-                                                        temperature=temperature, seed=3))[0][0]
+    sample = engine.generate(
+        [prompt], SamplingSettings(n=1, max_new_tokens=12, temperature=temperature, seed=3)
+    )[0][0]
     learner = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     ids = torch.tensor([prompt + sample.token_ids])
     with torch.no_grad():
         lp = sequence_logprobs(learner, ids, torch.ones_like(ids), len(prompt), temperature)
-    ratio = torch.exp(lp[0, len(prompt):] - torch.tensor(sample.logprobs))
+    ratio = torch.exp(lp[0, len(prompt) :] - torch.tensor(sample.logprobs))
     torch.testing.assert_close(ratio, torch.ones_like(ratio), rtol=0, atol=1e-5)
 
 
@@ -153,7 +165,7 @@ def test_samples_follow_the_learners_distribution(engine, model_dir):
     for s in out:
         with torch.no_grad():
             logits = learner(torch.tensor([prompt + s.token_ids])).logits[0]
-        probs = logits[len(prompt) - 1:-1].softmax(-1)  # [R, V], T = 1
+        probs = logits[len(prompt) - 1 : -1].softmax(-1)  # [R, V], T = 1
         for t, tok in enumerate(s.token_ids):
             seen = sorted(set(prompt + s.token_ids[:t]))
             p = probs[t, seen].sum().item()

@@ -15,17 +15,21 @@ IM_END = SPECIALS.index("<|im_end|>")
 def test_tokenizer_eos_and_generation_config_eos_both_stop(tmp_path):
     """The issue's model: tokenizer eos `<|im_end|>`, generation_config.json eos another
     id; the HF engine used to stop on the latter only."""
-    folder = build_tiny_model(tmp_path / "m", extra_specials=("<|endoftext|>",),
-                              generation_config={"eos_token_id": EXTRA})
+    folder = build_tiny_model(
+        tmp_path / "m", extra_specials=("<|endoftext|>",), generation_config={"eos_token_id": EXTRA}
+    )
     tok = AutoTokenizer.from_pretrained(folder)
     assert tok.eos_token_id == IM_END
     assert stop_token_ids(tok, str(folder)) == [IM_END, EXTRA]
 
 
 def test_end_of_turn_of_the_chat_template_stops(tmp_path):
-    folder = build_tiny_model(tmp_path / "m", eos_token="<|endoftext|>",
-                              extra_specials=("<|endoftext|>",),
-                              generation_config={"eos_token_id": [EXTRA]})
+    folder = build_tiny_model(
+        tmp_path / "m",
+        eos_token="<|endoftext|>",
+        extra_specials=("<|endoftext|>",),
+        generation_config={"eos_token_id": [EXTRA]},
+    )
     tok = AutoTokenizer.from_pretrained(folder)
     assert end_of_turn_token_id(tok) == IM_END
     assert stop_token_ids(tok, str(folder)) == [IM_END, EXTRA]

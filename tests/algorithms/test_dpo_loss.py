@@ -57,8 +57,14 @@ def _ipo_pair_batch() -> tuple[TrainBatch, torch.Tensor]:
     mask = torch.tensor([[1.0, 1, 1, 1], [1, 1, 0, 0]])
     ref = torch.tensor([[-1.0, -2, -1, -2], [-1.5, -0.5, 0, 0]])
     pol = (ref + torch.tensor([[0.5] * 4, [-0.25] * 4])) * mask
-    b = TrainBatch(torch.zeros(2, 4, dtype=torch.long), torch.ones(2, 4, dtype=torch.long), mask,
-                   0, ref_sums=(ref * mask).sum(-1), loss_denominator=1.0)
+    b = TrainBatch(
+        torch.zeros(2, 4, dtype=torch.long),
+        torch.ones(2, 4, dtype=torch.long),
+        mask,
+        0,
+        ref_sums=(ref * mask).sum(-1),
+        loss_denominator=1.0,
+    )
     return b, pol
 
 
@@ -66,8 +72,9 @@ def test_ipo_compares_per_token_means_by_default():
     b, pol = _ipo_pair_batch()
     out = dpo_module.loss(pol, b, dpo_module.DPOLoss(beta=0.1, loss_type="ipo"))
     assert out.loss.item() == pytest.approx((0.5 + 0.25 - 1 / 0.2) ** 2, abs=1e-5)  # 18.0625
-    summed = dpo_module.loss(pol, b, dpo_module.DPOLoss(beta=0.1, loss_type="ipo",
-                                                          ipo_token_mean=False))
+    summed = dpo_module.loss(
+        pol, b, dpo_module.DPOLoss(beta=0.1, loss_type="ipo", ipo_token_mean=False)
+    )
     assert summed.loss.item() == pytest.approx((2.0 + 0.5 - 1 / 0.2) ** 2, abs=1e-5)  # 6.25
     sigmoid = dpo_module.loss(pol, b, dpo_module.DPOLoss(beta=0.1))
     assert sigmoid.loss.item() == pytest.approx(math.log1p(math.exp(-0.1 * 2.5)), abs=1e-6)

@@ -83,8 +83,7 @@ def test_gspo_sequence_ratio_and_per_sequence_clip():
     t = gspo(lp, old, torch.tensor([2.0, 1.0]), mask, 0.2, 0.2)
     assert t.ratio[:, 0].tolist() == pytest.approx([1.0, 1.5], abs=1e-6)
     # row 0: −s·A = −2 on each token; row 1: A>0 and s=1.5 → clipped to −1.2
-    torch.testing.assert_close(t.loss, torch.tensor([[-2.0] * 3, [-1.2] * 3]), atol=1e-6,
-                               rtol=0)
+    torch.testing.assert_close(t.loss, torch.tensor([[-2.0] * 3, [-1.2] * 3]), atol=1e-6, rtol=0)
     assert t.clipped.tolist() == [[0.0] * 3, [1.0] * 3]
     neg = gspo(lp, old, torch.tensor([2.0, -1.0]), mask, 0.2, 0.2)
     assert neg.loss[1].tolist() == pytest.approx([1.5] * 3, abs=1e-6)  # max(s, clip(s))
@@ -99,8 +98,9 @@ def test_gspo_advantages_per_token_and_gradient():
     aggregate_loss(t.loss, mask, 1.0).backward()
     # row 0 (unclipped, s = 1): d(−2·s·A)/dlp_t = −2·A·s/|y| = −2 on its 2 tokens ;
     # the masked column and the clipped row 1 get no gradient
-    torch.testing.assert_close(lp.grad, torch.tensor([[-2.0, -2.0, 0.0], [0.0, 0.0, 0.0]]),
-                               atol=1e-6, rtol=0)
+    torch.testing.assert_close(
+        lp.grad, torch.tensor([[-2.0, -2.0, 0.0], [0.0, 0.0, 0.0]]), atol=1e-6, rtol=0
+    )
 
 
 def test_cispo_hand_values_and_gradient_kept_through_the_clip():
@@ -136,9 +136,15 @@ def test_at_ratio_one_each_loss_has_ppo_clips_gradient(kind):
 
 def _batch(old: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor) -> TrainBatch:
     ids = torch.zeros(mask.shape, dtype=torch.long)
-    return TrainBatch(ids, torch.ones_like(ids), mask, 0, old_logprobs=old,
-                      advantages=adv.unsqueeze(-1) * mask,
-                      loss_denominator=loss_denominator(mask, "token_mean"))
+    return TrainBatch(
+        ids,
+        torch.ones_like(ids),
+        mask,
+        0,
+        old_logprobs=old,
+        advantages=adv.unsqueeze(-1) * mask,
+        loss_denominator=loss_denominator(mask, "token_mean"),
+    )
 
 
 def test_default_loss_is_ppo_clip_bit_for_bit():
@@ -187,5 +193,6 @@ def test_overlong_penalty_dapo_eq13():
     # L_max 20, L_cache 4: free up to 16, then −(len − 16)/4 · factor, −factor at 20
     lengths = torch.tensor([3, 16, 17, 18, 20])
     assert overlong_penalty(lengths, 20, 4, 0.5).tolist() == pytest.approx(
-        [0.0, 0.0, -0.125, -0.25, -0.5], abs=1e-7)
+        [0.0, 0.0, -0.125, -0.25, -0.5], abs=1e-7
+    )
     assert overlong_penalty(torch.tensor([25]), 20, 4).tolist() == [-1.0]

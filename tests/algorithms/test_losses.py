@@ -64,7 +64,7 @@ def test_token_mean_does_not_depend_on_micro_batch_size(micro):
     per_token, mask = _two_sequences()
     denom = loss_denominator(mask, "token_mean")
     total = sum(
-        aggregate_loss(per_token[i:i + micro], mask[i:i + micro], denom).item()
+        aggregate_loss(per_token[i : i + micro], mask[i : i + micro], denom).item()
         for i in range(0, 2, micro)
     )
     assert total == pytest.approx(3.25, abs=1e-7)  # (2·1 + 6·4) / 8

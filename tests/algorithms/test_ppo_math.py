@@ -46,15 +46,19 @@ def test_padding_after_eos_changes_nothing():
 
 def test_truncated_response_bootstraps_from_given_value():
     mask, values = torch.ones(1, 2), torch.tensor([[0.0, 0.0]])
-    adv, _ = gae(torch.zeros(1, 2), values, mask, gamma=1.0, lam=1.0,
-                 bootstrap=torch.tensor([0.5]))
+    adv, _ = gae(torch.zeros(1, 2), values, mask, gamma=1.0, lam=1.0, bootstrap=torch.tensor([0.5]))
     assert adv[0].tolist() == pytest.approx([0.5, 0.5])
 
 
 def test_k1_penalty_on_every_token_score_on_last():
     mask = torch.tensor([[0.0, 1.0, 1.0, 0.0]])
-    r = token_rewards(torch.tensor([2.0]), mask, torch.tensor([[0.0, -1.0, -2.0, 0.0]]),
-                      torch.tensor([[0.0, -1.5, -1.0, 0.0]]), kl_coef=0.1)
+    r = token_rewards(
+        torch.tensor([2.0]),
+        mask,
+        torch.tensor([[0.0, -1.0, -2.0, 0.0]]),
+        torch.tensor([[0.0, -1.5, -1.0, 0.0]]),
+        kl_coef=0.1,
+    )
     assert r.tolist()[0] == pytest.approx([0.0, -0.05, 0.1 + 2.0, 0.0])
 
 
@@ -64,8 +68,9 @@ def test_whiten_and_value_clip_and_explained_variance():
     w = masked_whiten(x, mask)
     assert w[0, :3].tolist() == pytest.approx([-1.224744, 0.0, 1.224744], abs=1e-5)
     assert w[0, 3] == 0
-    loss, clipped = clipped_value_loss(torch.tensor([1.0]), torch.tensor([0.0]),
-                                       torch.tensor([1.0]), clip=0.2)
+    loss, clipped = clipped_value_loss(
+        torch.tensor([1.0]), torch.tensor([0.0]), torch.tensor([1.0]), clip=0.2
+    )
     # unclipped error 0, clipped value 0.2 → error 0.64; the max takes 0.5·0.64
     assert loss.item() == pytest.approx(0.32) and clipped.item() == 1.0
     ret = torch.tensor([[1.0, 2.0, 3.0]])
@@ -77,19 +82,38 @@ def test_truncated_response_bootstraps_from_the_value_after_its_last_token():
     # γ = λ = 1, no whitening, one truncated 3-token response scored 0: A_k = V(s_3) − V(s_k).
     v = [-0.19701, 0.16409, -0.03801, 0.12440]  # V(s_0..s_3); V(s_3) is after the last token
     mask = torch.ones(1, 3)
-    batch = TrainBatch(torch.zeros(1, 3, dtype=torch.long), torch.ones(1, 3, dtype=torch.long),
-                       mask, 0, values=torch.tensor([v[:3]]),
-                       old_logprobs=torch.zeros(1, 3))
+    batch = TrainBatch(
+        torch.zeros(1, 3, dtype=torch.long),
+        torch.ones(1, 3, dtype=torch.long),
+        mask,
+        0,
+        values=torch.tensor([v[:3]]),
+        old_logprobs=torch.zeros(1, 3),
+    )
     raw, adv, ret = advantages_and_returns(
-        batch, torch.tensor([0.0]), torch.tensor([True]), torch.tensor([v[3]]), gamma=1.0,
-        lam=1.0, whiten=False, bootstrap_truncated=True)
+        batch,
+        torch.tensor([0.0]),
+        torch.tensor([True]),
+        torch.tensor([v[3]]),
+        gamma=1.0,
+        lam=1.0,
+        whiten=False,
+        bootstrap_truncated=True,
+    )
     assert raw[0].tolist() == pytest.approx([0.32141, -0.03969, 0.16241], abs=1e-6)
     assert torch.equal(adv, raw)
     assert ret[0].tolist() == pytest.approx([v[3]] * 3, abs=1e-6)
     # a response that ended with EOS bootstraps from 0, whatever the critic says after it
     eos, _, _ = advantages_and_returns(
-        batch, torch.tensor([0.0]), torch.tensor([False]), torch.tensor([v[3]]), gamma=1.0,
-        lam=1.0, whiten=False, bootstrap_truncated=True)
+        batch,
+        torch.tensor([0.0]),
+        torch.tensor([False]),
+        torch.tensor([v[3]]),
+        gamma=1.0,
+        lam=1.0,
+        whiten=False,
+        bootstrap_truncated=True,
+    )
     assert eos[0].tolist() == pytest.approx([0.19701, -0.16409, 0.03801], abs=1e-6)
 
 

@@ -46,8 +46,14 @@ def _batch(valid_pairs: int, pairs: int, margins=None) -> TrainBatch:
     rows = 2 * pairs
     mask = torch.zeros(rows, 4)
     mask[: 2 * valid_pairs, 2:] = 1.0
-    return TrainBatch(torch.zeros(rows, 4, dtype=torch.long), torch.ones(rows, 4), mask, 2,
-                      margins=margins, loss_denominator=float(valid_pairs))
+    return TrainBatch(
+        torch.zeros(rows, 4, dtype=torch.long),
+        torch.ones(rows, 4),
+        mask,
+        2,
+        margins=margins,
+        loss_denominator=float(valid_pairs),
+    )
 
 
 def test_learner_loss_skips_padding_pairs_and_finishes_metrics():

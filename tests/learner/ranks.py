@@ -35,8 +35,10 @@ def run_ranks(target: Callable[..., None], world: int, *args: Any) -> Any:
     """
     ctx = mp.get_context("spawn")
     queue, port = ctx.Queue(), free_port()
-    procs = [ctx.Process(target=_run_then_exit, args=(target, r, world, *args, port, queue))
-             for r in range(world)]
+    procs = [
+        ctx.Process(target=_run_then_exit, args=(target, r, world, *args, port, queue))
+        for r in range(world)
+    ]
     for p in procs:
         p.start()
     result = torch.load(io.BytesIO(queue.get(timeout=300)), weights_only=False)

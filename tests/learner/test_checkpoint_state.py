@@ -18,9 +18,19 @@ from tests.learner.test_fsdp import make_batch
 
 
 def _rank_main(rank, world, model_path, steps, save, resume, adapter, port, queue):
-    w = LearnerWorker(rank, world, LearnerSettings(
-        model_path=str(model_path), compute_dtype="float32", lr=1e-2, warmup_steps=4,
-        micro_batch_size=2, adapter=AdapterSettings(type=adapter, r=4, alpha=8)), threads=1)
+    w = LearnerWorker(
+        rank,
+        world,
+        LearnerSettings(
+            model_path=str(model_path),
+            compute_dtype="float32",
+            lr=1e-2,
+            warmup_steps=4,
+            micro_batch_size=2,
+            adapter=AdapterSettings(type=adapter, r=4, alpha=8),
+        ),
+        threads=1,
+    )
     w.setup(port, resume_from=resume)
     batch = make_batch()
     batch.loss_denominator = loss_denominator(batch.response_mask, "token_mean")

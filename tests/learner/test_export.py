@@ -14,8 +14,12 @@ from tests.tiny_model import build_tiny_model
 
 #: generation_config.json as instruct models ship it (several stop ids, sampling
 #: defaults); in the tiny vocabulary 3 is <|im_end|> (config.json's eos) and 2 <|im_start|>.
-HUB_GENERATION_CONFIG = {"eos_token_id": [3, 2], "do_sample": True, "temperature": 0.6,
-                         "top_p": 0.95}
+HUB_GENERATION_CONFIG = {
+    "eos_token_id": [3, 2],
+    "do_sample": True,
+    "temperature": 0.6,
+    "top_p": 0.95,
+}
 
 
 @pytest.fixture(scope="module")
@@ -54,19 +58,32 @@ def test_plain_save_loses_generation_config_and_carry_restores_it(hub_like_model
     msgs = [{"role": "user", "content": "2+2?"}]
     assert out_tok("Hi there!")["input_ids"] == src_tok("Hi there!")["input_ids"]
     assert out_tok.chat_template == src_tok.chat_template
-    assert (out_tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False)
-            == src_tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False))
+    assert out_tok.apply_chat_template(
+        msgs, add_generation_prompt=True, tokenize=False
+    ) == src_tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False)
     assert out_tok.eos_token_id == src_tok.eos_token_id
 
 
 def test_carry_into_adapter_folder_never_copies_weights_or_config(hub_like_model, tmp_path):
     src = tmp_path / "src"
     src.mkdir()
-    for name in ("config.json", "model.safetensors", "model.safetensors.index.json",
-                 "pytorch_model.bin", "adapter_config.json", "README.md",
-                 "generation_config.json", "tokenizer.json", "tokenizer_config.json",
-                 "special_tokens_map.json", "vocab.json", "merges.txt", "chat_template.jinja",
-                 "tokenizer.model", "tokenization_custom.py"):
+    for name in (
+        "config.json",
+        "model.safetensors",
+        "model.safetensors.index.json",
+        "pytorch_model.bin",
+        "adapter_config.json",
+        "README.md",
+        "generation_config.json",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "special_tokens_map.json",
+        "vocab.json",
+        "merges.txt",
+        "chat_template.jinja",
+        "tokenizer.model",
+        "tokenization_custom.py",
+    ):
         (src / name).write_text(name)
     (src / "additional_chat_templates").mkdir()
     (src / "additional_chat_templates" / "tool_use.jinja").write_text("t")
@@ -77,10 +94,18 @@ def test_carry_into_adapter_folder_never_copies_weights_or_config(hub_like_model
 
     copied = carry_model_files(src, dest)
 
-    assert copied == ["additional_chat_templates/tool_use.jinja", "chat_template.jinja",
-                      "generation_config.json", "merges.txt", "special_tokens_map.json",
-                      "tokenization_custom.py", "tokenizer.json", "tokenizer.model",
-                      "tokenizer_config.json", "vocab.json"]
+    assert copied == [
+        "additional_chat_templates/tool_use.jinja",
+        "chat_template.jinja",
+        "generation_config.json",
+        "merges.txt",
+        "special_tokens_map.json",
+        "tokenization_custom.py",
+        "tokenizer.json",
+        "tokenizer.model",
+        "tokenizer_config.json",
+        "vocab.json",
+    ]
     assert (dest / "tokenizer.json").read_text() == "tokenizer.json"
     assert (dest / "adapter_config.json").read_text() == "mine"
     assert not (dest / "config.json").exists() and not list(dest.glob("*.safetensors*"))

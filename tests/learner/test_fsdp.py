@@ -29,9 +29,18 @@ def make_batch(vocab: int = 90) -> TrainBatch:
 
 
 def _rank_main(rank, world, model_path, mbs, dtype, lr, port, queue):
-    w = LearnerWorker(rank, world, LearnerSettings(
-        model_path=str(model_path), compute_dtype=dtype, lr=lr, micro_batch_size=mbs,
-        max_grad_norm=1e9), threads=1)
+    w = LearnerWorker(
+        rank,
+        world,
+        LearnerSettings(
+            model_path=str(model_path),
+            compute_dtype=dtype,
+            lr=lr,
+            micro_batch_size=mbs,
+            max_grad_norm=1e9,
+        ),
+        threads=1,
+    )
     w.setup(port)
     batch = make_batch()
     before = w._full_state_dict()

@@ -53,6 +53,7 @@ def test_response_start_out_of_range(model):
 
 # -- chunked LM head (learner/logprobs.py: ChunkedTokenLogprobs) --------------------------
 
+
 def _reference(hidden, weight, targets, temperature):
     """The full-logits path: logits [N, V] in float32, log-softmax, gather."""
     from posttrain.algorithms.common import token_logprobs
@@ -72,8 +73,10 @@ def test_chunked_values_and_gradients_match_full_logits(chunk, temperature):
     targets = torch.randint(0, 97, (2, 7), generator=g)
     upstream = torch.randn(2, 7, generator=g)  # any loss: a weighted sum of logprobs
     results = []
-    for fn in (lambda h, w: _reference(h, w, targets, temperature),
-               lambda h, w: chunked_token_logprobs(h, w, targets, temperature, chunk)):
+    for fn in (
+        lambda h, w: _reference(h, w, targets, temperature),
+        lambda h, w: chunked_token_logprobs(h, w, targets, temperature, chunk),
+    ):
         h, w = hidden.clone().requires_grad_(), weight.clone().requires_grad_()
         out = fn(h, w)
         (out * upstream).sum().backward()
@@ -97,8 +100,9 @@ def test_chunked_hand_values():
     out.sum().backward()
     # d log p0 / d logits = (1 - 1/4, -3/4); logits = w·h with h = 1
     torch.testing.assert_close(weight.grad, torch.tensor([[0.75], [-0.75]]), rtol=0, atol=1e-7)
-    torch.testing.assert_close(hidden.grad, torch.tensor([[[-0.75 * 1.0986123]]]), rtol=0,
-                               atol=1e-6)
+    torch.testing.assert_close(
+        hidden.grad, torch.tensor([[[-0.75 * 1.0986123]]]), rtol=0, atol=1e-6
+    )
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.6])
@@ -114,8 +118,9 @@ def test_sequence_logprobs_chunked_matches_full_on_a_model(tiny_model, temperatu
     grads = []
     for chunk in (None, 5):
         m = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32)
-        out = sequence_logprobs(m, ids, mask, response_start=4, temperature=temperature,
-                                chunk_tokens=chunk)
+        out = sequence_logprobs(
+            m, ids, mask, response_start=4, temperature=temperature, chunk_tokens=chunk
+        )
         (out * weights).sum().backward()
         grads.append((out.detach(), {n: p.grad for n, p in m.named_parameters()}))
         assert "forward" not in vars(m.get_output_embeddings())  # head restored
@@ -156,8 +161,15 @@ def test_shared_prompts_match_one_pass_on_a_model(tiny_model, temperature):
     runs = []
     for share in (False, True):
         m = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32)
-        out = sequence_logprobs(m, ids, mask, response_start=10, temperature=temperature,
-                                chunk_tokens=4, share_prompts=share)
+        out = sequence_logprobs(
+            m,
+            ids,
+            mask,
+            response_start=10,
+            temperature=temperature,
+            chunk_tokens=4,
+            share_prompts=share,
+        )
         (out * weights * mask).sum().backward()
         runs.append((out.detach() * mask, {n: p.grad for n, p in m.named_parameters()}))
     (want, want_g), (got, got_g) = runs
@@ -184,8 +196,9 @@ def _fsdp_rank(rank, world, model_path, port, queue, packed=False):
     from posttrain.learner.logprobs import _packed, _plain_head
     from posttrain.learner.models import load_sharded
 
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=world)
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world
+    )
     model = load_sharded(str(model_path), world, "float32", "policy")
     torch.manual_seed(rank)
     rows, width, start = (4, 12, 9) if packed else (2, 9, 3)
@@ -194,8 +207,10 @@ def _fsdp_rank(rank, world, model_path, port, queue, packed=False):
         ids[1:3, :start] = ids[0, :start]
     mask = torch.ones_like(ids)
     positions = (mask.cumsum(-1) - 1).clamp(min=0)
-    out = {"chunked_head": _plain_head(model) is not None,
-           "packed": _packed(model, ids, mask, positions, start) is not None}
+    out = {
+        "chunked_head": _plain_head(model) is not None,
+        "packed": _packed(model, ids, mask, positions, start) is not None,
+    }
     for chunk in (None, 4):
         lp = sequence_logprobs(model, ids, mask, response_start=start, chunk_tokens=chunk)
         (lp * torch.arange(1.0, width + 1.0)).sum().backward()
@@ -251,24 +266,26 @@ def _compiled_rank(rank, world, model_path, port, queue):
 
     from posttrain.learner.models import load_sharded
 
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=world)
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world
+    )
     torch.manual_seed(0)
     plain = torch.randint(4, 60, (2, 9))
     shared = torch.randint(4, 60, (4, 12))
     shared[1:3, :9] = shared[0, :9]
     out = {}
     for compiled in (False, True):
-        model = load_sharded(str(model_path), world, "float32", "policy",
-                             compile_layers=compiled)
+        model = load_sharded(str(model_path), world, "float32", "policy", compile_layers=compiled)
         for name, ids, start in (("plain", plain, 3), ("shared", shared, 9)):
-            lp = sequence_logprobs(model, ids, torch.ones_like(ids), response_start=start,
-                                   chunk_tokens=4)
+            lp = sequence_logprobs(
+                model, ids, torch.ones_like(ids), response_start=start, chunk_tokens=4
+            )
             (lp * torch.arange(1.0, ids.shape[1] + 1.0)).sum().backward()
             grads = {n: p.grad.full_tensor().clone() for n, p in model.named_parameters()}
             model.zero_grad(set_to_none=True)
             out[compiled, name] = (lp.detach(), grads)
     from torch._dynamo.utils import counters
+
     out["graphs"] = counters["stats"]["unique_graphs"]  # dynamo traced the layers
     dist.destroy_process_group()
     buf = io.BytesIO()

@@ -67,9 +67,19 @@ def test_trim_cuts_only_right_padding():
 
 
 def _rank_main(rank, world, model_path, budget, port, queue):
-    w = LearnerWorker(rank, world, LearnerSettings(
-        model_path=str(model_path), compute_dtype="float32", lr=1e-3, micro_batch_size=2,
-        max_tokens_per_micro_batch=budget, max_grad_norm=1e9), threads=1)
+    w = LearnerWorker(
+        rank,
+        world,
+        LearnerSettings(
+            model_path=str(model_path),
+            compute_dtype="float32",
+            lr=1e-3,
+            micro_batch_size=2,
+            max_tokens_per_micro_batch=budget,
+            max_grad_norm=1e9,
+        ),
+        threads=1,
+    )
     w.setup(port)
     batch = make_batch()
     shard = batch.shard(rank, world)

@@ -18,8 +18,15 @@ from posttrain.recipes.dpo import pair_batch
 from posttrain.recipes.preference import PreferencePair, tokenize_pairs_with_template
 from tests.learner.ranks import run_ranks
 
-PAIRS = [PreferencePair(i, [{"role": "user", "content": f"Item {i}?"}],
-                        f"Yes {'!' * (i % 3 + 1)}", f"No{'.' * (i % 2 + 1)}") for i in range(4)]
+PAIRS = [
+    PreferencePair(
+        i,
+        [{"role": "user", "content": f"Item {i}?"}],
+        f"Yes {'!' * (i % 3 + 1)}",
+        f"No{'.' * (i % 2 + 1)}",
+    )
+    for i in range(4)
+]
 
 
 def _batch(model_path):
@@ -31,10 +38,21 @@ def _batch(model_path):
 
 
 def _rank_main(rank, world, model_path, adapter, out, port, queue):
-    w = LearnerWorker(rank, world, LearnerSettings(
-        model_path=str(model_path), compute_dtype="float32", lr=5e-2, micro_batch_size=2,
-        algorithm="reward_model", loss=RewardModelLoss(), head="score",
-        adapter=AdapterSettings(type=adapter, r=4, alpha=8, save_merged=True)), threads=1)
+    w = LearnerWorker(
+        rank,
+        world,
+        LearnerSettings(
+            model_path=str(model_path),
+            compute_dtype="float32",
+            lr=5e-2,
+            micro_batch_size=2,
+            algorithm="reward_model",
+            loss=RewardModelLoss(),
+            head="score",
+            adapter=AdapterSettings(type=adapter, r=4, alpha=8, save_merged=True),
+        ),
+        threads=1,
+    )
     w.setup(port)
     with torch.no_grad():  # a zero head: every score 0, so the first loss is exactly log 2
         for name, p in w.policy.named_parameters():
@@ -57,8 +75,13 @@ def _own_scores(folder, pairs):
     model = AutoModelForSequenceClassification.from_pretrained(folder).eval()
     assert type(model).__name__ == "LlamaForSequenceClassification"
     with torch.no_grad():
-        return torch.tensor([model(input_ids=torch.tensor([p.prompt_ids + r])).logits[0, 0]
-                             for p in pairs for r in (p.chosen_ids, p.rejected_ids)]), model
+        return torch.tensor(
+            [
+                model(input_ids=torch.tensor([p.prompt_ids + r])).logits[0, 0]
+                for p in pairs
+                for r in (p.chosen_ids, p.rejected_ids)
+            ]
+        ), model
 
 
 @pytest.mark.parametrize("adapter", ["none", "lora"])
@@ -79,7 +102,11 @@ def test_scalar_head_trains_and_saves(tiny_model, tmp_path, adapter):
         base = AutoModelForSequenceClassification.from_pretrained(tiny_model, num_labels=1)
         peft = PeftModel.from_pretrained(base, out).eval()
         with torch.no_grad():
-            via_adapter = torch.tensor([
-                peft(input_ids=torch.tensor([p.prompt_ids + r])).logits[0, 0]
-                for p in pairs for r in (p.chosen_ids, p.rejected_ids)])
+            via_adapter = torch.tensor(
+                [
+                    peft(input_ids=torch.tensor([p.prompt_ids + r])).logits[0, 0]
+                    for p in pairs
+                    for r in (p.chosen_ids, p.rejected_ids)
+                ]
+            )
         torch.testing.assert_close(via_adapter, learner_scores, rtol=0, atol=1e-4)

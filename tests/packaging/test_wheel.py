@@ -12,20 +12,42 @@ from tests.conftest import ROOT
 
 
 def test_wheel_installs_only_the_posttrain_namespace(tmp_path: Path):
-    build = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps",
-                            "--no-build-isolation", "-q", "-w", str(tmp_path / "dist"), str(ROOT)],
-                           capture_output=True, text=True, timeout=300)
+    build = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "-q",
+            "-w",
+            str(tmp_path / "dist"),
+            str(ROOT),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert build.returncode == 0, build.stderr[-2000:]
     wheel = next((tmp_path / "dist").glob("posttrain-*.whl"))
     tops = {name.split("/")[0] for name in zipfile.ZipFile(wheel).namelist()}
-    assert tops == {"posttrain", wheel.name.split("-")[0] + "-" + wheel.name.split("-")[1]
-                    + ".dist-info"}, tops
+    assert tops == {
+        "posttrain",
+        wheel.name.split("-")[0] + "-" + wheel.name.split("-")[1] + ".dist-info",
+    }, tops
     # a clean venv holding the wheel and a user's package with top-level common/recipes
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
     py = venv / "bin" / "python"
-    site = Path(subprocess.run([py, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
-                               capture_output=True, text=True, check=True).stdout.strip())
+    site = Path(
+        subprocess.run(
+            [py, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+    )
     for mod in ("common", "recipes"):
         (site / mod).mkdir()
         (site / mod / "__init__.py").write_text(f"OWNER = 'user-{mod}'\n")
@@ -33,10 +55,13 @@ def test_wheel_installs_only_the_posttrain_namespace(tmp_path: Path):
         z.extractall(site)
     # posttrain.config needs pydantic: borrow this interpreter's packages, after the venv's
     ours = next(p for p in sys.path if p.endswith("site-packages"))
-    code = (f"import sys; sys.path.append({ours!r}); import common, recipes; "
-            "import posttrain.config, posttrain.common.net; "
-            "assert common.OWNER == 'user-common' and recipes.OWNER == 'user-recipes'; "
-            f"assert posttrain.config.__file__.startswith({str(site)!r}); print('ok')")
-    run = subprocess.run([py, "-c", code], capture_output=True, text=True, timeout=120,
-                         cwd=tmp_path)  # not the checkout, whose folders sit on sys.path[0]
+    code = (
+        f"import sys; sys.path.append({ours!r}); import common, recipes; "
+        "import posttrain.config, posttrain.common.net; "
+        "assert common.OWNER == 'user-common' and recipes.OWNER == 'user-recipes'; "
+        f"assert posttrain.config.__file__.startswith({str(site)!r}); print('ok')"
+    )
+    run = subprocess.run(
+        [py, "-c", code], capture_output=True, text=True, timeout=120, cwd=tmp_path
+    )  # not the checkout, whose folders sit on sys.path[0]
     assert run.returncode == 0 and run.stdout.strip() == "ok", run.stderr[-2000:]

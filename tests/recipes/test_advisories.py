@@ -13,9 +13,16 @@ def codes(history: list[dict], t: AdvisoriesConfig = T) -> list[str]:
 
 
 def healthy(**over: float) -> dict:
-    row = {"groups_scored": 4.0, "groups_with_signal": 4.0, "truncated_fraction": 0.0,
-           "time/step": 1.0, "failed_scores": 0.0, "logprob_mismatch": 0.01,
-           "rollout_idle_fraction": 0.5, "learner_idle_fraction": 0.5}
+    row = {
+        "groups_scored": 4.0,
+        "groups_with_signal": 4.0,
+        "truncated_fraction": 0.0,
+        "time/step": 1.0,
+        "failed_scores": 0.0,
+        "logprob_mismatch": 0.01,
+        "rollout_idle_fraction": 0.5,
+        "learner_idle_fraction": 0.5,
+    }
     return {**row, **over}
 
 
@@ -76,14 +83,20 @@ def test_status_prints_the_shown_steps_advisories(tmp_path):
 
     from tests.conftest import ROOT
 
-    rows = [{"step": 0, "reward_mean": 0.5, "advisories": ["truncated: 50% of responses"]},
-            {"step": 1, "reward_mean": 0.6, "advisories": []},
-            {"step": 2, "reward_mean": 0.7, "advisories": ["failed_rewards: 3 rollouts"]},
-            {"step": 3, "eval/pass@1": 0.25, "eval/pass@k": 0.625}]
+    rows = [
+        {"step": 0, "reward_mean": 0.5, "advisories": ["truncated: 50% of responses"]},
+        {"step": 1, "reward_mean": 0.6, "advisories": []},
+        {"step": 2, "reward_mean": 0.7, "advisories": ["failed_rewards: 3 rollouts"]},
+        {"step": 3, "eval/pass@1": 0.25, "eval/pass@k": 0.625},
+    ]
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    out = subprocess.run([sys.executable, "-m", "posttrain.recipes.cli", "status",
-                          str(tmp_path), "--last", "3"],
-                         cwd=ROOT, capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        [sys.executable, "-m", "posttrain.recipes.cli", "status", str(tmp_path), "--last", "3"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert out.returncode == 0, out.stderr
     assert "step 2: failed_rewards: 3 rollouts" in out.stdout
     assert "truncated" not in out.stdout  # step 0 is not shown
@@ -101,10 +114,22 @@ def test_status_counts_training_steps_and_leaves_evals_out_of_the_mean(tmp_path)
     from posttrain.recipes.cli import app
 
     rows = [
-        {"step": 0, "reward_mean": 0.25, "time/step": 4.0, "time/generate": 1.0,
-         "staleness_mean": 0.0, "eval/pass@1": 0.125, "eval/pass@k": 0.5},
-        {"step": 1, "reward_mean": 0.75, "time/step": 6.0, "time/generate": 0.0,
-         "staleness_mean": 1.0},
+        {
+            "step": 0,
+            "reward_mean": 0.25,
+            "time/step": 4.0,
+            "time/generate": 1.0,
+            "staleness_mean": 0.0,
+            "eval/pass@1": 0.125,
+            "eval/pass@k": 0.5,
+        },
+        {
+            "step": 1,
+            "reward_mean": 0.75,
+            "time/step": 6.0,
+            "time/generate": 0.0,
+            "staleness_mean": 1.0,
+        },
         {"step": 2, "eval/pass@1": 0.875, "eval/pass@k": 1.0},
     ]
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))

@@ -7,9 +7,17 @@ from posttrain.recipes.async_loop import Group, take_fresh
 
 
 def _group(version: int, name: str) -> Group:
-    r = Rollout(uid=f"{name}-0", group_id=name, prompt_ids=[1], response_ids=[2],
-                inference_logprobs=[-0.1], finish_reason="stop", policy_version=version,
-                prompt_text="", response_text="")
+    r = Rollout(
+        uid=f"{name}-0",
+        group_id=name,
+        prompt_ids=[1],
+        response_ids=[2],
+        inference_logprobs=[-0.1],
+        finish_reason="stop",
+        policy_version=version,
+        prompt_text="",
+        response_text="",
+    )
     return Group([r], [], round_=version)
 
 

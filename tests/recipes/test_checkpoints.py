@@ -39,14 +39,23 @@ def test_latest_skips_partial_folders(tmp_path, tiny_model):
 
 def test_resume_changes_name_the_key(tmp_path, tiny_model):
     saved = load_recipe(_grpo_recipe(tmp_path, tiny_model))
-    ok = saved.model_copy(update={
-        "train": saved.train.model_copy(update={"steps": 9}),
-        "monitor": saved.monitor.model_copy(update={"progress": True})})
-    assert checkpoints.resume_changes(saved, ok) == ["monitor.progress: False → True",
-                                                    "train.steps: 2 → 9"]
-    for update, key in [({"train": saved.train.model_copy(update={"prompts_per_step": 5})},
-                         "train.prompts_per_step"),
-                        ({"train": saved.train.model_copy(update={"lr": 0.5})}, "train.lr")]:
+    ok = saved.model_copy(
+        update={
+            "train": saved.train.model_copy(update={"steps": 9}),
+            "monitor": saved.monitor.model_copy(update={"progress": True}),
+        }
+    )
+    assert checkpoints.resume_changes(saved, ok) == [
+        "monitor.progress: False → True",
+        "train.steps: 2 → 9",
+    ]
+    for update, key in [
+        (
+            {"train": saved.train.model_copy(update={"prompts_per_step": 5})},
+            "train.prompts_per_step",
+        ),
+        ({"train": saved.train.model_copy(update={"lr": 0.5})}, "train.lr"),
+    ]:
         with pytest.raises(RecipeError, match=key):
             checkpoints.resume_changes(saved, saved.model_copy(update=update))
 
@@ -56,8 +65,18 @@ def test_cli_resume_rules(tmp_path, tiny_model):
     cli = CliRunner()
     used = cli.invoke(app, ["run", str(tmp_path / "tiny.yaml"), "--out", str(run_dir)])
     assert used.exit_code == 2 and f"posttrain run --resume {run_dir}" in used.output
-    changed = cli.invoke(app, ["run", "--resume", str(run_dir), "--set",
-                               "rollout.samples_per_prompt=8", "--set", "train.steps=4"])
+    changed = cli.invoke(
+        app,
+        [
+            "run",
+            "--resume",
+            str(run_dir),
+            "--set",
+            "rollout.samples_per_prompt=8",
+            "--set",
+            "train.steps=4",
+        ],
+    )
     assert changed.exit_code == 2 and "rollout.samples_per_prompt" in changed.output
     data = cli.invoke(app, ["run", "--resume", str(run_dir), "--set", "data.train.size=5"])
     assert data.exit_code == 2 and "data.train.size" in data.output

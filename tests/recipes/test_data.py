@@ -14,19 +14,26 @@ from tests.conftest import ROOT
 
 
 def _cfg(path, **kw):
-    return DataConfig.model_validate({"train": {"path": str(path), "prompt_key": "q",
-                                                "answer_key": "a", **kw}})
+    return DataConfig.model_validate(
+        {"train": {"path": str(path), "prompt_key": "q", "answer_key": "a", **kw}}
+    )
 
 
-@pytest.mark.parametrize(("rows", "needle"), [
-    ('42\n', ":1: a row must be a JSON object"),
-    ('"text"\n', ":1: a row must be a JSON object"),
-    ('{"q": "x", "a": "1"}\n{"q": null, "a": "1"}\n', ":2: 'q' (data.train.prompt_key) is null"),
-    ('{"q": "x", "a": [1]}\n', ":1: 'a' (data.train.answer_key) is [1]"),
-    ('{"question": "x", "a": "1"}\n', "row has no key 'q'"),
-    ('{"q": "x", "a": "1"\n', ":1: not valid JSON"),
-    ('\n\n', "no rows"),
-])
+@pytest.mark.parametrize(
+    ("rows", "needle"),
+    [
+        ("42\n", ":1: a row must be a JSON object"),
+        ('"text"\n', ":1: a row must be a JSON object"),
+        (
+            '{"q": "x", "a": "1"}\n{"q": null, "a": "1"}\n',
+            ":2: 'q' (data.train.prompt_key) is null",
+        ),
+        ('{"q": "x", "a": [1]}\n', ":1: 'a' (data.train.answer_key) is [1]"),
+        ('{"question": "x", "a": "1"}\n', "row has no key 'q'"),
+        ('{"q": "x", "a": "1"\n', ":1: not valid JSON"),
+        ("\n\n", "no rows"),
+    ],
+)
 def test_bad_rows_name_file_line_and_key(tmp_path, rows, needle):
     f = tmp_path / "d.jsonl"
     f.write_text(rows)
@@ -36,8 +43,14 @@ def test_bad_rows_name_file_line_and_key(tmp_path, rows, needle):
 
 
 def test_gsm8k_rows_and_delimiter(shared_data):
-    items = load_prompts(_cfg(shared_data / "gsm8k" / "train.jsonl", limit=3,
-                              prompt_key="question", answer_key="answer"))
+    items = load_prompts(
+        _cfg(
+            shared_data / "gsm8k" / "train.jsonl",
+            limit=3,
+            prompt_key="question",
+            answer_key="answer",
+        )
+    )
     assert len(items) == 3 and items[0].ground_truth == "72"  # "#### 72" in row 0
 
 
@@ -49,8 +62,13 @@ def test_prompt_stream_covers_every_prompt_each_epoch():
 
 
 def _cli(*args):
-    return subprocess.run([sys.executable, "-m", "posttrain.recipes.cli", *args], cwd=ROOT,
-                          capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "posttrain.recipes.cli", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def test_validate_reads_rows_and_run_refuses_used_folder(tmp_path):
@@ -85,11 +103,19 @@ def test_gzip_prompts_and_unreadable_files(tmp_path):
 
 
 def test_reward_runtime_checks_find_modules_without_importing():
-    r = _cli("validate", "recipes/quickstart_grpo.yaml", "--set",
-             'rewards=[{name: x, type: python, function: "no_such_module:f"}]')
+    r = _cli(
+        "validate",
+        "recipes/quickstart_grpo.yaml",
+        "--set",
+        'rewards=[{name: x, type: python, function: "no_such_module:f"}]',
+    )
     assert r.returncode == 2 and "rewards.0.function: module 'no_such_module'" in r.stderr
-    r = _cli("validate", "recipes/quickstart_grpo.yaml", "--set",
-             'rewards=[{name: x, type: python, function: "tests.rewards.user_rewards:exact"}]')
+    r = _cli(
+        "validate",
+        "recipes/quickstart_grpo.yaml",
+        "--set",
+        'rewards=[{name: x, type: python, function: "tests.rewards.user_rewards:exact"}]',
+    )
     assert r.returncode == 0, r.stderr
 
 

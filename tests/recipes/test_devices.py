@@ -98,8 +98,12 @@ def test_schema_accepts_cuda_and_gpu_keys():
         ),
         (
             {
-                "resources": {"device": "cuda", "colocate": True, "rollout": {"gpus": 2},
-                              "learner": {"gpus": 2}},
+                "resources": {
+                    "device": "cuda",
+                    "colocate": True,
+                    "rollout": {"gpus": 2},
+                    "learner": {"gpus": 2},
+                },
                 "model": {"adapter": {"type": "lora"}},
                 "weight_sync": {"type": "cuda_ipc"},
             },

@@ -18,24 +18,43 @@ from tests.test_grpo_e2e import _grpo_recipe
 
 
 def _rollout(group: str, i: int) -> Rollout:
-    return Rollout(uid=f"{group}-{i}", group_id=group, prompt_ids=[1], response_ids=[2],
-                   inference_logprobs=[-0.5], prompt_text="q", response_text="a",
-                   ground_truth="1", finish_reason="stop", policy_version=0, metadata={})
+    return Rollout(
+        uid=f"{group}-{i}",
+        group_id=group,
+        prompt_ids=[1],
+        response_ids=[2],
+        inference_logprobs=[-0.5],
+        prompt_text="q",
+        response_text="a",
+        ground_truth="1",
+        finish_reason="stop",
+        policy_version=0,
+        metadata={},
+    )
 
 
 def _fake(flat: set[int]):
     """generate: 2 prompts a round, 2 samples each; score: a flat group for prompt ids
     in `flat`, rewards 0 and 1 otherwise."""
     ids = itertools.count()
-    prompts = ([PromptItem(prompt_id=next(ids), question="q", ground_truth="1")
-                for _ in range(2)] for _ in itertools.count())
+    prompts = (
+        [PromptItem(prompt_id=next(ids), question="q", ground_truth="1") for _ in range(2)]
+        for _ in itertools.count()
+    )
 
     def generate(items, r):
         return [_rollout(f"r{r}-p{p.prompt_id}", i) for p in items for i in range(2)]
 
     def score(rollouts):
-        return [Score(uid=x.uid, reward=1.0 if int(x.group_id.split("p")[1]) in flat
-                      else float(x.uid.endswith("-1"))) for x in rollouts]
+        return [
+            Score(
+                uid=x.uid,
+                reward=1.0
+                if int(x.group_id.split("p")[1]) in flat
+                else float(x.uid.endswith("-1")),
+            )
+            for x in rollouts
+        ]
 
     return prompts, generate, score
 
@@ -61,17 +80,19 @@ def test_max_rounds_stops_and_an_all_flat_step_trains_on_its_last_round():
 
 
 def test_dynamic_sampling_is_grpo_only(tmp_path, tiny_model):
-    recipe = _grpo_recipe(tmp_path, tiny_model, algorithm="ppo",
-                          grpo={"dynamic_sampling": True})
+    recipe = _grpo_recipe(tmp_path, tiny_model, algorithm="ppo", grpo={"dynamic_sampling": True})
     with pytest.raises(Exception, match="grpo.dynamic_sampling"):
         load_recipe(recipe)
 
 
 def test_dynamic_sampling_on_a_tiny_model(tiny_model, tmp_path):
     # math alone: a random model solves nothing, so every group is flat
-    recipe_file = _grpo_recipe(tmp_path, tiny_model,
-                               rewards=[{"name": "correct", "type": "math"}],
-                               grpo={"dynamic_sampling": True, "max_rounds": 2})
+    recipe_file = _grpo_recipe(
+        tmp_path,
+        tiny_model,
+        rewards=[{"name": "correct", "type": "math"}],
+        grpo={"dynamic_sampling": True, "max_rounds": 2},
+    )
     recipe = load_recipe(recipe_file, ["train.steps=1", "train.save_final=false"])
     history = run(recipe, tmp_path / "run")
     assert history[0]["dynamic/rounds"] == 2 and history[0]["dynamic/dropped_groups"] == 3

@@ -42,18 +42,28 @@ def test_pass_at_k_refuses_impossible_counts():
 
 
 def _r(group: str, i: int) -> Rollout:
-    return Rollout(uid=f"{group}-{i}", group_id=group, prompt_ids=[1], response_ids=[2],
-                   inference_logprobs=[-0.1], finish_reason="stop", policy_version=0,
-                   prompt_text="p", response_text="r")
+    return Rollout(
+        uid=f"{group}-{i}",
+        group_id=group,
+        prompt_ids=[1],
+        response_ids=[2],
+        inference_logprobs=[-0.1],
+        finish_reason="stop",
+        policy_version=0,
+        prompt_text="p",
+        response_text="r",
+    )
 
 
 def test_eval_metrics_hand_made():
     # prompt a: 1 of 2 right; prompt b: none right, one sample unscored
     rollouts = [_r("a", 0), _r("a", 1), _r("b", 0), _r("b", 1)]
-    scores = [Score(uid="a-0", reward=1.0, details={"math": 1.0, "fmt": 1.0}),
-              Score(uid="a-1", reward=0.5, details={"math": 0.0, "fmt": 1.0}),
-              Score(uid="b-0", reward=0.0, details={"math": 0.0, "fmt": 0.0}),
-              Score(uid="b-1", reward=None, error="timeout")]
+    scores = [
+        Score(uid="a-0", reward=1.0, details={"math": 1.0, "fmt": 1.0}),
+        Score(uid="a-1", reward=0.5, details={"math": 0.0, "fmt": 1.0}),
+        Score(uid="b-0", reward=0.0, details={"math": 0.0, "fmt": 0.0}),
+        Score(uid="b-1", reward=None, error="timeout"),
+    ]
     m = eval_metrics(rollouts, scores, k=2, threshold=1.0)
     assert m["eval/prompts"] == 2 and m["eval/k"] == 2
     assert m["eval/pass@1"] == pytest.approx((0.5 + 0.0) / 2)
@@ -66,7 +76,8 @@ def test_eval_metrics_hand_made():
 
 def _recipe_file(tmp_path, tiny_model, **over):
     tree = {
-        "name": "eval-e2e", "algorithm": "grpo",
+        "name": "eval-e2e",
+        "algorithm": "grpo",
         "model": {"path": str(tiny_model), "dtype": "float32"},
         "data": {"train": {"generator": "arithmetic", "size": 8}},
         "rollout": {"engine": "hf", "samples_per_prompt": 2, "max_new_tokens": 4},
@@ -74,20 +85,30 @@ def _recipe_file(tmp_path, tiny_model, **over):
         "train": {"steps": 2, "prompts_per_step": 2, "save_final": False},
         "resources": {"learner": {"gpus": 1}, "threads_per_worker": 1},
         "monitor": {"progress": False, "dashboard_port": None, "tensorboard": False},
-        "eval": {"prompts": {"path": "held_out.jsonl", "prompt_key": "q", "answer_key": "a"},
-                 "every_steps": 1, "before_train": True, "k": 3, "limit": 2},
+        "eval": {
+            "prompts": {"path": "held_out.jsonl", "prompt_key": "q", "answer_key": "a"},
+            "every_steps": 1,
+            "before_train": True,
+            "k": 3,
+            "limit": 2,
+        },
         **over,
     }
-    (tmp_path / "held_out.jsonl").write_text("".join(
-        json.dumps({"q": f"What is {i} + 1?", "a": str(i + 1)}) + "\n" for i in range(5)))
+    (tmp_path / "held_out.jsonl").write_text(
+        "".join(json.dumps({"q": f"What is {i} + 1?", "a": str(i + 1)}) + "\n" for i in range(5))
+    )
     f = tmp_path / "r.yaml"
     f.write_text(yaml.safe_dump(tree))
     return f
 
 
 def test_dpo_with_eval_is_refused(tmp_path, tiny_model):
-    f = _recipe_file(tmp_path, tiny_model, algorithm="dpo",
-                     data={"train": {"path": "p.jsonl", "format": "pairs"}})
+    f = _recipe_file(
+        tmp_path,
+        tiny_model,
+        algorithm="dpo",
+        data={"train": {"path": "p.jsonl", "format": "pairs"}},
+    )
     with pytest.raises(RecipeError, match="DPO samples no responses"):
         load_recipe(f)
 
@@ -107,12 +128,16 @@ def test_eval_before_and_during_training(tmp_path, tiny_model, capsys, k):
         assert 0.0 <= r["eval/pass@1"] <= r["eval/pass@k"] <= 1.0
         assert r["eval/prompts"] == 2 and r["eval/k"] == 3 and "eval/avg@k/len" in r
     for v in (0, 1, 2):
-        samples = [json.loads(x) for x in
-                   (run_dir / "eval" / f"step_{v:05d}.jsonl").read_text().splitlines()]
+        samples = [
+            json.loads(x)
+            for x in (run_dir / "eval" / f"step_{v:05d}.jsonl").read_text().splitlines()
+        ]
         assert len(samples) == 2 * 3 and all(s["group_id"].startswith(f"e{v}-") for s in samples)
         assert all(s["policy_version"] == v for s in samples)
-    train_ids = [json.loads(x)["group_id"] for x in
-                 (run_dir / "rollouts" / "step_00000.jsonl").read_text().splitlines()]
+    train_ids = [
+        json.loads(x)["group_id"]
+        for x in (run_dir / "rollouts" / "step_00000.jsonl").read_text().splitlines()
+    ]
     assert len(train_ids) == 4 and all(g.startswith("s0-") for g in train_ids)
     assert all(isinstance(h["advisories"], list) for h in history)
     printed = capsys.readouterr()

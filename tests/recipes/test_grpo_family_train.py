@@ -15,9 +15,17 @@ from tests.conftest import ROOT
 
 
 def _rollout(i: int, n_tokens: int, finish: str) -> Rollout:
-    return Rollout(uid=f"g-{i}", group_id="g", prompt_ids=[1, 2], response_ids=[3] * n_tokens,
-                   inference_logprobs=[-0.5] * n_tokens, finish_reason=finish,
-                   policy_version=0, prompt_text="p", response_text="r")
+    return Rollout(
+        uid=f"g-{i}",
+        group_id="g",
+        prompt_ids=[1, 2],
+        response_ids=[3] * n_tokens,
+        inference_logprobs=[-0.5] * n_tokens,
+        finish_reason=finish,
+        policy_version=0,
+        prompt_text="p",
+        response_text="r",
+    )
 
 
 def _train(monkeypatch, overrides: list[str], rewards: list[float]):
@@ -28,8 +36,9 @@ def _train(monkeypatch, overrides: list[str], rewards: list[float]):
         return [{"loss": 0.0, "grad_norm": 1.0, "lr": 0.1}] * len(learners)
 
     monkeypatch.setattr(algorithm, "on_learners", fake_on_learners)
-    recipe = load_recipe(ROOT / "recipes" / "quickstart_grpo.yaml",
-                         ["rollout.max_new_tokens=8", *overrides])
+    recipe = load_recipe(
+        ROOT / "recipes" / "quickstart_grpo.yaml", ["rollout.max_new_tokens=8", *overrides]
+    )
     # A: 2 tokens (stopped); B: 8 tokens (cut at max_new_tokens); C: 7 tokens (stopped)
     rollouts = [_rollout(0, 2, "stop"), _rollout(1, 8, "length"), _rollout(2, 7, "stop")]
     batch = rollout_batch(rollouts, rewards, pad_id=0)
@@ -38,8 +47,9 @@ def _train(monkeypatch, overrides: list[str], rewards: list[float]):
 
 
 def test_mask_truncated_leaves_the_cut_row_out_of_the_denominator(monkeypatch):
-    sub, _ = _train(monkeypatch, ["grpo.mask_truncated=true", "grpo.estimator=rloo"],
-                    [1.0, 0.0, 0.5])
+    sub, _ = _train(
+        monkeypatch, ["grpo.mask_truncated=true", "grpo.estimator=rloo"], [1.0, 0.0, 0.5]
+    )
     assert sub.loss_denominator == 2 + 7
     assert sub.response_mask[1].sum() == 0 and sub.advantages[1].abs().sum() == 0
     # rloo over all three rewards (the cut row's reward still counts in the baseline)
@@ -49,8 +59,11 @@ def test_mask_truncated_leaves_the_cut_row_out_of_the_denominator(monkeypatch):
 
 def test_overlong_penalty_enters_the_reward_before_advantages(monkeypatch):
     # L_max 8, buffer 4: lengths 2, 8, 7 → penalties 0, −1·0.5, −0.75·0.5
-    sub, stats = _train(monkeypatch, ["grpo.overlong_buffer=4", "grpo.overlong_penalty=0.5",
-                                      "grpo.estimator=rloo"], [1.0, 1.0, 1.0])
+    sub, stats = _train(
+        monkeypatch,
+        ["grpo.overlong_buffer=4", "grpo.overlong_penalty=0.5", "grpo.estimator=rloo"],
+        [1.0, 1.0, 1.0],
+    )
     r = torch.tensor([1.0, 0.5, 0.625])
     want = [float(r[i] - (r.sum() - r[i]) / 2) for i in range(3)]
     got = [sub.advantages[i, sub.response_start].item() for i in range(3)]

@@ -38,7 +38,8 @@ def _devices(opts: list[dict]) -> list[list[str]]:
 
 def _res(rollout: int, learner: int, colocate: bool = False) -> ResourcesConfig:
     return ResourcesConfig.model_validate(
-        {"rollout": {"gpus": rollout}, "learner": {"gpus": learner}, "colocate": colocate})
+        {"rollout": {"gpus": rollout}, "learner": {"gpus": learner}, "colocate": colocate}
+    )
 
 
 @pytest.mark.parametrize(("rollout", "learner"), [(6, 2), (2, 2)])
@@ -66,8 +67,11 @@ def test_colocated_engine_and_rank_share_each_device(cluster):
 
 
 def test_too_few_gpus_named_before_anything_starts():
-    with pytest.raises(RecipeError, match=r"needs 8 GPUs \(6 for rollout \+ 2 for the learner\)"
-                                          r" but the Ray cluster has 4"):
+    with pytest.raises(
+        RecipeError,
+        match=r"needs 8 GPUs \(6 for rollout \+ 2 for the learner\)"
+        r" but the Ray cluster has 4",
+    ):
         check_cluster(_res(6, 2), 4)
 
 

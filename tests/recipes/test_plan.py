@@ -23,10 +23,15 @@ def test_mixed_precision_adam_is_16_bytes_per_param():
     assert plan.training_state_bytes(100e9) > 8 * 80 * GB  # does not fit a 640 GB node
 
 
-@pytest.mark.parametrize(("ranks", "want"), [
-    (8, (385, 262.5, 140)), (16, (332.5, 201.25, 70)),
-    (32, (306.25, 170.6, 35)), (64, (293.1, 155.3, 17.5)),
-])
+@pytest.mark.parametrize(
+    ("ranks", "want"),
+    [
+        (8, (385, 262.5, 140)),
+        (16, (332.5, 201.25, 70)),
+        (32, (306.25, 170.6, 35)),
+        (64, (293.1, 155.3, 17.5)),
+    ],
+)
 def test_zero_stages_for_70b(ranks, want):
     got = [plan.zero_bytes_per_rank(70e9, ranks, s) / GB for s in (1, 2, 3)]
     for g, w in zip(got, want, strict=True):  # figures printed to 1 decimal at most
@@ -48,8 +53,9 @@ def test_ring_allreduce():
 
 def test_pipeline_bubble_and_recompute():
     assert plan.pipeline_bubble_fraction(16, 64) == 15 / 64
-    assert plan.training_flops(1e9, 1e9, recompute=True) / plan.training_flops(1e9, 1e9) == \
-        pytest.approx(4 / 3, rel=1e-12)  # +33%
+    assert plan.training_flops(1e9, 1e9, recompute=True) / plan.training_flops(
+        1e9, 1e9
+    ) == pytest.approx(4 / 3, rel=1e-12)  # +33%
 
 
 def test_mfu_definition():
@@ -118,8 +124,7 @@ def test_hardware_table_has_sources():
 
 
 def test_plan_imports_no_torch():
-    code = ("import sys, posttrain.recipes.plan; "
-            "sys.exit(1 if 'torch' in sys.modules else 0)")
+    code = "import sys, posttrain.recipes.plan; sys.exit(1 if 'torch' in sys.modules else 0)"
     assert subprocess.run([sys.executable, "-c", code], cwd=ROOT).returncode == 0
 
 

@@ -104,8 +104,16 @@ def test_a_loaded_machine_is_flagged(capsys):
     from posttrain.recipes.planner import ModelShape
 
     r = load_recipe(QUICK, ["rollout.engine=hf"])
-    shape = ModelShape(layers=2, hidden=64, heads=4, kv_heads=4, head_dim=16,
-                       intermediate=128, vocab=100, tied=True)
+    shape = ModelShape(
+        layers=2,
+        hidden=64,
+        heads=4,
+        kv_heads=4,
+        head_dim=16,
+        intermediate=128,
+        vocab=100,
+        tied=True,
+    )
     for flops, flagged in (({1: 50e9, 2: 100e9}, False), ({1: 50e9, 2: 10e9}, True)):
         cal = replace(CAL, matmul_flops=flops)
         print_cpu_plan(r, shape, 31, cal, predict(r, 1e8, 1e8, 31, cal))
@@ -113,8 +121,9 @@ def test_a_loaded_machine_is_flagged(capsys):
 
 
 def test_one_rank_gathers_nothing():
-    s = predict(load_recipe(QUICK, ["rollout.engine=hf", "resources.learner.gpus=1"]),
-                1e8, 1e8, 31, CAL)
+    s = predict(
+        load_recipe(QUICK, ["rollout.engine=hf", "resources.learner.gpus=1"]), 1e8, 1e8, 31, CAL
+    )
     assert s.push == pytest.approx(2e8 / 1e9 + 0.8)  # broadcast + engine load only
     assert s.optimizer == pytest.approx(5e-9 * 1e8)
 
@@ -142,8 +151,9 @@ def test_calibration_is_cached_per_machine_and_shape(tiny_model, monkeypatch, tm
     again, came_from = calibrate.cached_calibration(r, tiny_model, 12, TINY)
     assert came_from is not None and came_from.parent == tmp_path / "calibration"
     assert again == first
-    other = load_recipe(QUICK, [f"model.path={tiny_model}", "rollout.engine=hf",
-                                "rollout.max_new_tokens=8"])
+    other = load_recipe(
+        QUICK, [f"model.path={tiny_model}", "rollout.engine=hf", "rollout.max_new_tokens=8"]
+    )
     assert calibrate.cached_calibration(other, tiny_model, 12, TINY)[1] is None
     assert calibrate.cached_calibration(r, tiny_model, 12, TINY, recalibrate=True)[1] is None
     came_from.write_text("{not json")  # a broken file is measured again, not an error
@@ -175,8 +185,19 @@ def test_plan_cpu_cli_on_a_tiny_model(tiny_model, monkeypatch, tmp_path):
         "memory: 2 learner ranks",
     ):
         assert needle in out.output
-    again = CliRunner().invoke(app, ["plan", str(QUICK), "--gpu", "cpu", "--set",
-                                     f"model.path={tiny_model}", "--set", "rollout.engine=hf"])
+    again = CliRunner().invoke(
+        app,
+        [
+            "plan",
+            str(QUICK),
+            "--gpu",
+            "cpu",
+            "--set",
+            f"model.path={tiny_model}",
+            "--set",
+            "rollout.engine=hf",
+        ],
+    )
     assert again.exit_code == 0 and "cached, measured" in again.output, again.output
     bad = CliRunner().invoke(app, ["plan", str(QUICK), "--gpu", "cpu", "--nodes", "2"])
     assert bad.exit_code == 2

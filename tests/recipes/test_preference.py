@@ -71,13 +71,15 @@ def _with_bos(tiny_model, in_template: bool, auto_bos: bool):
     tok.chat_template = ("{{ bos_token }}" if in_template else "") + CHAT_TEMPLATE
     if auto_bos:
         tok._tokenizer.post_processor = processors.TemplateProcessing(
-            single="<s> $A", pair="<s> $A <s> $B", special_tokens=[("<s>", tok.bos_token_id)])
+            single="<s> $A", pair="<s> $A <s> $B", special_tokens=[("<s>", tok.bos_token_id)]
+        )
     return tok
 
 
 def _template_ids(tok, messages):
-    out = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
-                                  return_dict=True)
+    out = tok.apply_chat_template(
+        messages, add_generation_prompt=True, tokenize=True, return_dict=True
+    )
     return list(out["input_ids"])
 
 
@@ -111,7 +113,8 @@ def test_chat_pair_uses_the_chat_template_like_rollouts(tiny_model):
     end = tok.convert_tokens_to_ids("<|im_end|>")
     assert t.chosen_ids == tok("4", add_special_tokens=False)["input_ids"] + [end]
     assert tok.decode(t.prompt_ids + t.rejected_ids) == tok.apply_chat_template(
-        CHAT + [{"role": "assistant", "content": "five"}], tokenize=False).rstrip("\n")
+        CHAT + [{"role": "assistant", "content": "five"}], tokenize=False
+    ).rstrip("\n")
 
 
 @pytest.mark.parametrize("in_template,auto_bos", [(True, False), (True, True), (False, True)])

@@ -12,9 +12,13 @@ from posttrain.config import Recipe, RecipeError
 from posttrain.recipes.preference import PreferencePair, load_pairs, pair_prompts
 from posttrain.recipes.reward_model import as_chat, split_eval
 
-BASE = {"name": "rm", "algorithm": "reward_model", "model": {"path": "m"},
-        "data": {"train": {"path": "p.jsonl", "format": "hh"}},
-        "train": {"steps": 1, "prompts_per_step": 2}}
+BASE = {
+    "name": "rm",
+    "algorithm": "reward_model",
+    "model": {"path": "m"},
+    "data": {"train": {"path": "p.jsonl", "format": "hh"}},
+    "train": {"steps": 1, "prompts_per_step": 2},
+}
 
 
 def test_schema_rules():
@@ -28,22 +32,28 @@ def test_schema_rules():
         Recipe.model_validate({**BASE, "eval": {"prompts": {"path": "q.jsonl"}, "every_steps": 5}})
     with pytest.raises(ValueError, match="margin"):
         Recipe.model_validate({**BASE, "reward_model": {"margin": -1}})
-    ppo = {**BASE, "algorithm": "ppo", "rewards": [
-        {"name": "rm", "type": "reward_model", "path": "runs/rm/final"}]}
+    ppo = {
+        **BASE,
+        "algorithm": "ppo",
+        "rewards": [{"name": "rm", "type": "reward_model", "path": "runs/rm/final"}],
+    }
     assert Recipe.model_validate(ppo).rewards[0].normalize == "none"
     with pytest.raises(ValueError, match="only in format hh"):
         Recipe.model_validate({**ppo, "data": {"train": {"path": "p.jsonl", "format": "pairs"}}})
 
 
-HH = ("\n\nHuman: Hi there\n\nAssistant: Hello! How can I help?\n\nHuman: Tell me a joke"
-      "\n\nAssistant:")
+HH = (
+    "\n\nHuman: Hi there\n\nAssistant: Hello! How can I help?\n\nHuman: Tell me a joke"
+    "\n\nAssistant:"
+)
 
 
 def test_hh_dialogue_as_messages():
     assert hh_messages(HH) == [
         {"role": "user", "content": "Hi there"},
         {"role": "assistant", "content": "Hello! How can I help?"},
-        {"role": "user", "content": "Tell me a joke"}]
+        {"role": "user", "content": "Tell me a joke"},
+    ]
     chat = as_chat([PreferencePair(0, HH, " A good one.", " No.")], "hh")[0]
     assert chat.prompt[-1]["content"] == "Tell me a joke"
     assert (chat.chosen, chat.rejected) == ("A good one.", "No.")
@@ -54,8 +64,10 @@ def test_hh_dialogue_as_messages():
 
 
 def test_pair_prompts_keep_single_turn_dialogues():
-    pairs = [PreferencePair(0, HH, "a", "b"),
-             PreferencePair(1, "\n\nHuman: Only one turn?\n\nAssistant:", "a", "b")]
+    pairs = [
+        PreferencePair(0, HH, "a", "b"),
+        PreferencePair(1, "\n\nHuman: Only one turn?\n\nAssistant:", "a", "b"),
+    ]
     prompts = pair_prompts(pairs)
     assert [(p.prompt_id, p.question) for p in prompts] == [(1, "Only one turn?")]
     with pytest.raises(RecipeError, match="single-turn"):
@@ -71,8 +83,10 @@ def test_eval_split_and_its_bound():
 
 def test_margin_key(tmp_path):
     f = tmp_path / "p.jsonl"
-    rows = [{"prompt": "q", "chosen": "a", "rejected": "b", "m": 2},
-            {"prompt": "q", "chosen": "a", "rejected": "b", "m": 0.5}]
+    rows = [
+        {"prompt": "q", "chosen": "a", "rejected": "b", "m": 2},
+        {"prompt": "q", "chosen": "a", "rejected": "b", "m": 0.5},
+    ]
     f.write_text("".join(json.dumps(r) + "\n" for r in rows))
     pairs, _ = load_pairs(f, "pairs", margin_key="m")
     assert [p.margin for p in pairs] == [2.0, 0.5]

@@ -33,9 +33,16 @@ def test_shipped_recipe_validates(path, shared_data, tiny_model):
         if not (Path(recipe.rewards[0].path) / "config.json").is_file():
             with pytest.raises(RecipeError, match="rewards.0.path.*reward_model"):
                 check_runtime_inputs(recipe)
-        recipe = recipe.model_copy(update={"rewards": [
-            c.model_copy(update={"path": str(tiny_model)}) if c.type == "reward_model" else c
-            for c in recipe.rewards]})
+        recipe = recipe.model_copy(
+            update={
+                "rewards": [
+                    c.model_copy(update={"path": str(tiny_model)})
+                    if c.type == "reward_model"
+                    else c
+                    for c in recipe.rewards
+                ]
+            }
+        )
     check_runtime_inputs(recipe)
     if recipe.algorithm not in ("dpo", "reward_model"):
         check_lengths(recipe, load_prompts(recipe.data))
@@ -91,8 +98,7 @@ def test_a_path_set_on_a_generator_block_says_how_to_replace_it():
 
 
 def test_missing_data_file_and_model_folder(tmp_path):
-    r = load_recipe(ROOT / "recipes" / "quickstart_grpo.yaml",
-                    ["data.train={path: nowhere.jsonl}"])
+    r = load_recipe(ROOT / "recipes" / "quickstart_grpo.yaml", ["data.train={path: nowhere.jsonl}"])
     with pytest.raises(RecipeError, match="data.train.path"):
         check_runtime_inputs(r)
     r = load_recipe(ROOT / "recipes" / "quickstart_grpo.yaml", [f"model.path={tmp_path}"])
@@ -101,16 +107,23 @@ def test_missing_data_file_and_model_folder(tmp_path):
 
 
 def test_schema_imports_no_torch():
-    code = ("import sys, posttrain.recipes.loading as s; "
-            "s.load_recipe('recipes/quickstart_grpo.yaml'); "
-            "bad = [m for m in ('torch', 'ray', 'transformers') if m in sys.modules]; "
-            "sys.exit(1 if bad else 0)")
+    code = (
+        "import sys, posttrain.recipes.loading as s; "
+        "s.load_recipe('recipes/quickstart_grpo.yaml'); "
+        "bad = [m for m in ('torch', 'ray', 'transformers') if m in sys.modules]; "
+        "sys.exit(1 if bad else 0)"
+    )
     assert subprocess.run([sys.executable, "-c", code], cwd=ROOT).returncode == 0
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "posttrain.recipes.cli", *args], cwd=ROOT,
-                          capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "posttrain.recipes.cli", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def test_cli_exit_codes():
@@ -143,14 +156,21 @@ def test_vllm_engine_checks_before_starting(monkeypatch, tiny_model, tiny_model_
     if schema.vllm_installed():  # the tiny test model's head_dim 8 is not a CPU kernel size
         with pytest.raises(RecipeError, match="head_dim 8; set rollout.engine: hf"):
             check_runtime_inputs(r)
-        check_runtime_inputs(load_recipe(quick, [f"model.path={tiny_model_vllm}",
-                                                 "rollout.engine=vllm"]))
+        check_runtime_inputs(
+            load_recipe(quick, [f"model.path={tiny_model_vllm}", "rollout.engine=vllm"])
+        )
     monkeypatch.setattr(schema, "vllm_installed", lambda: False)
     with pytest.raises(RecipeError, match="'vllm' is not installed here"):
         check_runtime_inputs(r)
     (tmp_path / "a_file").write_text("x")
-    bad = load_recipe(quick, ["weight_sync.type=filesystem", "rollout.engine=hf",
-                              f"weight_sync.directory={tmp_path / 'a_file' / 'w'}"])
+    bad = load_recipe(
+        quick,
+        [
+            "weight_sync.type=filesystem",
+            "rollout.engine=hf",
+            f"weight_sync.directory={tmp_path / 'a_file' / 'w'}",
+        ],
+    )
     with pytest.raises(RecipeError, match="weight_sync.directory"):
         check_runtime_inputs(bad)
     with pytest.raises(RecipeError, match="weight_sync.type"):
@@ -176,21 +196,29 @@ def test_empty_stop_string_exits_2():
 
 def test_response_longer_than_vllm_max_model_len_exits_2():
     """`max_new_tokens: 24` with `max_model_len: 16` used to validate "ok"."""
-    bad = _cli("validate", "recipes/quickstart_grpo.yaml", "--set",
-               "rollout.vllm.max_model_len=16")
+    bad = _cli("validate", "recipes/quickstart_grpo.yaml", "--set", "rollout.vllm.max_model_len=16")
     assert bad.returncode == 2, bad.stdout
     assert "rollout.vllm.max_model_len (16)" in bad.stderr
     assert "rollout.max_new_tokens is 24" in bad.stderr
     # The limit is vLLM's: with engine hf, rollout.vllm is not used.
-    load_recipe(ROOT / "recipes" / "quickstart_grpo.yaml",
-                ["rollout.engine=hf", "rollout.vllm.max_model_len=16"])
+    load_recipe(
+        ROOT / "recipes" / "quickstart_grpo.yaml",
+        ["rollout.engine=hf", "rollout.vllm.max_model_len=16"],
+    )
 
 
 def test_response_longer_than_model_context_exits_2_before_ray(tmp_path):
     """`max_new_tokens: 100000` on a 2k-context model used to validate "ok" (and run)."""
     model = build_tiny_model(tmp_path / "model", max_positions=2048)
-    args = ["recipes/quickstart_grpo.yaml", "--set", f"model.path={model}", "--set",
-            "rollout.engine=hf", "--set", "rollout.max_new_tokens=100000"]
+    args = [
+        "recipes/quickstart_grpo.yaml",
+        "--set",
+        f"model.path={model}",
+        "--set",
+        "rollout.engine=hf",
+        "--set",
+        "rollout.max_new_tokens=100000",
+    ]
     for command in ("validate", "run"):
         bad = _cli(command, *args)
         assert bad.returncode == 2, bad.stdout + bad.stderr
@@ -211,9 +239,15 @@ def _length_recipe(tmp_path: Path, model: Path, *overrides: str):
     data = tmp_path / "prompts.jsonl"
     rows = [{"question": "1+1", "answer": "2"}, {"question": "x" * 40, "answer": "0"}]
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    r = load_recipe(ROOT / "recipes" / "quickstart_grpo.yaml",
-                    [f"model.path={model}", f"data.train={{path: {data}}}",
-                     "model.system_prompt=null", *overrides])
+    r = load_recipe(
+        ROOT / "recipes" / "quickstart_grpo.yaml",
+        [
+            f"model.path={model}",
+            f"data.train={{path: {data}}}",
+            "model.system_prompt=null",
+            *overrides,
+        ],
+    )
     return r, load_prompts(r.data)
 
 
@@ -223,33 +257,50 @@ def test_longest_prompt_plus_response_must_fit(tmp_path):
     and against rollout.vllm.max_model_len."""
     model = build_tiny_model(tmp_path / "model", max_positions=128)
     longest = 40 + USER_TURN
-    r, prompts = _length_recipe(tmp_path, model, "rollout.engine=hf",
-                                f"rollout.max_new_tokens={128 - longest}")
+    r, prompts = _length_recipe(
+        tmp_path, model, "rollout.engine=hf", f"rollout.max_new_tokens={128 - longest}"
+    )
     check_lengths(r, prompts)
-    r, prompts = _length_recipe(tmp_path, model, "rollout.engine=hf",
-                                f"rollout.max_new_tokens={129 - longest}")
-    with pytest.raises(RecipeError, match=rf"rollout.max_new_tokens: data.train prompt 1 .* is "
-                       rf"{longest} tokens .* set rollout.max_new_tokens to {128 - longest} "
-                       "or less"):
+    r, prompts = _length_recipe(
+        tmp_path, model, "rollout.engine=hf", f"rollout.max_new_tokens={129 - longest}"
+    )
+    with pytest.raises(
+        RecipeError,
+        match=rf"rollout.max_new_tokens: data.train prompt 1 .* is "
+        rf"{longest} tokens .* set rollout.max_new_tokens to {128 - longest} "
+        "or less",
+    ):
         check_lengths(r, prompts)
     system = "Be brief."
-    r, prompts = _length_recipe(tmp_path, model, "rollout.engine=hf",
-                                f"rollout.max_new_tokens={128 - longest}",
-                                f"model.system_prompt='{system}'")
-    with pytest.raises(RecipeError, match=f"is {longest + len(system) + SYSTEM_TURN} tokens "
-                       "after the chat template with model.system_prompt"):
+    r, prompts = _length_recipe(
+        tmp_path,
+        model,
+        "rollout.engine=hf",
+        f"rollout.max_new_tokens={128 - longest}",
+        f"model.system_prompt='{system}'",
+    )
+    with pytest.raises(
+        RecipeError,
+        match=f"is {longest + len(system) + SYSTEM_TURN} tokens "
+        "after the chat template with model.system_prompt",
+    ):
         check_lengths(r, prompts)
     vllm = ["rollout.engine=vllm", "rollout.vllm.max_model_len=64"]
     r, prompts = _length_recipe(tmp_path, model, *vllm, f"rollout.max_new_tokens={64 - longest}")
     check_lengths(r, prompts)
     r, prompts = _length_recipe(tmp_path, model, *vllm, f"rollout.max_new_tokens={65 - longest}")
-    with pytest.raises(RecipeError, match=r"rollout.vllm.max_model_len: .* more than "
-                       r"rollout.vllm.max_model_len \(64\)"):
+    with pytest.raises(
+        RecipeError,
+        match=r"rollout.vllm.max_model_len: .* more than "
+        r"rollout.vllm.max_model_len \(64\)",
+    ):
         check_lengths(r, prompts)
-    r, prompts = _length_recipe(tmp_path, model, "rollout.engine=vllm",
-                                "rollout.vllm.max_model_len=256")
-    with pytest.raises(RecipeError, match="rollout.vllm.max_model_len: 256 is longer than the "
-                       "model's context"):
+    r, prompts = _length_recipe(
+        tmp_path, model, "rollout.engine=vllm", "rollout.vllm.max_model_len=256"
+    )
+    with pytest.raises(
+        RecipeError, match="rollout.vllm.max_model_len: 256 is longer than the model's context"
+    ):
         check_lengths(r, prompts)
 
 
@@ -268,8 +319,9 @@ def test_length_check_reads_converted_aliases_only(tmp_path, monkeypatch, tiny_m
     check_lengths(dpo, prompts)  # DPO: dpo.max_length, not rollouts
 
 
-def test_run_converts_the_alias_so_lengths_are_checked_before_ray(tmp_path, monkeypatch,
-                                                                   tiny_model):
+def test_run_converts_the_alias_so_lengths_are_checked_before_ray(
+    tmp_path, monkeypatch, tiny_model
+):
     """A fresh user's first run: the alias is not converted yet. `validate` says the check
     waits; `run` converts first (here: a stand-in conversion) and refuses the length."""
     import posttrain.common.model_registry as registry
@@ -283,8 +335,14 @@ def test_run_converts_the_alias_so_lengths_are_checked_before_ray(tmp_path, monk
     with pytest.raises(RecipeError, match="more than the model's context, 512 tokens"):
         check_lengths(r, prompts, convert=True)
     env = {**os.environ, "POSTTRAIN_CACHE": str(tmp_path / "cache2")}
-    note = subprocess.run([sys.executable, "-m", "posttrain.recipes.cli", "validate", str(quick)],
-                          cwd=ROOT, capture_output=True, text=True, timeout=120, env=env)
+    note = subprocess.run(
+        [sys.executable, "-m", "posttrain.recipes.cli", "validate", str(quick)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
     assert note.returncode == 0 and "prompt lengths not checked yet" in note.stderr
 
 
@@ -293,8 +351,9 @@ def test_more_mini_batches_than_rollouts_is_refused():
     r = load_recipe(quick)
     rows = r.train.prompts_per_step * r.rollout.samples_per_prompt
     load_recipe(quick, [f"grpo.mini_batches={rows}"])
-    with pytest.raises(RecipeError, match=f"grpo.mini_batches is {rows + 1}, but a step has "
-                                          f"only {rows} rollouts"):
+    with pytest.raises(
+        RecipeError, match=f"grpo.mini_batches is {rows + 1}, but a step has only {rows} rollouts"
+    ):
         load_recipe(quick, [f"grpo.mini_batches={rows + 1}"])
 
 
@@ -302,7 +361,16 @@ def test_overlong_buffer_not_below_max_new_tokens_exits_2():
     bad = _cli("validate", "recipes/quickstart_grpo.yaml", "--set", "grpo.overlong_buffer=30")
     assert bad.returncode == 2, bad.stdout
     assert "grpo.overlong_buffer is 30, but rollout.max_new_tokens is 24" in bad.stderr
-    ok = _cli("validate", "recipes/quickstart_grpo.yaml", "--set", "grpo.estimator=rloo",
-              "--set", "grpo.loss=gspo", "--set", "grpo.overlong_buffer=6",
-              "--set", "grpo.mask_truncated=true")
+    ok = _cli(
+        "validate",
+        "recipes/quickstart_grpo.yaml",
+        "--set",
+        "grpo.estimator=rloo",
+        "--set",
+        "grpo.loss=gspo",
+        "--set",
+        "grpo.overlong_buffer=6",
+        "--set",
+        "grpo.mask_truncated=true",
+    )
     assert ok.returncode == 0, ok.stderr

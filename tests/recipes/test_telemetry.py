@@ -21,8 +21,11 @@ from tests.conftest import ROOT
 
 
 def test_idle_hand_computed():
-    spans = [Span("rollout", 0, "generate", 0.0, 4.0, 0), Span("rollout", 0, "weight_sync",
-             3.0, 5.0, 0), Span("rollout", 1, "generate", 0.0, 2.0, 0)]
+    spans = [
+        Span("rollout", 0, "generate", 0.0, 4.0, 0),
+        Span("rollout", 0, "weight_sync", 3.0, 5.0, 0),
+        Span("rollout", 1, "generate", 0.0, 2.0, 0),
+    ]
     # worker 0 busy 5 s (overlap counted once), worker 1 busy 2 s, wall 10 s × 2 workers
     assert busy_seconds(spans, "rollout", 2, 0.0, 10.0) == pytest.approx(7.0)
     assert idle_fraction(spans, "rollout", 2, 0.0, 10.0) == pytest.approx(13 / 20)
@@ -35,8 +38,9 @@ def _gap_idle(spans: list[dict], role: str, workers: int, start: float, end: flo
     total = 0.0
     for w in range(workers):
         cursor = start
-        for s, e in sorted((x["start"], x["end"]) for x in spans
-                           if x["role"] == role and x["worker"] == w):
+        for s, e in sorted(
+            (x["start"], x["end"]) for x in spans if x["role"] == role and x["worker"] == w
+        ):
             s, e = min(max(s, start), end), min(e, end)  # clip to the step's window
             if s > cursor:
                 total += s - cursor
@@ -47,17 +51,22 @@ def _gap_idle(spans: list[dict], role: str, workers: int, start: float, end: flo
 
 def _recipe(tmp_path, tiny_model, name, **debug):
     f = tmp_path / f"{name}.yaml"
-    f.write_text(yaml.safe_dump({
-        "name": name, "algorithm": "grpo",
-        "model": {"path": str(tiny_model), "dtype": "float32"},
-        "data": {"train": {"generator": "arithmetic", "size": 8}},
-        "rollout": {"engine": "hf", "samples_per_prompt": 2, "max_new_tokens": 4},
-        "rewards": [{"name": "len", "type": "length", "target_chars": 3}],
-        "train": {"steps": 2, "prompts_per_step": 2},
-        "resources": {"learner": {"gpus": 2}, "threads_per_worker": 1},
-        "monitor": {"progress": False, "dashboard_port": 0, "tensorboard": True},
-        "debug": debug,
-    }))
+    f.write_text(
+        yaml.safe_dump(
+            {
+                "name": name,
+                "algorithm": "grpo",
+                "model": {"path": str(tiny_model), "dtype": "float32"},
+                "data": {"train": {"generator": "arithmetic", "size": 8}},
+                "rollout": {"engine": "hf", "samples_per_prompt": 2, "max_new_tokens": 4},
+                "rewards": [{"name": "len", "type": "length", "target_chars": 3}],
+                "train": {"steps": 2, "prompts_per_step": 2},
+                "resources": {"learner": {"gpus": 2}, "threads_per_worker": 1},
+                "monitor": {"progress": False, "dashboard_port": 0, "tensorboard": True},
+                "debug": debug,
+            }
+        )
+    )
     return load_recipe(f)
 
 
@@ -65,8 +74,10 @@ def _recipe(tmp_path, tiny_model, name, **debug):
 def slowed_runs(tiny_model, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("idle")
     out = {}
-    for name, debug in (("slow-learner", {"learner_delay_s": 3.0}),
-                        ("slow-rollout", {"rollout_delay_s": 3.0})):
+    for name, debug in (
+        ("slow-learner", {"learner_delay_s": 3.0}),
+        ("slow-rollout", {"rollout_delay_s": 3.0}),
+    ):
         out[name] = (run(_recipe(tmp, tiny_model, name, **debug), tmp / name), tmp / name)
     return out
 
@@ -85,8 +96,9 @@ def test_idle_plus_busy_is_wall_time(slowed_runs):
             # The controller's own window: scoring starts time/generate after the step
             # (the first engine span starts later by a Ray call's latency, which grows
             # with the machine's load).
-            scored = next(s["start"] for s in spans if s["step"] == m["step"]
-                          and s["kind"] == "score")
+            scored = next(
+                s["start"] for s in spans if s["step"] == m["step"] and s["kind"] == "score"
+            )
             start = scored - m["time/generate"]
             end = start + m["time/step"]
             for side, workers in (("rollout", 1), ("learner", 2)):
@@ -107,8 +119,13 @@ def test_tensorboard_prometheus_and_status(slowed_runs):
     text = TestClient(create_dashboard(run_dir)).get("/metrics").text
     value = float(re.search(r"^posttrain_learner_idle_fraction (\S+)$", text, re.M).group(1))
     assert value == pytest.approx(history[-1]["learner_idle_fraction"])
-    out = subprocess.run([sys.executable, "-m", "posttrain.recipes.cli", "status", str(run_dir)],
-                         cwd=ROOT, capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        [sys.executable, "-m", "posttrain.recipes.cli", "status", str(run_dir)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert out.returncode == 0 and "learner idle" in out.stdout and "mean" in out.stdout
 
 
@@ -117,8 +134,10 @@ def test_wandb_offline(tmp_path, monkeypatch):
 
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_SILENT", "true")
-    recipe = load_recipe(ROOT / "recipes" / "quickstart_grpo.yaml",
-                         ["monitor.wandb_project=posttrain-test", "monitor.tensorboard=false"])
+    recipe = load_recipe(
+        ROOT / "recipes" / "quickstart_grpo.yaml",
+        ["monitor.wandb_project=posttrain-test", "monitor.tensorboard=false"],
+    )
     log = StepLog(tmp_path, recipe)
     log.record(0, {"step": 0, "reward_mean": 0.5}, [])
     log.close()
@@ -129,9 +148,20 @@ def test_wandb_offline(tmp_path, monkeypatch):
 def _chromium_dom(url: str) -> str:
     exe = shutil.which("chromium") or shutil.which("chromium-browser")
     assert exe, "chromium is missing; scripts/setup.sh installs it (apt-get install chromium)"
-    cmd = [exe, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
-           "--no-first-run", "--disable-background-networking", "--disable-component-update",
-           "--disable-sync", "--virtual-time-budget=8000", "--dump-dom", url]
+    cmd = [
+        exe,
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--virtual-time-budget=8000",
+        "--dump-dom",
+        url,
+    ]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=90).stdout
 
 
@@ -143,8 +173,11 @@ def test_dashboard_in_headless_chromium(slowed_runs, tmp_path):
     finally:
         server.stop()
     assert 'data-loaded="true"' in dom
-    bars = re.findall(r'class="split-bar" data-step="(\d+)" data-kind="(\w+)" '
-                      r'data-seconds="([0-9.e-]+)"', dom)
+    bars = re.findall(
+        r'class="split-bar" data-step="(\d+)" data-kind="(\w+)" '
+        r'data-seconds="([0-9.e-]+)"',
+        dom,
+    )
     assert len(bars) == 5 * len(history)
     for step, kind, seconds in bars:
         assert float(seconds) == pytest.approx(history[int(step)][f"time/{kind}"], rel=1e-6)
@@ -164,11 +197,21 @@ def test_dashboard_charts_learning_and_lists_advisories(slowed_runs):
     finally:
         server.stop()
     assert 'data-loaded="true"' in dom
-    points = re.findall(r'class="metric-point" data-key="([\w/@]+)" data-step="(\d+)" '
-                        r'data-value="([0-9.e+-]+)"', dom)
+    points = re.findall(
+        r'class="metric-point" data-key="([\w/@]+)" data-step="(\d+)" '
+        r'data-value="([0-9.e+-]+)"',
+        dom,
+    )
     charted = {k for k, _, _ in points}
-    wanted = {"reward_mean", "response_length_mean", "truncated_fraction", "kl", "loss",
-              "grad_norm", "reward/len"}
+    wanted = {
+        "reward_mean",
+        "response_length_mean",
+        "truncated_fraction",
+        "kl",
+        "loss",
+        "grad_norm",
+        "reward/len",
+    }
     assert wanted <= charted and wanted <= set(history[0])
     for key, step, value in points:
         assert float(value) == pytest.approx(history[int(step)][key], rel=1e-6, abs=1e-12)
@@ -178,4 +221,4 @@ def test_dashboard_charts_learning_and_lists_advisories(slowed_runs):
     listed = re.findall(r'<li class="advisory" data-step="(\d+)">', dom)
     assert len(listed) == sum(len(h["advisories"]) for h in history)
     if not listed:
-        assert "class=\"none\"" in dom
+        assert 'class="none"' in dom

@@ -20,12 +20,24 @@ def test_mini_batches_cover_the_real_rows_once_per_epoch(monkeypatch):
     ids = torch.arange(rows)[:, None].repeat(1, 3)  # row i holds token id i
     batch = TrainBatch(ids, torch.ones(rows, 3, dtype=torch.long), torch.ones(rows, 3), 1)
     padded = pad_rows_to_multiple(batch, ranks)  # what the no-grad passes ran on
-    stats = algorithm.run_updates([None] * ranks, padded, rows, epochs=2, mini_batches=3,
-                                  loss_agg="token_mean", seed=0, step=0)
+    stats = algorithm.run_updates(
+        [None] * ranks,
+        padded,
+        rows,
+        epochs=2,
+        mini_batches=3,
+        loss_agg="token_mean",
+        seed=0,
+        step=0,
+    )
     assert len(seen) == 6 and stats["grad_norm"] == 1.0
     for epoch in (seen[:3], seen[3:]):
-        real = [int(s.input_ids[i, 0]) for s in epoch for i in range(len(s))
-                if s.response_mask[i].sum() > 0]
+        real = [
+            int(s.input_ids[i, 0])
+            for s in epoch
+            for i in range(len(s))
+            if s.response_mask[i].sum() > 0
+        ]
         assert sorted(real) == list(range(rows))  # every real row once
         for s in epoch:
             assert len(s) % ranks == 0 and s.response_mask.sum() > 0  # never all padding

@@ -21,8 +21,13 @@ COMPONENTS = [
     {"name": "correct", "type": "math", "timeout_s": 2, "memory_mb": 1024},
     # (a|aa)*$ backtracks exponentially on a long run of a's that ends badly
     {"name": "shape", "type": "format", "pattern": r"^(a|aa)*$", "timeout_s": 2, "weight": 0},
-    {"name": "user", "type": "python", "function": "tests.rewards.user_rewards:runaway",
-     "timeout_s": 2, "weight": 0},
+    {
+        "name": "user",
+        "type": "python",
+        "function": "tests.rewards.user_rewards:runaway",
+        "timeout_s": 2,
+        "weight": 0,
+    },
 ]
 HOSTILE_MATH = {
     "power_tower": r"\boxed{9^{9^{9^{9^{9}}}}}",
@@ -48,8 +53,9 @@ def service(tmp_path_factory):
     port = free_port()
     log = tmp_path_factory.mktemp("svc") / "reward.log"
     proc = start_local_service(json.dumps(COMPONENTS), port, "t", log, workers=2)
-    http = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=TIMEOUT,
-                        headers={"Authorization": "Bearer t"})
+    http = httpx.Client(
+        base_url=f"http://127.0.0.1:{port}", timeout=TIMEOUT, headers={"Authorization": "Bearer t"}
+    )
     _wait_healthy(http, proc)
     yield http, proc
     http.close()
@@ -74,8 +80,9 @@ def _wait_in_flight(http, timeout_s=TIMEOUT):
     """Until the service reports an item being scored (so the next call overlaps it)."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        m = re.search(r"^posttrain_reward_items_in_flight (\S+)$", http.get("/metrics").text,
-                      re.MULTILINE)
+        m = re.search(
+            r"^posttrain_reward_items_in_flight (\S+)$", http.get("/metrics").text, re.MULTILINE
+        )
         if m and float(m.group(1)) >= 1:
             return
         time.sleep(0.05)
@@ -92,8 +99,9 @@ def _score(http, response, gold="5"):
 def test_power_tower_times_out_and_health_answers_during_and_after(service):
     http, _ = service
     got = {}
-    worker = threading.Thread(target=lambda: got.update(
-        _score(http, HOSTILE_MATH["power_tower"])), daemon=True)
+    worker = threading.Thread(
+        target=lambda: got.update(_score(http, HOSTILE_MATH["power_tower"])), daemon=True
+    )
     worker.start()
     _wait_in_flight(http)
     assert http.get("/health").status_code == 200  # while the item is being scored
@@ -116,10 +124,12 @@ def test_hostile_math_comes_back_and_the_service_stays_healthy(service, name):
 
 def test_a_batch_of_hostile_items_fails_only_those_items(service):
     http, _ = service
-    items = [{"uid": "bad", "response": HOSTILE_MATH["power_tower"], "ground_truth": "5"},
-             {"uid": "good", "response": "\\boxed{5}", "ground_truth": "5"},
-             {"uid": "bad2", "response": HOSTILE_MATH["huge_factorial"], "ground_truth": "5"},
-             {"uid": "good2", "response": "#### 4", "ground_truth": "5"}]
+    items = [
+        {"uid": "bad", "response": HOSTILE_MATH["power_tower"], "ground_truth": "5"},
+        {"uid": "good", "response": "\\boxed{5}", "ground_truth": "5"},
+        {"uid": "bad2", "response": HOSTILE_MATH["huge_factorial"], "ground_truth": "5"},
+        {"uid": "good2", "response": "#### 4", "ground_truth": "5"},
+    ]
     scores = http.post("/score", json={"items": items}).json()["scores"]
     assert [s["reward"] for s in scores] == [None, 1.0, None, 0.0]
 
@@ -155,8 +165,9 @@ def test_metrics_count_timeouts(service):
 def test_sigterm_stops_the_service_while_it_scores_a_hostile_item(tmp_path):
     port = free_port()
     proc = start_local_service(json.dumps(COMPONENTS[:1]), port, "t", tmp_path / "log")
-    http = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=TIMEOUT,
-                        headers={"Authorization": "Bearer t"})
+    http = httpx.Client(
+        base_url=f"http://127.0.0.1:{port}", timeout=TIMEOUT, headers={"Authorization": "Bearer t"}
+    )
     try:
         _wait_healthy(http, proc)
         threading.Thread(target=_score_quietly, args=(http,), daemon=True).start()

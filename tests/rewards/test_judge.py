@@ -39,11 +39,23 @@ def _stub() -> tuple[FastAPI, list[dict]]:
         if "FLAKY" in text and flaky["left"] > 0:
             flaky["left"] -= 1
             raise HTTPException(status_code=503, detail="warming up")
-        reply = "I cannot judge this." if "NOSCORE" in text else \
-            f"Reasoning...\nScore: {text.count('!')}"
-        return {"id": "x", "object": "chat.completion", "model": body["model"],
-                "choices": [{"index": 0, "finish_reason": "stop",
-                             "message": {"role": "assistant", "content": reply}}]}
+        reply = (
+            "I cannot judge this."
+            if "NOSCORE" in text
+            else f"Reasoning...\nScore: {text.count('!')}"
+        )
+        return {
+            "id": "x",
+            "object": "chat.completion",
+            "model": body["model"],
+            "choices": [
+                {
+                    "index": 0,
+                    "finish_reason": "stop",
+                    "message": {"role": "assistant", "content": reply},
+                }
+            ],
+        }
 
     return app, seen
 
@@ -52,8 +64,7 @@ def _stub() -> tuple[FastAPI, list[dict]]:
 def judge_server():
     app, seen = _stub()
     port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port,
-                                           log_level="warning"))
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     deadline = time.monotonic() + 30
@@ -65,10 +76,19 @@ def judge_server():
 
 
 def _component(url: str, **kw) -> dict:
-    return {"name": "judge", "type": "judge", "url": url, "model": "stub-judge",
-            "token_env": "JUDGE_TOKEN", "template": "Q: {question}\nA: {response}",
-            "system_prompt": "You grade answers.", "retries": 1, "timeout_s": 2.0,
-            "score_range": [0, 10], **kw}
+    return {
+        "name": "judge",
+        "type": "judge",
+        "url": url,
+        "model": "stub-judge",
+        "token_env": "JUDGE_TOKEN",
+        "template": "Q: {question}\nA: {response}",
+        "system_prompt": "You grade answers.",
+        "retries": 1,
+        "timeout_s": 2.0,
+        "score_range": [0, 10],
+        **kw,
+    }
 
 
 def test_parse_score_last_match_and_range():
@@ -99,8 +119,12 @@ def test_judge_through_the_service(judge_server, monkeypatch):
     monkeypatch.setenv("JUDGE_TOKEN", TOKEN)
     app = create_app([_component(url, weight=2.0)], workers=2)
     items = [
-        {"uid": "a", "prompt": "raw", "response": "great!!!!",
-         "messages": [{"role": "system", "content": "sys"}, {"role": "user", "content": "Hi?"}]},
+        {
+            "uid": "a",
+            "prompt": "raw",
+            "response": "great!!!!",
+            "messages": [{"role": "system", "content": "sys"}, {"role": "user", "content": "Hi?"}],
+        },
         {"uid": "b", "prompt": "Why?", "response": "ok"},
         {"uid": "flaky", "prompt": "Why?", "response": "FLAKY!!"},  # 503 once, then retried
         {"uid": "slow", "prompt": "Why?", "response": "SLOW"},  # past timeout_s, twice

@@ -148,7 +148,10 @@ def test_alternatives_that_agree_or_list_a_set_are_not_hedges(response, gold):
 
 def test_details_say_where_the_answer_came_from():
     assert score_math("#### 42\nstep 3", "42")[1] == {
-        "extracted": "42", "source": "####", "hedged": False}
+        "extracted": "42",
+        "source": "####",
+        "hedged": False,
+    }
     assert score_math("so 3 + 4 = 7", "7")[1]["source"] == "last value"
     assert score_math("no idea", "7")[1] == {"extracted": None, "source": None, "hedged": False}
 

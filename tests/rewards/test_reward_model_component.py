@@ -26,11 +26,19 @@ def rm_folder(tiny_model, tmp_path_factory):
     return folder
 
 
-ITEMS = [ScoreItem(uid="a", prompt="What is 2+2?", response="4"),
-         ScoreItem(uid="b", prompt="ignored", response="A much longer answer, with words.",
-                   messages=[{"role": "system", "content": "Be brief."},
-                             {"role": "user", "content": "Say hi"}]),
-         ScoreItem(uid="c", prompt="Q", response="")]
+ITEMS = [
+    ScoreItem(uid="a", prompt="What is 2+2?", response="4"),
+    ScoreItem(
+        uid="b",
+        prompt="ignored",
+        response="A much longer answer, with words.",
+        messages=[
+            {"role": "system", "content": "Be brief."},
+            {"role": "user", "content": "Say hi"},
+        ],
+    ),
+    ScoreItem(uid="c", prompt="Q", response=""),
+]
 
 
 def _spec(path, **kw) -> RewardModelReward:
@@ -43,7 +51,8 @@ def test_rendering_is_the_training_rendering(rm_folder):
     for item in ITEMS:
         messages = item.messages or [{"role": "user", "content": item.prompt}]
         pair = tokenize_pairs_with_template(
-            [PreferencePair(0, messages, item.response, "x")], tok, 1024).pairs[0]
+            [PreferencePair(0, messages, item.response, "x")], tok, 1024
+        ).pairs[0]
         assert scorer.token_ids(item) == pair.prompt_ids + pair.chosen_ids
     text = tok.decode(scorer.token_ids(ITEMS[0]))
     assert text == "<|im_start|>user\nWhat is 2+2?<|im_end|>\n<|im_start|>assistant\n4<|im_end|>"
@@ -54,12 +63,15 @@ def test_scores_match_transformers_alone_and_batched(rm_folder):
     many = RewardModelScorer(_spec(rm_folder, batch_size=8))
     model = AutoModelForSequenceClassification.from_pretrained(rm_folder).eval()
     with torch.no_grad():
-        want = [model(input_ids=torch.tensor([one.token_ids(i)])).logits[0, 0].item()
-                for i in ITEMS]
-    torch.testing.assert_close(torch.tensor(one.raw_scores(ITEMS)), torch.tensor(want),
-                               rtol=0, atol=1e-5)
-    torch.testing.assert_close(torch.tensor(many.raw_scores(ITEMS)), torch.tensor(want),
-                               rtol=0, atol=1e-5)
+        want = [
+            model(input_ids=torch.tensor([one.token_ids(i)])).logits[0, 0].item() for i in ITEMS
+        ]
+    torch.testing.assert_close(
+        torch.tensor(one.raw_scores(ITEMS)), torch.tensor(want), rtol=0, atol=1e-5
+    )
+    torch.testing.assert_close(
+        torch.tensor(many.raw_scores(ITEMS)), torch.tensor(want), rtol=0, atol=1e-5
+    )
     assert len(set(want)) == 3
 
 
@@ -92,9 +104,12 @@ def test_fixed_and_running_normalisation(rm_folder):
 
 def test_service_scores_the_batch_with_weights(rm_folder):
     raw = RewardModelScorer(_spec(rm_folder)).raw_scores(ITEMS)
-    app = create_app([{"name": "rm", "type": "reward_model", "path": str(rm_folder),
-                       "weight": 0.5},
-                      {"name": "len", "type": "length", "target_chars": 4}])
+    app = create_app(
+        [
+            {"name": "rm", "type": "reward_model", "path": str(rm_folder), "weight": 0.5},
+            {"name": "len", "type": "length", "target_chars": 4},
+        ]
+    )
     with TestClient(app) as client:
         body = {"items": [i.model_dump() for i in ITEMS]}
         scores = client.post("/score", json=body).json()["scores"]

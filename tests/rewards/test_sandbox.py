@@ -29,17 +29,26 @@ def _humaneval():
 
 
 def _item(problem, completion):
-    return ScoreItem(uid=problem["task_id"], response=completion, metadata={
-        "code_prefix": problem["prompt"], "test": problem["test"],
-        "entry_point": problem["entry_point"]})
+    return ScoreItem(
+        uid=problem["task_id"],
+        response=completion,
+        metadata={
+            "code_prefix": problem["prompt"],
+            "test": problem["test"],
+            "entry_point": problem["entry_point"],
+        },
+    )
 
 
 def test_every_canonical_humaneval_solution_passes(sandbox):
     problems = _humaneval()
     assert len(problems) == 164
     with ThreadPoolExecutor(2) as pool:
-        scores = list(pool.map(
-            lambda p: score_code(_item(p, p["canonical_solution"]), sandbox, LIMITS), problems))
+        scores = list(
+            pool.map(
+                lambda p: score_code(_item(p, p["canonical_solution"]), sandbox, LIMITS), problems
+            )
+        )
     failed = [p["task_id"] for p, (s, _) in zip(problems, scores, strict=True) if s != 1.0]
     assert failed == []
 
@@ -48,14 +57,16 @@ def test_wrong_completions_score_zero(sandbox):
     problems = _humaneval()
     wrong = "    raise NotImplementedError\n"
     with ThreadPoolExecutor(2) as pool:
-        scores = list(pool.map(lambda p: score_code(_item(p, wrong), sandbox, LIMITS)[0],
-                               problems))
+        scores = list(pool.map(lambda p: score_code(_item(p, wrong), sandbox, LIMITS)[0], problems))
     assert scores == [0.0] * 164
 
 
 def test_stdin_stdout_tests_and_null_stdin(sandbox):
-    item = ScoreItem(uid="s", response="```python\nimport sys\nprint(repr(sys.stdin.read()))\n```",
-                     metadata={"inputs": [None, "ab"], "outputs": ["''", "'ab'"]})
+    item = ScoreItem(
+        uid="s",
+        response="```python\nimport sys\nprint(repr(sys.stdin.read()))\n```",
+        metadata={"inputs": [None, "ab"], "outputs": ["''", "'ab'"]},
+    )
     assert score_code(item, sandbox, LIMITS) == (1.0, {"passed": 2, "total": 2, "stderr": ""})
 
 
@@ -81,9 +92,9 @@ HOSTILE = {
     "memory_hog": "x = bytearray(2 * 1024 ** 3)",
     "infinite_loop": "while True:\n    pass",
     "kill_parent": "import os, signal\nos.kill(os.getppid(), signal.SIGKILL)\nos.kill(1, 9)\n"
-                   "raise SystemExit(3)",
+    "raise SystemExit(3)",
     "many_threads": "import threading, time\n"
-                    "[threading.Thread(target=time.sleep, args=(5,)).start() for _ in range(500)]",
+    "[threading.Thread(target=time.sleep, args=(5,)).start() for _ in range(500)]",
 }
 
 
@@ -102,12 +113,22 @@ def test_hostile_program_is_contained(attack, sandbox, listening_port, tmp_path)
 
 
 def test_service_scores_hostile_code_zero_and_answers_next(tmp_path):
-    app = TestClient(create_app([{"name": "tests", "type": "code", "timeout_s": 3, "cpu_s": 2,
-                                  "memory_mb": 256}]))
+    app = TestClient(
+        create_app(
+            [{"name": "tests", "type": "code", "timeout_s": 3, "cpu_s": 2, "memory_mb": 256}]
+        )
+    )
     meta = {"inputs": [""], "outputs": ["ok"]}
-    body = {"items": [{"uid": k, "response": v.format(port=1, outside=tmp_path / "x",
-                                                      secret=Path(__file__)),
-                       "metadata": meta} for k, v in HOSTILE.items()]}
+    body = {
+        "items": [
+            {
+                "uid": k,
+                "response": v.format(port=1, outside=tmp_path / "x", secret=Path(__file__)),
+                "metadata": meta,
+            }
+            for k, v in HOSTILE.items()
+        ]
+    }
     scores = app.post("/score", json=body).json()["scores"]
     assert [s["reward"] for s in scores] == [0.0] * len(HOSTILE)
     good = {"items": [{"uid": "g", "response": "print('ok')", "metadata": meta}]}

@@ -16,8 +16,10 @@ COMPONENTS = [{"name": "correct", "type": "math", "weight": 1.0}]
 
 
 def _items(pairs):
-    return [ScoreItem(uid=f"u{i}", prompt="What is it?", response=r, ground_truth=g)
-            for i, (r, g) in enumerate(pairs)]
+    return [
+        ScoreItem(uid=f"u{i}", prompt="What is it?", response=r, ground_truth=g)
+        for i, (r, g) in enumerate(pairs)
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -35,8 +37,15 @@ def service(tmp_path_factory):
 
 def test_five_items_in_order_with_details(service):
     _, client = service
-    items = _items([("\\boxed{2}", "2"), ("I don't know.", "2"), ("", "5"),
-                    ("\\boxed{137}", "5"), ("\\boxed{5}", "5")])
+    items = _items(
+        [
+            ("\\boxed{2}", "2"),
+            ("I don't know.", "2"),
+            ("", "5"),
+            ("\\boxed{137}", "5"),
+            ("\\boxed{5}", "5"),
+        ]
+    )
     scores = client.score(items)
     assert [s.uid for s in scores] == [i.uid for i in items]
     assert [s.reward for s in scores] == [1.0, 0.0, 0.0, 0.0, 1.0]
@@ -84,8 +93,9 @@ def test_missing_token_is_401(service):
 
 
 def test_dead_endpoint_fails_items_after_retries_never_zero():
-    client = RewardClient(f"http://127.0.0.1:{free_port()}/score", retries=2, backoff_s=0.01,
-                          timeout_s=2)
+    client = RewardClient(
+        f"http://127.0.0.1:{free_port()}/score", retries=2, backoff_s=0.01, timeout_s=2
+    )
     scores = client.score(_items([("1", "1"), ("2", "2")]))
     assert [s.reward for s in scores] == [None, None]
     assert all("request failed" in s.error for s in scores)
@@ -93,8 +103,9 @@ def test_dead_endpoint_fails_items_after_retries_never_zero():
 
 def test_item_without_ground_truth_fails_alone():
     app = TestClient(create_app(COMPONENTS))
-    body = {"items": [{"uid": "a", "response": "1", "ground_truth": "1"},
-                      {"uid": "b", "response": "1"}]}
+    body = {
+        "items": [{"uid": "a", "response": "1", "ground_truth": "1"}, {"uid": "b", "response": "1"}]
+    }
     scores = app.post("/score", json=body).json()["scores"]
     assert scores[0]["reward"] == 1.0
     assert scores[1]["reward"] is None and "ground_truth" in scores[1]["error"]
@@ -116,8 +127,12 @@ def test_unknown_component_type_refused():
 def test_components_are_weighted_and_reported():
     comps = COMPONENTS + [{"name": "short", "type": "length", "weight": 0.5, "target_chars": 4}]
     app = TestClient(create_app(comps))
-    body = {"items": [{"uid": "a", "response": "7777", "ground_truth": "7777"},
-                      {"uid": "b", "response": "12", "ground_truth": "3"}]}
+    body = {
+        "items": [
+            {"uid": "a", "response": "7777", "ground_truth": "7777"},
+            {"uid": "b", "response": "12", "ground_truth": "3"},
+        ]
+    }
     a, b = app.post("/score", json=body).json()["scores"]
     assert a["reward"] == pytest.approx(1.0 + 0.5 * 1.0)
     assert b["reward"] == pytest.approx(0.0 + 0.5 * 0.5)

@@ -65,9 +65,11 @@ def _fake_endpoints() -> FastAPI:
         count("openrlhf")
         body = await req.json()
         assert set(body) == {"query", "prompts", "labels"}
-        return {"rewards": [float(q.endswith(lab)) for q, lab in zip(body["query"],
-                                                                     body["labels"],
-                                                                     strict=True)]}
+        return {
+            "rewards": [
+                float(q.endswith(lab)) for q, lab in zip(body["query"], body["labels"], strict=True)
+            ]
+        }
 
     @app.post("/openrlhf_short")
     async def openrlhf_short(req: Request):
@@ -93,14 +95,15 @@ def endpoints():
 
 
 def _items(n=3):
-    return [ScoreItem(uid=f"u{k}", prompt="Q: ", response="x" * (k + 1), ground_truth="x")
-            for k in range(n)]
+    return [
+        ScoreItem(uid=f"u{k}", prompt="Q: ", response="x" * (k + 1), ground_truth="x")
+        for k in range(n)
+    ]
 
 
 def _client(base, route, **kw):
     kw.setdefault("retries", 2)
-    return RewardClient(f"{base}/{route}", backoff_s=0.01, timeout_s=kw.pop("timeout_s", 5),
-                        **kw)
+    return RewardClient(f"{base}/{route}", backoff_s=0.01, timeout_s=kw.pop("timeout_s", 5), **kw)
 
 
 def test_posttrain_endpoint(endpoints):
@@ -113,12 +116,15 @@ def test_openrlhf_endpoint_plugs_in(endpoints):
     assert [s.reward for s in scores] == [1.0, 1.0, 1.0]
 
 
-@pytest.mark.parametrize(("route", "protocol", "needle"), [
-    ("slow", "posttrain", "ReadTimeout"),
-    ("error500", "posttrain", "500"),
-    ("malformed", "posttrain", "JSONDecodeError"),
-    ("openrlhf_short", "openrlhf", "returned 1 rewards for 3 items"),
-])
+@pytest.mark.parametrize(
+    ("route", "protocol", "needle"),
+    [
+        ("slow", "posttrain", "ReadTimeout"),
+        ("error500", "posttrain", "500"),
+        ("malformed", "posttrain", "JSONDecodeError"),
+        ("openrlhf_short", "openrlhf", "returned 1 rewards for 3 items"),
+    ],
+)
 def test_fault_drills_fail_items_after_retries(endpoints, route, protocol, needle):
     CALLS.clear()
     client = _client(endpoints, route, protocol=protocol, timeout_s=0.5)
@@ -150,32 +156,55 @@ def test_concurrency_keeps_order(endpoints):
 
 
 def test_reward_set_combines_by_weight(endpoints):
-    rs = RewardSet(_client(endpoints, "ok"),
-                   [("rlhf", 0.5, _client(endpoints, "openrlhf", protocol="openrlhf"))])
+    rs = RewardSet(
+        _client(endpoints, "ok"),
+        [("rlhf", 0.5, _client(endpoints, "openrlhf", protocol="openrlhf"))],
+    )
     s = rs.score(_items(1))[0]
     assert s.reward == pytest.approx(0.1 + 0.5 * 1.0)
     assert s.details["rlhf"] == 1.0
-    bad = RewardSet(None, [("dead", 1.0, _client(f"http://127.0.0.1:{free_port()}", "x",
-                                                  retries=0))])
+    bad = RewardSet(
+        None, [("dead", 1.0, _client(f"http://127.0.0.1:{free_port()}", "x", retries=0))]
+    )
     s = bad.score(_items(1))[0]
     assert s.reward is None and s.error.startswith("dead: request failed")
 
 
 def test_python_function_verl_signature():
-    app = TestClient(create_app([
-        {"name": "exact", "type": "python", "function": "tests.rewards.user_rewards:exact"},
-        {"name": "meta", "type": "python", "function": "tests.rewards.user_rewards:with_details",
-         "weight": 2.0}]))
-    body = {"items": [{"uid": "a", "response": " 7 ", "ground_truth": "7",
-                       "metadata": {"data_source": "gsm8k"}}]}
+    app = TestClient(
+        create_app(
+            [
+                {"name": "exact", "type": "python", "function": "tests.rewards.user_rewards:exact"},
+                {
+                    "name": "meta",
+                    "type": "python",
+                    "function": "tests.rewards.user_rewards:with_details",
+                    "weight": 2.0,
+                },
+            ]
+        )
+    )
+    body = {
+        "items": [
+            {
+                "uid": "a",
+                "response": " 7 ",
+                "ground_truth": "7",
+                "metadata": {"data_source": "gsm8k"},
+            }
+        ]
+    }
     s = app.post("/score", json=body).json()["scores"][0]
     assert s["reward"] == pytest.approx(1.0 + 2.0 * 0.25)
     assert s["details"]["meta.source"] == "gsm8k" and s["details"]["meta.n"] == 3
 
 
 def test_python_function_bad_return_and_missing_module():
-    app = TestClient(create_app([{"name": "b", "type": "python",
-                                  "function": "tests.rewards.user_rewards:broken"}]))
+    app = TestClient(
+        create_app(
+            [{"name": "b", "type": "python", "function": "tests.rewards.user_rewards:broken"}]
+        )
+    )
     s = app.post("/score", json={"items": [{"uid": "a", "response": "x"}]}).json()["scores"][0]
     assert s["reward"] is None and "finite float" in s["error"]
     with pytest.raises(ValueError, match="cannot import"):
@@ -197,20 +226,39 @@ def test_serve_rewards_cli(tmp_path):
     cfg.write_text("rewards:\n  - {name: correct, type: math}\ntoken_env: T\n")
     port = free_port()
     env = {**__import__("os").environ, "T": "s3cret"}
-    proc = subprocess.Popen([sys.executable, "-m", "posttrain.recipes.cli", "serve-rewards",
-                             str(cfg), "--port", str(port)], cwd=ROOT, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "posttrain.recipes.cli",
+            "serve-rewards",
+            str(cfg),
+            "--port",
+            str(port),
+        ],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
     try:
         client = RewardClient(f"http://127.0.0.1:{port}/score", token="s3cret")
         client.wait_ready(timeout_s=60, proc=proc)
-        assert client.score([ScoreItem(uid="a", response="\\boxed{4}", ground_truth="4")]
-                            )[0].reward == 1.0
+        assert (
+            client.score([ScoreItem(uid="a", response="\\boxed{4}", ground_truth="4")])[0].reward
+            == 1.0
+        )
         assert httpx.get(f"http://127.0.0.1:{port}/openapi.json").status_code == 200
         client.close()
     finally:
         proc.terminate()
         proc.wait(timeout=10)
     cfg.write_text("rewards:\n  - {name: x, type: http, url: 'http://h/score'}\n")
-    bad = subprocess.run([sys.executable, "-m", "posttrain.recipes.cli", "serve-rewards", str(cfg)],
-                         cwd=ROOT, capture_output=True, text=True, timeout=60)
+    bad = subprocess.run(
+        [sys.executable, "-m", "posttrain.recipes.cli", "serve-rewards", str(cfg)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert bad.returncode == 2 and "http endpoints" in bad.stderr

@@ -36,9 +36,19 @@ def trained_lora(tiny_model_vllm):
     from peft import LoraConfig, get_peft_model, get_peft_model_state_dict
 
     base = AutoModelForCausalLM.from_pretrained(tiny_model_vllm, dtype=torch.float32)
-    cfg = LoraConfig(r=RANK, lora_alpha=16, target_modules=["q_proj", "k_proj", "v_proj",
-                                                           "o_proj", "gate_proj", "up_proj",
-                                                           "down_proj"])
+    cfg = LoraConfig(
+        r=RANK,
+        lora_alpha=16,
+        target_modules=[
+            "q_proj",
+            "k_proj",
+            "v_proj",
+            "o_proj",
+            "gate_proj",
+            "up_proj",
+            "down_proj",
+        ],
+    )
     model = get_peft_model(base, cfg)
     g = torch.Generator().manual_seed(0)
     with torch.no_grad():
@@ -46,16 +56,22 @@ def trained_lora(tiny_model_vllm):
             if "lora_" in n:
                 p.copy_(0.2 * torch.randn(p.shape, generator=g))
     adapter = {k: v.clone() for k, v in get_peft_model_state_dict(model).items()}
-    config = {k: sorted(v) if isinstance(v, set) else getattr(v, "value", v)
-              for k, v in model.peft_config["default"].to_dict().items()}
+    config = {
+        k: sorted(v) if isinstance(v, set) else getattr(v, "value", v)
+        for k, v in model.peft_config["default"].to_dict().items()
+    }
     merged = {k: v.clone() for k, v in model.merge_and_unload().state_dict().items()}
     return adapter, config, merged
 
 
 def _worker(kind, model, lora_rank=None):
     Worker = ray.remote(num_cpus=0)(RolloutWorker)
-    return Worker.remote(0, EngineSettings(kind, str(model), "float32", lora_rank=lora_rank),
-                         TransportSettings("object_store"), 1)
+    return Worker.remote(
+        0,
+        EngineSettings(kind, str(model), "float32", lora_rank=lora_rank),
+        TransportSettings("object_store"),
+        1,
+    )
 
 
 def _sample(w, temperature=0.7):
@@ -70,7 +86,7 @@ def _reference(model_path, weights, r, temperature=0.7):
     ids = torch.tensor([r.prompt_ids + r.response_ids])
     with torch.no_grad():
         lp = sequence_logprobs(model, ids, torch.ones_like(ids), len(r.prompt_ids), temperature)
-    return lp[0, len(r.prompt_ids):]
+    return lp[0, len(r.prompt_ids) :]
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -82,17 +98,25 @@ def test_adapter_push_matches_merged_push(ray_local, tiny_model_vllm, trained_lo
         h = t.send(adapter, version=1, checksum=True)
         h = dataclasses.replace(h, meta={"adapter_config": config})
         assert ray.get(by_adapter.update_weights.remote(h, 0)) == 1
-        assert ray.get(by_merged.update_weights.remote(
-            make_transport("object_store").send(merged, version=1, checksum=True), 0)) == 1
+        assert (
+            ray.get(
+                by_merged.update_weights.remote(
+                    make_transport("object_store").send(merged, version=1, checksum=True), 0
+                )
+            )
+            == 1
+        )
         a, m = _sample(by_adapter), _sample(by_merged)
         for ra, rm in zip(a, m, strict=True):
             ref = _reference(tiny_model_vllm, merged, ra)
-            torch.testing.assert_close(torch.tensor(ra.inference_logprobs), ref,
-                                       rtol=0, atol=TOL)
+            torch.testing.assert_close(torch.tensor(ra.inference_logprobs), ref, rtol=0, atol=TOL)
             if ra.response_ids == rm.response_ids:  # same seed: usually the same tokens
-                torch.testing.assert_close(torch.tensor(ra.inference_logprobs),
-                                           torch.tensor(rm.inference_logprobs),
-                                           rtol=0, atol=TOL)
+                torch.testing.assert_close(
+                    torch.tensor(ra.inference_logprobs),
+                    torch.tensor(rm.inference_logprobs),
+                    rtol=0,
+                    atol=TOL,
+                )
         assert any(ra.response_ids == rm.response_ids for ra, rm in zip(a, m, strict=True))
         # The next version replaces the adapter (not stacked on the old one).
         zero = {k: torch.zeros_like(v) for k, v in adapter.items()}
@@ -100,8 +124,12 @@ def test_adapter_push_matches_merged_push(ray_local, tiny_model_vllm, trained_lo
         assert ray.get(by_adapter.update_weights.remote(h2, 1)) == 2
         base = AutoModelForCausalLM.from_pretrained(tiny_model_vllm).state_dict()
         for r in _sample(by_adapter):
-            torch.testing.assert_close(torch.tensor(r.inference_logprobs),
-                                       _reference(tiny_model_vllm, base, r), rtol=0, atol=TOL)
+            torch.testing.assert_close(
+                torch.tensor(r.inference_logprobs),
+                _reference(tiny_model_vllm, base, r),
+                rtol=0,
+                atol=TOL,
+            )
     finally:
         ray.kill(by_adapter)
         ray.kill(by_merged)

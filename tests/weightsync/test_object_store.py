@@ -26,8 +26,10 @@ def ray_local():
 def _perturbed_weights(model_path, dtype) -> dict[str, torch.Tensor]:
     model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
     g = torch.Generator().manual_seed(1)
-    sd = {k: (v + 0.01 * torch.randn(v.shape, generator=g)).to(dtype)
-          for k, v in model.state_dict().items()}
+    sd = {
+        k: (v + 0.01 * torch.randn(v.shape, generator=g)).to(dtype)
+        for k, v in model.state_dict().items()
+    }
     sd["lm_head.weight"] = sd["model.embed_tokens.weight"]  # tied, as the learner sends
     return sd
 
@@ -39,7 +41,8 @@ def test_round_trip_is_exact(ray_local, dtype):
     handle = t.send(sent, version=3, checksum=True)
     got = dict(t.receive(handle))
     assert handle.version == 3 and handle.num_bytes == sum(
-        v.numel() * v.element_size() for v in sent.values())
+        v.numel() * v.element_size() for v in sent.values()
+    )
     for k, v in sent.items():
         assert got[k].dtype == dtype and torch.equal(got[k], v)
     assert state_checksum(got.items()) == handle.checksum
@@ -65,8 +68,9 @@ def test_engine_holds_exactly_what_was_pushed_including_tied_head(ray_local, tin
 
 def test_worker_acknowledges_version_and_rejects_bad_checksum(ray_local, tiny_model):
     Worker = ray.remote(num_cpus=0, num_gpus=0)(RolloutWorker)
-    w = Worker.remote(0, EngineSettings("hf", str(tiny_model), "float32"),
-                      TransportSettings("object_store"), 1)
+    w = Worker.remote(
+        0, EngineSettings("hf", str(tiny_model), "float32"), TransportSettings("object_store"), 1
+    )
     sent = _perturbed_weights(tiny_model, torch.float32)
     handle = make_transport("object_store").send(sent, version=1, checksum=True)
     assert ray.get(w.update_weights.remote(handle, 0)) == 1

@@ -58,15 +58,22 @@ def _started(*actors):
 
 def test_a_late_or_wrong_engine_fails_the_push_by_name(ray_local):
     # the late engine answers after 120 s, far past the 10 s the push allows
-    learner, engines = _started(Learner.remote(0)), _started(Engine.remote(),
-                                                            Engine.remote(delay_s=120))
-    with pytest.raises(WeightSyncError, match=r"rollout engines \[1\] did not acknowledge "
-                                              r"policy_version 2 within 10 s"):
+    learner, engines = (
+        _started(Learner.remote(0)),
+        _started(Engine.remote(), Engine.remote(delay_s=120)),
+    )
+    with pytest.raises(
+        WeightSyncError,
+        match=r"rollout engines \[1\] did not acknowledge "
+        r"policy_version 2 within 10 s",
+    ):
         push(learner, engines, 2, timeout_s=10)
-    with pytest.raises(WeightSyncError, match="rollout engine 0 reports policy_version 1 "
-                                              "after a push of 2"):
-        push(_started(Learner.remote(0)), _started(Engine.remote(answer_offset=-1)), 2,
-             timeout_s=60)
+    with pytest.raises(
+        WeightSyncError, match="rollout engine 0 reports policy_version 1 after a push of 2"
+    ):
+        push(
+            _started(Learner.remote(0)), _started(Engine.remote(answer_offset=-1)), 2, timeout_s=60
+        )
 
 
 def test_a_learner_that_never_publishes_fails_the_push(ray_local):

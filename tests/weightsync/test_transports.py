@@ -31,10 +31,13 @@ def ray_local():
 def _weights(dtype):
     g = torch.Generator().manual_seed(0)
     emb = torch.randn(50, 16, generator=g).to(dtype)
-    return {"model.embed_tokens.weight": emb, "lm_head.weight": emb,
-            "model.norm.weight": torch.randn(16, generator=g).to(dtype),
-            "odd": torch.randn(3, 7, generator=g).to(dtype),
-            "big": torch.randn(300, 300, generator=g).to(dtype)}
+    return {
+        "model.embed_tokens.weight": emb,
+        "lm_head.weight": emb,
+        "model.norm.weight": torch.randn(16, generator=g).to(dtype),
+        "odd": torch.randn(3, 7, generator=g).to(dtype),
+        "big": torch.randn(300, 300, generator=g).to(dtype),
+    }
 
 
 _STORES: list[GroupStore] = []  # the rendezvous stays hosted while the test runs
@@ -44,8 +47,10 @@ def _group(settings: TransportSettings, receivers: int):
     members = [make_transport(settings) for _ in range(receivers + 1)]
     _STORES.append(GroupStore(receivers + 1, 60))
     address = _STORES[-1].address
-    threads = [threading.Thread(target=m.join_group, args=(address, r, receivers + 1))
-               for r, m in enumerate(members)]
+    threads = [
+        threading.Thread(target=m.join_group, args=(address, r, receivers + 1))
+        for r, m in enumerate(members)
+    ]
     for t in threads:
         t.start()
     for t in threads:
@@ -62,8 +67,12 @@ def _receive_all(transport, handle, out, key):
 
 
 def test_bucket_layout_packs_in_order_and_aligns():
-    w = {"a": torch.zeros(10), "b": torch.zeros(3, dtype=torch.bfloat16),
-         "c": torch.zeros(1000), "d": torch.zeros(2)}
+    w = {
+        "a": torch.zeros(10),
+        "b": torch.zeros(3, dtype=torch.bfloat16),
+        "c": torch.zeros(1000),
+        "d": torch.zeros(2),
+    }
     layout = bucket_layout(w, bucket_bytes=256)
     names = [[e[0] for e in b["entries"]] for b in layout]
     assert names == [["a", "b"], ["c"], ["d"]]  # c (4000 B) exceeds a bucket: its own
@@ -78,8 +87,10 @@ def test_collective_broadcast_is_exact_for_every_engine(dtype):
     handle = sender.send(sent, version=4, checksum=True)
     assert len(handle.payload) >= 2 and set(handle.names) == set(sent)
     out = {}
-    threads = [threading.Thread(target=_receive_all, args=(e, handle, out, i))
-               for i, e in enumerate(engines)]
+    threads = [
+        threading.Thread(target=_receive_all, args=(e, handle, out, i))
+        for i, e in enumerate(engines)
+    ]
     for t in threads:
         t.start()
     for t in threads:
@@ -145,8 +156,9 @@ def test_unknown_transport_names_the_choices():
 def test_collective_over_nccl_is_exact():
     """The NCCL path: same buckets, CUDA buffers; sender on GPU 0, engine on GPU 1 (NCCL
     wants one device per rank). Runs only where the GPUs are."""
-    sender, engine = _group(TransportSettings("collective", backend="nccl", bucket_mb=0.1,
-                                              timeout_s=60), 1)
+    sender, engine = _group(
+        TransportSettings("collective", backend="nccl", bucket_mb=0.1, timeout_s=60), 1
+    )
     sent = {k: v.to("cuda:0") for k, v in _weights(torch.bfloat16).items()}
     handle = sender.send(sent, version=1, checksum=True)
     out = {}

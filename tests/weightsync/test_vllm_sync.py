@@ -43,24 +43,29 @@ def _learner_logprobs(model_path, weights, rollout, temperature) -> torch.Tensor
     model.load_state_dict(weights)
     ids = torch.tensor([rollout.prompt_ids + rollout.response_ids])
     with torch.no_grad():
-        lp = sequence_logprobs(model, ids, torch.ones_like(ids), len(rollout.prompt_ids),
-                               temperature)
-    return lp[0, len(rollout.prompt_ids):]
+        lp = sequence_logprobs(
+            model, ids, torch.ones_like(ids), len(rollout.prompt_ids), temperature
+        )
+    return lp[0, len(rollout.prompt_ids) :]
 
 
 class Rig:
     """A learner-side sender and `n` vLLM rollout workers joined by one transport."""
 
     def __init__(self, model_path, kind, tmp_path, n=1, dtype="float32"):
-        self.settings = TransportSettings(kind, bucket_mb=1, timeout_s=60,
-                                          directory=str(tmp_path / f"w-{kind}"))
+        self.settings = TransportSettings(
+            kind, bucket_mb=1, timeout_s=60, directory=str(tmp_path / f"w-{kind}")
+        )
         if kind == "collective":  # workers join the push group while constructed
             self.group = GroupStore(n + 1, 60)
-            self.settings = replace(self.settings, group_address=self.group.address,
-                                    group_world=n + 1)
+            self.settings = replace(
+                self.settings, group_address=self.group.address, group_world=n + 1
+            )
         Worker = ray.remote(num_cpus=0)(RolloutWorker)
-        self.workers = [Worker.remote(i, EngineSettings("vllm", str(model_path), dtype),
-                                      self.settings, 1) for i in range(n)]
+        self.workers = [
+            Worker.remote(i, EngineSettings("vllm", str(model_path), dtype), self.settings, 1)
+            for i in range(n)
+        ]
         self.sender = make_transport(self.settings, rank=0)
         ray.get([w.health.remote() for w in self.workers])
 
@@ -91,8 +96,9 @@ def test_parity_after_push(ray_local, tiny_model_vllm, tmp_path, kind):
             for r in rollouts:
                 assert r.policy_version == 1
                 ref = _learner_logprobs(tiny_model_vllm, weights, r, 0.7)
-                torch.testing.assert_close(torch.tensor(r.inference_logprobs), ref,
-                                           rtol=0, atol=TOL)
+                torch.testing.assert_close(
+                    torch.tensor(r.inference_logprobs), ref, rtol=0, atol=TOL
+                )
     finally:
         rig.close()
 
@@ -108,8 +114,10 @@ def test_bf16_gap_is_reported(ray_local, tiny_model_vllm, tmp_path):
             ref = _learner_logprobs(tiny_model_vllm, exact, r, 0.7)
             gaps.append((torch.tensor(r.inference_logprobs) - ref).abs())
         gap = torch.cat(gaps)
-        print(f"\nbf16 engine vs fp32 learner, same bf16 weights: |Δ logprob| mean "
-              f"{gap.mean():.4f}, max {gap.max():.4f} over {gap.numel()} tokens")
+        print(
+            f"\nbf16 engine vs fp32 learner, same bf16 weights: |Δ logprob| mean "
+            f"{gap.mean():.4f}, max {gap.max():.4f} over {gap.numel()} tokens"
+        )
         assert gap.max() < 0.5  # bf16 activations: noisy, but never a different policy
     finally:
         rig.close()
@@ -119,7 +127,8 @@ def test_prefix_cache_is_reset_after_a_push(ray_local, tiny_model_vllm, tmp_path
     long_text = ("the quick brown fox jumps over the lazy dog " * 14)[:600]
     rig = Rig(tiny_model_vllm, "object_store", tmp_path)
     probe = ray.remote(num_cpus=0)(VLLMProbe).remote(
-        EngineSettings("vllm", str(tiny_model_vllm), "float32"))
+        EngineSettings("vllm", str(tiny_model_vllm), "float32")
+    )
     try:
         rig.sample(long_text, tokens=4)  # fills the prefix cache under the old weights
         weights = _perturbed(tiny_model_vllm, seed=2)
@@ -130,15 +139,22 @@ def test_prefix_cache_is_reset_after_a_push(ray_local, tiny_model_vllm, tmp_path
         torch.testing.assert_close(torch.tensor(r.inference_logprobs), ref, rtol=0, atol=TOL)
 
         # Without the reset the cached KV of the old weights is served: the same check fails.
-        prompt = ray.get(probe.call.remote("tokenize_chat",
-                                           [{"role": "user", "content": long_text}]))
+        prompt = ray.get(
+            probe.call.remote("tokenize_chat", [{"role": "user", "content": long_text}])
+        )
         ray.get(probe.call.remote("generate", [prompt], SamplingSettings(n=1, max_new_tokens=2)))
         ray.get(probe.load_without_reset.remote(list(weights.items())))
-        s = ray.get(probe.call.remote("generate", [prompt],
-                                      SamplingSettings(n=1, max_new_tokens=8, temperature=0.7)))
+        s = ray.get(
+            probe.call.remote(
+                "generate", [prompt], SamplingSettings(n=1, max_new_tokens=8, temperature=0.7)
+            )
+        )
         r.response_ids = s[0][0].token_ids
-        stale = (torch.tensor(s[0][0].logprobs)
-                 - _learner_logprobs(tiny_model_vllm, weights, r, 0.7)).abs().max()
+        stale = (
+            (torch.tensor(s[0][0].logprobs) - _learner_logprobs(tiny_model_vllm, weights, r, 0.7))
+            .abs()
+            .max()
+        )
         assert stale > 100 * TOL
     finally:
         ray.kill(probe)
@@ -153,13 +169,15 @@ def test_changed_embedding_reaches_the_tied_output_layer(ray_local, tiny_model_v
         changed = dict(base)
         g = torch.Generator().manual_seed(3)
         emb = base["model.embed_tokens.weight"] + 0.5 * torch.randn(
-            base["model.embed_tokens.weight"].shape, generator=g)
+            base["model.embed_tokens.weight"].shape, generator=g
+        )
         changed["model.embed_tokens.weight"] = changed["lm_head.weight"] = emb
         rig.push(changed, 1)
         after = rig.sample("hello", seed=9)[0][0]
         after_ref = _learner_logprobs(tiny_model_vllm, changed, after, 0.7)
-        torch.testing.assert_close(torch.tensor(after.inference_logprobs), after_ref,
-                                   rtol=0, atol=TOL)
+        torch.testing.assert_close(
+            torch.tensor(after.inference_logprobs), after_ref, rtol=0, atol=TOL
+        )
         # under the old head the same tokens would score differently
         old_ref = _learner_logprobs(tiny_model_vllm, base, after, 0.7)
         assert (after_ref - old_ref).abs().max() > 0.1
