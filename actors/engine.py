@@ -22,7 +22,7 @@ from typing import Any, Literal
 
 import torch
 
-from posttrain.actors.rollout import FinishReason, SamplingSettings
+from .rollout import FinishReason, SamplingSettings
 
 
 @dataclass(frozen=True)

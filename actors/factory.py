@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from posttrain.actors.engine import EngineSettings, InferenceEngine
+from .engine import EngineSettings, InferenceEngine
 
 
 def make_engine(s: EngineSettings) -> InferenceEngine:
@@ -14,11 +14,11 @@ def make_engine(s: EngineSettings) -> InferenceEngine:
         RuntimeError: 'vllm' asked for but not installed.
     """
     if s.kind == "hf":
-        from posttrain.actors.hf_engine import HFEngine
+        from .hf_engine import HFEngine
 
         return HFEngine(s.model_path, dtype=s.dtype, device=s.device)
     if s.kind == "vllm":
-        from posttrain.actors.vllm_engine import VLLMEngine
+        from .vllm_engine import VLLMEngine
 
         return VLLMEngine(
             s.model_path,

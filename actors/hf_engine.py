@@ -18,8 +18,8 @@ from collections.abc import Iterable
 
 import torch
 
-from posttrain.actors.engine import InferenceEngine, Sample, check_sampling, stop_token_ids
-from posttrain.actors.rollout import SamplingSettings
+from .engine import InferenceEngine, Sample, check_sampling, stop_token_ids
+from .rollout import SamplingSettings
 
 _DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
 

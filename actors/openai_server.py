@@ -19,7 +19,7 @@ previous call's prompt + sampled ids followed by the chat template's delta for t
 messages (actors/chat.py), so the model's earlier tokens are never re-tokenised. A call
 that does not extend the previous one (the agent rewrote or dropped history) is
 tokenised afresh and counted in `restarts`; the episode's trajectory then starts again
-from it (recipes/agent_episodes.py).
+from it (recipes/episodes/agent.py).
 
 Concurrency: requests are served on the server's threads and take the worker's engine
 lock, so they never overlap `generate` or a weight load on the same engine.
@@ -39,9 +39,9 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from posttrain.actors.chat import TemplateMismatch, chat_ids, message_delta
-from posttrain.actors.engine import Sample, end_of_turn_token_id
-from posttrain.actors.rollout import SamplingSettings
+from .chat import TemplateMismatch, chat_ids, message_delta
+from .engine import Sample, end_of_turn_token_id
+from .rollout import SamplingSettings
 
 
 @dataclass

@@ -59,7 +59,7 @@ class Rollout:
         policy_version: optimizer steps behind the weights that sampled it.
         prompt_text, response_text: decoded text (response without special tokens).
         ground_truth, metadata: copied from the PromptRequest.
-        loss_mask: `[R]` for a multi-turn episode (recipes/episodes.py): 1 on the
+        loss_mask: `[R]` for a multi-turn episode (recipes/episodes/multiturn.py): 1 on the
             model's sampled tokens, 0 on environment tokens (tool results, user
             messages) inside the response, which the loss never counts; None (every
             response token is the model's) for a single-turn sample.

@@ -43,8 +43,8 @@ from pathlib import Path
 
 import torch
 
-from posttrain.actors.engine import InferenceEngine, Sample, check_sampling, stop_token_ids
-from posttrain.actors.rollout import SamplingSettings
+from .engine import InferenceEngine, Sample, check_sampling, stop_token_ids
+from .rollout import SamplingSettings
 
 
 def checkpoint_names(model_path: str) -> set[str]:

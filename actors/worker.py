@@ -23,13 +23,9 @@ import threading
 import time
 from dataclasses import replace
 
-from posttrain.actors.engine import EngineSettings, Sample
-from posttrain.actors.factory import make_engine
-from posttrain.actors.openai_server import EpisodeRecorder, create_app
-from posttrain.actors.rollout import PromptRequest, Rollout, SamplingSettings
-from posttrain.common.process import quiet_libraries, set_torch_threads
-from posttrain.common.telemetry import Span, SpanRecorder
-from posttrain.weightsync import (
+from ..common.process import quiet_libraries, set_torch_threads
+from ..common.telemetry import Span, SpanRecorder
+from ..weightsync import (
     ChecksumTap,
     TransportSettings,
     WeightHandle,
@@ -37,6 +33,10 @@ from posttrain.weightsync import (
     make_transport,
     state_checksum,
 )
+from .engine import EngineSettings, Sample
+from .factory import make_engine
+from .openai_server import EpisodeRecorder, create_app
+from .rollout import PromptRequest, Rollout, SamplingSettings
 
 
 class RolloutWorker:

@@ -8,7 +8,7 @@ PPO) and one loss with the shared signature
 (`reward_model` reads `[b]` scalar scores in place of logprobs: its `MODEL_OUTPUT`),
 plus `finish_metrics(sums) -> metrics`, which turns the loss's summed numerators into
 step metrics. The learner runs one train-step skeleton with the loss chosen at setup
-(`loss_module`); the controller's algorithm object (recipes/algorithm.py) builds the
+(`loss_module`); the controller's algorithm object (recipes/algo/base.py) builds the
 batch. A new loss is one function here, one schema entry and its tests.
 """
 
@@ -23,7 +23,7 @@ def loss_module(name: str) -> ModuleType:
     Raises:
         ValueError: an unknown algorithm.
     """
-    from posttrain.algorithms import dpo, grpo, ppo, reward_model
+    from . import dpo, grpo, ppo, reward_model
 
     modules = {"grpo": grpo, "ppo": ppo, "dpo": dpo, "reward_model": reward_model}
     if name not in modules:

@@ -35,7 +35,7 @@ from typing import Literal
 
 import torch
 
-from posttrain.algorithms.common import kl_k3
+from .common import kl_k3
 
 Mode = Literal["none", "tis", "mis"]
 Level = Literal["token", "sequence"]

@@ -21,20 +21,20 @@ from dataclasses import dataclass
 
 import torch
 
-from posttrain.algorithms.batch import TrainBatch
-from posttrain.algorithms.common import (
+from .batch import TrainBatch
+from .common import (
     LossOutput,
     aggregate_loss,
     masked_sum,
     ratio_of,
 )
-from posttrain.algorithms.correction import (
+from .correction import (
     Correction,
     apply_correction,
     correction_metrics,
     mismatch_sums,
 )
-from posttrain.algorithms.policy_losses import POLICY_LOSSES, with_kl
+from .policy_losses import POLICY_LOSSES, with_kl
 
 
 def group_advantages(

@@ -16,7 +16,7 @@ from collections.abc import Callable
 
 import torch
 
-from posttrain.algorithms.common import PolicyLossTerms, clipped_policy_loss, kl_k3
+from .common import PolicyLossTerms, clipped_policy_loss, kl_k3
 
 PolicyLoss = Callable[..., PolicyLossTerms]
 

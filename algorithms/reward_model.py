@@ -16,8 +16,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from posttrain.algorithms.batch import TrainBatch
-from posttrain.algorithms.common import LossOutput, ratio_of
+from .batch import TrainBatch
+from .common import LossOutput, ratio_of
 
 #: Rows of one example: a pair is its chosen row then its rejected row.
 ROWS_PER_EXAMPLE = 2

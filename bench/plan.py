@@ -2,8 +2,8 @@
 
     flock /tmp/posttrain-heavy.lock .venv/bin/python bench/plan.py [--steps 4] [--set k=v ...]
 
-First the prediction (a fresh calibration by recipes/calibrate.py, as `plan --gpu cpu
---recalibrate` makes, then recipes/plan_cpu.py), then the quickstart itself for `--steps`
+First the prediction (a fresh calibration by recipes/planning/calibrate.py, as `plan --gpu cpu
+--recalibrate` makes, then recipes/planning/cpu.py), then the quickstart itself for `--steps`
 steps on the real model.
 The measured column is the mean over the steps after the first (which includes warm-up);
 train is split into forward+backward and AdamW by the learner's spans. Ratio = measured /
@@ -25,13 +25,13 @@ sys.path.insert(0, str(ROOT))
 from _quiet import QUIET  # noqa: E402  (bench/ is sys.path[0] when a bench runs)
 
 from posttrain.common.model_registry import resolve_model_path  # noqa: E402
-from posttrain.recipes.advice import advise_run  # noqa: E402
 from posttrain.recipes.data import load_prompts  # noqa: E402
 from posttrain.recipes.loading import load_recipe  # noqa: E402
 from posttrain.recipes.loop import run  # noqa: E402
-from posttrain.recipes.monitor import SPANS_FILE, read_jsonl  # noqa: E402
-from posttrain.recipes.plan_cpu_view import cpu_prediction  # noqa: E402
-from posttrain.recipes.planner import ModelShape  # noqa: E402
+from posttrain.recipes.monitoring.advice import advise_run  # noqa: E402
+from posttrain.recipes.monitoring.log import SPANS_FILE, read_jsonl  # noqa: E402
+from posttrain.recipes.planning.cpu_view import cpu_prediction  # noqa: E402
+from posttrain.recipes.planning.planner import ModelShape  # noqa: E402
 from posttrain.recipes.preflight import checked_prompt_tokens  # noqa: E402
 
 

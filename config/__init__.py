@@ -7,11 +7,11 @@ debug), `evaluation`, `episodes` (multi-turn keys) and `asynchrony` (rules of
 `train.max_staleness` / `train.correction`); `base` holds `Strict` and `RecipeError`.
 """
 
-from posttrain.config.adapter import AdapterConfig
-from posttrain.config.algorithms import DPOConfig, GRPOConfig, PPOConfig
-from posttrain.config.base import RecipeError, Strict
-from posttrain.config.data import DataConfig, GeneratorData, JsonlData, PreferenceData
-from posttrain.config.recipe import (
+from .adapter import AdapterConfig
+from .algorithms import DPOConfig, GRPOConfig, PPOConfig
+from .base import RecipeError, Strict
+from .data import DataConfig, GeneratorData, JsonlData, PreferenceData
+from .recipe import (
     AdvisoriesConfig,
     Recipe,
     ResourcesConfig,
@@ -19,7 +19,7 @@ from posttrain.config.recipe import (
     WeightSyncConfig,
     vllm_installed,
 )
-from posttrain.config.rewards import LOCAL_TYPES, RewardServerConfig, RewardSpec
+from .rewards import LOCAL_TYPES, RewardServerConfig, RewardSpec
 
 __all__ = [
     "LOCAL_TYPES",

@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from posttrain.config.base import Strict as _Strict
+from .base import Strict as _Strict
 
 
 class GRPOConfig(_Strict):
@@ -56,7 +56,7 @@ class GRPOConfig(_Strict):
         description="DAPO's dynamic sampling (Yu et al. 2025): drop groups whose rewards are "
         "all equal (no signal) and generate more prompts until the step has "
         "train.prompts_per_step groups with signal, at most max_rounds rounds "
-        "(recipes/dynamic.py). Metrics dynamic/dropped_groups and dynamic/rounds.",
+        "(recipes/algo/dynamic.py). Metrics dynamic/dropped_groups and dynamic/rounds.",
     )
     max_rounds: int = Field(
         3, gt=0, description="Most generate+score rounds per step with dynamic_sampling."

@@ -8,7 +8,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Discriminator, Field, Tag, model_validator
 
-from posttrain.config.base import Strict as _Strict
+from .base import Strict as _Strict
 
 
 class GeneratorData(_Strict):

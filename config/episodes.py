@@ -2,7 +2,7 @@
 `rollout.tools`, `rollout.environment`): pydantic only, no ML imports.
 
 An episode is multi-turn when `rollout.max_turns > 1`: the model samples a turn, the
-tools or the environment answer with new messages, and so on (recipes/episodes.py).
+tools or the environment answer with new messages, and so on (recipes/episodes/multiturn.py).
 With the defaults (`max_turns: 1`, no tools, no environment) a rollout is the
 single-turn sample it always was.
 """
@@ -13,7 +13,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from posttrain.config.base import Strict
+from .base import Strict
 
 
 class PythonTool(Strict):

@@ -7,8 +7,8 @@ from typing import Annotated
 
 from pydantic import Discriminator, Field, Tag
 
-from posttrain.config.base import Strict
-from posttrain.config.data import GeneratorData, JsonlData, _data_kind
+from .base import Strict
+from .data import GeneratorData, JsonlData, _data_kind
 
 
 class EvalConfig(Strict):

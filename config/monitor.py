@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from posttrain.config.base import Strict as _Strict
+from .base import Strict as _Strict
 
 
 class AdvisoriesConfig(_Strict):
-    """Thresholds of the health advisories (recipes/advisories.py), checked after every
+    """Thresholds of the health advisories (recipes/monitoring/advisories.py), checked after every
     step; an advisory is printed when it starts and listed in metrics.jsonl."""
 
     no_variance_groups: float = Field(

@@ -18,30 +18,30 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from posttrain.config.adapter import AdapterConfig
-from posttrain.config.algorithms import (
+from .adapter import AdapterConfig
+from .algorithms import (
     CorrectionConfig,
     DPOConfig,
     GRPOConfig,
     PPOConfig,
     RewardModelConfig,
 )
-from posttrain.config.asynchrony import check_async_and_correction
-from posttrain.config.base import Strict
-from posttrain.config.data import DataConfig, PreferenceData
-from posttrain.config.episodes import EpisodeFields, check_episodes
-from posttrain.config.evaluation import EvalConfig
-from posttrain.config.monitor import (  # noqa: F401  (re-exported: recipe.MonitorConfig)
+from .asynchrony import check_async_and_correction
+from .base import Strict
+from .data import DataConfig, PreferenceData
+from .episodes import EpisodeFields, check_episodes
+from .evaluation import EvalConfig
+from .monitor import (  # noqa: F401  (re-exported: recipe.MonitorConfig)
     AdvisoriesConfig,
     DebugConfig,
     MonitorConfig,
 )
-from posttrain.config.resources import (  # noqa: F401  (re-exported: recipe.ResourcesConfig)
+from .resources import (  # noqa: F401  (re-exported: recipe.ResourcesConfig)
     LearnerResources,
     ResourcesConfig,
     RolloutResources,
 )
-from posttrain.config.rewards import RewardSpec
+from .rewards import RewardSpec
 
 _Strict = Strict  # every recipe block forbids unknown keys
 

@@ -9,7 +9,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from posttrain.config.base import Strict as _Strict
+from .base import Strict as _Strict
 
 
 class RolloutResources(_Strict):

@@ -14,7 +14,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, field_validator
 
-from posttrain.config.base import Strict
+from .base import Strict
 
 
 class _Component(Strict):

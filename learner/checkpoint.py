@@ -26,10 +26,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from posttrain.learner import adapters
-from posttrain.learner.adapters import AdapterSettings
-from posttrain.learner.export import carry_model_files
-from posttrain.learner.push import full_state_dict
+from . import adapters
+from .adapters import AdapterSettings
+from .export import carry_model_files
+from .push import full_state_dict
 
 
 def save_policy(

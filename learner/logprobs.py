@@ -19,8 +19,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from posttrain.algorithms.common import token_logprobs
-from posttrain.common.packing import packing_pays
+from ..algorithms.common import token_logprobs
+from ..common.packing import packing_pays
 
 #: Hidden states per LM-head chunk: 512 × 49,152 float32 logits = 100 MB at a time.
 CHUNK_TOKENS = 512

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import torch
 
-from posttrain.algorithms.batch import TrainBatch
+from ..algorithms.batch import TrainBatch
 
 
 def plan_rows(

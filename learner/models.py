@@ -14,9 +14,9 @@ from typing import Literal
 
 import torch
 
-from posttrain.algorithms.batch import TrainBatch
-from posttrain.learner import adapters
-from posttrain.learner.adapters import AdapterSettings
+from ..algorithms.batch import TrainBatch
+from . import adapters
+from .adapters import AdapterSettings
 
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
 

@@ -17,9 +17,9 @@ from collections.abc import Iterator
 
 import torch
 
-from posttrain.learner import adapters
-from posttrain.learner.adapters import AdapterSettings
-from posttrain.weightsync import PushSource
+from ..weightsync import PushSource
+from . import adapters
+from .adapters import AdapterSettings
 
 
 def untied(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

@@ -6,9 +6,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from posttrain.algorithms.grpo import GRPOLoss
-from posttrain.learner.adapters import AdapterSettings
-from posttrain.weightsync import TransportSettings
+from ..algorithms.grpo import GRPOLoss
+from ..weightsync import TransportSettings
+from .adapters import AdapterSettings
 
 
 @dataclass(frozen=True)

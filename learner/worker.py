@@ -31,23 +31,23 @@ from typing import Literal
 import torch
 import torch.distributed as dist
 
-from posttrain.algorithms import loss_module
-from posttrain.algorithms.batch import TrainBatch
-from posttrain.common.process import quiet_libraries, set_torch_threads
-from posttrain.common.telemetry import Span, SpanRecorder
-from posttrain.learner import adapters, checkpoint
-from posttrain.learner.distributed import (
+from ..algorithms import loss_module
+from ..algorithms.batch import TrainBatch
+from ..common.process import quiet_libraries, set_torch_threads
+from ..common.telemetry import Span, SpanRecorder
+from ..weightsync import WeightHandle, make_transport, publish
+from . import adapters, checkpoint
+from .distributed import (
     backend_for,
     cuda_memory,
     rank_device,
     where,
 )
-from posttrain.learner.logprobs import sequence_logprobs
-from posttrain.learner.micro_batches import plan_rows, trim_right_padding
-from posttrain.learner.models import DTYPES, critic_values, load_sharded, reward_scores
-from posttrain.learner.push import full_state_dict, push_source
-from posttrain.learner.settings import CriticSettings, LearnerSettings
-from posttrain.weightsync import WeightHandle, make_transport, publish
+from .logprobs import sequence_logprobs
+from .micro_batches import plan_rows, trim_right_padding
+from .models import DTYPES, critic_values, load_sharded, reward_scores
+from .push import full_state_dict, push_source
+from .settings import CriticSettings, LearnerSettings
 
 __all__ = ["CriticSettings", "LearnerSettings", "LearnerWorker"]
 

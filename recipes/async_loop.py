@@ -56,11 +56,11 @@ from typing import Any
 
 import ray
 
-from posttrain.actors.rollout import Rollout
-from posttrain.common.telemetry import Span
-from posttrain.recipes import controller as c
-from posttrain.recipes.grpo import apply_failure_policy, rollout_batch, rollout_metrics
-from posttrain.rewards.protocol import Score
+from ..actors.rollout import Rollout
+from ..common.telemetry import Span
+from ..rewards.protocol import Score
+from . import controller as c
+from .algo.grpo import apply_failure_policy, rollout_batch, rollout_metrics
 
 
 @dataclass

@@ -31,8 +31,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from posttrain.config import Recipe, RecipeError
-from posttrain.recipes.loading import dump_recipe
+from ..config import Recipe, RecipeError
+from .loading import dump_recipe
 
 FOLDER, STATE_FILE = "checkpoints", "trainer_state.json"
 _NAME = re.compile(r"step_(\d{5,})")

@@ -16,11 +16,11 @@ from typing import Annotated
 
 import typer
 
-from posttrain.common.process import bf16_note
-from posttrain.config import PreferenceData, Recipe, RecipeError
-from posttrain.recipes.data import load_prompts
-from posttrain.recipes.loading import load_recipe
-from posttrain.recipes.preflight import PAIR_ALGORITHMS, check_lengths, check_runtime_inputs
+from ..common.process import bf16_note
+from ..config import PreferenceData, Recipe, RecipeError
+from .data import load_prompts
+from .loading import load_recipe
+from .preflight import PAIR_ALGORITHMS, check_lengths, check_runtime_inputs
 
 app = typer.Typer(
     add_completion=False,
@@ -46,7 +46,7 @@ def _load_or_exit(
         r = load_recipe(recipe, overrides or [])
         check_runtime_inputs(r)
         if isinstance(r.data.train, PreferenceData) and r.algorithm in PAIR_ALGORITHMS:
-            from posttrain.recipes.preference import load_pairs
+            from .preference import load_pairs
 
             d = r.data.train
             margin = r.reward_model.margin_key if r.algorithm == "reward_model" else None
@@ -117,7 +117,7 @@ def run(
     ] = None,
 ) -> None:
     """Train a recipe end to end, or continue a run with --resume RUN_DIR."""
-    from posttrain.recipes import checkpoints
+    from . import checkpoints
 
     if resume is not None:
         run_dir, checkpoint = resume, _checkpoint_or_exit(resume)
@@ -153,9 +153,9 @@ def run(
     typer.echo(f"posttrain: {r.name} ({r.algorithm}) → {run_dir}")
     if (note := bf16_note(r.resources.device, r.model.dtype)) is not None:
         typer.echo(note)
-    from posttrain.recipes.loop import PushFailed, RunStopped
-    from posttrain.recipes.loop import run as run_loop  # heavy imports only after validation
-    from posttrain.recipes.recovery import LearnerDied
+    from .loop import PushFailed, RunStopped
+    from .loop import run as run_loop  # heavy imports only after validation
+    from .recovery import LearnerDied
 
     t0 = time.time()
     try:
@@ -191,7 +191,7 @@ def _check_port_or_exit(port: int | None) -> None:
 
 def _checkpoint_or_exit(run_dir: Path) -> Path:
     """The newest complete checkpoint of `run_dir`."""
-    from posttrain.recipes import checkpoints
+    from . import checkpoints
 
     if not run_dir.is_dir() or not (run_dir / "recipe.yaml").is_file():
         what = "is not a folder" if not run_dir.is_dir() else "has no recipe.yaml"
@@ -216,7 +216,7 @@ def _checkpoint_or_exit(run_dir: Path) -> Path:
 
 def _check_resume_or_exit(r: Recipe, checkpoint: Path) -> None:
     """Refuse a recipe that changes what a resume cannot; print what it changes."""
-    from posttrain.recipes import checkpoints
+    from . import checkpoints
 
     try:
         changes = checkpoints.resume_changes(load_recipe(checkpoint / "recipe.yaml"), r)
@@ -266,7 +266,7 @@ def plan(
     """Predict memory per device, step time, idle fractions and the best rollout:learner
     split of a recipe on GPUs (or, with --gpu cpu, the step on this machine's cores),
     before anything starts."""
-    from posttrain.recipes.plan import HARDWARE
+    from .planning.formulas import HARDWARE
 
     if gpu not in (*HARDWARE, "cpu"):
         typer.echo(f"error: --gpu {gpu!r}: give one of {', '.join(HARDWARE)}, cpu", err=True)
@@ -284,7 +284,7 @@ def plan(
     r, prompts = _load_or_exit(recipe, set_, convert=False, lengths=False)
     if gpu == "cpu" and (note := bf16_note(r.resources.device, r.model.dtype)) is not None:
         typer.echo(note)
-    from posttrain.recipes import plan_view
+    from .planning import view as plan_view
 
     plan_view.main(r, prompts, gpu, mfu, nodes, gpus_per_node, recalibrate)
 
@@ -304,8 +304,8 @@ def serve_rewards(
     import yaml
     from pydantic import ValidationError
 
-    from posttrain.config.rewards import RewardServerConfig
-    from posttrain.recipes.loading import format_errors
+    from ..config.rewards import RewardServerConfig
+    from .loading import format_errors
 
     try:
         cfg = RewardServerConfig.model_validate(yaml.safe_load(config.read_text()))
@@ -321,7 +321,7 @@ def serve_rewards(
         raise typer.Exit(code=2)
     import uvicorn
 
-    from posttrain.rewards.service import create_app
+    from ..rewards.service import create_app
 
     try:
         app = create_app([c.model_dump() for c in cfg.rewards], token, cfg.workers)
@@ -343,7 +343,7 @@ def serve_rewards(
 
 
 def _run_dir_or_exit(run_dir: Path) -> list[dict]:
-    from posttrain.recipes.monitor import METRICS_FILE, read_jsonl
+    from .monitoring.log import METRICS_FILE, read_jsonl
 
     if not run_dir.is_dir():
         typer.echo(
@@ -453,7 +453,7 @@ def status(
         for step, a in advised:
             console.print(f"  step {step}: {a}", markup=False)
     if advise:
-        from posttrain.recipes.advice import advise_run
+        from .monitoring.advice import advise_run
 
         for line in advise_run(run_dir, rows, mtbf).lines:
             console.print(line, markup=False)
@@ -466,7 +466,7 @@ def dashboard(
 ) -> None:
     """Serve the dashboard of a run folder (finished or still running)."""
     _run_dir_or_exit(run_dir)
-    from posttrain.recipes.dashboard import DashboardServer
+    from .monitoring.dashboard import DashboardServer
 
     server = DashboardServer(run_dir, port)
     typer.echo(f"dashboard: {server.start()}  (Ctrl-C to stop)")

@@ -17,8 +17,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from posttrain.config import RecipeError, ResourcesConfig
-from posttrain.recipes.placement import gpus_needed
+from ..config import RecipeError, ResourcesConfig
+from .placement import gpus_needed
 
 
 def check_local_cuda(res: ResourcesConfig, rollout: bool = True) -> None:

@@ -2,7 +2,7 @@
 `push_weights`, telemetry, the rollout files), with the recovery from a dead rollout
 worker or reward service; starting and stopping the roles is recipes/roles.py (its names
 are re-exported here). The loop itself is recipes/loop.py; what an algorithm does with a
-step is recipes/algorithm.py.
+step is recipes/algo/base.py.
 
 Each step's rollouts and scores are written to disk before training on them, so a
 crash loses no scored sample.
@@ -18,12 +18,17 @@ from typing import TYPE_CHECKING, Any
 
 import ray
 
-from posttrain.actors.rollout import PromptRequest, Rollout, SamplingSettings
-from posttrain.algorithms.batch import TrainBatch
-from posttrain.common.telemetry import Span, busy_seconds, generation_tail, idle_fraction
-from posttrain.config import Recipe
-from posttrain.recipes.data import PromptItem
-from posttrain.recipes.roles import (  # noqa: F401  (re-exported: the loop calls c.<name>)
+from ..actors.rollout import PromptRequest, Rollout, SamplingSettings
+from ..algorithms.batch import TrainBatch
+from ..common.telemetry import Span, busy_seconds, generation_tail, idle_fraction
+from ..config import Recipe
+from ..rewards.protocol import Score, ScoreItem
+from ..weightsync import (
+    WeightSyncError,
+    push,
+)
+from .items import PromptItem
+from .roles import (  # noqa: F401  (re-exported: the loop calls c.<name>)
     LocalServiceLaunch,
     Roles,
     RolloutSpec,
@@ -39,11 +44,6 @@ from posttrain.recipes.roles import (  # noqa: F401  (re-exported: the loop call
     stop_roles,
     transport_settings,
     write_manifest,
-)
-from posttrain.rewards.protocol import Score, ScoreItem
-from posttrain.weightsync import (
-    WeightSyncError,
-    push,
 )
 
 if TYPE_CHECKING:

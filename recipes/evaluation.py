@@ -18,11 +18,12 @@ from typing import Any
 
 import ray
 
-from posttrain.actors.rollout import Rollout, SamplingSettings
-from posttrain.config import Recipe
-from posttrain.recipes import controller as c
-from posttrain.recipes.data import PromptItem, load_items
-from posttrain.rewards.protocol import Score
+from ..actors.rollout import Rollout, SamplingSettings
+from ..config import Recipe
+from ..rewards.protocol import Score
+from . import controller as c
+from .data import load_items
+from .items import PromptItem
 
 
 def pass_at_k(n: int, c_: int, k: int) -> float:

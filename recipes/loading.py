@@ -10,7 +10,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from posttrain.config import Recipe, RecipeError
+from ..config import Recipe, RecipeError
 
 # Union tags pydantic puts into error locations: data variants right after `train`,
 # reward types right after a list index. Only there are they dropped (`format` is

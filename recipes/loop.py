@@ -8,7 +8,7 @@ from __future__ import annotations
 import signal
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,29 +17,30 @@ from typing import Any
 import ray
 from tqdm import tqdm
 
-from posttrain.actors.rollout import Rollout
-from posttrain.common.model_registry import resolve_model_path
-from posttrain.common.process import quiet_libraries
-from posttrain.common.telemetry import Span
-from posttrain.config import PreferenceData, Recipe
-from posttrain.recipes import checkpoints
-from posttrain.recipes import controller as c
-from posttrain.recipes.advisories import advisories, new_advisories
-from posttrain.recipes.algorithm import Algorithm, RLAlgorithm, algorithm_for
-from posttrain.recipes.dashboard import DashboardServer
-from posttrain.recipes.data import PromptItem, load_prompts, prompt_stream
-from posttrain.recipes.dynamic import sample_with_signal
-from posttrain.recipes.episode_step import (
+from ..actors.rollout import Rollout
+from ..common.model_registry import resolve_model_path
+from ..common.process import quiet_libraries
+from ..common.telemetry import Span
+from ..config import PreferenceData, Recipe
+from ..rewards.protocol import Score
+from ..weightsync import WeightSyncError
+from . import checkpoints
+from . import controller as c
+from .algo import Algorithm, PairAlgorithm, RLAlgorithm, algorithm_for
+from .algo.dynamic import sample_with_signal
+from .algo.grpo import apply_failure_policy, rollout_batch, rollout_metrics
+from .data import load_prompts, prompt_stream
+from .episodes.step import (
     add_environment_rewards,
     episodes_enabled,
     generate_episodes,
 )
-from posttrain.recipes.evaluation import due, evaluate, load_eval_prompts
-from posttrain.recipes.grpo import apply_failure_policy, rollout_batch, rollout_metrics
-from posttrain.recipes.monitor import StepLog
-from posttrain.recipes.recovery import STEP_ERRORS, LearnerRecovery
-from posttrain.rewards.protocol import Score
-from posttrain.weightsync import WeightSyncError
+from .evaluation import due, evaluate, load_eval_prompts
+from .items import PromptItem
+from .monitoring.advisories import advisories, new_advisories
+from .monitoring.dashboard import DashboardServer
+from .monitoring.log import StepLog
+from .recovery import STEP_ERRORS, LearnerRecovery
 
 
 @dataclass
@@ -128,12 +129,13 @@ def run(
             disable=not recipe.monitor.progress,
         )
         recovery = LearnerRecovery(state, algo, log)
+        step_fn = pick_step(algo)
         step = start
         with StopOnSignal() as stop:
             while step < recipe.train.steps:
                 evaluated = _eval_if_due(state, step)
                 try:
-                    metrics, spans = algo.step(state, step)
+                    metrics, spans = step_fn(state, algo, step)
                 except WeightSyncError as e:
                     raise _stop_after_failed_push(state, algo, step, e) from e
                 except STEP_ERRORS as e:  # a dead learner rank: restart the group or stop
@@ -282,13 +284,35 @@ def load_data(recipe: Recipe) -> list[Any]:
     """
     d = recipe.data.train
     if isinstance(d, PreferenceData) and recipe.algorithm in ("dpo", "reward_model"):
-        from posttrain.recipes.preference import load_pairs
+        from .preference import load_pairs
 
         margin_key = recipe.reward_model.margin_key if recipe.algorithm == "reward_model" else None
         return load_pairs(
             d.path, d.format, d.prompt_key, d.chosen_key, d.rejected_key, d.limit, margin_key
         )[0]
     return load_prompts(recipe.data)
+
+
+StepFn = Callable[[Run, Any, int], tuple[dict[str, float], list[Span]]]
+
+
+def pick_step(algo: Algorithm) -> StepFn:
+    """The run's step, chosen once: the rollout step (`rl_step`, or `async_step` when
+    `train.max_staleness` ≥ 1 lets generation run ahead of training) for an
+    `RLAlgorithm`, the pair step (the algorithm's own `step`) for a `PairAlgorithm`.
+
+    Raises:
+        TypeError: an algorithm object of neither kind.
+    """
+    if isinstance(algo, RLAlgorithm):
+        if algo.recipe.train.max_staleness:
+            from .async_loop import async_step
+
+            return async_step
+        return rl_step
+    if isinstance(algo, PairAlgorithm):
+        return lambda run, a, step: a.step(run, step)
+    raise TypeError(f"{type(algo).__name__} is neither an RLAlgorithm nor a PairAlgorithm")
 
 
 def rl_step(run: Run, algo: RLAlgorithm, step: int) -> tuple[dict[str, float], list[Span]]:
@@ -301,7 +325,7 @@ def rl_step(run: Run, algo: RLAlgorithm, step: int) -> tuple[dict[str, float], l
     if recipe.grpo.dynamic_sampling:  # rounds of generate + score: all in time/generate
         rollouts, scores, dynamic = _sample_with_signal(run, step)
         t1 = t2 = time.time()
-    elif episodes_enabled(recipe):  # multi-turn or agent episodes (recipes/episode_step.py)
+    elif episodes_enabled(recipe):  # multi-turn or agent episodes (recipes/episodes/step.py)
         rollouts, dynamic = generate_episodes(
             roles, next(run.prompts), recipe, run.model_path, step, run.run_dir
         )
@@ -385,7 +409,7 @@ def _advise(history: list[dict[str, Any]], metrics: dict[str, Any], recipe: Reci
 
 
 def _sample_with_signal(run: Run, step: int) -> tuple[list[Rollout], list[Score], dict[str, float]]:
-    """DAPO's dynamic sampling (recipes/dynamic.py): the groups with signal to train on,
+    """DAPO's dynamic sampling (recipes/algo/dynamic.py): the groups with signal to train on,
     their scores and the metrics; every round's groups go to the rollout file."""
     recipe, roles = run.recipe, run.roles
     got = sample_with_signal(

@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from posttrain.config import RecipeError, ResourcesConfig
+from ..config import RecipeError, ResourcesConfig
 
 
 @dataclass

@@ -27,13 +27,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from posttrain.common.chat_tokens import adds_bos as _adds_bos
-from posttrain.common.chat_tokens import chat_reply as _chat_reply
-from posttrain.common.chat_tokens import hh_messages
-from posttrain.common.chat_tokens import one_bos as _one_bos
-from posttrain.common.chat_tokens import stop_ids as _stop_ids
-from posttrain.config import RecipeError
-from posttrain.recipes.data import PromptItem, jsonl_rows
+from ..common.chat_tokens import adds_bos as _adds_bos
+from ..common.chat_tokens import chat_reply as _chat_reply
+from ..common.chat_tokens import hh_messages
+from ..common.chat_tokens import one_bos as _one_bos
+from ..common.chat_tokens import stop_ids as _stop_ids
+from ..config import RecipeError
+from .items import PromptItem, jsonl_rows
 
 HH_MARK = "\n\nAssistant:"
 #: Template ids (part of the DPO reference-logprob cache key): how prompts were built.

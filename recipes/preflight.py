@@ -11,11 +11,12 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import posttrain.config.recipe as models  # vllm_installed looked up at call time (tests patch it)
-from posttrain.config import JsonlData, PreferenceData, Recipe, RecipeError
+from ..config import recipe as models  # vllm_installed looked up at call time (tests patch it)
+
+from ..config import JsonlData, PreferenceData, Recipe, RecipeError
 
 if TYPE_CHECKING:
-    from posttrain.recipes.data import PromptItem
+    from .items import PromptItem
 
 #: Algorithms that train on preference pairs: no rollouts, no prompt-length check.
 PAIR_ALGORITHMS = ("dpo", "reward_model")
@@ -110,7 +111,7 @@ def check_runtime_inputs(recipe: Recipe) -> None:
                 f"rewards.{i}.token_env: environment variable {c.token_env} is not set; export "
                 "it with the endpoint's bearer token, or remove token_env"
             )
-    from posttrain.common.model_registry import KNOWN_ALIASES  # no torch import at module level
+    from ..common.model_registry import KNOWN_ALIASES  # no torch import at module level
 
     if recipe.model.path not in KNOWN_ALIASES:
         folder = Path(recipe.model.path).expanduser()
@@ -163,7 +164,7 @@ def _readable_model_folder(path: str, convert: bool = False) -> Path | None:
     Converting an alias takes about 20 s and imports torch, so `validate` reads only an
     alias already converted (`convert=False`); `run` converts it here (`convert=True`),
     before Ray starts, so the length checks always run before training."""
-    from posttrain.common.model_registry import KNOWN_ALIASES, cache_dir, resolve_model_path
+    from ..common.model_registry import KNOWN_ALIASES, cache_dir, resolve_model_path
 
     if path not in KNOWN_ALIASES:
         return Path(path).expanduser()

@@ -33,10 +33,10 @@ import ray
 import torch
 from tqdm import tqdm
 
-from posttrain.recipes import checkpoints
-from posttrain.recipes import controller as c
-from posttrain.recipes.data import prompt_stream
-from posttrain.recipes.monitor import StepLog
+from . import checkpoints
+from . import controller as c
+from .data import prompt_stream
+from .monitoring.log import StepLog
 
 # Errors a step can end with when a learner rank died: the dead actor's own call
 # (RayActorError) or a surviving rank's collective that lost its peer (RayTaskError).

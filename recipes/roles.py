@@ -19,23 +19,23 @@ from typing import TYPE_CHECKING, Any
 import ray
 import torch
 
-from posttrain.actors.engine import EngineSettings
-from posttrain.actors.worker import RolloutWorker
-from posttrain.common.net import free_port
-from posttrain.common.process import default_threads, split_cores
-from posttrain.config import LOCAL_TYPES, Recipe, RecipeError
-from posttrain.recipes.loading import dump_recipe
-from posttrain.recipes.placement import Placement, gpus_needed, place, release
-from posttrain.rewards.client import RewardClient, RewardSet, start_local_service
-from posttrain.weightsync import (
+from ..actors.engine import EngineSettings
+from ..actors.worker import RolloutWorker
+from ..common.net import free_port
+from ..common.process import default_threads, split_cores
+from ..config import LOCAL_TYPES, Recipe, RecipeError
+from ..rewards.client import RewardClient, RewardSet, start_local_service
+from ..weightsync import (
     GroupStore,
     TransportSettings,
     make_transport,
     push,
 )
+from .loading import dump_recipe
+from .placement import Placement, gpus_needed, place, release
 
 if TYPE_CHECKING:
-    from posttrain.recipes.algorithm import Algorithm
+    from .algo.base import Algorithm
 
 
 @dataclass
@@ -282,11 +282,11 @@ def start_learners(
         RecipeError: an adapter target names no linear layer (checked before loading),
             or a learner node cannot see `run_dir`.
     """
-    from posttrain.learner.adapters import AdapterSettings, check_targets, format_memory_report
-    from posttrain.learner.distributed import format_cuda_memory
-    from posttrain.learner.settings import LearnerSettings
-    from posttrain.learner.worker import LearnerWorker
-    from posttrain.recipes.cluster import check_shared_run_dir, learner_places, record_places
+    from ..learner.adapters import AdapterSettings, check_targets, format_memory_report
+    from ..learner.distributed import format_cuda_memory
+    from ..learner.settings import LearnerSettings
+    from ..learner.worker import LearnerWorker
+    from .cluster import check_shared_run_dir, learner_places, record_places
 
     adapter = recipe.model.adapter
     if adapter.type != "none":  # a meta-device model: no weights read
@@ -415,7 +415,7 @@ def init_ray(recipe: Recipe, address: str | None, rollout: bool = True) -> None:
         return
     cuda = recipe.resources.device == "cuda"
     if cuda:
-        from posttrain.recipes.cluster import check_local_cuda
+        from .cluster import check_local_cuda
 
         check_local_cuda(recipe.resources, rollout)
     ray.init(

@@ -27,7 +27,7 @@ from typing import Literal
 import httpx
 from pydantic import ValidationError
 
-from posttrain.rewards.protocol import Score, ScoreItem, ScoreRequest, ScoreResponse
+from .protocol import Score, ScoreItem, ScoreRequest, ScoreResponse
 
 
 class RewardClient:

@@ -43,8 +43,8 @@ import re
 import secrets
 from typing import Any
 
-from posttrain.rewards.protocol import ScoreItem
-from posttrain.rewards.sandbox import BwrapSandbox, Limits, NoSandbox, RunResult
+from .protocol import ScoreItem
+from .sandbox import BwrapSandbox, Limits, NoSandbox, RunResult
 
 _FENCE = re.compile(r"```(?:python|py|Python)?[ \t]*\n(.*?)```", re.DOTALL)
 

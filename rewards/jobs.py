@@ -11,9 +11,9 @@ import re
 from functools import lru_cache
 from typing import Any
 
-from posttrain.rewards.math_verifier import score_math
-from posttrain.rewards.protocol import ScoreItem
-from posttrain.rewards.python_reward import load_function, score_python
+from .math_verifier import score_math
+from .protocol import ScoreItem
+from .python_reward import load_function, score_python
 
 
 def math_job(response: str, ground_truth: str | None) -> tuple[float, dict[str, Any]]:

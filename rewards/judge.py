@@ -26,8 +26,8 @@ from typing import Any
 
 import httpx
 
-from posttrain.config.rewards import JudgeReward
-from posttrain.rewards.protocol import ScoreItem
+from ..config.rewards import JudgeReward
+from .protocol import ScoreItem
 
 
 class JudgeError(RuntimeError):

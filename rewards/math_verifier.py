@@ -45,7 +45,7 @@ from typing import Any
 import sympy
 from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
 
-from posttrain.rewards.math_answer import (
+from .math_answer import (
     alternatives,
     find_markers,
     last_side,

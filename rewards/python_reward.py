@@ -13,7 +13,7 @@ import math
 from collections.abc import Callable
 from typing import Any
 
-from posttrain.rewards.protocol import ScoreItem
+from .protocol import ScoreItem
 
 
 def load_function(spec: str) -> Callable[..., Any]:

@@ -26,9 +26,9 @@ import math
 import threading
 from typing import Any
 
-from posttrain.common.chat_tokens import chat_prompt, chat_reply, plain_ids, stop_ids
-from posttrain.config.rewards import RewardModelReward
-from posttrain.rewards.protocol import ScoreItem
+from ..common.chat_tokens import chat_prompt, chat_reply, plain_ids, stop_ids
+from ..config.rewards import RewardModelReward
+from .protocol import ScoreItem
 
 
 class RunningStats:

@@ -47,7 +47,7 @@ from fastapi.responses import PlainTextResponse
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from pydantic import TypeAdapter
 
-from posttrain.config.rewards import (
+from ..config.rewards import (
     LOCAL_TYPES,
     CodeReward,
     FormatReward,
@@ -58,12 +58,12 @@ from posttrain.config.rewards import (
     RewardModelReward,
     RewardSpec,
 )
-from posttrain.rewards import jobs
-from posttrain.rewards.bounded import BoundedPool, VerifierTimeout
-from posttrain.rewards.code_verifier import score_code
-from posttrain.rewards.protocol import Score, ScoreItem, ScoreRequest, ScoreResponse
-from posttrain.rewards.python_reward import load_function
-from posttrain.rewards.sandbox import Limits, make_sandbox
+from . import jobs
+from .bounded import BoundedPool, VerifierTimeout
+from .code_verifier import score_code
+from .protocol import Score, ScoreItem, ScoreRequest, ScoreResponse
+from .python_reward import load_function
+from .sandbox import Limits, make_sandbox
 
 log = logging.getLogger("posttrain.rewards")
 Scorer = Callable[[ScoreItem], tuple[float, dict[str, Any]]]
@@ -109,11 +109,11 @@ def make_scorer(spec: Any, pool: BoundedPool) -> Scorer:
         load_function(spec.function)  # fail at start, not on every item, if it is missing
         return lambda item: pool.call(jobs.python_job, (spec.function, item), spec.timeout_s)
     if isinstance(spec, RewardModelReward):  # torch only when a reward model is served
-        from posttrain.rewards.reward_model import RewardModelScorer
+        from .reward_model import RewardModelScorer
 
         return RewardModelScorer(spec)
     if isinstance(spec, JudgeReward):
-        from posttrain.rewards.judge import JudgeScorer
+        from .judge import JudgeScorer
 
         return JudgeScorer(spec)
     raise ValueError(

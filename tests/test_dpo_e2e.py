@@ -13,7 +13,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from posttrain.algorithms.dpo import dpo_loss
 from posttrain.learner.export import differing_model_files
 from posttrain.learner.logprobs import sequence_logprobs
-from posttrain.recipes.dpo import cache_key, pair_batch
+from posttrain.recipes.algo.dpo import cache_key, pair_batch
 from posttrain.recipes.loading import load_recipe
 from posttrain.recipes.loop import run
 from posttrain.recipes.preference import PreferencePair, load_pairs, tokenize_pairs

@@ -22,7 +22,8 @@ import pytest
 import ray
 from safetensors.torch import load_file
 
-from posttrain.recipes import algorithm, checkpoints, controller, roles
+from posttrain.recipes import checkpoints, controller, roles
+from posttrain.recipes.algo import base as algorithm
 from posttrain.recipes.loading import load_recipe
 from posttrain.recipes.loop import RunStopped, run
 from posttrain.recipes.recovery import LearnerDied

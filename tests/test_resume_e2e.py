@@ -16,7 +16,7 @@ from safetensors.torch import load_file
 from posttrain.recipes import checkpoints
 from posttrain.recipes.loading import load_recipe
 from posttrain.recipes.loop import RunStopped, run
-from posttrain.recipes.monitor import StepLog
+from posttrain.recipes.monitoring.log import StepLog
 from tests.test_grpo_e2e import _grpo_recipe
 
 KEYS = ("loss", "reward_mean", "lr", "grad_norm", "response_length_mean", "policy_version")

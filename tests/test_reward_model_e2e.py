@@ -16,9 +16,9 @@ from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
 from posttrain.common.net import free_port
 from posttrain.learner.export import differing_model_files
+from posttrain.recipes.algo.reward_model import RewardModel
 from posttrain.recipes.loading import load_recipe
 from posttrain.recipes.loop import load_data, run
-from posttrain.recipes.reward_model import RewardModel
 from posttrain.rewards.client import RewardClient, start_local_service
 from posttrain.rewards.protocol import ScoreItem
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from posttrain.weightsync.base import (
+from .base import (
     ChecksumTap,
     PushSource,
     WeightHandle,
@@ -12,7 +12,7 @@ from posttrain.weightsync.base import (
     WeightTransport,
     state_checksum,
 )
-from posttrain.weightsync.publish import GroupStore, publish, push
+from .publish import GroupStore, publish, push
 
 TRANSPORTS = ("object_store", "collective", "filesystem", "cuda_ipc")
 
@@ -65,19 +65,19 @@ def make_transport(settings: TransportSettings | str, rank: int | None = None) -
 
 def _build(s: TransportSettings) -> WeightTransport:
     if s.type == "object_store":
-        from posttrain.weightsync.object_store import ObjectStoreTransport
+        from .object_store import ObjectStoreTransport
 
         return ObjectStoreTransport()
     if s.type == "collective":
-        from posttrain.weightsync.collective import CollectiveTransport
+        from .collective import CollectiveTransport
 
         return CollectiveTransport(s.backend, s.bucket_mb, s.timeout_s)
     if s.type == "filesystem":
-        from posttrain.weightsync.filesystem import FilesystemTransport
+        from .filesystem import FilesystemTransport
 
         return FilesystemTransport(s.directory)
     if s.type == "cuda_ipc":
-        from posttrain.weightsync.cuda_ipc import CudaIpcTransport
+        from .cuda_ipc import CudaIpcTransport
 
         return CudaIpcTransport()
     raise ValueError(

@@ -27,7 +27,7 @@ from datetime import timedelta
 
 import torch
 
-from posttrain.weightsync.base import WeightHandle, WeightSyncError, WeightTransport, state_checksum
+from .base import WeightHandle, WeightSyncError, WeightTransport, state_checksum
 
 _MiB = 1 << 20
 _ALIGN = 64  # bytes

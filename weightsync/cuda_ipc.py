@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from posttrain.weightsync.base import WeightHandle, WeightSyncError, WeightTransport, state_checksum
+from .base import WeightHandle, WeightSyncError, WeightTransport, state_checksum
 
 # Position of `storage_device` in rebuild_cuda_tensor's arguments (torch 2.x).
 _DEVICE_ARG = 6

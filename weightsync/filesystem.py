@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from posttrain.weightsync.base import WeightHandle, WeightSyncError, WeightTransport, state_checksum
+from .base import WeightHandle, WeightSyncError, WeightTransport, state_checksum
 
 
 class FilesystemTransport(WeightTransport):

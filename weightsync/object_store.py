@@ -17,7 +17,7 @@ from collections.abc import Iterator
 import numpy as np
 import torch
 
-from posttrain.weightsync.base import WeightHandle, WeightSyncError, WeightTransport, state_checksum
+from .base import WeightHandle, WeightSyncError, WeightTransport, state_checksum
 
 # dtypes numpy cannot hold are sent as same-width integers and viewed back.
 _VIEW_AS = {torch.bfloat16: torch.int16}

@@ -21,7 +21,7 @@ from collections.abc import Iterator, Sequence
 from datetime import timedelta
 from typing import Any
 
-from posttrain.weightsync.base import PushSource, WeightHandle, WeightSyncError, WeightTransport
+from .base import PushSource, WeightHandle, WeightSyncError, WeightTransport
 
 
 def publish(

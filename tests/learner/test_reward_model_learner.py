@@ -14,7 +14,7 @@ from transformers import AutoModelForSequenceClassification, AutoTokenizer
 from posttrain.algorithms.reward_model import RewardModelLoss
 from posttrain.learner.adapters import AdapterSettings
 from posttrain.learner.worker import LearnerSettings, LearnerWorker
-from posttrain.recipes.dpo import pair_batch
+from posttrain.recipes.algo.dpo import pair_batch
 from posttrain.recipes.preference import PreferencePair, tokenize_pairs_with_template
 from tests.learner.ranks import run_ranks
 

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from posttrain.recipes.advice import advise, measured_phases
 from posttrain.recipes.cli import app
 from posttrain.recipes.loading import dump_recipe, load_recipe
+from posttrain.recipes.monitoring.advice import advise, measured_phases
 from tests.conftest import ROOT
 
 QUICK = ROOT / "recipes" / "quickstart_grpo.yaml"
@@ -107,7 +107,7 @@ def test_status_advise_cli(tmp_path):
 
 
 def test_dashboard_shows_the_advice(tmp_path):
-    from posttrain.recipes.dashboard import DashboardServer
+    from posttrain.recipes.monitoring.dashboard import DashboardServer
     from tests.recipes.test_telemetry import _chromium_dom
 
     run = _run_folder(tmp_path)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from posttrain.config import AdvisoriesConfig
-from posttrain.recipes.advisories import advisories, new_advisories
+from posttrain.recipes.monitoring.advisories import advisories, new_advisories
 
 T = AdvisoriesConfig()
 

@@ -12,7 +12,7 @@ from posttrain.actors.engine import EngineSettings
 from posttrain.actors.rollout import PromptRequest
 from posttrain.actors.worker import RolloutWorker
 from posttrain.config import Recipe
-from posttrain.recipes.agent_step import AgentProgramFailed, generate_agent_episodes
+from posttrain.recipes.episodes.agent_step import AgentProgramFailed, generate_agent_episodes
 from tests.tiny_model import build_tiny_model
 
 AGENT = Path(__file__).resolve().parents[2] / "examples" / "openai_agent.py"

@@ -9,8 +9,8 @@ import json
 import pytest
 
 from posttrain.actors.rollout import Rollout
-from posttrain.recipes.data import PromptItem
-from posttrain.recipes.dynamic import has_signal, sample_with_signal
+from posttrain.recipes.algo.dynamic import has_signal, sample_with_signal
+from posttrain.recipes.items import PromptItem
 from posttrain.recipes.loading import load_recipe
 from posttrain.recipes.loop import run
 from posttrain.rewards.protocol import Score

@@ -17,9 +17,9 @@ from posttrain.actors.engine import Sample
 from posttrain.actors.rollout import PromptRequest, SamplingSettings
 from posttrain.common.net import free_port
 from posttrain.config.episodes import HttpEnvironment, PythonEnvironment
-from posttrain.recipes.environments import EnvironmentFailed, make_environment
-from posttrain.recipes.episode_step import add_environment_rewards
-from posttrain.recipes.episodes import run_episodes, start_episodes, to_rollout
+from posttrain.recipes.episodes.environments import EnvironmentFailed, make_environment
+from posttrain.recipes.episodes.multiturn import run_episodes, start_episodes, to_rollout
+from posttrain.recipes.episodes.step import add_environment_rewards
 from posttrain.rewards.protocol import Score
 from tests.tiny_model import build_tiny_model
 

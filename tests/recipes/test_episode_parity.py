@@ -13,8 +13,13 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from posttrain.actors.engine import EngineSettings
 from posttrain.actors.rollout import PromptRequest, SamplingSettings
 from posttrain.learner.logprobs import sequence_logprobs
-from posttrain.recipes.episodes import StepResult, run_episodes, start_episodes, to_rollout
-from posttrain.recipes.grpo import rollout_batch
+from posttrain.recipes.algo.grpo import rollout_batch
+from posttrain.recipes.episodes.multiturn import (
+    StepResult,
+    run_episodes,
+    start_episodes,
+    to_rollout,
+)
 from tests.engine_host import RemoteEngine, requires_vllm
 from tests.tiny_model import build_tiny_model
 

@@ -16,7 +16,8 @@ from posttrain.algorithms.batch import pack_rows
 from posttrain.algorithms.common import loss_denominator
 from posttrain.algorithms.grpo import GRPOLoss, loss
 from posttrain.config.episodes import PythonTool
-from posttrain.recipes.episodes import (
+from posttrain.recipes.algo.grpo import rollout_batch
+from posttrain.recipes.episodes.multiturn import (
     TemplateMismatch,
     chat_ids,
     message_delta,
@@ -24,8 +25,12 @@ from posttrain.recipes.episodes import (
     start_episodes,
     to_rollout,
 )
-from posttrain.recipes.grpo import rollout_batch
-from posttrain.recipes.tools import TRUNCATED_MARK, ToolEnvironment, make_tools, parse_tool_calls
+from posttrain.recipes.episodes.tools import (
+    TRUNCATED_MARK,
+    ToolEnvironment,
+    make_tools,
+    parse_tool_calls,
+)
 from tests.tiny_model import build_tiny_model
 
 CALL = '<tool_call>{"name": "python", "arguments": {"code": "print(17 * 23)"}}</tool_call>'
@@ -343,6 +348,6 @@ def test_schema_refuses_inconsistent_episode_settings(rollout, message):
 def test_single_turn_defaults_stay_single_turn():
     r = _recipe()
     assert r.rollout.max_turns == 1 and not r.rollout.tools and r.rollout.environment is None
-    from posttrain.recipes.episode_step import episodes_enabled
+    from posttrain.recipes.episodes.step import episodes_enabled
 
     assert not episodes_enabled(r) and episodes_enabled(_recipe(agent={"command": ["a"]}))

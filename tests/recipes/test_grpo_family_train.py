@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-import posttrain.recipes.algorithm as algorithm
+import posttrain.recipes.algo.base as algorithm
 from posttrain.actors.rollout import Rollout
-from posttrain.recipes.grpo import GRPO, rollout_batch
+from posttrain.recipes.algo.grpo import GRPO, rollout_batch
 from posttrain.recipes.loading import load_recipe
 from tests.conftest import ROOT
 

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from posttrain.recipes import plan
+from posttrain.recipes.planning import formulas as plan
 from tests.conftest import ROOT
 
 GB = 1e9
@@ -124,7 +124,10 @@ def test_hardware_table_has_sources():
 
 
 def test_plan_imports_no_torch():
-    code = "import sys, posttrain.recipes.plan; sys.exit(1 if 'torch' in sys.modules else 0)"
+    code = (
+        "import sys, posttrain.recipes.planning.formulas; "
+        "sys.exit(1 if 'torch' in sys.modules else 0)"
+    )
     assert subprocess.run([sys.executable, "-c", code], cwd=ROOT).returncode == 0
 
 

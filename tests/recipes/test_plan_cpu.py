@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 
 from posttrain.recipes.cli import app
 from posttrain.recipes.loading import load_recipe
-from posttrain.recipes.plan_cpu import (
+from posttrain.recipes.planning.cpu import (
     CpuCalibration,
     DecodeProbe,
     PushProbe,
@@ -100,8 +100,8 @@ def test_a_loaded_machine_is_flagged(capsys):
     """2 threads measured slower than 1 (other jobs on the cores): the plan says so."""
     from dataclasses import replace
 
-    from posttrain.recipes.plan_cpu_view import print_cpu_plan
-    from posttrain.recipes.planner import ModelShape
+    from posttrain.recipes.planning.cpu_view import print_cpu_plan
+    from posttrain.recipes.planning.planner import ModelShape
 
     r = load_recipe(QUICK, ["rollout.engine=hf"])
     shape = ModelShape(
@@ -129,7 +129,7 @@ def test_one_rank_gathers_nothing():
 
 
 def test_probes_measure_positive_rates():
-    from posttrain.recipes import calibrate
+    from posttrain.recipes.planning import calibrate
 
     assert calibrate.measure_matmul(1, 64, 64, 64, seconds=0.01) > 0
     assert math.isfinite(calibrate.measure_copy(8 * calibrate.MIB, reps=1))
@@ -140,8 +140,8 @@ def test_probes_measure_positive_rates():
 def test_calibration_is_cached_per_machine_and_shape(tiny_model, monkeypatch, tmp_path):
     """The second plan reads the file the first wrote (same values); another step shape
     or --recalibrate measures again."""
-    from posttrain.recipes import calibrate
-    from posttrain.recipes.planner import ModelShape
+    from posttrain.recipes.planning import calibrate
+    from posttrain.recipes.planning.planner import ModelShape
 
     monkeypatch.setenv("POSTTRAIN_CACHE", str(tmp_path))
     TINY = ModelShape.from_config(tiny_model / "config.json")  # noqa: N806

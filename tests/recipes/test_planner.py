@@ -8,9 +8,9 @@ import sys
 
 import pytest
 
-from posttrain.recipes import plan
 from posttrain.recipes.loading import load_recipe
-from posttrain.recipes.planner import Cluster, ModelShape, plan_recipe, trained_tokens
+from posttrain.recipes.planning import formulas as plan
+from posttrain.recipes.planning.planner import Cluster, ModelShape, plan_recipe, trained_tokens
 from tests.conftest import ROOT
 
 QUICK = ROOT / "recipes" / "quickstart_grpo.yaml"

@@ -11,7 +11,7 @@ import yaml
 
 from posttrain.config import RecipeError
 from posttrain.recipes.loading import load_recipe
-from posttrain.recipes.monitor import StepLog
+from posttrain.recipes.monitoring.log import StepLog
 from posttrain.recipes.recovery import last_good
 from tests.recipes.test_checkpoints import _run_dir
 

@@ -9,8 +9,8 @@ import pytest
 
 from posttrain.common.chat_tokens import hh_messages
 from posttrain.config import Recipe, RecipeError
+from posttrain.recipes.algo.reward_model import as_chat, split_eval
 from posttrain.recipes.preference import PreferencePair, load_pairs, pair_prompts
-from posttrain.recipes.reward_model import as_chat, split_eval
 
 BASE = {
     "name": "rm",

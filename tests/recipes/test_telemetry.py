@@ -14,9 +14,9 @@ import yaml
 from fastapi.testclient import TestClient
 
 from posttrain.common.telemetry import Span, busy_seconds, generation_tail, idle_fraction
-from posttrain.recipes.dashboard import DashboardServer, create_dashboard
 from posttrain.recipes.loading import load_recipe
 from posttrain.recipes.loop import run
+from posttrain.recipes.monitoring.dashboard import DashboardServer, create_dashboard
 from tests.conftest import ROOT
 
 
@@ -130,7 +130,7 @@ def test_tensorboard_prometheus_and_status(slowed_runs):
 
 
 def test_wandb_offline(tmp_path, monkeypatch):
-    from posttrain.recipes.monitor import StepLog
+    from posttrain.recipes.monitoring.log import StepLog
 
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_SILENT", "true")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-import posttrain.recipes.algorithm as algorithm
+import posttrain.recipes.algo.base as algorithm
 from posttrain.algorithms.batch import TrainBatch, pad_rows_to_multiple
 
 

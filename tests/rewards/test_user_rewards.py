@@ -17,7 +17,7 @@ from fastapi.responses import PlainTextResponse
 from fastapi.testclient import TestClient
 
 from posttrain.common.net import free_port
-from posttrain.recipes.grpo import RewardFailure, apply_failure_policy
+from posttrain.recipes.algo.grpo import RewardFailure, apply_failure_policy
 from posttrain.rewards.client import RewardClient, RewardSet
 from posttrain.rewards.protocol import ScoreItem
 from posttrain.rewards.service import create_app

@@ -41,16 +41,16 @@ from pathlib import Path
 
 import torch
 
-from posttrain.common.model_registry import cache_dir
-from posttrain.config import Recipe
-from posttrain.recipes.plan_cpu import (
+from ...common.model_registry import cache_dir
+from ...config import Recipe
+from .cpu import (
     CpuCalibration,
     DecodeProbe,
     PushProbe,
     TrainProbe,
     worker_threads,
 )
-from posttrain.recipes.planner import ModelShape
+from .planner import ModelShape
 
 MIB = 2**20
 
@@ -171,7 +171,7 @@ def measure_engine(
     prefix-cache hits) with 1 + `steps` new tokens gives the seconds per decode step (over
     the longest response it made). Then one untimed and one timed `load_weights(weights)`.
     A one-prompt call first builds kernels."""
-    from posttrain.actors.rollout import SamplingSettings
+    from ...actors.rollout import SamplingSettings
 
     torch.set_num_threads(threads)
     gen = torch.Generator().manual_seed(0)
@@ -257,8 +257,8 @@ def calibrate(r: Recipe, folder: Path, prompt_tokens: int, shape: ModelShape) ->
     from safetensors.torch import load_file
     from transformers import AutoModelForCausalLM
 
-    from posttrain.actors.factory import make_engine
-    from posttrain.recipes.roles import engine_settings
+    from ...actors.factory import make_engine
+    from ..roles import engine_settings
 
     t0 = time.perf_counter()
     cores = os.cpu_count() or 1

@@ -16,7 +16,7 @@ import statistics
 from collections.abc import Sequence
 from typing import Any
 
-from posttrain.config import AdvisoriesConfig
+from ...config import AdvisoriesConfig
 
 CODES = (
     "no_variance",

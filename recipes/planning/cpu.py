@@ -1,5 +1,5 @@
 """`posttrain plan --gpu cpu`: the quickstart-style step on this machine's cores, from
-measured rates (recipes/calibrate.py) and plan.py's formulas. No torch here.
+measured rates (recipes/planning/calibrate.py) and plan.py's formulas. No torch here.
 
 The step is synchronous, as `posttrain run`'s: generate, then train, then push.
 - generate: the recipe's own engine (vLLM or transformers) timed on the step's batch
@@ -28,9 +28,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from posttrain.config import Recipe
-from posttrain.recipes import plan
-from posttrain.recipes.planner import trained_tokens, weight_bytes
+from ...config import Recipe
+from . import formulas as plan
+from .planner import trained_tokens, weight_bytes
 
 
 @dataclass(frozen=True)
@@ -79,7 +79,7 @@ class PushProbe:
 
 @dataclass(frozen=True)
 class CpuCalibration:
-    """What recipes/calibrate.py measured on this machine.
+    """What recipes/planning/calibrate.py measured on this machine.
 
     Attributes:
         matmul_flops: torch threads -> FLOP/s of the model's MLP matmul in `model.dtype`.

@@ -11,9 +11,9 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from posttrain.config import Recipe, RecipeError
-from posttrain.recipes.plan import GB
-from posttrain.recipes.planner import Cluster, ModelShape, RecipePlan, Times, plan_recipe
+from ...config import Recipe, RecipeError
+from .formulas import GB
+from .planner import Cluster, ModelShape, RecipePlan, Times, plan_recipe
 
 
 def main(
@@ -31,7 +31,7 @@ def main(
         cluster = Cluster(nodes, gpus_per_node) if nodes and gpus_per_node else None
         print_plan(plan_recipe(r, shape, gpu, tokens, mfu, cluster))
         return
-    from posttrain.recipes.plan_cpu_view import plan_cpu_or_exit
+    from .cpu_view import plan_cpu_or_exit
 
     plan_cpu_or_exit(r, folder, shape, tokens, recalibrate)
 
@@ -41,7 +41,7 @@ def inputs_or_exit(r: Recipe, prompts: list) -> tuple[Path, ModelShape, int]:
     context as `validate` does); exits 2 when the model's config.json is not here (a
     built-in alias not converted yet: nothing is downloaded or converted) or a prompt
     does not fit."""
-    from posttrain.recipes.preflight import _readable_model_folder, checked_prompt_tokens
+    from ..preflight import _readable_model_folder, checked_prompt_tokens
 
     folder = _readable_model_folder(r.model.path, convert=False)
     if folder is None:

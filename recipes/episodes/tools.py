@@ -26,10 +26,10 @@ import re
 import time
 from typing import Any
 
-from posttrain.actors.rollout import PromptRequest
-from posttrain.config.episodes import PythonTool
-from posttrain.recipes.episodes import StepResult
-from posttrain.rewards.sandbox import Limits, make_sandbox
+from ...actors.rollout import PromptRequest
+from ...config.episodes import PythonTool
+from ...rewards.sandbox import Limits, make_sandbox
+from .multiturn import StepResult
 
 _CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
 TRUNCATED_MARK = "\n[... output truncated]"

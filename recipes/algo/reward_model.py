@@ -22,19 +22,19 @@ import ray
 import torch
 from tqdm import tqdm
 
-from posttrain.algorithms.batch import concat
-from posttrain.algorithms.reward_model import RewardModelLoss, bradley_terry
-from posttrain.common.chat_tokens import hh_messages
-from posttrain.common.telemetry import Span, idle_fraction
-from posttrain.config import Recipe, RecipeError
-from posttrain.recipes.algorithm import Algorithm
-from posttrain.recipes.controller import on_learners
-from posttrain.recipes.dpo import pair_batch
-from posttrain.recipes.preference import (
+from ...algorithms.batch import concat
+from ...algorithms.reward_model import RewardModelLoss, bradley_terry
+from ...common.chat_tokens import hh_messages
+from ...common.telemetry import Span, idle_fraction
+from ...config import Recipe, RecipeError
+from ..controller import on_learners
+from ..preference import (
     PreferencePair,
     TokenizedPair,
     tokenize_pairs_with_template,
 )
+from .base import PairAlgorithm
+from .dpo import pair_batch
 
 
 def as_chat(pairs: list[PreferencePair], fmt: str) -> list[PreferencePair]:
@@ -78,7 +78,7 @@ def split_eval(order: list[int], eval_pairs: int) -> tuple[list[int], list[int]]
     return order[:cut], order[cut:]
 
 
-class RewardModel(Algorithm):
+class RewardModel(PairAlgorithm):
     """`algorithm: reward_model` (see `algorithms.reward_model`)."""
 
     name = "reward_model"

@@ -2,9 +2,9 @@
 step's batch is made and how a step trains. The loop, the CLI and `start_learners`
 look it up once (`algorithm_for`) and never branch on the algorithm's name.
 
-- RL algorithms (`RLAlgorithm`: GRPO in recipes/grpo.py, PPO in recipes/ppo.py) share
+- RL algorithms (`RLAlgorithm`: GRPO in recipes/algo/grpo.py, PPO in recipes/algo/ppo.py) share
   one step, `recipes.loop.rl_step`: generate → score → batch → `train` → push.
-- DPO (recipes/dpo.py) and the reward model (recipes/reward_model.py) have no rollout
+- DPO (recipes/algo/dpo.py) and the reward model (recipes/algo/reward_model.py) have no rollout
   side: their `step` trains on preference pairs.
 """
 
@@ -16,13 +16,13 @@ from typing import Any
 
 import torch
 
-from posttrain.actors.rollout import Rollout
-from posttrain.algorithms.batch import TrainBatch, pad_rows_to_multiple
-from posttrain.algorithms.common import loss_denominator
-from posttrain.algorithms.correction import Correction
-from posttrain.common.telemetry import Span
-from posttrain.config import Recipe
-from posttrain.recipes.controller import on_learners
+from ...actors.rollout import Rollout
+from ...algorithms.batch import TrainBatch, pad_rows_to_multiple
+from ...algorithms.common import loss_denominator
+from ...algorithms.correction import Correction
+from ...common.telemetry import Span
+from ...config import Recipe
+from ..controller import on_learners
 
 
 class Algorithm(ABC):
@@ -58,24 +58,11 @@ class Algorithm(ABC):
         (JSON-able); GRPO and PPO keep nothing on the controller between steps."""
         return {}
 
-    @abstractmethod
-    def step(self, run: Any, step: int) -> tuple[dict[str, float], list[Span]]:
-        """One training step of `run` (a `recipes.loop.Run`); returns its metrics and
-        every worker's busy spans of the step."""
-
 
 class RLAlgorithm(Algorithm):
-    """GRPO and PPO: the step is `recipes.loop.rl_step` (`recipes.async_loop.async_step`
-    with `train.max_staleness` ≥ 1); each says how it trains."""
-
-    def step(self, run: Any, step: int) -> tuple[dict[str, float], list[Span]]:
-        if self.recipe.train.max_staleness:  # generation runs ahead of training
-            from posttrain.recipes.async_loop import async_step
-
-            return async_step(run, self, step)
-        from posttrain.recipes.loop import rl_step
-
-        return rl_step(run, self, step)
+    """GRPO and PPO: the loop's rollout step (`recipes.loop.rl_step`, or
+    `recipes.async_loop.async_step` with `train.max_staleness` ≥ 1) samples, scores and
+    batches; each algorithm says how it trains on that batch."""
 
     @abstractmethod
     def train(
@@ -92,6 +79,18 @@ class RLAlgorithm(Algorithm):
             batch: `rollout_batch` of the step (rows of unscored rollouts masked out).
             rewards: the rewards to train on, after `on_reward_failure` (None: left out).
         """
+
+
+class PairAlgorithm(Algorithm):
+    """DPO and the reward model: no rollout side; the loop's pair step is the
+    algorithm's own `step`, which trains on the step's preference pairs."""
+
+    uses_rollouts = False
+
+    @abstractmethod
+    def step(self, run: Any, step: int) -> tuple[dict[str, float], list[Span]]:
+        """One training step of `run` (a `recipes.loop.Run`); returns its metrics and
+        every worker's busy spans of the step."""
 
 
 def run_updates(
@@ -128,15 +127,3 @@ def correction_of(recipe: Recipe) -> Correction:
     """The learner's plain settings of `train.correction`."""
     c = recipe.train.correction
     return Correction(mode=c.mode, level=c.level, cap=c.cap)
-
-
-def algorithm_for(recipe: Recipe) -> Algorithm:
-    """The algorithm object of `recipe.algorithm`."""
-    from posttrain.recipes.dpo import DPO
-    from posttrain.recipes.grpo import GRPO
-    from posttrain.recipes.ppo import PPO
-    from posttrain.recipes.reward_model import RewardModel
-
-    return {"grpo": GRPO, "ppo": PPO, "dpo": DPO, "reward_model": RewardModel}[recipe.algorithm](
-        recipe
-    )

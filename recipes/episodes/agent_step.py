@@ -1,7 +1,7 @@
 """The controller's generate for black-box agents (`rollout.agent`): every rollout
 worker serves its OpenAI-compatible endpoint, the step's episodes go to the user's agent
 program as a JSONL file, the program runs, and each episode's recorded calls become a
-token-exact `Rollout` (recipes/agent_episodes.py).
+token-exact `Rollout` (recipes/episodes/agent.py).
 
 Episode file (`$POSTTRAIN_EPISODES`, one JSON object per line): `episode_id` (also the
 rollout uid, `{group_id}-{k}`), `base_url` (the OpenAI base URL to call for it: episodes
@@ -22,8 +22,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from posttrain.config import Recipe
-from posttrain.recipes.agent_episodes import agent_rollout
+from ...config import Recipe
+from .agent import agent_rollout
 
 
 class AgentProgramFailed(RuntimeError):

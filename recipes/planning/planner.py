@@ -1,5 +1,5 @@
 """`posttrain plan`'s model of one recipe on one kind of GPU: memory per device, step
-time and the rollout:learner split, from recipes/plan.py's formulas.
+time and the rollout:learner split, from recipes/planning/formulas.py's formulas.
 
 Structure: `ModelShape` reads a Llama-style config.json (decoder layers of attention with
 grouped KV heads and a gated MLP); `plan_recipe` returns a `RecipePlan` of plain numbers
@@ -23,10 +23,10 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from posttrain.common.packing import packing_pays
-from posttrain.config import Recipe
-from posttrain.recipes import plan
-from posttrain.recipes.plan import GB, Hardware
+from ...common.packing import packing_pays
+from ...config import Recipe
+from . import formulas as plan
+from .formulas import GB, Hardware
 
 
 @dataclass(frozen=True)

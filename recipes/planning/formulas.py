@@ -1,7 +1,7 @@
 """Capacity planning: memory, traffic and time of a run from first principles.
 
 Pure functions of numbers, no torch: every formula names its unit (bytes, FLOPs,
-seconds; GB = 1e9 bytes) and where it comes from. `posttrain plan` (recipes/planner.py)
+seconds; GB = 1e9 bytes) and where it comes from. `posttrain plan` (recipes/planning/planner.py)
 feeds them a recipe and a model's config.json; tests/recipes/test_plan.py checks them
 against the worked figures of ../shared/capacity-figures.md.
 

@@ -11,13 +11,13 @@ from typing import Any
 
 import torch
 
-from posttrain.actors.rollout import Rollout
-from posttrain.algorithms.batch import TrainBatch, concat, pack_rows, pad_rows_to_multiple
-from posttrain.algorithms.grpo import ESTIMATORS, GRPOLoss, mask_truncated, overlong_penalty
-from posttrain.config import Recipe
-from posttrain.recipes.algorithm import RLAlgorithm, correction_of, run_updates
-from posttrain.recipes.controller import on_learners
-from posttrain.rewards.protocol import Score
+from ...actors.rollout import Rollout
+from ...algorithms.batch import TrainBatch, concat, pack_rows, pad_rows_to_multiple
+from ...algorithms.grpo import ESTIMATORS, GRPOLoss, mask_truncated, overlong_penalty
+from ...config import Recipe
+from ...rewards.protocol import Score
+from ..controller import on_learners
+from .base import RLAlgorithm, correction_of, run_updates
 
 
 def rollout_batch(rollouts: list[Rollout], rewards: list[float | None], pad_id: int) -> TrainBatch:

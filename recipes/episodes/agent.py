@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from posttrain.actors.rollout import Rollout
+from ...actors.rollout import Rollout
 
 
 class AgentEpisodeError(ValueError):

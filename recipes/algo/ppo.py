@@ -9,13 +9,13 @@ from typing import Any
 
 import torch
 
-from posttrain.actors.rollout import Rollout
-from posttrain.algorithms.batch import TrainBatch, concat, pad_rows_to_multiple
-from posttrain.algorithms.ppo import PPOLoss, advantages_and_returns, explained_variance
-from posttrain.config import Recipe
-from posttrain.learner.settings import CriticSettings
-from posttrain.recipes.algorithm import RLAlgorithm, correction_of, run_updates
-from posttrain.recipes.controller import on_learners
+from ...actors.rollout import Rollout
+from ...algorithms.batch import TrainBatch, concat, pad_rows_to_multiple
+from ...algorithms.ppo import PPOLoss, advantages_and_returns, explained_variance
+from ...config import Recipe
+from ...learner.settings import CriticSettings
+from ..controller import on_learners
+from .base import RLAlgorithm, correction_of, run_updates
 
 
 class PPO(RLAlgorithm):

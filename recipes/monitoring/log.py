@@ -13,8 +13,8 @@ import math
 from pathlib import Path
 from typing import Any
 
-from posttrain.common.telemetry import Span
-from posttrain.config import Recipe
+from ...common.telemetry import Span
+from ...config import Recipe
 
 METRICS_FILE, SPANS_FILE = "metrics.jsonl", "spans.jsonl"
 

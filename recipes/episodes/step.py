@@ -1,6 +1,6 @@
 """The controller's multi-turn generate (`rollout.max_turns > 1`): wires the rollout
 workers (`generate_ids`) and the recipe's tools or environment into
-`recipes.episodes.run_episodes`, and reports the episode metrics.
+`recipes.episodes.multiturn.run_episodes`, and reports the episode metrics.
 
 Concurrency: each turn sends the running episodes' token ids to the rollout workers
 (spread round-robin, one Ray call per worker) and waits for all of them; environment
@@ -17,19 +17,19 @@ from typing import Any
 
 import ray
 
-from posttrain.actors.engine import Sample
-from posttrain.actors.rollout import PromptRequest, Rollout, SamplingSettings
-from posttrain.config import Recipe
-from posttrain.recipes.data import PromptItem
-from posttrain.recipes.episodes import (
+from ...actors.engine import Sample
+from ...actors.rollout import PromptRequest, Rollout, SamplingSettings
+from ...config import Recipe
+from ...rewards.protocol import Score
+from ..items import PromptItem
+from .multiturn import (
     Environment,
     Episode,
     run_episodes,
     start_episodes,
     to_rollout,
 )
-from posttrain.recipes.tools import ToolEnvironment, make_tools
-from posttrain.rewards.protocol import Score
+from .tools import ToolEnvironment, make_tools
 
 
 @lru_cache(maxsize=4)
@@ -48,7 +48,7 @@ def environment_factory(recipe: Recipe, tokenizer: Any, step: int):
     starts with a trial run) or its user environment."""
     r = recipe.rollout
     if r.environment is not None:
-        from posttrain.recipes.environments import make_environment
+        from .environments import make_environment
 
         return lambda uid: make_environment(r.environment, f"{uid}@{step}")
     key = (tokenizer.name_or_path, repr(r.tools))
@@ -116,8 +116,8 @@ def generate_episodes(
     """
     r = recipe.rollout
     tok = policy_tokenizer(model_path)
-    if r.agent is not None:  # black-box agent program (recipes/agent_step.py)
-        from posttrain.recipes.agent_step import generate_agent_episodes
+    if r.agent is not None:  # black-box agent program (recipes/episodes/agent_step.py)
+        from .agent_step import generate_agent_episodes
 
         return generate_agent_episodes(
             roles.rollout,

@@ -19,18 +19,18 @@ from typing import Any
 import ray
 import torch
 
-from posttrain.algorithms.batch import TrainBatch, concat, pack_rows
-from posttrain.algorithms.dpo import DPOLoss
-from posttrain.common.model_registry import cache_dir
-from posttrain.common.telemetry import Span, idle_fraction
-from posttrain.config import Recipe
-from posttrain.recipes.algorithm import Algorithm
-from posttrain.recipes.controller import on_learners
-from posttrain.recipes.preference import (
+from ...algorithms.batch import TrainBatch, concat, pack_rows
+from ...algorithms.dpo import DPOLoss
+from ...common.model_registry import cache_dir
+from ...common.telemetry import Span, idle_fraction
+from ...config import Recipe
+from ..controller import on_learners
+from ..preference import (
     PLAIN_TEMPLATE_ID,
     TokenizedPair,
     tokenize_pairs_with_template,
 )
+from .base import PairAlgorithm
 
 
 def pair_batch(pairs: list[TokenizedPair | None], pad_id: int) -> TrainBatch:
@@ -95,7 +95,7 @@ def reference_sums(
     return torch.cat(out)
 
 
-class DPO(Algorithm):
+class DPO(PairAlgorithm):
     """`algorithm: dpo` (sigmoid or IPO, see `algorithms.dpo`)."""
 
     name = "dpo"

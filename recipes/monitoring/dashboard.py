@@ -5,7 +5,7 @@ live run (the controller starts it in a thread at launch) and a finished one
 (`posttrain dashboard RUN_DIR`). Routes: `/` the page (per-step stacked time split,
 idle fractions over steps, learning metrics over steps (reward, per component,
 accuracy, eval pass@k, length, truncation, KL, loss, grad norm, logprob mismatch) and
-the advisories, the advice of recipes/advice.py (split, checkpoint interval; the page's
+the advisories, the advice of recipes/monitoring/advice.py (split, checkpoint interval; the page's
 `?mtbf=HOURS` sets the MTBF), a Gantt timeline of the last steps with one row per
 worker), `/api/metrics`, `/api/spans?last=N`, `/api/advice?mtbf=H`, and Prometheus
 `/metrics` with the last step's numbers as gauges. Binds 127.0.0.1 only: it has no authentication.
@@ -22,7 +22,7 @@ from typing import Any
 from fastapi import FastAPI
 from fastapi.responses import HTMLResponse, PlainTextResponse
 
-from posttrain.recipes.monitor import METRICS_FILE, SPANS_FILE, read_jsonl
+from .log import METRICS_FILE, SPANS_FILE, read_jsonl
 
 PAGE = Path(__file__).with_name("dashboard.html")
 
@@ -61,7 +61,7 @@ def create_dashboard(run_dir: Path) -> FastAPI:
 
     @app.get("/api/advice")
     def advice(mtbf: float | None = None) -> dict[str, Any]:
-        from posttrain.recipes.advice import advise_run
+        from .advice import advise_run
 
         if mtbf is not None and mtbf <= 0:
             return {"lines": [f"mtbf must be > 0 hours, got {mtbf}"]}

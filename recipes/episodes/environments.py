@@ -33,9 +33,9 @@ from typing import Any
 import httpx
 from pydantic import BaseModel, ValidationError
 
-from posttrain.actors.rollout import PromptRequest
-from posttrain.config.episodes import HttpEnvironment, PythonEnvironment
-from posttrain.recipes.episodes import StepResult
+from ...actors.rollout import PromptRequest
+from ...config.episodes import HttpEnvironment, PythonEnvironment
+from .multiturn import StepResult
 
 
 class EnvironmentFailed(RuntimeError):

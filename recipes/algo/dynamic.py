@@ -18,9 +18,9 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from posttrain.actors.rollout import Rollout
-from posttrain.recipes.data import PromptItem
-from posttrain.rewards.protocol import Score
+from ...actors.rollout import Rollout
+from ...rewards.protocol import Score
+from ..items import PromptItem
 
 
 @dataclass

@@ -10,7 +10,7 @@ predicted as G·R/r + T·L/l + P + O for r engines and l = D − r ranks: each s
 divides evenly over its devices (data-parallel engines, FSDP ranks), to first order
 (Amdahl per side; no fixed per-worker cost).
 
-The checkpoint interval: Young/Daly, sqrt(2·C·MTBF) (recipes/plan.py), with C the mean
+The checkpoint interval: Young/Daly, sqrt(2·C·MTBF) (recipes/planning/formulas.py), with C the mean
 measured save time of the run's checkpoints (`seconds` in their trainer_state.json).
 
 Limits: means over the measured steps after the first (warm-up) when there are more
@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from posttrain.recipes.plan import young_daly_interval
+from ..planning.formulas import young_daly_interval
 
 TRAIN_KINDS = ("forward", "backward", "optimizer")
 
@@ -222,9 +222,9 @@ def advise(
 
 def advise_run(run_dir: Path, rows: list[dict[str, Any]], mtbf_hours: float | None) -> Advice:
     """`advise` with the run folder's own spans.jsonl and recipe.yaml (its resources)."""
-    from posttrain.config import RecipeError
-    from posttrain.recipes.loading import load_recipe
-    from posttrain.recipes.monitor import SPANS_FILE, read_jsonl
+    from ...config import RecipeError
+    from ..loading import load_recipe
+    from .log import SPANS_FILE, read_jsonl
 
     try:
         res = load_recipe(Path(run_dir) / "recipe.yaml").resources

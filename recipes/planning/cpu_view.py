@@ -1,5 +1,5 @@
-"""`posttrain plan --gpu cpu`: calibrate this machine (recipes/calibrate.py), predict one
-step (recipes/plan_cpu.py) and print it with the measurements it came from."""
+"""`posttrain plan --gpu cpu`: calibrate this machine (recipes/planning/calibrate.py), predict one
+step (recipes/planning/cpu.py) and print it with the measurements it came from."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from posttrain.config import Recipe
-from posttrain.recipes.plan import GB, Hardware
-from posttrain.recipes.plan_cpu import CpuCalibration, CpuStep, predict
-from posttrain.recipes.planner import ModelShape, plan_recipe
+from ...config import Recipe
+from .cpu import CpuCalibration, CpuStep, predict
+from .formulas import GB, Hardware
+from .planner import ModelShape, plan_recipe
 
 
 def cpu_prediction(
@@ -21,7 +21,7 @@ def cpu_prediction(
     """Calibrate at the recipe's engine, thread counts and batch (or read the cached
     calibration of the same machine and shape), then predict its step. The third value
     is the cache file the calibration came from (None: measured now)."""
-    from posttrain.recipes.calibrate import cached_calibration
+    from .calibrate import cached_calibration
 
     cal, cached = cached_calibration(r, folder, prompt_tokens, shape, recalibrate)
     a = r.model.adapter
@@ -147,6 +147,6 @@ def print_cpu_plan(
         )
     console.print(
         "not modelled: scoring, the controller, Ray calls, samples that stop "
-        "early, other jobs on the machine (recipes/plan_cpu.py)",
+        "early, other jobs on the machine (recipes/planning/cpu.py)",
         style="dim",
     )

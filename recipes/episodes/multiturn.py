@@ -18,7 +18,7 @@ never re-tokenised.
   it as the response mask, so environment tokens are context, never targets.
 
 Who drives what: this module knows an engine only as a `GenerateFn` and an environment
-only as an `Environment`; the controller (recipes/episode_step.py) wires the rollout
+only as an `Environment`; the controller (recipes/episodes/step.py) wires the rollout
 workers and the tools or user environments to it.
 
 Limits: a turn cut by `max_new_tokens` (or by the budget) ends its episode (truncated);
@@ -33,9 +33,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Protocol
 
-from posttrain.actors.chat import TemplateMismatch, chat_ids, message_delta
-from posttrain.actors.engine import Sample, end_of_turn_token_id
-from posttrain.actors.rollout import PromptRequest, Rollout, SamplingSettings
+from ...actors.chat import TemplateMismatch, chat_ids, message_delta
+from ...actors.engine import Sample, end_of_turn_token_id
+from ...actors.rollout import PromptRequest, Rollout, SamplingSettings
 
 __all__ = [
     "Environment",

@@ -1,0 +1,1 @@
+"""Multi-turn episodes, black-box agents, environments and tools."""
