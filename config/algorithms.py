@@ -7,6 +7,7 @@ from typing import Literal
 from pydantic import Field
 
 from .base import Strict as _Strict
+from .facts import AlgorithmFacts, Passes
 
 
 class GRPOConfig(_Strict):
@@ -89,6 +90,24 @@ class GRPOConfig(_Strict):
         "logprob_mismatch is then measured in eval mode, without adapter dropout).",
     )
 
+    def facts(self) -> AlgorithmFacts:
+        """GRPO: rollouts; a reference only with the KL on; old logprobs get their own
+        pass when a step takes several updates (or `old_logprob_pass: always`)."""
+        updates = self.epochs * self.mini_batches
+        separate = updates > 1 or self.old_logprob_pass == "always"
+        return AlgorithmFacts(
+            data="rollouts",
+            reference=self.kl_coef > 0,
+            critic=False,
+            updates_per_step=updates,
+            old_logprob_pass=separate,
+            passes=Passes(
+                policy_forward=int(separate),
+                reference_forward=int(self.kl_coef > 0),
+                policy_train=self.epochs,
+            ),
+        )
+
 
 class PPOConfig(_Strict):
     gamma: float = Field(1.0, ge=0, le=1, description="Discount γ over response tokens.")
@@ -116,6 +135,25 @@ class PPOConfig(_Strict):
         "policy's weights.",
     )
 
+    def facts(self) -> AlgorithmFacts:
+        """PPO: rollouts and a critic; every step runs the old-logprob, value (and, with
+        the KL on, reference) forwards before its `epochs × mini_batches` updates, each of
+        which trains the policy and the critic."""
+        return AlgorithmFacts(
+            data="rollouts",
+            reference=self.kl_coef > 0,
+            critic=True,
+            updates_per_step=self.epochs * self.mini_batches,
+            old_logprob_pass=True,
+            passes=Passes(
+                policy_forward=1,
+                reference_forward=int(self.kl_coef > 0),
+                critic_forward=1,
+                policy_train=self.epochs,
+                critic_train=self.epochs,
+            ),
+        )
+
 
 class DPOConfig(_Strict):
     beta: float = Field(0.1, gt=0, description="β, the strength of the implicit KL constraint.")
@@ -135,6 +173,19 @@ class DPOConfig(_Strict):
         "and free the reference; false keeps the reference in the loop.",
     )
     max_length: int = Field(512, gt=8, description="Most tokens of prompt + reply per row.")
+
+    def facts(self) -> AlgorithmFacts:
+        """DPO: preference pairs and a reference, whose logprobs are precomputed once
+        before training (or, without `precompute_ref_logprobs`, taken every step); one
+        update per step."""
+        return AlgorithmFacts(
+            data="pairs",
+            reference=True,
+            critic=False,
+            updates_per_step=1,
+            old_logprob_pass=False,
+            passes=Passes(reference_forward=int(not self.precompute_ref_logprobs)),
+        )
 
 
 class CorrectionConfig(_Strict):
@@ -189,3 +240,14 @@ class RewardModelConfig(_Strict):
     eval_every: int = Field(
         10, gt=0, description="Score the held-out pairs every N steps and after the last."
     )
+
+    def facts(self) -> AlgorithmFacts:
+        """A reward model: preference pairs, no reference, one update per step."""
+        return AlgorithmFacts(
+            data="pairs",
+            reference=False,
+            critic=False,
+            updates_per_step=1,
+            old_logprob_pass=False,
+            passes=Passes(),
+        )

@@ -31,6 +31,7 @@ from .base import Strict
 from .data import DataConfig, PreferenceData
 from .episodes import EpisodeFields, check_episodes
 from .evaluation import EvalConfig
+from .facts import AlgorithmFacts
 from .monitor import (  # noqa: F401  (re-exported: recipe.MonitorConfig)
     AdvisoriesConfig,
     DebugConfig,
@@ -307,6 +308,20 @@ class Recipe(_Strict):
         None, description="Evaluation on held-out prompts during training (GRPO, PPO)."
     )
     debug: DebugConfig = Field(default_factory=DebugConfig)
+
+    @property
+    def facts(self) -> AlgorithmFacts:
+        """What `algorithm` asks of the run (config/facts.py), from its own block."""
+        block: GRPOConfig | PPOConfig | DPOConfig | RewardModelConfig = getattr(
+            self, self.algorithm
+        )
+        return block.facts()
+
+    @property
+    def pair_margin_key(self) -> str | None:
+        """The preference rows' per-pair margin key: the reward model's `margin_key`
+        (DPO reads no margin)."""
+        return self.reward_model.margin_key if self.algorithm == "reward_model" else None
 
     @model_validator(mode="after")
     def _algorithm_fits_data(self) -> Recipe:

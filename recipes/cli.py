@@ -17,10 +17,10 @@ from typing import Annotated
 import typer
 
 from ..common.process import bf16_note
-from ..config import PreferenceData, Recipe, RecipeError
-from .data import load_prompts
+from ..config import Recipe, RecipeError
+from .data import load_data, load_prompts
 from .loading import load_recipe
-from .preflight import PAIR_ALGORITHMS, check_lengths, check_runtime_inputs
+from .preflight import check_lengths, check_runtime_inputs
 
 app = typer.Typer(
     add_completion=False,
@@ -45,14 +45,8 @@ def _load_or_exit(
     try:
         r = load_recipe(recipe, overrides or [])
         check_runtime_inputs(r)
-        if isinstance(r.data.train, PreferenceData) and r.algorithm in PAIR_ALGORITHMS:
-            from .preference import load_pairs
-
-            d = r.data.train
-            margin = r.reward_model.margin_key if r.algorithm == "reward_model" else None
-            pairs, skipped = load_pairs(
-                d.path, d.format, d.prompt_key, d.chosen_key, d.rejected_key, d.limit, margin
-            )
+        if r.facts.data == "pairs":
+            pairs, skipped = load_data(r)
             if skipped:
                 typer.echo(
                     f"data: {skipped} rows skipped (their dialogues do not share a prompt)",
@@ -79,7 +73,7 @@ def _load_or_exit(
 def validate(recipe: Path, set_: SetOpt = None) -> None:
     """Check a recipe (schema, data rows, model path) without starting anything."""
     r, prompts = _load_or_exit(recipe, set_, convert=False)
-    what = "pairs" if isinstance(r.data.train, PreferenceData) else "prompts"
+    what = "pairs" if r.facts.data == "pairs" else "prompts"
     typer.echo(
         f"ok: {recipe} ({r.algorithm}, {r.train.steps} steps, {len(prompts)} {what}, "
         f"model {r.model.path})"

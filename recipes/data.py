@@ -11,7 +11,7 @@ import json
 import random
 from typing import Any
 
-from ..config import RecipeError
+from ..config import Recipe, RecipeError
 from ..config.data import DataConfig, GeneratorData, JsonlData, PreferenceData
 from .items import PromptItem, jsonl_rows
 from .preference import load_pairs, pair_prompts
@@ -159,3 +159,25 @@ def prompt_stream(
     """Yield `per_step` prompts at a time, reshuffling at every epoch boundary (see
     `PromptStream`; `state` resumes a stream's `state()`)."""
     return PromptStream(items, per_step, seed, state)
+
+
+def load_data(recipe: Recipe) -> tuple[list[Any], int]:
+    """A recipe's training data and how many rows were skipped: preference pairs for an
+    algorithm that trains on pairs (`recipe.facts.data`), else prompts (of hh pairs:
+    their single-turn prompts, `preference.pair_prompts`).
+
+    Raises:
+        RecipeError: an unreadable file or a bad row (named).
+    """
+    d = recipe.data.train
+    if isinstance(d, PreferenceData) and recipe.facts.data == "pairs":
+        return load_pairs(
+            d.path,
+            d.format,
+            d.prompt_key,
+            d.chosen_key,
+            d.rejected_key,
+            d.limit,
+            recipe.pair_margin_key,
+        )
+    return load_prompts(recipe.data), 0

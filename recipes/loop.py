@@ -21,7 +21,7 @@ from ..actors.rollout import Rollout
 from ..common.model_registry import resolve_model_path
 from ..common.process import quiet_libraries
 from ..common.telemetry import Span
-from ..config import PreferenceData, Recipe
+from ..config import Recipe
 from ..rewards.protocol import Score
 from ..weightsync import WeightSyncError
 from . import checkpoints
@@ -29,7 +29,7 @@ from . import controller as c
 from .algo import Algorithm, PairAlgorithm, RLAlgorithm, algorithm_for
 from .algo.dynamic import sample_with_signal
 from .algo.grpo import apply_failure_policy, rollout_batch, rollout_metrics
-from .data import load_prompts, prompt_stream
+from .data import load_data, prompt_stream
 from .episodes.step import (
     add_environment_rewards,
     episodes_enabled,
@@ -91,7 +91,7 @@ def run(
     quiet_libraries()
     run_dir.mkdir(parents=True, exist_ok=True)
     if data is None:
-        data = load_data(recipe)
+        data = load_data(recipe)[0]
     eval_prompts = load_eval_prompts(recipe)
     algo = algorithm_for(recipe)
     model_path = str(resolve_model_path(recipe.model.path))
@@ -273,24 +273,6 @@ def _resume(run: Run, algo: Algorithm, checkpoint: Path, version: int) -> None:
         c.push_weights(run.roles, run.recipe, version)
         ray.get([a.drain_spans.remote() for a in run.roles.rollout + run.roles.learners])
     print(f"resumed from {checkpoint} (policy_version {version})", flush=True)
-
-
-def load_data(recipe: Recipe) -> list[Any]:
-    """The recipe's training data: preference pairs (DPO, reward model) or prompts (for
-    GRPO / PPO on hh pairs: their single-turn prompts, `preference.pair_prompts`).
-
-    Raises:
-        RecipeError: an unreadable file or a bad row (named).
-    """
-    d = recipe.data.train
-    if isinstance(d, PreferenceData) and recipe.algorithm in ("dpo", "reward_model"):
-        from .preference import load_pairs
-
-        margin_key = recipe.reward_model.margin_key if recipe.algorithm == "reward_model" else None
-        return load_pairs(
-            d.path, d.format, d.prompt_key, d.chosen_key, d.rejected_key, d.limit, margin_key
-        )[0]
-    return load_prompts(recipe.data)
 
 
 StepFn = Callable[[Run, Any, int], tuple[dict[str, float], list[Span]]]

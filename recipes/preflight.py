@@ -11,15 +11,11 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..config import recipe as models  # vllm_installed looked up at call time (tests patch it)
-
 from ..config import JsonlData, PreferenceData, Recipe, RecipeError
+from ..config import recipe as models  # vllm_installed looked up at call time (tests patch it)
 
 if TYPE_CHECKING:
     from .items import PromptItem
-
-#: Algorithms that train on preference pairs: no rollouts, no prompt-length check.
-PAIR_ALGORITHMS = ("dpo", "reward_model")
 
 
 def _check_reward_runtime(i: int, c: Any) -> None:
@@ -54,7 +50,7 @@ VLLM_CPU_HEAD_DIMS = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
 
 
 def _check_vllm_cpu_head_dim(recipe: Recipe, config_file: Path) -> None:
-    if recipe.algorithm in PAIR_ALGORITHMS or recipe.rollout.engine != "vllm":
+    if not recipe.facts.uses_rollouts or recipe.rollout.engine != "vllm":
         return
     if recipe.resources.device != "cpu":
         return
@@ -85,12 +81,12 @@ def check_runtime_inputs(recipe: Recipe) -> None:
             "(relative paths are read from the recipe's folder)"
         )
     critic = recipe.ppo.critic_path
-    if recipe.algorithm == "ppo" and critic and not (Path(critic) / "config.json").is_file():
+    if recipe.facts.critic and critic and not (Path(critic) / "config.json").is_file():
         raise RecipeError(
             f"ppo.critic_path: {critic} is not a transformers folder (no "
             "config.json); remove it to start the critic from the policy"
         )
-    rollouts_on_vllm = recipe.algorithm not in PAIR_ALGORITHMS and recipe.rollout.engine == "vllm"
+    rollouts_on_vllm = recipe.facts.uses_rollouts and recipe.rollout.engine == "vllm"
     if rollouts_on_vllm and not models.vllm_installed():
         raise RecipeError(
             "rollout.engine: 'vllm' is not installed here; run scripts/setup.sh (CPU: "
@@ -259,7 +255,7 @@ def checked_prompt_tokens(
         RecipeError: names the key to change (rollout.vllm.max_model_len or
             rollout.max_new_tokens), the limit, the longest prompt and what to set.
     """
-    if recipe.algorithm in PAIR_ALGORITHMS or not prompts:
+    if not recipe.facts.uses_rollouts or not prompts:
         return 0
     folder = _readable_model_folder(recipe.model.path, convert)
     if folder is None:

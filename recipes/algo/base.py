@@ -30,6 +30,9 @@ class Algorithm(ABC):
 
     Attributes:
         name: the recipe's `algorithm`.
+        facts: what the algorithm asks of the run (`config.facts.AlgorithmFacts`, read
+            from the recipe's algorithm block: rollouts or pairs, reference, critic,
+            passes per step).
         uses_rollouts: starts rollout engines, a reward service and weight pushes.
         loss: the learner's loss settings (`algorithms.<name>.<Name>Loss`).
         load_reference: the learner keeps a frozen reference.
@@ -40,14 +43,18 @@ class Algorithm(ABC):
     """
 
     name: str
-    uses_rollouts: bool = True
     critic: Any = None
     head: str = "lm"
 
     def __init__(self, recipe: Recipe):
         self.recipe = recipe
-        self.load_reference = False
+        self.facts = recipe.facts
+        self.load_reference = self.facts.reference
         self.temperature = recipe.rollout.temperature
+
+    @property
+    def uses_rollouts(self) -> bool:
+        return self.facts.uses_rollouts
 
     def prepare(self, run: Any) -> None:
         """Work before the first step, once the roles run (DPO: reference precompute)."""
@@ -84,8 +91,6 @@ class RLAlgorithm(Algorithm):
 class PairAlgorithm(Algorithm):
     """DPO and the reward model: no rollout side; the loop's pair step is the
     algorithm's own `step`, which trains on the step's preference pairs."""
-
-    uses_rollouts = False
 
     @abstractmethod
     def step(self, run: Any, step: int) -> tuple[dict[str, float], list[Span]]:

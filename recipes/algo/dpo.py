@@ -99,7 +99,6 @@ class DPO(PairAlgorithm):
     """`algorithm: dpo` (sigmoid or IPO, see `algorithms.dpo`)."""
 
     name = "dpo"
-    uses_rollouts = False
 
     def __init__(self, recipe: Recipe):
         super().__init__(recipe)
@@ -110,7 +109,6 @@ class DPO(PairAlgorithm):
             loss_type=d.loss_type,
             ipo_token_mean=d.ipo_token_mean,
         )
-        self.load_reference = True
         self.temperature = 1.0
         self.ref_all: torch.Tensor | None = None
 

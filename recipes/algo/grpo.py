@@ -152,12 +152,6 @@ class GRPO(RLAlgorithm):
             correction=correction_of(recipe),
         )
         self.estimate = ESTIMATORS[g.estimator]
-        self.load_reference = g.kl_coef > 0
-
-    def separate_old_logprobs(self) -> bool:
-        """Whether `old_logprobs` need their own no-grad pass before the updates."""
-        g = self.recipe.grpo
-        return g.epochs * g.mini_batches > 1 or g.old_logprob_pass == "always"
 
     def train(
         self,
@@ -185,7 +179,7 @@ class GRPO(RLAlgorithm):
             batch.response_mask = mask_truncated(batch.response_mask, truncated)
         batch.advantages = adv.unsqueeze(-1) * batch.response_mask
         padded = pad_rows_to_multiple(batch, len(learners))
-        if self.separate_old_logprobs():
+        if self.facts.old_logprob_pass:
             padded.old_logprobs = concat(
                 on_learners(learners, "compute", padded, step, "old_logprobs")
             )

@@ -82,7 +82,6 @@ class RewardModel(PairAlgorithm):
     """`algorithm: reward_model` (see `algorithms.reward_model`)."""
 
     name = "reward_model"
-    uses_rollouts = False
     head = "score"
 
     def __init__(self, recipe: Recipe):

@@ -33,11 +33,13 @@ def cpu_prediction(
 def plan_cpu_or_exit(
     r: Recipe, folder: Path, shape: ModelShape, prompt_tokens: int, recalibrate: bool = False
 ) -> None:
-    """Print the CPU plan of a GRPO/PPO recipe; exits 2 for DPO."""
-    if r.algorithm == "dpo":
+    """Print the CPU plan of a rollout recipe (GRPO, PPO); exits 2 for one that trains on
+    preference pairs (DPO, a reward model)."""
+    if not r.facts.uses_rollouts:
         typer.echo(
-            "error: plan --gpu cpu predicts GRPO/PPO steps (generate, train, push); "
-            "DPO has no rollout: use --gpu h100|h200|a100",
+            "error: plan --gpu cpu predicts rollout steps (generate, train, push); "
+            f"{r.algorithm} trains on preference pairs, with no rollout: use "
+            "--gpu h100|h200|a100",
             err=True,
         )
         raise typer.Exit(code=2)
