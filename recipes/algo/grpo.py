@@ -60,22 +60,26 @@ class RewardFailure(RuntimeError):
 
 
 def apply_failure_policy(
-    rewards: list[float | None], group_ids: list[str], policy: str, errors: list[str | None]
+    scores: list[Score], rollouts: list[Rollout], policy: str
 ) -> list[float | None]:
-    """Rewards to train on after the recipe's `on_reward_failure` (None = left out).
+    """Rewards to train on after the recipe's `on_reward_failure` (None = left out), one
+    per rollout; `scores[i]` is `rollouts[i]`'s.
 
     drop_group: every rollout of a group with a failure becomes None. zero: failures
     score 0.0. fail_step: any failure raises.
 
     Raises:
         RewardFailure: `fail_step` and at least one failure (names the first few).
-        ValueError: an unknown policy.
+        ValueError: an unknown policy, or scores and rollouts of different lengths.
     """
+    if len(scores) != len(rollouts):
+        raise ValueError(f"{len(scores)} scores for {len(rollouts)} rollouts")
+    rewards = [s.reward for s in scores]
     failed = [i for i, x in enumerate(rewards) if x is None]
     if not failed:
-        return list(rewards)
+        return rewards
     if policy == "fail_step":
-        shown = "; ".join(f"{group_ids[i]}: {errors[i]}" for i in failed[:3])
+        shown = "; ".join(f"{rollouts[i].group_id}: {scores[i].error}" for i in failed[:3])
         raise RewardFailure(
             f"{len(failed)} rollouts could not be scored ({shown}); "
             "set on_reward_failure: drop_group or zero to train on"
@@ -83,8 +87,8 @@ def apply_failure_policy(
     if policy == "zero":
         return [0.0 if x is None else x for x in rewards]
     if policy == "drop_group":
-        bad = {group_ids[i] for i in failed}
-        return [None if g in bad else x for x, g in zip(rewards, group_ids, strict=True)]
+        bad = {rollouts[i].group_id for i in failed}
+        return [None if r.group_id in bad else x for x, r in zip(rewards, rollouts, strict=True)]
     raise ValueError(f"unknown on_reward_failure {policy!r}")
 
 
