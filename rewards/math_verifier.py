@@ -36,7 +36,8 @@ Which answer of the response counts:
    emphasis, and a `$` nothing closes on the line is currency ("The answer is $1,234."
    is 1,234). A `####` line or phrase followed by words, not a value (`#### Check`,
    `#### All 3 steps verified.`, "the answer is (see above)"), is not a marker, so it
-   never outranks an explicit answer before it.
+   never outranks an explicit answer before it. A full stop ending any marker's value
+   is punctuation (`\\boxed{1,234.}` is 1,234).
 2. With no marker: math-verify's own extraction on the whole response (LaTeX
    environments, then the last number or expression).
 Hedging is not rewarded: when the counted marker offers alternatives joined by "or"
@@ -92,8 +93,11 @@ def parse_value(value: str) -> list[Any]:
     """A bare answer (a gold, or a marker's value) parsed by math-verify: as the contents
     of `\\boxed{}` first, then as plain text. An equation is kept whole (a sympy `Eq`;
     `same_answer` decides how it compares); a chain `a = b = c`, or an equation that does
-    not parse whole, is cut to its last side. Empty list when nothing parses."""
+    not parse whole, is cut to its last side. A full stop at the end is punctuation
+    (`\\boxed{1,234.}` is 1,234). Empty list when nothing parses."""
     v = strip_plus(value.strip())
+    if v.endswith(".") and not v.endswith(".."):
+        v = v[:-1].rstrip()
     if last_side(v) != v:  # one equation (no comma-separated parts)
         whole = _parse_bare(v)
         if _relation(whole) is not None:

@@ -184,6 +184,8 @@ def test_gold_without_a_value_raises():
         ("The answer is $1,234$.", "1234", 1.0),  # closed: LaTeX, as before
         ("The answer is $x = 2$.", "2", 1.0),
         ("\\boxed{z^*}", "z^*", 1.0),  # a trailing star after ^ is not emphasis
+        ("\\boxed{1,234.}", "1234", 1.0),
+        ("\\boxed{7.}", "7", 1.0),
     ],
 )
 def test_currency_and_trailing_punctuation(response, gold, want):
