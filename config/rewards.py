@@ -93,6 +93,17 @@ class CodeReward(_Component):
     memory_mb: int = Field(512, ge=64, description="Address-space limit per program run.")
     max_procs: int = Field(32, gt=0, description="Processes (and threads) per run.")
     max_output_bytes: int = Field(65536, gt=0, description="stdout/stderr kept per run.")
+    float_tolerance: float = Field(
+        1e-6,
+        ge=0,
+        allow_inf_nan=False,
+        description="stdin/stdout tests: where the expected output has a decimal with a "
+        "point or an exponent, the printed number in its place matches when |got - want| "
+        "<= float_tolerance * max(1, |want|), i.e. absolute or relative error, as "
+        "competitive judges compare reals (expected 0.333333 accepts 0.3333333333, not "
+        "0.3333). Expected integers and other text must match exactly; 0 compares every "
+        "token as text. See rewards/code_verifier.py.",
+    )
 
 
 class PythonReward(_Bounded):

@@ -104,7 +104,7 @@ def make_scorer(spec: Any, pool: BoundedPool) -> Scorer:
             max_procs=spec.max_procs,
             max_output_bytes=spec.max_output_bytes,
         )
-        return lambda item: score_code(item, sandbox, limits)
+        return lambda item: score_code(item, sandbox, limits, spec.float_tolerance)
     if isinstance(spec, PythonReward):
         load_function(spec.function)  # fail at start, not on every item, if it is missing
         return lambda item: pool.call(jobs.python_job, (spec.function, item), spec.timeout_s)

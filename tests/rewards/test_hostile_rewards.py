@@ -44,6 +44,14 @@ HOSTILE_MATH = {
     "million_digits": "7" * 1_000_000,
     "long_answer_phrase": "the answer is " + "x " * 500_000,
     "dollar_run": "$" * 200_000,
+    # the answer shapes of the field reports, made large: currency, emphasis, #### headings
+    "currency_run": "The answer is $1" + " $" * 100_000,
+    "currency_digits": "The answer is $" + "1," * 100_000 + ".",
+    "emphasis_run": "The answer is **7" + "*" * 200_000,
+    "hash_headings": "#### Check\n" * 100_000,
+    "prose_hash": "#### (" + "verified " * 50_000 + ")",
+    "many_currency_answers": "The answer is $7.\n" * 20_000,
+    "equation_tower": r"\boxed{x = 9^{9^{9^{9^{9}}}}}",
 }
 TIMEOUT = 60.0  # generous bound on every request: a hang fails, it does not block
 
@@ -120,6 +128,30 @@ def test_hostile_math_comes_back_and_the_service_stays_healthy(service, name):
     assert s["reward"] == 0.0 or (s["reward"] is None and "correct: timed out" in s["error"]), s
     assert http.get("/health").status_code == 200
     assert _score(http, "The answer is 5.")["reward"] == 1.0
+
+
+def test_an_equation_tower_against_an_equation_gold_comes_back(service):
+    http, _ = service
+    s = _score(http, r"\boxed{x^{9^{9^{9}}} + y = 0}", gold="3x+4y+14=0")
+    assert s["reward"] == 0.0 or (s["reward"] is None and "correct: timed out" in s["error"]), s
+    assert _score(http, r"\boxed{6x+8y+28=0}", gold="3x+4y+14=0")["reward"] == 1.0
+
+
+# The field reports, scored through the service's bounded workers (tests/rewards/test_math.py
+# has the reasons).
+@pytest.mark.parametrize(
+    ("response", "gold", "want"),
+    [
+        ("The answer is $1,234.", "1234", 1.0),
+        ("The answer is $7.", "7", 1.0),
+        (r"\boxed{3x-y+13=0}", "3x+4y+14=0", 0.0),
+        ("The answer is \\boxed{42}.\n#### Check", "42", 1.0),
+        ("The answer is \\boxed{42}.\n#### All 3 steps verified.", "42", 1.0),
+    ],
+)
+def test_field_reported_answers_through_the_service(service, response, gold, want):
+    http, _ = service
+    assert _score(http, response, gold)["reward"] == want
 
 
 def test_a_batch_of_hostile_items_fails_only_those_items(service):
