@@ -392,6 +392,13 @@ class Recipe(_Strict):
                     f"grpo.{set_keys[0]} is set, but algorithm is {self.algorithm} and only "
                     f"GRPO reads it; set algorithm: grpo, or remove grpo.{set_keys[0]}"
                 )
+        if g.loss == "gspo" and g.loss_agg != "token_mean":
+            raise ValueError(
+                f"grpo.loss_agg is {g.loss_agg!r}, but grpo.loss gspo averages over "
+                "sequences by its objective (each sequence's clipped term once, whatever its "
+                "length), so it sums no tokens; remove grpo.loss_agg (or use grpo.loss "
+                "ppo_clip for Dr. GRPO's token sums)"
+            )
         limit = self.rollout.max_new_tokens
         if g.overlong_buffer is not None and g.overlong_buffer >= limit:
             raise ValueError(

@@ -150,6 +150,7 @@ class GRPO(RLAlgorithm):
             kl_coef=g.kl_coef,
             kind=g.loss,
             correction=correction_of(recipe),
+            loss_agg=g.loss_agg,
         )
         self.estimate = ESTIMATORS[g.estimator]
         self.load_reference = g.kl_coef > 0
@@ -201,7 +202,7 @@ class GRPO(RLAlgorithm):
             len(batch),
             g.epochs,
             g.mini_batches,
-            g.loss_agg,
+            self.loss.aggregation,
             self.recipe.train.seed * 7919 + step,
             step,
         )
