@@ -190,7 +190,15 @@ class TrainConfig(_Strict):
         "null: fixed micro_batch_size rows. Reported as the padding_fraction metric.",
     )
     lr: float = Field(1e-6, gt=0, description="Peak AdamW learning rate.")
-    warmup_steps: int = Field(0, ge=0, description="Linear LR warmup from 0, in optimizer steps.")
+    warmup_steps: int = Field(
+        0,
+        ge=0,
+        description="Linear LR warmup, in optimizer steps (train.steps × epochs × "
+        "mini_batches for GRPO/PPO, train.steps for DPO and reward_model): optimizer step k, "
+        "counted from 0, uses lr × min(1, (k + 1) / warmup_steps), so lr/warmup_steps at step "
+        "0, 2·lr/warmup_steps at step 1, ..., and lr from step warmup_steps − 1 on (no step "
+        "trains at 0). 0: lr from step 0. At most the run's optimizer steps.",
+    )
     weight_decay: float = Field(0.0, ge=0, description="AdamW decoupled weight decay.")
     betas: tuple[float, float] = Field((0.9, 0.999), description="AdamW betas.")
     max_grad_norm: float = Field(1.0, gt=0, description="Global grad-norm clip.")
@@ -361,6 +369,7 @@ class Recipe(_Strict):
                     "or less"
                 )
         self._grpo_family_keys()
+        self._warmup_fits()
         check_episodes(
             self.algorithm, self.rollout, self.grpo.dynamic_sampling, self.grpo.overlong_buffer
         )
@@ -370,6 +379,25 @@ class Recipe(_Strict):
         if dup:
             raise ValueError(f"rewards: names {dup} repeat; give each reward a unique name")
         return self
+
+    def _warmup_fits(self) -> None:
+        """`train.warmup_steps` ends within the run, or the LR never reaches `train.lr`."""
+        t = self.train
+        per_step = (
+            self.grpo.epochs * self.grpo.mini_batches
+            if self.algorithm == "grpo"
+            else self.ppo.epochs * self.ppo.mini_batches
+            if self.algorithm == "ppo"
+            else 1
+        )
+        total = t.steps * per_step
+        if t.warmup_steps > total:
+            how = f" ({t.steps} steps × {per_step} updates each)" if per_step > 1 else ""
+            raise ValueError(
+                f"train.warmup_steps is {t.warmup_steps}, but the run takes {total} optimizer "
+                f"steps{how}, so the learning rate would peak at {total}/{t.warmup_steps} of "
+                f"train.lr; set train.warmup_steps: {total} or less (or raise train.steps)"
+            )
 
     def _grpo_family_keys(self) -> None:
         """The `grpo.estimator` / `loss` / overlong / dynamic_sampling keys act only with

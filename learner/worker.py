@@ -26,6 +26,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
 from dataclasses import replace
+from functools import partial
 from typing import Literal
 
 import torch
@@ -47,7 +48,7 @@ from .logprobs import sequence_logprobs
 from .micro_batches import plan_rows, trim_right_padding
 from .models import DTYPES, critic_values, load_sharded, reward_scores
 from .push import full_state_dict, push_source
-from .settings import CriticSettings, LearnerSettings
+from .settings import CriticSettings, LearnerSettings, lr_factor
 
 __all__ = ["CriticSettings", "LearnerSettings", "LearnerWorker"]
 
@@ -143,9 +144,8 @@ class LearnerWorker:
             self.optimizers.append(
                 torch.optim.AdamW(self.critic.parameters(), lr=s.critic.lr, betas=s.betas)
             )
-        warm = s.warmup_steps
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizers[0], lambda i: min(1.0, (i + 1) / warm) if warm else 1.0
+            self.optimizers[0], partial(lr_factor, warmup_steps=s.warmup_steps)
         )
         if resume_from is not None:
             self.optimizer_steps = checkpoint.load_state(
