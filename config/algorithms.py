@@ -152,7 +152,9 @@ class CorrectionConfig(_Strict):
         "times min(w, cap), w = exp(old_logprobs - inference_logprobs) (truncated importance "
         "sampling, Yao et al. 2025). mis: tokens (or whole responses) with w outside "
         "[1/cap, cap] leave the loss (masked importance sampling; verl rollout correction, "
-        "IcePop).",
+        "IcePop). Default: none with train.max_staleness 0; tis with train.max_staleness >= 1, "
+        "where a sample from an older policy would otherwise train with the on-policy "
+        "gradient; set none explicitly to train stale samples uncorrected.",
     )
     level: Literal["token", "sequence"] = Field(
         "token",

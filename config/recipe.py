@@ -26,7 +26,7 @@ from .algorithms import (
     PPOConfig,
     RewardModelConfig,
 )
-from .asynchrony import check_async_and_correction
+from .asynchrony import check_async_and_correction, stale_correction
 from .base import Strict
 from .data import DataConfig, PreferenceData
 from .episodes import EpisodeFields, check_episodes
@@ -243,9 +243,15 @@ class TrainConfig(_Strict):
         description="0: synchronous, on-policy steps (generate, score, train, push). k >= 1: "
         "rollouts for the next k steps are generated and scored while the learner trains "
         "(recipes/async_loop.py); a sample made by policy_version v trains at step s only if "
-        "s - v <= k, older ones are dropped (dropped_stale). GRPO and PPO.",
+        "s - v <= k, older ones are dropped (dropped_stale). GRPO and PPO. With k >= 1 "
+        "train.correction.mode defaults to tis (see there).",
     )
     correction: CorrectionConfig = Field(default_factory=CorrectionConfig)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _stale_samples_are_corrected(cls, data: Any) -> Any:
+        return stale_correction(data)
 
 
 class WeightSyncConfig(_Strict):
