@@ -43,6 +43,17 @@ def token_logprobs(
     return picked - torch.logsumexp(scaled, dim=-1)
 
 
+def token_entropy(logits: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+    """Entropy (nats) of softmax(logits / temperature) per position, in float32, without
+    gradients: H = logsumexp(z) − Σ_j softmax(z)_j · z_j, z = logits / τ (the policy's
+    sampling distribution; a collapsing entropy is the usual sign of a policy that stops
+    exploring). `[..., V]` in, `[...]` out."""
+    with torch.no_grad():
+        z = logits.float() / temperature
+        lse = torch.logsumexp(z, dim=-1)
+        return lse - (torch.softmax(z, dim=-1) * z).sum(-1)
+
+
 def kl_k3(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
     """Per-token k3 estimator of KL(policy || reference): exp(d) - d - 1 with
     d = ref_logprobs - logprobs (Schulman 2020, "Approximating KL divergence").

@@ -44,7 +44,7 @@ from .distributed import (
     rank_device,
     where,
 )
-from .logprobs import sequence_logprobs
+from .logprobs import sequence_logprobs, sequence_logprobs_and_entropy
 from .micro_batches import plan_rows, trim_right_padding
 from .models import DTYPES, critic_values, load_sharded, reward_scores
 from .push import full_state_dict, push_source
@@ -177,12 +177,16 @@ class LearnerWorker:
             model, mb.input_ids, mb.attention_mask, mb.response_start, self.s.temperature
         )
 
-    def _policy_output(self, mb: TrainBatch) -> torch.Tensor:
+    def _policy_output(self, mb: TrainBatch) -> tuple[torch.Tensor, torch.Tensor | None]:
         """What the loss reads of the policy: `[b, T]` logprobs, or with a scalar head
-        (`head='score'`, a reward model) `[b]` scores."""
+        (`head='score'`, a reward model) `[b]` scores; and from the same forward the
+        `[b, T]` entropy of the policy's sampling distribution at each token (no
+        gradient; None with a scalar head)."""
         if self.s.head == "score":
-            return reward_scores(self.policy, mb)
-        return self._logprobs(self.policy, mb)
+            return reward_scores(self.policy, mb), None
+        return sequence_logprobs_and_entropy(
+            self.policy, mb.input_ids, mb.attention_mask, mb.response_start, self.s.temperature
+        )
 
     @contextmanager
     def _reference_model(self) -> Iterator[torch.nn.Module]:
@@ -266,19 +270,27 @@ class LearnerWorker:
         Args:
             shard: this rank's rows with what the loss reads (advantages, old/ref
                 logprobs, returns, ref_sums, ...) and the step-wide `loss_denominator`.
+
+        Returns also `entropy` (causal LMs): the mean over the step's response tokens
+        (all ranks) of the entropy of softmax(logits / temperature), from the loss's own
+        forward.
         """
         self.policy.train()
         if self.critic is not None:
             self.critic.train()
         sums: dict[str, float] = {}
         real = computed = 0
+        entropy = [0.0, 0.0]  # Σ entropy over response tokens, and their count
         for _, mb in self._micro_batches(shard):
             real += int(mb.attention_mask.sum())
             computed += mb.input_ids.numel()
             with self.spans.span("forward", step):
-                logprobs = self._policy_output(mb)
+                logprobs, token_entropy = self._policy_output(mb)
                 values = critic_values(self.critic, mb)[0] if self.critic is not None else None
                 out = self.algo.loss(logprobs, mb, self.s.loss, values)
+            if token_entropy is not None:
+                entropy[0] += float((token_entropy * mb.response_mask).sum())
+                entropy[1] += float(mb.response_mask.sum())
             with self.spans.span("backward", step):
                 # FSDP2 averages gradients over ranks; scale so the result is the sum.
                 (out.loss * self.world).backward()
@@ -286,10 +298,14 @@ class LearnerWorker:
                 sums[k] = sums.get(k, 0.0) + v
         stats = self._optimizer_step(step)
         keys = sorted(sums)  # the same keys, in the same order, on every rank
-        total = torch.tensor([sums[k] for k in keys] + [real, computed], dtype=torch.float64)
+        total = torch.tensor(
+            [sums[k] for k in keys] + [real, computed, *entropy], dtype=torch.float64
+        )
         dist.all_reduce(total)
-        *summed, real_all, computed_all = total.tolist()
+        *summed, real_all, computed_all, entropy_sum, entropy_tokens = total.tolist()
         stats["padding_fraction"] = 1.0 - real_all / computed_all
+        if self.s.head == "lm":  # mean over the step's response tokens, all ranks
+            stats["entropy"] = entropy_sum / max(entropy_tokens, 1.0)
         return {**stats, **self.algo.finish_metrics(dict(zip(keys, summed, strict=True)))}
 
     def _optimizer_step(self, step: int) -> dict[str, float]:
