@@ -21,7 +21,9 @@ step, and the controller waits for it to end before the next generation
 from __future__ import annotations
 
 import gc
+import math
 import resource
+import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
@@ -280,6 +282,7 @@ class LearnerWorker:
             self.critic.train()
         sums: dict[str, float] = {}
         real = computed = 0
+        loss = 0.0  # this rank's share of the step loss
         entropy = [0.0, 0.0]  # Σ entropy over response tokens, and their count
         for _, mb in self._micro_batches(shard):
             real += int(mb.attention_mask.sum())
@@ -294,9 +297,10 @@ class LearnerWorker:
             with self.spans.span("backward", step):
                 # FSDP2 averages gradients over ranks; scale so the result is the sum.
                 (out.loss * self.world).backward()
+            loss += float(out.loss.detach())
             for k, v in out.sums.items():
                 sums[k] = sums.get(k, 0.0) + v
-        stats = self._optimizer_step(step)
+        stats = self._optimizer_step(step, loss)
         keys = sorted(sums)  # the same keys, in the same order, on every rank
         total = torch.tensor(
             [sums[k] for k in keys] + [real, computed, *entropy], dtype=torch.float64
@@ -308,26 +312,56 @@ class LearnerWorker:
             stats["entropy"] = entropy_sum / max(entropy_tokens, 1.0)
         return {**stats, **self.algo.finish_metrics(dict(zip(keys, summed, strict=True)))}
 
-    def _optimizer_step(self, step: int) -> dict[str, float]:
+    def _optimizer_step(self, step: int, loss: float) -> dict[str, float]:
         """Clip, step AdamW (each optimizer) and the LR schedule; returns the policy's
-        grad_norm (before clipping), lr, and this rank's peak resident memory so far
-        (`learner_peak_rss_mb`, MiB; on GPUs also `learner_cuda_peak_mb`, the most CUDA
-        memory its tensors held since the start)."""
+        grad_norm (before clipping), lr, `skipped_updates`, and this rank's peak resident
+        memory so far (`learner_peak_rss_mb`, MiB; on GPUs also `learner_cuda_peak_mb`, the
+        most CUDA memory its tensors held since the start).
+
+        A step whose loss (summed over the ranks) or any model's grad norm is NaN or
+        infinite is not applied: the gradients are dropped and nothing else moves
+        (weights, AdamW moments and step counts, the LR schedule, `optimizer_steps`);
+        `skipped_updates` is 1 and rank 0 prints a warning line. Every rank decides
+        alike (the loss is all-reduced, the grad norms are global). Collective.
+
+        Args:
+            loss: this rank's share of the step loss (the sum of its micro-batches').
+        """
         models = [self.policy] + ([self.critic] if self.critic is not None else [])
         with self.spans.span("optimizer", step):
+            total = torch.tensor([loss], dtype=torch.float64)
+            dist.all_reduce(total)
             norms = []
             for model in models:
                 norm = torch.nn.utils.clip_grad_norm_(model.parameters(), self.s.max_grad_norm)
                 norms.append(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
             lr = self.scheduler.get_last_lr()[0]
+            finite = math.isfinite(total.item()) and all(math.isfinite(float(n)) for n in norms)
             for opt in self.optimizers:
-                opt.step()
+                if finite:
+                    opt.step()
                 opt.zero_grad(set_to_none=True)
-            self.scheduler.step()
-            self.optimizer_steps += 1
+            if finite:
+                self.scheduler.step()
+                self.optimizer_steps += 1
+            elif self.rank == 0:
+                print(
+                    f"warning: step {step}: loss {total.item()} / grad_norm "
+                    f"{[float(n) for n in norms]} is not finite; this optimizer update is "
+                    "skipped (weights, AdamW state and LR schedule unchanged; see "
+                    "skipped_updates). Check the rewards and advantages for NaN/inf, or "
+                    "lower train.lr.",
+                    file=sys.stderr,
+                    flush=True,
+                )
             time.sleep(self.s.delay_s)
         peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
-        stats = {"grad_norm": float(norms[0]), "lr": lr, "learner_peak_rss_mb": peak_mb}
+        stats = {
+            "grad_norm": float(norms[0]),
+            "lr": lr,
+            "skipped_updates": 0.0 if finite else 1.0,
+            "learner_peak_rss_mb": peak_mb,
+        }
         if self.device.type == "cuda":
             stats["learner_cuda_peak_mb"] = cuda_memory(self.device)["cuda_peak_mb"]
         return stats
