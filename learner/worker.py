@@ -21,7 +21,6 @@ step, and the controller waits for it to end before the next generation
 from __future__ import annotations
 
 import gc
-import math
 import resource
 import sys
 import time
@@ -49,6 +48,7 @@ from .distributed import (
 from .logprobs import sequence_logprobs, sequence_logprobs_and_entropy
 from .micro_batches import plan_rows, trim_right_padding
 from .models import DTYPES, critic_values, load_sharded, reward_scores
+from .optimizer import guarded_step
 from .push import full_state_dict, push_source
 from .settings import CriticSettings, LearnerSettings, lr_factor
 
@@ -313,53 +313,31 @@ class LearnerWorker:
         return {**stats, **self.algo.finish_metrics(dict(zip(keys, summed, strict=True)))}
 
     def _optimizer_step(self, step: int, loss: float) -> dict[str, float]:
-        """Clip, step AdamW (each optimizer) and the LR schedule; returns the policy's
-        grad_norm (before clipping), lr, `skipped_updates`, and this rank's peak resident
-        memory so far (`learner_peak_rss_mb`, MiB; on GPUs also `learner_cuda_peak_mb`, the
-        most CUDA memory its tensors held since the start).
-
-        A step whose loss (summed over the ranks) or any model's grad norm is NaN or
-        infinite is not applied: the gradients are dropped and nothing else moves
-        (weights, AdamW moments and step counts, the LR schedule, `optimizer_steps`);
-        `skipped_updates` is 1 and rank 0 prints a warning line. Every rank decides
-        alike (the loss is all-reduced, the grad norms are global). Collective.
-
-        Args:
-            loss: this rank's share of the step loss (the sum of its micro-batches').
-        """
+        """`optimizer.guarded_step` (a NaN/inf loss or grad norm changes nothing, nor
+        `optimizer_steps`; rank 0 warns) on this rank's share of the step `loss`. Returns
+        grad_norm (the policy's, before clipping), lr, `skipped_updates` (1: not applied)
+        and `learner_peak_rss_mb` (this rank's peak resident MiB; on GPUs also
+        `learner_cuda_peak_mb`, the most CUDA memory its tensors held). Collective."""
         models = [self.policy] + ([self.critic] if self.critic is not None else [])
         with self.spans.span("optimizer", step):
-            total = torch.tensor([loss], dtype=torch.float64)
-            dist.all_reduce(total)
-            norms = []
-            for model in models:
-                norm = torch.nn.utils.clip_grad_norm_(model.parameters(), self.s.max_grad_norm)
-                norms.append(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
-            lr = self.scheduler.get_last_lr()[0]
-            finite = math.isfinite(total.item()) and all(math.isfinite(float(n)) for n in norms)
-            for opt in self.optimizers:
-                if finite:
-                    opt.step()
-                opt.zero_grad(set_to_none=True)
-            if finite:
-                self.scheduler.step()
+            done = guarded_step(models, self.optimizers, self.scheduler, self.s.max_grad_norm, loss)
+            if done.applied:
                 self.optimizer_steps += 1
             elif self.rank == 0:
                 print(
-                    f"warning: step {step}: loss {total.item()} / grad_norm "
-                    f"{[float(n) for n in norms]} is not finite; this optimizer update is "
-                    "skipped (weights, AdamW state and LR schedule unchanged; see "
-                    "skipped_updates). Check the rewards and advantages for NaN/inf, or "
-                    "lower train.lr.",
+                    f"warning: step {step}: loss {done.loss} / grad_norm {done.grad_norms} "
+                    "is not finite; this optimizer update is skipped (weights, AdamW state "
+                    "and LR schedule unchanged; see skipped_updates). Check the rewards and "
+                    "advantages for NaN/inf, or lower train.lr.",
                     file=sys.stderr,
                     flush=True,
                 )
             time.sleep(self.s.delay_s)
         peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
         stats = {
-            "grad_norm": float(norms[0]),
-            "lr": lr,
-            "skipped_updates": 0.0 if finite else 1.0,
+            "grad_norm": done.grad_norms[0],
+            "lr": done.lr,
+            "skipped_updates": 0.0 if done.applied else 1.0,
             "learner_peak_rss_mb": peak_mb,
         }
         if self.device.type == "cuda":
