@@ -30,7 +30,8 @@ class GRPOConfig(_Strict):
         "ppo_clip",
         description="Policy loss. ppo_clip: token-level clipped ratio (PPO, Schulman et al. "
         "2017); gspo: one ratio per sequence, the geometric mean of its token ratios, clipped "
-        "per sequence (Zheng et al. 2025, GSPO); cispo: clipped, stop-gradient importance "
+        "per sequence, averaged over sequences whatever their length (Zheng et al. 2025, "
+        "GSPO); cispo: clipped, stop-gradient importance "
         "weight times advantage times logprob (MiniMax-M1, 2025). All clip with clip_eps / "
         "clip_eps_high.",
     )
@@ -71,7 +72,10 @@ class GRPOConfig(_Strict):
     loss_agg: Literal["token_mean", "seq_mean_token_sum"] = Field(
         "token_mean",
         description="token_mean: mean over every response token of the step; "
-        "seq_mean_token_sum: tokens summed per sequence, mean over sequences (Dr. GRPO).",
+        "seq_mean_token_sum: tokens summed per sequence, mean over sequences (Dr. GRPO). "
+        "loss gspo does not read it: its objective is a mean over sequences (each "
+        "sequence's clipped term once, its KL as a mean over its tokens); "
+        "seq_mean_token_sum with gspo is refused.",
     )
     epochs: int = Field(1, gt=0, description="Passes over each step's rollouts.")
     mini_batches: int = Field(
@@ -199,7 +203,9 @@ class CorrectionConfig(_Strict):
         "times min(w, cap), w = exp(old_logprobs - inference_logprobs) (truncated importance "
         "sampling, Yao et al. 2025). mis: tokens (or whole responses) with w outside "
         "[1/cap, cap] leave the loss (masked importance sampling; verl rollout correction, "
-        "IcePop).",
+        "IcePop). Default: none with train.max_staleness 0; tis with train.max_staleness >= 1, "
+        "where a sample from an older policy would otherwise train with the on-policy "
+        "gradient; set none explicitly to train stale samples uncorrected.",
     )
     level: Literal["token", "sequence"] = Field(
         "token",

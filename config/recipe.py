@@ -26,7 +26,7 @@ from .algorithms import (
     PPOConfig,
     RewardModelConfig,
 )
-from .asynchrony import check_async_and_correction
+from .asynchrony import check_async_and_correction, stale_correction
 from .base import Strict
 from .data import DataConfig, PreferenceData
 from .episodes import EpisodeFields, check_episodes
@@ -191,7 +191,15 @@ class TrainConfig(_Strict):
         "null: fixed micro_batch_size rows. Reported as the padding_fraction metric.",
     )
     lr: float = Field(1e-6, gt=0, description="Peak AdamW learning rate.")
-    warmup_steps: int = Field(0, ge=0, description="Linear LR warmup from 0, in optimizer steps.")
+    warmup_steps: int = Field(
+        0,
+        ge=0,
+        description="Linear LR warmup, in optimizer steps (train.steps × epochs × "
+        "mini_batches for GRPO/PPO, train.steps for DPO and reward_model): optimizer step k, "
+        "counted from 0, uses lr × min(1, (k + 1) / warmup_steps), so lr/warmup_steps at step "
+        "0, 2·lr/warmup_steps at step 1, ..., and lr from step warmup_steps − 1 on (no step "
+        "trains at 0). 0: lr from step 0. At most the run's optimizer steps.",
+    )
     weight_decay: float = Field(0.0, ge=0, description="AdamW decoupled weight decay.")
     betas: tuple[float, float] = Field((0.9, 0.999), description="AdamW betas.")
     max_grad_norm: float = Field(1.0, gt=0, description="Global grad-norm clip.")
@@ -236,9 +244,15 @@ class TrainConfig(_Strict):
         description="0: synchronous, on-policy steps (generate, score, train, push). k >= 1: "
         "rollouts for the next k steps are generated and scored while the learner trains "
         "(recipes/async_loop.py); a sample made by policy_version v trains at step s only if "
-        "s - v <= k, older ones are dropped (dropped_stale). GRPO and PPO.",
+        "s - v <= k, older ones are dropped (dropped_stale). GRPO and PPO. With k >= 1 "
+        "train.correction.mode defaults to tis (see there).",
     )
     correction: CorrectionConfig = Field(default_factory=CorrectionConfig)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _stale_samples_are_corrected(cls, data: Any) -> Any:
+        return stale_correction(data)
 
 
 class WeightSyncConfig(_Strict):
@@ -376,6 +390,7 @@ class Recipe(_Strict):
                     "or less"
                 )
         self._grpo_family_keys()
+        self._warmup_fits()
         check_episodes(
             self.algorithm, self.rollout, self.grpo.dynamic_sampling, self.grpo.overlong_buffer
         )
@@ -385,6 +400,25 @@ class Recipe(_Strict):
         if dup:
             raise ValueError(f"rewards: names {dup} repeat; give each reward a unique name")
         return self
+
+    def _warmup_fits(self) -> None:
+        """`train.warmup_steps` ends within the run, or the LR never reaches `train.lr`."""
+        t = self.train
+        per_step = (
+            self.grpo.epochs * self.grpo.mini_batches
+            if self.algorithm == "grpo"
+            else self.ppo.epochs * self.ppo.mini_batches
+            if self.algorithm == "ppo"
+            else 1
+        )
+        total = t.steps * per_step
+        if t.warmup_steps > total:
+            how = f" ({t.steps} steps × {per_step} updates each)" if per_step > 1 else ""
+            raise ValueError(
+                f"train.warmup_steps is {t.warmup_steps}, but the run takes {total} optimizer "
+                f"steps{how}, so the learning rate would peak at {total}/{t.warmup_steps} of "
+                f"train.lr; set train.warmup_steps: {total} or less (or raise train.steps)"
+            )
 
     def _grpo_family_keys(self) -> None:
         """The `grpo.estimator` / `loss` / overlong / dynamic_sampling keys act only with
@@ -407,6 +441,13 @@ class Recipe(_Strict):
                     f"grpo.{set_keys[0]} is set, but algorithm is {self.algorithm} and only "
                     f"GRPO reads it; set algorithm: grpo, or remove grpo.{set_keys[0]}"
                 )
+        if g.loss == "gspo" and g.loss_agg != "token_mean":
+            raise ValueError(
+                f"grpo.loss_agg is {g.loss_agg!r}, but grpo.loss gspo averages over "
+                "sequences by its objective (each sequence's clipped term once, whatever its "
+                "length), so it sums no tokens; remove grpo.loss_agg (or use grpo.loss "
+                "ppo_clip for Dr. GRPO's token sums)"
+            )
         limit = self.rollout.max_new_tokens
         if g.overlong_buffer is not None and g.overlong_buffer >= limit:
             raise ValueError(

@@ -198,15 +198,22 @@ class PairTokenization:
     """Tokenised pairs and how their prompts were built.
 
     Attributes:
-        pairs: one `TokenizedPair` per input pair, in order.
+        pairs: one `TokenizedPair` per kept input pair, in order.
         template_id: `CHAT_TEMPLATE_ID`, `PLAIN_TEMPLATE_ID` or `PLAIN_BOS_TEMPLATE_ID`;
             goes into the DPO reference-logprob cache key.
-        description: one line for the run's console.
+        description: one line for the run's console (the data summary), with the count
+            of dropped pairs.
+        kept: the input index of each pair in `pairs`.
+        identical: input pairs dropped because their chosen and rejected ids are equal
+            after truncation to `max_length` (no preference left: the loss is log 2
+            with zero gradient and the accuracy counts a tie).
     """
 
     pairs: list[TokenizedPair]
     template_id: str
     description: str
+    kept: list[int]
+    identical: int = 0
 
 
 def _fit(
@@ -255,7 +262,8 @@ def tokenize_pairs_with_template(
     including its end-of-turn token. Text pairs: raw text without special tokens,
     the tokenizer's BOS in front if it adds one to its encodings, replies + EOS.
     Pairs longer than `max_length` keep the BOS, the end of the prompt and the start
-    of the replies (the prompt never shorter than half of `max_length`).
+    of the replies (the prompt never shorter than half of `max_length`). A pair whose
+    chosen and rejected ids are then equal is dropped and counted (`identical`).
 
     Args:
         pairs: all chat-format or all text (as `load_pairs` returns them).
@@ -263,7 +271,8 @@ def tokenize_pairs_with_template(
         max_length: most tokens of prompt + reply per row.
 
     Raises:
-        RecipeError: chat-format pairs but the tokenizer has no chat template.
+        RecipeError: chat-format pairs but the tokenizer has no chat template, or every
+            pair is identical after truncation.
         ValueError: `pairs` mixes chat-format and text prompts.
     """
     chat = bool(pairs) and pairs[0].is_chat
@@ -299,18 +308,37 @@ def tokenize_pairs_with_template(
         prompt, replies = _fit(prompt, replies, max_length, keep_first)
         out.append(TokenizedPair(prompt, replies[0], replies[1]))
     if chat:
-        return PairTokenization(
-            out,
-            CHAT_TEMPLATE_ID,
-            "DPO prompts: the model's chat "
-            "template (chat-format pairs), replies end at its end of turn",
-        )
-    with_bos = adds_bos and bos is not None
-    return PairTokenization(
-        out,
-        PLAIN_BOS_TEMPLATE_ID if with_bos else PLAIN_TEMPLATE_ID,
-        f"DPO prompts: plain text, no chat template{' (with BOS)' if with_bos else ''}",
+        template = CHAT_TEMPLATE_ID
+        text = "the model's chat template (chat-format pairs), replies end at its end of turn"
+    else:
+        with_bos = adds_bos and bos is not None
+        template = PLAIN_BOS_TEMPLATE_ID if with_bos else PLAIN_TEMPLATE_ID
+        text = f"plain text, no chat template{' (with BOS)' if with_bos else ''}"
+    return _without_identical(out, template, f"DPO prompts: {text}", max_length)
+
+
+def _without_identical(
+    out: list[TokenizedPair], template_id: str, description: str, max_length: int
+) -> PairTokenization:
+    """The tokenisation without the pairs whose chosen and rejected ids are equal.
+
+    Raises:
+        RecipeError: every pair is.
+    """
+    kept = [i for i, t in enumerate(out) if t.chosen_ids != t.rejected_ids]
+    dropped = len(out) - len(kept)
+    why = (
+        f"chosen and rejected are identical after truncation to max_length {max_length} "
+        "(no preference left to learn)"
     )
+    if out and not kept:
+        raise RecipeError(
+            f"all {len(out)} preference pairs dropped: {why}; raise max_length "
+            "(dpo.max_length or reward_model.max_length)"
+        )
+    if dropped:
+        description += f"; {dropped} of {len(out)} pairs dropped: {why}"
+    return PairTokenization([out[i] for i in kept], template_id, description, kept, dropped)
 
 
 def pair_prompts(pairs: list[PreferencePair]) -> list[PromptItem]:

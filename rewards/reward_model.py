@@ -8,8 +8,9 @@ reward-model training renders preference pairs (common/chat_tokens.py): prompt w
 the generation prompt, the reply up to and including its end-of-turn token. Without a
 chat template (or `chat_template: false`): raw prompt + response text + EOS. A sequence
 over `max_length` tokens keeps its end. Rows are left-padded with the config's pad id
-and the head is read at each row's last token that is not the pad id (transformers'
-sequence-classification pooling).
+and the head is read at each row's last attended token, its closing EOS
+(`common.score_head.sequence_scores`, as the reward-model training reads it), whatever
+the pad id.
 
 Normalisation: `fixed` is (score − mean) / std; `running` uses the mean and std of every
 raw score this process has produced, this batch included (Welford), so a retried batch
@@ -96,6 +97,8 @@ class RewardModelScorer:
 
     def raw_scores(self, items: list[ScoreItem]) -> list[float]:
         """The model's score of each item, in order (no normalisation)."""
+        from ..common.score_head import sequence_scores
+
         torch, out = self.torch, []
         rows = [self.token_ids(i) for i in items]
         with self.lock, torch.no_grad():
@@ -107,14 +110,9 @@ class RewardModelScorer:
                 for k, r in enumerate(chunk):
                     ids[k, width - len(r) :] = torch.tensor(r)
                     mask[k, width - len(r) :] = 1
-                positions = (mask.cumsum(-1) - 1).clamp(min=0)
                 dev = self.spec.device
-                logits = self.model(
-                    input_ids=ids.to(dev),
-                    attention_mask=mask.to(dev),
-                    position_ids=positions.to(dev),
-                ).logits
-                out += logits[:, 0].float().cpu().tolist()
+                scores = sequence_scores(self.model, ids.to(dev), mask.to(dev))
+                out += scores.cpu().tolist()
         return out
 
     def __call__(self, item: ScoreItem) -> tuple[float, dict[str, Any]]:

@@ -113,7 +113,9 @@ def run_updates(
     `mini_batches` (shuffled, seeded, when there is more than one update), and each
     mini-batch is padded to a multiple of the ranks on its own, so none is all padding;
     its loss is normalised over that mini-batch (`loss_denominator`). Returns each
-    metric's mean over the updates, with `grad_norm` and `lr` of the last one."""
+    metric's mean over the updates, with `grad_norm` and `lr` of the last one and
+    `skipped_updates` summed (updates the learner did not apply: a non-finite loss or
+    gradient)."""
     g = torch.Generator().manual_seed(seed)
     shuffle = epochs * mini_batches > 1
     real = batch.select(slice(0, rows))
@@ -125,6 +127,8 @@ def run_updates(
             sub.loss_denominator = loss_denominator(sub.response_mask, loss_agg)
             updates.append(on_learners(learners, "train_step", sub, step)[0])
     stats = {k: statistics.fmean(u[k] for u in updates) for k in updates[0]}
+    if "skipped_updates" in stats:
+        stats["skipped_updates"] = sum(u["skipped_updates"] for u in updates)
     return {**stats, "grad_norm": updates[-1]["grad_norm"], "lr": updates[-1]["lr"]}
 
 

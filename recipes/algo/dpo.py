@@ -73,6 +73,7 @@ def cache_key(recipe: Recipe, model_path: str, template_id: str = PLAIN_TEMPLATE
                 recipe.dpo.max_length,
                 recipe.model.dtype,
                 template_id,
+                "identical-pairs-dropped",  # the pair list since identical pairs are dropped
             ]
         ).encode()
     )

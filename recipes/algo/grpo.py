@@ -154,6 +154,7 @@ class GRPO(RLAlgorithm):
             kl_coef=g.kl_coef,
             kind=g.loss,
             correction=correction_of(recipe),
+            loss_agg=g.loss_agg,
         )
         self.estimate = ESTIMATORS[g.estimator]
 
@@ -199,7 +200,7 @@ class GRPO(RLAlgorithm):
             len(batch),
             g.epochs,
             g.mini_batches,
-            g.loss_agg,
+            self.loss.aggregation,
             self.recipe.train.seed * 7919 + step,
             step,
         )

@@ -101,7 +101,7 @@ class RewardModel(PairAlgorithm):
         done = tokenize_pairs_with_template(pairs, tok, cfg.max_length)
         print(done.description.replace("DPO prompts", "reward-model pairs"), flush=True)
         self.pairs: list[TokenizedPair] = done.pairs
-        self.margins = [p.margin for p in pairs]
+        self.margins = [pairs[i].margin for i in done.kept]
         g = torch.Generator().manual_seed(self.recipe.data.shuffle_seed)
         order = torch.randperm(len(self.pairs), generator=g).tolist()
         self.order, self.eval_order = split_eval(order, cfg.eval_pairs)

@@ -26,6 +26,7 @@ CODES = (
     "logprob_mismatch",
     "rollout_idle",
     "learner_idle",
+    "skipped_updates",
 )
 
 
@@ -72,6 +73,13 @@ def advisories(history: Sequence[dict[str, Any]], t: AdvisoriesConfig) -> list[s
         out.append(
             f"logprob_mismatch: learner and engine logprobs differ by {mismatch:.3f} "
             f"(> {t.logprob_mismatch:g}); {why}"
+        )
+    skipped = m.get("skipped_updates") or 0
+    if skipped > 0:
+        out.append(
+            f"skipped_updates: {skipped:.0f} optimizer update(s) of this step not applied: "
+            "the loss or gradient norm was NaN or infinite (weights and AdamW state "
+            "unchanged); check rewards and advantages for NaN/inf, or lower train.lr"
         )
     for side in ("rollout", "learner"):
         key = f"{side}_idle_fraction"

@@ -140,3 +140,9 @@ def test_status_counts_training_steps_and_leaves_evals_out_of_the_mean(tmp_path)
     mean = next(line for line in out.output.splitlines() if "mean of 2" in line)
     assert "0.500" in mean and "5.0" in mean  # reward and step time over the 2 steps
     assert "0.875" not in mean and "0.125" not in mean  # eval columns: no mean
+
+
+def test_skipped_updates_any_at_all():
+    assert codes([healthy(skipped_updates=0.0)]) == []
+    [text] = advisories([healthy(skipped_updates=2.0)], T)
+    assert text.startswith("skipped_updates: 2 optimizer update(s)") and "NaN" in text
