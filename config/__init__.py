@@ -11,7 +11,15 @@ debug), `evaluation`, `facts` (what each algorithm asks of a run), `episodes`
 from .adapter import AdapterConfig
 from .algorithms import DPOConfig, GRPOConfig, PPOConfig
 from .base import RecipeError, Strict
-from .data import DataConfig, GeneratorData, JsonlData, PreferenceData
+from .data import (
+    DataConfig,
+    FileData,
+    GeneratorData,
+    JsonlData,
+    MixtureData,
+    PreferenceData,
+    ReasoningGymData,
+)
 from .facts import AlgorithmFacts, Passes
 from .recipe import (
     AdvisoriesConfig,
@@ -30,12 +38,15 @@ __all__ = [
     "AdvisoriesConfig",
     "DPOConfig",
     "DataConfig",
+    "FileData",
     "GRPOConfig",
     "GeneratorData",
     "JsonlData",
+    "MixtureData",
     "PPOConfig",
     "Passes",
     "PreferenceData",
+    "ReasoningGymData",
     "Recipe",
     "RecipeError",
     "ResourcesConfig",

@@ -28,7 +28,7 @@ from .algorithms import (
 )
 from .asynchrony import check_async_and_correction, stale_correction
 from .base import Strict
-from .data import DataConfig, PreferenceData
+from .data import DataConfig, FileData, GeneratorData, sources_of
 from .episodes import EpisodeFields, check_episodes
 from .evaluation import EvalConfig
 from .facts import AlgorithmFacts
@@ -339,29 +339,28 @@ class Recipe(_Strict):
 
     @model_validator(mode="after")
     def _algorithm_fits_data(self) -> Recipe:
-        preference = isinstance(self.data.train, PreferenceData)
-        pairs = self.algorithm in ("dpo", "reward_model")
+        pairs = self.facts.data == "pairs"
         name = "DPO" if self.algorithm == "dpo" else "A reward model"
         if pairs and self.eval is not None:
             raise ValueError(
                 f"eval: {name} samples no responses to evaluate; remove the eval "
                 "block, or use algorithm grpo or ppo"
             )
-        if pairs and not preference:
+        generated = [
+            s.generator if isinstance(s, GeneratorData) else s.reasoning_gym
+            for s in sources_of(self.data.train)
+            if not isinstance(s, FileData)
+        ]
+        if pairs and generated:
             raise ValueError(
-                f"data.train: {name} trains on preference pairs; give "
-                "{path: pairs.jsonl, format: hh | pairs}"
+                f"data.train: {name} trains on preference pairs, and {generated[0]!r} "
+                "makes prompts only; give a file of pairs {path: pairs.jsonl} (chosen / "
+                "rejected, with or without a shared prompt; format: hh for HH-RLHF)"
             )
         if self.algorithm == "reward_model" and self.rewards:
             raise ValueError(
                 "rewards: a reward model trains on preference pairs and calls no "
                 "reward; remove the rewards list"
-            )
-        if not pairs and preference and self.data.train.format != "hh":
-            raise ValueError(
-                "data.train: GRPO and PPO take prompts from preference pairs "
-                "only in format hh (its single-turn dialogues); give prompts "
-                "({generator: ...} or {path, prompt_key}), or set algorithm: dpo"
             )
         if not pairs and not self.rewards:
             raise ValueError(

@@ -1,10 +1,11 @@
 """Reward components of a recipe's `rewards:` list (pydantic, no ML imports).
 
 Local components (`math`, `length`, `format`, `code`, `python`, `reward_model`,
-`judge`) are served by one reward service process per run (or by `posttrain
+`judge`, `reasoning_gym`) are served by one reward service process per run (or by `posttrain
 serve-rewards` on another host); `http` components are users' own endpoints, called by
 the controller. An item's
-reward is the weighted sum of every component's score; each component is logged.
+reward is the weighted sum of the components that apply to it (all of them, or those
+whose `sources` name its row's `data_source`); each component is logged.
 """
 
 from __future__ import annotations
@@ -20,6 +21,14 @@ from .base import Strict
 class _Component(Strict):
     name: str = Field(description="Name of this component in metrics, details and rollouts.")
     weight: float = Field(1.0, description="Weight of this component in the summed reward.")
+    sources: list[str] | None = Field(
+        None,
+        min_length=1,
+        description="The `data_source` values of the rows this component scores (verl's "
+        "data_source column, or a source's `data_source` key); other rows' rewards "
+        "leave it out. null: every row. A row that no component applies to is refused "
+        "before the run starts.",
+    )
 
 
 class _Bounded(_Component):
@@ -126,6 +135,26 @@ class PythonReward(_Bounded):
         if v.count(":") != 1 or not all(v.split(":")):
             raise ValueError(f"function {v!r} must look like 'package.module:function_name'")
         return v
+
+
+class ReasoningGymReward(_Bounded):
+    type: Literal["reasoning_gym"] = Field(
+        description="reasoning-gym's own scorer: the row's dataset (a `reasoning_gym:` "
+        "source) scores the answer with its score_answer, 0 to 1. Scores only rows of "
+        "reasoning_gym sources (rewards/reasoning_gym.py)."
+    )
+    answer_tag: str | None = Field(
+        "answer",
+        description="The answer is the text inside the response's last <TAG>...</TAG> "
+        "(reasoning-gym's convention; ask for it in model.system_prompt); a response "
+        "without one scores with no answer. null: the whole response, stripped.",
+    )
+    timeout_s: float = Field(
+        10.0,
+        gt=0,
+        description="Wall-clock limit (seconds) per item; an item over it fails "
+        "(reward null) and its worker is replaced.",
+    )
 
 
 class HttpReward(_Component):
@@ -280,10 +309,13 @@ RewardSpec = Annotated[
     | PythonReward
     | HttpReward
     | RewardModelReward
-    | JudgeReward,
+    | JudgeReward
+    | ReasoningGymReward,
     Field(discriminator="type"),
 ]
-LOCAL_TYPES = frozenset({"math", "length", "format", "code", "python", "reward_model", "judge"})
+LOCAL_TYPES = frozenset(
+    {"math", "length", "format", "code", "python", "reward_model", "judge", "reasoning_gym"}
+)
 
 
 class RewardServerConfig(Strict):

@@ -18,7 +18,7 @@ import typer
 
 from ..common.process import bf16_note
 from ..config import Recipe, RecipeError
-from .data import load_data, load_prompts
+from .data import load_data
 from .loading import load_recipe
 from .preflight import check_lengths, check_runtime_inputs
 
@@ -45,25 +45,30 @@ def _load_or_exit(
     try:
         r = load_recipe(recipe, overrides or [])
         check_runtime_inputs(r)
+        data = load_data(r)
+        if data.skipped:
+            typer.echo(
+                f"data: {data.skipped} rows skipped (their dialogues do not share a prompt)",
+                err=True,
+            )
+        if data.held_out:
+            typer.echo(
+                f"data: {data.held_out} training prompts equal an evaluation prompt and are "
+                "left out of training",
+                err=True,
+            )
         if r.facts.data == "pairs":
-            pairs, skipped = load_data(r)
-            if skipped:
-                typer.echo(
-                    f"data: {skipped} rows skipped (their dialogues do not share a prompt)",
-                    err=True,
-                )
-            return r, pairs
-        prompts = load_prompts(r.data)
+            return r, data.train
         # GRPO / PPO: the longest prompt + max_new_tokens fits (`run` converts a built-in
         # model first, so the check never waits for the first training run)
-        if lengths and not check_lengths(r, prompts, convert=convert):
+        if lengths and not check_lengths(r, data.train, convert=convert):
             typer.echo(
                 f"note: prompt lengths not checked yet: model.path {r.model.path!r} is "
                 "converted on the first `posttrain run`, which checks them before "
                 "training",
                 err=True,
             )
-        return r, prompts
+        return r, data.train
     except RecipeError as e:
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(code=2) from None

@@ -27,7 +27,7 @@ from ..weightsync import (
     WeightSyncError,
     push,
 )
-from .items import PromptItem
+from .items import PromptItem, chat_messages
 from .roles import (  # noqa: F401  (re-exported: the loop calls c.<name>)
     LocalServiceLaunch,
     Roles,
@@ -78,12 +78,7 @@ def generation_requests(
 ) -> tuple[dict[int, list[PromptRequest]], SamplingSettings]:
     """What `generate` sends: rollout worker i's requests `chunks[i]` and the sampling
     settings (arguments as `generate`)."""
-    messages = []
-    for p in prompts:
-        m = [{"role": "user", "content": p.question}]
-        if recipe.model.system_prompt:
-            m.insert(0, {"role": "system", "content": recipe.model.system_prompt})
-        messages.append(m)
+    messages = [chat_messages(p, recipe.model.system_prompt) for p in prompts]
     requests = [
         PromptRequest(
             f"{tag}{step}{f'r{round_}' if round_ else ''}-p{p.prompt_id}-{i}",

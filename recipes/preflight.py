@@ -11,11 +11,28 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..config import JsonlData, PreferenceData, Recipe, RecipeError
+from ..config import FileData, MixtureData, Recipe, RecipeError
 from ..config import recipe as models  # vllm_installed looked up at call time (tests patch it)
+from .items import chat_messages
+from .rows import KINDS
 
 if TYPE_CHECKING:
     from .items import PromptItem
+
+
+def data_blocks(recipe: Recipe) -> list[tuple[str, Any]]:
+    """`(key path, source)` of every data source of the recipe: data.train and
+    eval.prompts, or each entry of their mixtures."""
+    out = []
+    blocks = [("data.train", recipe.data.train)]
+    if recipe.eval is not None and recipe.eval.prompts is not None:
+        blocks.append(("eval.prompts", recipe.eval.prompts))
+    for key, block in blocks:
+        if isinstance(block, MixtureData):
+            out += [(f"{key}.mixture.{i}", s) for i, s in enumerate(block.mixture)]
+        else:
+            out.append((key, block))
+    return out
 
 
 def _check_reward_runtime(i: int, c: Any) -> None:
@@ -73,13 +90,12 @@ def check_runtime_inputs(recipe: Recipe) -> None:
         RecipeError: the data file is missing, or the model path is neither an alias nor a
             transformers folder.
     """
-    train = recipe.data.train
-    if isinstance(train, JsonlData | PreferenceData) and not Path(train.path).is_file():
-        what = "is a folder, not a file" if Path(train.path).is_dir() else "does not exist"
-        raise RecipeError(
-            f"data.train.path: {train.path} {what}; give a .jsonl or .jsonl.gz file "
-            "(relative paths are read from the recipe's folder)"
-        )
+    for key, block in data_blocks(recipe):
+        if isinstance(block, FileData) and not Path(block.path).exists():
+            raise RecipeError(
+                f"{key}.path: {block.path} does not exist; give {KINDS} (relative paths "
+                "are read from the recipe's folder)"
+            )
     critic = recipe.ppo.critic_path
     if recipe.facts.critic and critic and not (Path(critic) / "config.json").is_file():
         raise RecipeError(
@@ -189,8 +205,9 @@ def _tokenizer(folder: Path) -> Any:
 def _longest_prompt(
     folder: Path, recipe: Recipe, prompts: list[PromptItem]
 ) -> tuple[int, PromptItem]:
-    """Tokens of the longest prompt as rollouts build it: `model.system_prompt` (if set)
-    and the question as user message, chat template with the generation prompt."""
+    """Tokens of the longest prompt as rollouts build it (`items.chat_messages`: the
+    row's messages, else its question as user message, `model.system_prompt` in front
+    unless the row has its own), chat template with the generation prompt."""
     from jinja2 import TemplateError
 
     try:
@@ -200,15 +217,10 @@ def _longest_prompt(
             f"model.path: cannot load the tokenizer of {folder} ({e}); give a "
             "transformers folder with its tokenizer files"
         ) from None
-    system = [{"role": "system", "content": recipe.model.system_prompt}]
     longest, where = 0, prompts[0]
     for start in range(0, len(prompts), 1024):
         chunk = prompts[start : start + 1024]
-        convs = [
-            (system if recipe.model.system_prompt else [])
-            + [{"role": "user", "content": p.question}]
-            for p in chunk
-        ]
+        convs = [chat_messages(p, recipe.model.system_prompt) for p in chunk]
         try:
             ids = tok.apply_chat_template(
                 convs, add_generation_prompt=True, tokenize=True, return_dict=True
@@ -292,7 +304,8 @@ def checked_prompt_tokens(
     fixes += ["raise rollout.vllm.max_model_len"] if engine_len else []
     fixes += [f"leave out prompts over {limit - new} tokens"] if new < limit else []
     raise RecipeError(
-        f"{key}: data.train prompt {item.prompt_id} ({item.question[:40]!r}...) is {length} "
+        f"{key}: data.train prompt {item.prompt_id} ({item.origin or 'generated'}: "
+        f"{item.question[:40]!r}...) is {length} "
         f"tokens after the chat template"
         f"{' with model.system_prompt' if recipe.model.system_prompt else ''}; with "
         f"rollout.max_new_tokens {new} a sample needs {length + new} tokens, more than {what}; "

@@ -407,7 +407,9 @@ def start_rewards(recipe: Recipe, run_dir: Path) -> tuple[RewardSet, LocalServic
         for c in recipe.rewards
         if c.type == "http"
     ]
-    return RewardSet(local, endpoints), launch
+    local_sources = [c.sources for c in recipe.rewards if c.type in LOCAL_TYPES]
+    endpoint_sources = {c.name: c.sources for c in recipe.rewards if c.type == "http"}
+    return RewardSet(local, endpoints, local_sources, endpoint_sources), launch
 
 
 def stop_roles(roles: Roles | None) -> None:

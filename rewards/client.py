@@ -151,24 +151,52 @@ class RewardSet:
 
     The local service already returns the weighted sum of its components; each HTTP
     endpoint adds `weight × reward` and its value under its name in `details`. An item
-    fails (reward None) if any component failed for it; the error names the component.
+    goes only to the services with a component that applies to it (`local_sources`:
+    the local components' `sources`, `endpoint_sources`: each endpoint's by name; a
+    component with sources None applies to every item, else to items whose
+    `metadata.data_source` it lists). An item fails (reward None) if any component
+    failed for it, or none applies to it; the error names the component.
     """
 
     def __init__(
-        self, local: RewardClient | None, endpoints: list[tuple[str, float, RewardClient]]
+        self,
+        local: RewardClient | None,
+        endpoints: list[tuple[str, float, RewardClient]],
+        local_sources: list[list[str] | None] | None = None,
+        endpoint_sources: dict[str, list[str] | None] | None = None,
     ):
         self.local, self.endpoints = local, endpoints
+        self.local_sources = [None] if local_sources is None else local_sources
+        self.endpoint_sources = endpoint_sources or {}
+
+    @staticmethod
+    def _applies(sources: list[list[str] | None], item: ScoreItem) -> bool:
+        source = item.metadata.get("data_source")
+        return any(s is None or source in s for s in sources)
+
+    @staticmethod
+    def _some(client: RewardClient, items: list[ScoreItem], mine: list[int]) -> dict[int, Score]:
+        scores = client.score([items[k] for k in mine]) if mine else []
+        return dict(zip(mine, scores, strict=True))
 
     def score(self, items: list[ScoreItem]) -> list[Score]:
         """One combined Score per item, in the items' order."""
-        parts = [self.local.score(items)] if self.local else []
-        parts += [ep.score(items) for _, _, ep in self.endpoints]
-        weights = ([None] if self.local else []) + [(n, w) for n, w, _ in self.endpoints]
+        parts: list[tuple[tuple[str, float] | None, dict[int, Score]]] = []
+        if self.local:
+            mine = [k for k, i in enumerate(items) if self._applies(self.local_sources, i)]
+            parts.append((None, self._some(self.local, items, mine)))
+        for name, weight, client in self.endpoints:
+            sources = [self.endpoint_sources.get(name)]
+            mine = [k for k, i in enumerate(items) if self._applies(sources, i)]
+            parts.append(((name, weight), self._some(client, items, mine)))
         out = []
         for k, item in enumerate(items):
-            total, details, errors = 0.0, {}, []
-            for part, nw in zip(parts, weights, strict=True):
-                s = part[k]
+            total, details, errors, scored = 0.0, {}, [], False
+            for nw, got in parts:
+                s = got.get(k)
+                if s is None:
+                    continue
+                scored = True
                 if s.reward is None:
                     errors.append(s.error if nw is None else f"{nw[0]}: {s.error}")
                     continue
@@ -178,6 +206,9 @@ class RewardSet:
                     if nw is None
                     else {nw[0]: s.reward, **{f"{nw[0]}.{a}": b for a, b in s.details.items()}}
                 )
+            if not scored:
+                source = item.metadata.get("data_source")
+                errors.append(f"no reward component applies to data_source {source!r}")
             out.append(
                 Score(
                     uid=item.uid,

@@ -20,12 +20,17 @@ class ScoreItem(BaseModel):
     prompt: str = Field("", description="Prompt text (verifiers must not read answers from it).")
     response: str = Field(description="The policy's response text.")
     ground_truth: str | None = Field(None, description="Reference answer, if any.")
-    metadata: dict[str, Any] = Field(default_factory=dict, description="Prompt metadata.")
+    metadata: dict[str, Any] = Field(
+        default_factory=dict,
+        description="The prompt row's other keys; `data_source` picks the components with "
+        "`sources` that apply to the item.",
+    )
     messages: list[dict[str, str]] | None = Field(
         None,
-        description="The prompt as chat messages ([{role, content}], system and user) "
-        "when it was made from them; reward models and judges render these with a chat "
-        "template. null: `prompt` is taken as one user message.",
+        description="The prompt as chat messages ([{role, content}]: an optional system "
+        "message, then user and assistant turns, ending with a user or tool turn) as the "
+        "policy saw them; reward models and judges render these with a chat template. "
+        "null: `prompt` is taken as one user message.",
     )
 
 

@@ -2,13 +2,15 @@
 `GET /metrics` and its OpenAPI schema at `/docs` and `/openapi.json`.
 
 One service hosts the local components of a recipe's `rewards:` list (`math`,
-`length`, `format`, `code`, `python`, `reward_model`, `judge`); an item's reward is the
-weighted sum of its components, each reported in `details`. A component that raises, or
+`length`, `format`, `code`, `python`, `reward_model`, `judge`, `reasoning_gym`); an
+item's reward is the weighted sum of the components that apply to it (a component with
+`sources` applies only to items whose `metadata.data_source` it names; an item no
+component applies to fails), each reported in `details`. A component that raises, or
 runs past its `timeout_s`, marks that item as failed (`reward: null`, `error` set); the other items
 of the batch are still scored.
 
-Concurrency: items of a batch are scored by `workers` threads. `math`, `format` and
-`python` calls go to a pool of `workers` killable worker processes
+Concurrency: items of a batch are scored by `workers` threads. `math`, `format`,
+`python` and `reasoning_gym` calls go to a pool of `workers` killable worker processes
 (rewards/bounded.py), started with the service and kept for its life: each call has
 a deadline (`timeout_s`) and each worker an address-space limit (the largest
 `memory_mb` of those components); a call over its deadline is cut off, its worker
@@ -55,6 +57,7 @@ from ..config.rewards import (
     LengthReward,
     MathReward,
     PythonReward,
+    ReasoningGymReward,
     RewardModelReward,
     RewardSpec,
 )
@@ -76,8 +79,8 @@ def score_length(response: str, target_chars: int) -> tuple[float, dict[str, Any
 
 
 def make_scorer(spec: Any, pool: BoundedPool) -> Scorer:
-    """A callable scoring one item for one local component spec; `math`, `format` and
-    `python` calls run in `pool` within the spec's `timeout_s`.
+    """A callable scoring one item for one local component spec; `math`, `format`,
+    `python` and `reasoning_gym` calls run in `pool` within the spec's `timeout_s`.
 
     Raises:
         ValueError: an http component (the controller calls those), a python
@@ -108,6 +111,12 @@ def make_scorer(spec: Any, pool: BoundedPool) -> Scorer:
     if isinstance(spec, PythonReward):
         load_function(spec.function)  # fail at start, not on every item, if it is missing
         return lambda item: pool.call(jobs.python_job, (spec.function, item), spec.timeout_s)
+    if isinstance(spec, ReasoningGymReward):
+        return lambda item: pool.call(
+            jobs.reasoning_gym_job,
+            (item.response, item.metadata.get("reasoning_gym"), spec.answer_tag),
+            spec.timeout_s,
+        )
     if isinstance(spec, RewardModelReward):  # torch only when a reward model is served
         from .reward_model import RewardModelScorer
 
@@ -120,6 +129,11 @@ def make_scorer(spec: Any, pool: BoundedPool) -> Scorer:
         f"reward {spec.name!r}: type {spec.type!r} is not served here; "
         f"a reward service hosts {sorted(LOCAL_TYPES)}"
     )
+
+
+def applies(sources: list[str] | None, item: ScoreItem) -> bool:
+    """Whether a component with `sources` scores `item` (None: every item)."""
+    return sources is None or item.metadata.get("data_source") in sources
 
 
 def parse_components(components: list[dict[str, Any]]) -> list[Any]:
@@ -143,11 +157,15 @@ def create_app(
         ValueError, SandboxUnavailable, pydantic.ValidationError: see `make_scorer`.
     """
     specs = parse_components(components)
-    bounded = [s for s in specs if isinstance(s, MathReward | FormatReward | PythonReward)]
+    bounded = [
+        s
+        for s in specs
+        if isinstance(s, MathReward | FormatReward | PythonReward | ReasoningGymReward)
+    ]
     processes = BoundedPool(workers, max((s.memory_mb for s in bounded), default=2048))
-    scorers = [(s.name, s.weight, make_scorer(s, processes)) for s in specs]
+    scorers = [(s.name, s.weight, make_scorer(s, processes), s.sources) for s in specs]
     # Scored per request in batches, before the per-item threads (reward models).
-    batched = [(name, sc) for name, _, sc in scorers if hasattr(sc, "score_batch")]
+    batched = [(name, sc, src) for name, _, sc, src in scorers if hasattr(sc, "score_batch")]
     threads = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="score")
     registry = CollectorRegistry()
     items_total = Counter(
@@ -167,19 +185,29 @@ def create_app(
         """Per item, each batched component's `(value, extra)` or the exception it raised
         for the whole batch."""
         out: list[dict[str, Any]] = [{} for _ in items]
-        for name, scorer in batched:
+        for name, scorer, sources in batched:
+            mine = [k for k, item in enumerate(items) if applies(sources, item)]
             try:
-                results = scorer.score_batch(items)
+                results = scorer.score_batch([items[k] for k in mine]) if mine else []
             except Exception as e:  # a failed batch fails its items only, not the service
-                results = [e] * len(items)
-            for got, r in zip(out, results, strict=True):
-                got[name] = r
+                results = [e] * len(mine)
+            for k, r in zip(mine, results, strict=True):
+                out[k][name] = r
         return out
 
     @in_flight.track_inprogress()
     def score_one(item: ScoreItem, pre: dict[str, Any]) -> Score:
         total, details = 0.0, {}
-        for name, weight, scorer in scorers:
+        mine = [s for s in scorers if applies(s[3], item)]
+        if not mine:
+            source = item.metadata.get("data_source")
+            return Score(
+                uid=item.uid,
+                reward=None,
+                error=f"no component applies to data_source {source!r} "
+                f"(sources: {[s.sources for s in specs]})",
+            )
+        for name, weight, scorer, _ in mine:
             try:
                 if name in pre and isinstance(pre[name], Exception):
                     raise pre[name]

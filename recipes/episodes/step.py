@@ -21,7 +21,7 @@ from ...actors.engine import Sample
 from ...actors.rollout import PromptRequest, Rollout, SamplingSettings
 from ...config import Recipe
 from ...rewards.protocol import Score
-from ..items import PromptItem
+from ..items import PromptItem, chat_messages
 from .multiturn import (
     Environment,
     Episode,
@@ -85,9 +85,7 @@ def requests_for(prompts: list[PromptItem], recipe: Recipe, step: int) -> list[P
     group ids as single-turn generation names them."""
     out = []
     for i, p in enumerate(prompts):
-        m = [{"role": "user", "content": p.question}]
-        if recipe.model.system_prompt:
-            m.insert(0, {"role": "system", "content": recipe.model.system_prompt})
+        m = chat_messages(p, recipe.model.system_prompt)
         out.append(PromptRequest(f"s{step}-p{p.prompt_id}-{i}", m, p.ground_truth, p.metadata))
     return out
 

@@ -33,3 +33,8 @@ def slow_length(data_source, solution_str, ground_truth, extra_info):
         Path(mark).touch()
     time.sleep(0.5)
     return float(len(solution_str))
+
+
+def extra_index(data_source, solution_str, ground_truth, extra_info):
+    """verl's extra_info: the row's `extra_info` column (its `index`)."""
+    return float(extra_info["index"])
