@@ -118,20 +118,36 @@ class RewardModelScorer:
         return out
 
     def __call__(self, item: ScoreItem) -> tuple[float, dict[str, Any]]:
-        """One item alone (`score_batch` of one)."""
-        return self.score_batch([item])[0]
+        """One item alone (`score_batch` of one).
 
-    def score_batch(self, items: list[ScoreItem]) -> list[tuple[float, dict[str, Any]]]:
+        Raises:
+            ValueError: the model's score is not a finite number.
+        """
+        got = self.score_batch([item])[0]
+        if isinstance(got, Exception):
+            raise got
+        return got
+
+    def score_batch(self, items: list[ScoreItem]) -> list[tuple[float, dict[str, Any]] | Exception]:
         """`(reward, details)` per item: the normalised score, and the raw one in
-        details (`raw`) when normalising."""
+        details (`raw`) when normalising. An item whose raw score is NaN or infinite (a
+        broken or overflowing model) gets a `ValueError` in its place, and stays out of
+        the running statistics."""
         raw = self.raw_scores(items)
+        finite = [r for r in raw if math.isfinite(r)]
         s = self.spec
-        if s.normalize == "none":
-            return [(r, {}) for r in raw]
         if s.normalize == "fixed":
             mean, std = s.mean, s.std
-        else:
+        elif s.normalize == "running":
             with self.lock:
-                self.stats.update(raw)
+                self.stats.update(finite)
                 mean, std = self.stats.mean, self.stats.std
-        return [((r - mean) / std if std > 0 else r - mean, {"raw": r}) for r in raw]
+        out: list[tuple[float, dict[str, Any]] | Exception] = []
+        for r in raw:
+            if not math.isfinite(r):
+                out.append(ValueError(f"{s.path} gave the score {r!r}, not a finite number"))
+            elif s.normalize == "none":
+                out.append((r, {}))
+            else:
+                out.append(((r - mean) / std if std > 0 else r - mean, {"raw": r}))
+        return out

@@ -4,8 +4,10 @@
 One service hosts the local components of a recipe's `rewards:` list (`math`,
 `length`, `format`, `code`, `python`, `reward_model`, `judge`); an item's reward is the
 weighted sum of its components, each reported in `details`. A component that raises, or
-runs past its `timeout_s`, marks that item as failed (`reward: null`, `error` set); the other items
-of the batch are still scored.
+runs past its `timeout_s`, or gives a value that is not a finite number (a reward
+model's NaN, a judge's `inf`), marks that item as failed (`reward: null`, `error`
+naming the component); the other items of the batch are still scored. Non-finite
+numbers among a component's details are sent as text ('nan').
 
 Concurrency: items of a batch are scored by `workers` threads. `math`, `format` and
 `python` calls go to a pool of `workers` killable worker processes
@@ -61,7 +63,14 @@ from ..config.rewards import (
 from . import jobs
 from .bounded import BoundedPool, VerifierTimeout
 from .code_verifier import score_code
-from .protocol import Score, ScoreItem, ScoreRequest, ScoreResponse
+from .protocol import (
+    Score,
+    ScoreItem,
+    ScoreRequest,
+    ScoreResponse,
+    finite_details,
+    is_finite_number,
+)
 from .python_reward import load_function
 from .sandbox import Limits, make_sandbox
 
@@ -184,6 +193,8 @@ def create_app(
                 if name in pre and isinstance(pre[name], Exception):
                     raise pre[name]
                 value, extra = pre[name] if name in pre else scorer(item)
+                if not is_finite_number(value):
+                    raise ValueError(f"gave {value!r}, not a finite number")
             except Exception as e:  # a verifier or user-function error fails this item only
                 timed_out = isinstance(e, VerifierTimeout)
                 items_total.labels(name, "timeout" if timed_out else "error").inc()
@@ -191,8 +202,11 @@ def create_app(
                 return Score(uid=item.uid, reward=None, error=f"{name}: {e}", details=details)
             items_total.labels(name, "ok").inc()
             details[name] = value
-            details.update({f"{name}.{k}": v for k, v in extra.items()})
+            details.update({f"{name}.{k}": v for k, v in finite_details(extra).items()})
             total += weight * value
+        if not is_finite_number(total):
+            error = f"the weighted sum of the components is {total!r}; lower the weights"
+            return Score(uid=item.uid, reward=None, error=error, details=details)
         return Score(uid=item.uid, reward=total, details=details)
 
     @asynccontextmanager

@@ -15,7 +15,7 @@ from ...actors.rollout import Rollout
 from ...algorithms.batch import TrainBatch, concat, pack_rows, pad_rows_to_multiple
 from ...algorithms.grpo import ESTIMATORS, GRPOLoss, mask_truncated, overlong_penalty
 from ...config import Recipe
-from ...rewards.protocol import Score
+from ...rewards.protocol import Score, is_finite_number
 from ..controller import on_learners
 from .base import RLAlgorithm, correction_of, run_updates
 
@@ -65,15 +65,18 @@ def apply_failure_policy(
     """Rewards to train on after the recipe's `on_reward_failure` (None = left out).
 
     drop_group: every rollout of a group with a failure becomes None. zero: failures
-    score 0.0. fail_step: any failure raises.
+    score 0.0. fail_step: any failure raises. A reward that is not a finite number
+    counts as a failure (the boundaries already turn those into failed scores; this is
+    the last guard before the advantages).
 
     Raises:
         RewardFailure: `fail_step` and at least one failure (names the first few).
         ValueError: an unknown policy.
     """
+    rewards = [x if is_finite_number(x) else None for x in rewards]
     failed = [i for i, x in enumerate(rewards) if x is None]
     if not failed:
-        return list(rewards)
+        return rewards
     if policy == "fail_step":
         shown = "; ".join(f"{group_ids[i]}: {errors[i]}" for i in failed[:3])
         raise RewardFailure(
@@ -94,7 +97,7 @@ def rollout_metrics(
     """Reward mean/std, per-component means, response length, truncation and
     failed-score counts of one step; `accuracy` is the share of scored rollouts whose
     `accuracy_component` (a 0/1 verifier such as `math`) is 1."""
-    ok = [s.reward for s in scores if s.reward is not None]
+    ok = [s.reward for s in scores if is_finite_number(s.reward)]
     lengths = [len(r.response_ids) for r in rollouts]
     out = {
         "reward_mean": statistics.fmean(ok) if ok else math.nan,
@@ -107,7 +110,7 @@ def rollout_metrics(
     comps: dict[str, list[float]] = {}
     for s in scores:
         for k, v in s.details.items():
-            if "." not in k and isinstance(v, int | float):
+            if "." not in k and isinstance(v, int | float) and math.isfinite(v):
                 comps.setdefault(k, []).append(float(v))
     for k, vals in comps.items():
         out[f"reward/{k}"] = statistics.fmean(vals)
@@ -116,7 +119,7 @@ def rollout_metrics(
         out["accuracy"] = sum(v == 1.0 for v in vals) / len(vals)
     groups: dict[str, list[float]] = {}
     for r, s in zip(rollouts, scores, strict=True):
-        if s.reward is not None:
+        if is_finite_number(s.reward):
             groups.setdefault(r.group_id, []).append(s.reward)
     out["groups_with_signal"] = float(sum(len(set(v)) > 1 for v in groups.values()))
     out["groups_scored"] = float(len(groups))
