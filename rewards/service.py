@@ -49,6 +49,7 @@ from fastapi.responses import PlainTextResponse
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from pydantic import TypeAdapter
 
+from ..common.net import listen_socket
 from ..config.rewards import (
     LOCAL_TYPES,
     CodeReward,
@@ -268,7 +269,8 @@ def main() -> None:
     )
     args = ap.parse_args()
     app = create_app(json.loads(args.components), os.environ.get(args.token_env), args.workers)
-    uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+    sock = listen_socket(args.host, args.port)  # SO_REUSEADDR: a restart takes its port at once
+    uvicorn.Server(uvicorn.Config(app, log_level="warning")).run(sockets=[sock])
 
 
 if __name__ == "__main__":
