@@ -316,13 +316,19 @@ def serve_rewards(
     if cfg.token_env and not token:
         typer.echo(f"error: {config}: token_env {cfg.token_env} is not set", err=True)
         raise typer.Exit(code=2)
+    from .preflight import reward_model_problem
+
+    for i, c in enumerate(cfg.rewards):  # before torch loads anything
+        if c.type == "reward_model" and (problem := reward_model_problem(i, c.path)):
+            typer.echo(f"error: {config}: {problem}", err=True)
+            raise typer.Exit(code=2)
     import uvicorn
 
     from ..rewards.service import create_app
 
     try:
         app = create_app([c.model_dump() for c in cfg.rewards], token, cfg.workers)
-    except (ValueError, RuntimeError) as e:  # a missing function or sandbox
+    except (ValueError, RuntimeError, OSError) as e:  # a missing function, sandbox, model
         typer.echo(f"error: {config}: {e}", err=True)
         raise typer.Exit(code=2) from None
     try:  # bound here so a bad host or a taken port is a clear error, not a traceback;

@@ -27,6 +27,7 @@ import threading
 from typing import Any
 
 from ..common.chat_tokens import chat_prompt, chat_reply, plain_ids, stop_ids
+from ..common.model_folder import model_folder_problem
 from ..config.rewards import RewardModelReward
 from .protocol import ScoreItem
 
@@ -54,19 +55,30 @@ class RewardModelScorer:
     """Scores batches of items with one reward-model folder.
 
     Raises (at construction):
-        OSError, ValueError: `spec.path` is not a loadable sequence-classification folder.
+        ValueError: `spec.path` is not a loadable sequence-classification folder: missing,
+            incomplete or broken (common/model_folder.py, checked before loading), or
+            refused by transformers; the message names the folder.
     """
 
     def __init__(self, spec: RewardModelReward):
         import torch
+        from safetensors import SafetensorError
         from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
+        if (problem := model_folder_problem(spec.path)) is not None:
+            raise ValueError(f"reward {spec.name!r}: {problem}")
         if spec.threads:
             torch.set_num_threads(spec.threads)
         self.spec, self.torch = spec, torch
-        self.tokenizer = AutoTokenizer.from_pretrained(spec.path)
         dtype = torch.bfloat16 if spec.dtype == "bfloat16" else torch.float32
-        self.model = AutoModelForSequenceClassification.from_pretrained(spec.path, dtype=dtype)
+        try:
+            self.tokenizer = AutoTokenizer.from_pretrained(spec.path)
+            self.model = AutoModelForSequenceClassification.from_pretrained(spec.path, dtype=dtype)
+        except (OSError, ValueError, KeyError, RuntimeError, TypeError, SafetensorError) as e:
+            raise ValueError(
+                f"reward {spec.name!r}: {spec.path} cannot be loaded as a "
+                f"sequence-classification model ({type(e).__name__}: {e})"
+            ) from e
         if self.model.config.num_labels != 1:
             raise ValueError(
                 f"reward {spec.name!r}: {spec.path} has "

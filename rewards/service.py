@@ -38,6 +38,7 @@ import argparse
 import json
 import logging
 import os
+import sys
 import time
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -91,8 +92,8 @@ def make_scorer(spec: Any, pool: BoundedPool) -> Scorer:
 
     Raises:
         ValueError: an http component (the controller calls those), a python
-            function that cannot be imported, a judge's unset token_env.
-        OSError: a reward_model path that is not a loadable model folder.
+            function that cannot be imported, a judge's unset token_env, a
+            reward_model path that is not a loadable model folder (names it).
         SandboxUnavailable: a code component whose sandbox cannot start.
     """
     if isinstance(spec, MathReward):
@@ -268,7 +269,11 @@ def main() -> None:
         help="environment variable holding the bearer token (unset: no auth)",
     )
     args = ap.parse_args()
-    app = create_app(json.loads(args.components), os.environ.get(args.token_env), args.workers)
+    try:
+        app = create_app(json.loads(args.components), os.environ.get(args.token_env), args.workers)
+    except (ValueError, RuntimeError) as e:  # a broken component: one line in the log
+        print(f"error: {e}", file=sys.stderr, flush=True)
+        raise SystemExit(2) from None
     sock = listen_socket(args.host, args.port)  # SO_REUSEADDR: a restart takes its port at once
     uvicorn.Server(uvicorn.Config(app, log_level="warning")).run(sockets=[sock])
 

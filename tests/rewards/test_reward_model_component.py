@@ -121,7 +121,7 @@ def test_service_scores_the_batch_with_weights(rm_folder):
 
 
 def test_not_a_reward_model_folder_fails_at_start(tmp_path):
-    with pytest.raises(OSError):
+    with pytest.raises(ValueError, match="nope does not exist"):
         create_app([{"name": "rm", "type": "reward_model", "path": str(tmp_path / "nope")}])
 
 
