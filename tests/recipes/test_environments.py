@@ -231,3 +231,28 @@ def test_a_one_million_token_reset_fails_its_episode_not_the_run(tok):
     )
     assert scores[0].reward is None and "big-0" in scores[0].error
     assert scores[1].reward == 1.0  # the other episode ran and was scored
+
+
+def test_engine_context_is_the_vllm_limit_or_the_models(tmp_path):
+    from posttrain.config import Recipe
+    from posttrain.recipes.episodes.step import engine_context
+
+    folder = build_tiny_model(tmp_path / "m", max_positions=640)
+
+    def recipe(engine: str, max_model_len: int | None) -> Recipe:
+        return Recipe.model_validate(
+            {
+                "name": "ctx",
+                "algorithm": "grpo",
+                "model": {"path": str(folder)},
+                "data": {"train": {"generator": "arithmetic", "size": 4}},
+                "rollout": {"engine": engine, "vllm": {"max_model_len": max_model_len}},
+                "rewards": [{"name": "correct", "type": "math"}],
+                "train": {"steps": 1, "prompts_per_step": 2},
+            }
+        )
+
+    n, where = engine_context(recipe("hf", None), str(folder))
+    assert n == 640 and "config.json" in where
+    n, where = engine_context(recipe("vllm", 600), str(folder))
+    assert n == 600 and "rollout.vllm.max_model_len" in where
