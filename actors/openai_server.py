@@ -10,8 +10,23 @@ Protocol (agent → rollout worker):
   `chat.completion` object; its `choices[0].logprobs` is null (the ids and logprobs are
   kept here, not sent).
 - `POST /v1/episodes/{episode_id}/reward` `{"reward": float}`: the agent's reward for
-  the episode (optional: a reward service may score it instead).
+  the episode (optional: a reward service may score it instead), after its calls.
 - `GET /health`.
+
+Refusals (OpenAI's error shape, `{"error": {"message", "type":
+"invalid_request_error", "param"}}`, nothing sampled or recorded): 400 for a field out of
+its bounds (`ChatRequest`: empty `messages`, `max_tokens` < 1, `top_p` outside (0, 1],
+a `seed` outside 64 bits, an empty stop string, ...), for `temperature: 0` when the
+request's temperature is used, and for a prompt that leaves no room in the engine's
+context (`param: messages`, the limit in the message; a prompt that fits gets at most
+what is left of the context as its completion limit); 400 for a reward that is not a
+finite number (`NaN`, `Infinity`, `1e400`: recorded on the episode, whose sample then
+fails; a later finite reward replaces it); 404 for a reward of an episode that was
+never served here.
+
+Memory: the recorder keeps at most `max_episodes` episodes (default 4096); a call with
+a new id beyond that evicts the least recently used episode (its calls are lost, and the
+controller reports that episode as having made no call).
 
 Token bookkeeping: when a call's messages extend the episode's previous call (its
 messages plus the assistant's reply, compared as role + content), its prompt ids are the
@@ -30,14 +45,16 @@ e.g. Hermes `<tool_call>` blocks), no authentication: bind it to a private addre
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 import uuid
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from .chat import TemplateMismatch, chat_ids, message_delta
 from .engine import Sample, end_of_turn_token_id
@@ -67,28 +84,55 @@ class Call:
 
 @dataclass
 class EpisodeLog:
-    """Every call of one episode, the agent's reward, and the conversation state."""
+    """Every call of one episode, the agent's reward (or why its posted reward was
+    refused), and the conversation state."""
 
     calls: list[Call] = field(default_factory=list)
     reward: float | None = None
+    reward_error: str | None = None
     restarts: int = 0
     messages: list[dict[str, str]] = field(default_factory=list)
     ids: list[int] = field(default_factory=list)
 
 
 class EpisodeRecorder:
-    """Thread-safe store of `EpisodeLog`s by episode id."""
+    """Thread-safe store of `EpisodeLog`s by episode id, at most `max_episodes` of them
+    (least recently used evicted first).
 
-    def __init__(self) -> None:
+    Raises (at construction):
+        ValueError: max_episodes < 1.
+    """
+
+    def __init__(self, max_episodes: int = 4096) -> None:
+        if max_episodes < 1:
+            raise ValueError(f"max_episodes must be at least 1, got {max_episodes}")
+        self.max_episodes = max_episodes
         self.lock = threading.Lock()
-        self.episodes: dict[str, EpisodeLog] = {}
+        self.episodes: OrderedDict[str, EpisodeLog] = OrderedDict()
 
     def get(self, episode_id: str) -> EpisodeLog:
+        """The episode's log, made when new (evicting the least recently used one when
+        the store is full)."""
         with self.lock:
-            return self.episodes.setdefault(episode_id, EpisodeLog())
+            return self.keep(episode_id, self.episodes.get(episode_id) or EpisodeLog())
+
+    def keep(self, episode_id: str, log: EpisodeLog) -> EpisodeLog:
+        """Store `log` under `episode_id` as the most recently used, evicting the least
+        recently used beyond `max_episodes`; the caller holds `lock`."""
+        self.episodes[episode_id] = log
+        self.episodes.move_to_end(episode_id)
+        while len(self.episodes) > self.max_episodes:
+            self.episodes.popitem(last=False)
+        return log
+
+    def find(self, episode_id: str) -> EpisodeLog | None:
+        """The episode's log if it has one here, else None (nothing is made)."""
+        with self.lock:
+            return self.episodes.get(episode_id)
 
     def pop(self, episode_id: str) -> dict[str, Any] | None:
-        """The episode's calls, reward and restarts as plain data, removed; None if unknown."""
+        """The episode's calls, reward, reward_error and restarts as plain data,
+        removed; None if unknown."""
         with self.lock:
             log = self.episodes.pop(episode_id, None)
         if log is None:
@@ -96,37 +140,83 @@ class EpisodeRecorder:
         return {
             "calls": [asdict(c) for c in log.calls],
             "reward": log.reward,
+            "reward_error": log.reward_error,
             "restarts": log.restarts,
         }
 
 
-class ChatRequest(BaseModel):
-    """The OpenAI chat request fields used here (others are ignored)."""
+class Message(BaseModel):
+    """One chat message; content as text or OpenAI content parts (their text is kept)."""
 
     model_config = ConfigDict(extra="allow")
-    messages: list[dict[str, Any]]
-    max_tokens: int | None = None
-    max_completion_tokens: int | None = None
-    temperature: float = 1.0
-    top_p: float = 1.0
-    seed: int | None = None
-    stop: str | list[str] | None = None
-    n: int = 1
-    episode_id: str | None = None
+    role: str = Field(min_length=1)
+    content: str | list[Any] | None = None
+
+
+StopString = Annotated[str, Field(min_length=1)]
+
+
+class ChatRequest(BaseModel):
+    """The OpenAI chat request fields used here, with their bounds (others are
+    accepted and ignored)."""
+
+    model_config = ConfigDict(extra="allow")
+    messages: list[Message] = Field(min_length=1)
+    max_tokens: int | None = Field(None, ge=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
+    temperature: float = Field(1.0, ge=0, le=2, allow_inf_nan=False)
+    top_p: float = Field(1.0, gt=0, le=1, allow_inf_nan=False)
+    seed: int | None = Field(None, ge=-(2**63), lt=2**63)
+    stop: StopString | list[StopString] | None = Field(None, max_length=16)
+    n: int = Field(1, ge=1)
+    episode_id: str | None = Field(None, min_length=1, max_length=512)
 
 
 class RewardRequest(BaseModel):
-    reward: float
+    reward: float  # finiteness is checked by the route, which records a refusal
 
 
-def _text_messages(messages: list[dict[str, Any]]) -> list[dict[str, str]]:
+def _text_messages(messages: list[Message]) -> list[dict[str, str]]:
     out = []
     for m in messages:
-        content = m.get("content") or ""
+        content = m.content or ""
         if isinstance(content, list):  # OpenAI content parts: keep the text ones
-            content = "".join(p.get("text", "") for p in content if isinstance(p, dict))
-        out.append({"role": str(m.get("role", "user")), "content": str(content)})
+            content = "".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
+        out.append({"role": m.role, "content": content})
     return out
+
+
+def _error(status: int, message: str, param: str | None) -> Any:
+    """An OpenAI-shaped error response (`detail` too, as FastAPI clients expect)."""
+    from fastapi.responses import JSONResponse
+
+    kind = "invalid_request_error" if status < 500 else "server_error"
+    body = {"message": message, "type": kind, "param": param, "code": None}
+    return JSONResponse({"error": body, "detail": message}, status_code=status)
+
+
+class Refused(Exception):
+    """A request this endpoint will not serve: its status, message and field."""
+
+    def __init__(self, status: int, message: str, param: str | None = None):
+        super().__init__(message)
+        self.status, self.message, self.param = status, message, param
+
+
+def _validation_error(exc: Any) -> Any:
+    """400 naming the first invalid field, its problem and (shortened) value."""
+    first = exc.errors()[0]
+    param = ".".join(str(x) for x in first["loc"] if x != "body") or "body"
+    got = repr(first.get("input"))
+    got = got if len(got) <= 80 else got[:77] + "..."
+    return _error(400, f"{param}: {first['msg']} (got {got})", param)
+
+
+def _longest_token_chars(tokenizer: Any) -> int:
+    """Characters of the tokenizer's longest vocabulary entry (at least 1): no token
+    covers more text, so a prompt of more than context × this many characters (× 4 for
+    normalisation) cannot fit without tokenising it."""
+    return max((len(t) for t in tokenizer.get_vocab()), default=1) or 1
 
 
 def create_app(
@@ -135,6 +225,7 @@ def create_app(
     recorder: EpisodeRecorder,
     default_max_tokens: int = 256,
     temperature: float | None = None,
+    context_tokens: int | None = None,
 ) -> Any:
     """The FastAPI app (see the module docstring).
 
@@ -147,24 +238,59 @@ def create_app(
             a request may ask for when `temperature` is set (training).
         temperature: when set (training), every call samples at it whatever the request
             says: the learner recomputes logprobs at the recipe's temperature.
+        context_tokens: the most tokens (prompt + completion) the engine takes; a
+            longer prompt is refused, a completion capped to what is left. None: no
+            check here.
     """
     from fastapi import FastAPI, Header, HTTPException
+    from fastapi.exceptions import RequestValidationError
 
     app = FastAPI(title="posttrain rollout (OpenAI-compatible)")
     eot = end_of_turn_token_id(tokenizer)
+    max_chars = (
+        None if context_tokens is None else 4 * context_tokens * _longest_token_chars(tokenizer)
+    )
 
-    def prompt_ids(log: EpisodeLog, messages: list[dict[str, str]]) -> list[int]:
+    @app.exception_handler(RequestValidationError)
+    async def invalid(_: Any, exc: RequestValidationError) -> Any:
+        return _validation_error(exc)
+
+    @app.exception_handler(Refused)
+    async def refused(_: Any, exc: Refused) -> Any:
+        return _error(exc.status, exc.message, exc.param)
+
+    @app.exception_handler(HTTPException)
+    async def http_error(_: Any, exc: HTTPException) -> Any:
+        return _error(exc.status_code, str(exc.detail), None)
+
+    def prompt_ids(log: EpisodeLog, messages: list[dict[str, str]]) -> tuple[list[int], bool]:
+        """The call's prompt ids, and whether it restarts the episode's chain."""
         n = len(log.messages)
         if log.calls and len(messages) > n and messages[:n] == log.messages:
             try:
-                return log.ids + message_delta(
-                    tokenizer, log.messages, messages[n:], log.ids[-1], eot
-                )
+                delta = message_delta(tokenizer, log.messages, messages[n:], log.ids[-1], eot)
+                return log.ids + delta, False
             except TemplateMismatch:
                 pass
-        if log.calls:
-            log.restarts += 1
-        return chat_ids(tokenizer, messages, generation_prompt=True)
+        return chat_ids(tokenizer, messages, generation_prompt=True), bool(log.calls)
+
+    def fit(ids: list[int], limit: int) -> int:
+        """The completion limit left once `ids` are in the context.
+
+        Raises:
+            Refused: the prompt leaves no room for one token.
+        """
+        if context_tokens is None:
+            return limit
+        if len(ids) >= context_tokens:
+            raise Refused(
+                400,
+                f"messages: the conversation is {len(ids)} tokens after the chat "
+                f"template; the engine takes {context_tokens} tokens (prompt + "
+                "completion); shorten the messages",
+                "messages",
+            )
+        return min(limit, context_tokens - len(ids))
 
     @app.get("/health")
     def health() -> dict[str, Any]:
@@ -180,24 +306,39 @@ def create_app(
                 "episode_id field, so the call joins its episode's trajectory",
             )
         if req.n != 1:
-            raise HTTPException(400, f"n={req.n}: one completion per call (n: 1)")
+            raise Refused(400, f"n: {req.n} completions asked; one per call (n: 1)", "n")
+        if temperature is None and req.temperature == 0:
+            raise Refused(
+                400,
+                "temperature: 0 (greedy) is not served here; give a temperature above 0",
+                "temperature",
+            )
         messages = _text_messages(req.messages)
-        log = recorder.get(episode)
+        chars = sum(len(m["content"]) for m in messages)
+        if max_chars is not None and chars > max_chars:
+            raise Refused(
+                400,
+                f"messages: {chars} characters cannot fit in the engine's "
+                f"{context_tokens} tokens; shorten the messages",
+                "messages",
+            )
         stop = (req.stop,) if isinstance(req.stop, str) else tuple(req.stop or ())
         limit = req.max_completion_tokens or req.max_tokens or default_max_tokens
         if temperature is not None:
             limit = min(limit, default_max_tokens)
-        sampling = SamplingSettings(
-            n=1,
-            max_new_tokens=limit,
-            temperature=temperature if temperature is not None else req.temperature,
-            top_p=req.top_p,
-            seed=req.seed if req.seed is not None else len(log.calls),
-            stop=stop,
-        )
         with recorder.lock:  # one call of an episode at a time keeps its chain ordered
-            ids = prompt_ids(log, messages)
+            log = recorder.episodes.get(episode) or EpisodeLog()  # kept once it is served
+            ids, restarted = prompt_ids(log, messages)
+            sampling = SamplingSettings(
+                n=1,
+                max_new_tokens=fit(ids, limit),
+                temperature=temperature if temperature is not None else req.temperature,
+                top_p=req.top_p,
+                seed=req.seed if req.seed is not None else len(log.calls),
+                stop=stop,
+            )
             sample, version = generate(ids, sampling)
+            log.restarts += restarted
             text = tokenizer.decode(sample.token_ids, skip_special_tokens=True)
             log.calls.append(
                 Call(
@@ -211,6 +352,7 @@ def create_app(
             )
             log.messages = [*messages, {"role": "assistant", "content": text}]
             log.ids = ids + list(sample.token_ids)
+            recorder.keep(episode, log)
         return {
             "id": f"chatcmpl-{uuid.uuid4().hex[:24]}",
             "object": "chat.completion",
@@ -233,7 +375,22 @@ def create_app(
 
     @app.post("/v1/episodes/{episode_id}/reward")
     def reward(episode_id: str, body: RewardRequest) -> dict[str, Any]:
-        recorder.get(episode_id).reward = body.reward
+        log = recorder.find(episode_id)
+        if log is None or not log.calls:
+            raise Refused(
+                404,
+                f"episode_id {episode_id!r}: no call was served under this id (or its "
+                "episode was already collected); post a reward after the episode's calls, "
+                "with the id they used",
+                "episode_id",
+            )
+        if not math.isfinite(body.reward):
+            log.reward, log.reward_error = (
+                None,
+                (f"agent reward for episode {episode_id} is {body.reward!r}, not a finite number"),
+            )
+            raise Refused(400, f"reward: {body.reward!r} is not a finite number", "reward")
+        log.reward, log.reward_error = body.reward, None
         return {"episode_id": episode_id, "reward": body.reward}
 
     return app

@@ -168,7 +168,12 @@ class RolloutConfig(EpisodeFields):
 class RewardsServiceConfig(_Strict):
     """The local reward service that hosts the recipe's built-in components."""
 
-    timeout_s: float = Field(60.0, gt=0, description="Per-request timeout, seconds.")
+    timeout_s: float = Field(
+        60.0,
+        gt=0,
+        description="Deadline for each whole request, seconds: connect, send and the "
+        "complete response, however slowly it arrives; then retried.",
+    )
     retries: int = Field(2, ge=0, description="Retries of a failed request before items fail.")
     batch_size: int = Field(64, gt=0, description="Items per POST /score request.")
     workers: int = Field(

@@ -165,7 +165,12 @@ class HttpReward(_Component):
         description="posttrain: {items:[{uid,prompt,response,ground_truth,metadata}]} → "
         "{scores:[{uid,reward,error,details}]}. openrlhf: {query, prompts, labels} → {rewards}.",
     )
-    timeout_s: float = Field(30.0, gt=0, description="Per-request timeout, seconds.")
+    timeout_s: float = Field(
+        30.0,
+        gt=0,
+        description="Deadline for each whole request, seconds: connect, send and the "
+        "complete response, however slowly it arrives; then retried.",
+    )
     retries: int = Field(2, ge=0, description="Retries (exponential backoff) before items fail.")
     batch_size: int = Field(64, gt=0, description="Items per request.")
     max_concurrency: int = Field(4, gt=0, description="Requests in flight at once.")
@@ -262,7 +267,12 @@ class JudgeReward(_Component):
     )
     max_tokens: int = Field(256, gt=0, description="Most tokens of the judge's reply.")
     temperature: float = Field(0.0, ge=0, description="The judge's sampling temperature.")
-    timeout_s: float = Field(60.0, gt=0, description="Per-request timeout, seconds.")
+    timeout_s: float = Field(
+        60.0,
+        gt=0,
+        description="Deadline for each whole request, seconds: connect, send and the "
+        "complete response, however slowly it arrives; then retried.",
+    )
     retries: int = Field(
         2,
         ge=0,

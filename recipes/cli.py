@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import sys
 import time
 from pathlib import Path
@@ -16,6 +15,7 @@ from typing import Annotated
 
 import typer
 
+from ..common.net import listen_socket
 from ..common.process import bf16_note
 from ..config import Recipe, RecipeError
 from .data import load_data
@@ -175,17 +175,16 @@ def _check_port_or_exit(port: int | None) -> None:
     """A dashboard port taken by another run: say so now, not after Ray and the models."""
     if not port:
         return
-    with socket.socket() as s:
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            typer.echo(
-                f"error: monitor.dashboard_port: 127.0.0.1:{port} is in use (another "
-                "run?); --set monitor.dashboard_port=0 takes any free port, null "
-                "turns the dashboard off",
-                err=True,
-            )
-            raise typer.Exit(code=2) from None
+    try:
+        listen_socket("127.0.0.1", port).close()
+    except OSError:
+        typer.echo(
+            f"error: monitor.dashboard_port: 127.0.0.1:{port} is in use (another "
+            "run?); --set monitor.dashboard_port=0 takes any free port, null "
+            "turns the dashboard off",
+            err=True,
+        )
+        raise typer.Exit(code=2) from None
 
 
 def _checkpoint_or_exit(run_dir: Path) -> Path:
@@ -298,8 +297,6 @@ def serve_rewards(
 
     Run it on a verifier host; recipes elsewhere point a `type: http` reward at it.
     """
-    import socket
-
     import yaml
     from pydantic import ValidationError
 
@@ -318,27 +315,33 @@ def serve_rewards(
     if cfg.token_env and not token:
         typer.echo(f"error: {config}: token_env {cfg.token_env} is not set", err=True)
         raise typer.Exit(code=2)
+    from .preflight import reward_model_problem
+
+    for i, c in enumerate(cfg.rewards):  # before torch loads anything
+        if c.type == "reward_model" and (problem := reward_model_problem(i, c.path)):
+            typer.echo(f"error: {config}: {problem}", err=True)
+            raise typer.Exit(code=2)
     import uvicorn
 
     from ..rewards.service import create_app
 
     try:
         app = create_app([c.model_dump() for c in cfg.rewards], token, cfg.workers)
-    except (ValueError, RuntimeError) as e:  # a missing function or sandbox
+    except (ValueError, RuntimeError, OSError) as e:  # a missing function, sandbox, model
         typer.echo(f"error: {config}: {e}", err=True)
         raise typer.Exit(code=2) from None
-    try:  # bind once here so a bad host or a taken port is a clear error, not a traceback
-        with socket.socket() as s:
-            s.bind((host, port))
-            port = s.getsockname()[1]
+    try:  # bound here so a bad host or a taken port is a clear error, not a traceback;
+        # SO_REUSEADDR: a service that crashed comes back on its port at once
+        sock = listen_socket(host, port)
     except OSError as e:
         typer.echo(f"error: cannot listen on {host}:{port}: {e}", err=True)
         raise typer.Exit(code=2) from None
+    port = sock.getsockname()[1]
     typer.echo(
         f"reward service on http://{host}:{port}/score "
         f"({', '.join(c.name for c in cfg.rewards)}; auth {'on' if token else 'off'})"
     )
-    uvicorn.run(app, host=host, port=port, log_level="warning")
+    uvicorn.Server(uvicorn.Config(app, log_level="warning")).run(sockets=[sock])
 
 
 def _run_dir_or_exit(run_dir: Path) -> list[dict]:

@@ -35,6 +35,22 @@ def data_blocks(recipe: Recipe) -> list[tuple[str, Any]]:
     return out
 
 
+def reward_model_problem(i: int, path: str) -> str | None:
+    """What is wrong with `rewards.{i}.path`, a reward-model folder (missing, no
+    config.json, truncated or broken weights, no tokenizer: common/model_folder.py),
+    as an error naming the key and the fix; None when nothing is."""
+    from ..common.model_folder import model_folder_problem
+
+    problem = model_folder_problem(path)
+    if problem is None:
+        return None
+    return (
+        f"rewards.{i}.path: {problem} (relative paths are read from the working "
+        "directory); give a folder that algorithm: reward_model saved (RUN_DIR/final) or "
+        "another local sequence-classification folder"
+    )
+
+
 def _check_reward_runtime(i: int, c: Any) -> None:
     """A python reward's module must be findable (the reward service runs from this
     folder with this PYTHONPATH) and a bwrap sandbox needs bwrap; found without
@@ -49,12 +65,8 @@ def _check_reward_runtime(i: int, c: Any) -> None:
                 f"rewards.{i}.function: module {top!r} of {c.function!r} is not importable; "
                 "put its folder on PYTHONPATH (e.g. PYTHONPATH=examples)"
             )
-    if c.type == "reward_model" and not (Path(c.path).expanduser() / "config.json").is_file():
-        raise RecipeError(
-            f"rewards.{i}.path: {c.path} is not a model folder (no config.json; relative paths "
-            "are read from the working directory); train one with algorithm: reward_model "
-            "(it saves RUN_DIR/final) or give a local sequence-classification folder"
-        )
+    if c.type == "reward_model" and (problem := reward_model_problem(i, c.path)):
+        raise RecipeError(problem)
     if c.type == "code" and c.sandbox == "bwrap" and shutil.which("bwrap") is None:
         raise RecipeError(
             f"rewards.{i}.sandbox: bubblewrap (bwrap) is not installed; install it (Debian: "

@@ -4,9 +4,12 @@ service process.
 
 Failure semantics: a request that fails (connection error, timeout, HTTP 5xx, a
 malformed body, the wrong number of scores) is retried with exponential backoff; a
-4xx other than 408/429 is not retried. After the last try every item of that batch
-gets `reward: None` and the error text. Scores are matched to items by `uid`; an
-item missing from a response is failed, never silently 0.
+4xx other than 408/429 is not retried. `timeout_s` bounds each whole request, however
+slowly the endpoint sends its answer (common/http.py). After the last try every item
+of that batch gets `reward: None` and the error text. Scores are matched to items by
+`uid`; an item missing from a response is failed, never silently 0; a non-finite
+reward (`NaN`, `Infinity`, `1e400`) fails its item with an error naming the endpoint
+(rewards/protocol.py `checked`), as does a weighted sum that overflows.
 
 Protocols: `posttrain` (rewards/protocol.py) and `openrlhf` (request `{"query":
 [prompt + response], "prompts": [...], "labels": [ground truth]}`, response
@@ -16,6 +19,7 @@ in unchanged.
 
 from __future__ import annotations
 
+import math
 import os
 import subprocess
 import sys
@@ -27,7 +31,8 @@ from typing import Literal
 import httpx
 from pydantic import ValidationError
 
-from .protocol import Score, ScoreItem, ScoreRequest, ScoreResponse
+from ..common.http import DeadlineClient
+from .protocol import Score, ScoreItem, ScoreRequest, ScoreResponse, checked
 
 
 class RewardClient:
@@ -47,7 +52,7 @@ class RewardClient:
         self.url, self.retries, self.backoff_s = url, retries, backoff_s
         self.batch_size, self.protocol, self.max_concurrency = batch_size, protocol, max_concurrency
         headers = {"Authorization": f"Bearer {token}"} if token else {}
-        self.http = httpx.Client(timeout=timeout_s, headers=headers)
+        self.http = DeadlineClient(timeout_s, headers)
 
     def _post(self, items: list[ScoreItem]) -> dict[str, Score]:
         if self.protocol == "openrlhf":
@@ -62,7 +67,7 @@ class RewardClient:
         resp.raise_for_status()
         data = resp.json()
         if self.protocol == "posttrain":
-            return {s.uid: s for s in ScoreResponse.model_validate(data).scores}
+            return {s.uid: checked(s, self.url) for s in ScoreResponse.model_validate(data).scores}
         rewards = data.get("rewards") if isinstance(data, dict) else None
         if not isinstance(rewards, list) or len(rewards) != len(items):
             got = len(rewards) if isinstance(rewards, list) else type(rewards).__name__
@@ -70,7 +75,8 @@ class RewardClient:
         if not all(isinstance(r, int | float) and not isinstance(r, bool) for r in rewards):
             raise ValueError("openrlhf endpoint returned a non-numeric reward")
         return {
-            i.uid: Score(uid=i.uid, reward=float(r)) for i, r in zip(items, rewards, strict=True)
+            i.uid: checked(Score(uid=i.uid, reward=float(r)), self.url)
+            for i, r in zip(items, rewards, strict=True)
         }
 
     def _score_batch(self, items: list[ScoreItem]) -> list[Score]:
@@ -111,7 +117,7 @@ class RewardClient:
             if proc is not None and proc.poll() is not None:
                 raise RuntimeError(f"reward service exited with code {proc.returncode}")
             try:
-                if self.http.get(health, timeout=2.0).status_code == 200:
+                if self.http.get(health, timeout_s=2.0).status_code == 200:
                     return
             except httpx.HTTPError:
                 pass
@@ -155,7 +161,8 @@ class RewardSet:
     the local components' `sources`, `endpoint_sources`: each endpoint's by name; a
     component with sources None applies to every item, else to items whose
     `metadata.data_source` it lists). An item fails (reward None) if any component
-    failed for it, or none applies to it; the error names the component.
+    failed for it, or none applies to it; the error names the component. A sum that
+    overflows to infinity fails the item too.
     """
 
     def __init__(
@@ -198,7 +205,8 @@ class RewardSet:
                     continue
                 scored = True
                 if s.reward is None:
-                    errors.append(s.error if nw is None else f"{nw[0]}: {s.error}")
+                    error = s.error or "no reward and no error"
+                    errors.append(error if nw is None else f"{nw[0]}: {error}")
                     continue
                 total += s.reward if nw is None else nw[1] * s.reward
                 details.update(
@@ -209,6 +217,8 @@ class RewardSet:
             if not scored:
                 source = item.metadata.get("data_source")
                 errors.append(f"no reward component applies to data_source {source!r}")
+            if not errors and not math.isfinite(total):
+                errors.append(f"the weighted sum of the rewards is {total!r}; lower the weights")
             out.append(
                 Score(
                     uid=item.uid,

@@ -6,8 +6,10 @@ One service hosts the local components of a recipe's `rewards:` list (`math`,
 item's reward is the weighted sum of the components that apply to it (a component with
 `sources` applies only to items whose `metadata.data_source` it names; an item no
 component applies to fails), each reported in `details`. A component that raises, or
-runs past its `timeout_s`, marks that item as failed (`reward: null`, `error` set); the other items
-of the batch are still scored.
+runs past its `timeout_s`, or gives a value that is not a finite number (a reward
+model's NaN, a judge's `inf`), marks that item as failed (`reward: null`, `error`
+naming the component); the other items of the batch are still scored. Non-finite
+numbers among a component's details are sent as text ('nan').
 
 Concurrency: items of a batch are scored by `workers` threads. `math`, `format`,
 `python` and `reasoning_gym` calls go to a pool of `workers` killable worker processes
@@ -38,6 +40,7 @@ import argparse
 import json
 import logging
 import os
+import sys
 import time
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -49,6 +52,7 @@ from fastapi.responses import PlainTextResponse
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from pydantic import TypeAdapter
 
+from ..common.net import listen_socket
 from ..config.rewards import (
     LOCAL_TYPES,
     CodeReward,
@@ -64,7 +68,14 @@ from ..config.rewards import (
 from . import jobs
 from .bounded import BoundedPool, VerifierTimeout
 from .code_verifier import score_code
-from .protocol import Score, ScoreItem, ScoreRequest, ScoreResponse
+from .protocol import (
+    Score,
+    ScoreItem,
+    ScoreRequest,
+    ScoreResponse,
+    finite_details,
+    is_finite_number,
+)
 from .python_reward import load_function
 from .sandbox import Limits, make_sandbox
 
@@ -84,8 +95,8 @@ def make_scorer(spec: Any, pool: BoundedPool) -> Scorer:
 
     Raises:
         ValueError: an http component (the controller calls those), a python
-            function that cannot be imported, a judge's unset token_env.
-        OSError: a reward_model path that is not a loadable model folder.
+            function that cannot be imported, a judge's unset token_env, a
+            reward_model path that is not a loadable model folder (names it).
         SandboxUnavailable: a code component whose sandbox cannot start.
     """
     if isinstance(spec, MathReward):
@@ -212,6 +223,8 @@ def create_app(
                 if name in pre and isinstance(pre[name], Exception):
                     raise pre[name]
                 value, extra = pre[name] if name in pre else scorer(item)
+                if not is_finite_number(value):
+                    raise ValueError(f"gave {value!r}, not a finite number")
             except Exception as e:  # a verifier or user-function error fails this item only
                 timed_out = isinstance(e, VerifierTimeout)
                 items_total.labels(name, "timeout" if timed_out else "error").inc()
@@ -219,8 +232,11 @@ def create_app(
                 return Score(uid=item.uid, reward=None, error=f"{name}: {e}", details=details)
             items_total.labels(name, "ok").inc()
             details[name] = value
-            details.update({f"{name}.{k}": v for k, v in extra.items()})
+            details.update({f"{name}.{k}": v for k, v in finite_details(extra).items()})
             total += weight * value
+        if not is_finite_number(total):
+            error = f"the weighted sum of the components is {total!r}; lower the weights"
+            return Score(uid=item.uid, reward=None, error=error, details=details)
         return Score(uid=item.uid, reward=total, details=details)
 
     @asynccontextmanager
@@ -281,8 +297,13 @@ def main() -> None:
         help="environment variable holding the bearer token (unset: no auth)",
     )
     args = ap.parse_args()
-    app = create_app(json.loads(args.components), os.environ.get(args.token_env), args.workers)
-    uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+    try:
+        app = create_app(json.loads(args.components), os.environ.get(args.token_env), args.workers)
+    except (ValueError, RuntimeError) as e:  # a broken component: one line in the log
+        print(f"error: {e}", file=sys.stderr, flush=True)
+        raise SystemExit(2) from None
+    sock = listen_socket(args.host, args.port)  # SO_REUSEADDR: a restart takes its port at once
+    uvicorn.Server(uvicorn.Config(app, log_level="warning")).run(sockets=[sock])
 
 
 if __name__ == "__main__":

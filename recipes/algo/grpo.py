@@ -15,7 +15,7 @@ from ...actors.rollout import Rollout
 from ...algorithms.batch import TrainBatch, concat, pack_rows, pad_rows_to_multiple
 from ...algorithms.grpo import ESTIMATORS, GRPOLoss, mask_truncated, overlong_penalty
 from ...config import Recipe
-from ...rewards.protocol import Score
+from ...rewards.protocol import Score, is_finite_number
 from ..controller import on_learners
 from .base import RLAlgorithm, correction_of, run_updates
 
@@ -66,7 +66,9 @@ def apply_failure_policy(
     per rollout; `scores[i]` is `rollouts[i]`'s.
 
     drop_group: every rollout of a group with a failure becomes None. zero: failures
-    score 0.0. fail_step: any failure raises.
+    score 0.0. fail_step: any failure raises. A reward that is not a finite number
+    counts as a failure (the boundaries already turn those into failed scores; this is
+    the last guard before the advantages).
 
     Raises:
         RewardFailure: `fail_step` and at least one failure (names the first few).
@@ -74,7 +76,7 @@ def apply_failure_policy(
     """
     if len(scores) != len(rollouts):
         raise ValueError(f"{len(scores)} scores for {len(rollouts)} rollouts")
-    rewards = [s.reward for s in scores]
+    rewards = [s.reward if is_finite_number(s.reward) else None for s in scores]
     failed = [i for i, x in enumerate(rewards) if x is None]
     if not failed:
         return rewards
@@ -98,7 +100,7 @@ def rollout_metrics(
     """Reward mean/std, per-component means, response length, truncation and
     failed-score counts of one step; `accuracy` is the share of scored rollouts whose
     `accuracy_component` (a 0/1 verifier such as `math`) is 1."""
-    ok = [s.reward for s in scores if s.reward is not None]
+    ok = [s.reward for s in scores if is_finite_number(s.reward)]
     lengths = [len(r.response_ids) for r in rollouts]
     out = {
         "reward_mean": statistics.fmean(ok) if ok else math.nan,
@@ -111,7 +113,7 @@ def rollout_metrics(
     comps: dict[str, list[float]] = {}
     for s in scores:
         for k, v in s.details.items():
-            if "." not in k and isinstance(v, int | float):
+            if "." not in k and isinstance(v, int | float) and math.isfinite(v):
                 comps.setdefault(k, []).append(float(v))
     for k, vals in comps.items():
         out[f"reward/{k}"] = statistics.fmean(vals)
@@ -120,7 +122,7 @@ def rollout_metrics(
         out["accuracy"] = sum(v == 1.0 for v in vals) / len(vals)
     groups: dict[str, list[float]] = {}
     for r, s in zip(rollouts, scores, strict=True):
-        if s.reward is not None:
+        if is_finite_number(s.reward):
             groups.setdefault(r.group_id, []).append(s.reward)
     out["groups_with_signal"] = float(sum(len(set(v)) > 1 for v in groups.values()))
     out["groups_scored"] = float(len(groups))

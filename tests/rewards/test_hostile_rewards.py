@@ -1,8 +1,15 @@
 """Hostile inputs to the in-process verifiers (math, format regex, python functions):
 each call is bounded in time and memory, a cut-off item comes back `reward: null` with
 an error naming the timeout, and the service keeps answering (/health included)
-during and after. Every wait here has a generous bound: a hang fails the test, it
-never blocks the suite."""
+during and after; a non-finite result fails its item, never becomes a reward. Every
+wait here has a generous bound: a hang fails the test, it never blocks the suite.
+
+The rest of the hostile battery, by boundary: tests/rewards/test_hostile_endpoints.py
+(non-finite answers and slow drips from http rewards, judges, python functions, reward
+models), test_reward_model_folder.py (missing / truncated / broken folders),
+test_service_restart.py (a crashed service back on its port),
+tests/actors/test_openai_endpoint_hostile.py (the agent endpoint),
+tests/recipes/test_environments.py (environments), tests/common/test_http.py."""
 
 from __future__ import annotations
 
@@ -218,3 +225,31 @@ def _score_quietly(http):
         _score(http, HOSTILE_MATH["power_tower"])
     except (httpx.HTTPError, AssertionError):
         pass  # the service is being stopped under this request
+
+
+def test_non_finite_results_fail_their_items_over_the_real_service(tmp_path):
+    """NaN, inf and 1e400 from a python function (run in the bounded workers), and a
+    NaN among its details, through the run's own service process and client: the
+    non-finite rewards fail their items naming the component, the NaN detail comes
+    back as text, and the batch's other items are scored."""
+    from posttrain.rewards.client import RewardClient
+    from posttrain.rewards.protocol import ScoreItem
+
+    comps = [
+        {"name": "user", "type": "python", "function": "tests.rewards.user_rewards:echo_number"}
+    ]
+    port = free_port()
+    proc = start_local_service(json.dumps(comps), port, "t", tmp_path / "log", workers=1)
+    client = RewardClient(f"http://127.0.0.1:{port}/score", token="t", retries=0)
+    try:
+        client.wait_ready(timeout_s=TIMEOUT, proc=proc)
+        texts = ["nan", "inf", "1e400", "details", "2"]
+        scores = client.score([ScoreItem(uid=t, response=t) for t in texts])
+    finally:
+        client.close()
+        proc.kill()
+        proc.wait(timeout=30)
+    for s in scores[:3]:
+        assert s.reward is None and s.error.startswith("user: "), s
+    assert scores[3].reward == 0.5 and scores[3].details["user.ratio"] == "nan"
+    assert scores[4].reward == 2.0

@@ -120,7 +120,7 @@ def test_openrlhf_endpoint_plugs_in(endpoints):
 @pytest.mark.parametrize(
     ("route", "protocol", "needle"),
     [
-        ("slow", "posttrain", "ReadTimeout"),
+        ("slow", "posttrain", "RequestTimeout"),
         ("error500", "posttrain", "500"),
         ("malformed", "posttrain", "JSONDecodeError"),
         ("openrlhf_short", "openrlhf", "returned 1 rewards for 3 items"),
