@@ -33,14 +33,16 @@ from ..weightsync import (
     make_transport,
     state_checksum,
 )
-from .engine import EngineSettings, Sample
+from .engine import EngineSettings, Sample, engine_seed
 from .factory import make_engine
 from .openai_server import EpisodeRecorder, create_app
 from .rollout import PromptRequest, Rollout, SamplingSettings
 
 
 class RolloutWorker:
-    """One rollout engine and the policy_version of the weights it holds.
+    """One rollout engine and the policy_version of the weights it holds. The engine
+    samples with seeds of its own: the engine seed and every sampling seed it is sent go
+    through `engine_seed(seed, worker_id)`, so engines never repeat each other.
 
     Args:
         worker_id: index of this engine (rank `worker_id + 1` in a broadcast group).
@@ -66,7 +68,8 @@ class RolloutWorker:
         set_torch_threads(threads)
         quiet_libraries()
         self.worker_id = worker_id
-        self.engine = make_engine(engine)
+        # each engine samples with seeds of its own (actors/engine.py `engine_seed`)
+        self.engine = make_engine(replace(engine, seed=engine_seed(engine.seed, worker_id)))
         self.transport_settings = transport
         self.transport = make_transport(transport, rank=worker_id + 1)
         self.version = 0
@@ -85,7 +88,7 @@ class RolloutWorker:
         """`sampling.n` Rollouts per request, grouped by request order."""
         with self.spans.span("generate", step), self.engine_lock:
             prompt_ids = [self.engine.tokenize_chat(r.messages) for r in requests]
-            groups = self.engine.generate(prompt_ids, sampling)
+            groups = self.engine.generate(prompt_ids, self._own_seed(sampling))
             time.sleep(self.delay_s)
             rollouts = []
             for req, ids, samples in zip(requests, prompt_ids, groups, strict=True):
@@ -121,8 +124,13 @@ class RolloutWorker:
         if sampling.n != 1:
             raise ValueError(f"generate_ids samples one turn per prompt; got n={sampling.n}")
         with self.spans.span("generate", step), self.engine_lock:
-            samples = [g[0] for g in self.engine.generate(prompts, sampling)]
+            samples = [g[0] for g in self.engine.generate(prompts, self._own_seed(sampling))]
         return samples, self.version
+
+    def _own_seed(self, sampling: SamplingSettings) -> SamplingSettings:
+        """`sampling` with this engine's seed (`engine_seed` of its seed and the rank):
+        the controller sends every engine the same settings."""
+        return replace(sampling, seed=engine_seed(sampling.seed, self.worker_id))
 
     def serve_openai(
         self,
@@ -143,7 +151,7 @@ class RolloutWorker:
 
             def generate(ids: list[int], sampling: SamplingSettings) -> tuple[Sample, int]:
                 with self.engine_lock:
-                    return self.engine.generate([ids], sampling)[0][0], self.version
+                    return self.engine.generate([ids], self._own_seed(sampling))[0][0], self.version
 
             app = create_app(
                 generate, self.engine.tokenizer, self.recorder, max_tokens, temperature
