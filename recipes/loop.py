@@ -76,7 +76,8 @@ def run(
             default: loaded from `recipe.data`.
         resume: a complete checkpoint folder of `run_dir` to continue from (its learner
             state, controller RNGs, data position and policy_version); steps logged after
-            it are dropped from the logs and run again.
+            it are dropped from the logs (once it has loaded: a resume that fails keeps
+            them) and run again.
 
     Raises:
         RecipeError: bad data rows or resources (before any model loads).
@@ -98,9 +99,10 @@ def run(
     saved = checkpoints.read_state(resume) if resume is not None else None
     start = saved["step"] if saved else 0
     c.write_manifest(run_dir, recipe, model_path)
-    c.init_ray(recipe, address, rollout=algo.uses_rollouts)
-    roles, history, log, dash, state = None, [], StepLog(run_dir, recipe, start), None, None
+    # a resume drops the steps logged after its checkpoint only once that has loaded
+    roles, history, log, dash, state = None, [], StepLog(run_dir, recipe), None, None
     try:
+        c.init_ray(recipe, address, rollout=algo.uses_rollouts)
         if recipe.monitor.dashboard_port is not None:
             dash = DashboardServer(run_dir, recipe.monitor.dashboard_port)
             print(f"dashboard: {dash.start()}  (Prometheus: /metrics)", flush=True)
@@ -122,6 +124,7 @@ def run(
         algo.prepare(state)
         if resume is not None:
             _resume(state, algo, resume, saved["policy_version"])
+            log.rewind(start)
         bar = tqdm(
             desc=recipe.name,
             initial=start,
