@@ -211,7 +211,35 @@ def _checkpoint_or_exit(run_dir: Path) -> Path:
             err=True,
         )
         raise typer.Exit(code=2)
+    _verify_or_exit(run_dir, last)
     return last
+
+
+def _verify_or_exit(run_dir: Path, checkpoint: Path) -> None:
+    """A checkpoint whose files differ from its manifest: exit 2 naming the file and
+    offering the newest whole checkpoint before it (nothing has started yet)."""
+    from . import checkpoints
+
+    try:
+        if not checkpoints.verify(checkpoint):
+            typer.echo(f"note: {checkpoint.name} has no manifest (an older posttrain wrote it)")
+        return
+    except checkpoints.CheckpointDamaged as e:
+        damaged = e
+    aside = checkpoint.parent / f"damaged-{checkpoint.name}"
+    previous = checkpoints.whole_before(checkpoint)
+    offer = (
+        f"The previous checkpoint {previous.name} is whole; to resume from it, move the "
+        f"damaged one aside: mv {checkpoint} {aside} && posttrain run --resume {run_dir}"
+        if previous is not None
+        else "no earlier checkpoint is whole; start over with: posttrain run "
+        f"{run_dir / 'recipe.yaml'} --out NEW_DIR"
+    )
+    typer.echo(
+        f"error: --resume {run_dir}: checkpoint {checkpoint.name} is damaged: {damaged}. {offer}",
+        err=True,
+    )
+    raise typer.Exit(code=2)
 
 
 def _check_resume_or_exit(r: Recipe, checkpoint: Path) -> None:
