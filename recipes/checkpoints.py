@@ -9,8 +9,10 @@ newest complete one, and what a resumed recipe may change.
 - `controller_rng.pt`: the controller's torch, python `random` and numpy RNGs;
 - `recipe.yaml`: the recipe the checkpoint was made with;
 - `trainer_state.json`: the step, the policy_version, the prompt stream's position
-  (`recipes.data.PromptStream.state`) and the algorithm's own state (DPO: its
-  reference cache key; its pair order is a seeded permutation, so the step suffices);
+  (`recipes.data.PromptStream.state`), the algorithm's own state (DPO: its
+  reference cache key; its pair order is a seeded permutation, so the step suffices)
+  and the training data's fingerprint (`data_fingerprint`: its rows as loaded, so a
+  resume on other data is refused instead of continuing at a position in it);
 - `manifest.json`, written last: every other file's size and sha256 (`verify` checks
   them before a resume starts anything, so a truncated or altered file is named, not
   met as a traceback inside a learner's set-up).
@@ -28,6 +30,7 @@ Not thread-safe: the controller's thread alone writes, between steps.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -84,6 +87,20 @@ def read_state(checkpoint: Path) -> dict[str, Any]:
     return json.loads((Path(checkpoint) / STATE_FILE).read_text())
 
 
+def save_run(run: Any, algo: Any, steps_done: int) -> Path:
+    """`save` of a running `recipes.loop.Run` after `steps_done` steps: its learners,
+    data position, algorithm state and data fingerprint; returns the folder."""
+    return save(
+        run.run_dir,
+        run.recipe,
+        run.roles.learners,
+        steps_done,
+        run.prompts.state() if run.prompts else None,
+        algo.checkpoint_state(),
+        data_fingerprint(run.data),
+    )
+
+
 def save(
     run_dir: Path,
     recipe: Recipe,
@@ -91,10 +108,12 @@ def save(
     steps_done: int,
     data_state: dict[str, Any] | None,
     algo_state: dict[str, Any],
+    data: dict[str, Any] | None = None,
 ) -> Path:
     """Write the checkpoint after `steps_done` steps (see the module docstring) and
     remove the oldest beyond `train.keep_checkpoints`; returns its folder. The state
-    file records the save's wall time (`seconds`, for `posttrain status --advise`)."""
+    file records the save's wall time (`seconds`, for `posttrain status --advise`) and
+    `data`, the training data's `data_fingerprint`."""
     import time
 
     import ray
@@ -123,6 +142,7 @@ def save(
                 "policy_version": steps_done,
                 "data": data_state,
                 "algorithm": algo_state,
+                "data_fingerprint": data,
                 "seconds": time.time() - t0,
             }
         )
@@ -134,6 +154,48 @@ def save(
     for old in complete(run_dir)[: -recipe.train.keep_checkpoints]:
         shutil.rmtree(old, ignore_errors=True)
     return final
+
+
+_fingerprint: tuple[Any, dict[str, Any]] | None = None  # (the data, its fingerprint)
+
+
+def data_fingerprint(data: list[Any]) -> dict[str, Any]:
+    """{"rows", "sha256"} of the training data as loaded (prompts or preference pairs,
+    in order): sha256 of each row's JSON (sorted keys), one a line. Any change of what
+    the prompt stream's position points into (a row edited, added, removed or moved)
+    changes it; the same content from another file or path does not. Remembered for
+    the last `data` object (a run saves the same list at every checkpoint)."""
+    global _fingerprint
+    if _fingerprint is not None and _fingerprint[0] is data:
+        return _fingerprint[1]
+    h = hashlib.sha256()
+    for row in data:
+        plain = dataclasses.asdict(row) if dataclasses.is_dataclass(row) else row
+        h.update(json.dumps(plain, sort_keys=True, default=str).encode() + b"\n")
+    _fingerprint = (data, {"rows": len(data), "sha256": h.hexdigest()})
+    return _fingerprint[1]
+
+
+def data_change(checkpoint: Path, recipe: Recipe, data: list[Any]) -> str | None:
+    """How `data` differs from the training data `checkpoint` was made with, naming the
+    data file (`data.train.path`, or the generator); None when it is the same, or when
+    the checkpoint predates data fingerprints."""
+    then = read_state(checkpoint).get("data_fingerprint")
+    now = data_fingerprint(data)
+    if not then or then["sha256"] == now["sha256"]:
+        return None
+    d = recipe.data.train
+    where = (
+        f"data.train.path {d.path}"
+        if hasattr(d, "path")
+        else f"data.train (generator {getattr(d, 'generator', '?')})"
+    )
+    return (
+        f"{where}: the training data differs from the data checkpoint {Path(checkpoint).name} "
+        f"was made with ({then['rows']} rows, sha256 {then['sha256'][:12]}… then; "
+        f"{now['rows']} rows, sha256 {now['sha256'][:12]}… now), so its saved data position "
+        "would continue in other prompts"
+    )
 
 
 class CheckpointDamaged(RuntimeError):

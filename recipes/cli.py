@@ -115,6 +115,15 @@ def run(
             "train.steps, monitor.*, resources.learner.gpus)."
         ),
     ] = None,
+    accept_data_change: Annotated[
+        bool,
+        typer.Option(
+            "--accept-data-change",
+            help="With --resume: continue although the training data differs from the "
+            "data the checkpoint was made with (its data position then points into the "
+            "new data).",
+        ),
+    ] = False,
 ) -> None:
     """Train a recipe end to end, or continue a run with --resume RUN_DIR."""
     from . import checkpoints
@@ -123,6 +132,7 @@ def run(
         run_dir, checkpoint = resume, _checkpoint_or_exit(resume)
         r, prompts = _load_or_exit(recipe or checkpoint / "recipe.yaml", set_)
         _check_resume_or_exit(r, checkpoint)
+        _check_data_or_exit(r, checkpoint, prompts, accept_data_change)
     else:
         if recipe is None:
             typer.echo(
@@ -237,6 +247,25 @@ def _verify_or_exit(run_dir: Path, checkpoint: Path) -> None:
     )
     typer.echo(
         f"error: --resume {run_dir}: checkpoint {checkpoint.name} is damaged: {damaged}. {offer}",
+        err=True,
+    )
+    raise typer.Exit(code=2)
+
+
+def _check_data_or_exit(r: Recipe, checkpoint: Path, data: list, accept: bool) -> None:
+    """Refuse (exit 2) training data that differs from the checkpoint's, unless
+    `--accept-data-change`."""
+    from . import checkpoints
+
+    change = checkpoints.data_change(checkpoint, r, data)
+    if change is None:
+        return
+    if accept:
+        typer.echo(f"warning: --resume: {change}; continuing (--accept-data-change)", err=True)
+        return
+    typer.echo(
+        f"error: --resume: {change}. Put the original data back, or continue on this "
+        "data anyway with --accept-data-change",
         err=True,
     )
     raise typer.Exit(code=2)

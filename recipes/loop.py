@@ -230,14 +230,7 @@ def _checkpoint_if_due(run: Run, algo: Algorithm, done: int, signum: int | None)
         or signum is not None
         or (t.checkpoint_every and done % t.checkpoint_every == 0)
     ):
-        folder = checkpoints.save(
-            run.run_dir,
-            run.recipe,
-            run.roles.learners,
-            done,
-            run.prompts.state() if run.prompts else None,
-            algo.checkpoint_state(),
-        )
+        folder = checkpoints.save_run(run, algo, done)
         tqdm.write(f"checkpoint: {folder}")
     if signum is not None and done < t.steps:
         raise RunStopped(run.run_dir, done, signum)
@@ -254,14 +247,7 @@ def _stop_after_failed_push(
     but the engines still serve the old policy. A checkpoint after `step + 1` steps
     keeps that training (a resume pushes its policy to every engine first); the step's
     metrics line is not written."""
-    folder = checkpoints.save(
-        run.run_dir,
-        run.recipe,
-        run.roles.learners,
-        step + 1,
-        run.prompts.state() if run.prompts else None,
-        algo.checkpoint_state(),
-    )
+    folder = checkpoints.save_run(run, algo, step + 1)
     return PushFailed(
         f"step {step}: {error}. Checkpoint {folder}; once the engine is "
         f"fixed, resume with: posttrain run --resume {run.run_dir}"
