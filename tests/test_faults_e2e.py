@@ -153,3 +153,46 @@ def test_reward_service_killed_mid_request(tiny_model, tmp_path, monkeypatch):
     # each sample scored once by the restarted service: its own length, neither 0 nor 2x
     assert [r["reward"] for r in saved] == [float(len(r["response_text"])) for r in saved]
     assert any(r["reward"] > 0 for r in saved)
+
+
+def test_engine_killed_in_an_async_push_stops_with_a_checkpoint(tiny_model, tmp_path, monkeypatch):
+    """train.max_staleness 1: engine 1 is killed 1 s into step 1's push (update_weights
+    sleeps 3 s): the run ends as the synchronous path does, PushFailed naming the
+    engine, with a checkpoint after step 1 and the resume command (it was a raw
+    ActorDiedError traceback)."""
+    import pytest
+
+    from posttrain.recipes import checkpoints, controller
+    from posttrain.recipes.loop import PushFailed
+
+    real, fired = controller.push_weights, []
+
+    def push_and_kill(roles_, recipe, version):
+        if version == 2 and not fired:  # step 1's push; the producer is paused: 1 answers
+            fired.append(ray.get(roles_.rollout[1].health.remote())["pid"])
+            threading.Timer(1.0, os.kill, (fired[0], signal.SIGKILL)).start()
+        return real(roles_, recipe, version)
+
+    monkeypatch.setattr(controller, "push_weights", push_and_kill)
+    run_dir = tmp_path / "run"
+    recipe = _recipe(
+        tmp_path,
+        tiny_model,
+        debug={"push_delay_s": 3.0},
+        train={
+            "steps": 3,
+            "prompts_per_step": 4,
+            "micro_batch_size": 2,
+            "lr": 1e-3,
+            "max_staleness": 1,
+        },
+    )
+    with pytest.raises(PushFailed) as stop:
+        run(load_recipe(recipe), run_dir)
+    assert fired
+    message = str(stop.value)
+    assert "step 1:" in message and "rollout engine 1 died during the push" in message
+    assert "policy_version 2" in message and f"posttrain run --resume {run_dir}" in message
+    ckpt = checkpoints.latest(run_dir)
+    assert ckpt.name == "step_00002" and checkpoints.read_state(ckpt)["policy_version"] == 2
+    assert checkpoints.verify(ckpt)
