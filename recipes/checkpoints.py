@@ -58,6 +58,7 @@ MAY_CHANGE = (
     "train.checkpoint_every",
     "train.keep_checkpoints",
     "train.max_restarts",
+    "train.max_empty_steps",
     "monitor",
     "resources.learner.gpus",
     "resources.threads_per_worker",

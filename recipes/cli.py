@@ -163,6 +163,7 @@ def run(
     typer.echo(f"posttrain: {r.name} ({r.algorithm}) → {run_dir}")
     if (note := bf16_note(r.resources.device, r.model.dtype)) is not None:
         typer.echo(note)
+    from .empty_steps import NothingToTrain
     from .loop import PushFailed, RunStopped
     from .loop import run as run_loop  # heavy imports only after validation
     from .recovery import LearnerDied
@@ -176,7 +177,7 @@ def run(
     except RunStopped as e:
         typer.echo(str(e), err=True)
         raise typer.Exit(code=128 + e.signum) from None
-    except (PushFailed, LearnerDied) as e:
+    except (PushFailed, LearnerDied, NothingToTrain) as e:
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(code=1) from None
     _summary(history, run_dir, time.time() - t0)

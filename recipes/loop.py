@@ -30,6 +30,7 @@ from .algo import Algorithm, PairAlgorithm, RLAlgorithm, algorithm_for
 from .algo.dynamic import sample_with_signal
 from .algo.grpo import apply_failure_policy, rollout_batch, rollout_metrics
 from .data import load_prompts, prompt_stream
+from .empty_steps import EmptySteps, train_or_skip
 from .episodes.step import (
     add_environment_rewards,
     episodes_enabled,
@@ -85,6 +86,8 @@ def run(
             metrics of finished steps are kept.
         RunStopped: a signal stopped the run after a checkpoint.
         PushFailed: a weight push failed twice; stopped after a checkpoint.
+        NothingToTrain: `train.max_empty_steps` steps in a row had nothing to train on
+            (recipes/empty_steps.py); stopped after a checkpoint.
         LearnerDied: a learner rank died and `train.max_restarts` allows no restart
             (recipes/recovery.py; with restarts left the learner group restarts from the
             newest checkpoint and the steps after it run again).
@@ -133,6 +136,7 @@ def run(
         )
         recovery = LearnerRecovery(state, algo, log)
         step_fn = pick_step(algo)
+        empty = EmptySteps(recipe.train.max_empty_steps)
         step = start
         with StopOnSignal() as stop:
             while step < recipe.train.steps:
@@ -158,6 +162,7 @@ def run(
                 bar.update(1)
                 step += 1
                 _checkpoint_if_due(state, algo, step, stop.signum)
+                empty.after_step(state, algo, step - 1, metrics)  # NothingToTrain at the limit
             bar.close()
             final = _eval_if_due(state, recipe.train.steps)
             if final:
@@ -337,7 +342,7 @@ def rl_step(run: Run, algo: RLAlgorithm, step: int) -> tuple[dict[str, float], l
         [s.error for s in scores],
     )
     batch = rollout_batch(rollouts, rewards, roles.pad_id)
-    stats = algo.train(roles.learners, batch, rollouts, rewards, step)
+    stats = train_or_skip(algo, roles.learners, batch, rollouts, rewards, scores, step)
     sync_s = c.push_weights(roles, recipe, version=step + 1)
     t_end = time.time()
     telemetry, spans = c.step_telemetry(
