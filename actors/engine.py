@@ -72,6 +72,27 @@ class EngineSettings:
     sleep_between_steps: bool = False
 
 
+# An odd 64-bit constant (2^64 / golden ratio): rank r's seed is `seed + r * stride`, so
+# the seeds of neighbouring ranks and of the steps a rank samples in (seed + step) stay
+# far apart.
+_SEED_STRIDE = 0x9E3779B97F4A7C15
+
+
+def engine_seed(seed: int, rank: int) -> int:
+    """The seed rollout engine `rank` uses where its run gives every engine `seed` (the
+    recipe's `train.seed` for the engine itself; a step's sampling seed, which already
+    holds the recipe's seed, the step and the round): `(seed + rank × 0x9E3779B97F4A7C15)
+    mod 2^63`, a valid int64 for torch and vLLM. Rank 0 keeps `seed`, so a run with one
+    engine samples as it did before engines had seeds of their own.
+
+    Engines given the same seed return the same samples for the same prompt, so without
+    this two engines sampling one prompt (a group split over engines, an evaluation,
+    agent episodes) would repeat each other. Pure, so a resumed or replaced engine of
+    the same rank repeats its samples.
+    """
+    return (seed + rank * _SEED_STRIDE) % 2**63
+
+
 # Content of an assistant turn rendered to find the token that ends the turn.
 _TURN_PROBE = "posttrain-end-of-turn-probe"
 

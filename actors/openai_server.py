@@ -4,9 +4,10 @@ call of an episode recorded token-exactly.
 
 Protocol (agent → rollout worker):
 - `POST /v1/chat/completions`: the OpenAI chat request (`messages`, `max_tokens` or
-  `max_completion_tokens`, `temperature`, `top_p`, `seed`, `stop`; `n` must be 1; other
-  fields are accepted and ignored) plus the episode id, as the `X-Episode-Id` header or
-  an `episode_id` body field (`extra_body` in the OpenAI SDK). Answer: a
+  `max_completion_tokens`, `temperature`, `top_p`, `seed` (default: one of its own per
+  episode and call, `call_seed`), `stop`; `n` must be 1; other fields are accepted and
+  ignored) plus the episode id, as the `X-Episode-Id` header or an `episode_id` body
+  field (`extra_body` in the OpenAI SDK). Answer: a
   `chat.completion` object; its `choices[0].logprobs` is null (the ids and logprobs are
   kept here, not sent).
 - `POST /v1/episodes/{episode_id}/reward` `{"reward": float}`: the agent's reward for
@@ -45,6 +46,7 @@ e.g. Hermes `<tool_call>` blocks), no authentication: bind it to a private addre
 
 from __future__ import annotations
 
+import hashlib
 import math
 import threading
 import time
@@ -59,6 +61,16 @@ from pydantic import BaseModel, ConfigDict, Field
 from .chat import TemplateMismatch, chat_ids, message_delta
 from .engine import Sample, end_of_turn_token_id
 from .rollout import SamplingSettings
+
+
+def call_seed(episode_id: str, index: int) -> int:
+    """The sampling seed of call `index` of episode `episode_id` when the request gives
+    none: the first 7 bytes of sha256("episode_id:index"), so the episodes of one
+    prompt (ids `{group_id}-{k}`, the group id naming the step) sample differently, and
+    the same episode samples the same after a resume. The worker then makes it its
+    engine's own (`engine_seed`)."""
+    digest = hashlib.sha256(f"{episode_id}:{index}".encode()).digest()
+    return int.from_bytes(digest[:7], "big")
 
 
 @dataclass
@@ -334,7 +346,7 @@ def create_app(
                 max_new_tokens=fit(ids, limit),
                 temperature=temperature if temperature is not None else req.temperature,
                 top_p=req.top_p,
-                seed=req.seed if req.seed is not None else len(log.calls),
+                seed=req.seed if req.seed is not None else call_seed(episode, len(log.calls)),
                 stop=stop,
             )
             sample, version = generate(ids, sampling)

@@ -33,14 +33,16 @@ from ..weightsync import (
     make_transport,
     state_checksum,
 )
-from .engine import EngineSettings, Sample, check_prompt_lengths
+from .engine import EngineSettings, Sample, check_prompt_lengths, engine_seed
 from .factory import make_engine
 from .openai_server import EpisodeRecorder, create_app
 from .rollout import PromptRequest, Rollout, SamplingSettings
 
 
 class RolloutWorker:
-    """One rollout engine and the policy_version of the weights it holds.
+    """One rollout engine and the policy_version of the weights it holds. The engine
+    samples with seeds of its own: the engine seed and every sampling seed it is sent go
+    through `engine_seed(seed, worker_id)`, so engines never repeat each other.
 
     Args:
         worker_id: index of this engine (rank `worker_id + 1` in a broadcast group).
@@ -66,7 +68,8 @@ class RolloutWorker:
         set_torch_threads(threads)
         quiet_libraries()
         self.worker_id = worker_id
-        self.engine = make_engine(engine)
+        # each engine samples with seeds of its own (actors/engine.py `engine_seed`)
+        self.engine = make_engine(replace(engine, seed=engine_seed(engine.seed, worker_id)))
         self.transport_settings = transport
         self.transport = make_transport(transport, rank=worker_id + 1)
         self.version = 0
@@ -90,7 +93,7 @@ class RolloutWorker:
         with self.spans.span("generate", step), self.engine_lock:
             prompt_ids = [self.engine.tokenize_chat(r.messages) for r in requests]
             check_prompt_lengths(prompt_ids, self.engine.context_tokens)
-            groups = self.engine.generate(prompt_ids, sampling)
+            groups = self.engine.generate(prompt_ids, self._own_seed(sampling))
             time.sleep(self.delay_s)
             rollouts = []
             for req, ids, samples in zip(requests, prompt_ids, groups, strict=True):
@@ -128,8 +131,13 @@ class RolloutWorker:
             raise ValueError(f"generate_ids samples one turn per prompt; got n={sampling.n}")
         check_prompt_lengths(prompts, self.engine.context_tokens)
         with self.spans.span("generate", step), self.engine_lock:
-            samples = [g[0] for g in self.engine.generate(prompts, sampling)]
+            samples = [g[0] for g in self.engine.generate(prompts, self._own_seed(sampling))]
         return samples, self.version
+
+    def _own_seed(self, sampling: SamplingSettings) -> SamplingSettings:
+        """`sampling` with this engine's seed (`engine_seed` of its seed and the rank):
+        the controller sends every engine the same settings."""
+        return replace(sampling, seed=engine_seed(sampling.seed, self.worker_id))
 
     def serve_openai(
         self,
@@ -151,7 +159,7 @@ class RolloutWorker:
 
             def generate(ids: list[int], sampling: SamplingSettings) -> tuple[Sample, int]:
                 with self.engine_lock:
-                    return self.engine.generate([ids], sampling)[0][0], self.version
+                    return self.engine.generate([ids], self._own_seed(sampling))[0][0], self.version
 
             app = create_app(
                 generate,

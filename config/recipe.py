@@ -243,6 +243,15 @@ class TrainConfig(_Strict):
         "that policy again and the steps after it run again. 0: the run stops, naming the "
         "checkpoint to resume from.",
     )
+    max_empty_steps: int | None = Field(
+        3,
+        ge=1,
+        description="Steps in a row with nothing to train on (every sample's scoring "
+        "failed or was left out by on_reward_failure, or every response masked) after which "
+        "the run stops with a checkpoint and exit 1 naming the cause, e.g. a reward service "
+        "that is down. Such a step takes no optimizer step and reports empty_step: 1 "
+        "(metrics, console). null: never stop.",
+    )
     max_staleness: int = Field(
         0,
         ge=0,

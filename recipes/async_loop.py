@@ -61,6 +61,7 @@ from ..common.telemetry import Span
 from ..rewards.protocol import Score
 from . import controller as c
 from .algo.grpo import apply_failure_policy, rollout_batch, rollout_metrics
+from .empty_steps import train_or_skip
 
 
 @dataclass
@@ -320,9 +321,8 @@ def async_step(run: Any, algo: Any, step: int) -> tuple[dict[str, float], list[S
     if recipe.monitor.save_rollouts:
         c.save_rollouts(run.run_dir, step, rollouts, scores)
     rewards = apply_failure_policy(scores, rollouts, recipe.on_reward_failure)
-    stats = algo.train(
-        roles.learners, rollout_batch(rollouts, rewards, roles.pad_id), rollouts, rewards, step
-    )
+    batch = rollout_batch(rollouts, rewards, roles.pad_id)
+    stats = train_or_skip(algo, roles.learners, batch, rollouts, rewards, scores, step)
     t_trained = time.time()
     with run.stream.paused():
         t_push = time.time()

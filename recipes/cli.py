@@ -114,6 +114,15 @@ def run(
             "train.steps, monitor.*, resources.learner.gpus)."
         ),
     ] = None,
+    accept_data_change: Annotated[
+        bool,
+        typer.Option(
+            "--accept-data-change",
+            help="With --resume: continue although the training data differs from the "
+            "data the checkpoint was made with (its data position then points into the "
+            "new data).",
+        ),
+    ] = False,
 ) -> None:
     """Train a recipe end to end, or continue a run with --resume RUN_DIR."""
     from . import checkpoints
@@ -122,6 +131,7 @@ def run(
         run_dir, checkpoint = resume, _checkpoint_or_exit(resume)
         r, prompts = _load_or_exit(recipe or checkpoint / "recipe.yaml", set_)
         _check_resume_or_exit(r, checkpoint)
+        _check_data_or_exit(r, checkpoint, prompts, accept_data_change)
     else:
         if recipe is None:
             typer.echo(
@@ -152,6 +162,7 @@ def run(
     typer.echo(f"posttrain: {r.name} ({r.algorithm}) → {run_dir}")
     if (note := bf16_note(r.resources.device, r.model.dtype)) is not None:
         typer.echo(note)
+    from .empty_steps import NothingToTrain
     from .loop import PushFailed, RunStopped
     from .loop import run as run_loop  # heavy imports only after validation
     from .recovery import LearnerDied
@@ -165,7 +176,7 @@ def run(
     except RunStopped as e:
         typer.echo(str(e), err=True)
         raise typer.Exit(code=128 + e.signum) from None
-    except (PushFailed, LearnerDied) as e:
+    except (PushFailed, LearnerDied, NothingToTrain) as e:
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(code=1) from None
     _summary(history, run_dir, time.time() - t0)
@@ -209,7 +220,54 @@ def _checkpoint_or_exit(run_dir: Path) -> Path:
             err=True,
         )
         raise typer.Exit(code=2)
+    _verify_or_exit(run_dir, last)
     return last
+
+
+def _verify_or_exit(run_dir: Path, checkpoint: Path) -> None:
+    """A checkpoint whose files differ from its manifest: exit 2 naming the file and
+    offering the newest whole checkpoint before it (nothing has started yet)."""
+    from . import checkpoints
+
+    try:
+        if not checkpoints.verify(checkpoint):
+            typer.echo(f"note: {checkpoint.name} has no manifest (an older posttrain wrote it)")
+        return
+    except checkpoints.CheckpointDamaged as e:
+        damaged = e
+    aside = checkpoint.parent / f"damaged-{checkpoint.name}"
+    previous = checkpoints.whole_before(checkpoint)
+    offer = (
+        f"The previous checkpoint {previous.name} is whole; to resume from it, move the "
+        f"damaged one aside: mv {checkpoint} {aside} && posttrain run --resume {run_dir}"
+        if previous is not None
+        else "no earlier checkpoint is whole; start over with: posttrain run "
+        f"{run_dir / 'recipe.yaml'} --out NEW_DIR"
+    )
+    typer.echo(
+        f"error: --resume {run_dir}: checkpoint {checkpoint.name} is damaged: {damaged}. {offer}",
+        err=True,
+    )
+    raise typer.Exit(code=2)
+
+
+def _check_data_or_exit(r: Recipe, checkpoint: Path, data: list, accept: bool) -> None:
+    """Refuse (exit 2) training data that differs from the checkpoint's, unless
+    `--accept-data-change`."""
+    from . import checkpoints
+
+    change = checkpoints.data_change(checkpoint, r, data)
+    if change is None:
+        return
+    if accept:
+        typer.echo(f"warning: --resume: {change}; continuing (--accept-data-change)", err=True)
+        return
+    typer.echo(
+        f"error: --resume: {change}. Put the original data back, or continue on this "
+        "data anyway with --accept-data-change",
+        err=True,
+    )
+    raise typer.Exit(code=2)
 
 
 def _check_resume_or_exit(r: Recipe, checkpoint: Path) -> None:

@@ -264,10 +264,18 @@ def push_weights(roles: Roles, recipe: Recipe, version: int) -> float:
 
 
 def served_versions(roles: Roles, timeout_s: float = 10.0) -> list[int | None]:
-    """The policy_version each engine holds (None: no answer within `timeout_s`)."""
+    """The policy_version each engine holds (None: dead, or no answer within
+    `timeout_s`)."""
     refs = [w.policy_version.remote() for w in roles.rollout]
     ready, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
-    return [ray.get(r) if r in ready else None for r in refs]
+    return [_answer(r) if r in ready else None for r in refs]
+
+
+def _answer(ref: Any) -> Any:
+    try:
+        return ray.get(ref)
+    except ray.exceptions.RayActorError:  # a dead engine serves nothing
+        return None
 
 
 def step_telemetry(

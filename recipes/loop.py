@@ -29,6 +29,7 @@ from . import controller as c
 from .algo import Algorithm, PairAlgorithm, RLAlgorithm, algorithm_for
 from .algo.grpo import apply_failure_policy, rollout_batch, rollout_metrics
 from .data import load_data, prompt_stream
+from .empty_steps import EmptySteps, train_or_skip
 from .evaluation import due, evaluate, load_eval_prompts
 from .items import PromptItem
 from .monitoring.advisories import advisories, new_advisories
@@ -72,7 +73,8 @@ def run(
             default: loaded from `recipe.data`.
         resume: a complete checkpoint folder of `run_dir` to continue from (its learner
             state, controller RNGs, data position and policy_version); steps logged after
-            it are dropped from the logs and run again.
+            it are dropped from the logs (once it has loaded: a resume that fails keeps
+            them) and run again.
 
     Raises:
         RecipeError: bad data rows or resources (before any model loads).
@@ -80,6 +82,8 @@ def run(
             metrics of finished steps are kept.
         RunStopped: a signal stopped the run after a checkpoint.
         PushFailed: a weight push failed twice; stopped after a checkpoint.
+        NothingToTrain: `train.max_empty_steps` steps in a row had nothing to train on
+            (recipes/empty_steps.py); stopped after a checkpoint.
         LearnerDied: a learner rank died and `train.max_restarts` allows no restart
             (recipes/recovery.py; with restarts left the learner group restarts from the
             newest checkpoint and the steps after it run again).
@@ -94,9 +98,10 @@ def run(
     saved = checkpoints.read_state(resume) if resume is not None else None
     start = saved["step"] if saved else 0
     c.write_manifest(run_dir, recipe, model_path)
-    c.init_ray(recipe, address, rollout=algo.uses_rollouts)
-    roles, history, log, dash, state = None, [], StepLog(run_dir, recipe, start), None, None
+    # a resume drops the steps logged after its checkpoint only once that has loaded
+    roles, history, log, dash, state = None, [], StepLog(run_dir, recipe), None, None
     try:
+        c.init_ray(recipe, address, rollout=algo.uses_rollouts)
         if recipe.monitor.dashboard_port is not None:
             dash = DashboardServer(run_dir, recipe.monitor.dashboard_port)
             print(f"dashboard: {dash.start()}  (Prometheus: /metrics)", flush=True)
@@ -119,6 +124,7 @@ def run(
         algo.prepare(state)
         if resume is not None:
             _resume(state, algo, resume, saved["policy_version"])
+            log.rewind(start)
         bar = tqdm(
             desc=recipe.name,
             initial=start,
@@ -127,6 +133,7 @@ def run(
         )
         recovery = LearnerRecovery(state, algo, log)
         step_fn = pick_step(algo)
+        empty = EmptySteps(recipe.train.max_empty_steps)
         step = start
         with StopOnSignal() as stop:
             while step < recipe.train.steps:
@@ -152,6 +159,7 @@ def run(
                 bar.update(1)
                 step += 1
                 _checkpoint_if_due(state, algo, step, stop.signum)
+                empty.after_step(state, algo, step - 1, metrics)  # NothingToTrain at the limit
             bar.close()
             final = _eval_if_due(state, recipe.train.steps)
             if final:
@@ -224,14 +232,7 @@ def _checkpoint_if_due(run: Run, algo: Algorithm, done: int, signum: int | None)
         or signum is not None
         or (t.checkpoint_every and done % t.checkpoint_every == 0)
     ):
-        folder = checkpoints.save(
-            run.run_dir,
-            run.recipe,
-            run.roles.learners,
-            done,
-            run.prompts.state() if run.prompts else None,
-            algo.checkpoint_state(),
-        )
+        folder = checkpoints.save_run(run, algo, done)
         tqdm.write(f"checkpoint: {folder}")
     if signum is not None and done < t.steps:
         raise RunStopped(run.run_dir, done, signum)
@@ -248,14 +249,7 @@ def _stop_after_failed_push(
     but the engines still serve the old policy. A checkpoint after `step + 1` steps
     keeps that training (a resume pushes its policy to every engine first); the step's
     metrics line is not written."""
-    folder = checkpoints.save(
-        run.run_dir,
-        run.recipe,
-        run.roles.learners,
-        step + 1,
-        run.prompts.state() if run.prompts else None,
-        algo.checkpoint_state(),
-    )
+    folder = checkpoints.save_run(run, algo, step + 1)
     return PushFailed(
         f"step {step}: {error}. Checkpoint {folder}; once the engine is "
         f"fixed, resume with: posttrain run --resume {run.run_dir}"
@@ -303,7 +297,7 @@ def rl_step(run: Run, algo: RLAlgorithm, step: int) -> tuple[dict[str, float], l
     got = run.sampler.sample(run, step)
     rewards = apply_failure_policy(got.scores, got.rollouts, recipe.on_reward_failure)
     batch = rollout_batch(got.rollouts, rewards, roles.pad_id)
-    stats = algo.train(roles.learners, batch, got.rollouts, rewards, step)
+    stats = train_or_skip(algo, roles.learners, batch, got.rollouts, rewards, got.scores, step)
     sync_s = c.push_weights(roles, recipe, version=step + 1)
     t_end = time.time()
     score_span = Span("reward", 0, "score", got.t_generated, got.t_scored, step)

@@ -65,9 +65,18 @@ def dead_learners(learners: list[Any], timeout_s: float = 30.0) -> list[int]:
 
 
 def last_good(run_dir: Path, step: int) -> Path | None:
-    """The newest complete checkpoint of `run_dir` made after at most `step` steps."""
+    """The newest complete checkpoint of `run_dir` made after at most `step` steps whose
+    files match its manifest (`checkpoints.verify`; a damaged one is skipped, saying
+    so)."""
     found = [p for p in checkpoints.complete(run_dir) if int(p.name[5:]) <= step]
-    return found[-1] if found else None
+    for ckpt in reversed(found):
+        try:
+            checkpoints.verify(ckpt)
+        except checkpoints.CheckpointDamaged as e:
+            tqdm.write(f"checkpoint {ckpt.name} is damaged ({e}); trying the one before")
+            continue
+        return ckpt
+    return None
 
 
 class LearnerRecovery:

@@ -125,14 +125,34 @@ def start_roles(
 ) -> Roles:
     """Start the learner group and, when the algorithm samples (`algo.uses_rollouts`),
     the reward service, the rollout workers and their push group. `resume_from`: the
-    learners' training state to load (a checkpoint's `learner/` folder).
+    learners' training state to load (a checkpoint's `learner/` folder). When one role
+    fails to start, every role started before it is stopped (`stop_roles`) before the
+    error is raised, so a failed start leaves no reward service or worker running.
 
     Raises:
         RecipeError: an adapter target that names no layer of the model.
         RuntimeError: a role failed to start (the message names it).
     """
+    roles = Roles(learners=[], placement=place(recipe.resources, rollout=algo.uses_rollouts))
+    try:
+        _start_roles(roles, recipe, algo, model_path, run_dir, resume_from)
+    except BaseException:
+        stop_roles(roles)
+        raise
+    return roles
+
+
+def _start_roles(
+    roles: Roles,
+    recipe: Recipe,
+    algo: Algorithm,
+    model_path: str,
+    run_dir: Path,
+    resume_from: str | None,
+) -> None:
+    """`start_roles` into `roles` (each handle set as soon as its role runs)."""
     res = recipe.resources
-    placement = place(res, rollout=algo.uses_rollouts)
+    placement = roles.placement
     n_rollout, n_learn = len(placement.rollout), len(placement.learner)
     # Synchronous mode: the rollout side and the learner side never compute at once,
     # so each side gets all cores, split among its own workers.
@@ -141,7 +161,6 @@ def start_roles(
     if recipe.train.max_staleness and res.threads_per_worker is None:
         # Asynchronous mode: both sides compute at once, so they split the cores.
         threads_r, threads_l = split_cores(n_rollout, n_learn, res.rollout_cores)
-    roles = Roles(learners=[], placement=placement)
     transport = transport_settings(recipe, run_dir)
     reward_launch = worker_spec = None
     if algo.uses_rollouts:
@@ -181,7 +200,6 @@ def start_roles(
 
     tok = AutoTokenizer.from_pretrained(model_path)
     roles.pad_id = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
-    return roles
 
 
 def engine_settings(recipe: Recipe, model_path: str) -> EngineSettings:
@@ -427,7 +445,8 @@ def stop_roles(roles: Roles | None) -> None:
     # Let transports release what outlives a process (filesystem: files in /dev/shm).
     closing = [a.close.remote() for a in roles.rollout + roles.learners]
     try:
-        ray.wait(closing, num_returns=len(closing), timeout=30)
+        if closing:  # (ray.wait of nothing would start a local cluster to return)
+            ray.wait(closing, num_returns=len(closing), timeout=30)
     except ray.exceptions.RayError:  # an actor already dead: nothing of it to close
         pass
     for a in roles.rollout + roles.learners:

@@ -153,3 +153,92 @@ def test_reward_service_killed_mid_request(tiny_model, tmp_path, monkeypatch):
     # each sample scored once by the restarted service: its own length, neither 0 nor 2x
     assert [r["reward"] for r in saved] == [float(len(r["response_text"])) for r in saved]
     assert any(r["reward"] > 0 for r in saved)
+
+
+def test_engine_killed_in_an_async_push_stops_with_a_checkpoint(tiny_model, tmp_path, monkeypatch):
+    """train.max_staleness 1: engine 1 is killed 1 s into step 1's push (update_weights
+    sleeps 3 s): the run ends as the synchronous path does, PushFailed naming the
+    engine, with a checkpoint after step 1 and the resume command (it was a raw
+    ActorDiedError traceback)."""
+    import pytest
+
+    from posttrain.recipes import checkpoints, controller
+    from posttrain.recipes.loop import PushFailed
+
+    real, fired = controller.push_weights, []
+
+    def push_and_kill(roles_, recipe, version):
+        if version == 2 and not fired:  # step 1's push; the producer is paused: 1 answers
+            fired.append(ray.get(roles_.rollout[1].health.remote())["pid"])
+            threading.Timer(1.0, os.kill, (fired[0], signal.SIGKILL)).start()
+        return real(roles_, recipe, version)
+
+    monkeypatch.setattr(controller, "push_weights", push_and_kill)
+    run_dir = tmp_path / "run"
+    recipe = _recipe(
+        tmp_path,
+        tiny_model,
+        debug={"push_delay_s": 3.0},
+        train={
+            "steps": 3,
+            "prompts_per_step": 4,
+            "micro_batch_size": 2,
+            "lr": 1e-3,
+            "max_staleness": 1,
+        },
+    )
+    with pytest.raises(PushFailed) as stop:
+        run(load_recipe(recipe), run_dir)
+    assert fired
+    message = str(stop.value)
+    assert "step 1:" in message and "rollout engine 1 died during the push" in message
+    assert "policy_version 2" in message and f"posttrain run --resume {run_dir}" in message
+    ckpt = checkpoints.latest(run_dir)
+    assert ckpt.name == "step_00002" and checkpoints.read_state(ckpt)["policy_version"] == 2
+    assert checkpoints.verify(ckpt)
+
+
+def test_reward_service_down_trains_nothing_and_stops(tiny_model, tmp_path):
+    """Every score fails (nothing listens at the reward URL): no optimizer step is
+    taken, each step reports empty_step, and train.max_empty_steps (2) such steps in a
+    row stop the run with a checkpoint and exit 1 naming the cause (it trained every
+    step on nothing, AdamW moving every weight, and exited 0)."""
+    import torch
+    from typer.testing import CliRunner
+
+    from posttrain.common.net import free_port
+    from posttrain.recipes import checkpoints
+    from posttrain.recipes.cli import app
+
+    down = f"http://127.0.0.1:{free_port()}/score"  # a free port: every request refused
+    recipe = _recipe(
+        tmp_path,
+        tiny_model,
+        rewards=[{"name": "remote", "type": "http", "url": down, "retries": 0}],
+        train={
+            "steps": 4,
+            "prompts_per_step": 4,
+            "micro_batch_size": 2,
+            "lr": 1e-3,
+            "max_empty_steps": 2,
+        },
+        resources={"rollout": {"gpus": 1}, "learner": {"gpus": 1}, "threads_per_worker": 1},
+    )
+    run_dir = tmp_path / "run"
+    out = CliRunner().invoke(app, ["run", str(recipe), "--out", str(run_dir)])
+    assert out.exit_code == 1, out.output
+    assert "steps 0-1: 2 steps in a row had nothing to train on" in out.output
+    assert "none of the 8 samples could be scored (first error: remote: request failed" in (
+        out.output
+    )
+    assert f"posttrain run --resume {run_dir}" in out.output
+    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").open()]
+    assert [(r["step"], r["empty_step"], r["failed_scores"]) for r in rows] == [
+        (0, 1.0, 8.0),
+        (1, 1.0, 8.0),
+    ]
+    ckpt = checkpoints.latest(run_dir)
+    assert ckpt.name == "step_00002" and checkpoints.verify(ckpt)
+    learner = torch.load(ckpt / "learner" / "rank_0.pt", weights_only=False)
+    assert learner["optimizer_steps"] == 0  # no weight moved
+    assert not (run_dir / "final").exists()

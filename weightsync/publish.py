@@ -83,8 +83,8 @@ def push(
         full: push full weights even under adapter-only sync (QLoRA's base, version 0).
 
     Raises:
-        WeightSyncError: an engine failed to load, did not answer in time, or reports
-            another version; the message names the engine and the version.
+        WeightSyncError: an engine failed to load, died, did not answer in time, or
+            reports another version; the message names the engine and the version.
     """
     import ray
 
@@ -105,7 +105,14 @@ def push(
             f"policy_version {version} within {timeout_s:.0f} s"
         )
     for ref in done:
-        if (got := ray.get(ref)) != version:
+        try:
+            got = ray.get(ref)
+        except ray.exceptions.RayActorError as e:  # killed, out of memory, crashed
+            raise WeightSyncError(
+                f"rollout engine {pending[ref]} died during the push of policy_version "
+                f"{version} ({type(e).__name__})"
+            ) from e
+        if got != version:
             raise WeightSyncError(
                 f"rollout engine {pending[ref]} reports policy_version {got} "
                 f"after a push of {version}"

@@ -112,10 +112,13 @@ def run_updates(
     rest only pads the no-grad passes). Each epoch splits the real rows into
     `mini_batches` (shuffled, seeded, when there is more than one update), and each
     mini-batch is padded to a multiple of the ranks on its own, so none is all padding;
-    its loss is normalised over that mini-batch (`loss_denominator`). Returns each
-    metric's mean over the updates, with `grad_norm` and `lr` of the last one and
-    `skipped_updates` summed (updates the learner did not apply: a non-finite loss or
-    gradient)."""
+    its loss is normalised over that mini-batch (`loss_denominator`). A mini-batch
+    without a response token (every row masked) is skipped: no optimizer step without
+    data (AdamW would move the weights on momentum and decay alone). Returns each
+    metric's mean over the updates, with `grad_norm` and `lr` of the last one,
+    `updates`, the optimizer steps asked of the learner (only `updates` 0 when every
+    mini-batch was empty), and `skipped_updates` summed (updates the learner did not
+    apply: a non-finite loss or gradient)."""
     g = torch.Generator().manual_seed(seed)
     shuffle = epochs * mini_batches > 1
     real = batch.select(slice(0, rows))
@@ -124,12 +127,17 @@ def run_updates(
         order = torch.randperm(rows, generator=g) if shuffle else torch.arange(rows)
         for idx in order.chunk(mini_batches):
             sub = pad_rows_to_multiple(real.select(idx), len(learners))
+            if float(sub.response_mask.sum()) == 0.0:
+                continue
             sub.loss_denominator = loss_denominator(sub.response_mask, loss_agg)
             updates.append(on_learners(learners, "train_step", sub, step)[0])
+    if not updates:
+        return {"updates": 0.0}
     stats = {k: statistics.fmean(u[k] for u in updates) for k in updates[0]}
     if "skipped_updates" in stats:
         stats["skipped_updates"] = sum(u["skipped_updates"] for u in updates)
-    return {**stats, "grad_norm": updates[-1]["grad_norm"], "lr": updates[-1]["lr"]}
+    last = {"grad_norm": updates[-1]["grad_norm"], "lr": updates[-1]["lr"]}
+    return {**stats, **last, "updates": float(len(updates))}
 
 
 def correction_of(recipe: Recipe) -> Correction:

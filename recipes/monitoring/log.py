@@ -27,21 +27,16 @@ def _clean(metrics: dict[str, Any]) -> dict[str, Any]:
 class StepLog:
     """Appends one step at a time to every configured sink."""
 
-    def __init__(self, run_dir: Path, recipe: Recipe, start: int = 0):
-        """`start` > 0 (a resume at that step): steps from `start` on that an earlier
-        process logged (after its last checkpoint) are dropped from metrics.jsonl,
-        spans.jsonl and rollouts/ (TensorBoard: `purge_step`), so each step appears
-        once."""
+    def __init__(self, run_dir: Path, recipe: Recipe):
+        """Appends to what is there and deletes nothing: a resume calls `rewind(step)`
+        once its checkpoint has loaded, so each step appears once and a resume that
+        fails keeps every line."""
         self.run_dir = run_dir
-        if start > 0:
-            self._drop_from(start)
         self.tb = self.wandb = None
         if recipe.monitor.tensorboard:
             from torch.utils.tensorboard import SummaryWriter
 
-            self.tb = SummaryWriter(
-                log_dir=str(run_dir / "tensorboard"), purge_step=start if start > 0 else None
-            )
+            self.tb = SummaryWriter(log_dir=str(run_dir / "tensorboard"))
         if recipe.monitor.wandb_project:
             try:
                 import wandb
@@ -66,8 +61,9 @@ class StepLog:
                 f.unlink()
 
     def rewind(self, step: int) -> None:
-        """Drop what was logged for steps from `step` on (the run goes back to a
-        checkpoint and runs them again); TensorBoard purges them on its next event."""
+        """Drop what was logged for steps from `step` on from metrics.jsonl, spans.jsonl
+        and rollouts/ (a resume, or a learner restart, went back to a checkpoint and runs
+        them again); TensorBoard purges them on its next event (`purge_step`)."""
         self._drop_from(step)
         if self.tb is not None:
             from torch.utils.tensorboard import SummaryWriter

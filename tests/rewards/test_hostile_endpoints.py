@@ -87,7 +87,7 @@ def test_a_step_with_failed_scores_keeps_finite_metrics_and_advantages():
     assert [s.reward for s in scores] == [None, 1.0, 0.0]
     m = rollout_metrics(rollouts, scores)
     assert m["failed_scores"] == 1.0 and m["reward_mean"] == 0.5 and m["reward_std"] == 0.5
-    got = apply_failure_policy([s.reward for s in scores], ["g"] * 3, "zero", [None] * 3)
+    got = apply_failure_policy(scores, rollouts, "zero")
     assert got == [0.0, 1.0, 0.0]
 
 

@@ -4,7 +4,9 @@ version, and the learners' side is waited for."""
 
 from __future__ import annotations
 
+import os
 import time
+from types import SimpleNamespace
 
 import pytest
 import ray
@@ -40,7 +42,12 @@ class Engine:
 
     def update_weights(self, handle: WeightHandle, step: int = -1) -> int:
         time.sleep(self.delay_s)
+        if self.offset == "die":  # the engine's process ends inside the push
+            os._exit(1)
         return handle.version + self.offset
+
+    def policy_version(self) -> int:
+        return 1
 
 
 def test_push_reaches_every_engine_and_waits_for_the_learners(ray_local):
@@ -80,3 +87,17 @@ def test_a_learner_that_never_publishes_fails_the_push(ray_local):
     learner = _started(Learner.remote(0, delay_s=120))
     with pytest.raises(WeightSyncError, match="learner rank 0 did not publish policy_version 4"):
         push(learner, _started(Engine.remote()), 4, timeout_s=10)
+
+
+def test_an_engine_that_dies_in_the_push_fails_it_by_name(ray_local):
+    """A dead engine is a failed push (WeightSyncError naming it), which the loop ends
+    with a checkpoint and the resume command (PushFailed), not Ray's ActorDiedError;
+    what each engine still serves reports the dead one as None."""
+    from posttrain.recipes.controller import served_versions
+
+    engines = _started(Engine.remote(), Engine.remote(answer_offset="die"))
+    with pytest.raises(
+        WeightSyncError, match="rollout engine 1 died during the push of policy_version 2"
+    ):
+        push(_started(Learner.remote(0)), engines, 2, timeout_s=30)
+    assert served_versions(SimpleNamespace(rollout=engines)) == [1, None]
