@@ -441,6 +441,8 @@ def status(
     from rich.console import Console
     from rich.table import Table
 
+    from .monitoring.advisories import advisory_ranges
+
     rows = _run_dir_or_exit(run_dir)
     dpo = bool(rows) and "rewards/accuracy" in rows[0]
     cols = (
@@ -507,11 +509,14 @@ def status(
         table.add_row(f"mean of {len(trained)}", *[cell(mean, k, f) for _, k, f in cols[1:]])
     console = Console(width=None if sys.stdout.isatty() else 160)
     console.print(table)
-    advised = [(r.get("step"), a) for r in rows[-last:] for a in r.get("advisories") or []]
-    if advised:
+    shown = [r["step"] for r in rows[-last:] if "step" in r]
+    advised = [
+        r for r in advisory_ranges(rows) if shown and r.last >= shown[0] and r.first <= shown[-1]
+    ]
+    if advised:  # one line per run of consecutive steps, with the last step's numbers
         console.print("advisories (monitor.advisories sets the thresholds):")
-        for step, a in advised:
-            console.print(f"  step {step}: {a}", markup=False)
+        for r in advised:
+            console.print(f"  {r.steps}: {r.message}", markup=False)
     if advise:
         from .monitoring.advice import advise_run
 

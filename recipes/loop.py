@@ -32,7 +32,7 @@ from .data import load_data, prompt_stream
 from .empty_steps import EmptySteps, train_or_skip
 from .evaluation import due, evaluate, load_eval_prompts
 from .items import PromptItem
-from .monitoring.advisories import advisories, new_advisories
+from .monitoring.advisories import advisories, console_lines
 from .monitoring.dashboard import DashboardServer
 from .monitoring.log import StepLog
 from .recovery import STEP_ERRORS, LearnerRecovery
@@ -372,11 +372,12 @@ def _eval_if_due(run: Run, version: int) -> dict[str, Any]:
 
 
 def _advise(history: list[dict[str, Any]], metrics: dict[str, Any], recipe: Recipe) -> None:
-    """Puts the step's health advisories into `metrics` and prints those that started."""
+    """Puts the step's health advisories into `metrics` and prints those that started at
+    this step, and the step range of those that ended (all of them at the last step)."""
     metrics["advisories"] = advisories([*history, metrics], recipe.monitor.advisories)
-    previous = history[-1].get("advisories", []) if history else []
-    for a in new_advisories(metrics["advisories"], previous):
-        tqdm.write(f"step {metrics['step']}: advisory {a}")
+    run_ends = metrics["step"] == recipe.train.steps - 1
+    for line in console_lines([*history, metrics], run_ends):
+        tqdm.write(line)
 
 
 def _report(bar: tqdm, m: dict[str, Any]) -> None:
