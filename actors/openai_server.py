@@ -54,12 +54,18 @@ import uuid
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import Annotated, Any
-
-from pydantic import BaseModel, ConfigDict, Field
+from typing import Any
 
 from .chat import TemplateMismatch, chat_ids, message_delta
 from .engine import Sample, end_of_turn_token_id
+from .openai_protocol import (
+    ChatRequest,
+    Refused,
+    RewardRequest,
+    error_response,
+    text_messages,
+    validation_error_response,
+)
 from .rollout import SamplingSettings
 
 
@@ -157,78 +163,149 @@ class EpisodeRecorder:
         }
 
 
-class Message(BaseModel):
-    """One chat message; content as text or OpenAI content parts (their text is kept)."""
-
-    model_config = ConfigDict(extra="allow")
-    role: str = Field(min_length=1)
-    content: str | list[Any] | None = None
-
-
-StopString = Annotated[str, Field(min_length=1)]
-
-
-class ChatRequest(BaseModel):
-    """The OpenAI chat request fields used here, with their bounds (others are
-    accepted and ignored)."""
-
-    model_config = ConfigDict(extra="allow")
-    messages: list[Message] = Field(min_length=1)
-    max_tokens: int | None = Field(None, ge=1)
-    max_completion_tokens: int | None = Field(None, ge=1)
-    temperature: float = Field(1.0, ge=0, le=2, allow_inf_nan=False)
-    top_p: float = Field(1.0, gt=0, le=1, allow_inf_nan=False)
-    seed: int | None = Field(None, ge=-(2**63), lt=2**63)
-    stop: StopString | list[StopString] | None = Field(None, max_length=16)
-    n: int = Field(1, ge=1)
-    episode_id: str | None = Field(None, min_length=1, max_length=512)
-
-
-class RewardRequest(BaseModel):
-    reward: float  # finiteness is checked by the route, which records a refusal
-
-
-def _text_messages(messages: list[Message]) -> list[dict[str, str]]:
-    out = []
-    for m in messages:
-        content = m.content or ""
-        if isinstance(content, list):  # OpenAI content parts: keep the text ones
-            content = "".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
-        out.append({"role": m.role, "content": content})
-    return out
-
-
-def _error(status: int, message: str, param: str | None) -> Any:
-    """An OpenAI-shaped error response (`detail` too, as FastAPI clients expect)."""
-    from fastapi.responses import JSONResponse
-
-    kind = "invalid_request_error" if status < 500 else "server_error"
-    body = {"message": message, "type": kind, "param": param, "code": None}
-    return JSONResponse({"error": body, "detail": message}, status_code=status)
-
-
-class Refused(Exception):
-    """A request this endpoint will not serve: its status, message and field."""
-
-    def __init__(self, status: int, message: str, param: str | None = None):
-        super().__init__(message)
-        self.status, self.message, self.param = status, message, param
-
-
-def _validation_error(exc: Any) -> Any:
-    """400 naming the first invalid field, its problem and (shortened) value."""
-    first = exc.errors()[0]
-    param = ".".join(str(x) for x in first["loc"] if x != "body") or "body"
-    got = repr(first.get("input"))
-    got = got if len(got) <= 80 else got[:77] + "..."
-    return _error(400, f"{param}: {first['msg']} (got {got})", param)
-
-
 def _longest_token_chars(tokenizer: Any) -> int:
     """Characters of the tokenizer's longest vocabulary entry (at least 1): no token
     covers more text, so a prompt of more than context × this many characters (× 4 for
     normalisation) cannot fit without tokenising it."""
     return max((len(t) for t in tokenizer.get_vocab()), default=1) or 1
+
+
+class ChatEndpoint:
+    """What the routes of `create_app` do (see the module docstring and `create_app`'s
+    arguments); every refusal raises `Refused`."""
+
+    def __init__(
+        self,
+        generate: Callable[[list[int], SamplingSettings], tuple[Sample, int]],
+        tokenizer: Any,
+        recorder: EpisodeRecorder,
+        default_max_tokens: int,
+        temperature: float | None,
+        context_tokens: int | None,
+    ):
+        self.generate, self.tokenizer, self.recorder = generate, tokenizer, recorder
+        self.default_max_tokens, self.temperature = default_max_tokens, temperature
+        self.context_tokens = context_tokens
+        self.eot = end_of_turn_token_id(tokenizer)
+        # No token covers more characters than the longest vocabulary entry (× 4 for
+        # normalisation): a longer text cannot fit, and is refused without tokenising it.
+        self.max_chars = (
+            None if context_tokens is None else 4 * context_tokens * _longest_token_chars(tokenizer)
+        )
+
+    def prompt_ids(self, log: EpisodeLog, messages: list[dict[str, str]]) -> tuple[list[int], bool]:
+        """The call's prompt ids, and whether it restarts the episode's chain."""
+        n, tok = len(log.messages), self.tokenizer
+        if log.calls and len(messages) > n and messages[:n] == log.messages:
+            try:
+                delta = message_delta(tok, log.messages, messages[n:], log.ids[-1], self.eot)
+                return log.ids + delta, False
+            except TemplateMismatch:
+                pass
+        return chat_ids(tok, messages, generation_prompt=True), bool(log.calls)
+
+    def fit(self, ids: list[int], limit: int) -> int:
+        """The completion limit left once `ids` are in the context.
+
+        Raises:
+            Refused: the prompt leaves no room for one token.
+        """
+        if self.context_tokens is None:
+            return limit
+        if len(ids) >= self.context_tokens:
+            raise Refused(
+                400,
+                f"messages: the conversation is {len(ids)} tokens after the chat "
+                f"template; the engine takes {self.context_tokens} tokens (prompt + "
+                "completion); shorten the messages",
+                "messages",
+            )
+        return min(limit, self.context_tokens - len(ids))
+
+    def checked_messages(self, req: ChatRequest) -> list[dict[str, str]]:
+        """The request's messages as text, after the refusals that need no tokens.
+
+        Raises:
+            Refused: n ≠ 1, temperature 0 where it is used, a text too long to fit.
+        """
+        if req.n != 1:
+            raise Refused(400, f"n: {req.n} completions asked; one per call (n: 1)", "n")
+        if self.temperature is None and req.temperature == 0:
+            raise Refused(
+                400,
+                "temperature: 0 (greedy) is not served here; give a temperature above 0",
+                "temperature",
+            )
+        messages = text_messages(req.messages)
+        chars = sum(len(m["content"]) for m in messages)
+        if self.max_chars is not None and chars > self.max_chars:
+            raise Refused(
+                400,
+                f"messages: {chars} characters cannot fit in the engine's "
+                f"{self.context_tokens} tokens; shorten the messages",
+                "messages",
+            )
+        return messages
+
+    def complete(self, req: ChatRequest, episode: str) -> tuple[list[int], Sample, str]:
+        """Sample one completion for `episode` and record it: (prompt ids, the sample,
+        its text).
+
+        Raises:
+            Refused: see `checked_messages` and `fit`; nothing is recorded then.
+        """
+        messages = self.checked_messages(req)
+        stop = (req.stop,) if isinstance(req.stop, str) else tuple(req.stop or ())
+        limit = req.max_completion_tokens or req.max_tokens or self.default_max_tokens
+        if self.temperature is not None:
+            limit = min(limit, self.default_max_tokens)
+        rec = self.recorder
+        with rec.lock:  # one call of an episode at a time keeps its chain ordered
+            log = rec.episodes.get(episode) or EpisodeLog()  # kept once it is served
+            ids, restarted = self.prompt_ids(log, messages)
+            sampling = SamplingSettings(
+                n=1,
+                max_new_tokens=self.fit(ids, limit),
+                temperature=self.temperature if self.temperature is not None else req.temperature,
+                top_p=req.top_p,
+                seed=req.seed if req.seed is not None else call_seed(episode, len(log.calls)),
+                stop=stop,
+            )
+            sample, version = self.generate(ids, sampling)
+            text = self.tokenizer.decode(sample.token_ids, skip_special_tokens=True)
+            tokens, logprobs = list(sample.token_ids), list(sample.logprobs)
+            log.calls.append(
+                Call(ids, tokens, logprobs, version, sample.finish_reason, sampling.temperature)
+            )
+            log.restarts += restarted
+            log.messages = [*messages, {"role": "assistant", "content": text}]
+            log.ids = ids + tokens
+            rec.keep(episode, log)
+        return ids, sample, text
+
+    def reward(self, episode_id: str, value: float) -> None:
+        """Record the agent's reward for a served episode.
+
+        Raises:
+            Refused: 404 for an episode never served here; 400 for a value that is not
+                finite (recorded on the episode, whose sample then fails).
+        """
+        log = self.recorder.find(episode_id)
+        if log is None or not log.calls:
+            raise Refused(
+                404,
+                f"episode_id {episode_id!r}: no call was served under this id (or its "
+                "episode was already collected); post a reward after the episode's calls, "
+                "with the id they used",
+                "episode_id",
+            )
+        if not math.isfinite(value):
+            log.reward = None
+            log.reward_error = (
+                f"agent reward for episode {episode_id} is {value!r}, not a finite number"
+            )
+            raise Refused(400, f"reward: {value!r} is not a finite number", "reward")
+        log.reward, log.reward_error = value, None
 
 
 def create_app(
@@ -258,51 +335,21 @@ def create_app(
     from fastapi.exceptions import RequestValidationError
 
     app = FastAPI(title="posttrain rollout (OpenAI-compatible)")
-    eot = end_of_turn_token_id(tokenizer)
-    max_chars = (
-        None if context_tokens is None else 4 * context_tokens * _longest_token_chars(tokenizer)
+    endpoint = ChatEndpoint(
+        generate, tokenizer, recorder, default_max_tokens, temperature, context_tokens
     )
 
     @app.exception_handler(RequestValidationError)
     async def invalid(_: Any, exc: RequestValidationError) -> Any:
-        return _validation_error(exc)
+        return validation_error_response(exc)
 
     @app.exception_handler(Refused)
     async def refused(_: Any, exc: Refused) -> Any:
-        return _error(exc.status, exc.message, exc.param)
+        return error_response(exc.status, exc.message, exc.param)
 
     @app.exception_handler(HTTPException)
     async def http_error(_: Any, exc: HTTPException) -> Any:
-        return _error(exc.status_code, str(exc.detail), None)
-
-    def prompt_ids(log: EpisodeLog, messages: list[dict[str, str]]) -> tuple[list[int], bool]:
-        """The call's prompt ids, and whether it restarts the episode's chain."""
-        n = len(log.messages)
-        if log.calls and len(messages) > n and messages[:n] == log.messages:
-            try:
-                delta = message_delta(tokenizer, log.messages, messages[n:], log.ids[-1], eot)
-                return log.ids + delta, False
-            except TemplateMismatch:
-                pass
-        return chat_ids(tokenizer, messages, generation_prompt=True), bool(log.calls)
-
-    def fit(ids: list[int], limit: int) -> int:
-        """The completion limit left once `ids` are in the context.
-
-        Raises:
-            Refused: the prompt leaves no room for one token.
-        """
-        if context_tokens is None:
-            return limit
-        if len(ids) >= context_tokens:
-            raise Refused(
-                400,
-                f"messages: the conversation is {len(ids)} tokens after the chat "
-                f"template; the engine takes {context_tokens} tokens (prompt + "
-                "completion); shorten the messages",
-                "messages",
-            )
-        return min(limit, context_tokens - len(ids))
+        return error_response(exc.status_code, str(exc.detail), None)
 
     @app.get("/health")
     def health() -> dict[str, Any]:
@@ -312,59 +359,13 @@ def create_app(
     def complete(req: ChatRequest, x_episode_id: str | None = Header(None)) -> dict[str, Any]:
         episode = x_episode_id or req.episode_id
         if not episode:
-            raise HTTPException(
+            raise Refused(
                 400,
-                "give the episode id as the X-Episode-Id header or an "
+                "episode_id: give the episode id as the X-Episode-Id header or an "
                 "episode_id field, so the call joins its episode's trajectory",
+                "episode_id",
             )
-        if req.n != 1:
-            raise Refused(400, f"n: {req.n} completions asked; one per call (n: 1)", "n")
-        if temperature is None and req.temperature == 0:
-            raise Refused(
-                400,
-                "temperature: 0 (greedy) is not served here; give a temperature above 0",
-                "temperature",
-            )
-        messages = _text_messages(req.messages)
-        chars = sum(len(m["content"]) for m in messages)
-        if max_chars is not None and chars > max_chars:
-            raise Refused(
-                400,
-                f"messages: {chars} characters cannot fit in the engine's "
-                f"{context_tokens} tokens; shorten the messages",
-                "messages",
-            )
-        stop = (req.stop,) if isinstance(req.stop, str) else tuple(req.stop or ())
-        limit = req.max_completion_tokens or req.max_tokens or default_max_tokens
-        if temperature is not None:
-            limit = min(limit, default_max_tokens)
-        with recorder.lock:  # one call of an episode at a time keeps its chain ordered
-            log = recorder.episodes.get(episode) or EpisodeLog()  # kept once it is served
-            ids, restarted = prompt_ids(log, messages)
-            sampling = SamplingSettings(
-                n=1,
-                max_new_tokens=fit(ids, limit),
-                temperature=temperature if temperature is not None else req.temperature,
-                top_p=req.top_p,
-                seed=req.seed if req.seed is not None else call_seed(episode, len(log.calls)),
-                stop=stop,
-            )
-            sample, version = generate(ids, sampling)
-            log.restarts += restarted
-            text = tokenizer.decode(sample.token_ids, skip_special_tokens=True)
-            log.calls.append(
-                Call(
-                    ids,
-                    list(sample.token_ids),
-                    list(sample.logprobs),
-                    version,
-                    sample.finish_reason,
-                    sampling.temperature,
-                )
-            )
-            log.messages = [*messages, {"role": "assistant", "content": text}]
-            log.ids = ids + list(sample.token_ids)
-            recorder.keep(episode, log)
+        ids, sample, text = endpoint.complete(req, episode)
         return {
             "id": f"chatcmpl-{uuid.uuid4().hex[:24]}",
             "object": "chat.completion",
@@ -387,22 +388,7 @@ def create_app(
 
     @app.post("/v1/episodes/{episode_id}/reward")
     def reward(episode_id: str, body: RewardRequest) -> dict[str, Any]:
-        log = recorder.find(episode_id)
-        if log is None or not log.calls:
-            raise Refused(
-                404,
-                f"episode_id {episode_id!r}: no call was served under this id (or its "
-                "episode was already collected); post a reward after the episode's calls, "
-                "with the id they used",
-                "episode_id",
-            )
-        if not math.isfinite(body.reward):
-            log.reward, log.reward_error = (
-                None,
-                (f"agent reward for episode {episode_id} is {body.reward!r}, not a finite number"),
-            )
-            raise Refused(400, f"reward: {body.reward!r} is not a finite number", "reward")
-        log.reward, log.reward_error = body.reward, None
+        endpoint.reward(episode_id, body.reward)
         return {"episode_id": episode_id, "reward": body.reward}
 
     return app
