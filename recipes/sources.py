@@ -131,6 +131,13 @@ def source_pairs(
         parts = [
             source_pairs(s, margin_key, f"{key}.mixture.{i}") for i, s in enumerate(block.mixture)
         ]
+        chat = [i for i, (pairs, _) in enumerate(parts) if pairs[0].is_chat]
+        if 0 < len(chat) < len(parts):
+            raise RecipeError(
+                f"{key}.mixture: sources {chat} give their prompts as chat messages and the "
+                "others as text; DPO and reward models tokenise one shape per run: give "
+                "every source's prompts in one shape"
+            )
         mixed = mix(
             [p for p, _ in parts], [s.weight for s in block.mixture], block.size, block.seed
         )

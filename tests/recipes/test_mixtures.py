@@ -140,3 +140,26 @@ def test_reasoning_gym_mistakes_are_named(tmp_path):
         {"name": "len", "type": "length", "target_chars": 3, "sources": ["plain"]},
     ]
     assert len(load_data(_grpo(tmp_path, mixture, rewards=routed)).train) == 3
+
+
+def test_pair_mixture_by_weight_and_one_prompt_shape(tmp_path):
+    text = tmp_path / "text.jsonl"
+    text.write_text(json.dumps({"prompt": "Sky?", "chosen": "Blue.", "rejected": "Red."}) + "\n")
+    chat = tmp_path / "chat.jsonl"
+    row = {
+        "chosen": [{"role": "user", "content": "Sky?"}, {"role": "assistant", "content": "Blue."}],
+        "rejected": [{"role": "user", "content": "Sky?"}, {"role": "assistant", "content": "Red."}],
+    }
+    chat.write_text(json.dumps(row) + "\n")
+    tree = {
+        "name": "pairs",
+        "algorithm": "dpo",
+        "model": {"path": "smollm2-135m-instruct"},
+        "data": {"train": {"mixture": [{"path": str(text)}, {"path": str(text), "weight": 3}]}},
+        "train": {"steps": 1, "prompts_per_step": 1},
+    }
+    pairs = load_data(Recipe.model_validate(tree)).train
+    assert [p.pair_id for p in pairs] == [0, 1] and {p.prompt for p in pairs} == {"Sky?"}
+    tree["data"]["train"]["mixture"][1]["path"] = str(chat)
+    with pytest.raises(RecipeError, match=r"data.train.mixture: sources \[1\] give their prompts"):
+        load_data(Recipe.model_validate(tree))
