@@ -417,13 +417,7 @@ class Recipe(_Strict):
     def _warmup_fits(self) -> None:
         """`train.warmup_steps` ends within the run, or the LR never reaches `train.lr`."""
         t = self.train
-        per_step = (
-            self.grpo.epochs * self.grpo.mini_batches
-            if self.algorithm == "grpo"
-            else self.ppo.epochs * self.ppo.mini_batches
-            if self.algorithm == "ppo"
-            else 1
-        )
+        per_step = self.facts.updates_per_step
         total = t.steps * per_step
         if t.warmup_steps > total:
             how = f" ({t.steps} steps × {per_step} updates each)" if per_step > 1 else ""
