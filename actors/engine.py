@@ -182,11 +182,33 @@ def check_sampling(sampling: SamplingSettings) -> None:
         )
 
 
+def check_prompt_lengths(prompts: list[list[int]], context_tokens: int | None) -> None:
+    """Refuse, before any engine sees them, prompts that leave no room for one token.
+
+    Args:
+        prompts: `[N][P_i]` prompt token ids.
+        context_tokens: the engine's `context_tokens` (None: no check).
+
+    Raises:
+        ValueError: names the first prompt over the limit, its length and the limit.
+    """
+    if context_tokens is None:
+        return
+    for i, p in enumerate(prompts):
+        if len(p) >= context_tokens:
+            raise ValueError(
+                f"prompt {i} is {len(p)} tokens; the engine takes {context_tokens} tokens "
+                "(prompt + completion), so it was not sampled; shorten it"
+            )
+
+
 class InferenceEngine(ABC):
     """Sampling engine of one rollout worker."""
 
     #: a transformers tokenizer with the model's chat template; set by each engine.
     tokenizer: Any
+    #: the most tokens (prompt + completion) one sequence may hold; None: unknown.
+    context_tokens: int | None = None
 
     def tokenize_chat(self, messages: list[dict[str, str]]) -> list[int]:
         """Token ids of `messages` under the chat template, with the generation prompt."""

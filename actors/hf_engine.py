@@ -47,6 +47,7 @@ class HFEngine(InferenceEngine):
         self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=_DTYPES[dtype])
         self.model.to(self.device).eval()
         self.max_batch_rows = max_batch_rows
+        self.context_tokens = getattr(self.model.config, "max_position_embeddings", None)
         self.stop_ids = stop_token_ids(self.tokenizer, model_path)
         pad = self.tokenizer.pad_token_id
         self.pad_id = pad if pad is not None else self.stop_ids[0]

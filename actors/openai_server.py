@@ -11,8 +11,23 @@ Protocol (agent → rollout worker):
   `chat.completion` object; its `choices[0].logprobs` is null (the ids and logprobs are
   kept here, not sent).
 - `POST /v1/episodes/{episode_id}/reward` `{"reward": float}`: the agent's reward for
-  the episode (optional: a reward service may score it instead).
+  the episode (optional: a reward service may score it instead), after its calls.
 - `GET /health`.
+
+Refusals (OpenAI's error shape, `{"error": {"message", "type":
+"invalid_request_error", "param"}}`, nothing sampled or recorded): 400 for a field out of
+its bounds (`ChatRequest`: empty `messages`, `max_tokens` < 1, `top_p` outside (0, 1],
+a `seed` outside 64 bits, an empty stop string, ...), for `temperature: 0` when the
+request's temperature is used, and for a prompt that leaves no room in the engine's
+context (`param: messages`, the limit in the message; a prompt that fits gets at most
+what is left of the context as its completion limit); 400 for a reward that is not a
+finite number (`NaN`, `Infinity`, `1e400`: recorded on the episode, whose sample then
+fails; a later finite reward replaces it); 404 for a reward of an episode that was
+never served here.
+
+Memory: the recorder keeps at most `max_episodes` episodes (default 4096); a call with
+a new id beyond that evicts the least recently used episode (its calls are lost, and the
+controller reports that episode as having made no call).
 
 Token bookkeeping: when a call's messages extend the episode's previous call (its
 messages plus the assistant's reply, compared as role + content), its prompt ids are the
@@ -32,17 +47,25 @@ e.g. Hermes `<tool_call>` blocks), no authentication: bind it to a private addre
 from __future__ import annotations
 
 import hashlib
+import math
 import threading
 import time
 import uuid
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict
-
 from .chat import TemplateMismatch, chat_ids, message_delta
 from .engine import Sample, end_of_turn_token_id
+from .openai_protocol import (
+    ChatRequest,
+    Refused,
+    RewardRequest,
+    error_response,
+    text_messages,
+    validation_error_response,
+)
 from .rollout import SamplingSettings
 
 
@@ -79,28 +102,55 @@ class Call:
 
 @dataclass
 class EpisodeLog:
-    """Every call of one episode, the agent's reward, and the conversation state."""
+    """Every call of one episode, the agent's reward (or why its posted reward was
+    refused), and the conversation state."""
 
     calls: list[Call] = field(default_factory=list)
     reward: float | None = None
+    reward_error: str | None = None
     restarts: int = 0
     messages: list[dict[str, str]] = field(default_factory=list)
     ids: list[int] = field(default_factory=list)
 
 
 class EpisodeRecorder:
-    """Thread-safe store of `EpisodeLog`s by episode id."""
+    """Thread-safe store of `EpisodeLog`s by episode id, at most `max_episodes` of them
+    (least recently used evicted first).
 
-    def __init__(self) -> None:
+    Raises (at construction):
+        ValueError: max_episodes < 1.
+    """
+
+    def __init__(self, max_episodes: int = 4096) -> None:
+        if max_episodes < 1:
+            raise ValueError(f"max_episodes must be at least 1, got {max_episodes}")
+        self.max_episodes = max_episodes
         self.lock = threading.Lock()
-        self.episodes: dict[str, EpisodeLog] = {}
+        self.episodes: OrderedDict[str, EpisodeLog] = OrderedDict()
 
     def get(self, episode_id: str) -> EpisodeLog:
+        """The episode's log, made when new (evicting the least recently used one when
+        the store is full)."""
         with self.lock:
-            return self.episodes.setdefault(episode_id, EpisodeLog())
+            return self.keep(episode_id, self.episodes.get(episode_id) or EpisodeLog())
+
+    def keep(self, episode_id: str, log: EpisodeLog) -> EpisodeLog:
+        """Store `log` under `episode_id` as the most recently used, evicting the least
+        recently used beyond `max_episodes`; the caller holds `lock`."""
+        self.episodes[episode_id] = log
+        self.episodes.move_to_end(episode_id)
+        while len(self.episodes) > self.max_episodes:
+            self.episodes.popitem(last=False)
+        return log
+
+    def find(self, episode_id: str) -> EpisodeLog | None:
+        """The episode's log if it has one here, else None (nothing is made)."""
+        with self.lock:
+            return self.episodes.get(episode_id)
 
     def pop(self, episode_id: str) -> dict[str, Any] | None:
-        """The episode's calls, reward and restarts as plain data, removed; None if unknown."""
+        """The episode's calls, reward, reward_error and restarts as plain data,
+        removed; None if unknown."""
         with self.lock:
             log = self.episodes.pop(episode_id, None)
         if log is None:
@@ -108,37 +158,154 @@ class EpisodeRecorder:
         return {
             "calls": [asdict(c) for c in log.calls],
             "reward": log.reward,
+            "reward_error": log.reward_error,
             "restarts": log.restarts,
         }
 
 
-class ChatRequest(BaseModel):
-    """The OpenAI chat request fields used here (others are ignored)."""
-
-    model_config = ConfigDict(extra="allow")
-    messages: list[dict[str, Any]]
-    max_tokens: int | None = None
-    max_completion_tokens: int | None = None
-    temperature: float = 1.0
-    top_p: float = 1.0
-    seed: int | None = None
-    stop: str | list[str] | None = None
-    n: int = 1
-    episode_id: str | None = None
+def _longest_token_chars(tokenizer: Any) -> int:
+    """Characters of the tokenizer's longest vocabulary entry (at least 1): no token
+    covers more text, so a prompt of more than context × this many characters (× 4 for
+    normalisation) cannot fit without tokenising it."""
+    return max((len(t) for t in tokenizer.get_vocab()), default=1) or 1
 
 
-class RewardRequest(BaseModel):
-    reward: float
+class ChatEndpoint:
+    """What the routes of `create_app` do (see the module docstring and `create_app`'s
+    arguments); every refusal raises `Refused`."""
 
+    def __init__(
+        self,
+        generate: Callable[[list[int], SamplingSettings], tuple[Sample, int]],
+        tokenizer: Any,
+        recorder: EpisodeRecorder,
+        default_max_tokens: int,
+        temperature: float | None,
+        context_tokens: int | None,
+    ):
+        self.generate, self.tokenizer, self.recorder = generate, tokenizer, recorder
+        self.default_max_tokens, self.temperature = default_max_tokens, temperature
+        self.context_tokens = context_tokens
+        self.eot = end_of_turn_token_id(tokenizer)
+        # No token covers more characters than the longest vocabulary entry (× 4 for
+        # normalisation): a longer text cannot fit, and is refused without tokenising it.
+        self.max_chars = (
+            None if context_tokens is None else 4 * context_tokens * _longest_token_chars(tokenizer)
+        )
 
-def _text_messages(messages: list[dict[str, Any]]) -> list[dict[str, str]]:
-    out = []
-    for m in messages:
-        content = m.get("content") or ""
-        if isinstance(content, list):  # OpenAI content parts: keep the text ones
-            content = "".join(p.get("text", "") for p in content if isinstance(p, dict))
-        out.append({"role": str(m.get("role", "user")), "content": str(content)})
-    return out
+    def prompt_ids(self, log: EpisodeLog, messages: list[dict[str, str]]) -> tuple[list[int], bool]:
+        """The call's prompt ids, and whether it restarts the episode's chain."""
+        n, tok = len(log.messages), self.tokenizer
+        if log.calls and len(messages) > n and messages[:n] == log.messages:
+            try:
+                delta = message_delta(tok, log.messages, messages[n:], log.ids[-1], self.eot)
+                return log.ids + delta, False
+            except TemplateMismatch:
+                pass
+        return chat_ids(tok, messages, generation_prompt=True), bool(log.calls)
+
+    def fit(self, ids: list[int], limit: int) -> int:
+        """The completion limit left once `ids` are in the context.
+
+        Raises:
+            Refused: the prompt leaves no room for one token.
+        """
+        if self.context_tokens is None:
+            return limit
+        if len(ids) >= self.context_tokens:
+            raise Refused(
+                400,
+                f"messages: the conversation is {len(ids)} tokens after the chat "
+                f"template; the engine takes {self.context_tokens} tokens (prompt + "
+                "completion); shorten the messages",
+                "messages",
+            )
+        return min(limit, self.context_tokens - len(ids))
+
+    def checked_messages(self, req: ChatRequest) -> list[dict[str, str]]:
+        """The request's messages as text, after the refusals that need no tokens.
+
+        Raises:
+            Refused: n ≠ 1, temperature 0 where it is used, a text too long to fit.
+        """
+        if req.n != 1:
+            raise Refused(400, f"n: {req.n} completions asked; one per call (n: 1)", "n")
+        if self.temperature is None and req.temperature == 0:
+            raise Refused(
+                400,
+                "temperature: 0 (greedy) is not served here; give a temperature above 0",
+                "temperature",
+            )
+        messages = text_messages(req.messages)
+        chars = sum(len(m["content"]) for m in messages)
+        if self.max_chars is not None and chars > self.max_chars:
+            raise Refused(
+                400,
+                f"messages: {chars} characters cannot fit in the engine's "
+                f"{self.context_tokens} tokens; shorten the messages",
+                "messages",
+            )
+        return messages
+
+    def complete(self, req: ChatRequest, episode: str) -> tuple[list[int], Sample, str]:
+        """Sample one completion for `episode` and record it: (prompt ids, the sample,
+        its text).
+
+        Raises:
+            Refused: see `checked_messages` and `fit`; nothing is recorded then.
+        """
+        messages = self.checked_messages(req)
+        stop = (req.stop,) if isinstance(req.stop, str) else tuple(req.stop or ())
+        limit = req.max_completion_tokens or req.max_tokens or self.default_max_tokens
+        if self.temperature is not None:
+            limit = min(limit, self.default_max_tokens)
+        rec = self.recorder
+        with rec.lock:  # one call of an episode at a time keeps its chain ordered
+            log = rec.episodes.get(episode) or EpisodeLog()  # kept once it is served
+            ids, restarted = self.prompt_ids(log, messages)
+            sampling = SamplingSettings(
+                n=1,
+                max_new_tokens=self.fit(ids, limit),
+                temperature=self.temperature if self.temperature is not None else req.temperature,
+                top_p=req.top_p,
+                seed=req.seed if req.seed is not None else call_seed(episode, len(log.calls)),
+                stop=stop,
+            )
+            sample, version = self.generate(ids, sampling)
+            text = self.tokenizer.decode(sample.token_ids, skip_special_tokens=True)
+            tokens, logprobs = list(sample.token_ids), list(sample.logprobs)
+            log.calls.append(
+                Call(ids, tokens, logprobs, version, sample.finish_reason, sampling.temperature)
+            )
+            log.restarts += restarted
+            log.messages = [*messages, {"role": "assistant", "content": text}]
+            log.ids = ids + tokens
+            rec.keep(episode, log)
+        return ids, sample, text
+
+    def reward(self, episode_id: str, value: float) -> None:
+        """Record the agent's reward for a served episode.
+
+        Raises:
+            Refused: 404 for an episode never served here; 400 for a value that is not
+                finite (recorded on the episode, whose sample then fails).
+        """
+        log = self.recorder.find(episode_id)
+        if log is None or not log.calls:
+            raise Refused(
+                404,
+                f"episode_id {episode_id!r}: no call was served under this id (or its "
+                "episode was already collected); post a reward after the episode's calls, "
+                "with the id they used",
+                "episode_id",
+            )
+        if not math.isfinite(value):
+            log.reward = None
+            log.reward_error = (
+                f"agent reward for episode {episode_id} is {value!r}, not a finite number"
+            )
+            raise Refused(400, f"reward: {value!r} is not a finite number", "reward")
+        log.reward, log.reward_error = value, None
 
 
 def create_app(
@@ -147,6 +314,7 @@ def create_app(
     recorder: EpisodeRecorder,
     default_max_tokens: int = 256,
     temperature: float | None = None,
+    context_tokens: int | None = None,
 ) -> Any:
     """The FastAPI app (see the module docstring).
 
@@ -159,24 +327,29 @@ def create_app(
             a request may ask for when `temperature` is set (training).
         temperature: when set (training), every call samples at it whatever the request
             says: the learner recomputes logprobs at the recipe's temperature.
+        context_tokens: the most tokens (prompt + completion) the engine takes; a
+            longer prompt is refused, a completion capped to what is left. None: no
+            check here.
     """
     from fastapi import FastAPI, Header, HTTPException
+    from fastapi.exceptions import RequestValidationError
 
     app = FastAPI(title="posttrain rollout (OpenAI-compatible)")
-    eot = end_of_turn_token_id(tokenizer)
+    endpoint = ChatEndpoint(
+        generate, tokenizer, recorder, default_max_tokens, temperature, context_tokens
+    )
 
-    def prompt_ids(log: EpisodeLog, messages: list[dict[str, str]]) -> list[int]:
-        n = len(log.messages)
-        if log.calls and len(messages) > n and messages[:n] == log.messages:
-            try:
-                return log.ids + message_delta(
-                    tokenizer, log.messages, messages[n:], log.ids[-1], eot
-                )
-            except TemplateMismatch:
-                pass
-        if log.calls:
-            log.restarts += 1
-        return chat_ids(tokenizer, messages, generation_prompt=True)
+    @app.exception_handler(RequestValidationError)
+    async def invalid(_: Any, exc: RequestValidationError) -> Any:
+        return validation_error_response(exc)
+
+    @app.exception_handler(Refused)
+    async def refused(_: Any, exc: Refused) -> Any:
+        return error_response(exc.status, exc.message, exc.param)
+
+    @app.exception_handler(HTTPException)
+    async def http_error(_: Any, exc: HTTPException) -> Any:
+        return error_response(exc.status_code, str(exc.detail), None)
 
     @app.get("/health")
     def health() -> dict[str, Any]:
@@ -186,43 +359,13 @@ def create_app(
     def complete(req: ChatRequest, x_episode_id: str | None = Header(None)) -> dict[str, Any]:
         episode = x_episode_id or req.episode_id
         if not episode:
-            raise HTTPException(
+            raise Refused(
                 400,
-                "give the episode id as the X-Episode-Id header or an "
+                "episode_id: give the episode id as the X-Episode-Id header or an "
                 "episode_id field, so the call joins its episode's trajectory",
+                "episode_id",
             )
-        if req.n != 1:
-            raise HTTPException(400, f"n={req.n}: one completion per call (n: 1)")
-        messages = _text_messages(req.messages)
-        log = recorder.get(episode)
-        stop = (req.stop,) if isinstance(req.stop, str) else tuple(req.stop or ())
-        limit = req.max_completion_tokens or req.max_tokens or default_max_tokens
-        if temperature is not None:
-            limit = min(limit, default_max_tokens)
-        sampling = SamplingSettings(
-            n=1,
-            max_new_tokens=limit,
-            temperature=temperature if temperature is not None else req.temperature,
-            top_p=req.top_p,
-            seed=req.seed if req.seed is not None else call_seed(episode, len(log.calls)),
-            stop=stop,
-        )
-        with recorder.lock:  # one call of an episode at a time keeps its chain ordered
-            ids = prompt_ids(log, messages)
-            sample, version = generate(ids, sampling)
-            text = tokenizer.decode(sample.token_ids, skip_special_tokens=True)
-            log.calls.append(
-                Call(
-                    ids,
-                    list(sample.token_ids),
-                    list(sample.logprobs),
-                    version,
-                    sample.finish_reason,
-                    sampling.temperature,
-                )
-            )
-            log.messages = [*messages, {"role": "assistant", "content": text}]
-            log.ids = ids + list(sample.token_ids)
+        ids, sample, text = endpoint.complete(req, episode)
         return {
             "id": f"chatcmpl-{uuid.uuid4().hex[:24]}",
             "object": "chat.completion",
@@ -245,7 +388,7 @@ def create_app(
 
     @app.post("/v1/episodes/{episode_id}/reward")
     def reward(episode_id: str, body: RewardRequest) -> dict[str, Any]:
-        recorder.get(episode_id).reward = body.reward
+        endpoint.reward(episode_id, body.reward)
         return {"episode_id": episode_id, "reward": body.reward}
 
     return app

@@ -173,7 +173,9 @@ class VLLMEngine(InferenceEngine):
         self.tokenizer = self.llm.get_tokenizer()
         self.stop_ids = stop_token_ids(self.tokenizer, model_path)
         self.expected = checkpoint_names(model_path)
-        hf_config = self.llm.llm_engine.vllm_config.model_config.hf_config
+        model_config = self.llm.llm_engine.vllm_config.model_config
+        hf_config = model_config.hf_config
+        self.context_tokens = model_config.max_model_len
         self.tied = bool(getattr(hf_config, "tie_word_embeddings", False))
         # vLLM never loads a tied head; the learner's state dict still carries it.
         self.optional = {"lm_head.weight"}

@@ -33,7 +33,7 @@ from ..weightsync import (
     make_transport,
     state_checksum,
 )
-from .engine import EngineSettings, Sample, engine_seed
+from .engine import EngineSettings, Sample, check_prompt_lengths, engine_seed
 from .factory import make_engine
 from .openai_server import EpisodeRecorder, create_app
 from .rollout import PromptRequest, Rollout, SamplingSettings
@@ -85,9 +85,14 @@ class RolloutWorker:
     def generate(
         self, requests: list[PromptRequest], sampling: SamplingSettings, step: int
     ) -> list[Rollout]:
-        """`sampling.n` Rollouts per request, grouped by request order."""
+        """`sampling.n` Rollouts per request, grouped by request order.
+
+        Raises:
+            ValueError: a prompt leaves no room in the engine's context.
+        """
         with self.spans.span("generate", step), self.engine_lock:
             prompt_ids = [self.engine.tokenize_chat(r.messages) for r in requests]
+            check_prompt_lengths(prompt_ids, self.engine.context_tokens)
             groups = self.engine.generate(prompt_ids, self._own_seed(sampling))
             time.sleep(self.delay_s)
             rollouts = []
@@ -119,10 +124,12 @@ class RolloutWorker:
         must be 1) and the policy_version that sampled them.
 
         Raises:
-            ValueError: `sampling.n` is not 1.
+            ValueError: `sampling.n` is not 1, or a prompt leaves no room in the
+                engine's context (checked before the engine).
         """
         if sampling.n != 1:
             raise ValueError(f"generate_ids samples one turn per prompt; got n={sampling.n}")
+        check_prompt_lengths(prompts, self.engine.context_tokens)
         with self.spans.span("generate", step), self.engine_lock:
             samples = [g[0] for g in self.engine.generate(prompts, self._own_seed(sampling))]
         return samples, self.version
@@ -141,7 +148,8 @@ class RolloutWorker:
     ) -> str:
         """Start the OpenAI-compatible endpoint (once) on a server thread; its base URL
         (`http://host:port/v1`). With `temperature` (training) every call samples at it
-        and at most `max_tokens` tokens (see `openai_server.create_app`)."""
+        and at most `max_tokens` tokens; prompts are checked against the engine's
+        context (see `openai_server.create_app`)."""
         if self.server is None:
             import socket
 
@@ -154,9 +162,15 @@ class RolloutWorker:
                     return self.engine.generate([ids], self._own_seed(sampling))[0][0], self.version
 
             app = create_app(
-                generate, self.engine.tokenizer, self.recorder, max_tokens, temperature
+                generate,
+                self.engine.tokenizer,
+                self.recorder,
+                max_tokens,
+                temperature,
+                self.engine.context_tokens,
             )
             sock = socket.socket()
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # a fixed port, again
             sock.bind((host, port))
             self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
             threading.Thread(

@@ -15,7 +15,11 @@ from typing import Literal
 
 import torch
 
-LossAgg = Literal["token_mean", "seq_mean_token_sum"]
+LossAgg = Literal["token_mean", "seq_mean_token_sum", "seq_mean_token_mean"]
+"""How a step's per-token loss terms become one loss: token_mean (mean over every response
+token of the step), seq_mean_token_sum (each sequence's token sum, mean over sequences;
+Dr. GRPO), seq_mean_token_mean (each sequence's token mean, mean over sequences: every
+sequence weighs the same whatever its length; GSPO's objective)."""
 
 
 def token_logprobs(
@@ -37,6 +41,17 @@ def token_logprobs(
     scaled = logits.float() / temperature
     picked = scaled.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
     return picked - torch.logsumexp(scaled, dim=-1)
+
+
+def token_entropy(logits: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+    """Entropy (nats) of softmax(logits / temperature) per position, in float32, without
+    gradients: H = logsumexp(z) − Σ_j softmax(z)_j · z_j, z = logits / τ (the policy's
+    sampling distribution; a collapsing entropy is the usual sign of a policy that stops
+    exploring). `[..., V]` in, `[...]` out."""
+    with torch.no_grad():
+        z = logits.float() / temperature
+        lse = torch.logsumexp(z, dim=-1)
+        return lse - (torch.softmax(z, dim=-1) * z).sum(-1)
 
 
 def kl_k3(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
@@ -110,29 +125,46 @@ def loss_denominator(response_mask: torch.Tensor, mode: LossAgg) -> float:
     """The normaliser of a whole step's loss, computed once over every sequence of the
     step (all micro-batches, all ranks) so micro-batch size cannot change the loss.
 
-    token_mean: number of response tokens. seq_mean_token_sum: number of sequences with
-    at least one response token. Never 0 (an all-masked step divides by 1).
+    token_mean: number of response tokens. seq_mean_token_sum and seq_mean_token_mean:
+    number of sequences with at least one response token. Never 0 (an all-masked step
+    divides by 1).
 
     Args:
         response_mask: `[B, T]` mask of the whole step.
+
+    Raises:
+        ValueError: an unknown mode.
     """
     if mode == "token_mean":
         n = float(response_mask.sum())
-    elif mode == "seq_mean_token_sum":
+    elif mode in ("seq_mean_token_sum", "seq_mean_token_mean"):
         n = float((response_mask.sum(-1) > 0).sum())
     else:
         raise ValueError(f"unknown loss aggregation {mode!r}")
     return max(n, 1.0)
 
 
+def token_weights(response_mask: torch.Tensor, mode: LossAgg) -> torch.Tensor:
+    """Each token's weight in the step's loss numerator, `[B, T]`: the mask, or for
+    seq_mean_token_mean the mask over its row's response-token count (so a sequence's
+    weights sum to 1). Computed per row, so any split of rows into micro-batches or ranks
+    gives the same weights."""
+    if mode == "seq_mean_token_mean":
+        return response_mask / response_mask.sum(-1, keepdim=True).clamp(min=1.0)
+    return response_mask
+
+
 def aggregate_loss(
-    per_token: torch.Tensor, response_mask: torch.Tensor, denominator: float
+    per_token: torch.Tensor, weights: torch.Tensor, denominator: float
 ) -> torch.Tensor:
-    """Sum of masked per-token terms over the step-wide `denominator` (see
+    """Sum of weighted per-token terms over the step-wide `denominator` (see
     `loss_denominator`). Summing this over the micro-batches of a step gives the step's
     mean exactly, whatever the micro-batch size. `[B, T]` in, scalar out.
+
+    Args:
+        weights: `[B, T]` the response mask, or `token_weights(mask, mode)`.
     """
-    return (per_token * response_mask).sum() / denominator
+    return (per_token * weights).sum() / denominator
 
 
 @dataclass

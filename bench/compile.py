@@ -2,7 +2,7 @@
 layers, side by side on this CPU: compile time (the first call) and steady-state time.
 
     .venv/bin/python bench/compile.py [--rows 16] [--prompt 160] [--response 64]
-        [--repeats 3] [--threads 2] [--quickstart-steps N] [--skip-micro]
+        [--repeats 3] [--threads 2] [--quickstart-steps N] [--skip-micro] [--smoke]
 
 `--quickstart-steps N` also runs the quickstart (real model, vLLM, 2 learner ranks) for N
 steps with `train.compile` off, then on, and prints the learner's train time per step:
@@ -13,7 +13,9 @@ weights, bf16 compute, chunked LM-head logprobs). "compiled" wraps each decoder 
 `forward` in `torch.compile` (inductor, C++ codegen on CPU) before sharding, as
 torchtitan compiles per block, so FSDP2's hooks stay eager. Each variant runs in its own
 process, eager first; times are medians over `--repeats` after the first call (wall
-seconds, and CPU seconds of the process beside them).
+seconds, and CPU seconds of the process beside them). `--smoke`: a tiny random model,
+2 rows x (8 + 4) tokens, one repeat, and with `--quickstart-steps` the quickstart shrunk
+to it (checks the bench runs; tests/bench/).
 """
 
 from __future__ import annotations
@@ -21,9 +23,16 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing as mp
+import os
 import statistics
 import time
 from pathlib import Path
+
+from _header import header  # bench/ is sys.path[0] when a bench runs
+from _quiet import QUIET
+from _smoke import SMOKE_HELP, tiny_model, tiny_run
+
+from posttrain.common.model_registry import resolve_model_path
 
 
 def _variant(compiled: bool, args: dict, queue) -> None:
@@ -33,7 +42,6 @@ def _variant(compiled: bool, args: dict, queue) -> None:
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
     from transformers import AutoModelForCausalLM
 
-    from posttrain.common.model_registry import resolve_model_path
     from posttrain.common.net import free_port
     from posttrain.learner.logprobs import sequence_logprobs
 
@@ -41,8 +49,7 @@ def _variant(compiled: bool, args: dict, queue) -> None:
     dist.init_process_group(
         "gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1
     )
-    path = str(resolve_model_path("smollm2-135m-instruct"))
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(args["model"], dtype=torch.float32)
     model.config.use_cache = False
     mp_policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
     mesh = init_device_mesh("cpu", (1,))
@@ -53,7 +60,7 @@ def _variant(compiled: bool, args: dict, queue) -> None:
     fully_shard(model, mesh=mesh, mp_policy=mp_policy)
     g = torch.Generator().manual_seed(0)
     width = args["prompt"] + args["response"]
-    ids = torch.randint(0, 49152, (args["rows"], width), generator=g)
+    ids = torch.randint(0, model.config.vocab_size, (args["rows"], width), generator=g)
     mask = torch.ones_like(ids)
     adv = torch.randn(args["rows"], width, generator=g)
 
@@ -80,13 +87,10 @@ def _variant(compiled: bool, args: dict, queue) -> None:
     )
 
 
-def _quickstart(steps: int) -> list[dict]:
-    """Median train/step seconds of the quickstart with train.compile off and on."""
-    import sys
+def _quickstart(steps: int, smoke_sets: list[str]) -> list[dict]:
+    """Median train/step seconds of the quickstart with train.compile off and on
+    (`smoke_sets`: overrides that shrink it, for --smoke)."""
     import tempfile
-
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from _quiet import QUIET
 
     from posttrain.recipes.loading import load_recipe
     from posttrain.recipes.loop import run
@@ -96,7 +100,13 @@ def _quickstart(steps: int) -> list[dict]:
     for compiled in (False, True):
         recipe = load_recipe(
             root / "recipes" / "quickstart_grpo.yaml",
-            [f"train.steps={steps}", "eval=null", f"train.compile={compiled}", *QUIET],
+            [
+                *smoke_sets,
+                f"train.steps={steps}",
+                "eval=null",
+                f"train.compile={compiled}",
+                *QUIET,
+            ],
         )
         with tempfile.TemporaryDirectory() as tmp:
             history = run(recipe, Path(tmp) / "run")
@@ -122,7 +132,18 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--quickstart-steps", type=int, default=0)
     ap.add_argument("--skip-micro", action="store_true", help="only the quickstart runs")
+    ap.add_argument("--smoke", action="store_true", help=SMOKE_HELP)
     args = ap.parse_args()
+    smoke_sets = []
+    if args.smoke:
+        args.model, args.label = str(tiny_model()), "tiny random Llama (smoke)"
+        args.rows, args.prompt, args.response, args.repeats, args.threads = 2, 8, 4, 1, 1
+        smoke_sets = tiny_run(Path(args.model))
+        # Inductor compiles in this process instead of starting a pool of compile workers
+        # (the pool's start-up is most of a tiny model's compile on 2 cores).
+        os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
+    else:
+        args.model, args.label = str(resolve_model_path("smollm2-135m-instruct")), "SmolLM2-135M"
     ctx = mp.get_context("spawn")
     load0 = Path("/proc/loadavg").read_text().split()[:3]
     results = {}
@@ -132,8 +153,9 @@ def main() -> None:
         p.start()
         results[name] = queue.get(timeout=3600)
         p.join()
-    quick = _quickstart(args.quickstart_steps) if args.quickstart_steps else []
+    quick = _quickstart(args.quickstart_steps, smoke_sets) if args.quickstart_steps else []
     load1 = Path("/proc/loadavg").read_text().split()[:3]
+    print(header())
     if quick:
         print(
             f"\nquickstart, {args.quickstart_steps} steps each (eval off); medians of steps 1 on\n"
@@ -149,7 +171,7 @@ def main() -> None:
         print(f"\nload average before: {' '.join(load0)}; after: {' '.join(load1)}")
         return
     print(
-        f"\nSmolLM2-135M, FSDP2 1 rank x {args.threads} threads, bf16 compute, one training "
+        f"\n{args.label}, FSDP2 1 rank x {args.threads} threads, bf16 compute, one training "
         f"forward/backward of {args.rows} rows x ({args.prompt} + {args.response}) tokens; "
         f"medians of {args.repeats} after the first call\n"
     )

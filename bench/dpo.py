@@ -1,6 +1,6 @@
 """DPO with and without reference-logprob precompute, side by side in one run.
 
-    .venv/bin/python bench/dpo.py [--steps 4] [--pairs 64]
+    .venv/bin/python bench/dpo.py [--steps 4] [--pairs 64] [--smoke]
 
 Runs recipes/dpo_hh.yaml on the real model twice on the same data (HH-RLHF from
 ../shared/data): once with the reference's logprobs precomputed and cached (then the
@@ -9,7 +9,9 @@ installed (`pip install trl`; not a dependency of posttrain), TRL's DPOTrainer o
 same model, pairs, batch, β, LR and max length, in one process with all cores. Prints
 mean seconds per step over steps after the first (same pairs per step, so the ratio is
 the pairs/s ratio), tokens/s of posttrain's padded batches, and the precompute's time
-and cache size.
+and cache size. `--smoke`: 2 tiny steps of a tiny random model on 8 short pairs written in
+process, one learner rank (and TRL, when installed, on the same) (checks the bench runs;
+tests/bench/).
 """
 
 from __future__ import annotations
@@ -25,15 +27,34 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from _header import header  # noqa: E402  (bench/ is sys.path[0] when a bench runs)
+from _smoke import SMOKE_HELP, tiny_model  # noqa: E402
+
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=4)
     ap.add_argument("--pairs", type=int, default=64)
+    ap.add_argument("--smoke", action="store_true", help=SMOKE_HELP)
     args = ap.parse_args()
     from posttrain.common.model_registry import resolve_model_path
 
-    model_dir = resolve_model_path("smollm2-135m-instruct")  # before the cache moves
+    smoke_sets = []
+    if args.smoke:
+        model_dir = tiny_model()
+        args.steps, args.pairs = 2, 8
+        smoke_sets = [
+            f"data.train.path={_short_pairs(model_dir.parent, args.pairs)}",
+            "data.train.format=pairs",
+            "model.dtype=float32",
+            "train.prompts_per_step=2",
+            "train.micro_batch_size=2",
+            "train.warmup_steps=0",
+            "dpo.max_length=64",
+            "resources.learner.gpus=1",
+        ]
+    else:
+        model_dir = resolve_model_path("smollm2-135m-instruct")  # before the cache moves
     with tempfile.TemporaryDirectory() as tmp:
         os.environ["POSTTRAIN_CACHE"] = tmp  # a cold cache: the precompute really runs
         from posttrain.recipes.loading import load_recipe
@@ -45,6 +66,7 @@ def main() -> None:
             recipe = load_recipe(
                 ROOT / "recipes" / "dpo_hh.yaml",
                 [
+                    *smoke_sets,
                     f"train.steps={args.steps}",
                     f"data.train.limit={args.pairs}",
                     f"model.path={model_dir}",
@@ -69,6 +91,7 @@ def main() -> None:
     trl_row = _trl(model_dir, pairs, args, recipe)
     with_s, with_tps, info = results[True]
     without_s, without_tps, _ = results[False]
+    print(header())
     print(f"{'mode':34} {'step s':>8} {'tokens/s':>9} {'vs in-loop':>10}")
     print(
         f"{'reference precomputed (cached)':34} {with_s:8.2f} {with_tps:9.0f} "
@@ -91,8 +114,20 @@ def main() -> None:
         f"(cache hit: {info.get('cache_hit')}), cache file {info.get('bytes', 0)} bytes"
     )
     print(
-        f"(mean of steps 2..{args.steps}; {args.pairs} HH-RLHF pairs; 2 learner ranks on 2 cores)"
+        f"(mean of steps 2..{args.steps}; {args.pairs} pairs of {recipe.data.train.path}; "
+        f"{recipe.resources.learner.gpus} learner rank(s) on {os.cpu_count()} cores)"
     )
+
+
+def _short_pairs(folder: Path, n: int) -> Path:
+    """`n` short chat preference pairs (format: pairs) in `folder`, for --smoke."""
+    rows = [
+        {"prompt": f"What is {i} + {i}?", "chosen": str(2 * i), "rejected": f"{i} and {i}"}
+        for i in range(n)
+    ]
+    path = folder / "pairs.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
 
 
 def _trl(model_dir: Path, pairs: list, args: argparse.Namespace, recipe) -> float | None:

@@ -3,7 +3,7 @@
 forward/backward and of one no-grad forward.
 
     .venv/bin/python bench/logprobs.py [--rows 16] [--prompt 160] [--response 64]
-        [--repeats 2] [--threads 2]
+        [--repeats 2] [--threads 2] [--smoke]
 
 SmolLM2-135M-Instruct (the built-in model) as the learner holds it: FSDP2 (one gloo
 rank), float32 master weights, bf16 compute. The default shape is one micro-batch of
@@ -15,7 +15,8 @@ is what the logprob passes themselves add (in training that includes the gradien
 bf16 unsharded and float32 sharded, about 0.8 GB for this model, in both variants).
 Times are medians over `--repeats` (and rounds): wall seconds and, beside them, the
 process's CPU seconds (user + system over all its threads), which other jobs on a
-shared machine disturb much less than wall time.
+shared machine disturb much less than wall time. `--smoke`: a tiny random model, 2 rows
+x (8 + 4) tokens, one repeat (checks the bench runs; tests/bench/).
 """
 
 from __future__ import annotations
@@ -26,6 +27,11 @@ import multiprocessing as mp
 import statistics
 import time
 from pathlib import Path
+
+from _header import header  # bench/ is sys.path[0] when a bench runs
+from _smoke import SMOKE_HELP, tiny_model
+
+from posttrain.common.model_registry import resolve_model_path
 
 
 def _status_mb(key: str) -> float:
@@ -40,7 +46,6 @@ def _variant(chunk: int | None, args: dict, queue) -> None:
     import torch
     import torch.distributed as dist
 
-    from posttrain.common.model_registry import resolve_model_path
     from posttrain.common.net import free_port
     from posttrain.learner.logprobs import sequence_logprobs
     from posttrain.learner.models import load_sharded
@@ -49,10 +54,10 @@ def _variant(chunk: int | None, args: dict, queue) -> None:
     dist.init_process_group(
         "gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1
     )
-    model = load_sharded(str(resolve_model_path("smollm2-135m-instruct")), 1, "bfloat16", "policy")
+    model = load_sharded(args["model"], 1, "bfloat16", "policy")
     g = torch.Generator().manual_seed(0)
     width = args["prompt"] + args["response"]
-    ids = torch.randint(0, 49152, (args["rows"], width), generator=g)
+    ids = torch.randint(0, args["vocab"], (args["rows"], width), generator=g)
     mask = torch.ones_like(ids)
     adv = torch.randn(args["rows"], width, generator=g)
 
@@ -97,7 +102,15 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=1, help="full/chunked pairs of processes")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--chunk", type=int, default=512, help="chunk_tokens of the chunked run")
+    ap.add_argument("--smoke", action="store_true", help=SMOKE_HELP)
     args = ap.parse_args()
+    if args.smoke:
+        args.model, args.label = str(tiny_model()), "tiny random Llama (smoke)"
+        args.rows, args.prompt, args.response, args.repeats, args.rounds = 2, 8, 4, 1, 1
+        args.threads, args.chunk = 1, 4
+    else:
+        args.model, args.label = str(resolve_model_path("smollm2-135m-instruct")), "SmolLM2-135M"
+    args.vocab = json.loads((Path(args.model) / "config.json").read_text())["vocab_size"]
     ctx = mp.get_context("spawn")
     load0 = Path("/proc/loadavg").read_text().split()[:3]
     results: dict[str, list[dict]] = {"full logits": [], f"chunked ({args.chunk})": []}
@@ -109,9 +122,10 @@ def main() -> None:
             results[name].append(queue.get(timeout=1800))
             p.join()
     load1 = Path("/proc/loadavg").read_text().split()[:3]
-    logits_gb = args.rows * (args.response) * 49152 * 4 / 1e9
+    logits_gb = args.rows * (args.response) * args.vocab * 4 / 1e9
+    print(header())
     print(
-        f"\nSmolLM2-135M, FSDP2 1 rank x {args.threads} threads, bf16 compute: "
+        f"\n{args.label}, FSDP2 1 rank x {args.threads} threads, bf16 compute: "
         f"{args.rows} rows x ({args.prompt} + {args.response}) tokens "
         f"(fp32 response logits would be {logits_gb:.2f} GB); medians of {args.repeats} "
         f"x {args.rounds} round(s)\n"

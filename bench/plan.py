@@ -1,18 +1,22 @@
 """`posttrain plan --gpu cpu`'s prediction against a real quickstart run, phase by phase.
 
     flock /tmp/posttrain-heavy.lock .venv/bin/python bench/plan.py [--steps 4] [--set k=v ...]
+        [--smoke]
 
 First the prediction (a fresh calibration by recipes/planning/calibrate.py, as `plan --gpu cpu
 --recalibrate` makes, then recipes/planning/cpu.py), then the quickstart itself for `--steps`
 steps on the real model.
 The measured column is the mean over the steps after the first (which includes warm-up);
 train is split into forward+backward and AdamW by the learner's spans. Ratio = measured /
-predicted; the target for the step is 0.8-1.2.
+predicted; the target for the step is 0.8-1.2. `--smoke`: 2 tiny steps of a tiny random
+model (HF engine), calibrated into a temporary cache (checks the bench runs;
+tests/bench/).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import tempfile
@@ -22,7 +26,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from _quiet import QUIET  # noqa: E402  (bench/ is sys.path[0] when a bench runs)
+from _header import header  # noqa: E402  (bench/ is sys.path[0] when a bench runs)
+from _quiet import QUIET  # noqa: E402
+from _smoke import SMOKE_HELP, scratch, tiny_model, tiny_run  # noqa: E402
 
 from posttrain.common.model_registry import resolve_model_path  # noqa: E402
 from posttrain.recipes.data import load_prompts  # noqa: E402
@@ -54,10 +60,17 @@ def main() -> None:
     ap.add_argument("--recipe", default=str(ROOT / "recipes" / "quickstart_grpo.yaml"))
     ap.add_argument("--steps", type=int, default=4)
     ap.add_argument("--set", dest="sets", action="append", default=[])
+    ap.add_argument("--smoke", action="store_true", help=SMOKE_HELP)
     args = ap.parse_args()
+    smoke_sets = []
+    if args.smoke:
+        smoke_sets, args.steps = tiny_run(tiny_model()), 2
+        # the tiny model's calibration must not land in the user's cache
+        os.environ["POSTTRAIN_CACHE"] = str(scratch())
     recipe = load_recipe(
         Path(args.recipe),
         [
+            *smoke_sets,
             f"train.steps={args.steps}",
             *QUIET,
             "eval=null",
@@ -85,6 +98,7 @@ def main() -> None:
         return statistics.fmean(h[key] for h in steps)
 
     fb, opt = learner_split(spans, {int(h["step"]) for h in steps})
+    print(header())
     rows = [
         ("generate", pred.generate, mean("time/generate")),
         ("train", pred.train, mean("time/train")),

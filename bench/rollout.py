@@ -2,12 +2,14 @@
 settings, in one run.
 
     .venv/bin/python bench/rollout.py [--prompts 16] [--samples 8] [--max-new-tokens 64]
-        [--dtype bfloat16] [--threads 2] [--compiled]
+        [--dtype bfloat16] [--threads 2] [--compiled] [--smoke]
 
 SmolLM2-135M-Instruct, quickstart-style prompts (one-digit addition, the quickstart's
 system prompt). Each engine runs alone in its own process with `--threads` torch
 threads; one warm-up generate, then the median of --repeats timed generates.
-tokens/s counts sampled response tokens.
+tokens/s counts sampled response tokens. `--smoke`: a tiny random model (vLLM-sized),
+2 prompts x 2 samples of at most 4 tokens, one repeat, 1 thread (checks the bench runs;
+tests/bench/).
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import ray  # noqa: E402
+from _header import header  # noqa: E402  (bench/ is sys.path[0] when a bench runs)
+from _smoke import SMOKE_HELP, tiny_model  # noqa: E402
 
 from posttrain.actors.engine import EngineSettings  # noqa: E402
 from posttrain.actors.factory import make_engine  # noqa: E402
@@ -58,8 +62,13 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--compiled", action="store_true", help="also vLLM with torch.compile")
+    ap.add_argument("--smoke", action="store_true", help=SMOKE_HELP)
     args = ap.parse_args()
-    path = str(resolve_model_path("smollm2-135m-instruct"))
+    if args.smoke:
+        path, label = str(tiny_model(vllm=True)), "tiny random Llama (smoke)"
+        args.prompts, args.samples, args.max_new_tokens, args.repeats, args.threads = 2, 2, 4, 1, 1
+    else:
+        path, label = str(resolve_model_path("smollm2-135m-instruct")), "SmolLM2-135M"
     messages = [
         [
             {"role": "system", "content": "Reply with only the final number."},
@@ -86,8 +95,9 @@ def main() -> None:
         ray.kill(actor)
     ray.shutdown()
     base = rows[0][1]["tokens"] / rows[0][1]["seconds"]
+    print(header())
     print(
-        f"\nSmolLM2-135M {args.dtype}, {args.prompts} prompts x {args.samples} samples, "
+        f"\n{label} {args.dtype}, {args.prompts} prompts x {args.samples} samples, "
         f"<= {args.max_new_tokens} new tokens, {args.threads} threads, median of "
         f"{args.repeats}\n"
     )

@@ -1,6 +1,6 @@
 """Fixed-size against token-budget micro-batches on the GSM8K recipe, side by side.
 
-    .venv/bin/python bench/token_budget.py [--steps 3] [--budget 1024]
+    .venv/bin/python bench/token_budget.py [--steps 3] [--budget 1024] [--smoke]
     # or in parts (one variant per invocation, e.g. each under its own lock hold):
     .venv/bin/python bench/token_budget.py --only fixed --save /tmp/tb.json
     .venv/bin/python bench/token_budget.py --only budget --save /tmp/tb.json  # prints both
@@ -10,7 +10,9 @@ micro-batch, against `train.max_tokens_per_micro_batch` real tokens with right p
 cut). The table gives means over steps after the first (which includes warm-up): the
 learner's share of the step (`time/train`), the step time, their ratio to the fixed
 variant, and `padding_fraction` (padded tokens / all tokens the learner computed).
-The losses should agree up to rounding (same samples, same gradients).
+The losses should agree up to rounding (same samples, same gradients). `--smoke`: 2 tiny
+steps of a tiny random model (HF engine) on 8 short word problems written in process,
+budget 64 tokens (checks the bench runs; tests/bench/).
 """
 
 from __future__ import annotations
@@ -21,7 +23,9 @@ import statistics
 import tempfile
 from pathlib import Path
 
-from _quiet import QUIET  # bench/ is sys.path[0] when a bench runs
+from _header import header  # bench/ is sys.path[0] when a bench runs
+from _quiet import QUIET
+from _smoke import SMOKE_HELP, tiny_model, tiny_run
 
 from posttrain.recipes.loading import load_recipe
 from posttrain.recipes.loop import run
@@ -34,6 +38,7 @@ def _run(budget: int | None, args: argparse.Namespace) -> list[dict]:
     recipe = load_recipe(
         ROOT / "recipes" / "grpo_gsm8k.yaml",
         [
+            *args.smoke_sets,
             f"data.train.path={args.data}",
             f"train.steps={args.steps}",
             f"train.prompts_per_step={args.prompts}",
@@ -54,7 +59,13 @@ def main() -> None:
     ap.add_argument("--data", default=str(DATA))
     ap.add_argument("--only", choices=["fixed", "budget"], help="run one variant")
     ap.add_argument("--save", type=Path, help="JSON of runs so far (with --only: merged)")
+    ap.add_argument("--smoke", action="store_true", help=SMOKE_HELP)
     args = ap.parse_args()
+    args.smoke_sets = []
+    if args.smoke:
+        model = tiny_model()
+        args.smoke_sets, args.data = tiny_run(model), str(_word_problems(model.parent))
+        args.steps, args.prompts, args.budget = 2, 2, 64
     names = {"fixed": "fixed (micro_batch_size 4)", "budget": f"budget {args.budget} tokens"}
     runs = json.loads(args.save.read_text()) if args.save and args.save.exists() else {}
     for key in [args.only] if args.only else list(names):
@@ -70,6 +81,7 @@ def main() -> None:
         m: {k: statistics.fmean(h[k] for h in r[1:] or r) for k in keys} for m, r in runs.items()
     }
     base = next(iter(means.values()))
+    print(header())
     which = f"means of steps 2..{args.steps}" if args.steps > 1 else "step 1, with warm-up"
     print(f"\ngrpo_gsm8k, {args.steps} steps x {args.prompts} prompts; {which}\n")
     print(
@@ -88,6 +100,17 @@ def main() -> None:
         "\nload average (1/5/15 min) after each variant: "
         + "; ".join(f"{m}: {' '.join(v)}" for m, v in loads.items())
     )
+
+
+def _word_problems(folder: Path) -> Path:
+    """8 short GSM8K-style rows (question, answer ending in `#### N`) in `folder`."""
+    path = folder / "word_problems.jsonl"
+    rows = [
+        {"question": f"Ann has {a} pens and buys {b}. How many?", "answer": f"#### {a + b}"}
+        for a, b in zip(range(1, 9), range(9, 1, -1), strict=True)
+    ]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
 
 
 if __name__ == "__main__":

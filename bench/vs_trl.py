@@ -4,6 +4,7 @@
     # or in parts (each part fits one hold of a shared machine's lock):
     .venv/bin/python bench/vs_trl.py --only trl --save /tmp/vs_trl.json
     .venv/bin/python bench/vs_trl.py --only posttrain --save /tmp/vs_trl.json  # prints both
+    .venv/bin/python bench/vs_trl.py --smoke   # seconds: tiny model, both sides' code runs
 
 The workload of issue 15 (`--shape gsm8k`, the default): SmolLM2-135M-Instruct (the
 built-in model's converted folder), GSM8K train prompts with the recipe's system prompt,
@@ -25,6 +26,11 @@ constant), 4 prompts × 8 samples, at most 24 new tokens.
 Columns: s/step (median), its parts (TRL: generate = TRL's `_generate` (`model.generate`
 and decoding); train = the rest of the step), and generated tokens per second end
 to end (completion tokens of the step / step time), with the ratio posttrain / TRL.
+
+`--smoke`: 2 steps of a tiny random model on the quickstart's prompts, 2 prompts x 2
+samples of at most 4 tokens (posttrain on its HF engine); TRL only when `.bench-venv/trl`
+already exists (a smoke run never installs it: it prints a line saying TRL was skipped).
+It checks the bench runs (tests/bench/).
 """
 
 from __future__ import annotations
@@ -39,7 +45,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from _quiet import QUIET  # bench/ is sys.path[0] when a bench runs
+from _header import header  # bench/ is sys.path[0] when a bench runs
+from _quiet import QUIET
+from _smoke import SMOKE_HELP, tiny_model, tiny_run
 
 ROOT = Path(__file__).resolve().parents[1]
 VENV = ROOT / ".bench-venv" / "trl"
@@ -63,6 +71,16 @@ SHAPES = {
         "new_tokens": 24,
         "lr": 5e-6,
         "micro": 16,
+        "system": "Reply with only the final number.",
+    },
+    # --smoke only: the quickstart's prompts, tiny.
+    "smoke": {
+        "recipe": "quickstart_grpo.yaml",
+        "prompts": 2,
+        "samples": 2,
+        "new_tokens": 4,
+        "lr": 5e-6,
+        "micro": 4,
         "system": "Reply with only the final number.",
     },
 }
@@ -200,8 +218,16 @@ def _quickstart_data(w: dict) -> Path:
     return Path(f.name)
 
 
-def _trl(args: argparse.Namespace, model_path: str) -> list[dict]:
+def _trl(args: argparse.Namespace, model_path: str) -> list[dict] | None:
+    """TRL's steps (runs in `VENV`, made on first use), or None when --smoke finds no
+    `VENV` (a smoke run installs nothing)."""
     py = VENV / "bin" / "python"
+    if args.smoke and not py.exists():
+        print(
+            f"TRL side skipped: {VENV} does not exist and --smoke installs nothing (run "
+            "without --smoke once to make it); only posttrain's side runs"
+        )
+        return None
     if not py.exists():
         print(f"making {VENV} (torch, trl, datasets) ...", flush=True)
         subprocess.run([sys.executable, "-m", "venv", str(VENV)], check=True)
@@ -217,9 +243,7 @@ def _trl(args: argparse.Namespace, model_path: str) -> list[dict]:
                 "--trl-worker",
                 model_path,
                 "--data",
-                str(_quickstart_data(SHAPES[args.shape]))
-                if args.shape == "quickstart"
-                else args.data,
+                str(_quickstart_data(SHAPES[args.shape])) if args.shape != "gsm8k" else args.data,
                 "--steps",
                 str(args.steps),
                 "--save",
@@ -242,7 +266,14 @@ def _posttrain(args: argparse.Namespace) -> list[dict]:
     data = [f"data.train.path={args.data}"] if args.shape == "gsm8k" else ["eval=null"]
     recipe = load_recipe(
         ROOT / "recipes" / w["recipe"],
-        [*data, f"train.steps={args.steps}", *overrides(w), *QUIET, *args.set],
+        [
+            *args.smoke_sets,
+            *data,
+            f"train.steps={args.steps}",
+            *overrides(w),
+            *QUIET,
+            *args.set,
+        ],
     )
     with tempfile.TemporaryDirectory() as tmp:
         hist = run(recipe, Path(tmp) / "run")
@@ -270,8 +301,10 @@ def _table(
         return "—" if v is None else f"{v:.1f}"
 
     w = SHAPES[shape]
+    model = "tiny random Llama" if shape == "smoke" else "SmolLM2-135M-Instruct"
+    print(header())
     print(
-        f"\n{shape}, SmolLM2-135M-Instruct, {w['prompts']} prompts x {w['samples']} samples, "
+        f"\n{shape}, {model}, {w['prompts']} prompts x {w['samples']} samples, "
         f"<= {w['new_tokens']} new tokens, KL 0, lr {w['lr']}; medians of steps 2..{steps}\n"
     )
     print(
@@ -312,9 +345,10 @@ def main() -> None:
     ap.add_argument("--only", choices=["trl", "posttrain"], help="run one system")
     ap.add_argument("--save", type=Path, help="JSON of runs so far (with --only: merged)")
     ap.add_argument("--set", action="append", default=[], help="extra posttrain override")
+    ap.add_argument("--smoke", action="store_true", help=SMOKE_HELP)
     ap.add_argument(
         "--shape",
-        choices=sorted(SHAPES),
+        choices=sorted(set(SHAPES) - {"smoke"}),
         default="gsm8k",
         help="workload: issue 15's GSM8K one or the quickstart's",
     )
@@ -323,7 +357,13 @@ def main() -> None:
         ap.error("--steps must be at least 2 (the first is warm-up)")
     from posttrain.common.model_registry import resolve_model_path
 
-    model_path = str(resolve_model_path("smollm2-135m-instruct"))
+    args.smoke_sets = []
+    if args.smoke:
+        model = tiny_model()
+        args.smoke_sets, args.shape, args.steps = tiny_run(model), "smoke", 2
+        model_path = str(model)
+    else:
+        model_path = str(resolve_model_path("smollm2-135m-instruct"))
     saved = json.loads(args.save.read_text()) if args.save and args.save.exists() else {}
     runs, loads = saved.get("runs", {}), saved.get("loads", {})
     names = {
@@ -331,7 +371,10 @@ def main() -> None:
         "posttrain": "posttrain (recipe's vLLM engine, learner and transport)",
     }
     for key in [args.only] if args.only else ["trl", "posttrain"]:
-        runs[names[key]] = _trl(args, model_path) if key == "trl" else _posttrain(args)
+        got = _trl(args, model_path) if key == "trl" else _posttrain(args)
+        if got is None:
+            continue
+        runs[names[key]] = got
         loads[names[key]] = Path("/proc/loadavg").read_text().split()[:3]
         if args.save:
             args.save.write_text(json.dumps({"runs": runs, "loads": loads}))

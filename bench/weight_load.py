@@ -1,14 +1,15 @@
 """Where a weight push's time goes inside one vLLM engine, with no transport at all:
 the tensors are already in the engine's process, in its dtype.
 
-    .venv/bin/python bench/weight_load.py [--repeats 3] [--top 14]
+    .venv/bin/python bench/weight_load.py [--repeats 3] [--top 14] [--smoke]
 
 SmolLM2-135M-Instruct (the built-in model), bf16, vLLM on CPU in this process (as the
 rollout actor runs it). Rows: one memcpy of the bytes (the floor of any load), the
 engine's `load_weights` (vLLM's layerwise `reload_weights` + prefix-cache reset, what
 every transport ends in), and the parts of one load from cProfile (cumulative seconds
 of the functions that take most; nested rows overlap). Median of `--repeats` after one
-warm-up load.
+warm-up load. `--smoke`: a tiny random model (vLLM-sized), one repeat, 5 profile rows
+(checks the bench runs; tests/bench/).
 """
 
 from __future__ import annotations
@@ -21,11 +22,15 @@ import statistics
 import time
 from pathlib import Path
 
+from _header import header  # bench/ is sys.path[0] when a bench runs
+from _smoke import SMOKE_HELP, tiny_model
+
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--top", type=int, default=14)
+    ap.add_argument("--smoke", action="store_true", help=SMOKE_HELP)
     args = ap.parse_args()
     import torch
     from transformers import AutoModelForCausalLM
@@ -36,7 +41,10 @@ def main() -> None:
 
     torch.set_num_threads(1)
     load0 = Path("/proc/loadavg").read_text().split()[:3]
-    path = str(resolve_model_path("smollm2-135m-instruct"))
+    if args.smoke:
+        path, label, args.repeats, args.top = str(tiny_model(vllm=True)), "tiny random Llama", 1, 5
+    else:
+        path, label = str(resolve_model_path("smollm2-135m-instruct")), "SmolLM2-135M"
     weights = untied(
         dict(AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16).state_dict())
     )
@@ -58,8 +66,9 @@ def main() -> None:
     prof.runcall(engine.load_weights, items)
     load1 = Path("/proc/loadavg").read_text().split()[:3]
 
+    print(header())
     print(
-        f"\nSmolLM2-135M bf16, {nbytes / 1e6:.1f} MB into one in-process vLLM engine "
+        f"\n{label} bf16, {nbytes / 1e6:.1f} MB into one in-process vLLM engine "
         f"(CPU), 1 thread; median of {args.repeats}\n"
     )
     print("| part | seconds | GB/s | vs memcpy |")

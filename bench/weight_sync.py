@@ -3,6 +3,7 @@ a plain torch memcpy of the same bytes in the same run as the limit.
 
     .venv/bin/python bench/weight_sync.py [--repeats 3] [--dtype bfloat16]
         [--metrics RUN/metrics.jsonl]   # also: push time as a share of a real step
+        [--transports collective,object_store,filesystem] [--no-vllm] [--smoke]
 
 SmolLM2-135M-Instruct (the built-in model). Two measurements per transport:
   transport: bytes into 2 receiver processes, each copying every tensor into its own
@@ -10,7 +11,11 @@ SmolLM2-135M-Instruct (the built-in model). Two measurements per transport:
   vLLM:      `update_weights` into 2 real vLLM engines (transport + vLLM's
              `reload_weights` + prefix-cache reset), as a training step does.
 GB/s counts the model's bytes once (both engines receive them); the limit is one memcpy
-per engine, since each engine ends with its own copy. Median of --repeats.
+per engine, since each engine ends with its own copy. Median of --repeats after one
+warm-up push. Each collective row forms its own group on a new `GroupStore` (a store
+serves one group: a second group on it would reach the first one's processes).
+`--smoke`: a tiny random model (vLLM-sized), one engine, one push after the warm-up
+(checks the bench runs; tests/bench/).
 """
 
 from __future__ import annotations
@@ -27,6 +32,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import ray  # noqa: E402
 import torch  # noqa: E402
+from _header import header  # noqa: E402  (bench/ is sys.path[0] when a bench runs)
+from _smoke import SMOKE_HELP, tiny_model  # noqa: E402
 
 from posttrain.actors.engine import EngineSettings  # noqa: E402
 from posttrain.actors.worker import RolloutWorker  # noqa: E402
@@ -62,6 +69,37 @@ def _push_seconds(sender, receivers, weights, repeats) -> list[float]:
     return runs
 
 
+def _receivers(mode: str, settings: TransportSettings, n: int, path: str, dtype: str, shapes):
+    """`n` receiver actors (rank i + 1), which join the push group while constructed."""
+    if mode == "transport":
+        return [ray.remote(num_cpus=0)(Sink).remote(i + 1, settings, shapes) for i in range(n)]
+    worker = ray.remote(num_cpus=0)(RolloutWorker)
+    return [worker.remote(i, EngineSettings("vllm", path, dtype), settings, 1) for i in range(n)]
+
+
+def _row(kind: str, mode: str, args, path: str, weights: dict) -> float:
+    """Median push seconds of `kind` into `args.engines` receivers of `mode`."""
+    settings = TransportSettings(
+        kind, bucket_mb=64, timeout_s=300, directory=f"/dev/shm/posttrain-bench-{kind}"
+    )
+    store = None
+    if kind == "collective":  # one group per store: a new one for every row
+        store = GroupStore(args.engines + 1, 300)
+        settings = replace(settings, group_address=store.address, group_world=args.engines + 1)
+    shapes = {n: (tuple(t.shape), t.dtype) for n, t in weights.items()}
+    receivers = _receivers(mode, settings, args.engines, path, args.dtype, shapes)
+    sender = make_transport(settings, rank=0)
+    try:
+        runs = _push_seconds(sender, receivers, weights, args.repeats + 1)[1:]  # warm-up
+    finally:
+        sender.close()
+        for r in receivers:
+            ray.kill(r)
+        if store is not None:
+            store.close()
+    return statistics.median(runs)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--repeats", type=int, default=3)
@@ -69,16 +107,21 @@ def main() -> None:
     ap.add_argument("--engines", type=int, default=2)
     ap.add_argument("--no-vllm", action="store_true", help="transport rows only")
     ap.add_argument("--metrics", type=Path, help="a run's metrics.jsonl: report push / step")
+    ap.add_argument("--transports", default=",".join(TRANSPORTS), help="comma-separated")
+    ap.add_argument("--smoke", action="store_true", help=SMOKE_HELP)
     args = ap.parse_args()
     torch.set_num_threads(1)
-    path = str(resolve_model_path("smollm2-135m-instruct"))
+    if args.smoke:
+        path, label = str(tiny_model(vllm=True)), "tiny random Llama (smoke)"
+        args.repeats, args.engines = 1, 1
+    else:
+        path, label = str(resolve_model_path("smollm2-135m-instruct")), "SmolLM2-135M"
     from transformers import AutoModelForCausalLM
 
     dtype = getattr(torch, args.dtype)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
     weights = _untied(dict(model.state_dict()))  # tied lm_head left out, as the learner sends
     nbytes = sum(t.numel() * t.element_size() for t in weights.values())
-    shapes = {n: (tuple(t.shape), t.dtype) for n, t in weights.items()}
 
     src = torch.cat([t.reshape(-1).view(torch.uint8) for t in weights.values()])
     dst = torch.empty_like(src)
@@ -90,41 +133,15 @@ def main() -> None:
         (f"torch memcpy x {args.engines} (limit)", "-", memcpy * args.engines),
     ]
     limit = memcpy * args.engines  # every engine needs its own copy of the bytes
-    for kind in TRANSPORTS:
-        settings = TransportSettings(
-            kind, bucket_mb=64, timeout_s=300, directory=f"/dev/shm/posttrain-bench-{kind}"
-        )
-        store = None
-        if kind == "collective":  # receivers join the push group while constructed
-            store = GroupStore(args.engines + 1, 300)
-            settings = replace(settings, group_address=store.address, group_world=args.engines + 1)
-        modes = [
-            (
-                "transport",
-                lambda i, s=settings: ray.remote(num_cpus=0)(Sink).remote(i + 1, s, shapes),
-            )
-        ]
-        if not args.no_vllm:
-            modes.append(
-                (
-                    "vLLM",
-                    lambda i, s=settings: ray.remote(num_cpus=0)(RolloutWorker).remote(
-                        i, EngineSettings("vllm", path, args.dtype), s, 1
-                    ),
-                )
-            )
-        for mode, start in modes:
-            receivers = [start(i) for i in range(args.engines)]
-            sender = make_transport(settings, rank=0)
-            runs = _push_seconds(sender, receivers, weights, args.repeats + 1)[1:]  # warm
-            rows.append((kind, mode, statistics.median(runs)))
-            sender.close()
-            for r in receivers:
-                ray.kill(r)
+    modes = ["transport"] if args.no_vllm else ["transport", "vLLM"]
+    for kind in args.transports.split(","):
+        for mode in modes:
+            rows.append((kind, mode, _row(kind, mode, args, path, weights)))
     ray.shutdown()
 
+    print(header())
     print(
-        f"\nSmolLM2-135M {args.dtype}: {nbytes / 1e6:.1f} MB to {args.engines} engines, "
+        f"\n{label} {args.dtype}: {nbytes / 1e6:.1f} MB to {args.engines} engines, "
         f"median of {args.repeats}\n"
     )
     print(f"| transport | into | seconds | GB/s | vs memcpy x {args.engines} |")

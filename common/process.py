@@ -70,7 +70,8 @@ def cpu_has_bf16(cpuinfo: Path = Path("/proc/cpuinfo")) -> bool | None:
     """Whether this CPU multiplies bf16 matrices natively (one of `BF16_FLAGS` among the
     `flags`/`Features` of `cpuinfo`); None when that cannot be read (not Linux). Without
     them torch converts bf16 operands to float32 and back around each product, which
-    makes bf16 compute slower than float32 (measured in README "How a step runs")."""
+    makes bf16 compute slower than float32 (measured in docs/benchmarks.md, "bf16 against
+    float32 on B")."""
     try:
         text = cpuinfo.read_text()
     except OSError:

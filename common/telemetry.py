@@ -1,4 +1,4 @@
-"""Spans and idle-time accounting shared by every role (DESIGN.md, "Telemetry").
+"""Spans and idle-time accounting shared by every role (docs/design.md, "Telemetry").
 
 Each role records `Span(role, worker, kind, start, end, step)` around its busy work
 and returns them with its results; the controller merges them per step. Times are
@@ -94,7 +94,7 @@ def busy_seconds(spans: list[Span], role: str, workers: int, start: float, end: 
 
 
 def idle_fraction(spans: list[Span], role: str, workers: int, start: float, end: float) -> float:
-    """Idle time over (wall time × workers) for one side, as DESIGN.md defines it.
+    """Idle time over (wall time × workers) for one side, as docs/design.md defines it.
 
     Overlapping spans of one worker count once. Returns a value in [0, 1].
 

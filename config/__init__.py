@@ -3,14 +3,24 @@ stack), importable by every role, the CLI and a reward host alike.
 
 Each block lives in its own module: `recipe` (the whole `Recipe` and its small
 blocks), `data`, `rewards`, `algorithms`, `adapter`, `resources`, `monitor` (monitor and
-debug), `evaluation`, `episodes` (multi-turn keys) and `asynchrony` (rules of
-`train.max_staleness` / `train.correction`); `base` holds `Strict` and `RecipeError`.
+debug), `evaluation`, `facts` (what each algorithm asks of a run), `episodes`
+(multi-turn keys) and `asynchrony` (rules of `train.max_staleness` / `train.correction`);
+`base` holds `Strict` and `RecipeError`.
 """
 
 from .adapter import AdapterConfig
 from .algorithms import DPOConfig, GRPOConfig, PPOConfig
 from .base import RecipeError, Strict
-from .data import DataConfig, GeneratorData, JsonlData, PreferenceData
+from .data import (
+    DataConfig,
+    FileData,
+    GeneratorData,
+    JsonlData,
+    MixtureData,
+    PreferenceData,
+    ReasoningGymData,
+)
+from .facts import AlgorithmFacts, Passes
 from .recipe import (
     AdvisoriesConfig,
     Recipe,
@@ -24,14 +34,19 @@ from .rewards import LOCAL_TYPES, RewardServerConfig, RewardSpec
 __all__ = [
     "LOCAL_TYPES",
     "AdapterConfig",
+    "AlgorithmFacts",
     "AdvisoriesConfig",
     "DPOConfig",
     "DataConfig",
+    "FileData",
     "GRPOConfig",
     "GeneratorData",
     "JsonlData",
+    "MixtureData",
     "PPOConfig",
+    "Passes",
     "PreferenceData",
+    "ReasoningGymData",
     "Recipe",
     "RecipeError",
     "ResourcesConfig",

@@ -7,6 +7,7 @@ from typing import Literal
 from pydantic import Field
 
 from .base import Strict as _Strict
+from .facts import AlgorithmFacts, Passes
 
 
 class GRPOConfig(_Strict):
@@ -29,7 +30,8 @@ class GRPOConfig(_Strict):
         "ppo_clip",
         description="Policy loss. ppo_clip: token-level clipped ratio (PPO, Schulman et al. "
         "2017); gspo: one ratio per sequence, the geometric mean of its token ratios, clipped "
-        "per sequence (Zheng et al. 2025, GSPO); cispo: clipped, stop-gradient importance "
+        "per sequence, averaged over sequences whatever their length (Zheng et al. 2025, "
+        "GSPO); cispo: clipped, stop-gradient importance "
         "weight times advantage times logprob (MiniMax-M1, 2025). All clip with clip_eps / "
         "clip_eps_high.",
     )
@@ -70,7 +72,10 @@ class GRPOConfig(_Strict):
     loss_agg: Literal["token_mean", "seq_mean_token_sum"] = Field(
         "token_mean",
         description="token_mean: mean over every response token of the step; "
-        "seq_mean_token_sum: tokens summed per sequence, mean over sequences (Dr. GRPO).",
+        "seq_mean_token_sum: tokens summed per sequence, mean over sequences (Dr. GRPO). "
+        "loss gspo does not read it: its objective is a mean over sequences (each "
+        "sequence's clipped term once, its KL as a mean over its tokens); "
+        "seq_mean_token_sum with gspo is refused.",
     )
     epochs: int = Field(1, gt=0, description="Passes over each step's rollouts.")
     mini_batches: int = Field(
@@ -88,6 +93,24 @@ class GRPOConfig(_Strict):
         "gradient, one forward less). always: the separate pass every step (for comparison; "
         "logprob_mismatch is then measured in eval mode, without adapter dropout).",
     )
+
+    def facts(self) -> AlgorithmFacts:
+        """GRPO: rollouts; a reference only with the KL on; old logprobs get their own
+        pass when a step takes several updates (or `old_logprob_pass: always`)."""
+        updates = self.epochs * self.mini_batches
+        separate = updates > 1 or self.old_logprob_pass == "always"
+        return AlgorithmFacts(
+            data="rollouts",
+            reference=self.kl_coef > 0,
+            critic=False,
+            updates_per_step=updates,
+            old_logprob_pass=separate,
+            passes=Passes(
+                policy_forward=int(separate),
+                reference_forward=int(self.kl_coef > 0),
+                policy_train=self.epochs,
+            ),
+        )
 
 
 class PPOConfig(_Strict):
@@ -116,6 +139,25 @@ class PPOConfig(_Strict):
         "policy's weights.",
     )
 
+    def facts(self) -> AlgorithmFacts:
+        """PPO: rollouts and a critic; every step runs the old-logprob, value (and, with
+        the KL on, reference) forwards before its `epochs × mini_batches` updates, each of
+        which trains the policy and the critic."""
+        return AlgorithmFacts(
+            data="rollouts",
+            reference=self.kl_coef > 0,
+            critic=True,
+            updates_per_step=self.epochs * self.mini_batches,
+            old_logprob_pass=True,
+            passes=Passes(
+                policy_forward=1,
+                reference_forward=int(self.kl_coef > 0),
+                critic_forward=1,
+                policy_train=self.epochs,
+                critic_train=self.epochs,
+            ),
+        )
+
 
 class DPOConfig(_Strict):
     beta: float = Field(0.1, gt=0, description="β, the strength of the implicit KL constraint.")
@@ -136,6 +178,19 @@ class DPOConfig(_Strict):
     )
     max_length: int = Field(512, gt=8, description="Most tokens of prompt + reply per row.")
 
+    def facts(self) -> AlgorithmFacts:
+        """DPO: preference pairs and a reference, whose logprobs are precomputed once
+        before training (or, without `precompute_ref_logprobs`, taken every step); one
+        update per step."""
+        return AlgorithmFacts(
+            data="pairs",
+            reference=True,
+            critic=False,
+            updates_per_step=1,
+            old_logprob_pass=False,
+            passes=Passes(reference_forward=int(not self.precompute_ref_logprobs)),
+        )
+
 
 class CorrectionConfig(_Strict):
     """`train.correction`: off-policy correction of GRPO and PPO losses between the engine
@@ -148,7 +203,9 @@ class CorrectionConfig(_Strict):
         "times min(w, cap), w = exp(old_logprobs - inference_logprobs) (truncated importance "
         "sampling, Yao et al. 2025). mis: tokens (or whole responses) with w outside "
         "[1/cap, cap] leave the loss (masked importance sampling; verl rollout correction, "
-        "IcePop).",
+        "IcePop). Default: none with train.max_staleness 0; tis with train.max_staleness >= 1, "
+        "where a sample from an older policy would otherwise train with the on-policy "
+        "gradient; set none explicitly to train stale samples uncorrected.",
     )
     level: Literal["token", "sequence"] = Field(
         "token",
@@ -189,3 +246,14 @@ class RewardModelConfig(_Strict):
     eval_every: int = Field(
         10, gt=0, description="Score the held-out pairs every N steps and after the last."
     )
+
+    def facts(self) -> AlgorithmFacts:
+        """A reward model: preference pairs, no reference, one update per step."""
+        return AlgorithmFacts(
+            data="pairs",
+            reference=False,
+            critic=False,
+            updates_per_step=1,
+            old_logprob_pass=False,
+            passes=Passes(),
+        )

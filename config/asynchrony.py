@@ -12,30 +12,34 @@ def check_async_and_correction(recipe: Any) -> None:
     Raises:
         ValueError: names the keys and what to set instead.
     """
+    # train.correction.mode's default under staleness is set by `stale_correction`.
     t = recipe.train
-    if t.correction.mode != "none" and recipe.algorithm == "dpo":
+    key = f"train.max_staleness is {t.max_staleness}"
+    pairs = {"dpo": "DPO", "reward_model": "A reward model"}.get(recipe.algorithm)
+    if t.max_staleness and pairs:
         raise ValueError(
-            "train.correction corrects sampled rollouts, and DPO samples none; "
+            f"{key}, but {pairs} trains on preference pairs and has no rollouts to "
+            "generate ahead; set train.max_staleness: 0"
+        )
+    if t.correction.mode != "none" and pairs:
+        raise ValueError(
+            f"train.correction corrects sampled rollouts, and {pairs} samples none; "
             "remove train.correction or use algorithm grpo or ppo"
         )
     if t.correction.mode != "none" and recipe.rollout.top_p < 1.0:
         # The engines disagree on what they report under top-p (vLLM's processed
         # logprobs are renormalised over the nucleus, transformers' are not), so a weight
         # against the learner's full-softmax logprobs would be biased either way.
+        default = " (its default with train.max_staleness ≥ 1)" if t.max_staleness else ""
         raise ValueError(
             f"rollout.top_p is {recipe.rollout.top_p} and train.correction.mode is "
-            f"{t.correction.mode!r}: the importance weight needs the learner's logprob under "
-            "the same truncated, renormalised distribution the engine sampled from, which "
-            "the learner does not compute; set rollout.top_p: 1.0, or "
-            "train.correction.mode: none"
+            f"{t.correction.mode!r}{default}: the importance weight needs the learner's "
+            "logprob under the same truncated, renormalised distribution the engine sampled "
+            "from, which the learner does not compute; set rollout.top_p: 1.0, or "
+            "train.correction.mode: none (stale samples then train uncorrected)"
         )
     if t.max_staleness == 0:
         return
-    key = f"train.max_staleness is {t.max_staleness}"
-    if recipe.algorithm == "dpo":
-        raise ValueError(
-            f"{key}, but DPO has no rollouts to generate ahead; set train.max_staleness: 0"
-        )
     if recipe.grpo.dynamic_sampling:
         raise ValueError(
             f"{key} and grpo.dynamic_sampling is on; the asynchronous loop "
@@ -55,3 +59,27 @@ def check_async_and_correction(recipe: Any) -> None:
             "set train.max_restarts: 0 (a dead learner then stops the run naming the "
             "checkpoint to resume from) or train.max_staleness: 0"
         )
+
+
+def stale_correction(train: Any) -> Any:
+    """`train:` (its raw mapping, before validation) with `correction.mode: tis` when
+    `max_staleness` ≥ 1 and no mode is given: a sample from an older policy otherwise
+    trains with the on-policy gradient (no importance weight between the policy that
+    sampled and the one trained from). An explicit mode, `none` included, is kept.
+    Anything that is not a mapping is left to the schema's own checks."""
+    if not isinstance(train, dict):
+        return train
+    try:
+        stale = int(train.get("max_staleness") or 0)
+    except (TypeError, ValueError):
+        return train  # the field's own validation reports it
+    corr = train.get("correction")
+    if stale < 1:
+        return train
+    if corr is None:
+        return {**train, "correction": {"mode": "tis"}}
+    if isinstance(corr, dict) and "mode" not in corr:
+        return {**train, "correction": {**corr, "mode": "tis"}}
+    if hasattr(corr, "model_fields_set") and "mode" not in corr.model_fields_set:
+        return {**train, "correction": corr.model_copy(update={"mode": "tis"})}
+    return train

@@ -1,6 +1,13 @@
-"""Data blocks of a recipe (`data:`), pydantic only. The variant of `data.train` is
-picked by its telltale key (`generator`, `format`, else a jsonl of prompts), so a
-mistake is reported against that variant alone."""
+"""Data blocks of a recipe (`data:` and `eval.prompts`), pydantic only.
+
+A source is one of: a procedural task (`generator: arithmetic`), a reasoning-gym dataset
+by name (`reasoning_gym: NAME`), or a file or folder (`path:`) in any layout the field
+uses (verl's RL parquet, TRL's prompt / prompt-completion / preference / messages
+datasets, HH-RLHF dialogues, a plain column of prompts). `data.train` is one source or
+a weighted `mixture` of them. The variant is picked by its telltale key (`generator`,
+`reasoning_gym`, `mixture`, else `path`), so a mistake is reported against that variant
+alone. Reading the rows is recipes/rows.py and recipes/layouts.py.
+"""
 
 from __future__ import annotations
 
@@ -11,7 +18,24 @@ from pydantic import Discriminator, Field, Tag, model_validator
 from .base import Strict as _Strict
 
 
-class GeneratorData(_Strict):
+class _Source(_Strict):
+    """Keys every source has."""
+
+    weight: float = Field(
+        1.0,
+        gt=0,
+        description="Inside data.train.mixture: this source's share of the mixture, "
+        "weight / (sum of the weights); must be > 0. Not read elsewhere.",
+    )
+    data_source: str | None = Field(
+        None,
+        description="The `data_source` of this source's rows (where a row has no "
+        "`data_source` column of its own); reward components with `sources:` apply to "
+        "the rows whose data_source they name. reasoning_gym: default the dataset name.",
+    )
+
+
+class GeneratorData(_Source):
     generator: Literal["arithmetic"] = Field(
         description="Procedural task: 'arithmetic' uses reasoning-gym's basic_arithmetic."
     )
@@ -40,58 +64,171 @@ class GeneratorData(_Strict):
         return self
 
 
-class JsonlData(_Strict):
-    path: str = Field(
-        description="A .jsonl file (one JSON object per line), relative to the recipe file "
-        "or absolute."
+class ReasoningGymData(_Source):
+    reasoning_gym: str = Field(
+        description="A reasoning-gym dataset by its registered name (leg_counting, "
+        "basic_arithmetic, ...; about 100: sorted(reasoning_gym.factory.DATASETS)). Each "
+        "row's question is the prompt and its answer the ground truth; score it with a "
+        "`type: reasoning_gym` reward (the dataset's own score_answer)."
     )
-    prompt_key: str = Field("question", description="Key of the prompt text in each row.")
+    size: int = Field(1000, gt=0, description="Number of problems generated.")
+    seed: int = Field(0, description="Seed of the generator; same seed, same problems.")
+    config: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Other settings of the dataset's config class, passed to "
+        "reasoning_gym.create_dataset (e.g. {min_animals: 3, max_animals: 5}).",
+    )
+
+    @property
+    def source_name(self) -> str:
+        """The rows' data_source: `data_source`, else the dataset name."""
+        return self.data_source or self.reasoning_gym
+
+
+class FileData(_Source):
+    path: str = Field(
+        description="A file or folder, relative to the recipe file or absolute: .jsonl, "
+        ".jsonl.gz, .json (JSON lines or one list of rows), .parquet, .csv, a folder of "
+        "parquet shards (train-00000-of-00002.parquet, or verl's train.parquet / "
+        "test.parquet: `split` picks), or a folder written by Hugging Face datasets' "
+        "save_to_disk. Read locally; nothing is downloaded."
+    )
+    format: Literal["auto", "hh", "pairs"] = Field(
+        "auto",
+        description="auto: the layout is read from the columns: verl's RL rows (`prompt` "
+        "messages, `data_source`, `reward_model.ground_truth`, `extra_info`), TRL's "
+        "`prompt` (text or messages) with or without `completion`, `chosen`/`rejected` "
+        "with or without a shared `prompt`, `messages`, or a text prompt under "
+        "prompt_key. hh: Anthropic HH-RLHF rows {chosen, rejected} of whole dialogues, "
+        "split into the shared prompt and the two last replies. pairs: as auto (kept for "
+        "older recipes).",
+    )
+    split: str | None = Field(
+        None,
+        description="Which split of a save_to_disk DatasetDict or of a folder of shards "
+        "named by split (train, test, validation, ...); default 'train', or the only one.",
+    )
+    prompt_key: str = Field(
+        "auto",
+        description="Key of the prompt: text, or chat messages [{role, content}] (a "
+        "system message among them replaces model.system_prompt for that row). auto: "
+        "'prompt', else 'messages' (its last assistant turn is dropped), else the shared "
+        "start of 'chosen'/'rejected', else 'question'.",
+    )
     answer_key: str | None = Field(
-        "answer",
-        description="Key of the reference answer in each row; null when the rewards need "
-        "none (e.g. code tests, which come from the row's other keys as metadata).",
+        "auto",
+        description="Key of the reference answer (a dotted path reaches into a mapping: "
+        "reward_model.ground_truth); null when the rewards need none (e.g. code tests). "
+        "auto: the first of reward_model.ground_truth, answer, ground_truth, solution, "
+        "completion (and a `messages` row's last assistant turn) that row 1 has.",
     )
     answer_delimiter: str | None = Field(
         "####",
         description="If set, the ground truth is the text after the last occurrence of this "
         "delimiter in the answer (GSM8K puts the final number after '####').",
     )
-    limit: int | None = Field(None, gt=0, description="Use only the first N rows.")
-
-
-class PreferenceData(_Strict):
-    path: str = Field(
-        description="Preference pairs, .jsonl or .jsonl.gz, relative to the "
-        "recipe file or absolute."
+    system_key: str | None = Field(
+        None,
+        description="Key of a per-row system message (text); it replaces "
+        "model.system_prompt for that row.",
     )
-    format: Literal["hh", "pairs"] = Field(
-        description="hh: HH-RLHF rows {chosen, rejected} of whole dialogues, split into the "
-        "shared prompt and the two last replies. pairs: rows with prompt, chosen, rejected."
-    )
-    prompt_key: str = Field("prompt", description="Key of the prompt (format: pairs).")
     chosen_key: str = Field("chosen", description="Key of the preferred reply or dialogue.")
     rejected_key: str = Field("rejected", description="Key of the other reply or dialogue.")
-    limit: int | None = Field(None, gt=0, description="Use only the first N pairs.")
+    limit: int | None = Field(None, gt=0, description="Use only the first N rows (pairs).")
+
+
+# Older names of the file block (a jsonl of prompts; preference pairs).
+JsonlData = FileData
+PreferenceData = FileData
 
 
 def _data_kind(v: Any) -> str:
     # Pick the variant by its telltale key, so errors speak about one variant only.
     if isinstance(v, dict):
-        return "generator" if "generator" in v else "preference" if "format" in v else "jsonl"
-    return {GeneratorData: "generator", PreferenceData: "preference"}.get(type(v), "jsonl")
+        for key in ("generator", "reasoning_gym", "mixture"):
+            if key in v:
+                return key
+        return "file"
+    return {
+        GeneratorData: "generator",
+        ReasoningGymData: "reasoning_gym",
+        MixtureData: "mixture",
+    }.get(type(v), "file")
+
+
+Source = Annotated[
+    Annotated[GeneratorData, Tag("generator")]
+    | Annotated[ReasoningGymData, Tag("reasoning_gym")]
+    | Annotated[FileData, Tag("file")],
+    Discriminator(_data_kind),
+]
+
+
+class MixtureData(_Strict):
+    mixture: list[Source] = Field(
+        min_length=1,
+        description="Sources mixed by `weight`: an epoch holds `size` prompts (or pairs), "
+        "source i's share weight_i / sum(weights) of them, drawn from its rows in a "
+        "seeded order (a source with fewer rows than its share repeats them). Each "
+        "source's own `limit` caps the rows it reads.",
+    )
+    size: int | None = Field(
+        None, gt=0, description="Items per epoch of the mixture; default: all the sources' rows."
+    )
+    seed: int = Field(0, description="Seed of which rows each source gives.")
+
+
+TrainSource = Annotated[
+    Annotated[GeneratorData, Tag("generator")]
+    | Annotated[ReasoningGymData, Tag("reasoning_gym")]
+    | Annotated[FileData, Tag("file")]
+    | Annotated[MixtureData, Tag("mixture")],
+    Discriminator(_data_kind),
+]
+
+
+def sources_of(block: Any) -> list[Any]:
+    """The single sources of a data block (a mixture's entries, else the block)."""
+    return list(block.mixture) if isinstance(block, MixtureData) else [block]
+
+
+def check_weights_in_mixtures(block: Any, key: str) -> None:
+    """`weight` means something only inside a mixture.
+
+    Raises:
+        ValueError: a single source sets `weight`.
+    """
+    if not isinstance(block, MixtureData) and "weight" in block.model_fields_set:
+        raise ValueError(
+            f"{key}.weight acts only inside a mixture; remove it, or list the sources "
+            f"under {key}.mixture"
+        )
 
 
 class DataConfig(_Strict):
-    train: Annotated[
-        Annotated[GeneratorData, Tag("generator")]
-        | Annotated[JsonlData, Tag("jsonl")]
-        | Annotated[PreferenceData, Tag("preference")],
-        Discriminator(_data_kind),
-    ] = Field(
-        description="GRPO: {generator: arithmetic, ...} or {path: data.jsonl, prompt_key, "
-        "answer_key}. DPO: {path: pairs.jsonl[.gz], format: hh | pairs, ...}."
+    train: TrainSource = Field(
+        description="One source or a mixture. GRPO / PPO prompts: {generator: arithmetic, "
+        "...}, {reasoning_gym: NAME, ...}, {path: FILE_OR_FOLDER, ...} or {mixture: "
+        "[source, ...]}. DPO / reward model pairs: {path: ..., format: auto | hh} (or a "
+        "mixture of such files)."
     )
     shuffle_seed: int = Field(0, description="Seed of the order prompts are drawn in.")
 
+    @model_validator(mode="after")
+    def _weights(self) -> DataConfig:
+        check_weights_in_mixtures(self.train, "data.train")
+        return self
 
-__all__ = ["DataConfig", "GeneratorData", "JsonlData", "PreferenceData"]
+
+__all__ = [
+    "DataConfig",
+    "FileData",
+    "GeneratorData",
+    "JsonlData",
+    "MixtureData",
+    "PreferenceData",
+    "ReasoningGymData",
+    "Source",
+    "TrainSource",
+    "sources_of",
+]

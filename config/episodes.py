@@ -55,7 +55,12 @@ class HttpEnvironment(Strict):
         description="Environment variable holding a bearer token sent as "
         "'Authorization: Bearer <token>'.",
     )
-    timeout_s: float = Field(30.0, gt=0, description="Per-request timeout, seconds.")
+    timeout_s: float = Field(
+        30.0,
+        gt=0,
+        description="Deadline for each whole request, seconds: connect, send and the "
+        "complete response, however slowly it arrives; then retried.",
+    )
     retries: int = Field(2, ge=0, description="Retries of a failed or timed-out request.")
 
 

@@ -3,12 +3,10 @@ pydantic only (recipes/evaluation.py runs it)."""
 
 from __future__ import annotations
 
-from typing import Annotated
-
-from pydantic import Discriminator, Field, Tag
+from pydantic import Field, model_validator
 
 from .base import Strict
-from .data import GeneratorData, JsonlData, _data_kind
+from .data import TrainSource, check_weights_in_mixtures
 
 
 class EvalConfig(Strict):
@@ -17,13 +15,18 @@ class EvalConfig(Strict):
     on them). Policy version v is evaluated when v % every_steps == 0 (v = 0, before any
     training, only with before_train)."""
 
-    prompts: Annotated[
-        Annotated[GeneratorData, Tag("generator")] | Annotated[JsonlData, Tag("jsonl")],
-        Discriminator(_data_kind),
-    ] = Field(
-        description="Held-out prompts, as data.train: {path: test.jsonl, prompt_key, "
-        "answer_key} or {generator: arithmetic, seed, size} (use a seed other than "
-        "training's)."
+    prompts: TrainSource | None = Field(
+        None,
+        description="Held-out prompts from their own source, in any form data.train "
+        "takes: {path: test.parquet}, {generator: arithmetic, seed, size}, "
+        "{reasoning_gym: NAME, seed}, a mixture. Training rows whose prompt equals one "
+        "of them are left out of training (`posttrain validate` counts them).",
+    )
+    holdout: int | None = Field(
+        None,
+        gt=0,
+        description="Instead of `prompts`: hold out this many distinct prompts of "
+        "data.train (drawn with data.shuffle_seed) and never train on them.",
     )
     every_steps: int = Field(gt=0, description="Evaluate every this many policy versions.")
     before_train: bool = Field(False, description="Also evaluate the initial policy.")
@@ -43,3 +46,15 @@ class EvalConfig(Strict):
         description="Sampling seed; the same for every evaluation, so "
         "versions are compared on the same draws.",
     )
+
+    @model_validator(mode="after")
+    def _one_source(self) -> EvalConfig:
+        if (self.prompts is None) == (self.holdout is None):
+            raise ValueError(
+                "give held-out prompts either from their own source (eval.prompts: "
+                "{path: test.jsonl}) or as a split of data.train (eval.holdout: N), "
+                "exactly one of the two"
+            )
+        if self.prompts is not None:
+            check_weights_in_mixtures(self.prompts, "eval.prompts")
+        return self

@@ -26,11 +26,12 @@ from .algorithms import (
     PPOConfig,
     RewardModelConfig,
 )
-from .asynchrony import check_async_and_correction
+from .asynchrony import check_async_and_correction, stale_correction
 from .base import Strict
-from .data import DataConfig, PreferenceData
+from .data import DataConfig, FileData, GeneratorData, sources_of
 from .episodes import EpisodeFields, check_episodes
 from .evaluation import EvalConfig
+from .facts import AlgorithmFacts
 from .monitor import (  # noqa: F401  (re-exported: recipe.MonitorConfig)
     AdvisoriesConfig,
     DebugConfig,
@@ -167,7 +168,12 @@ class RolloutConfig(EpisodeFields):
 class RewardsServiceConfig(_Strict):
     """The local reward service that hosts the recipe's built-in components."""
 
-    timeout_s: float = Field(60.0, gt=0, description="Per-request timeout, seconds.")
+    timeout_s: float = Field(
+        60.0,
+        gt=0,
+        description="Deadline for each whole request, seconds: connect, send and the "
+        "complete response, however slowly it arrives; then retried.",
+    )
     retries: int = Field(2, ge=0, description="Retries of a failed request before items fail.")
     batch_size: int = Field(64, gt=0, description="Items per POST /score request.")
     workers: int = Field(
@@ -190,7 +196,15 @@ class TrainConfig(_Strict):
         "null: fixed micro_batch_size rows. Reported as the padding_fraction metric.",
     )
     lr: float = Field(1e-6, gt=0, description="Peak AdamW learning rate.")
-    warmup_steps: int = Field(0, ge=0, description="Linear LR warmup from 0, in optimizer steps.")
+    warmup_steps: int = Field(
+        0,
+        ge=0,
+        description="Linear LR warmup, in optimizer steps (train.steps × epochs × "
+        "mini_batches for GRPO/PPO, train.steps for DPO and reward_model): optimizer step k, "
+        "counted from 0, uses lr × min(1, (k + 1) / warmup_steps), so lr/warmup_steps at step "
+        "0, 2·lr/warmup_steps at step 1, ..., and lr from step warmup_steps − 1 on (no step "
+        "trains at 0). 0: lr from step 0. At most the run's optimizer steps.",
+    )
     weight_decay: float = Field(0.0, ge=0, description="AdamW decoupled weight decay.")
     betas: tuple[float, float] = Field((0.9, 0.999), description="AdamW betas.")
     max_grad_norm: float = Field(1.0, gt=0, description="Global grad-norm clip.")
@@ -244,9 +258,15 @@ class TrainConfig(_Strict):
         description="0: synchronous, on-policy steps (generate, score, train, push). k >= 1: "
         "rollouts for the next k steps are generated and scored while the learner trains "
         "(recipes/async_loop.py); a sample made by policy_version v trains at step s only if "
-        "s - v <= k, older ones are dropped (dropped_stale). GRPO and PPO.",
+        "s - v <= k, older ones are dropped (dropped_stale). GRPO and PPO. With k >= 1 "
+        "train.correction.mode defaults to tis (see there).",
     )
     correction: CorrectionConfig = Field(default_factory=CorrectionConfig)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _stale_samples_are_corrected(cls, data: Any) -> Any:
+        return stale_correction(data)
 
 
 class WeightSyncConfig(_Strict):
@@ -317,31 +337,44 @@ class Recipe(_Strict):
     )
     debug: DebugConfig = Field(default_factory=DebugConfig)
 
+    @property
+    def facts(self) -> AlgorithmFacts:
+        """What `algorithm` asks of the run (config/facts.py), from its own block."""
+        block: GRPOConfig | PPOConfig | DPOConfig | RewardModelConfig = getattr(
+            self, self.algorithm
+        )
+        return block.facts()
+
+    @property
+    def pair_margin_key(self) -> str | None:
+        """The preference rows' per-pair margin key: the reward model's `margin_key`
+        (DPO reads no margin)."""
+        return self.reward_model.margin_key if self.algorithm == "reward_model" else None
+
     @model_validator(mode="after")
     def _algorithm_fits_data(self) -> Recipe:
-        preference = isinstance(self.data.train, PreferenceData)
-        pairs = self.algorithm in ("dpo", "reward_model")
+        pairs = self.facts.data == "pairs"
         name = "DPO" if self.algorithm == "dpo" else "A reward model"
         if pairs and self.eval is not None:
             raise ValueError(
                 f"eval: {name} samples no responses to evaluate; remove the eval "
                 "block, or use algorithm grpo or ppo"
             )
-        if pairs and not preference:
+        generated = [
+            s.generator if isinstance(s, GeneratorData) else s.reasoning_gym
+            for s in sources_of(self.data.train)
+            if not isinstance(s, FileData)
+        ]
+        if pairs and generated:
             raise ValueError(
-                f"data.train: {name} trains on preference pairs; give "
-                "{path: pairs.jsonl, format: hh | pairs}"
+                f"data.train: {name} trains on preference pairs, and {generated[0]!r} "
+                "makes prompts only; give a file of pairs {path: pairs.jsonl} (chosen / "
+                "rejected, with or without a shared prompt; format: hh for HH-RLHF)"
             )
         if self.algorithm == "reward_model" and self.rewards:
             raise ValueError(
                 "rewards: a reward model trains on preference pairs and calls no "
                 "reward; remove the rewards list"
-            )
-        if not pairs and preference and self.data.train.format != "hh":
-            raise ValueError(
-                "data.train: GRPO and PPO take prompts from preference pairs "
-                "only in format hh (its single-turn dialogues); give prompts "
-                "({generator: ...} or {path, prompt_key}), or set algorithm: dpo"
             )
         if not pairs and not self.rewards:
             raise ValueError(
@@ -370,6 +403,7 @@ class Recipe(_Strict):
                     "or less"
                 )
         self._grpo_family_keys()
+        self._warmup_fits()
         check_episodes(
             self.algorithm, self.rollout, self.grpo.dynamic_sampling, self.grpo.overlong_buffer
         )
@@ -379,6 +413,19 @@ class Recipe(_Strict):
         if dup:
             raise ValueError(f"rewards: names {dup} repeat; give each reward a unique name")
         return self
+
+    def _warmup_fits(self) -> None:
+        """`train.warmup_steps` ends within the run, or the LR never reaches `train.lr`."""
+        t = self.train
+        per_step = self.facts.updates_per_step
+        total = t.steps * per_step
+        if t.warmup_steps > total:
+            how = f" ({t.steps} steps × {per_step} updates each)" if per_step > 1 else ""
+            raise ValueError(
+                f"train.warmup_steps is {t.warmup_steps}, but the run takes {total} optimizer "
+                f"steps{how}, so the learning rate would peak at {total}/{t.warmup_steps} of "
+                f"train.lr; set train.warmup_steps: {total} or less (or raise train.steps)"
+            )
 
     def _grpo_family_keys(self) -> None:
         """The `grpo.estimator` / `loss` / overlong / dynamic_sampling keys act only with
@@ -401,6 +448,13 @@ class Recipe(_Strict):
                     f"grpo.{set_keys[0]} is set, but algorithm is {self.algorithm} and only "
                     f"GRPO reads it; set algorithm: grpo, or remove grpo.{set_keys[0]}"
                 )
+        if g.loss == "gspo" and g.loss_agg != "token_mean":
+            raise ValueError(
+                f"grpo.loss_agg is {g.loss_agg!r}, but grpo.loss gspo averages over "
+                "sequences by its objective (each sequence's clipped term once, whatever its "
+                "length), so it sums no tokens; remove grpo.loss_agg (or use grpo.loss "
+                "ppo_clip for Dr. GRPO's token sums)"
+            )
         limit = self.rollout.max_new_tokens
         if g.overlong_buffer is not None and g.overlong_buffer >= limit:
             raise ValueError(

@@ -1,10 +1,11 @@
 """Reward components of a recipe's `rewards:` list (pydantic, no ML imports).
 
 Local components (`math`, `length`, `format`, `code`, `python`, `reward_model`,
-`judge`) are served by one reward service process per run (or by `posttrain
+`judge`, `reasoning_gym`) are served by one reward service process per run (or by `posttrain
 serve-rewards` on another host); `http` components are users' own endpoints, called by
 the controller. An item's
-reward is the weighted sum of every component's score; each component is logged.
+reward is the weighted sum of the components that apply to it (all of them, or those
+whose `sources` name its row's `data_source`); each component is logged.
 """
 
 from __future__ import annotations
@@ -20,6 +21,14 @@ from .base import Strict
 class _Component(Strict):
     name: str = Field(description="Name of this component in metrics, details and rollouts.")
     weight: float = Field(1.0, description="Weight of this component in the summed reward.")
+    sources: list[str] | None = Field(
+        None,
+        min_length=1,
+        description="The `data_source` values of the rows this component scores (verl's "
+        "data_source column, or a source's `data_source` key); other rows' rewards "
+        "leave it out. null: every row. A row that no component applies to is refused "
+        "before the run starts.",
+    )
 
 
 class _Bounded(_Component):
@@ -93,6 +102,17 @@ class CodeReward(_Component):
     memory_mb: int = Field(512, ge=64, description="Address-space limit per program run.")
     max_procs: int = Field(32, gt=0, description="Processes (and threads) per run.")
     max_output_bytes: int = Field(65536, gt=0, description="stdout/stderr kept per run.")
+    float_tolerance: float = Field(
+        1e-6,
+        ge=0,
+        allow_inf_nan=False,
+        description="stdin/stdout tests: where the expected output has a decimal with a "
+        "point or an exponent, the printed number in its place matches when |got - want| "
+        "<= float_tolerance * max(1, |want|), i.e. absolute or relative error, as "
+        "competitive judges compare reals (expected 0.333333 accepts 0.3333333333, not "
+        "0.3333). Expected integers and other text must match exactly; 0 compares every "
+        "token as text. See rewards/code_verifier.py.",
+    )
 
 
 class PythonReward(_Bounded):
@@ -117,6 +137,26 @@ class PythonReward(_Bounded):
         return v
 
 
+class ReasoningGymReward(_Bounded):
+    type: Literal["reasoning_gym"] = Field(
+        description="reasoning-gym's own scorer: the row's dataset (a `reasoning_gym:` "
+        "source) scores the answer with its score_answer, 0 to 1. Scores only rows of "
+        "reasoning_gym sources (rewards/reasoning_gym.py)."
+    )
+    answer_tag: str | None = Field(
+        "answer",
+        description="The answer is the text inside the response's last <TAG>...</TAG> "
+        "(reasoning-gym's convention; ask for it in model.system_prompt); a response "
+        "without one scores with no answer. null: the whole response, stripped.",
+    )
+    timeout_s: float = Field(
+        10.0,
+        gt=0,
+        description="Wall-clock limit (seconds) per item; an item over it fails "
+        "(reward null) and its worker is replaced.",
+    )
+
+
 class HttpReward(_Component):
     type: Literal["http"] = Field(description="Your own endpoint, called by the controller.")
     url: str = Field(description="Full URL of the scoring route, e.g. http://host:9000/score.")
@@ -125,7 +165,12 @@ class HttpReward(_Component):
         description="posttrain: {items:[{uid,prompt,response,ground_truth,metadata}]} → "
         "{scores:[{uid,reward,error,details}]}. openrlhf: {query, prompts, labels} → {rewards}.",
     )
-    timeout_s: float = Field(30.0, gt=0, description="Per-request timeout, seconds.")
+    timeout_s: float = Field(
+        30.0,
+        gt=0,
+        description="Deadline for each whole request, seconds: connect, send and the "
+        "complete response, however slowly it arrives; then retried.",
+    )
     retries: int = Field(2, ge=0, description="Retries (exponential backoff) before items fail.")
     batch_size: int = Field(64, gt=0, description="Items per request.")
     max_concurrency: int = Field(4, gt=0, description="Requests in flight at once.")
@@ -222,7 +267,12 @@ class JudgeReward(_Component):
     )
     max_tokens: int = Field(256, gt=0, description="Most tokens of the judge's reply.")
     temperature: float = Field(0.0, ge=0, description="The judge's sampling temperature.")
-    timeout_s: float = Field(60.0, gt=0, description="Per-request timeout, seconds.")
+    timeout_s: float = Field(
+        60.0,
+        gt=0,
+        description="Deadline for each whole request, seconds: connect, send and the "
+        "complete response, however slowly it arrives; then retried.",
+    )
     retries: int = Field(
         2,
         ge=0,
@@ -269,10 +319,13 @@ RewardSpec = Annotated[
     | PythonReward
     | HttpReward
     | RewardModelReward
-    | JudgeReward,
+    | JudgeReward
+    | ReasoningGymReward,
     Field(discriminator="type"),
 ]
-LOCAL_TYPES = frozenset({"math", "length", "format", "code", "python", "reward_model", "judge"})
+LOCAL_TYPES = frozenset(
+    {"math", "length", "format", "code", "python", "reward_model", "judge", "reasoning_gym"}
+)
 
 
 class RewardServerConfig(Strict):

@@ -3,7 +3,9 @@ tools"): any code that speaks the OpenAI chat API works the same way.
 
 For each episode in $POSTTRAIN_EPISODES it asks the policy the question, asks once more
 when the reply holds no number, and posts reward 1 when the last number of the last
-reply equals the ground truth (else 0).
+reply equals the ground truth (else 0). Each call has a deadline on the whole request,
+$AGENT_CALL_TIMEOUT_S seconds (default 300; posttrain.common.http: httpx's own timeout
+bounds each read, not the call).
 
     rollout:
       agent: {command: [python, examples/openai_agent.py], timeout_s: 600}
@@ -16,15 +18,19 @@ import os
 import re
 from concurrent.futures import ThreadPoolExecutor
 
-import httpx
+from posttrain.common.http import DeadlineClient
+
+CALL_DEADLINE_S = float(os.environ.get("AGENT_CALL_TIMEOUT_S", "300"))
 
 
 def run_episode(ep: dict) -> None:
-    headers = {"X-Episode-Id": ep["episode_id"]}
+    base = ep["base_url"]
     messages = list(ep["messages"])
-    with httpx.Client(base_url=ep["base_url"], timeout=600, headers=headers) as http:
+    http = DeadlineClient(CALL_DEADLINE_S, {"X-Episode-Id": ep["episode_id"]})
+    try:
         for _ in range(2):
-            r = http.post("/chat/completions", json={"model": "policy", "messages": messages})
+            body = {"model": "policy", "messages": messages}
+            r = http.post(f"{base}/chat/completions", json=body)
             r.raise_for_status()
             reply = r.json()["choices"][0]["message"]
             messages.append({"role": "assistant", "content": reply["content"]})
@@ -34,8 +40,10 @@ def run_episode(ep: dict) -> None:
             messages.append({"role": "user", "content": "Answer with the number only."})
         correct = bool(numbers) and numbers[-1] == str(ep["ground_truth"]).strip()
         http.post(
-            f"/episodes/{ep['episode_id']}/reward", json={"reward": float(correct)}
+            f"{base}/episodes/{ep['episode_id']}/reward", json={"reward": float(correct)}
         ).raise_for_status()
+    finally:
+        http.close()
 
 
 def main() -> None:

@@ -38,6 +38,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from ..common.score_head import pooling_pad_id
+
 ADAPTER = "default"  # peft's name of the one adapter the learner trains
 DEFAULT_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
@@ -282,8 +284,8 @@ def merged_state_dict(
 
 def meta_model(model_path: str, head: str = "lm") -> torch.nn.Module:
     """A float32 model of `model_path`'s config on the meta device (no weights read): the
-    causal LM, or with `head='score'` the one-label sequence classifier (pad_token_id as
-    `learner.models.load_score_model` sets it)."""
+    causal LM, or with `head='score'` the one-label sequence classifier (pad_token_id
+    `common.score_head.pooling_pad_id`, as `learner.models.load_score_model` sets it)."""
     from transformers import (
         AutoConfig,
         AutoModelForCausalLM,
@@ -294,11 +296,9 @@ def meta_model(model_path: str, head: str = "lm") -> torch.nn.Module:
     config = AutoConfig.from_pretrained(model_path)
     if head == "score":
         config.num_labels = 1
-        if config.pad_token_id is None:
-            tok = AutoTokenizer.from_pretrained(model_path)
-            config.pad_token_id = (
-                tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
-            )
+        config.pad_token_id = pooling_pad_id(
+            AutoTokenizer.from_pretrained(model_path), config.pad_token_id, config.eos_token_id
+        )
     cls = AutoModelForSequenceClassification if head == "score" else AutoModelForCausalLM
     with torch.device("meta"):
         return cls.from_config(config, dtype=torch.float32)

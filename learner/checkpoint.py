@@ -26,9 +26,10 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..common.score_head import pooling_pad_id
 from . import adapters
 from .adapters import AdapterSettings
-from .export import carry_model_files
+from .export import carry_model_files, set_pad_token
 from .push import full_state_dict
 
 
@@ -43,7 +44,9 @@ def save_policy(
     """Save `policy` into `path` (see the module docstring); returns `path` on rank 0,
     None elsewhere. `head='score'` (a reward model) saves a one-label
     `AutoModelForSequenceClassification` folder (e.g. `LlamaForSequenceClassification`
-    with its `score` head and the `pad_token_id` its pooling reads)."""
+    with its `score` head and a `pad_token_id` that is never an EOS, its tokenizer padding
+    with that id: transformers' pooling then reads each row's closing EOS, where the
+    learner trained it; see `common.score_head`)."""
     folders = []
     if adapter.enabled:
         _save_adapter(policy, rank, model_path, adapter, Path(path), head)
@@ -56,7 +59,22 @@ def save_policy(
         return None
     for folder in folders:
         carry_model_files(model_path, folder)
+        if head == "score":
+            _pad_as_pooled(model_path, folder)
     return path
+
+
+def _pad_as_pooled(model_path: str, folder: Path) -> None:
+    """A reward model's tokenizer pads with the id its config pools around
+    (`common.score_head.pooling_pad_id`), when that is not the source tokenizer's pad
+    (pad = eos), so a batch right-padded by that tokenizer is pooled at each row's
+    closing EOS by plain transformers too."""
+    from transformers import AutoConfig, AutoTokenizer
+
+    tok, config = AutoTokenizer.from_pretrained(model_path), AutoConfig.from_pretrained(model_path)
+    pad = pooling_pad_id(tok, config.pad_token_id, config.eos_token_id)
+    if pad is not None and pad != tok.pad_token_id:
+        set_pad_token(folder, tok.convert_ids_to_tokens(pad))
 
 
 def _save_full(

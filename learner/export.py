@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import filecmp
 import fnmatch
+import json
 import shutil
 from pathlib import Path
 
@@ -132,3 +133,28 @@ def differing_model_files(source: str | Path, dest: str | Path) -> list[str]:
         for n in model_file_names(source)
         if not (dest / n).is_file() or not filecmp.cmp(source / n, dest / n, shallow=False)
     ]
+
+
+def set_pad_token(folder: str | Path, token: str) -> list[str]:
+    """Make `token` the pad token of the tokenizer saved in `folder`: the `pad_token` of
+    its `tokenizer_config.json` and, where it names one, `special_tokens_map.json`
+    (a reward model's folder, whose config pads with an id that is never an EOS: see
+    `common.score_head.pooling_pad_id`). Returns the names of the files changed.
+
+    Raises:
+        OSError: a file could not be read or written.
+        json.JSONDecodeError: a file is not JSON.
+    """
+    changed = []
+    for name in ("tokenizer_config.json", "special_tokens_map.json"):
+        f = Path(folder) / name
+        if not f.is_file():
+            continue
+        data = json.loads(f.read_text())
+        if name == "special_tokens_map.json" and "pad_token" not in data:
+            continue
+        old = data.get("pad_token")
+        data["pad_token"] = {**old, "content": token} if isinstance(old, dict) else token
+        f.write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n")
+        changed.append(name)
+    return changed

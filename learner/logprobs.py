@@ -5,9 +5,10 @@ A step's logits are `[tokens, vocab]`: for SmolLM2 (vocabulary 49,152) one micro
 of 16 × 300 tokens is 0.47 GB in bf16 and 0.94 GB again in float32, plus the
 log-softmax's and its gradient's copies. Here the LM head runs on chunks of
 `chunk_tokens` hidden states at a time (`ChunkedTokenLogprobs`): each chunk's logits
-are made, reduced to the sampled token's logit and the log-sum-exp, and dropped; the
-backward pass makes them again, chunk by chunk. Same arithmetic per token as
-`algorithms.common.token_logprobs` on the model's logits.
+are made, reduced to the sampled token's logit and the log-sum-exp (and, asked for, the
+distribution's entropy), and dropped; the backward pass makes them again, chunk by
+chunk. Same arithmetic per token as `algorithms.common.token_logprobs` (and
+`token_entropy`) on the model's logits.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from ..algorithms.common import token_logprobs
+from ..algorithms.common import token_entropy, token_logprobs
 from ..common.packing import packing_pays
 
 #: Hidden states per LM-head chunk: 512 × 49,152 float32 logits = 100 MB at a time.
@@ -42,13 +43,16 @@ class ChunkedTokenLogprobs(torch.autograd.Function):
         targets: `[...]` token ids, e.g. `[B, T]`.
         temperature: τ > 0.
         chunk: hidden states per chunk (≥ 1), counted over the flattened `[...]`.
+        entropy: None, or a list the forward appends the `[...]` float32 entropy of
+            softmax(z) to (no gradient): lse − Σ_j softmax(z)_j·z_j per chunk, from the
+            chunk's logits already made (one more `[chunk, V]` buffer, no extra matmul).
 
     Returns:
         `[...]` float32 logprobs (a tensor of its own, not a view).
     """
 
     @staticmethod
-    def forward(ctx, hidden, weight, targets, temperature: float, chunk: int):
+    def forward(ctx, hidden, weight, targets, temperature: float, chunk: int, entropy=None):
         flat_h = hidden.reshape(-1, hidden.shape[-1])
         flat_y = targets.reshape(-1)
         n = flat_h.shape[0]
@@ -56,13 +60,24 @@ class ChunkedTokenLogprobs(torch.autograd.Function):
         result = torch.empty(targets.shape, dtype=torch.float32, device=hidden.device)
         out = result.view(-1)
         lse = torch.empty(n, dtype=torch.float32, device=hidden.device)
+        ent = (
+            torch.empty(n, dtype=torch.float32, device=hidden.device)
+            if entropy is not None
+            else None
+        )
         for s in range(0, n, chunk):
             z = F.linear(flat_h[s : s + chunk], weight).float()
             if temperature != 1.0:  # in place: no second [chunk, V] buffer
                 z.div_(temperature)
             lse[s : s + chunk] = torch.logsumexp(z, dim=-1)
             out[s : s + chunk] = z.gather(-1, flat_y[s : s + chunk, None]).squeeze(-1)
+            if ent is not None:  # H = lse − Σ p·z, the row dot product as a batched matmul
+                p = (z - lse[s : s + chunk, None]).exp_()
+                dot = torch.bmm(p.unsqueeze(1), z.unsqueeze(-1)).view(-1)
+                ent[s : s + chunk] = lse[s : s + chunk] - dot
         out -= lse
+        if ent is not None:
+            entropy.append(ent.view(targets.shape))
         ctx.save_for_backward(flat_h, weight, flat_y, lse)
         ctx.temperature, ctx.chunk, ctx.hidden_shape = temperature, chunk, hidden.shape
         return result
@@ -96,6 +111,7 @@ class ChunkedTokenLogprobs(torch.autograd.Function):
             None,
             None,
             None,
+            None,
         )
 
 
@@ -105,6 +121,7 @@ def chunked_token_logprobs(
     targets: torch.Tensor,
     temperature: float = 1.0,
     chunk: int = CHUNK_TOKENS,
+    entropy: list[torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """`token_logprobs(F.linear(hidden, weight), targets, temperature)` without the
     `[..., V]` logits: see `ChunkedTokenLogprobs`.
@@ -113,11 +130,14 @@ def chunked_token_logprobs(
         hidden: `[B, T, H]` hidden states.
         weight: `[V, H]` LM head weight.
         targets: `[B, T]` token ids.
+        entropy: a list to append the `[B, T]` entropy (`token_entropy`) to, or None.
 
     Returns:
         `[B, T]` float32 logprobs (differentiable w.r.t. hidden and weight).
     """
-    return ChunkedTokenLogprobs.apply(hidden, weight, targets, float(temperature), int(chunk))
+    return ChunkedTokenLogprobs.apply(
+        hidden, weight, targets, float(temperature), int(chunk), entropy
+    )
 
 
 def _plain_head(model: torch.nn.Module) -> torch.nn.Linear | None:
@@ -140,6 +160,7 @@ def _head_returns_logprobs(
     temperature: float,
     chunk: int,
     select: tuple[torch.Tensor, torch.Tensor] | None = None,
+    entropy: list[torch.Tensor] | None = None,
 ) -> Iterator[None]:
     """Make `head` return the targets' logprobs instead of logits for one forward: it
     still runs inside the model's forward, so FSDP2 has its weight unsharded (and
@@ -149,11 +170,12 @@ def _head_returns_logprobs(
         targets: `[B, R]` token ids.
         select: `(rows, columns)`, each `[B, R]`: the hidden state that predicts each
             target (a packed forward); None: position t predicts column t + 1.
+        entropy: a list to append the targets' `[B, R]` entropies to, or None.
     """
 
     def forward(hidden: torch.Tensor) -> torch.Tensor:
         picked = hidden[:, :-1] if select is None else hidden[select[0], select[1]]
-        return chunked_token_logprobs(picked, head.weight, targets, temperature, chunk)
+        return chunked_token_logprobs(picked, head.weight, targets, temperature, chunk, entropy)
 
     head.forward = forward
     try:
@@ -292,6 +314,35 @@ def sequence_logprobs(
     Raises:
         ValueError: `response_start` outside [1, T), or `chunk_tokens` < 1.
     """
+    return sequence_logprobs_and_entropy(
+        model,
+        input_ids,
+        attention_mask,
+        response_start,
+        temperature,
+        chunk_tokens,
+        share_prompts,
+        entropy=False,
+    )[0]
+
+
+def sequence_logprobs_and_entropy(
+    model: torch.nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    response_start: int,
+    temperature: float = 1.0,
+    chunk_tokens: int | None = CHUNK_TOKENS,
+    share_prompts: bool = True,
+    entropy: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """`sequence_logprobs` and, from the same forward, the entropy (nats, no gradient)
+    of the distribution that predicts each token, softmax(logits / temperature)
+    (`algorithms.common.token_entropy`): `[B, T]` float32, 0 before `response_start`.
+    The chunked head computes it chunk by chunk from the logits it makes anyway, and a
+    packed forward reads it at each row's own hidden states, so it does not depend on
+    chunking, packing or which rows share a micro-batch. `entropy=False`: None in its
+    place (no cost). Same arguments and errors as `sequence_logprobs`."""
     width_total = input_ids.shape[1]
     if not 1 <= response_start < width_total:
         raise ValueError(f"response_start {response_start} outside [1, {width_total})")
@@ -302,6 +353,7 @@ def sequence_logprobs(
     targets = input_ids[:, response_start:]
     head = _plain_head(model) if chunk_tokens is not None else None
     out = torch.zeros(input_ids.shape, dtype=torch.float32, device=input_ids.device)
+    ent = torch.zeros_like(out) if entropy else None
     kwargs = dict(
         input_ids=input_ids,
         attention_mask=attention_mask,
@@ -325,12 +377,17 @@ def sequence_logprobs(
                 use_cache=False,
             )
             select = (pack.rows, pack.columns)
-        with _head_returns_logprobs(head, targets, temperature, chunk_tokens, select):
+        sink: list[torch.Tensor] | None = [] if entropy else None
+        with _head_returns_logprobs(head, targets, temperature, chunk_tokens, select, sink):
             out[:, response_start:] = model(**kwargs).logits
-        return out
+        if ent is not None:
+            ent[:, response_start:] = sink[-1]
+        return out, ent
     logits = model(**kwargs).logits[:, :-1]
     out[:, response_start:] = token_logprobs(logits, targets, temperature)
-    return out
+    if ent is not None:
+        ent[:, response_start:] = token_entropy(logits, temperature)
+    return out, ent
 
 
 def _packed(

@@ -15,6 +15,7 @@ from typing import Literal
 import torch
 
 from ..algorithms.batch import TrainBatch
+from ..common.score_head import pooling_pad_id, sequence_scores
 from . import adapters
 from .adapters import AdapterSettings
 
@@ -126,32 +127,23 @@ def load_score_model(path: str) -> torch.nn.Module:
     """The architecture of `path` with a scalar head (`AutoModelForSequenceClassification`,
     one label; a causal LM's body is kept and its `score` head freshly initialised), float32.
 
-    Its config's `pad_token_id` is set (the tokenizer's pad, else its EOS) when missing:
-    the head is read at each row's last token that is not the pad id, which needs one.
+    Its config's `pad_token_id` is `common.score_head.pooling_pad_id` (never an EOS id),
+    the one the saved folder carries, so plain transformers' pooling reads where
+    `reward_scores` does.
     """
-    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+    from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer
 
-    model = AutoModelForSequenceClassification.from_pretrained(
-        path, num_labels=1, dtype=torch.float32
+    config = AutoConfig.from_pretrained(path)
+    pad = pooling_pad_id(
+        AutoTokenizer.from_pretrained(path), config.pad_token_id, config.eos_token_id
     )
-    if model.config.pad_token_id is None:
-        tok = AutoTokenizer.from_pretrained(path)
-        model.config.pad_token_id = (
-            tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
-        )
-    return model
+    return AutoModelForSequenceClassification.from_pretrained(
+        path, num_labels=1, dtype=torch.float32, pad_token_id=pad
+    )
 
 
 def reward_scores(model: torch.nn.Module, mb: TrainBatch) -> torch.Tensor:
     """`[b]` float32 scores of a micro-batch under a scalar-head model: the head at each
-    row's last token that is not the pad id (transformers' sequence-classification
-    pooling, so `AutoModelForSequenceClassification` on the saved folder gives the same).
-    Rows are padded with the pad id (`pack_rows`); positions count real tokens only."""
-    positions = (mb.attention_mask.long().cumsum(-1) - 1).clamp(min=0)
-    out = model(
-        input_ids=mb.input_ids,
-        attention_mask=mb.attention_mask,
-        position_ids=positions,
-        use_cache=False,
-    )
-    return out.logits[:, 0].float()
+    row's last attended token (`common.score_head.sequence_scores`, which the reward
+    service reads too), whatever the pad id; positions count real tokens only."""
+    return sequence_scores(model, mb.input_ids, mb.attention_mask)

@@ -11,6 +11,13 @@ from ..weightsync import TransportSettings
 from .adapters import AdapterSettings
 
 
+def lr_factor(step: int, warmup_steps: int) -> float:
+    """The share of the peak LR optimizer step `step` (counted from 0) uses: linear
+    warmup min(1, (step + 1) / warmup_steps), so lr/warmup_steps at step 0 and lr from
+    step warmup_steps − 1 on; 1 without warmup (`train.warmup_steps` says the same)."""
+    return min(1.0, (step + 1) / warmup_steps) if warmup_steps else 1.0
+
+
 @dataclass(frozen=True)
 class CriticSettings:
     """A value model next to the policy (PPO).

@@ -22,10 +22,12 @@ from __future__ import annotations
 
 import gc
 import resource
+import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
 from dataclasses import replace
+from functools import partial
 from typing import Literal
 
 import torch
@@ -43,11 +45,12 @@ from .distributed import (
     rank_device,
     where,
 )
-from .logprobs import sequence_logprobs
+from .logprobs import sequence_logprobs, sequence_logprobs_and_entropy
 from .micro_batches import plan_rows, trim_right_padding
 from .models import DTYPES, critic_values, load_sharded, reward_scores
+from .optimizer import guarded_step
 from .push import full_state_dict, push_source
-from .settings import CriticSettings, LearnerSettings
+from .settings import CriticSettings, LearnerSettings, lr_factor
 
 __all__ = ["CriticSettings", "LearnerSettings", "LearnerWorker"]
 
@@ -143,9 +146,8 @@ class LearnerWorker:
             self.optimizers.append(
                 torch.optim.AdamW(self.critic.parameters(), lr=s.critic.lr, betas=s.betas)
             )
-        warm = s.warmup_steps
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizers[0], lambda i: min(1.0, (i + 1) / warm) if warm else 1.0
+            self.optimizers[0], partial(lr_factor, warmup_steps=s.warmup_steps)
         )
         if resume_from is not None:
             self.optimizer_steps = checkpoint.load_state(
@@ -177,12 +179,16 @@ class LearnerWorker:
             model, mb.input_ids, mb.attention_mask, mb.response_start, self.s.temperature
         )
 
-    def _policy_output(self, mb: TrainBatch) -> torch.Tensor:
+    def _policy_output(self, mb: TrainBatch) -> tuple[torch.Tensor, torch.Tensor | None]:
         """What the loss reads of the policy: `[b, T]` logprobs, or with a scalar head
-        (`head='score'`, a reward model) `[b]` scores."""
+        (`head='score'`, a reward model) `[b]` scores; and from the same forward the
+        `[b, T]` entropy of the policy's sampling distribution at each token (no
+        gradient; None with a scalar head)."""
         if self.s.head == "score":
-            return reward_scores(self.policy, mb)
-        return self._logprobs(self.policy, mb)
+            return reward_scores(self.policy, mb), None
+        return sequence_logprobs_and_entropy(
+            self.policy, mb.input_ids, mb.attention_mask, mb.response_start, self.s.temperature
+        )
 
     @contextmanager
     def _reference_model(self) -> Iterator[torch.nn.Module]:
@@ -266,52 +272,74 @@ class LearnerWorker:
         Args:
             shard: this rank's rows with what the loss reads (advantages, old/ref
                 logprobs, returns, ref_sums, ...) and the step-wide `loss_denominator`.
+
+        Returns also `entropy` (causal LMs): the mean over the step's response tokens
+        (all ranks) of the entropy of softmax(logits / temperature), from the loss's own
+        forward.
         """
         self.policy.train()
         if self.critic is not None:
             self.critic.train()
         sums: dict[str, float] = {}
         real = computed = 0
+        loss = 0.0  # this rank's share of the step loss
+        entropy = [0.0, 0.0]  # Σ entropy over response tokens, and their count
         for _, mb in self._micro_batches(shard):
             real += int(mb.attention_mask.sum())
             computed += mb.input_ids.numel()
             with self.spans.span("forward", step):
-                logprobs = self._policy_output(mb)
+                logprobs, token_entropy = self._policy_output(mb)
                 values = critic_values(self.critic, mb)[0] if self.critic is not None else None
                 out = self.algo.loss(logprobs, mb, self.s.loss, values)
+            if token_entropy is not None:
+                entropy[0] += float((token_entropy * mb.response_mask).sum())
+                entropy[1] += float(mb.response_mask.sum())
             with self.spans.span("backward", step):
                 # FSDP2 averages gradients over ranks; scale so the result is the sum.
                 (out.loss * self.world).backward()
+            loss += float(out.loss.detach())
             for k, v in out.sums.items():
                 sums[k] = sums.get(k, 0.0) + v
-        stats = self._optimizer_step(step)
+        stats = self._optimizer_step(step, loss)
         keys = sorted(sums)  # the same keys, in the same order, on every rank
-        total = torch.tensor([sums[k] for k in keys] + [real, computed], dtype=torch.float64)
+        total = torch.tensor(
+            [sums[k] for k in keys] + [real, computed, *entropy], dtype=torch.float64
+        )
         dist.all_reduce(total)
-        *summed, real_all, computed_all = total.tolist()
+        *summed, real_all, computed_all, entropy_sum, entropy_tokens = total.tolist()
         stats["padding_fraction"] = 1.0 - real_all / computed_all
+        if self.s.head == "lm":  # mean over the step's response tokens, all ranks
+            stats["entropy"] = entropy_sum / max(entropy_tokens, 1.0)
         return {**stats, **self.algo.finish_metrics(dict(zip(keys, summed, strict=True)))}
 
-    def _optimizer_step(self, step: int) -> dict[str, float]:
-        """Clip, step AdamW (each optimizer) and the LR schedule; returns the policy's
-        grad_norm (before clipping), lr, and this rank's peak resident memory so far
-        (`learner_peak_rss_mb`, MiB; on GPUs also `learner_cuda_peak_mb`, the most CUDA
-        memory its tensors held since the start)."""
+    def _optimizer_step(self, step: int, loss: float) -> dict[str, float]:
+        """`optimizer.guarded_step` (a NaN/inf loss or grad norm changes nothing, nor
+        `optimizer_steps`; rank 0 warns) on this rank's share of the step `loss`. Returns
+        grad_norm (the policy's, before clipping), lr, `skipped_updates` (1: not applied)
+        and `learner_peak_rss_mb` (this rank's peak resident MiB; on GPUs also
+        `learner_cuda_peak_mb`, the most CUDA memory its tensors held). Collective."""
         models = [self.policy] + ([self.critic] if self.critic is not None else [])
         with self.spans.span("optimizer", step):
-            norms = []
-            for model in models:
-                norm = torch.nn.utils.clip_grad_norm_(model.parameters(), self.s.max_grad_norm)
-                norms.append(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
-            lr = self.scheduler.get_last_lr()[0]
-            for opt in self.optimizers:
-                opt.step()
-                opt.zero_grad(set_to_none=True)
-            self.scheduler.step()
-            self.optimizer_steps += 1
+            done = guarded_step(models, self.optimizers, self.scheduler, self.s.max_grad_norm, loss)
+            if done.applied:
+                self.optimizer_steps += 1
+            elif self.rank == 0:
+                print(
+                    f"warning: step {step}: loss {done.loss} / grad_norm {done.grad_norms} "
+                    "is not finite; this optimizer update is skipped (weights, AdamW state "
+                    "and LR schedule unchanged; see skipped_updates). Check the rewards and "
+                    "advantages for NaN/inf, or lower train.lr.",
+                    file=sys.stderr,
+                    flush=True,
+                )
             time.sleep(self.s.delay_s)
         peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
-        stats = {"grad_norm": float(norms[0]), "lr": lr, "learner_peak_rss_mb": peak_mb}
+        stats = {
+            "grad_norm": done.grad_norms[0],
+            "lr": done.lr,
+            "skipped_updates": 0.0 if done.applied else 1.0,
+            "learner_peak_rss_mb": peak_mb,
+        }
         if self.device.type == "cuda":
             stats["learner_cuda_peak_mb"] = cuda_memory(self.device)["cuda_peak_mb"]
         return stats

@@ -320,12 +320,7 @@ def async_step(run: Any, algo: Any, step: int) -> tuple[dict[str, float], list[S
     scores = [s for g in groups for s in g.scores]
     if recipe.monitor.save_rollouts:
         c.save_rollouts(run.run_dir, step, rollouts, scores)
-    rewards = apply_failure_policy(
-        [s.reward for s in scores],
-        [r.group_id for r in rollouts],
-        recipe.on_reward_failure,
-        [s.error for s in scores],
-    )
+    rewards = apply_failure_policy(scores, rollouts, recipe.on_reward_failure)
     batch = rollout_batch(rollouts, rewards, roles.pad_id)
     stats = train_or_skip(algo, roles.learners, batch, rollouts, rewards, scores, step)
     t_trained = time.time()
@@ -339,8 +334,8 @@ def async_step(run: Any, algo: Any, step: int) -> tuple[dict[str, float], list[S
     accuracy_of = next((r.name for r in recipe.rewards if r.type == "math"), None)
     return {
         "policy_version": step + 1,
-        "rollout_restarts": roles.rollout_restarts,
-        "reward_restarts": roles.reward_restarts,
+        "rollout_restarts": roles.counters.rollout_restarts,
+        "reward_restarts": roles.counters.reward_restarts,
         **rollout_metrics(rollouts, scores, accuracy_of),
         **stats,
         "staleness_mean": sum(lag) / len(lag),
@@ -353,7 +348,7 @@ def async_step(run: Any, algo: Any, step: int) -> tuple[dict[str, float], list[S
         "time/score": 0.0,
         "time/weight_sync": sync_s,
         "time/step": t_end - t0,
-        "weight_sync_bytes": roles.last_push_bytes,
+        "weight_sync_bytes": roles.counters.last_push_bytes,
         "rollout_tokens_per_s": tokens / (t_end - t0),
         "weight_sync_fraction": sync_s / (t_end - t0),
         **telemetry,

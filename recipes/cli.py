@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import sys
 import time
 from pathlib import Path
@@ -16,11 +15,12 @@ from typing import Annotated
 
 import typer
 
+from ..common.net import listen_socket
 from ..common.process import bf16_note
-from ..config import PreferenceData, Recipe, RecipeError
-from .data import load_prompts
+from ..config import Recipe, RecipeError
+from .data import load_data
 from .loading import load_recipe
-from .preflight import PAIR_ALGORITHMS, check_lengths, check_runtime_inputs
+from .preflight import check_lengths, check_runtime_inputs
 
 app = typer.Typer(
     add_completion=False,
@@ -45,31 +45,30 @@ def _load_or_exit(
     try:
         r = load_recipe(recipe, overrides or [])
         check_runtime_inputs(r)
-        if isinstance(r.data.train, PreferenceData) and r.algorithm in PAIR_ALGORITHMS:
-            from .preference import load_pairs
-
-            d = r.data.train
-            margin = r.reward_model.margin_key if r.algorithm == "reward_model" else None
-            pairs, skipped = load_pairs(
-                d.path, d.format, d.prompt_key, d.chosen_key, d.rejected_key, d.limit, margin
+        data = load_data(r)
+        if data.skipped:
+            typer.echo(
+                f"data: {data.skipped} rows skipped (their dialogues do not share a prompt)",
+                err=True,
             )
-            if skipped:
-                typer.echo(
-                    f"data: {skipped} rows skipped (their dialogues do not share a prompt)",
-                    err=True,
-                )
-            return r, pairs
-        prompts = load_prompts(r.data)
+        if data.held_out:
+            typer.echo(
+                f"data: {data.held_out} training prompts equal an evaluation prompt and are "
+                "left out of training",
+                err=True,
+            )
+        if r.facts.data == "pairs":
+            return r, data.train
         # GRPO / PPO: the longest prompt + max_new_tokens fits (`run` converts a built-in
         # model first, so the check never waits for the first training run)
-        if lengths and not check_lengths(r, prompts, convert=convert):
+        if lengths and not check_lengths(r, data.train, convert=convert):
             typer.echo(
                 f"note: prompt lengths not checked yet: model.path {r.model.path!r} is "
                 "converted on the first `posttrain run`, which checks them before "
                 "training",
                 err=True,
             )
-        return r, prompts
+        return r, data.train
     except RecipeError as e:
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(code=2) from None
@@ -79,7 +78,7 @@ def _load_or_exit(
 def validate(recipe: Path, set_: SetOpt = None) -> None:
     """Check a recipe (schema, data rows, model path) without starting anything."""
     r, prompts = _load_or_exit(recipe, set_, convert=False)
-    what = "pairs" if isinstance(r.data.train, PreferenceData) else "prompts"
+    what = "pairs" if r.facts.data == "pairs" else "prompts"
     typer.echo(
         f"ok: {recipe} ({r.algorithm}, {r.train.steps} steps, {len(prompts)} {what}, "
         f"model {r.model.path})"
@@ -187,17 +186,16 @@ def _check_port_or_exit(port: int | None) -> None:
     """A dashboard port taken by another run: say so now, not after Ray and the models."""
     if not port:
         return
-    with socket.socket() as s:
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            typer.echo(
-                f"error: monitor.dashboard_port: 127.0.0.1:{port} is in use (another "
-                "run?); --set monitor.dashboard_port=0 takes any free port, null "
-                "turns the dashboard off",
-                err=True,
-            )
-            raise typer.Exit(code=2) from None
+    try:
+        listen_socket("127.0.0.1", port).close()
+    except OSError:
+        typer.echo(
+            f"error: monitor.dashboard_port: 127.0.0.1:{port} is in use (another "
+            "run?); --set monitor.dashboard_port=0 takes any free port, null "
+            "turns the dashboard off",
+            err=True,
+        )
+        raise typer.Exit(code=2) from None
 
 
 def _checkpoint_or_exit(run_dir: Path) -> Path:
@@ -357,8 +355,6 @@ def serve_rewards(
 
     Run it on a verifier host; recipes elsewhere point a `type: http` reward at it.
     """
-    import socket
-
     import yaml
     from pydantic import ValidationError
 
@@ -377,27 +373,33 @@ def serve_rewards(
     if cfg.token_env and not token:
         typer.echo(f"error: {config}: token_env {cfg.token_env} is not set", err=True)
         raise typer.Exit(code=2)
+    from .preflight import reward_model_problem
+
+    for i, c in enumerate(cfg.rewards):  # before torch loads anything
+        if c.type == "reward_model" and (problem := reward_model_problem(i, c.path)):
+            typer.echo(f"error: {config}: {problem}", err=True)
+            raise typer.Exit(code=2)
     import uvicorn
 
     from ..rewards.service import create_app
 
     try:
         app = create_app([c.model_dump() for c in cfg.rewards], token, cfg.workers)
-    except (ValueError, RuntimeError) as e:  # a missing function or sandbox
+    except (ValueError, RuntimeError, OSError) as e:  # a missing function, sandbox, model
         typer.echo(f"error: {config}: {e}", err=True)
         raise typer.Exit(code=2) from None
-    try:  # bind once here so a bad host or a taken port is a clear error, not a traceback
-        with socket.socket() as s:
-            s.bind((host, port))
-            port = s.getsockname()[1]
+    try:  # bound here so a bad host or a taken port is a clear error, not a traceback;
+        # SO_REUSEADDR: a service that crashed comes back on its port at once
+        sock = listen_socket(host, port)
     except OSError as e:
         typer.echo(f"error: cannot listen on {host}:{port}: {e}", err=True)
         raise typer.Exit(code=2) from None
+    port = sock.getsockname()[1]
     typer.echo(
         f"reward service on http://{host}:{port}/score "
         f"({', '.join(c.name for c in cfg.rewards)}; auth {'on' if token else 'off'})"
     )
-    uvicorn.run(app, host=host, port=port, log_level="warning")
+    uvicorn.Server(uvicorn.Config(app, log_level="warning")).run(sockets=[sock])
 
 
 def _run_dir_or_exit(run_dir: Path) -> list[dict]:
@@ -438,6 +440,8 @@ def status(
     """Print a table of a run's last steps and its totals."""
     from rich.console import Console
     from rich.table import Table
+
+    from .monitoring.advisories import advisory_ranges
 
     rows = _run_dir_or_exit(run_dir)
     dpo = bool(rows) and "rewards/accuracy" in rows[0]
@@ -505,11 +509,14 @@ def status(
         table.add_row(f"mean of {len(trained)}", *[cell(mean, k, f) for _, k, f in cols[1:]])
     console = Console(width=None if sys.stdout.isatty() else 160)
     console.print(table)
-    advised = [(r.get("step"), a) for r in rows[-last:] for a in r.get("advisories") or []]
-    if advised:
+    shown = [r["step"] for r in rows[-last:] if "step" in r]
+    advised = [
+        r for r in advisory_ranges(rows) if shown and r.last >= shown[0] and r.first <= shown[-1]
+    ]
+    if advised:  # one line per run of consecutive steps, with the last step's numbers
         console.print("advisories (monitor.advisories sets the thresholds):")
-        for step, a in advised:
-            console.print(f"  step {step}: {a}", markup=False)
+        for r in advised:
+            console.print(f"  {r.steps}: {r.message}", markup=False)
     if advise:
         from .monitoring.advice import advise_run
 

@@ -27,7 +27,7 @@ from ..weightsync import (
     WeightSyncError,
     push,
 )
-from .items import PromptItem
+from .items import PromptItem, chat_messages
 from .roles import (  # noqa: F401  (re-exported: the loop calls c.<name>)
     LocalServiceLaunch,
     Roles,
@@ -78,12 +78,7 @@ def generation_requests(
 ) -> tuple[dict[int, list[PromptRequest]], SamplingSettings]:
     """What `generate` sends: rollout worker i's requests `chunks[i]` and the sampling
     settings (arguments as `generate`)."""
-    messages = []
-    for p in prompts:
-        m = [{"role": "user", "content": p.question}]
-        if recipe.model.system_prompt:
-            m.insert(0, {"role": "system", "content": recipe.model.system_prompt})
-        messages.append(m)
+    messages = [chat_messages(p, recipe.model.system_prompt) for p in prompts]
     requests = [
         PromptRequest(
             f"{tag}{step}{f'r{round_}' if round_ else ''}-p{p.prompt_id}-{i}",
@@ -144,7 +139,7 @@ def generate_surviving(
 def replace_rollout_worker(roles: Roles, recipe: Recipe, index: int) -> None:
     """Start rollout worker `index` again on its placement bundle and give it the policy
     every other engine holds, as the same `policy_version` (the learners publish it
-    again). Counted in `roles.rollout_restarts`.
+    again). Counted in `roles.counters.rollout_restarts`.
 
     Recovers from a dead rollout worker process. With `weight_sync.type: collective` the
     broadcast group is formed anew (`reform_push_group`: learner rank 0, every engine,
@@ -156,7 +151,7 @@ def replace_rollout_worker(roles: Roles, recipe: Recipe, index: int) -> None:
         WeightSyncError: the new group did not form, or the new engine did not take the
             policy.
     """
-    spec = roles.rollout_spec
+    spec = roles.specs.rollout
     if spec is None:
         raise RuntimeError(f"rollout worker {index} died and this run cannot start one")
     grouped = roles.group is not None
@@ -168,7 +163,7 @@ def replace_rollout_worker(roles: Roles, recipe: Recipe, index: int) -> None:
         pass
     print(
         f"rollout worker {index} died; starting a replacement at policy_version "
-        f"{roles.policy_version}",
+        f"{roles.counters.policy_version}",
         flush=True,
     )
     worker = start_rollout_worker(spec, index, roles.placement.rollout[index])
@@ -180,9 +175,9 @@ def replace_rollout_worker(roles: Roles, recipe: Recipe, index: int) -> None:
     qlora = adapter_sync(recipe) and recipe.model.adapter.type == "qlora"
     if qlora:  # its base must be the learner's dequantised NF4 base, as at start
         push(roles.learners, targets, 0, recipe.weight_sync.timeout_s, full=True)
-    if roles.policy_version > 0 or grouped:
-        push(roles.learners, targets, roles.policy_version, recipe.weight_sync.timeout_s)
-    roles.rollout_restarts += 1
+    if roles.counters.policy_version > 0 or grouped:
+        push(roles.learners, targets, roles.counters.policy_version, recipe.weight_sync.timeout_s)
+    roles.counters.rollout_restarts += 1
 
 
 def score(roles: Roles, rollouts: list[Rollout]) -> list[Score]:
@@ -211,7 +206,7 @@ def score(roles: Roles, rollouts: list[Rollout]) -> list[Score]:
 
 def restart_reward_service(roles: Roles) -> None:
     """Start the local reward service again on its port and token and wait until it
-    answers; counted in `roles.reward_restarts`.
+    answers; counted in `roles.counters.reward_restarts`.
 
     Recovers from a local reward service that died (killed, crashed, out of memory)
     before or during a request: `score` then scores again exactly the items that got no
@@ -223,9 +218,9 @@ def restart_reward_service(roles: Roles) -> None:
     """
     code = roles.reward_proc.returncode
     print(f"reward service exited (code {code}); restarting it", flush=True)
-    roles.reward_proc = roles.reward_launch.start()
+    roles.reward_proc = roles.specs.reward.start()
     roles.reward.local.wait_ready(timeout_s=120, proc=roles.reward_proc)
-    roles.reward_restarts += 1
+    roles.counters.reward_restarts += 1
 
 
 def on_learners(learners: list[Any], method: str, batch: TrainBatch, *args: Any) -> list[Any]:
@@ -263,8 +258,8 @@ def push_weights(roles: Roles, recipe: Recipe, version: int) -> float:
                 f"weight push of policy_version {version} failed ({e}); trying once more",
                 flush=True,
             )
-    roles.last_push_bytes = handle.num_bytes
-    roles.policy_version = version
+    roles.counters.last_push_bytes = handle.num_bytes
+    roles.counters.policy_version = version
     return time.time() - t0
 
 

@@ -1,108 +1,41 @@
-"""Prompt sources for RL recipes: procedural tasks, jsonl files, and the single-turn
-prompts of HH-RLHF preference pairs.
+"""A recipe's training data, loaded and checked before anything starts
+(`load_data`), and the stream of prompts a run draws from (`PromptStream`).
 
-Each source yields `PromptItem`s (controller-side only). The product never reads
-`../shared/data`; recipes that point there are for tests and benchmarks.
+Sources (recipes/sources.py): procedural tasks, reasoning-gym datasets and files in
+verl's, TRL's and plain layouts (recipes/layouts.py, recipes/rows.py), preference pairs
+(recipes/preference.py), and weighted mixtures of them. Held-out prompts (`eval:`) never
+appear in training. The product never reads `../shared/data`; recipes ship their
+samples in recipes/datasets/.
 """
 
 from __future__ import annotations
 
-import json
 import random
-from typing import Any
+from typing import Any, NamedTuple
 
-from ..config import RecipeError
-from ..config.data import DataConfig, GeneratorData, JsonlData, PreferenceData
-from .items import PromptItem, jsonl_rows
-from .preference import load_pairs, pair_prompts
-
-
-def _arithmetic(cfg: GeneratorData) -> list[PromptItem]:
-    import reasoning_gym
-
-    ds = reasoning_gym.create_dataset(
-        "basic_arithmetic",
-        size=cfg.size,
-        seed=cfg.seed,
-        min_terms=cfg.min_terms,
-        max_terms=cfg.max_terms,
-        min_digits=cfg.min_digits,
-        max_digits=cfg.max_digits,
-        operators=tuple(cfg.operators),
-        allow_negation=False,
-        allow_parentheses=False,
-    )
-    return [
-        PromptItem(
-            i, row["question"], str(row["answer"]), {"expression": row["metadata"]["expression"]}
-        )
-        for i, row in enumerate(ds)
-    ]
-
-
-def _jsonl(cfg: JsonlData) -> list[PromptItem]:
-    items: list[PromptItem] = []
-    for lineno, row in jsonl_rows(cfg.path):
-        if not isinstance(row, dict):
-            raise RecipeError(
-                f"{cfg.path}:{lineno}: a row must be a JSON object with "
-                f"{cfg.prompt_key!r}, got {type(row).__name__}"
-            )
-        for key, role in ((cfg.prompt_key, "prompt_key"), (cfg.answer_key, "answer_key")):
-            if key is None:
-                continue
-            if key not in row:
-                raise RecipeError(
-                    f"{cfg.path}:{lineno}: row has no key {key!r} (data.train.{role}); "
-                    f"its keys are {sorted(row)}; set data.train.{role} to one of them"
-                )
-            if not isinstance(row[key], str | int | float) or isinstance(row[key], bool):
-                raise RecipeError(
-                    f"{cfg.path}:{lineno}: {key!r} (data.train.{role}) is "
-                    f"{json.dumps(row[key])[:40]}; it must be text (or a number)"
-                )
-        answer = "" if cfg.answer_key is None else str(row[cfg.answer_key])
-        if cfg.answer_delimiter and cfg.answer_delimiter in answer:
-            answer = answer.rsplit(cfg.answer_delimiter, 1)[1].strip()
-        meta = {k: v for k, v in row.items() if k not in (cfg.prompt_key, cfg.answer_key)}
-        items.append(PromptItem(len(items), str(row[cfg.prompt_key]), answer, meta))
-        if cfg.limit and len(items) >= cfg.limit:
-            break
-    if not items:
-        raise RecipeError(f"{cfg.path}: no rows; the training file is empty")
-    return items
+from ..config import Recipe, RecipeError
+from ..config.data import DataConfig
+from .items import PromptItem
+from .sources import check_reward_coverage, hold_out, source_pairs, source_prompts, without
 
 
 def load_prompts(cfg: DataConfig) -> list[PromptItem]:
-    """Materialise the training prompts of a recipe.
+    """The prompts of `data.train` (all of them: `load_data` leaves held-out ones out).
 
     Raises:
-        RecipeError: unreadable rows or missing keys, naming file, line and key.
+        RecipeError: unreadable rows or missing keys, naming file, row and key.
     """
     return load_items(cfg.train)
 
 
-def load_items(block: GeneratorData | JsonlData | PreferenceData) -> list[PromptItem]:
-    """The prompts of one data block (`data.train`, `eval.prompts`); of hh preference
-    pairs, their single-turn prompts (`preference.pair_prompts`).
+def load_items(block: Any, key: str = "data.train") -> list[PromptItem]:
+    """The prompts of one data block (`data.train`, `eval.prompts`): a source or a
+    mixture; of hh preference pairs, their single-turn prompts.
 
     Raises:
-        RecipeError: unreadable rows or missing keys, naming file, line and key.
+        RecipeError: unreadable rows or missing keys, naming file, row and key.
     """
-    if isinstance(block, GeneratorData):
-        return _arithmetic(block)
-    if isinstance(block, PreferenceData):
-        return pair_prompts(
-            load_pairs(
-                block.path,
-                block.format,
-                block.prompt_key,
-                block.chosen_key,
-                block.rejected_key,
-                block.limit,
-            )[0]
-        )
-    return _jsonl(block)
+    return source_prompts(block, key)
 
 
 class PromptStream:
@@ -159,3 +92,55 @@ def prompt_stream(
     """Yield `per_step` prompts at a time, reshuffling at every epoch boundary (see
     `PromptStream`; `state` resumes a stream's `state()`)."""
     return PromptStream(items, per_step, seed, state)
+
+
+class LoadedData(NamedTuple):
+    """A run's data: `train` (prompts, or pairs for `facts.data == "pairs"`), `skipped`
+    (hh rows whose dialogues do not split), `eval` (held-out prompts) and `held_out`
+    (training prompts left out because they equal an evaluation prompt)."""
+
+    train: list[Any]
+    skipped: int
+    eval: list[PromptItem]
+    held_out: int
+
+
+def load_data(recipe: Recipe) -> LoadedData:
+    """A recipe's training data, checked: preference pairs for an algorithm that trains
+    on pairs (`recipe.facts.data`), else prompts with the held-out ones (`eval.prompts`,
+    or `eval.holdout` of data.train's) left out, every prompt covered by a reward
+    component that can score it (`sources.check_reward_coverage`).
+
+    Raises:
+        RecipeError: an unreadable file or a bad row (named), or a row no reward
+            component scores.
+    """
+    if recipe.facts.data == "pairs":
+        pairs, skipped = source_pairs(recipe.data.train, recipe.pair_margin_key)
+        return LoadedData(pairs, skipped, [], 0)
+    train, evals, dropped, e = source_prompts(recipe.data.train), [], 0, recipe.eval
+    if e is not None and e.holdout is not None:
+        kept, evals = hold_out(train, e.holdout, recipe.data.shuffle_seed)
+        train, dropped = kept, len(train) - len(kept)
+    elif e is not None:
+        evals = source_prompts(e.prompts, "eval.prompts")[: e.limit]
+        train, dropped = without(train, evals)
+    if e is not None:
+        evals = evals[: e.limit]
+    check_reward_coverage(train + evals, recipe.rewards)
+    return LoadedData(train, 0, evals, dropped)
+
+
+def load_eval_prompts(recipe: Recipe) -> list[PromptItem]:
+    """The held-out prompts (`eval.prompts`, or `eval.holdout` of data.train's; the
+    first `eval.limit`); [] without `eval`.
+
+    Raises:
+        RecipeError: as `load_data`.
+    """
+    e = recipe.eval
+    if e is None:
+        return []
+    if e.holdout is not None:
+        return load_data(recipe).eval
+    return source_prompts(e.prompts, "eval.prompts")[: e.limit]

@@ -22,7 +22,7 @@ from ..actors.rollout import Rollout, SamplingSettings
 from ..config import Recipe
 from ..rewards.protocol import Score
 from . import controller as c
-from .data import load_items
+from .data import load_eval_prompts  # noqa: F401  (re-exported: the loop imports it here)
 from .items import PromptItem
 
 
@@ -74,14 +74,6 @@ def due(recipe: Recipe, version: int) -> bool:
     if e is None:
         return False
     return e.before_train if version == 0 else version % e.every_steps == 0
-
-
-def load_eval_prompts(recipe: Recipe) -> list[PromptItem]:
-    """The held-out prompts (`eval.prompts`, first `eval.limit`); [] without `eval`."""
-    if recipe.eval is None:
-        return []
-    items = load_items(recipe.eval.prompts)
-    return items[: recipe.eval.limit] if recipe.eval.limit else items
 
 
 def evaluate(

@@ -1,17 +1,29 @@
-"""The controller's unit of training data, `PromptItem`, and the JSON-lines reader every
-data source shares. Imports nothing of the control plane, so the prompt and the
-preference readers both build on it without importing each other."""
+"""The controller's unit of training data, `PromptItem`, and how a prompt becomes the
+chat messages a rollout samples from (`chat_messages`, the one place that puts
+`model.system_prompt` in front). Imports nothing of the control plane, so the prompt
+and the preference readers both build on it without importing each other."""
 
 from __future__ import annotations
 
-import gzip
 import json
-from collections.abc import Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from ..config import RecipeError
+from .rows import jsonl_rows
+
+Message = dict[str, str]
+
+__all__ = [
+    "ROLES",
+    "Message",
+    "PromptItem",
+    "chat_messages",
+    "check_messages",
+    "jsonl_rows",
+    "prompt_identity",
+    "show",
+]
 
 
 @dataclass(frozen=True)
@@ -19,37 +31,108 @@ class PromptItem:
     """One prompt of the training set.
 
     Attributes:
-        prompt_id: stable id within the data set (row index or generator index).
-        question: the user message sent to the policy.
+        prompt_id: stable id within the data set (position in the loaded list).
+        question: the (last) user message sent to the policy, as text.
         ground_truth: reference answer the verifier compares against (text).
-        metadata: anything else from the source row, passed to reward services.
+        metadata: anything else from the source row, passed to reward services
+            (`data_source` among it when the row or its source names one).
+        messages: the prompt as chat messages (`[{"role", "content"}]`, checked in
+            order, ending with a user or tool turn) when the row gave messages or its
+            own system message; None: one user message, `question`.
+        origin: where the row came from (`FILE:LINE`, `FILE row N`, `NAME #i`), for
+            error messages.
     """
 
     prompt_id: int
     question: str
     ground_truth: str
     metadata: dict[str, Any] = field(default_factory=dict)
+    messages: list[Message] | None = None
+    origin: str = ""
 
 
-def jsonl_rows(path: str | Path) -> Iterator[tuple[int, Any]]:
-    """`(line number, parsed row)` of a .jsonl or .jsonl.gz file, blank lines skipped.
+def chat_messages(item: PromptItem, system_prompt: str | None) -> list[Message]:
+    """The chat messages rollouts render with the chat template (generation prompt on):
+    the item's own messages (else `question` as one user message), with `system_prompt`
+    (`model.system_prompt`) in front unless the row brought its own system message."""
+    messages = [dict(m) for m in item.messages] if item.messages else []
+    if not messages:
+        messages = [{"role": "user", "content": item.question}]
+    if system_prompt and messages[0]["role"] != "system":
+        messages.insert(0, {"role": "system", "content": system_prompt})
+    return messages
+
+
+def prompt_identity(item: PromptItem) -> str:
+    """What makes two prompts the same prompt (its messages before
+    `model.system_prompt`), for keeping held-out prompts out of training."""
+    return json.dumps(chat_messages(item, None), sort_keys=True)
+
+
+ROLES = ("system", "user", "assistant", "tool")
+# The roles each role may follow (None: first message).
+_FOLLOWS = {
+    "system": (None,),
+    "user": (None, "system", "assistant", "tool"),
+    "assistant": ("user", "tool"),
+    "tool": ("assistant", "tool"),
+}
+
+
+def show(value: Any, width: int = 40) -> str:
+    """A value as JSON, cut to `width` characters, for error messages."""
+    return json.dumps(value, default=repr)[:width]
+
+
+def check_messages(value: Any, where: str, key: str, prompt: bool = True) -> list[Message]:
+    """`value` as checked chat messages (each `{"role", "content"}`, other keys dropped).
+
+    Order: an optional system message first, then user and assistant turns taking turns
+    (tool results after an assistant turn or another tool result); with `prompt` the last
+    message is a user or tool turn (the policy answers next) and some user message has
+    text.
 
     Raises:
-        RecipeError: unreadable file (not gzip, not UTF-8, I/O) or a line that is not
-            JSON; names the file (and line).
+        RecipeError: not a list of `{role, content}` mappings, an unknown role, a
+            message out of order, content that is not text, or an empty prompt; names
+            `where` (file and row), `key` and the message's position (1-based).
     """
-    opener = gzip.open if str(path).endswith(".gz") else open
-    try:
-        with opener(path, "rt", encoding="utf-8") as f:
-            for lineno, line in enumerate(f, start=1):
-                if not line.strip():
-                    continue
-                try:
-                    yield lineno, json.loads(line)
-                except json.JSONDecodeError as e:
-                    raise RecipeError(f"{path}:{lineno}: not valid JSON ({e.msg})") from None
-    except (OSError, UnicodeDecodeError, EOFError) as e:
+    if not isinstance(value, list | tuple):
         raise RecipeError(
-            f"{path}: cannot read it as UTF-8 JSON lines"
-            f"{' (gzip)' if opener is gzip.open else ''}: {e}"
-        ) from None
+            f"{where}: {key!r} is {show(value)}; give text or a list of {{role, content}} messages"
+        )
+    if not value:
+        raise RecipeError(f"{where}: {key!r} is an empty list of messages (an empty prompt)")
+    out: list[Message] = []
+    for j, m in enumerate(value, start=1):
+        if not isinstance(m, dict) or "role" not in m or "content" not in m:
+            raise RecipeError(
+                f"{where}: {key!r} message {j} is {show(m)}, not a {{role, content}} mapping"
+            )
+        role, content = m["role"], m["content"]
+        if role not in ROLES:
+            raise RecipeError(
+                f"{where}: {key!r} message {j} has role {show(role)}; the roles are "
+                f"{', '.join(ROLES)}"
+            )
+        if not isinstance(content, str):
+            raise RecipeError(
+                f"{where}: {key!r} message {j} ({role}) has content {show(content)}, not text"
+            )
+        prev = out[-1]["role"] if out else None
+        if prev not in _FOLLOWS[role]:
+            raise RecipeError(
+                f"{where}: {key!r} message {j} ({role}) follows {prev or 'nothing'}: out of "
+                "order; a prompt is an optional system message, then user and assistant "
+                "turns in turn (tool results after the assistant)"
+            )
+        out.append({"role": role, "content": content})
+    if prompt and out[-1]["role"] not in ("user", "tool"):
+        raise RecipeError(
+            f"{where}: {key!r} ends with a{'n' if out[-1]['role'] == 'assistant' else ''} "
+            f"{out[-1]['role']} message; the policy answers next, so a prompt ends with a "
+            "user (or tool) message"
+        )
+    if prompt and not any(m["role"] == "user" and m["content"].strip() for m in out):
+        raise RecipeError(f"{where}: {key!r} has no user message with text (an empty prompt)")
+    return out

@@ -13,16 +13,27 @@ from pydantic import ValidationError
 from ..config import Recipe, RecipeError
 
 # Union tags pydantic puts into error locations: data variants right after `train`,
-# reward types right after a list index. Only there are they dropped (`format` is
-# also a real key of preference data).
-_DATA_TAGS = {"generator", "jsonl", "preference"}
-_REWARD_TAGS = {"math", "length", "format", "code", "python", "http"}
+# `prompts` or a mixture's list index, reward types right after a list index. Only there
+# are they dropped (`format` is also a real key of file data).
+_DATA_TAGS = {"generator", "reasoning_gym", "file", "mixture"}
+_REWARD_TAGS = {
+    "math",
+    "length",
+    "format",
+    "code",
+    "python",
+    "http",
+    "reward_model",
+    "judge",
+    "reasoning_gym",
+}
 
 
 def _key_path(loc: tuple) -> str:
     keep, prev = [], None
     for p in loc:
-        tag = (prev == "train" and p in _DATA_TAGS) or (isinstance(prev, int) and p in _REWARD_TAGS)
+        data_tag = p in _DATA_TAGS and (prev in ("train", "prompts") or isinstance(prev, int))
+        tag = data_tag or (isinstance(prev, int) and p in _REWARD_TAGS)
         if not tag and not str(p).startswith("function-after"):
             keep.append(str(p))
         prev = p
@@ -120,17 +131,27 @@ def load_recipe(path: str | Path, overrides: list[str] | None = None) -> Recipe:
     if not isinstance(tree, dict):
         raise RecipeError(f"{path}: a recipe is a mapping of keys (name, algorithm, model, ...)")
     tree = apply_overrides(tree, overrides or [])
-    train = tree.get("data", {}).get("train") if isinstance(tree.get("data"), dict) else None
-    held_out = tree.get("eval", {}).get("prompts") if isinstance(tree.get("eval"), dict) else None
-    for block in (train, held_out):
-        if isinstance(block, dict) and isinstance(block.get("path"), str):
-            p = Path(block["path"]).expanduser()
-            if not p.is_absolute():
-                block["path"] = str((path.parent / p).resolve())
+    _resolve_data_paths(tree, path.parent)
     try:
         return Recipe.model_validate(tree)
     except ValidationError as e:
         raise RecipeError(format_errors(e, str(path))) from None
+
+
+def _resolve_data_paths(tree: dict[str, Any], folder: Path) -> None:
+    """Make the `path` of data.train, eval.prompts and their mixtures' entries absolute,
+    relative ones read from `folder` (the recipe's)."""
+    train = tree.get("data", {}).get("train") if isinstance(tree.get("data"), dict) else None
+    held_out = tree.get("eval", {}).get("prompts") if isinstance(tree.get("eval"), dict) else None
+    blocks = [train, held_out]
+    for block in (train, held_out):
+        if isinstance(block, dict) and isinstance(block.get("mixture"), list):
+            blocks += block["mixture"]
+    for block in blocks:
+        if isinstance(block, dict) and isinstance(block.get("path"), str):
+            p = Path(block["path"]).expanduser()
+            if not p.is_absolute():
+                block["path"] = str((folder / p).resolve())
 
 
 def dump_recipe(recipe: Recipe) -> str:

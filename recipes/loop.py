@@ -21,27 +21,22 @@ from ..actors.rollout import Rollout
 from ..common.model_registry import resolve_model_path
 from ..common.process import quiet_libraries
 from ..common.telemetry import Span
-from ..config import PreferenceData, Recipe
+from ..config import Recipe
 from ..rewards.protocol import Score
 from ..weightsync import WeightSyncError
 from . import checkpoints
 from . import controller as c
 from .algo import Algorithm, PairAlgorithm, RLAlgorithm, algorithm_for
-from .algo.dynamic import sample_with_signal
 from .algo.grpo import apply_failure_policy, rollout_batch, rollout_metrics
-from .data import load_prompts, prompt_stream
+from .data import load_data, prompt_stream
 from .empty_steps import EmptySteps, train_or_skip
-from .episodes.step import (
-    add_environment_rewards,
-    episodes_enabled,
-    generate_episodes,
-)
 from .evaluation import due, evaluate, load_eval_prompts
 from .items import PromptItem
-from .monitoring.advisories import advisories, new_advisories
+from .monitoring.advisories import advisories, console_lines
 from .monitoring.dashboard import DashboardServer
 from .monitoring.log import StepLog
 from .recovery import STEP_ERRORS, LearnerRecovery
+from .samplers import Sampled, Sampler, pick_sampler
 
 
 @dataclass
@@ -57,6 +52,7 @@ class Run:
     prompts: Iterator[list[PromptItem]] | None = None
     eval_prompts: list[PromptItem] | None = None
     stream: Any = None  # train.max_staleness ≥ 1: the RolloutStream (recipes/async_loop.py)
+    sampler: Sampler | None = None  # synchronous RL steps: chosen once (recipes/samplers.py)
 
 
 def run(
@@ -95,7 +91,7 @@ def run(
     quiet_libraries()
     run_dir.mkdir(parents=True, exist_ok=True)
     if data is None:
-        data = load_data(recipe)
+        data = load_data(recipe)[0]
     eval_prompts = load_eval_prompts(recipe)
     algo = algorithm_for(recipe)
     model_path = str(resolve_model_path(recipe.model.path))
@@ -118,6 +114,7 @@ def run(
         )
         state = Run(recipe, run_dir, model_path, roles, data, eval_prompts=eval_prompts)
         if algo.uses_rollouts:
+            state.sampler = pick_sampler(recipe)
             state.prompts = prompt_stream(
                 data,
                 recipe.train.prompts_per_step,
@@ -153,7 +150,7 @@ def run(
                     "step": step,
                     **metrics,
                     **evaluated,
-                    "learner_restarts": roles.learner_restarts,
+                    "learner_restarts": roles.counters.learner_restarts,
                 }
                 _advise(history, metrics, recipe)
                 history.append(metrics)
@@ -269,24 +266,6 @@ def _resume(run: Run, algo: Algorithm, checkpoint: Path, version: int) -> None:
     print(f"resumed from {checkpoint} (policy_version {version})", flush=True)
 
 
-def load_data(recipe: Recipe) -> list[Any]:
-    """The recipe's training data: preference pairs (DPO, reward model) or prompts (for
-    GRPO / PPO on hh pairs: their single-turn prompts, `preference.pair_prompts`).
-
-    Raises:
-        RecipeError: an unreadable file or a bad row (named).
-    """
-    d = recipe.data.train
-    if isinstance(d, PreferenceData) and recipe.algorithm in ("dpo", "reward_model"):
-        from .preference import load_pairs
-
-        margin_key = recipe.reward_model.margin_key if recipe.algorithm == "reward_model" else None
-        return load_pairs(
-            d.path, d.format, d.prompt_key, d.chosen_key, d.rejected_key, d.limit, margin_key
-        )[0]
-    return load_prompts(recipe.data)
-
-
 StepFn = Callable[[Run, Any, int], tuple[dict[str, float], list[Span]]]
 
 
@@ -310,44 +289,42 @@ def pick_step(algo: Algorithm) -> StepFn:
 
 
 def rl_step(run: Run, algo: RLAlgorithm, step: int) -> tuple[dict[str, float], list[Span]]:
-    """One synchronous, on-policy step: generate → score → batch → train (advantages
-    and optimizer steps) → push, and every engine holds `policy_version = step + 1`
-    before the next generate. The step's rollouts and scores reach disk before training.
-    """
+    """One synchronous, on-policy step: sample (generate + score, with the run's sampler)
+    → batch → train (advantages and optimizer steps) → push, and every engine holds
+    `policy_version = step + 1` before the next generate. The step's rollouts and scores
+    reach disk before training."""
     recipe, roles = run.recipe, run.roles
-    t0 = time.time()
-    if recipe.grpo.dynamic_sampling:  # rounds of generate + score: all in time/generate
-        rollouts, scores, dynamic = _sample_with_signal(run, step)
-        t1 = t2 = time.time()
-    elif episodes_enabled(recipe):  # multi-turn or agent episodes (recipes/episodes/step.py)
-        rollouts, dynamic = generate_episodes(
-            roles, next(run.prompts), recipe, run.model_path, step, run.run_dir
-        )
-        t1 = time.time()
-        scores = add_environment_rewards(rollouts, c.score(roles, rollouts))
-        t2 = time.time()
-        if recipe.monitor.save_rollouts:
-            c.save_rollouts(run.run_dir, step, rollouts, scores)
-    else:
-        rollouts, dynamic = c.generate(roles, next(run.prompts), recipe, step), {}
-        t1 = time.time()
-        scores = c.score(roles, rollouts)
-        t2 = time.time()
-        if recipe.monitor.save_rollouts:
-            c.save_rollouts(run.run_dir, step, rollouts, scores)
-    rewards = apply_failure_policy(
-        [s.reward for s in scores],
-        [r.group_id for r in rollouts],
-        recipe.on_reward_failure,
-        [s.error for s in scores],
-    )
-    batch = rollout_batch(rollouts, rewards, roles.pad_id)
-    stats = train_or_skip(algo, roles.learners, batch, rollouts, rewards, scores, step)
+    got = run.sampler.sample(run, step)
+    rewards = apply_failure_policy(got.scores, got.rollouts, recipe.on_reward_failure)
+    batch = rollout_batch(got.rollouts, rewards, roles.pad_id)
+    stats = train_or_skip(algo, roles.learners, batch, got.rollouts, rewards, got.scores, step)
     sync_s = c.push_weights(roles, recipe, version=step + 1)
     t_end = time.time()
-    telemetry, spans = c.step_telemetry(
-        roles, t0, t_end, [Span("reward", 0, "score", t1, t2, step)]
-    )
+    score_span = Span("reward", 0, "score", got.t_generated, got.t_scored, step)
+    telemetry, spans = c.step_telemetry(roles, got.t_start, t_end, [score_span])
+    quality = _quality(recipe, got.rollouts, got.scores, step)
+    return {
+        "policy_version": step + 1,
+        **_restarts(roles),
+        **quality,
+        **got.metrics,
+        **stats,
+        **_step_times(got, sync_s, t_end),
+        "weight_sync_bytes": roles.counters.last_push_bytes,
+        **telemetry,
+    }, spans
+
+
+def _restarts(roles: c.Roles) -> dict[str, int]:
+    return {
+        "rollout_restarts": roles.counters.rollout_restarts,
+        "reward_restarts": roles.counters.reward_restarts,
+    }
+
+
+def _quality(recipe: Recipe, rollouts: list[Rollout], scores: list[Score], step: int) -> dict:
+    """The step's rollout metrics (`rollout_metrics`); says on the console when some
+    rollouts could not be scored."""
     accuracy_of = next((r.name for r in recipe.rewards if r.type == "math"), None)
     quality = rollout_metrics(rollouts, scores, accuracy_of)
     if quality["failed_scores"]:
@@ -356,23 +333,23 @@ def rl_step(run: Run, algo: RLAlgorithm, step: int) -> tuple[dict[str, float], l
             f"step {step}: {quality['failed_scores']:.0f} rollouts could not be scored "
             f"({first.error}); on_reward_failure={recipe.on_reward_failure}"
         )
+    return quality
+
+
+def _step_times(got: Sampled, sync_s: float, t_end: float) -> dict[str, float]:
+    """Seconds of the step's phases and their shares of the step."""
+    step_s = t_end - got.t_start
+    generate_s, score_s = got.t_generated - got.t_start, got.t_scored - got.t_generated
+    tokens = sum(len(r.response_ids) for r in got.rollouts)
     return {
-        "policy_version": step + 1,
-        "rollout_restarts": roles.rollout_restarts,
-        "reward_restarts": roles.reward_restarts,
-        **quality,
-        **dynamic,
-        **stats,
-        "time/generate": t1 - t0,
-        "time/score": t2 - t1,
+        "time/generate": generate_s,
+        "time/score": score_s,
         "time/weight_sync": sync_s,
-        "time/step": t_end - t0,
-        "weight_sync_bytes": roles.last_push_bytes,
-        "rollout_tokens_per_s": sum(len(r.response_ids) for r in rollouts) / max(t1 - t0, 1e-9),
-        "weight_sync_fraction": sync_s / (t_end - t0),
-        "score_fraction": (t2 - t1) / (t_end - t0),
-        **telemetry,
-    }, spans
+        "time/step": step_s,
+        "rollout_tokens_per_s": tokens / max(generate_s, 1e-9),
+        "weight_sync_fraction": sync_s / step_s,
+        "score_fraction": score_s / step_s,
+    }
 
 
 def _eval_if_due(run: Run, version: int) -> dict[str, Any]:
@@ -395,31 +372,12 @@ def _eval_if_due(run: Run, version: int) -> dict[str, Any]:
 
 
 def _advise(history: list[dict[str, Any]], metrics: dict[str, Any], recipe: Recipe) -> None:
-    """Puts the step's health advisories into `metrics` and prints those that started."""
+    """Puts the step's health advisories into `metrics` and prints those that started at
+    this step, and the step range of those that ended (all of them at the last step)."""
     metrics["advisories"] = advisories([*history, metrics], recipe.monitor.advisories)
-    previous = history[-1].get("advisories", []) if history else []
-    for a in new_advisories(metrics["advisories"], previous):
-        tqdm.write(f"step {metrics['step']}: advisory {a}")
-
-
-def _sample_with_signal(run: Run, step: int) -> tuple[list[Rollout], list[Score], dict[str, float]]:
-    """DAPO's dynamic sampling (recipes/algo/dynamic.py): the groups with signal to train on,
-    their scores and the metrics; every round's groups go to the rollout file."""
-    recipe, roles = run.recipe, run.roles
-    got = sample_with_signal(
-        run.prompts,
-        lambda prompts, r: c.generate(roles, prompts, recipe, step, r),
-        lambda rollouts: c.score(roles, rollouts),
-        recipe.train.prompts_per_step,
-        recipe.grpo.max_rounds,
-    )
-    if recipe.monitor.save_rollouts:
-        c.save_rollouts(run.run_dir, step, got.all_rollouts, got.all_scores)
-    return (
-        got.rollouts,
-        got.scores,
-        {"dynamic/dropped_groups": float(got.dropped_groups), "dynamic/rounds": float(got.rounds)},
-    )
+    run_ends = metrics["step"] == recipe.train.steps - 1
+    for line in console_lines([*history, metrics], run_ends):
+        tqdm.write(line)
 
 
 def _report(bar: tqdm, m: dict[str, Any]) -> None:

@@ -1,12 +1,16 @@
-"""Preference pairs for DPO: loading (jsonl or gzip jsonl, two formats) and
-tokenisation into paired rows.
+"""Preference pairs for DPO and reward models: loading (any file kind recipes/rows.py
+reads) and tokenisation into paired rows.
 
 Formats:
-- `pairs`: each row has `prompt`, `chosen`, `rejected` (keys configurable); the
-  replies are the text after the prompt. Chat-format rows give the prompt as a list
-  of messages `[{"role": ..., "content": ...}, ...]` and each reply as text or as a
-  list of one `{"role": "assistant", "content": ...}` message. All rows of a file
-  share one prompt shape (text or messages).
+- `auto` (and `pairs`, its older name): TRL's preference layouts. With a shared
+  `prompt` (key configurable): `prompt`, `chosen`, `rejected`; the replies are the text
+  after the prompt. Chat-format rows give the prompt as a list of messages
+  `[{"role": ..., "content": ...}, ...]` (checked: roles, order) and each reply as text
+  or as a list of one `{"role": "assistant", "content": ...}` message. Without a
+  `prompt` column (TRL's implicit prompt): `chosen` and `rejected` are whole
+  conversations (the shared leading messages are the prompt, then one assistant
+  message each) or whole texts (the shared leading characters are the prompt, as TRL's
+  `extract_prompt` splits them). All rows of a file share one prompt shape.
 - `hh`: Anthropic HH-RLHF rows `{"chosen", "rejected"}`, each a whole dialogue of
   `\\n\\nHuman: …\\n\\nAssistant: …` turns sharing every turn but the last reply. The
   prompt is the dialogue up to and including the last `\\n\\nAssistant:`; rows whose
@@ -33,7 +37,8 @@ from ..common.chat_tokens import hh_messages
 from ..common.chat_tokens import one_bos as _one_bos
 from ..common.chat_tokens import stop_ids as _stop_ids
 from ..config import RecipeError
-from .items import PromptItem, jsonl_rows
+from .items import PromptItem, check_messages
+from .rows import read_rows
 
 HH_MARK = "\n\nAssistant:"
 #: Template ids (part of the DPO reference-logprob cache key): how prompts were built.
@@ -55,6 +60,7 @@ class PreferencePair:
     chosen: str
     rejected: str
     margin: float = 0.0  # reward-model margin of this pair (`margin_key`), else 0
+    hh: bool = False  # the prompt is HH-RLHF dialogue text (`format: hh`)
 
     @property
     def is_chat(self) -> bool:
@@ -80,6 +86,10 @@ def _row_fields(
     chat = _messages(prompt) is not None
     if not chat and not isinstance(prompt, str):
         _bad_key(row, prompt_key, where, "text or a list of {role, content} messages")
+    if chat:
+        prompt = check_messages(prompt, where, prompt_key)
+    elif not prompt.strip():
+        raise RecipeError(f"{where}: key {prompt_key!r} is an empty prompt")
     replies = []
     for k in (chosen_key, rejected_key):
         v = row.get(k)
@@ -100,6 +110,63 @@ def _row_fields(
             )
         else:
             _bad_key(row, k, where, "text or a list of one assistant message")
+    return prompt, replies[0], replies[1]
+
+
+def _shared_start(a: Any, b: Any) -> int:
+    """How many leading items (characters or messages) `a` and `b` share."""
+    n = 0
+    while n < min(len(a), len(b)) and a[n] == b[n]:
+        n += 1
+    return n
+
+
+def implicit_fields(
+    row: dict, where: str, chosen_key: str, rejected_key: str
+) -> tuple[str | list[Message], str, str]:
+    """TRL's implicit prompt: the shared start of `chosen` and `rejected` (whole texts or
+    conversations) is the prompt, the rest of each its reply (TRL `extract_prompt`:
+    texts split at the first differing character, a space before it going to the
+    replies; conversations at the first differing message, then one assistant message
+    each).
+
+    Raises:
+        RecipeError: values of the wrong shape, no shared start, or a conversation
+            that does not end in one assistant reply each.
+    """
+    c, r = row.get(chosen_key), row.get(rejected_key)
+    for k, v in ((chosen_key, c), (rejected_key, r)):
+        if not isinstance(v, str) and _messages(v) is None:
+            _bad_key(row, k, where, "text or a list of {role, content} messages")
+    if isinstance(c, str) != isinstance(r, str):
+        raise RecipeError(
+            f"{where}: keys {chosen_key!r} and {rejected_key!r} must both be text or both "
+            "lists of messages"
+        )
+    n = _shared_start(c, r)
+    if isinstance(c, str):
+        if 0 < n < len(c) and c[n - 1] == " ":
+            n -= 1
+        if not c[:n].strip():
+            raise RecipeError(
+                f"{where}: {chosen_key!r} and {rejected_key!r} share no prompt at their "
+                "start; give the prompt in its own column (data.train.prompt_key)"
+            )
+        return c[:n], c[n:], r[n:]
+    if n == 0:
+        raise RecipeError(
+            f"{where}: {chosen_key!r} and {rejected_key!r} share no leading messages; give "
+            "the prompt in its own column (data.train.prompt_key)"
+        )
+    prompt = check_messages(c[:n], where, f"{chosen_key}/{rejected_key} shared start")
+    replies = []
+    for k, rest in ((chosen_key, c[n:]), (rejected_key, r[n:])):
+        if len(rest) != 1 or rest[0]["role"] != "assistant":
+            raise RecipeError(
+                f"{where}: after the prompt {chosen_key!r} and {rejected_key!r} share, "
+                f"{k!r} must hold one assistant message, not {[m['role'] for m in rest]}"
+            )
+        replies.append(rest[0]["content"])
     return prompt, replies[0], replies[1]
 
 
@@ -128,23 +195,24 @@ def _hh_fields(
 def load_pairs(
     path: str | Path,
     fmt: str,
-    prompt_key: str = "prompt",
+    prompt_key: str = "auto",
     chosen_key: str = "chosen",
     rejected_key: str = "rejected",
     limit: int | None = None,
     margin_key: str | None = None,
+    split: str | None = None,
 ) -> tuple[list[PreferencePair], int]:
-    """Pairs of a data file and how many rows were skipped (hh rows that do not split).
-    `margin_key`: each row's key holding a number ≥ 0, the pair's `margin`.
+    """Pairs of a data file or folder and how many rows were skipped (hh rows that do
+    not split). `fmt`: 'auto' / 'pairs' (TRL's layouts; `prompt_key` 'auto': 'prompt'
+    when row 1 has it, else the implicit prompt) or 'hh'. `margin_key`: each row's key
+    holding a number ≥ 0, the pair's `margin`.
 
     Raises:
         RecipeError: unreadable rows, missing keys or values of the wrong shape, rows
-            that mix text and message prompts, or no usable pair; names file, line, key.
+            that mix text and message prompts, or no usable pair; names file, row, key.
     """
-    path = Path(path)
-    pairs, skipped = [], 0
-    for lineno, row in jsonl_rows(path):
-        where = f"{path}:{lineno}"
+    pairs, skipped, implicit = [], 0, None
+    for where, row in read_rows(path, split):
         if not isinstance(row, dict):
             raise RecipeError(f"{where}: a row must be a JSON object")
         if fmt == "hh":
@@ -153,12 +221,20 @@ def load_pairs(
                 skipped += 1
                 continue
         else:
-            fields = _row_fields(row, where, prompt_key, chosen_key, rejected_key)
-        pair = PreferencePair(len(pairs), *fields, _margin(row, margin_key, where))
+            if implicit is None:
+                implicit = prompt_key == "auto" and "prompt" not in row
+            key = "prompt" if prompt_key == "auto" else prompt_key
+            fields = (
+                implicit_fields(row, where, chosen_key, rejected_key)
+                if implicit
+                else _row_fields(row, where, key, chosen_key, rejected_key)
+            )
+        margin = _margin(row, margin_key, where)
+        pair = PreferencePair(len(pairs), *fields, margin, hh=fmt == "hh")
         if pairs and pair.is_chat != pairs[0].is_chat:
             shape = "messages" if pairs[0].is_chat else "text"
             raise RecipeError(
-                f"{where}: key {prompt_key!r} changes shape; earlier rows give "
+                f"{where}: the prompt changes shape; earlier rows give "
                 f"the prompt as {shape}: use one shape for the whole file"
             )
         pairs.append(pair)
@@ -198,15 +274,22 @@ class PairTokenization:
     """Tokenised pairs and how their prompts were built.
 
     Attributes:
-        pairs: one `TokenizedPair` per input pair, in order.
+        pairs: one `TokenizedPair` per kept input pair, in order.
         template_id: `CHAT_TEMPLATE_ID`, `PLAIN_TEMPLATE_ID` or `PLAIN_BOS_TEMPLATE_ID`;
             goes into the DPO reference-logprob cache key.
-        description: one line for the run's console.
+        description: one line for the run's console (the data summary), with the count
+            of dropped pairs.
+        kept: the input index of each pair in `pairs`.
+        identical: input pairs dropped because their chosen and rejected ids are equal
+            after truncation to `max_length` (no preference left: the loss is log 2
+            with zero gradient and the accuracy counts a tie).
     """
 
     pairs: list[TokenizedPair]
     template_id: str
     description: str
+    kept: list[int]
+    identical: int = 0
 
 
 def _fit(
@@ -255,7 +338,8 @@ def tokenize_pairs_with_template(
     including its end-of-turn token. Text pairs: raw text without special tokens,
     the tokenizer's BOS in front if it adds one to its encodings, replies + EOS.
     Pairs longer than `max_length` keep the BOS, the end of the prompt and the start
-    of the replies (the prompt never shorter than half of `max_length`).
+    of the replies (the prompt never shorter than half of `max_length`). A pair whose
+    chosen and rejected ids are then equal is dropped and counted (`identical`).
 
     Args:
         pairs: all chat-format or all text (as `load_pairs` returns them).
@@ -263,7 +347,8 @@ def tokenize_pairs_with_template(
         max_length: most tokens of prompt + reply per row.
 
     Raises:
-        RecipeError: chat-format pairs but the tokenizer has no chat template.
+        RecipeError: chat-format pairs but the tokenizer has no chat template, or every
+            pair is identical after truncation.
         ValueError: `pairs` mixes chat-format and text prompts.
     """
     chat = bool(pairs) and pairs[0].is_chat
@@ -299,23 +384,43 @@ def tokenize_pairs_with_template(
         prompt, replies = _fit(prompt, replies, max_length, keep_first)
         out.append(TokenizedPair(prompt, replies[0], replies[1]))
     if chat:
-        return PairTokenization(
-            out,
-            CHAT_TEMPLATE_ID,
-            "DPO prompts: the model's chat "
-            "template (chat-format pairs), replies end at its end of turn",
-        )
-    with_bos = adds_bos and bos is not None
-    return PairTokenization(
-        out,
-        PLAIN_BOS_TEMPLATE_ID if with_bos else PLAIN_TEMPLATE_ID,
-        f"DPO prompts: plain text, no chat template{' (with BOS)' if with_bos else ''}",
+        template = CHAT_TEMPLATE_ID
+        text = "the model's chat template (chat-format pairs), replies end at its end of turn"
+    else:
+        with_bos = adds_bos and bos is not None
+        template = PLAIN_BOS_TEMPLATE_ID if with_bos else PLAIN_TEMPLATE_ID
+        text = f"plain text, no chat template{' (with BOS)' if with_bos else ''}"
+    return _without_identical(out, template, f"DPO prompts: {text}", max_length)
+
+
+def _without_identical(
+    out: list[TokenizedPair], template_id: str, description: str, max_length: int
+) -> PairTokenization:
+    """The tokenisation without the pairs whose chosen and rejected ids are equal.
+
+    Raises:
+        RecipeError: every pair is.
+    """
+    kept = [i for i, t in enumerate(out) if t.chosen_ids != t.rejected_ids]
+    dropped = len(out) - len(kept)
+    why = (
+        f"chosen and rejected are identical after truncation to max_length {max_length} "
+        "(no preference left to learn)"
     )
+    if out and not kept:
+        raise RecipeError(
+            f"all {len(out)} preference pairs dropped: {why}; raise max_length "
+            "(dpo.max_length or reward_model.max_length)"
+        )
+    if dropped:
+        description += f"; {dropped} of {len(out)} pairs dropped: {why}"
+    return PairTokenization([out[i] for i in kept], template_id, description, kept, dropped)
 
 
 def pair_prompts(pairs: list[PreferencePair]) -> list[PromptItem]:
     """The prompts of hh pairs for GRPO / PPO: each pair whose dialogue is one `Human:`
-    turn gives its text as a prompt (rollouts are single-turn); no ground truth.
+    turn gives its text as a prompt; no ground truth. (Prompts of other preference
+    files are read row by row, recipes/layouts.py.)
 
     Raises:
         RecipeError: no pair is single-turn.
@@ -328,7 +433,8 @@ def pair_prompts(pairs: list[PreferencePair]) -> list[PromptItem]:
     if not out:
         raise RecipeError(
             f"data.train: none of the {len(pairs)} hh pairs has a single-turn "
-            "prompt (one '\\n\\nHuman:' turn); rollouts are single-turn: give "
-            "more rows (data.train.limit) or a prompt file"
+            "prompt (one '\\n\\nHuman:' turn); give more rows (data.train.limit), or "
+            "the dialogues as chat messages (TRL's conversational chosen / rejected) to "
+            "use multi-turn prompts"
         )
     return out

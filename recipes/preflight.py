@@ -11,15 +11,44 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..config import FileData, MixtureData, Recipe, RecipeError
 from ..config import recipe as models  # vllm_installed looked up at call time (tests patch it)
-
-from ..config import JsonlData, PreferenceData, Recipe, RecipeError
+from .items import chat_messages
+from .rows import KINDS
 
 if TYPE_CHECKING:
     from .items import PromptItem
 
-#: Algorithms that train on preference pairs: no rollouts, no prompt-length check.
-PAIR_ALGORITHMS = ("dpo", "reward_model")
+
+def data_blocks(recipe: Recipe) -> list[tuple[str, Any]]:
+    """`(key path, source)` of every data source of the recipe: data.train and
+    eval.prompts, or each entry of their mixtures."""
+    out = []
+    blocks = [("data.train", recipe.data.train)]
+    if recipe.eval is not None and recipe.eval.prompts is not None:
+        blocks.append(("eval.prompts", recipe.eval.prompts))
+    for key, block in blocks:
+        if isinstance(block, MixtureData):
+            out += [(f"{key}.mixture.{i}", s) for i, s in enumerate(block.mixture)]
+        else:
+            out.append((key, block))
+    return out
+
+
+def reward_model_problem(i: int, path: str) -> str | None:
+    """What is wrong with `rewards.{i}.path`, a reward-model folder (missing, no
+    config.json, truncated or broken weights, no tokenizer: common/model_folder.py),
+    as an error naming the key and the fix; None when nothing is."""
+    from ..common.model_folder import model_folder_problem
+
+    problem = model_folder_problem(path)
+    if problem is None:
+        return None
+    return (
+        f"rewards.{i}.path: {problem} (relative paths are read from the working "
+        "directory); give a folder that algorithm: reward_model saved (RUN_DIR/final) or "
+        "another local sequence-classification folder"
+    )
 
 
 def _check_reward_runtime(i: int, c: Any) -> None:
@@ -36,12 +65,8 @@ def _check_reward_runtime(i: int, c: Any) -> None:
                 f"rewards.{i}.function: module {top!r} of {c.function!r} is not importable; "
                 "put its folder on PYTHONPATH (e.g. PYTHONPATH=examples)"
             )
-    if c.type == "reward_model" and not (Path(c.path).expanduser() / "config.json").is_file():
-        raise RecipeError(
-            f"rewards.{i}.path: {c.path} is not a model folder (no config.json; relative paths "
-            "are read from the working directory); train one with algorithm: reward_model "
-            "(it saves RUN_DIR/final) or give a local sequence-classification folder"
-        )
+    if c.type == "reward_model" and (problem := reward_model_problem(i, c.path)):
+        raise RecipeError(problem)
     if c.type == "code" and c.sandbox == "bwrap" and shutil.which("bwrap") is None:
         raise RecipeError(
             f"rewards.{i}.sandbox: bubblewrap (bwrap) is not installed; install it (Debian: "
@@ -54,7 +79,7 @@ VLLM_CPU_HEAD_DIMS = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
 
 
 def _check_vllm_cpu_head_dim(recipe: Recipe, config_file: Path) -> None:
-    if recipe.algorithm in PAIR_ALGORITHMS or recipe.rollout.engine != "vllm":
+    if not recipe.facts.uses_rollouts or recipe.rollout.engine != "vllm":
         return
     if recipe.resources.device != "cpu":
         return
@@ -77,20 +102,19 @@ def check_runtime_inputs(recipe: Recipe) -> None:
         RecipeError: the data file is missing, or the model path is neither an alias nor a
             transformers folder.
     """
-    train = recipe.data.train
-    if isinstance(train, JsonlData | PreferenceData) and not Path(train.path).is_file():
-        what = "is a folder, not a file" if Path(train.path).is_dir() else "does not exist"
-        raise RecipeError(
-            f"data.train.path: {train.path} {what}; give a .jsonl or .jsonl.gz file "
-            "(relative paths are read from the recipe's folder)"
-        )
+    for key, block in data_blocks(recipe):
+        if isinstance(block, FileData) and not Path(block.path).exists():
+            raise RecipeError(
+                f"{key}.path: {block.path} does not exist; give {KINDS} (relative paths "
+                "are read from the recipe's folder)"
+            )
     critic = recipe.ppo.critic_path
-    if recipe.algorithm == "ppo" and critic and not (Path(critic) / "config.json").is_file():
+    if recipe.facts.critic and critic and not (Path(critic) / "config.json").is_file():
         raise RecipeError(
             f"ppo.critic_path: {critic} is not a transformers folder (no "
             "config.json); remove it to start the critic from the policy"
         )
-    rollouts_on_vllm = recipe.algorithm not in PAIR_ALGORITHMS and recipe.rollout.engine == "vllm"
+    rollouts_on_vllm = recipe.facts.uses_rollouts and recipe.rollout.engine == "vllm"
     if rollouts_on_vllm and not models.vllm_installed():
         raise RecipeError(
             "rollout.engine: 'vllm' is not installed here; run scripts/setup.sh (CPU: "
@@ -193,8 +217,9 @@ def _tokenizer(folder: Path) -> Any:
 def _longest_prompt(
     folder: Path, recipe: Recipe, prompts: list[PromptItem]
 ) -> tuple[int, PromptItem]:
-    """Tokens of the longest prompt as rollouts build it: `model.system_prompt` (if set)
-    and the question as user message, chat template with the generation prompt."""
+    """Tokens of the longest prompt as rollouts build it (`items.chat_messages`: the
+    row's messages, else its question as user message, `model.system_prompt` in front
+    unless the row has its own), chat template with the generation prompt."""
     from jinja2 import TemplateError
 
     try:
@@ -204,15 +229,10 @@ def _longest_prompt(
             f"model.path: cannot load the tokenizer of {folder} ({e}); give a "
             "transformers folder with its tokenizer files"
         ) from None
-    system = [{"role": "system", "content": recipe.model.system_prompt}]
     longest, where = 0, prompts[0]
     for start in range(0, len(prompts), 1024):
         chunk = prompts[start : start + 1024]
-        convs = [
-            (system if recipe.model.system_prompt else [])
-            + [{"role": "user", "content": p.question}]
-            for p in chunk
-        ]
+        convs = [chat_messages(p, recipe.model.system_prompt) for p in chunk]
         try:
             ids = tok.apply_chat_template(
                 convs, add_generation_prompt=True, tokenize=True, return_dict=True
@@ -259,7 +279,7 @@ def checked_prompt_tokens(
         RecipeError: names the key to change (rollout.vllm.max_model_len or
             rollout.max_new_tokens), the limit, the longest prompt and what to set.
     """
-    if recipe.algorithm in PAIR_ALGORITHMS or not prompts:
+    if not recipe.facts.uses_rollouts or not prompts:
         return 0
     folder = _readable_model_folder(recipe.model.path, convert)
     if folder is None:
@@ -296,7 +316,8 @@ def checked_prompt_tokens(
     fixes += ["raise rollout.vllm.max_model_len"] if engine_len else []
     fixes += [f"leave out prompts over {limit - new} tokens"] if new < limit else []
     raise RecipeError(
-        f"{key}: data.train prompt {item.prompt_id} ({item.question[:40]!r}...) is {length} "
+        f"{key}: data.train prompt {item.prompt_id} ({item.origin or 'generated'}: "
+        f"{item.question[:40]!r}...) is {length} "
         f"tokens after the chat template"
         f"{' with model.system_prompt' if recipe.model.system_prompt else ''}; with "
         f"rollout.max_new_tokens {new} a sample needs {length + new} tokens, more than {what}; "

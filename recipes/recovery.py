@@ -16,7 +16,7 @@ new process. So the whole learner group is replaced, never one rank:
    (steps logged after it are dropped and run again), the algorithm's `prepare` runs
    again (DPO: the reference sums, from its cache), a collective transport forms a new
    broadcast group, and that policy is pushed to every engine as its `policy_version`.
-   Counted in `roles.learner_restarts` (metric `learner_restarts`).
+   Counted in `roles.counters.learner_restarts` (metric `learner_restarts`).
 
 Not thread-safe: the controller's thread alone calls it, between steps.
 """
@@ -103,7 +103,7 @@ class LearnerRecovery:
             f"learner rank {', '.join(map(str, dead))} died in step {step} ({type(error).__name__})"
         )
         ckpt = last_good(run.run_dir, step)
-        if run.roles.learner_restarts >= recipe.train.max_restarts:
+        if run.roles.counters.learner_restarts >= recipe.train.max_restarts:
             where = (
                 f"Last good checkpoint: {ckpt}. Resume with: posttrain run --resume {run.run_dir}"
                 if ckpt
@@ -111,7 +111,7 @@ class LearnerRecovery:
                 f"again with: posttrain run {run.run_dir / 'recipe.yaml'} --out NEW_DIR"
             )
             raise LearnerDied(
-                f"{what}; the run stopped after {run.roles.learner_restarts} learner "
+                f"{what}; the run stopped after {run.roles.counters.learner_restarts} learner "
                 f"restarts (train.max_restarts: {recipe.train.max_restarts}). {where} "
                 "(train.max_restarts: N lets a run restart its learner group by itself)"
             ) from error
@@ -127,11 +127,11 @@ class LearnerRecovery:
         run, roles, recipe = self.run, self.run.roles, self.run.recipe
         for lw in roles.learners:
             ray.kill(lw, no_restart=True)
-        transport = roles.transport
+        transport = roles.specs.transport
         if roles.group is not None:  # the new rank 0 joins the new group below
             transport = replace(transport, group_address=None)
         saved = checkpoints.read_state(ckpt) if ckpt else None
-        roles.learners = roles.learner_launch(transport, str(ckpt / "learner") if ckpt else None)
+        roles.learners = roles.specs.learners(transport, str(ckpt / "learner") if ckpt else None)
         start = saved["step"] if saved else 0
         if run.prompts is not None:
             run.prompts = prompt_stream(
@@ -152,10 +152,10 @@ class LearnerRecovery:
                 c.reform_push_group(roles, recipe)
             c.push_weights(roles, recipe, start)
             ray.get([a.drain_spans.remote() for a in roles.rollout + roles.learners])
-        roles.learner_restarts += 1
+        roles.counters.learner_restarts += 1
         self.log.rewind(start)
         tqdm.write(
-            f"learner group restarted ({roles.learner_restarts} of "
+            f"learner group restarted ({roles.counters.learner_restarts} of "
             f"{recipe.train.max_restarts}); continuing from step {start} "
             f"(policy_version {start})"
         )

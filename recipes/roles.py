@@ -67,9 +67,47 @@ class RolloutSpec:
     push_delay_s: float = 0.0
 
 
+@dataclass(frozen=True)
+class RelaunchSpecs:
+    """How to start each role again, fixed once the roles run; recovery reads them.
+
+    Attributes:
+        reward: the local reward service's launch (same port and token), or None.
+        rollout: how to start one rollout worker, or None (no rollout side).
+        learners: `(transport, resume_from) -> learner actors`: the whole learner group.
+        transport: the weight transport the roles were given.
+    """
+
+    reward: LocalServiceLaunch | None = None
+    rollout: RolloutSpec | None = None
+    learners: Callable[[TransportSettings, str | None], list[Any]] | None = None
+    transport: TransportSettings | None = None
+
+
+@dataclass
+class RunCounters:
+    """What a run counts about its roles. Only the controller (a push, a replaced rollout
+    worker or reward service) and the learner recovery change these.
+
+    Attributes:
+        reward_restarts: local reward service restarts so far.
+        rollout_restarts: rollout workers replaced so far.
+        learner_restarts: learner groups restarted so far.
+        policy_version: what every engine holds (the newest push).
+        last_push_bytes: tensor bytes of the newest weight push.
+    """
+
+    reward_restarts: int = 0
+    rollout_restarts: int = 0
+    learner_restarts: int = 0
+    policy_version: int = 0
+    last_push_bytes: int = 0
+
+
 @dataclass
 class Roles:
-    """Handles of every running role of one job (no rollout side for DPO)."""
+    """Handles of every running role of one job (no rollout side for DPO), with how to
+    start each again (`specs`) and what the run counts of them (`counters`)."""
 
     learners: list[Any]
     placement: Placement
@@ -77,17 +115,9 @@ class Roles:
     rollout: list[Any] = field(default_factory=list)
     reward: RewardSet | None = None
     reward_proc: subprocess.Popen | None = None
-    reward_launch: LocalServiceLaunch | None = None  # how to start the local service again
-    reward_restarts: int = 0  # local reward service restarts so far in this run
     group: GroupStore | None = None  # the push group's rendezvous (collective transport)
-    last_push_bytes: int = 0  # tensor bytes of the newest weight push
-    policy_version: int = 0  # what every engine holds (the newest push)
-    rollout_restarts: int = 0  # rollout workers replaced so far in this run
-    rollout_spec: RolloutSpec | None = None  # how to start a rollout worker again
-    learner_restarts: int = 0  # learner groups restarted so far in this run
-    # how to start the learner group again: (transport, resume_from) -> learner actors
-    learner_launch: Callable[[TransportSettings, str | None], list[Any]] | None = None
-    transport: TransportSettings | None = None  # the weight transport the roles were given
+    specs: RelaunchSpecs = field(default_factory=RelaunchSpecs)
+    counters: RunCounters = field(default_factory=RunCounters)
 
 
 def start_roles(
@@ -132,21 +162,26 @@ def _start_roles(
         # Asynchronous mode: both sides compute at once, so they split the cores.
         threads_r, threads_l = split_cores(n_rollout, n_learn, res.rollout_cores)
     transport = transport_settings(recipe, run_dir)
+    reward_launch = worker_spec = None
     if algo.uses_rollouts:
-        roles.reward, roles.reward_launch = start_rewards(recipe, run_dir)
-        roles.reward_proc = roles.reward_launch.start() if roles.reward_launch else None
+        roles.reward, reward_launch = start_rewards(recipe, run_dir)
+        roles.reward_proc = reward_launch.start() if reward_launch else None
         if make_transport(transport.type).needs_group:
             roles.group = GroupStore(n_rollout + 1, recipe.weight_sync.timeout_s)
             transport = replace(
                 transport, group_address=roles.group.address, group_world=roles.group.world_size
             )
-        roles.rollout_spec = rollout_spec(recipe, model_path, threads_r, transport)
-        roles.rollout = start_rollout(roles.rollout_spec, placement)
-    roles.transport = transport
-    roles.learner_launch = partial(
-        _launch_learners, recipe, algo, model_path, placement, threads_l, run_dir=run_dir
+        worker_spec = rollout_spec(recipe, model_path, threads_r, transport)
+        roles.rollout = start_rollout(worker_spec, placement)
+    roles.specs = RelaunchSpecs(
+        reward=reward_launch,
+        rollout=worker_spec,
+        learners=partial(
+            _launch_learners, recipe, algo, model_path, placement, threads_l, run_dir=run_dir
+        ),
+        transport=transport,
     )
-    roles.learners = roles.learner_launch(transport, resume_from)
+    roles.learners = roles.specs.learners(transport, resume_from)
     if roles.rollout:
         ray.get([w.health.remote() for w in roles.rollout])
     if adapter_sync(recipe) and recipe.model.adapter.type == "qlora":
@@ -390,7 +425,9 @@ def start_rewards(recipe: Recipe, run_dir: Path) -> tuple[RewardSet, LocalServic
         for c in recipe.rewards
         if c.type == "http"
     ]
-    return RewardSet(local, endpoints), launch
+    local_sources = [c.sources for c in recipe.rewards if c.type in LOCAL_TYPES]
+    endpoint_sources = {c.name: c.sources for c in recipe.rewards if c.type == "http"}
+    return RewardSet(local, endpoints, local_sources, endpoint_sources), launch
 
 
 def stop_roles(roles: Roles | None) -> None:

@@ -4,9 +4,12 @@ service process.
 
 Failure semantics: a request that fails (connection error, timeout, HTTP 5xx, a
 malformed body, the wrong number of scores) is retried with exponential backoff; a
-4xx other than 408/429 is not retried. After the last try every item of that batch
-gets `reward: None` and the error text. Scores are matched to items by `uid`; an
-item missing from a response is failed, never silently 0.
+4xx other than 408/429 is not retried. `timeout_s` bounds each whole request, however
+slowly the endpoint sends its answer (common/http.py). After the last try every item
+of that batch gets `reward: None` and the error text. Scores are matched to items by
+`uid`; an item missing from a response is failed, never silently 0; a non-finite
+reward (`NaN`, `Infinity`, `1e400`) fails its item with an error naming the endpoint
+(rewards/protocol.py `checked`), as does a weighted sum that overflows.
 
 Protocols: `posttrain` (rewards/protocol.py) and `openrlhf` (request `{"query":
 [prompt + response], "prompts": [...], "labels": [ground truth]}`, response
@@ -16,6 +19,7 @@ in unchanged.
 
 from __future__ import annotations
 
+import math
 import os
 import subprocess
 import sys
@@ -27,7 +31,8 @@ from typing import Literal
 import httpx
 from pydantic import ValidationError
 
-from .protocol import Score, ScoreItem, ScoreRequest, ScoreResponse
+from ..common.http import DeadlineClient
+from .protocol import Score, ScoreItem, ScoreRequest, ScoreResponse, checked
 
 
 class RewardClient:
@@ -47,7 +52,7 @@ class RewardClient:
         self.url, self.retries, self.backoff_s = url, retries, backoff_s
         self.batch_size, self.protocol, self.max_concurrency = batch_size, protocol, max_concurrency
         headers = {"Authorization": f"Bearer {token}"} if token else {}
-        self.http = httpx.Client(timeout=timeout_s, headers=headers)
+        self.http = DeadlineClient(timeout_s, headers)
 
     def _post(self, items: list[ScoreItem]) -> dict[str, Score]:
         if self.protocol == "openrlhf":
@@ -62,7 +67,7 @@ class RewardClient:
         resp.raise_for_status()
         data = resp.json()
         if self.protocol == "posttrain":
-            return {s.uid: s for s in ScoreResponse.model_validate(data).scores}
+            return {s.uid: checked(s, self.url) for s in ScoreResponse.model_validate(data).scores}
         rewards = data.get("rewards") if isinstance(data, dict) else None
         if not isinstance(rewards, list) or len(rewards) != len(items):
             got = len(rewards) if isinstance(rewards, list) else type(rewards).__name__
@@ -70,7 +75,8 @@ class RewardClient:
         if not all(isinstance(r, int | float) and not isinstance(r, bool) for r in rewards):
             raise ValueError("openrlhf endpoint returned a non-numeric reward")
         return {
-            i.uid: Score(uid=i.uid, reward=float(r)) for i, r in zip(items, rewards, strict=True)
+            i.uid: checked(Score(uid=i.uid, reward=float(r)), self.url)
+            for i, r in zip(items, rewards, strict=True)
         }
 
     def _score_batch(self, items: list[ScoreItem]) -> list[Score]:
@@ -111,7 +117,7 @@ class RewardClient:
             if proc is not None and proc.poll() is not None:
                 raise RuntimeError(f"reward service exited with code {proc.returncode}")
             try:
-                if self.http.get(health, timeout=2.0).status_code == 200:
+                if self.http.get(health, timeout_s=2.0).status_code == 200:
                     return
             except httpx.HTTPError:
                 pass
@@ -151,26 +157,56 @@ class RewardSet:
 
     The local service already returns the weighted sum of its components; each HTTP
     endpoint adds `weight × reward` and its value under its name in `details`. An item
-    fails (reward None) if any component failed for it; the error names the component.
+    goes only to the services with a component that applies to it (`local_sources`:
+    the local components' `sources`, `endpoint_sources`: each endpoint's by name; a
+    component with sources None applies to every item, else to items whose
+    `metadata.data_source` it lists). An item fails (reward None) if any component
+    failed for it, or none applies to it; the error names the component. A sum that
+    overflows to infinity fails the item too.
     """
 
     def __init__(
-        self, local: RewardClient | None, endpoints: list[tuple[str, float, RewardClient]]
+        self,
+        local: RewardClient | None,
+        endpoints: list[tuple[str, float, RewardClient]],
+        local_sources: list[list[str] | None] | None = None,
+        endpoint_sources: dict[str, list[str] | None] | None = None,
     ):
         self.local, self.endpoints = local, endpoints
+        self.local_sources = [None] if local_sources is None else local_sources
+        self.endpoint_sources = endpoint_sources or {}
+
+    @staticmethod
+    def _applies(sources: list[list[str] | None], item: ScoreItem) -> bool:
+        source = item.metadata.get("data_source")
+        return any(s is None or source in s for s in sources)
+
+    @staticmethod
+    def _some(client: RewardClient, items: list[ScoreItem], mine: list[int]) -> dict[int, Score]:
+        scores = client.score([items[k] for k in mine]) if mine else []
+        return dict(zip(mine, scores, strict=True))
 
     def score(self, items: list[ScoreItem]) -> list[Score]:
         """One combined Score per item, in the items' order."""
-        parts = [self.local.score(items)] if self.local else []
-        parts += [ep.score(items) for _, _, ep in self.endpoints]
-        weights = ([None] if self.local else []) + [(n, w) for n, w, _ in self.endpoints]
+        parts: list[tuple[tuple[str, float] | None, dict[int, Score]]] = []
+        if self.local:
+            mine = [k for k, i in enumerate(items) if self._applies(self.local_sources, i)]
+            parts.append((None, self._some(self.local, items, mine)))
+        for name, weight, client in self.endpoints:
+            sources = [self.endpoint_sources.get(name)]
+            mine = [k for k, i in enumerate(items) if self._applies(sources, i)]
+            parts.append(((name, weight), self._some(client, items, mine)))
         out = []
         for k, item in enumerate(items):
-            total, details, errors = 0.0, {}, []
-            for part, nw in zip(parts, weights, strict=True):
-                s = part[k]
+            total, details, errors, scored = 0.0, {}, [], False
+            for nw, got in parts:
+                s = got.get(k)
+                if s is None:
+                    continue
+                scored = True
                 if s.reward is None:
-                    errors.append(s.error if nw is None else f"{nw[0]}: {s.error}")
+                    error = s.error or "no reward and no error"
+                    errors.append(error if nw is None else f"{nw[0]}: {error}")
                     continue
                 total += s.reward if nw is None else nw[1] * s.reward
                 details.update(
@@ -178,6 +214,11 @@ class RewardSet:
                     if nw is None
                     else {nw[0]: s.reward, **{f"{nw[0]}.{a}": b for a, b in s.details.items()}}
                 )
+            if not scored:
+                source = item.metadata.get("data_source")
+                errors.append(f"no reward component applies to data_source {source!r}")
+            if not errors and not math.isfinite(total):
+                errors.append(f"the weighted sum of the rewards is {total!r}; lower the weights")
             out.append(
                 Score(
                     uid=item.uid,

@@ -6,9 +6,23 @@ Tests come in the item's metadata, in one of two shapes:
   `code_prefix` (the function signature the completion continues). The solution is
   `code_prefix + code`; the tests are `test` followed by `check(entry_point)`.
 - stdin/stdout: `inputs` and `outputs`, lists of equal length; a null input is an
-  empty stdin (never the text "None"); outputs are compared after stripping trailing
-  whitespace on each line.
+  empty stdin (never the text "None"). Outputs are compared after stripping trailing
+  whitespace on each line (and blank lines at either end), line by line and token by
+  token (a token is a run of non-space characters; the spaces between tokens must match
+  too). Two tokens match when their text is equal, or, as competitive judges compare
+  real numbers, when the expected token is a decimal with a point or an exponent
+  (`0.5`, `.5`, `-2.000`, `3e-7`; not `nan` or `inf`), the printed one is a decimal
+  number too (`2` may answer `2.000`), and they differ by at most `tolerance`
+  absolutely or relatively: |got - want| <= tolerance * max(1, |want|). The default
+  tolerance is 1e-6 (the code reward's `float_tolerance`): expected `0.333333` accepts
+  `0.3333333333` but not `0.3333`. An expected integer (`42`, `-7`) must be printed as
+  that text exactly (`42.0` fails), whatever its length: no int() on our side, so no
+  digit limit. A tolerance of 0 compares every token as text.
 The reward is 1.0 when every test passes, else 0.0.
+
+Both harnesses lift Python's limit on converting long integers to text
+(`sys.set_int_max_str_digits(0)`, on by default since 3.11 at 4,300 digits), so
+`print(2**20000)` prints its 6,021 digits as it does outside the sandbox.
 
 A test passes only on evidence that it ran to its end, never on the exit status
 alone: every run gets a fresh random marker (`secrets.token_hex`) that waits in a
@@ -39,6 +53,8 @@ the process early with status 0.
 
 from __future__ import annotations
 
+import decimal
+import math
 import re
 import secrets
 from typing import Any
@@ -53,6 +69,8 @@ _FENCE = re.compile(r"```(?:python|py|Python)?[ \t]*\n(.*?)```", re.DOTALL)
 # local before it runs.
 _HUMANEVAL_HARNESS = """\
 import builtins, os, sys
+if hasattr(sys, "set_int_max_str_digits"):
+    sys.set_int_max_str_digits(0)
 def _posttrain_run(solution, tests):
     fd, out = int(sys.argv.pop()), os.dup(1)
     os.dup2(2, 1)
@@ -72,6 +90,8 @@ _posttrain_run(%r, %r)
 
 _STDIO_HARNESS = """\
 import builtins, os, sys
+if hasattr(sys, "set_int_max_str_digits"):
+    sys.set_int_max_str_digits(0)
 def _posttrain_run(solution):
     fd, out = int(sys.argv.pop()), os.dup(1)
     run, read, write = exec, os.read, os.write
@@ -97,8 +117,52 @@ def extract_code(response: str) -> str:
     return blocks[-1] if blocks else response
 
 
+DEFAULT_TOLERANCE = 1e-6  # absolute or relative, as Codeforces' real-number checkers
+_INTEGER = re.compile(r"[+-]?\d+")
+_DECIMAL = re.compile(r"[+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?")
+_SPACES = re.compile(r"(\s+)")
+
+
 def _normalise(text: str) -> str:
     return "\n".join(line.rstrip() for line in text.strip().splitlines())
+
+
+def _token_matches(got: str, want: str, tolerance: float) -> bool:
+    if got == want:
+        return True
+    if tolerance == 0 or _INTEGER.fullmatch(want):
+        return False  # an expected integer is exact (and may be longer than any float)
+    if not (_DECIMAL.fullmatch(got) and _DECIMAL.fullmatch(want)):
+        return False
+    g, w = float(got), float(want)  # float() has no digit limit; 1e999 is inf
+    # + 1e-15: "0.333334" - "0.333333" is 1.0000000000287557e-06 in binary (testlib adds it too)
+    bound = (tolerance + 1e-15) * max(1.0, abs(w))
+    return math.isfinite(g) and math.isfinite(w) and abs(g - w) <= bound
+
+
+def outputs_match(got: str, want: str, tolerance: float = DEFAULT_TOLERANCE) -> bool:
+    """Whether a program's stdout `got` matches the expected `want` (the module docstring
+    says how: line by line, token by token, decimals within `tolerance`)."""
+    got, want = _normalise(got), _normalise(want)
+    if got == want:
+        return True
+    g_lines, w_lines = got.split("\n"), want.split("\n")
+    if len(g_lines) != len(w_lines):
+        return False
+    for g_line, w_line in zip(g_lines, w_lines, strict=True):
+        g_tokens, w_tokens = _SPACES.split(g_line), _SPACES.split(w_line)
+        if len(g_tokens) != len(w_tokens) or not all(
+            _token_matches(g, w, tolerance) for g, w in zip(g_tokens, w_tokens, strict=True)
+        ):
+            return False
+    return True
+
+
+def _expected_text(want: Any) -> str:
+    """An expected output as text; an int of any length (str() refuses over 4,300 digits)."""
+    if isinstance(want, int) and not isinstance(want, bool):
+        return str(decimal.Decimal(want))
+    return str(want)
 
 
 def _finished(res: RunResult, marker: str) -> str | None:
@@ -129,13 +193,22 @@ def _run(
 
 
 def score_code(
-    item: ScoreItem, sandbox: BwrapSandbox | NoSandbox, limits: Limits
+    item: ScoreItem,
+    sandbox: BwrapSandbox | NoSandbox,
+    limits: Limits,
+    tolerance: float = DEFAULT_TOLERANCE,
 ) -> tuple[float, dict[str, Any]]:
     """Score one item; details hold pass counts and the first failure's stderr tail.
+    `tolerance`: how far decimals in stdin/stdout outputs may differ (module docstring).
 
     Raises:
-        ValueError: the item's metadata has neither test shape (it cannot be scored).
+        ValueError: the item's metadata has neither test shape (it cannot be scored), or
+            `tolerance` is negative or not finite.
     """
+    if not (math.isfinite(tolerance) and tolerance >= 0):
+        raise ValueError(
+            f"the code reward's float_tolerance must be finite and >= 0, got {tolerance}"
+        )
     meta, code = item.metadata, extract_code(item.response)
     if "test" in meta and "entry_point" in meta:
         solution = f"{meta.get('code_prefix', '')}{code}\n"
@@ -158,7 +231,7 @@ def score_code(
         passed, first_err, program = 0, "", _STDIO_HARNESS % (code,)
         for stdin, want in zip(inputs, outputs, strict=True):
             res, out = _run(sandbox, program, "" if stdin is None else str(stdin), limits)
-            if out is not None and _normalise(out) == _normalise(str(want)):
+            if out is not None and outputs_match(out, _expected_text(want), tolerance):
                 passed += 1
             elif not first_err:
                 first_err = _why(res) if out is None else "wrong output"

@@ -14,6 +14,7 @@ from typing import Any
 from .math_verifier import score_math
 from .protocol import ScoreItem
 from .python_reward import load_function, score_python
+from .reasoning_gym import score_reasoning_gym
 
 
 def math_job(response: str, ground_truth: str | None) -> tuple[float, dict[str, Any]]:
@@ -34,3 +35,10 @@ def _function(spec: str) -> Any:
 def python_job(spec: str, item: ScoreItem) -> tuple[float, dict[str, Any]]:
     """The user function `spec` ('module:function') on `item`, imported once per worker."""
     return score_python(_function(spec), item)
+
+
+def reasoning_gym_job(
+    response: str, ref: Any, answer_tag: str | None
+) -> tuple[float, dict[str, Any]]:
+    """`score_reasoning_gym` (rewards/reasoning_gym.py)."""
+    return score_reasoning_gym(response, ref, answer_tag)

@@ -10,15 +10,18 @@ fields (`{question}`, `{prompt}`, `{response}`, `{ground_truth}`, `{metadata}`).
 first group), mapped to [0, 1] when `score_range` is set.
 
 Failures: a connection error, timeout, HTTP 5xx / 408 / 429 or a malformed body is
-retried with exponential backoff, `retries` times; another 4xx is not. After the last
-try, or when the reply holds no score (or one outside `score_range`), the item fails
-(`reward: null`, the error in the item's `error`), and the run's `on_reward_failure`
-decides. Limits: the judge sees model output verbatim (prompt injection is its
-problem, not the service's); no response caching.
+retried with exponential backoff, `retries` times; another 4xx is not. `timeout_s`
+bounds each whole request, however slowly the judge sends its reply (common/http.py).
+After the last try, or when the reply holds no score (or one outside `score_range`, or
+one that is not a finite number: `nan`, `inf`, 400 digits), the item fails (`reward:
+null`, the error in the item's `error`), and the run's `on_reward_failure` decides.
+Limits: the judge sees model output verbatim (prompt injection is its problem, not the
+service's); no response caching.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import time
@@ -26,6 +29,7 @@ from typing import Any
 
 import httpx
 
+from ..common.http import DeadlineClient
 from ..config.rewards import JudgeReward
 from .protocol import ScoreItem
 
@@ -45,7 +49,8 @@ def parse_score(text: str, pattern: str, score_range: tuple[float, float] | None
     linearly from `score_range` to [0, 1] when given.
 
     Raises:
-        JudgeError: no match, or a score outside `score_range`.
+        JudgeError: no match, a match that is not a finite number, or a score outside
+            `score_range`.
     """
     found = re.findall(pattern, text)
     if not found:
@@ -53,7 +58,13 @@ def parse_score(text: str, pattern: str, score_range: tuple[float, float] | None
             f"no score in the judge's reply ({pattern!r} did not match): {text[-200:]!r}"
         )
     last = found[-1]
-    value = float(last[0] if isinstance(last, tuple) else last)
+    text = last[0] if isinstance(last, tuple) else last
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value):
+        raise JudgeError(f"the judge's score {text[:40]!r} is not a finite number")
     if score_range is None:
         return value
     low, high = score_range
@@ -80,7 +91,7 @@ class JudgeScorer:
                     f"{spec.token_env} (token_env) is not set"
                 )
             headers["Authorization"] = f"Bearer {token}"
-        self.http = httpx.Client(timeout=spec.timeout_s, headers=headers)
+        self.http = DeadlineClient(spec.timeout_s, headers)
 
     def request(self, item: ScoreItem) -> dict[str, Any]:
         """The chat-completions body for `item`.

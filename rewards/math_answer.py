@@ -4,9 +4,17 @@ Explicit markers, in the order they appear in the response:
 - `\\boxed{...}` / `\\fbox{...}` (balanced braces; `\\{` `\\}` are literal braces);
 - GSM8K's `#### ...` (the rest of that line);
 - an answer phrase: `answer is ...`, `answer: ...`, `answer = ...` (any case, optional
-  `final` and Markdown bold), followed on the same line by something that looks like a
-  value (a digit, a sign, `$`, a backslash, a bracket, or a one-letter name); prose
-  such as "the answer is consistent with step 3" is not a marker.
+  `final` and Markdown bold).
+A `####` line or a phrase is a marker only when what follows it on the same line looks
+like a value (after optional Markdown emphasis: a digit, a sign, `$`, a backslash, a
+bracket, or a one-letter name); prose such as "the answer is consistent with step 3",
+or a Markdown heading such as `#### Check` or `#### All 3 steps verified.`, is not.
+
+A value's `$` opens LaTeX (`$x = 2$`) when a `$` closes it on the same line by Pandoc's
+rule (a non-space character before the closing `$`, no digit after it); otherwise it is
+a currency sign ("The answer is $1,234." is 1,234; "$5 or $6" offers two amounts).
+Markdown emphasis around a value (`**$1,234**.`) is dropped, and so is the sentence's
+full stop.
 
 `math_verifier.py` decides which marker counts; this module only finds them and cuts
 the value out of a marker's text. The scanning is linear in the response's length;
@@ -23,12 +31,18 @@ from typing import Literal
 Source = Literal["boxed", "####", "answer phrase"]
 
 _BOXED = re.compile(r"\\(?:boxed|fbox)[ \t]*\{")
-_HASHES = re.compile(r"^[ \t]*####[ \t]*([^\n]*)", re.MULTILINE)
+# What a value starts with (after optional Markdown emphasis): a digit, a sign, `$`, a
+# backslash, a bracket, a point, or a one-letter name (not a word).
+_VALUE_START = r"(?=(?:\*{1,2}|_{1,2})?(?:[-+−$\\(\[{.\d]|[A-Za-z](?![A-Za-z])))"
+_HASHES = re.compile(r"^[ \t]*####[ \t]*" + _VALUE_START + r"([^\n]*)", re.MULTILINE)
 _PHRASE = re.compile(
     r"\banswer\b[ \t]*(?:\*\*[ \t]*)?(?:is\b|:|=)[ \t:]*(?:\*\*[ \t]*)?(?:either[ \t]+)?"
-    r"(?=[-+−$\\(\[{.\d]|[A-Za-z](?![A-Za-z]))([^\n]*)",
+    + _VALUE_START
+    + r"([^\n]*)",
     re.IGNORECASE,
 )
+# A word of three or more letters not introduced by a backslash: prose, not a value.
+_WORD = re.compile(r"(?<![\\A-Za-z])[A-Za-z]{3,}")
 # "+7" is 7: a plus sign at the start, or after `=`, `(`, `:`, `$`, a comma or "is".
 _PLUS = re.compile(
     r"(?:^|(?<=[=(\[{:$,])|(?<=[=(\[{:$,] )|(?<=\bis )|(?<=\bbe ))\+(?=\d)", re.MULTILINE
@@ -40,6 +54,9 @@ _FILLER = re.compile(
 )
 _LAST_EQ = re.compile(r"(?<![\\<>!])=")
 _ENVS = (("$$", "$$"), ("$", "$"), ("\\(", "\\)"), ("\\[", "\\]"))
+# The `$` that closes inline math (Pandoc's rule): a non-space character before it and no
+# digit after it, so "$5 or $6" and "$20,000 and $30,000" are amounts, not math.
+_DOLLAR_CLOSE = re.compile(r"(?<=\S)\$(?!\d)")
 _OPEN, _CLOSE = "([{", ")]}"
 
 
@@ -100,16 +117,31 @@ def sentence(text: str) -> str:
     return text
 
 
+def _unwrap(text: str) -> str:
+    """`text` without Markdown emphasis around it ("**$1,234**" → "$1,234"; `z^*` kept)."""
+    s = text.strip().lstrip("*_").lstrip()
+    t = s.rstrip("*_")
+    return (s if t.endswith("^") else t).rstrip()
+
+
 def leading_value(text: str) -> str:
     """The value a marker's text starts with: a whole `$...$`-style environment, or the
     text up to the sentence's end or its first prose word (two or more letters not
-    introduced by a backslash), outside brackets. "1,234 dollars." → "1,234"."""
-    s = text.strip()
+    introduced by a backslash), outside brackets, without Markdown emphasis.
+    "1,234 dollars." → "1,234"; "$1,234." (a `$` nothing closes: currency) → "1,234";
+    "**$7**." → "7"."""
+    s = _unwrap(text)
     for left, right in _ENVS:
         if s.startswith(left):
+            if left == "$":
+                found = _DOLLAR_CLOSE.search(s, 1)
+                if found is None:  # nothing closes it: a currency sign, not LaTeX
+                    s = s[1:]
+                    break
+                return _unwrap(s[1 : found.start()])
             close = s.find(right, len(left))
-            return s[len(left) : close] if close > 0 else s[len(left) :]
-    s, depth = sentence(s), 0
+            return _unwrap(s[len(left) : close] if close > 0 else s[len(left) :])
+    s, depth = _unwrap(sentence(s)), 0
     for i, c in enumerate(s):
         if c in _OPEN:
             depth += 1
@@ -121,8 +153,14 @@ def leading_value(text: str) -> str:
             and re.match(r"[A-Za-z]{2}", s[i + 1 : i + 3])
             and s[i + 1 : i + 2] != "\\"
         ):
-            return s[:i].rstrip(" ,")
-    return s.rstrip(" ,")
+            return _unwrap(s[:i].rstrip(" ,"))
+    return _unwrap(s.rstrip(" ,"))
+
+
+def is_prose(value: str) -> bool:
+    """True when a marker's value is words, not math: no digit, no backslash, and a word of
+    three or more letters ("(verified)", "(see above)"); "x + y" and "2xy" are values."""
+    return not re.search(r"[\d\\]", value) and _WORD.search(value) is not None
 
 
 def last_side(value: str) -> str:

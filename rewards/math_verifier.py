@@ -7,9 +7,23 @@ Ground truths: bare LaTeX as MATH writes them (`2\\sqrt{2}`, `\\frac{\\sqrt{3}}{
 `(1,2)`, `\\{1,2\\}`), plain numbers (`1234`, `-7`, `+7`, `3/4`, `0.5`, `1,234`),
 GSM8K solutions (the value after the last `#### `), or text already holding
 `$...$` / `\\boxed{}`. A bare gold is read as the contents of `\\boxed{}`, so LaTeX is
-parsed whole rather than cut to its first number. An equation keeps its right-hand
-side (`x = 5` is 5) unless it has several parts separated by commas. A gold with
-nothing parseable fails the item (`ValueError`), it is never silently 0.
+parsed whole rather than cut to its first number. A gold with nothing parseable fails
+the item (`ValueError`), it is never silently 0.
+
+Equations (one `=`; a chain `2 + 3 = 5 = x` counts by its last side, and parts
+separated by commas are a set): the gold's form decides how they compare.
+- A gold value (`5`), a gold naming a value (`x = 5`) or a computation (`2 + 3 = 5`):
+  the answer's value counts, and an answer that is an equation or a chain counts by its
+  last right-hand side (`x = 5`, `y = 5` and `2 + 3 = 5` all answer 5). But a gold
+  `x = 2` is not answered by an equation that still has to be solved (`2x = 4`: 0).
+- A gold relation between unknowns (`3x + 4y + 14 = 0`, `y = 2x + 3`, `2x = 4`): the
+  answer must be the same equation, equal after moving terms across and multiplying
+  both sides by a nonzero constant (`4y + 3x = -14` and `6x + 8y + 28 = 0` are 1;
+  `3x - y + 13 = 0` is 0 although both right-hand sides are 0), or one math-verify
+  solves to the same solutions. So `x = 2` answers a gold `2x = 4` (the same equation
+  halved), while `2x = 4` does not answer a gold `x = 2` (above). A bare value answers
+  a gold `y = 2x + 3` by its right-hand side (`2x + 3`), never a gold whose left side
+  is not one name (`3x + 4y + 14 = 0` is not answered by `0`).
 
 Which answer of the response counts:
 1. The last explicit marker that holds a value: `\\boxed{...}`, a `#### ...` line, or
@@ -18,7 +32,12 @@ Which answer of the response counts:
    numbers: `#### 42` then "this matches step 3" is 42. A marker with no value
    ("the answer is consistent with...", `\\boxed{}`) is skipped for the one before.
    Of a phrase or `####` line, the value is what the line starts with, up to the
-   sentence's end or its first word ("1,234 dollars." is 1,234).
+   sentence's end or its first word ("1,234 dollars." is 1,234), without Markdown
+   emphasis, and a `$` nothing closes on the line is currency ("The answer is $1,234."
+   is 1,234). A `####` line or phrase followed by words, not a value (`#### Check`,
+   `#### All 3 steps verified.`, "the answer is (see above)"), is not a marker, so it
+   never outranks an explicit answer before it. A full stop ending any marker's value
+   is punctuation (`\\boxed{1,234.}` is 1,234).
 2. With no marker: math-verify's own extraction on the whole response (LaTeX
    environments, then the last number or expression).
 Hedging is not rewarded: when the counted marker offers alternatives joined by "or"
@@ -48,6 +67,7 @@ from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, veri
 from .math_answer import (
     alternatives,
     find_markers,
+    is_prose,
     last_side,
     leading_value,
     sentence,
@@ -65,13 +85,25 @@ def _parse(text: str) -> list[Any]:
     return parse(text, extraction_config=_CONFIG, parsing_timeout=None)
 
 
+def _parse_bare(v: str) -> list[Any]:
+    return (_parse("\\boxed{" + v + "}") or _parse(v)) if v else []
+
+
 def parse_value(value: str) -> list[Any]:
     """A bare answer (a gold, or a marker's value) parsed by math-verify: as the contents
-    of `\\boxed{}` first, then as plain text. Empty list when nothing parses."""
-    v = last_side(strip_plus(value.strip()))
-    if not v:
-        return []
-    return _parse("\\boxed{" + v + "}") or _parse(v)
+    of `\\boxed{}` first, then as plain text. An equation is kept whole (a sympy `Eq`;
+    `same_answer` decides how it compares); a chain `a = b = c`, or an equation that does
+    not parse whole, is cut to its last side. A full stop at the end is punctuation
+    (`\\boxed{1,234.}` is 1,234). Empty list when nothing parses."""
+    v = strip_plus(value.strip())
+    if v.endswith(".") and not v.endswith(".."):
+        v = v[:-1].rstrip()
+    if last_side(v) != v:  # one equation (no comma-separated parts)
+        whole = _parse_bare(v)
+        if _relation(whole) is not None:
+            return whole
+        v = last_side(v)
+    return _parse_bare(v)
 
 
 @lru_cache(maxsize=4096)
@@ -89,6 +121,50 @@ def _is_multi(gold: list[Any]) -> bool:
     return any(isinstance(g, sympy.Set | sympy.Tuple) for g in gold)
 
 
+def _relation(parsed: list[Any]) -> sympy.Eq | None:
+    """The equation a parse states (its first element is a sympy `Eq`), else None."""
+    return parsed[0] if parsed and isinstance(parsed[0], sympy.Eq) else None
+
+
+def _names_a_value(rel: sympy.Eq | None) -> bool:
+    """A plain value, a computation (`2 + 3 = 5`: no unknowns) or a name given a value
+    (`x = 5`): answered by a value, not by an equation to solve."""
+    return rel is None or not rel.free_symbols or (rel.lhs.is_Symbol and not rel.rhs.free_symbols)
+
+
+def _as_value(parsed: list[Any]) -> list[Any]:
+    """An equation's last right-hand side (`x = 5` → 5); other parses unchanged."""
+    rel = _relation(parsed)
+    if rel is None:
+        return parsed
+    return [rel.rhs, *(last_side(p) for p in parsed[1:] if isinstance(p, str))]
+
+
+def _same_equation(gold: sympy.Eq, pred: sympy.Eq) -> bool:
+    """`pred` is `gold` with terms moved across and both sides times a nonzero constant:
+    (gold.lhs - gold.rhs) / (pred.lhs - pred.rhs) simplifies to a finite nonzero number."""
+    try:
+        ratio = sympy.simplify((gold.lhs - gold.rhs) / (pred.lhs - pred.rhs))
+    # sympy raises assorted types on odd input; an equation it cannot divide is not this one
+    except Exception:  # noqa: BLE001
+        return False
+    return bool(ratio.is_number and ratio.is_finite and ratio.is_zero is False)
+
+
+def same_answer(gold: list[Any], pred: list[Any]) -> bool:
+    """Whether the parsed answer `pred` equals the parsed `gold` (math-verify's `verify`,
+    with equations compared as the module docstring says: the gold's form decides)."""
+    g_rel, p_rel = _relation(gold), _relation(pred)
+    if _names_a_value(g_rel):
+        if g_rel is not None and not _names_a_value(p_rel):
+            return False  # `x = 2` is not answered by `2x = 4`
+        return verify(_as_value(gold), _as_value(pred), timeout_seconds=None)
+    if p_rel is not None and p_rel.free_symbols:
+        return _same_equation(g_rel, p_rel) or verify(gold, pred, timeout_seconds=None)
+    # a bare value (or a computation) answers `y = 2x + 3` by its right-hand side
+    return g_rel.lhs.is_Symbol and verify(_as_value(gold), _as_value(pred), timeout_seconds=None)
+
+
 @dataclass(frozen=True)
 class Answer:
     """The answer a response commits to: math-verify's parse, where it came from
@@ -101,7 +177,7 @@ class Answer:
 
 
 def _differ(values: list[list[Any]]) -> bool:
-    return any(not verify(values[0], v, timeout_seconds=None) for v in values[1:])
+    return any(not same_answer(values[0], v) for v in values[1:])
 
 
 def final_answer(response: str, multi_valued_gold: bool = False) -> Answer:
@@ -113,9 +189,12 @@ def final_answer(response: str, multi_valued_gold: bool = False) -> Answer:
             value = ", ".join(last_side(leading_value(p)) for p in parts)
         else:
             value = whole if marker.source == "boxed" else leading_value(marker.text)
+        if marker.source != "boxed" and is_prose(value):
+            continue  # "#### (verified)": words, not a value
         parsed = parse_value(value)
-        if not parsed:
-            continue
+        unread = all(isinstance(p, str) for p in parsed)  # text math-verify could not read
+        if not parsed or (unread and marker.source != "boxed" and len(parts) == 1):
+            continue  # nothing, or nothing but "#### ---"
         hedged = False
         if len(parts) > 1 and not multi_valued_gold:
             offered = [v for v in (parse_value(leading_value(p)) for p in parts) if v]
@@ -145,7 +224,7 @@ def score_math(response: str, ground_truth: str | None) -> tuple[float, dict[str
         )
     answer = final_answer(response, _is_multi(gold))
     pred = answer.parsed
-    ok = bool(pred) and not answer.hedged and verify(gold, pred, timeout_seconds=None)
+    ok = bool(pred) and not answer.hedged and same_answer(gold, pred)
     return (1.0 if ok else 0.0), {
         "extracted": str(pred[-1]) if pred else None,
         "source": answer.source,

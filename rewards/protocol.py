@@ -4,10 +4,17 @@ Request `{"items": [ScoreItem, ...]}`; response `{"scores": [Score, ...]}` with 
 score per item, in the request's order, each carrying the item's `uid`. Scoring is
 idempotent by `uid`: the same item scored twice gives the same result, so a client
 may retry a whole batch.
+
+Numbers: a reward must be finite. `NaN`, `Infinity` or an overflowing literal such as
+`1e400` (JSON parsers read these as floats) is never a reward: `checked` turns it into a
+failed score naming its source, which the recipe's `on_reward_failure` then handles. A
+non-finite number among `details` is kept as its text (`"nan"`), so one stray value
+neither fails the item nor makes the response unserialisable.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from pydantic import BaseModel, Field
@@ -20,12 +27,17 @@ class ScoreItem(BaseModel):
     prompt: str = Field("", description="Prompt text (verifiers must not read answers from it).")
     response: str = Field(description="The policy's response text.")
     ground_truth: str | None = Field(None, description="Reference answer, if any.")
-    metadata: dict[str, Any] = Field(default_factory=dict, description="Prompt metadata.")
+    metadata: dict[str, Any] = Field(
+        default_factory=dict,
+        description="The prompt row's other keys; `data_source` picks the components with "
+        "`sources` that apply to the item.",
+    )
     messages: list[dict[str, str]] | None = Field(
         None,
-        description="The prompt as chat messages ([{role, content}], system and user) "
-        "when it was made from them; reward models and judges render these with a chat "
-        "template. null: `prompt` is taken as one user message.",
+        description="The prompt as chat messages ([{role, content}]: an optional system "
+        "message, then user and assistant turns, ending with a user or tool turn) as the "
+        "policy saw them; reward models and judges render these with a chat template. "
+        "null: `prompt` is taken as one user message.",
     )
 
 
@@ -46,3 +58,32 @@ class Score(BaseModel):
 
 class ScoreResponse(BaseModel):
     scores: list[Score]
+
+
+def is_finite_number(x: Any) -> bool:
+    """Whether `x` is an int or float (not a bool) with a finite value."""
+    return isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def finite_details(details: dict[str, Any]) -> dict[str, Any]:
+    """`details` with each non-finite float replaced by its text ('nan', 'inf')."""
+    return {
+        k: str(v) if isinstance(v, float) and not math.isfinite(v) else v
+        for k, v in details.items()
+    }
+
+
+def checked(score: Score, source: str) -> Score:
+    """`score` as is when its reward is finite (or already failed); a failed score
+    naming `source` and the value when the reward is NaN or infinite. Non-finite
+    details become text either way (see the module docstring)."""
+    details = finite_details(score.details)
+    if score.reward is None or math.isfinite(score.reward):
+        return score.model_copy(update={"details": details}) if details != score.details else score
+    return Score(
+        uid=score.uid,
+        reward=None,
+        error=f"{source} gave a non-finite reward ({score.reward!r}) for {score.uid}; "
+        "a reward must be a finite number",
+        details=details,
+    )

@@ -2,8 +2,11 @@
 `compute_score(data_source, solution_str, ground_truth, extra_info) -> float | dict`,
 imported and called inside the reward service process (never the controller).
 
-A dict result must hold a numeric `score`; its other keys go to `details`. The
-function runs unsandboxed with the service's rights: it is trusted user code.
+Arguments as verl passes them: `data_source` is the item's `metadata.data_source` ('' if
+none), `extra_info` the row's `extra_info` column when it has one (verl's RL parquet),
+else the item's whole metadata. A dict result must hold a numeric `score`; its other
+keys go to `details`. The function runs unsandboxed with the service's rights: it is
+trusted user code.
 """
 
 from __future__ import annotations
@@ -44,7 +47,9 @@ def score_python(fn: Callable[..., Any], item: ScoreItem) -> tuple[float, dict[s
         ValueError: the function returned something other than a finite number or a
             dict with a numeric 'score'.
     """
-    out = fn(item.metadata.get("data_source", ""), item.response, item.ground_truth, item.metadata)
+    meta = item.metadata
+    extra_info = meta["extra_info"] if "extra_info" in meta else meta
+    out = fn(meta.get("data_source") or "", item.response, item.ground_truth, extra_info)
     details: dict[str, Any] = {}
     if isinstance(out, dict):
         details = {k: v for k, v in out.items() if k != "score"}

@@ -8,8 +8,9 @@ reward-model training renders preference pairs (common/chat_tokens.py): prompt w
 the generation prompt, the reply up to and including its end-of-turn token. Without a
 chat template (or `chat_template: false`): raw prompt + response text + EOS. A sequence
 over `max_length` tokens keeps its end. Rows are left-padded with the config's pad id
-and the head is read at each row's last token that is not the pad id (transformers'
-sequence-classification pooling).
+and the head is read at each row's last attended token, its closing EOS
+(`common.score_head.sequence_scores`, as the reward-model training reads it), whatever
+the pad id.
 
 Normalisation: `fixed` is (score − mean) / std; `running` uses the mean and std of every
 raw score this process has produced, this batch included (Welford), so a retried batch
@@ -27,6 +28,7 @@ import threading
 from typing import Any
 
 from ..common.chat_tokens import chat_prompt, chat_reply, plain_ids, stop_ids
+from ..common.model_folder import model_folder_problem
 from ..config.rewards import RewardModelReward
 from .protocol import ScoreItem
 
@@ -54,19 +56,30 @@ class RewardModelScorer:
     """Scores batches of items with one reward-model folder.
 
     Raises (at construction):
-        OSError, ValueError: `spec.path` is not a loadable sequence-classification folder.
+        ValueError: `spec.path` is not a loadable sequence-classification folder: missing,
+            incomplete or broken (common/model_folder.py, checked before loading), or
+            refused by transformers; the message names the folder.
     """
 
     def __init__(self, spec: RewardModelReward):
         import torch
+        from safetensors import SafetensorError
         from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
+        if (problem := model_folder_problem(spec.path)) is not None:
+            raise ValueError(f"reward {spec.name!r}: {problem}")
         if spec.threads:
             torch.set_num_threads(spec.threads)
         self.spec, self.torch = spec, torch
-        self.tokenizer = AutoTokenizer.from_pretrained(spec.path)
         dtype = torch.bfloat16 if spec.dtype == "bfloat16" else torch.float32
-        self.model = AutoModelForSequenceClassification.from_pretrained(spec.path, dtype=dtype)
+        try:
+            self.tokenizer = AutoTokenizer.from_pretrained(spec.path)
+            self.model = AutoModelForSequenceClassification.from_pretrained(spec.path, dtype=dtype)
+        except (OSError, ValueError, KeyError, RuntimeError, TypeError, SafetensorError) as e:
+            raise ValueError(
+                f"reward {spec.name!r}: {spec.path} cannot be loaded as a "
+                f"sequence-classification model ({type(e).__name__}: {e})"
+            ) from e
         if self.model.config.num_labels != 1:
             raise ValueError(
                 f"reward {spec.name!r}: {spec.path} has "
@@ -96,6 +109,8 @@ class RewardModelScorer:
 
     def raw_scores(self, items: list[ScoreItem]) -> list[float]:
         """The model's score of each item, in order (no normalisation)."""
+        from ..common.score_head import sequence_scores
+
         torch, out = self.torch, []
         rows = [self.token_ids(i) for i in items]
         with self.lock, torch.no_grad():
@@ -107,31 +122,42 @@ class RewardModelScorer:
                 for k, r in enumerate(chunk):
                     ids[k, width - len(r) :] = torch.tensor(r)
                     mask[k, width - len(r) :] = 1
-                positions = (mask.cumsum(-1) - 1).clamp(min=0)
                 dev = self.spec.device
-                logits = self.model(
-                    input_ids=ids.to(dev),
-                    attention_mask=mask.to(dev),
-                    position_ids=positions.to(dev),
-                ).logits
-                out += logits[:, 0].float().cpu().tolist()
+                scores = sequence_scores(self.model, ids.to(dev), mask.to(dev))
+                out += scores.cpu().tolist()
         return out
 
     def __call__(self, item: ScoreItem) -> tuple[float, dict[str, Any]]:
-        """One item alone (`score_batch` of one)."""
-        return self.score_batch([item])[0]
+        """One item alone (`score_batch` of one).
 
-    def score_batch(self, items: list[ScoreItem]) -> list[tuple[float, dict[str, Any]]]:
+        Raises:
+            ValueError: the model's score is not a finite number.
+        """
+        got = self.score_batch([item])[0]
+        if isinstance(got, Exception):
+            raise got
+        return got
+
+    def score_batch(self, items: list[ScoreItem]) -> list[tuple[float, dict[str, Any]] | Exception]:
         """`(reward, details)` per item: the normalised score, and the raw one in
-        details (`raw`) when normalising."""
+        details (`raw`) when normalising. An item whose raw score is NaN or infinite (a
+        broken or overflowing model) gets a `ValueError` in its place, and stays out of
+        the running statistics."""
         raw = self.raw_scores(items)
+        finite = [r for r in raw if math.isfinite(r)]
         s = self.spec
-        if s.normalize == "none":
-            return [(r, {}) for r in raw]
         if s.normalize == "fixed":
             mean, std = s.mean, s.std
-        else:
+        elif s.normalize == "running":
             with self.lock:
-                self.stats.update(raw)
+                self.stats.update(finite)
                 mean, std = self.stats.mean, self.stats.std
-        return [((r - mean) / std if std > 0 else r - mean, {"raw": r}) for r in raw]
+        out: list[tuple[float, dict[str, Any]] | Exception] = []
+        for r in raw:
+            if not math.isfinite(r):
+                out.append(ValueError(f"{s.path} gave the score {r!r}, not a finite number"))
+            elif s.normalize == "none":
+                out.append((r, {}))
+            else:
+                out.append(((r - mean) / std if std > 0 else r - mean, {"raw": r}))
+        return out

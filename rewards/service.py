@@ -2,13 +2,17 @@
 `GET /metrics` and its OpenAPI schema at `/docs` and `/openapi.json`.
 
 One service hosts the local components of a recipe's `rewards:` list (`math`,
-`length`, `format`, `code`, `python`, `reward_model`, `judge`); an item's reward is the
-weighted sum of its components, each reported in `details`. A component that raises, or
-runs past its `timeout_s`, marks that item as failed (`reward: null`, `error` set); the other items
-of the batch are still scored.
+`length`, `format`, `code`, `python`, `reward_model`, `judge`, `reasoning_gym`); an
+item's reward is the weighted sum of the components that apply to it (a component with
+`sources` applies only to items whose `metadata.data_source` it names; an item no
+component applies to fails), each reported in `details`. A component that raises, or
+runs past its `timeout_s`, or gives a value that is not a finite number (a reward
+model's NaN, a judge's `inf`), marks that item as failed (`reward: null`, `error`
+naming the component); the other items of the batch are still scored. Non-finite
+numbers among a component's details are sent as text ('nan').
 
-Concurrency: items of a batch are scored by `workers` threads. `math`, `format` and
-`python` calls go to a pool of `workers` killable worker processes
+Concurrency: items of a batch are scored by `workers` threads. `math`, `format`,
+`python` and `reasoning_gym` calls go to a pool of `workers` killable worker processes
 (rewards/bounded.py), started with the service and kept for its life: each call has
 a deadline (`timeout_s`) and each worker an address-space limit (the largest
 `memory_mb` of those components); a call over its deadline is cut off, its worker
@@ -36,6 +40,7 @@ import argparse
 import json
 import logging
 import os
+import sys
 import time
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -47,6 +52,7 @@ from fastapi.responses import PlainTextResponse
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from pydantic import TypeAdapter
 
+from ..common.net import listen_socket
 from ..config.rewards import (
     LOCAL_TYPES,
     CodeReward,
@@ -55,13 +61,21 @@ from ..config.rewards import (
     LengthReward,
     MathReward,
     PythonReward,
+    ReasoningGymReward,
     RewardModelReward,
     RewardSpec,
 )
 from . import jobs
 from .bounded import BoundedPool, VerifierTimeout
 from .code_verifier import score_code
-from .protocol import Score, ScoreItem, ScoreRequest, ScoreResponse
+from .protocol import (
+    Score,
+    ScoreItem,
+    ScoreRequest,
+    ScoreResponse,
+    finite_details,
+    is_finite_number,
+)
 from .python_reward import load_function
 from .sandbox import Limits, make_sandbox
 
@@ -76,13 +90,13 @@ def score_length(response: str, target_chars: int) -> tuple[float, dict[str, Any
 
 
 def make_scorer(spec: Any, pool: BoundedPool) -> Scorer:
-    """A callable scoring one item for one local component spec; `math`, `format` and
-    `python` calls run in `pool` within the spec's `timeout_s`.
+    """A callable scoring one item for one local component spec; `math`, `format`,
+    `python` and `reasoning_gym` calls run in `pool` within the spec's `timeout_s`.
 
     Raises:
         ValueError: an http component (the controller calls those), a python
-            function that cannot be imported, a judge's unset token_env.
-        OSError: a reward_model path that is not a loadable model folder.
+            function that cannot be imported, a judge's unset token_env, a
+            reward_model path that is not a loadable model folder (names it).
         SandboxUnavailable: a code component whose sandbox cannot start.
     """
     if isinstance(spec, MathReward):
@@ -104,10 +118,16 @@ def make_scorer(spec: Any, pool: BoundedPool) -> Scorer:
             max_procs=spec.max_procs,
             max_output_bytes=spec.max_output_bytes,
         )
-        return lambda item: score_code(item, sandbox, limits)
+        return lambda item: score_code(item, sandbox, limits, spec.float_tolerance)
     if isinstance(spec, PythonReward):
         load_function(spec.function)  # fail at start, not on every item, if it is missing
         return lambda item: pool.call(jobs.python_job, (spec.function, item), spec.timeout_s)
+    if isinstance(spec, ReasoningGymReward):
+        return lambda item: pool.call(
+            jobs.reasoning_gym_job,
+            (item.response, item.metadata.get("reasoning_gym"), spec.answer_tag),
+            spec.timeout_s,
+        )
     if isinstance(spec, RewardModelReward):  # torch only when a reward model is served
         from .reward_model import RewardModelScorer
 
@@ -120,6 +140,11 @@ def make_scorer(spec: Any, pool: BoundedPool) -> Scorer:
         f"reward {spec.name!r}: type {spec.type!r} is not served here; "
         f"a reward service hosts {sorted(LOCAL_TYPES)}"
     )
+
+
+def applies(sources: list[str] | None, item: ScoreItem) -> bool:
+    """Whether a component with `sources` scores `item` (None: every item)."""
+    return sources is None or item.metadata.get("data_source") in sources
 
 
 def parse_components(components: list[dict[str, Any]]) -> list[Any]:
@@ -143,11 +168,15 @@ def create_app(
         ValueError, SandboxUnavailable, pydantic.ValidationError: see `make_scorer`.
     """
     specs = parse_components(components)
-    bounded = [s for s in specs if isinstance(s, MathReward | FormatReward | PythonReward)]
+    bounded = [
+        s
+        for s in specs
+        if isinstance(s, MathReward | FormatReward | PythonReward | ReasoningGymReward)
+    ]
     processes = BoundedPool(workers, max((s.memory_mb for s in bounded), default=2048))
-    scorers = [(s.name, s.weight, make_scorer(s, processes)) for s in specs]
+    scorers = [(s.name, s.weight, make_scorer(s, processes), s.sources) for s in specs]
     # Scored per request in batches, before the per-item threads (reward models).
-    batched = [(name, sc) for name, _, sc in scorers if hasattr(sc, "score_batch")]
+    batched = [(name, sc, src) for name, _, sc, src in scorers if hasattr(sc, "score_batch")]
     threads = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="score")
     registry = CollectorRegistry()
     items_total = Counter(
@@ -167,23 +196,35 @@ def create_app(
         """Per item, each batched component's `(value, extra)` or the exception it raised
         for the whole batch."""
         out: list[dict[str, Any]] = [{} for _ in items]
-        for name, scorer in batched:
+        for name, scorer, sources in batched:
+            mine = [k for k, item in enumerate(items) if applies(sources, item)]
             try:
-                results = scorer.score_batch(items)
+                results = scorer.score_batch([items[k] for k in mine]) if mine else []
             except Exception as e:  # a failed batch fails its items only, not the service
-                results = [e] * len(items)
-            for got, r in zip(out, results, strict=True):
-                got[name] = r
+                results = [e] * len(mine)
+            for k, r in zip(mine, results, strict=True):
+                out[k][name] = r
         return out
 
     @in_flight.track_inprogress()
     def score_one(item: ScoreItem, pre: dict[str, Any]) -> Score:
         total, details = 0.0, {}
-        for name, weight, scorer in scorers:
+        mine = [s for s in scorers if applies(s[3], item)]
+        if not mine:
+            source = item.metadata.get("data_source")
+            return Score(
+                uid=item.uid,
+                reward=None,
+                error=f"no component applies to data_source {source!r} "
+                f"(sources: {[s.sources for s in specs]})",
+            )
+        for name, weight, scorer, _ in mine:
             try:
                 if name in pre and isinstance(pre[name], Exception):
                     raise pre[name]
                 value, extra = pre[name] if name in pre else scorer(item)
+                if not is_finite_number(value):
+                    raise ValueError(f"gave {value!r}, not a finite number")
             except Exception as e:  # a verifier or user-function error fails this item only
                 timed_out = isinstance(e, VerifierTimeout)
                 items_total.labels(name, "timeout" if timed_out else "error").inc()
@@ -191,8 +232,11 @@ def create_app(
                 return Score(uid=item.uid, reward=None, error=f"{name}: {e}", details=details)
             items_total.labels(name, "ok").inc()
             details[name] = value
-            details.update({f"{name}.{k}": v for k, v in extra.items()})
+            details.update({f"{name}.{k}": v for k, v in finite_details(extra).items()})
             total += weight * value
+        if not is_finite_number(total):
+            error = f"the weighted sum of the components is {total!r}; lower the weights"
+            return Score(uid=item.uid, reward=None, error=error, details=details)
         return Score(uid=item.uid, reward=total, details=details)
 
     @asynccontextmanager
@@ -253,8 +297,13 @@ def main() -> None:
         help="environment variable holding the bearer token (unset: no auth)",
     )
     args = ap.parse_args()
-    app = create_app(json.loads(args.components), os.environ.get(args.token_env), args.workers)
-    uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+    try:
+        app = create_app(json.loads(args.components), os.environ.get(args.token_env), args.workers)
+    except (ValueError, RuntimeError) as e:  # a broken component: one line in the log
+        print(f"error: {e}", file=sys.stderr, flush=True)
+        raise SystemExit(2) from None
+    sock = listen_socket(args.host, args.port)  # SO_REUSEADDR: a restart takes its port at once
+    uvicorn.Server(uvicorn.Config(app, log_level="warning")).run(sockets=[sock])
 
 
 if __name__ == "__main__":

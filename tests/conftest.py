@@ -24,6 +24,15 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def tiny_model_pad_eos(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny Llama whose pad token is its EOS `<|im_end|>` (id 3), as SmolLM2 ships
+    (pad = eos = 2)."""
+    return build_tiny_model(
+        tmp_path_factory.mktemp("tiny_pad_eos") / "model", pad_token="<|im_end|>"
+    )
+
+
+@pytest.fixture(scope="session")
 def tiny_model_vllm(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The tiny Llama widened to head_dim 32 (vLLM's CPU attention needs it), with room
     for 1024 positions."""

@@ -17,8 +17,9 @@ from transformers import AutoModelForSequenceClassification, AutoTokenizer
 from posttrain.common.net import free_port
 from posttrain.learner.export import differing_model_files
 from posttrain.recipes.algo.reward_model import RewardModel
+from posttrain.recipes.data import load_data
 from posttrain.recipes.loading import load_recipe
-from posttrain.recipes.loop import load_data, run
+from posttrain.recipes.loop import run
 from posttrain.rewards.client import RewardClient, start_local_service
 from posttrain.rewards.protocol import ScoreItem
 
@@ -53,7 +54,7 @@ def trained(tiny_model, tmp_path_factory):
         )
     )
     recipe = load_recipe(f)
-    history = run(recipe, tmp / "run", None, load_data(recipe))
+    history = run(recipe, tmp / "run", None, load_data(recipe)[0])
     return recipe, history, tmp / "run" / "final"
 
 
@@ -78,7 +79,7 @@ def test_saved_folder_loads_and_reproduces_the_learner(trained, tiny_model):
     assert model.config.pad_token_id == tok.pad_token_id == 1
     assert not differing_model_files(tiny_model, final)
     algo = RewardModel(recipe)  # the same pairs, order and eval split as the run
-    algo.prepare(SimpleNamespace(model_path=str(tiny_model), data=load_data(recipe)))
+    algo.prepare(SimpleNamespace(model_path=str(tiny_model), data=load_data(recipe)[0]))
     chosen, rejected = [], []
     with torch.no_grad():
         for i in algo.eval_order:
@@ -155,7 +156,7 @@ def test_ppo_step_on_hh_prompts_against_the_model(trained, tiny_model, tmp_path)
         )
     )
     recipe = load_recipe(f)
-    history = run(recipe, tmp_path / "run", None, load_data(recipe))
+    history = run(recipe, tmp_path / "run", None, load_data(recipe)[0])
     assert history[0]["failed_scores"] == 0 and history[0]["value_loss"] > 0
     rows = [
         json.loads(line)

@@ -24,6 +24,7 @@ def build_tiny_model(
     max_positions: int = 512,
     *,
     eos_token: str = "<|im_end|>",
+    pad_token: str = "<pad>",
     extra_specials: tuple[str, ...] = (),
     generation_config: dict[str, Any] | None = None,
 ) -> Path:
@@ -34,6 +35,8 @@ def build_tiny_model(
     Args:
         eos_token: the tokenizer's `eos_token` (and config.json's `eos_token_id`); the
             other chat tokens stay special tokens.
+        pad_token: the tokenizer's `pad_token` (and config.json's `pad_token_id`); e.g.
+            the EOS, as SmolLM2 ships it (pad = eos).
         extra_specials: more special tokens, appended after the characters (so the
             ids of the default vocabulary do not move): the k-th has id
             `len(SPECIALS) + len(CHARS) + k`.
@@ -52,7 +55,7 @@ def build_tiny_model(
     tok = PreTrainedTokenizerFast(
         tokenizer_object=core,
         unk_token="<unk>",
-        pad_token="<pad>",
+        pad_token=pad_token,
         eos_token=eos_token,
         additional_special_tokens=others,
     )
@@ -67,7 +70,7 @@ def build_tiny_model(
         max_position_embeddings=max_positions,
         tie_word_embeddings=True,
         eos_token_id=vocab[eos_token],
-        pad_token_id=vocab["<pad>"],
+        pad_token_id=vocab[pad_token],
         bos_token_id=None,
     )
     torch.manual_seed(seed)

@@ -31,6 +31,8 @@ from .base import WeightHandle, WeightSyncError, WeightTransport, state_checksum
 
 _MiB = 1 << 20
 _ALIGN = 64  # bytes
+#: Counter in the rendezvous store: how many members have joined through it.
+_JOINS_KEY = "posttrain/push_group_joins"
 
 
 def tensor_meta(weights: dict[str, torch.Tensor]) -> list[tuple[str, str, tuple[int, ...]]]:
@@ -100,10 +102,14 @@ class CollectiveTransport(WeightTransport):
 
     def join_group(self, address: str, rank: int, world_size: int) -> None:
         """Form the broadcast group; every rank calls it at once. `address` is
-        `host:port` of the rendezvous store the controller hosts (`GroupStore`).
+        `host:port` of the rendezvous store the controller hosts (`GroupStore`), one
+        store per group: gloo and NCCL leave each rank's address in the store, so a
+        second group there would reach the first group's processes (connect to them if
+        they live, and hang until `timeout_s`; be refused if they died).
 
         Raises:
-            WeightSyncError: the group did not form within `timeout_s`.
+            WeightSyncError: the group did not form within `timeout_s`, or the store
+                already formed a group (more than `world_size` joins), at once.
         """
         import torch.distributed as dist
 
@@ -112,16 +118,33 @@ class CollectiveTransport(WeightTransport):
             self._store = dist.TCPStore(
                 host, int(port), None, is_master=False, timeout=self.timeout
             )
+            joins = self._store.add(_JOINS_KEY, 1)
+        except (RuntimeError, ValueError) as e:  # c10d raises DistStoreError/RuntimeError
+            raise self._join_error(address, rank, world_size, e) from e
+        if joins > world_size:
+            self._store = None
+            raise WeightSyncError(
+                f"rank {rank}: the rendezvous store at {address} already formed a push "
+                f"group ({joins} joins for {world_size} ranks); its members' addresses stay "
+                "in it, so a second group would connect to the first one's processes. Make "
+                "a new GroupStore for each group (as recipes/roles.reform_push_group does)"
+            )
+        try:
             if self.backend == "nccl":
                 self.pg = dist.ProcessGroupNCCL(self._store, rank, world_size)
             else:
                 self.pg = dist.ProcessGroupGloo(self._store, rank, world_size, self.timeout)
-        except (RuntimeError, ValueError) as e:  # c10d raises DistStoreError/RuntimeError
-            raise WeightSyncError(
-                f"rank {rank} could not join the weight broadcast group at {address} "
-                f"({world_size} ranks, {self.backend}): {e}"
-            ) from e
+        except (RuntimeError, ValueError) as e:
+            raise self._join_error(address, rank, world_size, e) from e
         self.rank = rank
+
+    def _join_error(
+        self, address: str, rank: int, world_size: int, e: BaseException
+    ) -> WeightSyncError:
+        return WeightSyncError(
+            f"rank {rank} could not join the weight broadcast group at {address} "
+            f"({world_size} ranks, {self.backend}): {e}"
+        )
 
     def _require_group(self) -> None:
         if self.pg is None:

@@ -124,9 +124,13 @@ def push(
 
 
 class GroupStore:
-    """The rendezvous store of a push group, hosted by the controller for the run: the
-    learner's rank 0 joins as rank 0 and engine i as rank i + 1, each as a client of
-    this store (so nobody has to know another role's address in advance).
+    """The rendezvous store of one push group, hosted by the controller: the learner's
+    rank 0 joins as rank 0 and engine i as rank i + 1, each as a client of this store
+    (so nobody has to know another role's address in advance).
+
+    One group per store: each rank's address stays in it after the group formed, so a
+    new group (after a member was replaced) needs a new store; a join beyond
+    `world_size` fails at once (`CollectiveTransport.join_group`).
 
     Args:
         world_size: learner rank 0 plus every engine.

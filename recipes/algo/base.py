@@ -30,6 +30,9 @@ class Algorithm(ABC):
 
     Attributes:
         name: the recipe's `algorithm`.
+        facts: what the algorithm asks of the run (`config.facts.AlgorithmFacts`, read
+            from the recipe's algorithm block: rollouts or pairs, reference, critic,
+            passes per step).
         uses_rollouts: starts rollout engines, a reward service and weight pushes.
         loss: the learner's loss settings (`algorithms.<name>.<Name>Loss`).
         load_reference: the learner keeps a frozen reference.
@@ -40,14 +43,18 @@ class Algorithm(ABC):
     """
 
     name: str
-    uses_rollouts: bool = True
     critic: Any = None
     head: str = "lm"
 
     def __init__(self, recipe: Recipe):
         self.recipe = recipe
-        self.load_reference = False
+        self.facts = recipe.facts
+        self.load_reference = self.facts.reference
         self.temperature = recipe.rollout.temperature
+
+    @property
+    def uses_rollouts(self) -> bool:
+        return self.facts.uses_rollouts
 
     def prepare(self, run: Any) -> None:
         """Work before the first step, once the roles run (DPO: reference precompute)."""
@@ -85,8 +92,6 @@ class PairAlgorithm(Algorithm):
     """DPO and the reward model: no rollout side; the loop's pair step is the
     algorithm's own `step`, which trains on the step's preference pairs."""
 
-    uses_rollouts = False
-
     @abstractmethod
     def step(self, run: Any, step: int) -> tuple[dict[str, float], list[Span]]:
         """One training step of `run` (a `recipes.loop.Run`); returns its metrics and
@@ -110,8 +115,10 @@ def run_updates(
     its loss is normalised over that mini-batch (`loss_denominator`). A mini-batch
     without a response token (every row masked) is skipped: no optimizer step without
     data (AdamW would move the weights on momentum and decay alone). Returns each
-    metric's mean over the updates, with `grad_norm` and `lr` of the last one, and
-    `updates`, the optimizer steps taken (only `updates` 0 when every one was skipped)."""
+    metric's mean over the updates, with `grad_norm` and `lr` of the last one,
+    `updates`, the optimizer steps asked of the learner (only `updates` 0 when every
+    mini-batch was empty), and `skipped_updates` summed (updates the learner did not
+    apply: a non-finite loss or gradient)."""
     g = torch.Generator().manual_seed(seed)
     shuffle = epochs * mini_batches > 1
     real = batch.select(slice(0, rows))
@@ -127,6 +134,8 @@ def run_updates(
     if not updates:
         return {"updates": 0.0}
     stats = {k: statistics.fmean(u[k] for u in updates) for k in updates[0]}
+    if "skipped_updates" in stats:
+        stats["skipped_updates"] = sum(u["skipped_updates"] for u in updates)
     last = {"grad_norm": updates[-1]["grad_norm"], "lr": updates[-1]["lr"]}
     return {**stats, **last, "updates": float(len(updates))}
 

@@ -3,7 +3,7 @@ push; only the learner group.
 
 The reference model's summed logprobs of every (prompt, chosen) and (prompt,
 rejected) are computed once, sharded over the learner ranks, cached on disk keyed by
-the data file, tokenizer, reference weights, max length and prompt template, and
+the data files, tokenizer, reference weights, max length and prompt template, and
 reused by later runs; then the reference leaves memory. `dpo.precompute_ref_logprobs:
 false` keeps the reference in the loop instead.
 """
@@ -24,12 +24,14 @@ from ...algorithms.dpo import DPOLoss
 from ...common.model_registry import cache_dir
 from ...common.telemetry import Span, idle_fraction
 from ...config import Recipe
+from ...config.data import sources_of
 from ..controller import on_learners
 from ..preference import (
     PLAIN_TEMPLATE_ID,
     TokenizedPair,
     tokenize_pairs_with_template,
 )
+from ..rows import data_files
 from .base import PairAlgorithm
 
 
@@ -53,12 +55,21 @@ def _padded(pairs: list[TokenizedPair], multiple: int) -> list[TokenizedPair | N
     return list(pairs) + [None] * ((-len(pairs)) % multiple)
 
 
+def _without_paths(tree: Any) -> Any:
+    """A data block's settings less its `path`s (the files are hashed themselves)."""
+    if isinstance(tree, dict):
+        return {k: _without_paths(v) for k, v in tree.items() if k != "path"}
+    if isinstance(tree, list):
+        return [_without_paths(v) for v in tree]
+    return tree
+
+
 def cache_key(recipe: Recipe, model_path: str, template_id: str = PLAIN_TEMPLATE_ID) -> str:
     """Hash of everything the reference logprobs depend on."""
     h = hashlib.sha256()
-    data = recipe.data.train
+    files = [f for s in sources_of(recipe.data.train) for f in data_files(s.path)]
     for f in (
-        [Path(data.path)]
+        files
         + sorted(Path(model_path).glob("*.safetensors"))
         + sorted(p for p in Path(model_path).glob("*") if p.name.startswith(("tokenizer", "chat")))
     ):
@@ -69,10 +80,11 @@ def cache_key(recipe: Recipe, model_path: str, template_id: str = PLAIN_TEMPLATE
     h.update(
         json.dumps(
             [
-                data.model_dump(exclude={"path"}),
+                _without_paths(recipe.data.train.model_dump()),
                 recipe.dpo.max_length,
                 recipe.model.dtype,
                 template_id,
+                "identical-pairs-dropped",  # the pair list since identical pairs are dropped
             ]
         ).encode()
     )
@@ -99,7 +111,6 @@ class DPO(PairAlgorithm):
     """`algorithm: dpo` (sigmoid or IPO, see `algorithms.dpo`)."""
 
     name = "dpo"
-    uses_rollouts = False
 
     def __init__(self, recipe: Recipe):
         super().__init__(recipe)
@@ -110,7 +121,6 @@ class DPO(PairAlgorithm):
             loss_type=d.loss_type,
             ipo_token_mean=d.ipo_token_mean,
         )
-        self.load_reference = True
         self.temperature = 1.0
         self.ref_all: torch.Tensor | None = None
 

@@ -15,7 +15,7 @@ from ...actors.rollout import Rollout
 from ...algorithms.batch import TrainBatch, concat, pack_rows, pad_rows_to_multiple
 from ...algorithms.grpo import ESTIMATORS, GRPOLoss, mask_truncated, overlong_penalty
 from ...config import Recipe
-from ...rewards.protocol import Score
+from ...rewards.protocol import Score, is_finite_number
 from ..controller import on_learners
 from .base import RLAlgorithm, correction_of, run_updates
 
@@ -60,22 +60,28 @@ class RewardFailure(RuntimeError):
 
 
 def apply_failure_policy(
-    rewards: list[float | None], group_ids: list[str], policy: str, errors: list[str | None]
+    scores: list[Score], rollouts: list[Rollout], policy: str
 ) -> list[float | None]:
-    """Rewards to train on after the recipe's `on_reward_failure` (None = left out).
+    """Rewards to train on after the recipe's `on_reward_failure` (None = left out), one
+    per rollout; `scores[i]` is `rollouts[i]`'s.
 
     drop_group: every rollout of a group with a failure becomes None. zero: failures
-    score 0.0. fail_step: any failure raises.
+    score 0.0. fail_step: any failure raises. A reward that is not a finite number
+    counts as a failure (the boundaries already turn those into failed scores; this is
+    the last guard before the advantages).
 
     Raises:
         RewardFailure: `fail_step` and at least one failure (names the first few).
-        ValueError: an unknown policy.
+        ValueError: an unknown policy, or scores and rollouts of different lengths.
     """
+    if len(scores) != len(rollouts):
+        raise ValueError(f"{len(scores)} scores for {len(rollouts)} rollouts")
+    rewards = [s.reward if is_finite_number(s.reward) else None for s in scores]
     failed = [i for i, x in enumerate(rewards) if x is None]
     if not failed:
-        return list(rewards)
+        return rewards
     if policy == "fail_step":
-        shown = "; ".join(f"{group_ids[i]}: {errors[i]}" for i in failed[:3])
+        shown = "; ".join(f"{rollouts[i].group_id}: {scores[i].error}" for i in failed[:3])
         raise RewardFailure(
             f"{len(failed)} rollouts could not be scored ({shown}); "
             "set on_reward_failure: drop_group or zero to train on"
@@ -83,8 +89,8 @@ def apply_failure_policy(
     if policy == "zero":
         return [0.0 if x is None else x for x in rewards]
     if policy == "drop_group":
-        bad = {group_ids[i] for i in failed}
-        return [None if g in bad else x for x, g in zip(rewards, group_ids, strict=True)]
+        bad = {rollouts[i].group_id for i in failed}
+        return [None if r.group_id in bad else x for x, r in zip(rewards, rollouts, strict=True)]
     raise ValueError(f"unknown on_reward_failure {policy!r}")
 
 
@@ -94,7 +100,7 @@ def rollout_metrics(
     """Reward mean/std, per-component means, response length, truncation and
     failed-score counts of one step; `accuracy` is the share of scored rollouts whose
     `accuracy_component` (a 0/1 verifier such as `math`) is 1."""
-    ok = [s.reward for s in scores if s.reward is not None]
+    ok = [s.reward for s in scores if is_finite_number(s.reward)]
     lengths = [len(r.response_ids) for r in rollouts]
     out = {
         "reward_mean": statistics.fmean(ok) if ok else math.nan,
@@ -107,7 +113,7 @@ def rollout_metrics(
     comps: dict[str, list[float]] = {}
     for s in scores:
         for k, v in s.details.items():
-            if "." not in k and isinstance(v, int | float):
+            if "." not in k and isinstance(v, int | float) and math.isfinite(v):
                 comps.setdefault(k, []).append(float(v))
     for k, vals in comps.items():
         out[f"reward/{k}"] = statistics.fmean(vals)
@@ -116,7 +122,7 @@ def rollout_metrics(
         out["accuracy"] = sum(v == 1.0 for v in vals) / len(vals)
     groups: dict[str, list[float]] = {}
     for r, s in zip(rollouts, scores, strict=True):
-        if s.reward is not None:
+        if is_finite_number(s.reward):
             groups.setdefault(r.group_id, []).append(s.reward)
     out["groups_with_signal"] = float(sum(len(set(v)) > 1 for v in groups.values()))
     out["groups_scored"] = float(len(groups))
@@ -150,14 +156,9 @@ class GRPO(RLAlgorithm):
             kl_coef=g.kl_coef,
             kind=g.loss,
             correction=correction_of(recipe),
+            loss_agg=g.loss_agg,
         )
         self.estimate = ESTIMATORS[g.estimator]
-        self.load_reference = g.kl_coef > 0
-
-    def separate_old_logprobs(self) -> bool:
-        """Whether `old_logprobs` need their own no-grad pass before the updates."""
-        g = self.recipe.grpo
-        return g.epochs * g.mini_batches > 1 or g.old_logprob_pass == "always"
 
     def train(
         self,
@@ -185,7 +186,7 @@ class GRPO(RLAlgorithm):
             batch.response_mask = mask_truncated(batch.response_mask, truncated)
         batch.advantages = adv.unsqueeze(-1) * batch.response_mask
         padded = pad_rows_to_multiple(batch, len(learners))
-        if self.separate_old_logprobs():
+        if self.facts.old_logprob_pass:
             padded.old_logprobs = concat(
                 on_learners(learners, "compute", padded, step, "old_logprobs")
             )
@@ -201,7 +202,7 @@ class GRPO(RLAlgorithm):
             len(batch),
             g.epochs,
             g.mini_batches,
-            g.loss_agg,
+            self.loss.aggregation,
             self.recipe.train.seed * 7919 + step,
             step,
         )

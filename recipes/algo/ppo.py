@@ -33,8 +33,9 @@ class PPO(RLAlgorithm):
             kl_coef=p.kl_coef if p.kl_mode == "loss" else 0.0,
             correction=correction_of(recipe),
         )
-        self.load_reference = p.kl_coef > 0
-        self.critic = CriticSettings(path=p.critic_path, lr=p.critic_lr)
+        self.critic = (
+            CriticSettings(path=p.critic_path, lr=p.critic_lr) if self.facts.critic else None
+        )
 
     def train(
         self,

@@ -37,9 +37,10 @@ from .base import PairAlgorithm
 from .dpo import pair_batch
 
 
-def as_chat(pairs: list[PreferencePair], fmt: str) -> list[PreferencePair]:
-    """Text pairs as chat-format pairs: an hh prompt split into its turns (replies
-    stripped), any other text prompt as one user message; chat pairs unchanged.
+def as_chat(pairs: list[PreferencePair], fmt: str | None = None) -> list[PreferencePair]:
+    """Text pairs as chat-format pairs: an hh prompt (`p.hh`, or every pair when `fmt`
+    is 'hh') split into its turns (replies stripped), any other text prompt as one user
+    message; chat pairs unchanged.
 
     Raises:
         RecipeError: an hh prompt with no `Human:` turn.
@@ -48,7 +49,7 @@ def as_chat(pairs: list[PreferencePair], fmt: str) -> list[PreferencePair]:
     for p in pairs:
         if p.is_chat:
             out.append(p)
-        elif fmt == "hh":
+        elif p.hh or fmt == "hh":
             messages = hh_messages(p.prompt)
             if not messages or messages[-1]["role"] != "user":
                 raise RecipeError(
@@ -82,7 +83,6 @@ class RewardModel(PairAlgorithm):
     """`algorithm: reward_model` (see `algorithms.reward_model`)."""
 
     name = "reward_model"
-    uses_rollouts = False
     head = "score"
 
     def __init__(self, recipe: Recipe):
@@ -98,11 +98,11 @@ class RewardModel(PairAlgorithm):
         tok = AutoTokenizer.from_pretrained(run.model_path)
         pairs = run.data
         if cfg.chat_template and getattr(tok, "chat_template", None):
-            pairs = as_chat(pairs, self.recipe.data.train.format)
+            pairs = as_chat(pairs)
         done = tokenize_pairs_with_template(pairs, tok, cfg.max_length)
         print(done.description.replace("DPO prompts", "reward-model pairs"), flush=True)
         self.pairs: list[TokenizedPair] = done.pairs
-        self.margins = [p.margin for p in pairs]
+        self.margins = [pairs[i].margin for i in done.kept]
         g = torch.Generator().manual_seed(self.recipe.data.shuffle_seed)
         order = torch.randperm(len(self.pairs), generator=g).tolist()
         self.order, self.eval_order = split_eval(order, cfg.eval_pairs)

@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from ...actors.rollout import Rollout
+from ...rewards.protocol import is_finite_number
 
 
 class AgentEpisodeError(ValueError):
@@ -38,7 +39,9 @@ def agent_rollout(
         A Rollout with `loss_mask`, `turns`, `policy_version` the oldest of its calls,
         `finish_reason` of the last call, and the agent's reward (when it gave one) in
         `metadata['environment_reward']` (added to the reward components' sum), plus
-        `metadata['dropped_calls']`.
+        `metadata['dropped_calls']`. A reward the endpoint refused as not finite (the
+        record's `reward_error`) goes to `metadata['episode_error']`: the sample's
+        score then fails (recipes/episodes/step.py `add_environment_rewards`).
 
     Raises:
         AgentEpisodeError: no call was recorded under `uid`.
@@ -92,8 +95,13 @@ def agent_rollout(
         )
         seen = len(c["prompt_ids"]) + len(comp)
     meta = dict(metadata or {}) | {"dropped_calls": start}
-    if record.get("reward") is not None:
-        meta["environment_reward"] = float(record["reward"])
+    reward = record.get("reward")
+    if record.get("reward_error"):
+        meta["episode_error"] = record["reward_error"]
+    elif reward is not None and not is_finite_number(reward):
+        meta["episode_error"] = f"agent reward for episode {uid} is {reward!r}, not finite"
+    elif reward is not None:
+        meta["environment_reward"] = float(reward)
     return Rollout(
         uid=uid,
         group_id=group_id,

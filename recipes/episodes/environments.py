@@ -15,8 +15,11 @@ HTTP protocol (controller → environment; JSON; `Authorization: Bearer <token>`
 Episode ids are unique per run (`{uid}@{step}`); an environment keeps its per-episode
 state under them. Failures: a request that fails (connection error, timeout, 5xx, 408,
 429, a malformed body) is retried with exponential backoff like the reward client;
-another 4xx is not. After the last try `EnvironmentFailed` stops the step (an episode
-without its environment cannot go on).
+another 4xx is not. `timeout_s` bounds each whole request, however slowly the
+environment sends its answer (common/http.py). After the last try `EnvironmentFailed`
+stops the step (an episode without its environment cannot go on). A step reward that is
+not a finite number (`NaN`, `Infinity`, `1e400`) and a first prompt too long for the
+engine fail that episode's sample only (recipes/episodes/multiturn.py).
 
 The Python form: `class_path: "module:Class"`; `Class()` is built per episode and must
 have `reset(request: PromptRequest) -> list[message]` and `step(message: str) ->
@@ -34,6 +37,7 @@ import httpx
 from pydantic import BaseModel, ValidationError
 
 from ...actors.rollout import PromptRequest
+from ...common.http import DeadlineClient
 from ...config.episodes import HttpEnvironment, PythonEnvironment
 from .multiturn import StepResult
 
@@ -73,7 +77,8 @@ class HttpEnvironmentClient:
             )
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self.config, self.episode_id, self.backoff_s = config, episode_id, backoff_s
-        self.http = httpx.Client(timeout=config.timeout_s, headers=headers)
+        self.source = f"environment {config.url} (episode {episode_id})"
+        self.http = DeadlineClient(config.timeout_s, headers)
 
     def _post(self, route: str, body: dict[str, Any], model: type[BaseModel]) -> Any:
         url = f"{self.config.url.rstrip('/')}/{route}"
@@ -125,6 +130,7 @@ class PythonEnvironmentAdapter:
                 f"cannot be imported ({e}); give 'module:Class'"
             ) from e
         self.env = cls()
+        self.source = f"environment {config.class_path}"
 
     def reset(self, request: PromptRequest) -> list[dict[str, str]]:
         return list(self.env.reset(request))

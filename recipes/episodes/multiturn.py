@@ -21,6 +21,14 @@ Who drives what: this module knows an engine only as a `GenerateFn` and an envir
 only as an `Environment`; the controller (recipes/episodes/step.py) wires the rollout
 workers and the tools or user environments to it.
 
+Failed samples: an episode whose first messages (the environment's `reset`) do not fit
+the engine with the episode's token budget is never sent to the engine: it ends at once
+with `error` set and becomes a sample without response tokens. A step reward that is
+not a finite number (`NaN`, `Infinity`, `1e400`), or a sum of step rewards that
+overflows, sets `error` too (the trajectory is kept). Either way the sample's score fails
+(recipes/episodes/step.py `add_environment_rewards`) and the recipe's
+`on_reward_failure` decides; the other episodes go on.
+
 Limits: a turn cut by `max_new_tokens` (or by the budget) ends its episode (truncated);
 environment steps of one turn run on a few threads, model turns of all running episodes
 are one engine call per turn.
@@ -36,6 +44,7 @@ from typing import Any, Protocol
 from ...actors.chat import TemplateMismatch, chat_ids, message_delta
 from ...actors.engine import Sample, end_of_turn_token_id
 from ...actors.rollout import PromptRequest, Rollout, SamplingSettings
+from ...rewards.protocol import is_finite_number
 
 __all__ = [
     "Environment",
@@ -121,6 +130,7 @@ class Episode:
     truncated: bool = False
     env_reward: float | None = None
     stats: StepResult = field(default_factory=StepResult)
+    error: str | None = None  # why this episode's sample fails (module docstring)
 
     @property
     def response_len(self) -> int:
@@ -132,17 +142,42 @@ class Episode:
 
 
 def start_episodes(
-    tokenizer: Any, requests: list[PromptRequest], n: int, new_env: Callable[[str], Environment]
+    tokenizer: Any,
+    requests: list[PromptRequest],
+    n: int,
+    new_env: Callable[[str], Environment],
+    max_prompt_tokens: int | None = None,
+    limit_reason: str = "",
 ) -> list[Episode]:
     """`n` episodes per request (a group), each with its own environment; uid
-    `{group_id}-{k}` as for single-turn rollouts."""
+    `{group_id}-{k}` as for single-turn rollouts.
+
+    Args:
+        max_prompt_tokens: the most tokens the first messages may come to (the engine's
+            context minus the episode's token budget); an episode over it ends at once
+            as a failed sample (module docstring) whose prompt is the request's own
+            messages (cut to this length), so it never reaches the engine. None: no
+            limit.
+        limit_reason: how `max_prompt_tokens` was reached, for the error message.
+    """
     episodes = []
     for req in requests:
         for k in range(n):
             uid = f"{req.group_id}-{k}"
             env = new_env(uid)
             messages = list(env.reset(req))
-            episodes.append(Episode(uid, req, env, chat_ids(tokenizer, messages, True), messages))
+            ids = chat_ids(tokenizer, messages, True)
+            e = Episode(uid, req, env, ids, messages)
+            if max_prompt_tokens is not None and len(ids) > max_prompt_tokens:
+                source = getattr(env, "source", type(env).__name__)
+                e.error = (
+                    f"episode {uid}: {source} reset it to a prompt of {len(ids)} tokens, "
+                    f"over the {max_prompt_tokens} the engine takes ({limit_reason}); "
+                    "the episode was not run"
+                )
+                e.prompt_ids = chat_ids(tokenizer, req.messages, True)[:max_prompt_tokens]
+                e.messages, e.done = list(req.messages), True
+            episodes.append(e)
     return episodes
 
 
@@ -214,7 +249,7 @@ def _add_env_turn(
     st.tool_errors += res.tool_errors
     st.tool_time_s += res.tool_time_s
     if res.reward is not None:
-        e.env_reward = (e.env_reward or 0.0) + res.reward
+        _add_step_reward(e, res.reward)
     if res.done or not res.messages:
         e.done = True
         return
@@ -236,13 +271,32 @@ def _add_env_turn(
     e.messages.extend(res.messages)
 
 
-def to_rollout(e: Episode, prompt_text: str) -> Rollout:
+def _add_step_reward(e: Episode, reward: Any) -> None:
+    """Sum a step's reward into the episode, or set its `error` when the reward (or the
+    sum) is not a finite number."""
+    source = getattr(e.env, "source", type(e.env).__name__)
+    if not is_finite_number(reward):
+        e.error = e.error or (
+            f"episode {e.uid}: {source} gave the step reward {reward!r} after model turn "
+            f"{e.model_turns}; a reward must be a finite number"
+        )
+        return
+    e.env_reward = (e.env_reward or 0.0) + reward
+    if not is_finite_number(e.env_reward):
+        e.error = e.error or (
+            f"episode {e.uid}: the step rewards of {source} sum to {e.env_reward!r}"
+        )
+
+
+def to_rollout(e: Episode, prompt_text: str, policy_version: int = 0) -> Rollout:
     """The episode as a `Rollout`: `response_ids [R]` = every turn's ids after the prompt,
     `loss_mask [R]` (1 on model tokens), `inference_logprobs [R]` (the engine's on model
     tokens, 0.0 on environment tokens, where they mean nothing and `loss_mask` is 0),
     `finish_reason` 'length' for a truncated episode, `response_text` the model's last
     turn (what a verifier scores), `turns` for the rollout files. The environment's
-    summed reward, when it gave one, is in `metadata['environment_reward']`."""
+    summed reward, when it gave one, is in `metadata['environment_reward']`; a failed
+    episode's `error` in `metadata['episode_error']`. An episode that was never run has
+    no response tokens and carries `policy_version` (the step's)."""
     ids = _ids(e)
     mask = [t.mask for t in e.turns for _ in t.ids]
     logprobs = [lp for t in e.turns for lp in (t.logprobs or [0.0] * len(t.ids))]
@@ -250,15 +304,17 @@ def to_rollout(e: Episode, prompt_text: str) -> Rollout:
     metadata = dict(e.request.metadata)
     if e.env_reward is not None:
         metadata["environment_reward"] = e.env_reward
-    last = next(t.text for t in reversed(e.turns) if t.mask)
+    if e.error is not None:
+        metadata["episode_error"] = e.error
+    last = next((t.text for t in reversed(e.turns) if t.mask), "")
     return Rollout(
         uid=e.uid,
         group_id=e.request.group_id,
         prompt_ids=e.prompt_ids,
         response_ids=ids,
         inference_logprobs=logprobs,
-        finish_reason="length" if e.truncated else "stop",
-        policy_version=min(versions),
+        finish_reason="length" if e.truncated or not e.turns else "stop",
+        policy_version=min(versions, default=policy_version),
         prompt_text=prompt_text,
         response_text=last,
         ground_truth=e.request.ground_truth,

@@ -20,8 +20,8 @@ import ray
 from ...actors.engine import Sample
 from ...actors.rollout import PromptRequest, Rollout, SamplingSettings
 from ...config import Recipe
-from ...rewards.protocol import Score
-from ..items import PromptItem
+from ...rewards.protocol import Score, is_finite_number
+from ..items import PromptItem, chat_messages
 from .multiturn import (
     Environment,
     Episode,
@@ -85,9 +85,7 @@ def requests_for(prompts: list[PromptItem], recipe: Recipe, step: int) -> list[P
     group ids as single-turn generation names them."""
     out = []
     for i, p in enumerate(prompts):
-        m = [{"role": "user", "content": p.question}]
-        if recipe.model.system_prompt:
-            m.insert(0, {"role": "system", "content": recipe.model.system_prompt})
+        m = chat_messages(p, recipe.model.system_prompt)
         out.append(PromptRequest(f"s{step}-p{p.prompt_id}-{i}", m, p.ground_truth, p.metadata))
     return out
 
@@ -136,14 +134,36 @@ def generate_episodes(
         stop=tuple(r.stop),
     )
     new_env: Any = environment_factory(recipe, tok, step)
-    episodes = start_episodes(
-        tok, requests_for(prompts, recipe, step), r.samples_per_prompt, new_env
-    )
     budget = r.max_episode_tokens or r.max_turns * r.max_new_tokens
+    context, where = engine_context(recipe, model_path)
+    episodes = start_episodes(
+        tok,
+        requests_for(prompts, recipe, step),
+        r.samples_per_prompt,
+        new_env,
+        None if context is None else context - budget,
+        f"{where} minus the episode budget of {budget} tokens (rollout.max_episode_tokens)",
+    )
     run_episodes(worker_generate(roles, step), tok, episodes, sampling, r.max_turns, budget)
     close_all([e.env for e in episodes])
     texts = {id(e.prompt_ids): tok.decode(e.prompt_ids, skip_special_tokens=True) for e in episodes}
-    return [to_rollout(e, texts[id(e.prompt_ids)]) for e in episodes], episode_metrics(episodes)
+    version = min((t.policy_version for e in episodes for t in e.turns if t.mask), default=step)
+    rollouts = [to_rollout(e, texts[id(e.prompt_ids)], version) for e in episodes]
+    return rollouts, episode_metrics(episodes)
+
+
+def engine_context(recipe: Recipe, model_path: str) -> tuple[int | None, str]:
+    """The most tokens (prompt + response) the rollout engine takes, and where that
+    number comes from: `rollout.vllm.max_model_len` with engine vllm when set, else the
+    model's context (config.json); None when neither names one."""
+    v = recipe.rollout.vllm.max_model_len
+    if recipe.rollout.engine == "vllm" and v:
+        return v, f"rollout.vllm.max_model_len {v}"
+    from ..preflight import model_context
+
+    config = Path(model_path) / "config.json"
+    n = model_context(config)
+    return n, f"the model's context of {n} tokens ({config})"
 
 
 def close_all(envs: list[Environment]) -> None:
@@ -174,17 +194,24 @@ def episode_metrics(episodes: list[Episode]) -> dict[str, float]:
 
 def add_environment_rewards(rollouts: list[Rollout], scores: list[Score]) -> list[Score]:
     """Scores with each episode's environment reward (`metadata['environment_reward']`,
-    the sum of its `/step` rewards) added as the `environment` component (weight 1). A
-    failed score (reward None) stays failed."""
+    the sum of its `/step` rewards, or the agent's posted reward) added as the
+    `environment` component (weight 1). A failed score (reward None) stays failed; a
+    failed episode (`metadata['episode_error']`: never run, or a non-finite environment
+    reward) fails its score with that error, as does a sum that is not finite."""
     out = []
     for r, s in zip(rollouts, scores, strict=True):
         env = r.metadata.get("environment_reward")
-        if env is None or s.reward is None:
+        error = r.metadata.get("episode_error")
+        if error is None and env is not None and s.reward is not None:
+            total = s.reward + env
+            if is_finite_number(total):
+                details = {**s.details, "environment": env}
+                out.append(s.model_copy(update={"reward": total, "details": details}))
+                continue
+            error = f"episode {r.uid}: reward {s.reward!r} + environment reward {env!r} = {total!r}"
+        if error is None:
             out.append(s)
-            continue
-        out.append(
-            s.model_copy(
-                update={"reward": s.reward + env, "details": {**s.details, "environment": env}}
-            )
-        )
+        else:
+            error = f"{error}; {s.error}" if s.error else error
+            out.append(Score(uid=s.uid, reward=None, error=error, details=s.details))
     return out

@@ -2,8 +2,11 @@
 
 `advisories(history, thresholds)` is a pure function of the steps logged so far (the
 rows of metrics.jsonl) and `monitor.advisories`; each advisory is one string,
-"code: message". The loop prints an advisory when it starts (it was not raised for the
-previous step) and writes the step's list to metrics.jsonl as `advisories`.
+"code: message". The loop writes the step's list to metrics.jsonl as `advisories` and
+prints an advisory once: when it starts, and its step range ("advisory truncated:
+steps 0–19") when it ends or the run does (`console_lines`). `advisory_ranges` groups
+consecutive steps that raise the same code into one range, for `posttrain status` and
+the dashboard.
 
 Limits: it sees only the numbers a step logs, so it cannot tell *why* (a reward with no
 variance may be a too-easy or a too-hard dataset); a metric a step did not log (DPO has
@@ -14,6 +17,7 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from ...config import AdvisoriesConfig
@@ -26,6 +30,7 @@ CODES = (
     "logprob_mismatch",
     "rollout_idle",
     "learner_idle",
+    "skipped_updates",
 )
 
 
@@ -73,6 +78,13 @@ def advisories(history: Sequence[dict[str, Any]], t: AdvisoriesConfig) -> list[s
             f"logprob_mismatch: learner and engine logprobs differ by {mismatch:.3f} "
             f"(> {t.logprob_mismatch:g}); {why}"
         )
+    skipped = m.get("skipped_updates") or 0
+    if skipped > 0:
+        out.append(
+            f"skipped_updates: {skipped:.0f} optimizer update(s) of this step not applied: "
+            "the loss or gradient norm was NaN or infinite (weights and AdamW state "
+            "unchanged); check rewards and advantages for NaN/inf, or lower train.lr"
+        )
     for side in ("rollout", "learner"):
         key = f"{side}_idle_fraction"
         recent = [r.get(key) for r in history[-t.idle_steps :]]
@@ -85,7 +97,83 @@ def advisories(history: Sequence[dict[str, Any]], t: AdvisoriesConfig) -> list[s
     return out
 
 
-def new_advisories(current: list[str], previous: list[str]) -> list[str]:
-    """Those of `current` whose code was not raised in `previous` (what to print)."""
-    before = {a.split(":", 1)[0] for a in previous}
-    return [a for a in current if a.split(":", 1)[0] not in before]
+def code_of(advisory: str) -> str:
+    """The code of a "code: message" advisory."""
+    return advisory.split(":", 1)[0]
+
+
+@dataclass(frozen=True)
+class AdvisoryRange:
+    """One advisory raised at every step from `first` to `last` (inclusive); `message`
+    is the whole "code: message" string of the last of those steps (its numbers are the
+    newest)."""
+
+    code: str
+    first: int
+    last: int
+    message: str
+
+    @property
+    def steps(self) -> str:
+        """ "step 3" or "steps 0–19" (an en dash)."""
+        if self.first == self.last:
+            return f"step {self.first}"
+        return f"steps {self.first}–{self.last}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "code": self.code,
+            "first": self.first,
+            "last": self.last,
+            "steps": self.steps,
+            "message": self.message,
+        }
+
+
+def advisory_ranges(rows: Sequence[dict[str, Any]]) -> list[AdvisoryRange]:
+    """Advisories of metrics.jsonl `rows` (ascending steps) grouped into ranges: a code
+    raised at steps s and s + 1 is one range; a step that does not raise it (or a step
+    missing from `rows`) ends the range. Rows without an `advisories` list (the final
+    evaluation's row) are skipped. Ordered by first step, then as `advisories` raises
+    them (CODES).
+
+    Example: truncated at steps 0, 1, 2 and 5, failed_rewards at 1 gives
+    [truncated 0–2, failed_rewards 1–1, truncated 5–5].
+    """
+    done: list[AdvisoryRange] = []
+    open_: dict[str, AdvisoryRange] = {}  # code -> its range that reached the last step
+    for row in rows:
+        if not isinstance(row.get("advisories"), list):
+            continue
+        step = int(row["step"])
+        now: dict[str, AdvisoryRange] = {}
+        for a in row["advisories"]:
+            code = code_of(a)
+            was = open_.pop(code, None)
+            first = was.first if was is not None and was.last == step - 1 else step
+            if was is not None and first == step:
+                done.append(was)
+            now[code] = AdvisoryRange(code, first, step, a)
+        done.extend(open_.values())
+        open_ = now
+    done.extend(open_.values())
+    order = {c: i for i, c in enumerate(CODES)}  # the order advisories() raises them in
+    return sorted(done, key=lambda r: (r.first, order.get(r.code, len(CODES))))
+
+
+def console_lines(rows: Sequence[dict[str, Any]], run_ends: bool) -> list[str]:
+    """What the loop prints after logging the last of `rows`: each advisory that starts
+    at this step ("step 3: advisory truncated: 62% of ..."), and the step range of each
+    one that ended at the step before ("advisory truncated: steps 0–2"); with `run_ends`
+    (this is the run's last step), also the ranges that are still open."""
+    if not rows:
+        return []
+    step = int(rows[-1]["step"])
+    lines = []
+    for r in advisory_ranges(rows):
+        if r.first == step:
+            lines.append(f"step {step}: advisory {r.message}")
+    for r in advisory_ranges(rows):
+        if r.last == step - 1 or (run_ends and r.last == step):
+            lines.append(f"advisory {r.code}: {r.steps}")
+    return lines

@@ -2,13 +2,16 @@
 
 It reads `metrics.jsonl` and `spans.jsonl` on every request, so the same app serves a
 live run (the controller starts it in a thread at launch) and a finished one
-(`posttrain dashboard RUN_DIR`). Routes: `/` the page (per-step stacked time split,
-idle fractions over steps, learning metrics over steps (reward, per component,
-accuracy, eval pass@k, length, truncation, KL, loss, grad norm, logprob mismatch) and
-the advisories, the advice of recipes/monitoring/advice.py (split, checkpoint interval; the page's
-`?mtbf=HOURS` sets the MTBF), a Gantt timeline of the last steps with one row per
-worker), `/api/metrics`, `/api/spans?last=N`, `/api/advice?mtbf=H`, and Prometheus
-`/metrics` with the last step's numbers as gauges. Binds 127.0.0.1 only: it has no authentication.
+(`posttrain dashboard RUN_DIR`). Routes: `/` the page (a summary with the newest eval's
+pass@1 / pass@k, per-step stacked time split, idle fractions over steps, learning
+metrics over steps (reward, per component, accuracy, eval pass@k, length, truncation,
+KL, loss, grad norm, logprob mismatch), the advisories (one row per run of consecutive
+steps), the advice of recipes/monitoring/advice.py (split, checkpoint interval; the
+page's `?mtbf=HOURS` sets the MTBF), a Gantt timeline of the last steps with one row
+per worker), `/api/metrics`, `/api/spans?last=N`, `/api/advisories` (grouped by
+recipes/monitoring/advisories.py `advisory_ranges`), `/api/advice?mtbf=H`, and
+Prometheus `/metrics` with the last step's numbers as gauges. Binds 127.0.0.1 only: it
+has no authentication.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from typing import Any
 from fastapi import FastAPI
 from fastapi.responses import HTMLResponse, PlainTextResponse
 
+from .advisories import advisory_ranges
 from .log import METRICS_FILE, SPANS_FILE, read_jsonl
 
 PAGE = Path(__file__).with_name("dashboard.html")
@@ -58,6 +62,10 @@ def create_dashboard(run_dir: Path) -> FastAPI:
             return []
         newest = max(r["step"] for r in rows)
         return [r for r in rows if r["step"] > newest - last]
+
+    @app.get("/api/advisories")
+    def advisories() -> list[dict[str, Any]]:
+        return [r.to_dict() for r in advisory_ranges(read_jsonl(run_dir / METRICS_FILE))]
 
     @app.get("/api/advice")
     def advice(mtbf: float | None = None) -> dict[str, Any]:

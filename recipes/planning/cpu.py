@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 from ...config import Recipe
 from . import formulas as plan
-from .planner import trained_tokens, weight_bytes
+from .planner import step_flops, trained_tokens, weight_bytes
 
 
 @dataclass(frozen=True)
@@ -153,17 +153,9 @@ def worker_threads(r: Recipe, cores: int) -> tuple[int, int]:
 
 
 def train_flops_per_token(r: Recipe, params: float) -> float:
-    """Training FLOPs per token of one step: 6·N per epoch (Kaplan et al. 2020), 4·N
-    with an adapter (no weight gradients), plus a 2·N reference forward when the KL is on
-    and the reference is a separate model; PPO adds the critic's 6·N."""
-    per = (4 if r.model.adapter.type != "none" else 6) * params
-    if r.algorithm == "grpo":
-        per *= r.grpo.epochs
-        if r.grpo.kl_coef > 0:
-            per += 2 * params
-    if r.algorithm == "ppo":
-        per += 6 * params  # the critic's forward and backward
-    return per
+    """Training FLOPs per learner token of one step: `planner.step_flops` of the
+    algorithm's passes (the critic counted on the same tokens)."""
+    return step_flops(r, params, 1.0, 1.0)
 
 
 def learner_tokens(
@@ -195,8 +187,11 @@ def predict(
         ValueError: a DPO recipe (no rollout step).
         KeyError: `cal.matmul_flops` has no rate at a worker's thread count.
     """
-    if r.algorithm == "dpo":
-        raise ValueError("plan --gpu cpu models GRPO/PPO steps; DPO has no rollout")
+    if not r.facts.uses_rollouts:
+        raise ValueError(
+            f"plan --gpu cpu models rollout steps (generate, train, push); {r.algorithm} "
+            "trains on preference pairs"
+        )
     res = r.resources
     t_r, t_l = worker_threads(r, cal.cores)
     engines = res.rollout.gpus // res.rollout.gpus_per_engine
@@ -217,8 +212,12 @@ def predict(
     optimizer = cal.adamw_s_per_param * trainable / n_l
     share = (n_l - 1) / n_l
     micro = math.ceil(math.ceil(seqs / n_l) / r.train.micro_batch_size)
-    epochs = r.grpo.epochs if r.algorithm == "grpo" else 1
-    comm = micro * epochs * share * (width + width + 4) * params / cal.loopback_bytes_per_s
+    p = r.facts.passes
+    forwards = p.policy_forward + p.reference_forward + p.critic_forward
+    # FSDP2 per micro-batch: a forward gathers the weights, a backward gathers them again
+    # and reduce-scatters fp32 gradients
+    per_params = (2 * width + 4) * (p.policy_train + p.critic_train) + width * forwards
+    comm = micro * share * per_params * params / cal.loopback_bytes_per_s
     pp = cal.push
     gather = (pp.tensors * pp.collective_s if n_l > 1 else 0.0) + (
         share * weights / cal.loopback_bytes_per_s

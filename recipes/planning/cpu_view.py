@@ -33,11 +33,13 @@ def cpu_prediction(
 def plan_cpu_or_exit(
     r: Recipe, folder: Path, shape: ModelShape, prompt_tokens: int, recalibrate: bool = False
 ) -> None:
-    """Print the CPU plan of a GRPO/PPO recipe; exits 2 for DPO."""
-    if r.algorithm == "dpo":
+    """Print the CPU plan of a rollout recipe (GRPO, PPO); exits 2 for one that trains on
+    preference pairs (DPO, a reward model)."""
+    if not r.facts.uses_rollouts:
         typer.echo(
-            "error: plan --gpu cpu predicts GRPO/PPO steps (generate, train, push); "
-            "DPO has no rollout: use --gpu h100|h200|a100",
+            "error: plan --gpu cpu predicts rollout steps (generate, train, push); "
+            f"{r.algorithm} trains on preference pairs, with no rollout: use "
+            "--gpu h100|h200|a100",
             err=True,
         )
         raise typer.Exit(code=2)
@@ -55,6 +57,21 @@ def print_cpu_plan(
 ) -> None:
     """The measurements, the step table, and the memory of all workers against RAM."""
     console = Console(width=120)
+    _print_calibration(console, r, cal, s, cached)
+    console.print(_step_table(r, prompt_tokens, s))
+    _print_memory(console, r, shape, prompt_tokens, cal, s)
+    console.print(
+        "not modelled: scoring, the controller, Ray calls, samples that stop "
+        "early, other jobs on the machine (recipes/planning/cpu.py)",
+        style="dim",
+    )
+
+
+def _print_calibration(
+    console: Console, r: Recipe, cal: CpuCalibration, s: CpuStep, cached: Path | None
+) -> None:
+    """What was measured, and a warning when more threads measured slower (a loaded
+    machine)."""
     rates = ", ".join(
         f"{t} thread{'s' if t > 1 else ''} {f / 1e9:.0f}"
         for t, f in sorted(cal.matmul_flops.items())
@@ -85,43 +102,46 @@ def print_cpu_plan(
             "(other jobs are using the cores): every figure below carries that load, the "
             "decode roofline most; measure again on a quiet machine with --recalibrate"
         )
+
+
+#: The step table's columns and the `CpuStep` field each shows.
+STEP_COLUMNS = {
+    "generate": "generate",
+    "(decode roofline)": "decode_roofline",
+    "train": "train",
+    "(compute": "train_compute",
+    "AdamW": "optimizer",
+    "FSDP comm)": "fsdp_comm",
+    "weight push": "push",
+    "step": "step",
+    "rollout idle": "rollout_idle",
+    "learner idle": "learner_idle",
+}
+
+
+def _step_table(r: Recipe, prompt_tokens: int, s: CpuStep) -> Table:
+    """One row: the predicted step and its parts, seconds."""
     seqs = r.train.prompts_per_step * r.rollout.samples_per_prompt
     t = Table(
         title=f"step time on this CPU (s): {seqs} sequences x ({prompt_tokens} + "
         f"{r.rollout.max_new_tokens}) tokens; rollout {s.rollout_threads} threads, "
         f"{r.resources.learner.gpus} learner ranks x {s.learner_threads}"
     )
-    for col in (
-        "generate",
-        "(decode roofline)",
-        "train",
-        "(compute",
-        "AdamW",
-        "FSDP comm)",
-        "weight push",
-        "step",
-        "rollout idle",
-        "learner idle",
-    ):
+    for col in STEP_COLUMNS:
         t.add_column(col, justify="right")
-    t.add_row(
-        *(
-            f"{x:.2f}"
-            for x in (
-                s.generate,
-                s.decode_roofline,
-                s.train,
-                s.train_compute,
-                s.optimizer,
-                s.fsdp_comm,
-                s.push,
-                s.step,
-                s.rollout_idle,
-                s.learner_idle,
-            )
-        )
-    )
-    console.print(t)
+    t.add_row(*(f"{getattr(s, field):.2f}" for field in STEP_COLUMNS.values()))
+    return t
+
+
+def _print_memory(
+    console: Console,
+    r: Recipe,
+    shape: ModelShape,
+    prompt_tokens: int,
+    cal: CpuCalibration,
+    s: CpuStep,
+) -> None:
+    """Every worker's model state and activations against this machine's RAM."""
     hw = Hardware(
         cal.ram_bytes,
         cal.copy_bytes_per_s,
@@ -145,8 +165,3 @@ def print_cpu_plan(
             "[red]does not fit[/red]: lower train.micro_batch_size or "
             "resources.learner.gpus, or set model.adapter.type: lora"
         )
-    console.print(
-        "not modelled: scoring, the controller, Ray calls, samples that stop "
-        "early, other jobs on the machine (recipes/planning/cpu.py)",
-        style="dim",
-    )

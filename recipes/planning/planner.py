@@ -169,18 +169,10 @@ def _learner_memory(r: Recipe, m: ModelShape, ranks: int, seq: int) -> dict[str,
         out[f"{a.type} adapter (16 B/param)"] = (
             plan.training_state_bytes(m.lora_params(a.r, a.target_modules)) / ranks
         )
-    kl = (
-        r.grpo.kl_coef
-        if r.algorithm == "grpo"
-        else r.ppo.kl_coef
-        if r.algorithm == "ppo"
-        else 1.0
-        if r.algorithm == "dpo"
-        else 0.0
-    )  # a reward model has no reference
-    if kl > 0 and a.type == "none":
+    facts = r.facts
+    if facts.reference and a.type == "none":  # with an adapter the base is the reference
         out["reference (bf16)"] = plan.frozen_base_bytes(m.params) / ranks
-    if r.algorithm == "ppo":
+    if facts.critic:
         out["critic (16 B/param, FSDP)"] = plan.zero_bytes_per_rank(m.params, ranks, 3)
     for ckpt in (False, True):
         key = "activations" + (" (checkpointed: not counted)" if ckpt else "")
@@ -196,15 +188,25 @@ def weight_bytes(r: Recipe) -> int:
     return 4 if r.model.dtype == "float32" else 2
 
 
-#: Algorithms that train on preference pairs: no rollout side.
-PAIR_ALGORITHMS = ("dpo", "reward_model")
-
-
 def _reply_tokens(r: Recipe) -> int:
     """Most tokens after the prompt: a pair's max length, or the rollout's new tokens."""
-    if r.algorithm in PAIR_ALGORITHMS:
+    if not r.facts.uses_rollouts:
         return getattr(r, r.algorithm).max_length
     return r.rollout.max_new_tokens
+
+
+def step_flops(r: Recipe, params: float, policy_tokens: float, critic_tokens: float) -> float:
+    """Training FLOPs of one step, from the passes the algorithm's step makes
+    (`r.facts.passes`, config/facts.py): a forward costs 2·N per token and a forward +
+    backward 6·N, or 4·N with an adapter (no weight gradients) (Kaplan et al. 2020).
+    The policy and the reference run over `policy_tokens` (packed groups), the critic,
+    which does not pack, over `critic_tokens`."""
+    p = r.facts.passes
+    train = (4 if r.model.adapter.type != "none" else 6) * params
+    forward = 2 * params
+    policy = train * p.policy_train + forward * (p.policy_forward + p.reference_forward)
+    critic = 6 * params * p.critic_train + forward * p.critic_forward
+    return policy * policy_tokens + critic * critic_tokens
 
 
 def trained_tokens(
@@ -255,22 +257,12 @@ def _times(
     seq = prompt + _reply_tokens(r)
     tokens = sequences * seq
     # the policy and the reference pack a group's shared prompt; the critic does not
-    packed = (
-        tokens
-        if r.algorithm in PAIR_ALGORITHMS
-        else trained_tokens(r, prompt, m.hidden, m.intermediate)
-    )
+    pairs = not r.facts.uses_rollouts
+    packed = tokens if pairs else trained_tokens(r, prompt, m.hidden, m.intermediate)
     a = r.model.adapter
-    per_token = 4 if a.type != "none" else 6  # adapters skip the weight-grad half (2N)
-    flops = per_token * m.params * packed
-    if r.algorithm == "grpo":
-        flops *= r.grpo.epochs
-        if r.grpo.kl_coef > 0:
-            flops += 2 * m.params * packed  # reference forward
-    if r.algorithm == "ppo":
-        flops += 6 * m.params * tokens  # critic
+    flops = step_flops(r, m.params, packed, tokens)
     train = plan.compute_seconds(flops, learner, hw.bf16_flops, mfu)
-    if r.algorithm in PAIR_ALGORITHMS:
+    if pairs:
         return Times(0, learner, 0.0, train, 0.0)
     engines = rollout // r.resources.rollout.gpus_per_engine
     per_engine = -(-sequences // engines)
@@ -317,7 +309,7 @@ def plan_recipe(
     node = Cluster(-(-asked // DEFAULT_NODE), DEFAULT_NODE)
     cluster_given = cluster is not None
     cluster = cluster or node
-    dpo = r.algorithm in PAIR_ALGORITHMS
+    dpo = not r.facts.uses_rollouts  # pairs: no rollout side
     sequences = r.train.prompts_per_step * (2 if dpo else r.rollout.samples_per_prompt)
     seq = prompt_tokens + _reply_tokens(r)
     rollout = 0 if dpo else res.rollout.gpus
@@ -358,7 +350,7 @@ def _cluster_flags(r: Recipe, cluster: Cluster | None) -> list[str]:
     if cluster is None:
         return []
     res, out = r.resources, []
-    asked = (0 if r.algorithm in PAIR_ALGORITHMS else res.rollout.gpus) + res.learner.gpus
+    asked = (res.rollout.gpus if r.facts.uses_rollouts else 0) + res.learner.gpus
     if res.colocate:
         asked = max(res.rollout.gpus, res.learner.gpus)
     if asked > cluster.devices:
@@ -368,7 +360,7 @@ def _cluster_flags(r: Recipe, cluster: Cluster | None) -> list[str]:
             "resources.rollout.gpus / resources.learner.gpus or add nodes"
         )
     per_engine = res.rollout.gpus_per_engine
-    if r.algorithm not in PAIR_ALGORITHMS and cluster.gpus_per_node % per_engine:
+    if r.facts.uses_rollouts and cluster.gpus_per_node % per_engine:
         out.append(
             f"resources.rollout.gpus_per_engine: {per_engine} does not divide "
             f"--gpus-per-node {cluster.gpus_per_node}: an engine's tensor-parallel "
@@ -393,7 +385,7 @@ def _best_split(
     res = r.resources
     per_engine = res.rollout.gpus_per_engine
     split_engines = given and cluster.gpus_per_node % per_engine
-    if r.algorithm in PAIR_ALGORITHMS or res.colocate or split_engines:
+    if not r.facts.uses_rollouts or res.colocate or split_engines:
         return None
     total = cluster.devices if given else res.rollout.gpus + res.learner.gpus
     seq = prompt + r.rollout.max_new_tokens

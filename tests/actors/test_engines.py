@@ -122,6 +122,11 @@ def test_empty_stop_string_is_refused(engine):
         )
 
 
+def test_context_tokens_is_the_models(engine):
+    """What the agent endpoint and the workers check prompts against (1024 positions)."""
+    assert engine.attr("context_tokens") == 1024
+
+
 def test_every_end_of_sequence_token_ends_the_sample(engine, stop_ids):
     """Tokenizer EOS, generation-config EOS and template end of turn all stop a sample
     (an engine stopping on one of them only let samples run past the others)."""

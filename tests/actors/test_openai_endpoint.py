@@ -99,7 +99,8 @@ def test_rewritten_history_restarts_the_chain(worker):
                 "episode_id": "ep-2",
             }
             http.post("/chat/completions", json=body).raise_for_status()
-        missing = http.post("/chat/completions", json={"messages": [], "max_tokens": 2})
+        body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+        missing = http.post("/chat/completions", json=body)
         assert missing.status_code == 400 and "X-Episode-Id" in missing.text
     record = w.pop_episode("ep-2")
     assert record["restarts"] == 1

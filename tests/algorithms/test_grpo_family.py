@@ -159,10 +159,12 @@ def test_default_loss_is_ppo_clip_bit_for_bit():
 def test_loss_dispatches_by_kind_with_the_same_metric_keys(kind):
     lp, old, mask = _gspo_case()
     mb = _batch(old, torch.tensor([2.0, 1.0]), mask)
-    out = loss(lp, mb, GRPOLoss(kind=kind))
+    cfg = GRPOLoss(kind=kind)
+    mb.loss_denominator = loss_denominator(mask, cfg.aggregation)
+    out = loss(lp, mb, cfg)
     assert set(finish_metrics(out.sums)) == {"loss", "clip_fraction", "kl"}
-    if kind == "gspo":  # (2·(−2) + 3·(−1.2)) / 5 tokens; row 1's 3 tokens clipped
-        assert out.loss.item() == pytest.approx(-7.6 / 5, abs=1e-6)
+    if kind == "gspo":  # (−2 + −1.2) / 2 sequences; row 1's 3 tokens clipped
+        assert out.loss.item() == pytest.approx(-3.2 / 2, abs=1e-6)
         assert finish_metrics(out.sums)["clip_fraction"] == pytest.approx(3 / 5)
 
 

@@ -119,3 +119,16 @@ def test_k3_kl_hand_value_and_zero_at_equality():
     d = -0.5
     assert kl_k3(lp, ref).item() == pytest.approx(math.exp(d) - d - 1, abs=1e-7)
     assert kl_k3(lp, lp).item() == 0.0
+
+
+def test_token_entropy_hand_values():
+    from posttrain.algorithms.common import token_entropy
+
+    # p = [1/4, 3/4]: −(¼ ln ¼ + ¾ ln ¾) = 0.562335; uniform over 2: ln 2
+    logits = torch.tensor([[0.0, math.log(3.0)], [1.5, 1.5]])
+    assert token_entropy(logits).tolist() == pytest.approx([0.562335, math.log(2)], abs=1e-6)
+    # temperature 2 halves the logits: p = [1, √3] / (1 + √3)
+    p = torch.tensor([1.0, math.sqrt(3.0)]) / (1 + math.sqrt(3.0))
+    want = float(-(p * p.log()).sum())
+    assert token_entropy(logits[:1], 2.0).item() == pytest.approx(want, abs=1e-6)
+    assert not token_entropy(logits.requires_grad_(True)).requires_grad

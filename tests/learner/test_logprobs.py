@@ -306,3 +306,50 @@ def test_compiled_layers_match_eager(tiny_model):
         torch.testing.assert_close(got, want, rtol=0, atol=1e-5)
         for param, g in want_g.items():
             torch.testing.assert_close(got_g[param], g, rtol=1e-4, atol=1e-5, msg=param)
+
+
+@pytest.mark.parametrize("chunk", [1, 3, None])
+@pytest.mark.parametrize("temperature", [1.0, 0.6])
+def test_entropy_from_the_same_forward_matches_full_logits(tiny_model, chunk, temperature):
+    """The entropy the chunked head computes chunk by chunk (and the full-logits path)
+    equals `token_entropy` of the model's logits, and the logprobs do not change."""
+    from posttrain.algorithms.common import token_entropy
+    from posttrain.learner.logprobs import sequence_logprobs_and_entropy
+
+    torch.manual_seed(1)
+    ids = torch.randint(4, 60, (3, 9))
+    mask = torch.ones_like(ids)
+    mask[0, :2] = 0
+    ids[0, :2] = 1
+    m = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32).eval()
+    with torch.no_grad():
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        logits = m(input_ids=ids, attention_mask=mask, position_ids=positions).logits
+        lp, ent = sequence_logprobs_and_entropy(
+            m, ids, mask, 4, temperature=temperature, chunk_tokens=chunk
+        )
+        plain = sequence_logprobs(m, ids, mask, 4, temperature=temperature, chunk_tokens=chunk)
+    torch.testing.assert_close(lp, plain, rtol=0, atol=0)
+    want = token_entropy(logits[:, 3:-1], temperature)
+    torch.testing.assert_close(ent[:, 4:], want, rtol=0, atol=1e-5)
+    assert ent[:, :4].abs().sum() == 0
+
+
+def test_entropy_of_packed_prompts_matches_row_by_row(tiny_model):
+    from posttrain.learner.logprobs import sequence_logprobs_and_entropy
+
+    torch.manual_seed(0)
+    ids = torch.randint(4, 60, (7, 13))
+    mask = torch.ones_like(ids)
+    ids[1:4, :10] = ids[0, :10]
+    ids[4, :3], mask[4, :3] = 1, 0
+    ids[5, :10], mask[5, :10] = ids[4, :10], mask[4, :10]
+    m = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32).eval()
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    assert _packed(m, ids, mask, positions, 10) is not None
+    with torch.no_grad():
+        runs = [
+            sequence_logprobs_and_entropy(m, ids, mask, 10, 0.8, 4, share_prompts=share)[1]
+            for share in (False, True)
+        ]
+    torch.testing.assert_close(runs[1], runs[0], rtol=0, atol=1e-5)

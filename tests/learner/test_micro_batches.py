@@ -10,6 +10,7 @@ import torch
 
 from posttrain.algorithms.batch import TrainBatch
 from posttrain.algorithms.common import loss_denominator
+from posttrain.algorithms.grpo import GRPOLoss
 from posttrain.learner.micro_batches import plan_rows, trim_right_padding
 from posttrain.learner.worker import LearnerSettings, LearnerWorker
 from tests.learner.ranks import run_ranks
@@ -66,7 +67,8 @@ def test_trim_cuts_only_right_padding():
     assert mb.attention_mask.sum() == 5 + 6
 
 
-def _rank_main(rank, world, model_path, budget, port, queue):
+def _rank_main(rank, world, model_path, budget, kind, temperature, port, queue):
+    cfg = GRPOLoss(kind=kind)
     w = LearnerWorker(
         rank,
         world,
@@ -77,6 +79,8 @@ def _rank_main(rank, world, model_path, budget, port, queue):
             micro_batch_size=2,
             max_tokens_per_micro_batch=budget,
             max_grad_norm=1e9,
+            loss=cfg,
+            temperature=temperature,
         ),
         threads=1,
     )
@@ -84,7 +88,7 @@ def _rank_main(rank, world, model_path, budget, port, queue):
     batch = make_batch()
     shard = batch.shard(rank, world)
     shard.old_logprobs = w.compute(shard, 0, "old_logprobs")
-    shard.loss_denominator = loss_denominator(batch.response_mask, "token_mean")
+    shard.loss_denominator = loss_denominator(batch.response_mask, cfg.aggregation)
     stats = w.train_step(shard, step=0)
     after = w._full_state_dict()
     if rank == 0:
@@ -94,15 +98,25 @@ def _rank_main(rank, world, model_path, budget, port, queue):
     w.close()
 
 
-def run_learners(model_path, world: int, budget: int | None):
-    return run_ranks(_rank_main, world, model_path, budget)
+def run_learners(
+    model_path, world: int, budget: int | None, kind: str = "ppo_clip", temperature: float = 1.0
+):
+    return run_ranks(_rank_main, world, model_path, budget, kind, temperature)
 
 
-def test_token_budget_does_not_change_the_step(tiny_model):
-    fixed = run_learners(tiny_model, world=1, budget=None)
+@pytest.mark.parametrize("kind", ["ppo_clip", "gspo"])
+def test_token_budget_does_not_change_the_step(tiny_model, kind):
+    fixed = run_learners(tiny_model, world=1, budget=None, kind=kind)
     # uneven plans: rank 0 packs [0], [2, 3], [1]; rank 1 packs [4, 6], [7, 5] and
     # splits one more so both run 3 forwards (else the FSDP collectives hang)
-    budget = run_learners(tiny_model, world=2, budget=23)
+    budget = run_learners(tiny_model, world=2, budget=23, kind=kind)
+    # the policy's entropy, from the loss's own forward: the same whatever the split and
+    # order of the rows, and the mean over response tokens of H(softmax(logits / τ))
+    assert budget[0]["entropy"] == pytest.approx(fixed[0]["entropy"], abs=1e-6)
+    assert fixed[0]["entropy"] == pytest.approx(_hand_entropy(tiny_model, 1.0), abs=1e-5)
+    if kind == "gspo":  # ratio 1 at the only update: −mean over the 8 sequences of A_i
+        adv = torch.linspace(-1.0, 1.2, len(LEFT))
+        assert fixed[0]["loss"] == pytest.approx(-float(adv.mean()), abs=1e-6)
     assert budget[0]["loss"] == pytest.approx(fixed[0]["loss"], rel=1e-5)
     assert budget[0]["grad_norm"] == pytest.approx(fixed[0]["grad_norm"], rel=1e-5)
     torch.testing.assert_close(budget[1], fixed[1][:4], rtol=1e-5, atol=1e-6)
@@ -111,3 +125,28 @@ def test_token_budget_does_not_change_the_step(tiny_model):
     real = sum(h - lo for lo, h in zip(LEFT, END, strict=True))
     assert fixed[0]["padding_fraction"] == pytest.approx(1 - real / (8 * WIDTH))
     assert budget[0]["padding_fraction"] < fixed[0]["padding_fraction"]
+
+
+def test_entropy_under_the_sampling_temperature(tiny_model):
+    # 2 ranks, token budget: rows reordered by length and split unevenly
+    stats = run_learners(tiny_model, world=2, budget=23, temperature=0.7)[0]
+    assert stats["entropy"] == pytest.approx(_hand_entropy(tiny_model, 0.7), abs=1e-5)
+    assert stats["entropy"] != pytest.approx(_hand_entropy(tiny_model, 1.0), abs=1e-3)
+
+
+def _hand_entropy(model_path, temperature: float) -> float:
+    """Mean over the batch's response tokens of −Σ p log p, p = softmax(logits / τ) of a
+    plain transformers forward (position t − 1 predicts column t)."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval()
+    batch = make_batch()
+    positions = (batch.attention_mask.cumsum(-1) - 1).clamp(min=0)
+    with torch.no_grad():
+        logits = model(
+            input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=positions
+        ).logits
+    logp = torch.log_softmax(logits[:, :-1].double() / temperature, dim=-1)
+    h = -(logp.exp() * logp).sum(-1)  # [B, T − 1]: column t + 1's distribution
+    mask = batch.response_mask[:, 1:].double()
+    return float((h * mask).sum() / mask.sum())

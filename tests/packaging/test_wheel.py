@@ -65,3 +65,25 @@ def test_wheel_installs_only_the_posttrain_namespace(tmp_path: Path):
         [py, "-c", code], capture_output=True, text=True, timeout=120, cwd=tmp_path
     )  # not the checkout, whose folders sit on sys.path[0]
     assert run.returncode == 0 and run.stdout.strip() == "ok", run.stderr[-2000:]
+    # the data samples the shipped recipes read travel in the wheel, with their licences
+    names = set(zipfile.ZipFile(wheel).namelist())
+    for f in (
+        "gsm8k/train.jsonl",
+        "gsm8k/test.jsonl",
+        "gsm8k/LICENSE",
+        "hh-rlhf-harmless/harmless-base-test.jsonl.gz",
+        "hh-rlhf-harmless/LICENSE",
+        "README.md",
+    ):
+        assert f"posttrain/recipes/datasets/{f}" in names, f
+    code = (
+        f"import sys; sys.path.append({ours!r}); from pathlib import Path; "
+        "import posttrain.recipes as p; from posttrain.recipes.loading import load_recipe; "
+        "from posttrain.recipes.data import load_data; "
+        "n = [len(load_data(load_recipe(Path(p.__file__).parent / f)).train) "
+        "for f in ('grpo_gsm8k.yaml', 'dpo_hh.yaml')]; print(n)"
+    )
+    run = subprocess.run(
+        [py, "-c", code], capture_output=True, text=True, timeout=120, cwd=tmp_path
+    )
+    assert run.returncode == 0 and run.stdout.strip() == "[400, 256]", run.stderr[-2000:]

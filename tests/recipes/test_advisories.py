@@ -3,7 +3,12 @@
 from __future__ import annotations
 
 from posttrain.config import AdvisoriesConfig
-from posttrain.recipes.monitoring.advisories import advisories, new_advisories
+from posttrain.recipes.monitoring.advisories import (
+    AdvisoryRange,
+    advisories,
+    advisory_ranges,
+    console_lines,
+)
 
 T = AdvisoriesConfig()
 
@@ -70,10 +75,56 @@ def test_idle_side_needs_n_steps_in_a_row():
     assert codes([busy_r] * 3) == ["rollout_idle"]
 
 
-def test_new_advisories_prints_only_what_started():
-    a, b = "truncated: 30% ...", "failed_rewards: 2 ..."
-    assert new_advisories([a, b], ["truncated: 40% ..."]) == [b]
-    assert new_advisories([a], []) == [a]
+def rows_with(*advised: list[str], start: int = 0) -> list[dict]:
+    return [{"step": start + i, "advisories": a} for i, a in enumerate(advised)]
+
+
+TR, FR = "truncated: 70% of responses", "failed_rewards: 2 rollouts"
+
+
+def test_ranges_group_consecutive_steps_of_one_code():
+    rows = rows_with([TR], [TR, FR], ["truncated: 40% of responses"], [], [], [TR])
+    assert advisory_ranges(rows) == [
+        AdvisoryRange("truncated", 0, 2, "truncated: 40% of responses"),  # the last message
+        AdvisoryRange("failed_rewards", 1, 1, FR),
+        AdvisoryRange("truncated", 5, 5, TR),
+    ]
+    assert [r.steps for r in advisory_ranges(rows)] == ["steps 0–2", "step 1", "step 5"]
+
+
+def test_ranges_skip_the_eval_row_and_break_at_a_missing_step():
+    twenty = rows_with(*[[TR]] * 20) + [{"step": 20, "eval/pass@1": 0.5}]
+    assert advisory_ranges(twenty) == [AdvisoryRange("truncated", 0, 19, TR)]
+    gap = [{"step": 3, "advisories": [TR]}, {"step": 5, "advisories": [TR]}]
+    assert [r.steps for r in advisory_ranges(gap)] == ["step 3", "step 5"]
+    assert advisory_ranges([]) == []
+    assert advisory_ranges(rows_with([], [])) == []
+
+
+def test_ranges_order_a_steps_codes_as_advisories_raises_them():
+    rows = rows_with([FR], [TR, FR])  # failed_rewards opened first, truncated at step 1
+    assert [r.code for r in advisory_ranges(rows)] == ["failed_rewards", "truncated"]
+    both = rows_with([FR, TR])
+    assert [r.code for r in advisory_ranges(both)] == ["truncated", "failed_rewards"]
+
+
+def test_console_prints_a_start_once_and_the_range_when_it_ends():
+    run = rows_with([TR], [TR], [TR, FR], [], [TR])
+    printed = [console_lines(run[: i + 1], run_ends=False) for i in range(len(run))]
+    assert printed == [
+        [f"step 0: advisory {TR}"],
+        [],
+        [f"step 2: advisory {FR}"],
+        ["advisory truncated: steps 0–2", "advisory failed_rewards: step 2"],
+        [f"step 4: advisory {TR}"],
+    ]
+    assert console_lines(run, run_ends=True) == [
+        f"step 4: advisory {TR}",
+        "advisory truncated: step 4",
+    ]
+    twenty = rows_with(*[[TR]] * 20)
+    assert console_lines(twenty, run_ends=True) == ["advisory truncated: steps 0–19"]
+    assert console_lines([], run_ends=True) == []
 
 
 def test_status_prints_the_shown_steps_advisories(tmp_path):
@@ -98,7 +149,7 @@ def test_status_prints_the_shown_steps_advisories(tmp_path):
         timeout=60,
     )
     assert out.returncode == 0, out.stderr
-    assert "step 2: failed_rewards: 3 rollouts" in out.stdout
+    assert "  step 2: failed_rewards: 3 rollouts" in out.stdout
     assert "truncated" not in out.stdout  # step 0 is not shown
     assert "eval p@k" in out.stdout and "0.625" in out.stdout
 
@@ -140,3 +191,58 @@ def test_status_counts_training_steps_and_leaves_evals_out_of_the_mean(tmp_path)
     mean = next(line for line in out.output.splitlines() if "mean of 2" in line)
     assert "0.500" in mean and "5.0" in mean  # reward and step time over the 2 steps
     assert "0.875" not in mean and "0.125" not in mean  # eval columns: no mean
+
+
+def test_skipped_updates_any_at_all():
+    assert codes([healthy(skipped_updates=0.0)]) == []
+    [text] = advisories([healthy(skipped_updates=2.0)], T)
+    assert text.startswith("skipped_updates: 2 optimizer update(s)") and "NaN" in text
+
+
+def test_status_shows_a_repeated_advisory_once_with_its_steps(tmp_path):
+    """20 steps that each raise `truncated` (the quickstart before its fix) are one line
+    with the step range and the newest numbers, not 20 lines."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from posttrain.recipes.cli import app
+
+    rows = [
+        {
+            "step": s,
+            "reward_mean": 0.5,
+            "time/step": 10.0,
+            "advisories": [f"truncated: {75 - s}% of responses hit max_new_tokens"],
+        }
+        for s in range(20)
+    ]
+    rows[12]["advisories"].append("slow_step: step took 30.0 s")
+    rows.append({"step": 20, "eval/pass@1": 0.625, "eval/pass@k": 0.9375})
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = CliRunner().invoke(app, ["status", str(tmp_path), "--last", "20"], terminal_width=200)
+    assert out.exit_code == 0, out.output
+    listed = out.output.split("advisories (monitor.advisories sets the thresholds):\n")[1]
+    assert listed.splitlines() == [
+        "  steps 0–19: truncated: 56% of responses hit max_new_tokens",
+        "  step 12: slow_step: step took 30.0 s",
+    ]
+    # a range that started before the shown steps is shown whole
+    out = CliRunner().invoke(app, ["status", str(tmp_path), "--last", "3"], terminal_width=200)
+    assert "  steps 0–19: truncated: 56%" in out.output and "slow_step" not in out.output
+
+
+def test_dashboard_api_groups_advisories(tmp_path):
+    import json
+
+    from fastapi.testclient import TestClient
+
+    from posttrain.recipes.monitoring.dashboard import create_dashboard
+
+    rows = rows_with([TR], [TR], [TR, FR]) + [{"step": 3, "eval/pass@1": 0.5}]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    got = TestClient(create_dashboard(tmp_path)).get("/api/advisories").json()
+    assert got == [
+        {"code": "truncated", "first": 0, "last": 2, "steps": "steps 0–2", "message": TR},
+        {"code": "failed_rewards", "first": 2, "last": 2, "steps": "step 2", "message": FR},
+    ]

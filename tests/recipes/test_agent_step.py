@@ -3,7 +3,11 @@ the OpenAI chat API over httpx) against an in-process rollout worker's endpoint.
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -13,6 +17,7 @@ from posttrain.actors.rollout import PromptRequest
 from posttrain.actors.worker import RolloutWorker
 from posttrain.config import Recipe
 from posttrain.recipes.episodes.agent_step import AgentProgramFailed, generate_agent_episodes
+from tests.hostile_servers import SlowDrip
 from tests.tiny_model import build_tiny_model
 
 AGENT = Path(__file__).resolve().parents[2] / "examples" / "openai_agent.py"
@@ -88,3 +93,25 @@ def test_a_failing_agent_program_fails_the_step(worker, tmp_path):
     reqs = [PromptRequest("g", [{"role": "user", "content": "q"}])]
     with pytest.raises(AgentProgramFailed, match="exited 1"):
         generate_agent_episodes([w], reqs, recipe, str, tmp_path, 3, call=_direct)
+
+
+def test_the_example_agent_bounds_each_whole_call(tmp_path):
+    """An endpoint that drips its answer a byte at a time is given up on at the call's
+    deadline (1 s here), not after the whole drip (per-read timeouts never fire)."""
+    reply = {
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": "4"}}],
+        "pad": "x" * 80,
+    }
+    episodes = tmp_path / "episodes.jsonl"
+    with SlowDrip(reply) as url:
+        episodes.write_text(
+            json.dumps({"episode_id": "e", "base_url": url, "messages": [], "ground_truth": "4"})
+        )
+        env = {**os.environ, "POSTTRAIN_EPISODES": str(episodes), "AGENT_CALL_TIMEOUT_S": "1"}
+        t0 = time.monotonic()
+        proc = subprocess.run(
+            [sys.executable, str(AGENT)], env=env, capture_output=True, text=True, timeout=120
+        )
+        took = time.monotonic() - t0
+    assert proc.returncode != 0 and "RequestTimeout" in proc.stderr, proc.stderr[-1500:]
+    assert took < 30, took  # the drip alone takes over 40 s

@@ -53,3 +53,63 @@ def test_async_and_correction_accepted(tmp_path: Path):
     r = load_recipe(tmp_path / "r.yaml")  # with the quickstart's eval block
     assert r.train.max_staleness == 2 and r.train.correction.level == "sequence"
     assert r.eval is not None
+
+
+def _stale_token_gradient(recipe) -> float:
+    """d loss / d logprob of one token sampled by an older policy: the engine's logprob
+    is 0.5 below the learner's old one (w = e^0.5), advantage 1, the only update."""
+    import torch
+
+    from posttrain.algorithms import grpo
+    from posttrain.algorithms.batch import TrainBatch
+    from posttrain.recipes.algo.grpo import GRPO
+
+    old = torch.tensor([[-1.0]])
+    mb = TrainBatch(
+        input_ids=torch.zeros(1, 1, dtype=torch.long),
+        attention_mask=torch.ones(1, 1),
+        response_mask=torch.ones(1, 1),
+        response_start=0,
+        old_logprobs=old,
+        inference_logprobs=old - 0.5,
+        advantages=torch.ones(1, 1),
+        loss_denominator=1.0,
+    )
+    x = old.clone().requires_grad_(True)
+    grpo.loss(x, mb, GRPO(recipe).loss).loss.backward()
+    return x.grad.item()
+
+
+def test_staleness_corrects_by_default_with_tis():
+    r = load_recipe(QUICKSTART, ["train.max_staleness=1"])
+    assert r.train.correction.mode == "tis" and r.train.correction.cap == 2.0
+    assert _stale_token_gradient(r) == pytest.approx(-1.648721, abs=1e-6)  # −min(e^0.5, 2)
+    # the synchronous loop keeps the uncorrected loss
+    assert _stale_token_gradient(load_recipe(QUICKSTART)) == pytest.approx(-1.0, abs=1e-6)
+
+
+def test_staleness_keeps_an_explicit_choice():
+    none = load_recipe(QUICKSTART, ["train.max_staleness=2", "train.correction.mode=none"])
+    assert none.train.correction.mode == "none"
+    assert _stale_token_gradient(none) == pytest.approx(-1.0, abs=1e-6)
+    capped = load_recipe(QUICKSTART, ["train.max_staleness=1", "train.correction.cap=1.5"])
+    assert capped.train.correction.mode == "tis" and capped.train.correction.cap == 1.5
+    mis = load_recipe(QUICKSTART, ["train.max_staleness=1", "train.correction.mode=mis"])
+    assert mis.train.correction.mode == "mis"
+
+
+def test_staleness_with_top_p_says_the_correction_is_the_default():
+    args = ["validate", str(QUICKSTART), "--set", "train.max_staleness=1"]
+    out = CliRunner().invoke(app, [*args, "--set", "rollout.top_p=0.9"])
+    assert out.exit_code == 2, out.output
+    assert "its default with train.max_staleness" in out.output
+    assert "train.correction.mode: none" in out.output
+
+
+@pytest.mark.parametrize("recipe", ["dpo_hh.yaml", "rm_hh.yaml"])
+def test_pair_algorithms_refuse_staleness_naming_it(recipe):
+    out = CliRunner().invoke(
+        app, ["validate", str(ROOT / "recipes" / recipe), "--set", "train.max_staleness=1"]
+    )
+    assert out.exit_code == 2, out.output
+    assert "train.max_staleness is 1" in out.output and "train.correction" not in out.output

@@ -41,9 +41,7 @@ class NeverTrain:
 def test_a_step_with_nothing_scored_does_not_train():
     rollouts = _rollouts()
     scores = [Score(uid=r.uid, reward=None, error=DOWN) for r in rollouts]
-    rewards = apply_failure_policy(
-        [s.reward for s in scores], [r.group_id for r in rollouts], "drop_group", [DOWN] * 4
-    )
+    rewards = apply_failure_policy(scores, rollouts, "drop_group")
     batch = rollout_batch(rollouts, rewards, pad_id=0)
     stats = train_or_skip(NeverTrain(), [], batch, rollouts, rewards, scores, 3)
     assert stats == {
@@ -61,12 +59,7 @@ def test_every_group_dropped_names_the_failure_policy():
         Score(uid=r.uid, reward=None if i % 2 else 1.0, error=DOWN if i % 2 else None)
         for i, r in enumerate(rollouts)
     ]
-    rewards = apply_failure_policy(
-        [s.reward for s in scores],
-        [r.group_id for r in rollouts],
-        "drop_group",
-        [s.error for s in scores],
-    )
+    rewards = apply_failure_policy(scores, rollouts, "drop_group")
     stats = train_or_skip(
         NeverTrain(), [], rollout_batch(rollouts, rewards, 0), rollouts, rewards, scores, 0
     )

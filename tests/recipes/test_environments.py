@@ -14,13 +14,14 @@ import uvicorn
 from transformers import AutoTokenizer
 
 from posttrain.actors.engine import Sample
-from posttrain.actors.rollout import PromptRequest, SamplingSettings
+from posttrain.actors.rollout import PromptRequest, Rollout, SamplingSettings
 from posttrain.common.net import free_port
 from posttrain.config.episodes import HttpEnvironment, PythonEnvironment
 from posttrain.recipes.episodes.environments import EnvironmentFailed, make_environment
 from posttrain.recipes.episodes.multiturn import run_episodes, start_episodes, to_rollout
 from posttrain.recipes.episodes.step import add_environment_rewards
 from posttrain.rewards.protocol import Score
+from tests.hostile_servers import SlowDrip
 from tests.tiny_model import build_tiny_model
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
@@ -124,3 +125,134 @@ def test_python_class_environment(tok):
     bad = PythonEnvironment(type="python", class_path="guess_env:Nope")
     with pytest.raises(EnvironmentFailed, match="cannot be imported"):
         make_environment(bad, "x")
+
+
+# --- hostile environments ------------------------------------------------------------
+
+NON_FINITE = ["NaN", "Infinity", "-Infinity", "1e400"]
+
+
+def _step_body(reward: str) -> str:
+    """A reply that serves as both /reset and /step: one user message, the reward, done."""
+    return (
+        '{"messages": [{"role": "user", "content": "Guess."}], '
+        f'"reward": {reward}, "done": true}}'
+    )
+
+
+@pytest.mark.parametrize("literal", NON_FINITE)
+def test_http_environment_non_finite_reward_fails_that_sample(tok, literal):
+    with SlowDrip(_step_body(literal), interval_s=0) as url:
+        cfg = HttpEnvironment(type="http", url=url, retries=0)
+        e = _play(tok, lambda uid: make_environment(cfg, f"{uid}@3"), "37")
+    assert e.done and e.env_reward is None
+    r = to_rollout(e, "")
+    (s,) = add_environment_rewards([r], [Score(uid=r.uid, reward=0.5)])
+    assert s.reward is None, s
+    assert "g0-0@3" in s.error and url in s.error and "finite" in s.error, s.error
+
+
+class NonFiniteGame:
+    """A Python environment whose step rewards are 1e308 twice (a sum that overflows)."""
+
+    def reset(self, request):
+        return list(request.messages)
+
+    def step(self, message):
+        return {"messages": [{"role": "user", "content": "again"}], "reward": 1e308}
+
+
+def test_python_environment_reward_sum_overflow_fails_that_sample(tok):
+    cfg = PythonEnvironment(
+        type="python", class_path="tests.recipes.test_environments:NonFiniteGame"
+    )
+    e = _play(tok, lambda uid: make_environment(cfg, uid), "37", max_turns=3)
+    r = to_rollout(e, "")
+    (s,) = add_environment_rewards([r], [Score(uid=r.uid, reward=0.0)])
+    assert s.reward is None and "NonFiniteGame" in s.error and "inf" in s.error, s
+
+
+def test_agent_sum_that_overflows_fails_the_sample():
+    r = Rollout("u-0", "u", [1], [2], [-0.1], "stop", 0, "", "", metadata={})
+    r.metadata["environment_reward"] = 1e308
+    (s,) = add_environment_rewards([r], [Score(uid="u-0", reward=1e308)])
+    assert s.reward is None and "u-0" in s.error
+
+
+@pytest.mark.parametrize("drip_headers", [False, True], ids=["body", "headers"])
+def test_slow_drip_environment_is_cut_at_the_deadline(tok, drip_headers):
+    timeout_s = 1.0
+    with SlowDrip(_step_body("1.0"), drip_headers=drip_headers) as url:
+        cfg = HttpEnvironment(type="http", url=url, retries=0, timeout_s=timeout_s)
+        t0 = time.monotonic()
+        with pytest.raises(EnvironmentFailed, match="timeout_s"):
+            _play(tok, lambda uid: make_environment(cfg, uid), "37")
+        took = time.monotonic() - t0
+    assert took < 3 * timeout_s, took
+
+
+class HugeReset:
+    """`reset` hands back a 1M-token prompt (the tiny tokenizer: a token per character)
+    for the prompt that asks for it, the item's own messages otherwise."""
+
+    def reset(self, request):
+        if "huge" in request.messages[-1]["content"]:
+            return [{"role": "user", "content": "x" * 1_000_000}]
+        return list(request.messages)
+
+    def step(self, message):
+        return {"done": True, "reward": 1.0}
+
+
+def test_a_one_million_token_reset_fails_its_episode_not_the_run(tok):
+    cfg = PythonEnvironment(type="python", class_path="tests.recipes.test_environments:HugeReset")
+    requests = [
+        PromptRequest("big", [{"role": "user", "content": "huge please"}]),
+        PromptRequest("small", [{"role": "user", "content": "small please"}]),
+    ]
+    eps = start_episodes(
+        tok, requests, 1, lambda uid: make_environment(cfg, uid), 400, "the test's limit"
+    )
+    seen: list[int] = []
+
+    def engine(prompts, sampling):
+        seen.extend(len(p) for p in prompts)
+        eot = tok.convert_tokens_to_ids("<|im_end|>")
+        return [Sample([eot], [-0.1], "stop") for _ in prompts], 5
+
+    run_episodes(engine, tok, eps, SamplingSettings(n=1, max_new_tokens=8), 2, 100)
+    assert seen and max(seen) <= 400  # the 1M-token prompt never reached the engine
+    big, small = (to_rollout(e, "", 5) for e in eps)
+    assert big.response_ids == [] and len(big.prompt_ids) <= 400 and big.policy_version == 5
+    assert "episode big-0" in big.metadata["episode_error"]
+    assert "1000" in big.metadata["episode_error"] and "400" in big.metadata["episode_error"]
+    scores = add_environment_rewards(
+        [big, small], [Score(uid=x.uid, reward=0.0) for x in (big, small)]
+    )
+    assert scores[0].reward is None and "big-0" in scores[0].error
+    assert scores[1].reward == 1.0  # the other episode ran and was scored
+
+
+def test_engine_context_is_the_vllm_limit_or_the_models(tmp_path):
+    from posttrain.config import Recipe
+    from posttrain.recipes.episodes.step import engine_context
+
+    folder = build_tiny_model(tmp_path / "m", max_positions=640)
+
+    def recipe(engine: str, max_model_len: int | None) -> Recipe:
+        return Recipe.model_validate(
+            {
+                "name": "ctx",
+                "algorithm": "grpo",
+                "model": {"path": str(folder)},
+                "data": {"train": {"generator": "arithmetic", "size": 4}},
+                "rollout": {"engine": engine, "vllm": {"max_model_len": max_model_len}},
+                "rewards": [{"name": "correct", "type": "math"}],
+                "train": {"steps": 1, "prompts_per_step": 2},
+            }
+        )
+
+    n, where = engine_context(recipe("hf", None), str(folder))
+    assert n == 640 and "config.json" in where
+    n, where = engine_context(recipe("vllm", 600), str(folder))
+    assert n == 600 and "rollout.vllm.max_model_len" in where

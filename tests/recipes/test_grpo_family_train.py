@@ -70,3 +70,21 @@ def test_overlong_penalty_enters_the_reward_before_advantages(monkeypatch):
     assert got == pytest.approx(want, abs=1e-6)
     assert stats["overlong_penalty_mean"] == pytest.approx(-0.875 / 3)
     assert sub.loss_denominator == 2 + 8 + 7  # nothing masked without mask_truncated
+
+
+def test_gspo_step_divides_by_sequences_not_tokens(monkeypatch):
+    # 3 scored rows of 2, 8 and 7 tokens: GSPO's step mean is over the 3 sequences
+    sub, _ = _train(monkeypatch, ["grpo.loss=gspo"], [1.0, 0.0, 0.5])
+    assert sub.loss_denominator == 3.0
+    plain, _ = _train(monkeypatch, [], [1.0, 0.0, 0.5])
+    assert plain.loss_denominator == 2 + 8 + 7
+
+
+def test_gspo_refuses_a_token_aggregation():
+    from posttrain.config import RecipeError
+
+    with pytest.raises(RecipeError, match=r"grpo.loss_agg.*gspo.*remove grpo.loss_agg"):
+        load_recipe(
+            ROOT / "recipes" / "quickstart_grpo.yaml",
+            ["grpo.loss=gspo", "grpo.loss_agg=seq_mean_token_sum"],
+        )

@@ -212,7 +212,7 @@ def long_tiny_model(tmp_path_factory: pytest.TempPathFactory):
 
 @pytest.mark.parametrize("path", sorted((ROOT / "recipes").rglob("*.yaml")), ids=lambda p: p.name)
 def test_plan_runs_on_every_shipped_recipe(path, long_tiny_model, request):
-    """Every recipe plans with its data tokenized once (times: README "Planning a run")."""
+    """Every recipe plans with its data tokenized once (times: docs/benchmarks.md)."""
     if "shared/data" in path.read_text():  # its data is the repository's test data
         request.getfixturevalue("shared_data")  # skips in a checkout without it
     # A reward-model reward needs a model folder before anything starts; the tiny model's

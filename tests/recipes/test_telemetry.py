@@ -16,6 +16,7 @@ from fastapi.testclient import TestClient
 from posttrain.common.telemetry import Span, busy_seconds, generation_tail, idle_fraction
 from posttrain.recipes.loading import load_recipe
 from posttrain.recipes.loop import run
+from posttrain.recipes.monitoring.advisories import advisory_ranges
 from posttrain.recipes.monitoring.dashboard import DashboardServer, create_dashboard
 from tests.conftest import ROOT
 
@@ -218,7 +219,47 @@ def test_dashboard_charts_learning_and_lists_advisories(slowed_runs):
     assert len([p for p in points if p[0] == "loss"]) == len(history)
     ticks = re.findall(r'class="x-tick">(\d+)<', dom)
     assert {"0", str(len(history) - 1)} <= set(ticks)  # axes labelled with step numbers
-    listed = re.findall(r'<li class="advisory" data-step="(\d+)">', dom)
-    assert len(listed) == sum(len(h["advisories"]) for h in history)
+    listed = re.findall(r'<li class="advisory" data-first="(\d+)" data-last="(\d+)">', dom)
+    assert listed == [(str(r.first), str(r.last)) for r in advisory_ranges(history)]
     if not listed:
         assert 'class="none"' in dom
+
+
+def test_dashboard_summary_shows_the_final_eval_and_grouped_advisories(tmp_path):
+    """A quickstart-shaped run: eval before step 0 (in step 0's row) and a final eval in
+    a row of its own (step = train.steps, no time/step). The summary shows the newest
+    eval's pass@1 / pass@k; 3 steps of one advisory are one row with the range."""
+    from posttrain.recipes.loading import dump_recipe
+
+    recipe = load_recipe(ROOT / "recipes" / "quickstart_grpo.yaml")
+    (tmp_path / "recipe.yaml").write_text(dump_recipe(recipe))
+    rows = [
+        {
+            "step": s,
+            "policy_version": s + 1,
+            "reward_mean": 0.25 * (s + 1),
+            "accuracy": 0.25 * (s + 1),
+            "time/step": 10.0,
+            "time/generate": 4.0,
+            "time/train": 5.0,
+            "rollout_idle_fraction": 0.5,
+            "learner_idle_fraction": 0.4,
+            "advisories": [f"truncated: {60 - 10 * s}% of responses hit max_new_tokens"],
+        }
+        for s in range(3)
+    ]
+    rows[0].update({"eval/pass@1": 0.375, "eval/pass@k": 0.6875, "eval/k": 4.0})
+    rows.append({"step": 3, "eval/pass@1": 0.625, "eval/pass@k": 0.9375, "eval/k": 4.0})
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    server = DashboardServer(tmp_path, 0)
+    try:
+        dom = _chromium_dom(server.start())
+    finally:
+        server.stop()
+    assert 'data-loaded="true"' in dom
+    summary = dict(re.findall(r'<td class="v" id="sum-([\w]+)">([^<]*)</td>', dom))
+    assert summary["eval_pass_1"] == "0.625" and summary["eval_pass_k"] == "0.938"
+    assert summary["eval_step"] == "3" and summary["eval_k"] == "4"
+    assert summary["steps"] == "3" and summary["reward_mean"] == "0.750"
+    listed = re.findall(r'<li class="advisory" data-first="(\d+)" data-last="(\d+)">([^<]*)<', dom)
+    assert listed == [("0", "2", "steps 0–2: truncated: 40% of responses hit max_new_tokens")]

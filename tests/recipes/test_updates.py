@@ -42,3 +42,19 @@ def test_mini_batches_cover_the_real_rows_once_per_epoch(monkeypatch):
         for s in epoch:
             assert len(s) % ranks == 0 and s.response_mask.sum() > 0  # never all padding
             assert s.loss_denominator == float(s.response_mask.sum())
+
+
+def test_skipped_updates_are_counted_not_averaged(monkeypatch):
+    calls = []
+
+    def fake_on_learners(learners, method, sub, step):
+        calls.append(sub)
+        skipped = 1.0 if len(calls) in (1, 3) else 0.0
+        return [{"loss": 0.0, "grad_norm": 1.0, "lr": 0.1, "skipped_updates": skipped}]
+
+    monkeypatch.setattr(algorithm, "on_learners", fake_on_learners)
+    batch = TrainBatch(
+        torch.zeros(4, 3, dtype=torch.long), torch.ones(4, 3, dtype=torch.long), torch.ones(4, 3), 1
+    )
+    stats = algorithm.run_updates([None], batch, 4, 2, 2, "token_mean", 0, 0)
+    assert len(calls) == 4 and stats["skipped_updates"] == 2.0

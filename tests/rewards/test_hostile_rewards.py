@@ -1,8 +1,15 @@
 """Hostile inputs to the in-process verifiers (math, format regex, python functions):
 each call is bounded in time and memory, a cut-off item comes back `reward: null` with
 an error naming the timeout, and the service keeps answering (/health included)
-during and after. Every wait here has a generous bound: a hang fails the test, it
-never blocks the suite."""
+during and after; a non-finite result fails its item, never becomes a reward. Every
+wait here has a generous bound: a hang fails the test, it never blocks the suite.
+
+The rest of the hostile battery, by boundary: tests/rewards/test_hostile_endpoints.py
+(non-finite answers and slow drips from http rewards, judges, python functions, reward
+models), test_reward_model_folder.py (missing / truncated / broken folders),
+test_service_restart.py (a crashed service back on its port),
+tests/actors/test_openai_endpoint_hostile.py (the agent endpoint),
+tests/recipes/test_environments.py (environments), tests/common/test_http.py."""
 
 from __future__ import annotations
 
@@ -44,6 +51,14 @@ HOSTILE_MATH = {
     "million_digits": "7" * 1_000_000,
     "long_answer_phrase": "the answer is " + "x " * 500_000,
     "dollar_run": "$" * 200_000,
+    # the answer shapes of the field reports, made large: currency, emphasis, #### headings
+    "currency_run": "The answer is $1" + " $" * 100_000,
+    "currency_digits": "The answer is $" + "1," * 100_000 + ".",
+    "emphasis_run": "The answer is **7" + "*" * 200_000,
+    "hash_headings": "#### Check\n" * 100_000,
+    "prose_hash": "#### (" + "verified " * 50_000 + ")",
+    "many_currency_answers": "The answer is $7.\n" * 20_000,
+    "equation_tower": r"\boxed{x = 9^{9^{9^{9^{9}}}}}",
 }
 TIMEOUT = 60.0  # generous bound on every request: a hang fails, it does not block
 
@@ -122,6 +137,30 @@ def test_hostile_math_comes_back_and_the_service_stays_healthy(service, name):
     assert _score(http, "The answer is 5.")["reward"] == 1.0
 
 
+def test_an_equation_tower_against_an_equation_gold_comes_back(service):
+    http, _ = service
+    s = _score(http, r"\boxed{x^{9^{9^{9}}} + y = 0}", gold="3x+4y+14=0")
+    assert s["reward"] == 0.0 or (s["reward"] is None and "correct: timed out" in s["error"]), s
+    assert _score(http, r"\boxed{6x+8y+28=0}", gold="3x+4y+14=0")["reward"] == 1.0
+
+
+# The field reports, scored through the service's bounded workers (tests/rewards/test_math.py
+# has the reasons).
+@pytest.mark.parametrize(
+    ("response", "gold", "want"),
+    [
+        ("The answer is $1,234.", "1234", 1.0),
+        ("The answer is $7.", "7", 1.0),
+        (r"\boxed{3x-y+13=0}", "3x+4y+14=0", 0.0),
+        ("The answer is \\boxed{42}.\n#### Check", "42", 1.0),
+        ("The answer is \\boxed{42}.\n#### All 3 steps verified.", "42", 1.0),
+    ],
+)
+def test_field_reported_answers_through_the_service(service, response, gold, want):
+    http, _ = service
+    assert _score(http, response, gold)["reward"] == want
+
+
 def test_a_batch_of_hostile_items_fails_only_those_items(service):
     http, _ = service
     items = [
@@ -186,3 +225,31 @@ def _score_quietly(http):
         _score(http, HOSTILE_MATH["power_tower"])
     except (httpx.HTTPError, AssertionError):
         pass  # the service is being stopped under this request
+
+
+def test_non_finite_results_fail_their_items_over_the_real_service(tmp_path):
+    """NaN, inf and 1e400 from a python function (run in the bounded workers), and a
+    NaN among its details, through the run's own service process and client: the
+    non-finite rewards fail their items naming the component, the NaN detail comes
+    back as text, and the batch's other items are scored."""
+    from posttrain.rewards.client import RewardClient
+    from posttrain.rewards.protocol import ScoreItem
+
+    comps = [
+        {"name": "user", "type": "python", "function": "tests.rewards.user_rewards:echo_number"}
+    ]
+    port = free_port()
+    proc = start_local_service(json.dumps(comps), port, "t", tmp_path / "log", workers=1)
+    client = RewardClient(f"http://127.0.0.1:{port}/score", token="t", retries=0)
+    try:
+        client.wait_ready(timeout_s=TIMEOUT, proc=proc)
+        texts = ["nan", "inf", "1e400", "details", "2"]
+        scores = client.score([ScoreItem(uid=t, response=t) for t in texts])
+    finally:
+        client.close()
+        proc.kill()
+        proc.wait(timeout=30)
+    for s in scores[:3]:
+        assert s.reward is None and s.error.startswith("user: "), s
+    assert scores[3].reward == 0.5 and scores[3].details["user.ratio"] == "nan"
+    assert scores[4].reward == 2.0

@@ -159,3 +159,98 @@ def test_details_say_where_the_answer_came_from():
 def test_gold_without_a_value_raises():
     with pytest.raises(ValueError, match="no answer math-verify can parse"):
         score_math("\\boxed{5}", "x =")
+
+
+# A `$` that nothing closes on its line is a currency sign, and the sentence's full stop
+# and Markdown emphasis are not part of the answer (field reports: these scored 0).
+@pytest.mark.parametrize(
+    ("response", "gold", "want"),
+    [
+        ("The answer is $1,234.", "1234", 1.0),
+        ("The answer is $7.", "7", 1.0),
+        ("The answer is $7.", "8", 0.0),
+        ("answer: $1,234.", "1234", 1.0),
+        ("**Answer:** $1,234.", "1234", 1.0),
+        ("The answer is **$1,234**.", "1234", 1.0),
+        ("**$1,234**.", "1234", 1.0),
+        ("Answer: **1,234**.", "1234", 1.0),
+        ("The answer is *7*.", "7", 1.0),
+        ("#### $1,234.", "1234", 1.0),
+        ("#### **42**", "42", 1.0),
+        ("The answer is $1,234,567.", "1234567", 1.0),
+        ("The answer is $12.50.", "12.5", 1.0),
+        ("The answer is $-7.", "-7", 1.0),
+        ("The answer is \\$1,234.", "1234", 1.0),
+        ("The answer is $1,234$.", "1234", 1.0),  # closed: LaTeX, as before
+        ("The answer is $x = 2$.", "2", 1.0),
+        ("\\boxed{z^*}", "z^*", 1.0),  # a trailing star after ^ is not emphasis
+        ("\\boxed{1,234.}", "1234", 1.0),
+        ("\\boxed{7.}", "7", 1.0),
+    ],
+)
+def test_currency_and_trailing_punctuation(response, gold, want):
+    assert score_math(response, gold)[0] == want
+
+
+def test_two_amounts_are_a_hedge_not_latex():
+    # Pandoc's rule: the `$` before 6 follows a space and precedes a digit, so it closes nothing
+    assert score_math("The answer is $5 or $6.", "5")[1]["hedged"] is True
+
+
+# An equation compares as an equation; the gold's form decides (module docstring).
+@pytest.mark.parametrize(
+    ("response", "gold", "want"),
+    [
+        ("\\boxed{3x-y+13=0}", "3x+4y+14=0", 0.0),  # same right-hand side, another line
+        ("\\boxed{3x+4y+14=0}", "3x+4y+14=0", 1.0),
+        ("\\boxed{4y+3x=-14}", "3x+4y+14=0", 1.0),  # terms moved across
+        ("\\boxed{6x+8y+28=0}", "3x+4y+14=0", 1.0),  # both sides times 2
+        ("\\boxed{0}", "3x+4y+14=0", 0.0),
+        ("\\boxed{3x-y+13=0}", "$3x+4y+14=0$", 0.0),
+        ("\\boxed{x+y=2}", "y+x=2", 1.0),
+        ("\\boxed{x-y=2}", "x+y=2", 0.0),
+        ("\\boxed{x=2}", "2x=4", 1.0),  # the gold equation halved
+        ("\\boxed{2x=4}", "x=2", 0.0),  # the gold names x's value; 2x = 4 is unsolved
+        ("\\boxed{x^2=4}", "x=2", 0.0),
+        ("\\boxed{x=2}", "x^2=4", 0.0),
+        ("\\boxed{2x-y+3=0}", "y=2x+3", 1.0),
+        ("\\boxed{y=2x+4}", "y=2x+3", 0.0),
+        ("\\boxed{2x+3}", "y=2x+3", 1.0),  # a value answers y = ... by its right side
+        ("\\boxed{2x+4}", "y=2x+3", 0.0),
+        # value golds: the answer's last right-hand side, as before
+        ("\\boxed{x=5}", "5", 1.0),
+        ("\\boxed{y=5}", "x=5", 1.0),
+        ("\\boxed{2+3=5}", "5", 1.0),
+        ("\\boxed{\\pi r^2=12\\pi}", "12\\pi", 1.0),
+    ],
+)
+def test_equations_compare_as_equations(response, gold, want):
+    assert score_math(response, gold)[0] == want
+
+
+# A `####` line that carries no value (a Markdown heading) never outranks an answer.
+@pytest.mark.parametrize(
+    "after",
+    [
+        "#### Check",
+        "#### All 3 steps verified.",
+        "#### Step 3 verified",
+        "#### Done, see step 2",
+        "#### **Verification**",
+        "#### (verified)",
+        "#### ---",
+        "#### ...",
+        "####",
+    ],
+)
+def test_hash_line_without_a_value_is_not_a_marker(after):
+    score, details = score_math(f"The answer is \\boxed{{42}}.\n{after}", "42")
+    assert (score, details["source"]) == (1.0, "boxed")
+
+
+def test_prose_after_an_answer_phrase_is_not_a_marker():
+    assert score_math("\\boxed{42}\nThe answer is (see above).", "42")[0] == 1.0
+
+
+def test_hash_line_with_a_value_still_counts():
+    assert score_math("The answer is \\boxed{2}.\n#### 3", "3")[1]["source"] == "####"

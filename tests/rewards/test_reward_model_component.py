@@ -121,5 +121,37 @@ def test_service_scores_the_batch_with_weights(rm_folder):
 
 
 def test_not_a_reward_model_folder_fails_at_start(tmp_path):
-    with pytest.raises(OSError):
+    with pytest.raises(ValueError, match="nope does not exist"):
         create_app([{"name": "rm", "type": "reward_model", "path": str(tmp_path / "nope")}])
+
+
+def test_non_finite_model_scores_fail_their_items_and_stay_out_of_the_statistics(
+    rm_folder, monkeypatch
+):
+    """A broken (or overflowing) model's NaN / inf is an error for its item, never a
+    reward, and does not poison the running mean and std of later batches."""
+    scorer = RewardModelScorer(_spec(rm_folder, normalize="running"))
+    monkeypatch.setattr(
+        scorer, "raw_scores", lambda items: [float("nan"), 1.0, float("inf"), 3.0][: len(items)]
+    )
+    got = scorer.score_batch([*ITEMS, ScoreItem(uid="d", response="x")])
+    assert isinstance(got[0], ValueError) and "nan" in str(got[0]) and str(rm_folder) in str(got[0])
+    assert isinstance(got[2], ValueError) and "inf" in str(got[2])
+    assert got[1] == (-1.0, {"raw": 1.0}) and got[3] == (1.0, {"raw": 3.0})  # mean 2, std 1
+    assert scorer.stats.count == 2
+    with pytest.raises(ValueError, match="not a finite number"):
+        scorer(ITEMS[0])
+
+
+def test_nan_model_fails_items_through_the_service(rm_folder, tmp_path):
+    model = AutoModelForSequenceClassification.from_pretrained(rm_folder)
+    with torch.no_grad():
+        model.score.weight.fill_(float("nan"))
+    model.save_pretrained(tmp_path / "nan_rm")
+    AutoTokenizer.from_pretrained(rm_folder).save_pretrained(tmp_path / "nan_rm")
+    comps = [{"name": "rm", "type": "reward_model", "path": str(tmp_path / "nan_rm")}]
+    with TestClient(create_app(comps, workers=1)) as client:
+        resp = client.post("/score", json={"items": [i.model_dump() for i in ITEMS[:2]]})
+    assert resp.status_code == 200
+    for s in resp.json()["scores"]:
+        assert s["reward"] is None and s["error"].startswith("rm: ") and "nan" in s["error"], s

@@ -8,6 +8,7 @@ import subprocess
 import sys
 import threading
 import time
+from types import SimpleNamespace
 
 import httpx
 import pytest
@@ -19,7 +20,7 @@ from fastapi.testclient import TestClient
 from posttrain.common.net import free_port
 from posttrain.recipes.algo.grpo import RewardFailure, apply_failure_policy
 from posttrain.rewards.client import RewardClient, RewardSet
-from posttrain.rewards.protocol import ScoreItem
+from posttrain.rewards.protocol import Score, ScoreItem
 from posttrain.rewards.service import create_app
 from tests.conftest import ROOT
 
@@ -119,7 +120,7 @@ def test_openrlhf_endpoint_plugs_in(endpoints):
 @pytest.mark.parametrize(
     ("route", "protocol", "needle"),
     [
-        ("slow", "posttrain", "ReadTimeout"),
+        ("slow", "posttrain", "RequestTimeout"),
         ("error500", "posttrain", "500"),
         ("malformed", "posttrain", "JSONDecodeError"),
         ("openrlhf_short", "openrlhf", "returned 1 rewards for 3 items"),
@@ -212,13 +213,24 @@ def test_python_function_bad_return_and_missing_module():
 
 
 def test_failure_policies():
-    rewards, groups = [1.0, None, 0.0, 1.0], ["a", "a", "b", "b"]
-    errs = [None, "timeout", None, None]
-    assert apply_failure_policy(rewards, groups, "drop_group", errs) == [None, None, 0.0, 1.0]
-    assert apply_failure_policy(rewards, groups, "zero", errs) == [1.0, 0.0, 0.0, 1.0]
+    def scored(values, groups, errors):
+        scores = [
+            Score(uid=f"u{i}", reward=v, error=e)
+            for i, (v, e) in enumerate(zip(values, errors, strict=True))
+        ]
+        rollouts = [SimpleNamespace(group_id=g) for g in groups]
+        return scores, rollouts
+
+    scores, rollouts = scored(
+        [1.0, None, 0.0, 1.0], ["a", "a", "b", "b"], [None, "timeout"] + [None] * 2
+    )
+    assert apply_failure_policy(scores, rollouts, "drop_group") == [None, None, 0.0, 1.0]
+    assert apply_failure_policy(scores, rollouts, "zero") == [1.0, 0.0, 0.0, 1.0]
     with pytest.raises(RewardFailure, match="a: timeout"):
-        apply_failure_policy(rewards, groups, "fail_step", errs)
-    assert apply_failure_policy([1.0], ["a"], "fail_step", [None]) == [1.0]
+        apply_failure_policy(scores, rollouts, "fail_step")
+    assert apply_failure_policy(*scored([1.0], ["a"], [None]), "fail_step") == [1.0]
+    with pytest.raises(ValueError, match="1 scores for 2 rollouts"):
+        apply_failure_policy(scores[:1], rollouts[:2], "zero")
 
 
 def test_serve_rewards_cli(tmp_path):

@@ -33,3 +33,16 @@ def slow_length(data_source, solution_str, ground_truth, extra_info):
         Path(mark).touch()
     time.sleep(0.5)
     return float(len(solution_str))
+
+
+def extra_index(data_source, solution_str, ground_truth, extra_info):
+    """verl's extra_info: the row's `extra_info` column (its `index`)."""
+    return float(extra_info["index"])
+
+
+def echo_number(data_source, solution_str, ground_truth, extra_info):
+    """float(solution_str) ('nan', 'inf', '1e400' included); for 'details' a dict whose
+    extra key is NaN."""
+    if solution_str == "details":
+        return {"score": 0.5, "ratio": float("nan")}
+    return float(solution_str)

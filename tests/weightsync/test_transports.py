@@ -5,6 +5,7 @@ filesystem one atomically, keeping only the last two versions."""
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 import ray
@@ -117,6 +118,21 @@ def test_collective_join_fails_when_peers_never_come():
     lone = make_transport(TransportSettings("collective", timeout_s=2))
     with pytest.raises(WeightSyncError, match="could not join"):
         lone.join_group(f"127.0.0.1:{free_port()}", 0, 2)
+
+
+def test_a_second_group_on_a_used_store_fails_at_once_naming_the_fix():
+    # The first group's members stay alive (engines that were pushed to). Its rendezvous
+    # keys (each rank's address) stay in the store: a second group on the same store once
+    # connected to those members, "formed" at once and then hung its pushes for timeout_s
+    # (bench/weight_sync.py's collective + vLLM row, engines stuck in their constructor).
+    settings = TransportSettings("collective", timeout_s=5)
+    first = _group(settings, 1)
+    again = make_transport(settings)
+    t0 = time.perf_counter()
+    with pytest.raises(WeightSyncError, match=r"already formed a push group.*new GroupStore"):
+        again.join_group(_STORES[-1].address, 0, 2)
+    assert time.perf_counter() - t0 < 2.0  # at once, not after timeout_s
+    assert first[0].pg is not None  # the formed group is left alone
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -1,0 +1,70 @@
+"""One optimizer step of a learner rank: clip the gradients, refuse a non-finite step,
+step AdamW (each optimizer) and the LR schedule.
+
+The guard: a step whose loss (summed over the ranks) or any model's grad norm is NaN or
+infinite is not applied. Its gradients are dropped (`zero_grad(set_to_none=True)`, so
+AdamW's next step skips nothing it should not) and nothing else moves: the weights,
+AdamW's moments and step counts, the LR schedule. One bad batch (a NaN reward, an
+overflow in bf16) then costs one update, not the run: AdamW would otherwise write NaN
+into every weight and moment it touches.
+
+Collective: every rank calls it at once (the loss is all-reduced, the grad norms are
+global DTensor norms), so all ranks decide alike.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """What one guarded step did.
+
+    Attributes:
+        applied: the update was applied (False: loss or a grad norm not finite).
+        loss: the step's loss summed over the ranks.
+        grad_norms: each model's global grad norm before clipping (policy first).
+        lr: the policy's learning rate of this step.
+    """
+
+    applied: bool
+    loss: float
+    grad_norms: list[float]
+    lr: float
+
+
+def guarded_step(
+    models: list[torch.nn.Module],
+    optimizers: list[torch.optim.Optimizer],
+    scheduler: torch.optim.lr_scheduler.LRScheduler,
+    max_grad_norm: float,
+    loss: float,
+) -> StepResult:
+    """Clip each model's gradients to `max_grad_norm`, then step every optimizer and the
+    scheduler, unless the step is not finite (module docstring). Gradients are dropped
+    either way. Collective.
+
+    Args:
+        models: the trained models (policy, then critic), matching `optimizers`.
+        loss: this rank's share of the step loss (the sum of its micro-batches').
+    """
+    total = torch.tensor([loss], dtype=torch.float64)
+    dist.all_reduce(total)
+    norms = []
+    for model in models:
+        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
+        norms.append(float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm))
+    lr = scheduler.get_last_lr()[0]
+    applied = math.isfinite(total.item()) and all(math.isfinite(n) for n in norms)
+    for opt in optimizers:
+        if applied:
+            opt.step()
+        opt.zero_grad(set_to_none=True)
+    if applied:
+        scheduler.step()
+    return StepResult(applied, total.item(), norms, lr)

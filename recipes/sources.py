@@ -1,0 +1,271 @@
+"""From a recipe's data blocks to lists of items: each source (a generator, a
+reasoning-gym dataset, a file), weighted mixtures of them, held-out prompts kept out of
+training, and the check that every row has a reward component to score it.
+
+Mixture (`mix`): an epoch of `size` items (default: every source's rows once), source i
+giving round(size · w_i / Σw) of them (largest remainders make the sum exact), drawn
+from its rows in a seeded order, repeating them when its share is larger than its rows;
+items are renumbered 0..size-1 and shuffled once.
+"""
+
+from __future__ import annotations
+
+import difflib
+import random
+from dataclasses import replace
+from typing import Any, TypeVar
+
+from ..config import FileData, GeneratorData, MixtureData, ReasoningGymData, RecipeError
+from .items import PromptItem, prompt_identity
+from .layouts import file_prompts
+from .preference import PreferencePair, load_pairs, pair_prompts
+
+T = TypeVar("T", PromptItem, PreferencePair)
+
+
+def arithmetic(cfg: GeneratorData) -> list[PromptItem]:
+    """reasoning-gym's basic_arithmetic problems (one-line answers), `cfg.size` of them."""
+    import reasoning_gym
+
+    ds = reasoning_gym.create_dataset(
+        "basic_arithmetic",
+        size=cfg.size,
+        seed=cfg.seed,
+        min_terms=cfg.min_terms,
+        max_terms=cfg.max_terms,
+        min_digits=cfg.min_digits,
+        max_digits=cfg.max_digits,
+        operators=tuple(cfg.operators),
+        allow_negation=False,
+        allow_parentheses=False,
+    )
+    meta = {} if cfg.data_source is None else {"data_source": cfg.data_source}
+    return [
+        PromptItem(
+            i,
+            row["question"],
+            str(row["answer"]),
+            {"expression": row["metadata"]["expression"], **meta},
+            origin=f"arithmetic #{i}",
+        )
+        for i, row in enumerate(ds)
+    ]
+
+
+def gym_dataset(name: str, seed: int, size: int, config: dict[str, Any], key: str) -> Any:
+    """`reasoning_gym.create_dataset(name, seed=, size=, **config)`.
+
+    Raises:
+        RecipeError: an unknown name (with the closest names) or settings its config
+            class refuses; names `key`.
+    """
+    import reasoning_gym
+    from reasoning_gym.factory import DATASETS
+
+    if name not in DATASETS:
+        close = difflib.get_close_matches(name, DATASETS, n=3)
+        raise RecipeError(
+            f"{key}: reasoning-gym has no dataset {name!r}"
+            f"{f'; did you mean {close}' if close else ''} (sorted(reasoning_gym.factory."
+            "DATASETS) lists them)"
+        )
+    try:
+        return reasoning_gym.create_dataset(name, seed=seed, size=size, **config)
+    except (TypeError, ValueError, AssertionError, KeyError) as e:
+        raise RecipeError(
+            f"{key}.config: reasoning-gym's {name} refuses {config}: {type(e).__name__}: {e}"
+        ) from None
+
+
+def gym_prompts(cfg: ReasoningGymData, key: str = "data.train") -> list[PromptItem]:
+    """The problems of a reasoning-gym dataset; each item's metadata names the dataset,
+    its settings and the problem's index, from which the `reasoning_gym` reward makes the
+    same problem again to score it (rewards/reasoning_gym.py)."""
+    ds = gym_dataset(cfg.reasoning_gym, cfg.seed, cfg.size, cfg.config, key)
+    out = []
+    for i in range(len(ds)):
+        row = ds[i]
+        ref = {
+            "dataset": cfg.reasoning_gym,
+            "seed": cfg.seed,
+            "size": cfg.size,
+            "config": cfg.config,
+            "index": i,
+        }
+        meta = {"data_source": cfg.source_name, "reasoning_gym": ref}
+        answer = "" if row["answer"] is None else str(row["answer"])
+        out.append(PromptItem(i, str(row["question"]), answer, meta, origin=f"{key} #{i}"))
+    return out
+
+
+def source_prompts(block: Any, key: str = "data.train") -> list[PromptItem]:
+    """The prompts of one source (or a mixture's); hh preference files give the
+    single-turn prompts of their pairs (`preference.pair_prompts`)."""
+    if isinstance(block, MixtureData):
+        parts = [source_prompts(s, f"{key}.mixture.{i}") for i, s in enumerate(block.mixture)]
+        return mix(parts, [s.weight for s in block.mixture], block.size, block.seed)
+    if isinstance(block, GeneratorData):
+        return arithmetic(block)
+    if isinstance(block, ReasoningGymData):
+        return gym_prompts(block, key)
+    _no_split_on_a_file(block, key)
+    if block.format == "hh":
+        pairs = load_pairs(
+            block.path,
+            "hh",
+            chosen_key=block.chosen_key,
+            rejected_key=block.rejected_key,
+            limit=block.limit,
+        )[0]
+        items = pair_prompts(pairs)
+        meta = {} if block.data_source is None else {"data_source": block.data_source}
+        return [replace(p, metadata=meta, origin=f"{block.path} pair {p.prompt_id}") for p in items]
+    return file_prompts(block)
+
+
+def source_pairs(
+    block: Any, margin_key: str | None = None, key: str = "data.train"
+) -> tuple[list[PreferencePair], int]:
+    """The preference pairs of a file (or a mixture of files) and the hh rows skipped."""
+    if isinstance(block, MixtureData):
+        parts = [
+            source_pairs(s, margin_key, f"{key}.mixture.{i}") for i, s in enumerate(block.mixture)
+        ]
+        chat = [i for i, (pairs, _) in enumerate(parts) if pairs[0].is_chat]
+        if 0 < len(chat) < len(parts):
+            raise RecipeError(
+                f"{key}.mixture: sources {chat} give their prompts as chat messages and the "
+                "others as text; DPO and reward models tokenise one shape per run: give "
+                "every source's prompts in one shape"
+            )
+        mixed = mix(
+            [p for p, _ in parts], [s.weight for s in block.mixture], block.size, block.seed
+        )
+        return mixed, sum(n for _, n in parts)
+    if not isinstance(block, FileData):
+        raise RecipeError(f"{key}: preference pairs come from files; give {{path: pairs.jsonl}}")
+    _no_split_on_a_file(block, key)
+    return load_pairs(
+        block.path,
+        block.format,
+        block.prompt_key,
+        block.chosen_key,
+        block.rejected_key,
+        block.limit,
+        margin_key,
+        block.split,
+    )
+
+
+def _no_split_on_a_file(block: FileData, key: str) -> None:
+    from pathlib import Path
+
+    if block.split is not None and Path(block.path).is_file():
+        raise RecipeError(
+            f"{key}.split: {block.path} is one file, which has no splits; remove split, or "
+            "give the folder that holds the splits"
+        )
+
+
+def shares(weights: list[float], size: int) -> list[int]:
+    """`size` split in proportion to `weights` (largest remainders; sums to `size`)."""
+    total = sum(weights)
+    exact = [size * w / total for w in weights]
+    out = [int(x) for x in exact]
+    by_remainder = sorted(range(len(weights)), key=lambda i: (out[i] - exact[i], i))
+    for i in by_remainder[: size - sum(out)]:
+        out[i] += 1
+    return out
+
+
+def mix(parts: list[list[T]], weights: list[float], size: int | None, seed: int) -> list[T]:
+    """A mixture of `parts` (module docstring); ids renumbered in the mixed order."""
+    size = size or sum(len(p) for p in parts)
+    rng, chosen = random.Random(seed), []
+    for part, n in zip(parts, shares(weights, size), strict=True):
+        order = list(range(len(part)))
+        rng.shuffle(order)
+        chosen += [part[order[k % len(part)]] for k in range(n)]
+    rng.shuffle(chosen)
+    field = "prompt_id" if chosen and isinstance(chosen[0], PromptItem) else "pair_id"
+    return [replace(item, **{field: i}) for i, item in enumerate(chosen)]
+
+
+def hold_out(
+    items: list[PromptItem], n: int, seed: int
+) -> tuple[list[PromptItem], list[PromptItem]]:
+    """`(training, held out)`: `n` distinct prompts drawn with `seed`, every training item
+    with one of those prompts moved out of training.
+
+    Raises:
+        RecipeError: fewer than n + 1 distinct prompts (nothing would be left to train on).
+    """
+    first: dict[str, PromptItem] = {}
+    for item in items:
+        first.setdefault(prompt_identity(item), item)
+    if n >= len(first):
+        raise RecipeError(
+            f"eval.holdout: {n} prompts held out of data.train, which has {len(first)} "
+            f"distinct prompts; hold out fewer than {len(first)}"
+        )
+    keys = sorted(first)
+    random.Random(seed).shuffle(keys)
+    held = set(keys[:n])
+    return [i for i in items if prompt_identity(i) not in held], [first[k] for k in keys[:n]]
+
+
+def without(items: list[PromptItem], held: list[PromptItem]) -> tuple[list[PromptItem], int]:
+    """`items` less those whose prompt equals a held-out prompt, and how many left."""
+    keys = {prompt_identity(h) for h in held}
+    kept = [i for i in items if prompt_identity(i) not in keys]
+    if not kept:
+        raise RecipeError(
+            "eval.prompts: every prompt of data.train is also an evaluation prompt, so "
+            "none is left to train on; evaluate on other prompts"
+        )
+    return kept, len(items) - len(kept)
+
+
+def check_reward_coverage(items: list[PromptItem], rewards: list[Any]) -> None:
+    """Every prompt has a reward component that applies to it (`sources` names its
+    `data_source`, or lists none), and the components it has can score it: `math` needs
+    a ground truth, `reasoning_gym` a reasoning-gym row. Every name in a `sources` list
+    is some row's data_source.
+
+    Raises:
+        RecipeError: names the row (file and row) and the component to change.
+    """
+    seen: set[Any] = set()
+    named = sorted({s for c in rewards for s in c.sources or []})
+    for item in items:
+        source = item.metadata.get("data_source")
+        seen.add(source)
+        applies = [
+            (i, c) for i, c in enumerate(rewards) if c.sources is None or source in c.sources
+        ]
+        if not applies:
+            raise RecipeError(
+                f"{item.origin}: data_source {source!r} is in no reward component's sources "
+                f"({named}), so nothing would score it; add it to a component's sources, or "
+                "add a component without sources"
+            )
+        for i, c in applies:
+            if c.type == "reasoning_gym" and "reasoning_gym" not in item.metadata:
+                raise RecipeError(
+                    f"{item.origin}: rewards.{i} ({c.name!r}, type reasoning_gym) scores only "
+                    f"rows of reasoning_gym sources, and this row (data_source {source!r}) is "
+                    f"not one; set rewards.{i}.sources to the reasoning-gym data_source"
+                )
+            if c.type == "math" and not item.ground_truth:
+                raise RecipeError(
+                    f"{item.origin}: rewards.{i} ({c.name!r}, type math) compares the "
+                    "response with the row's ground truth, and this row has none; set "
+                    f"data.train.answer_key, or rewards.{i}.sources to leave its "
+                    f"data_source ({source!r}) out"
+                )
+    unused = sorted(set(named) - seen)
+    if unused:
+        raise RecipeError(
+            f"rewards: sources {unused} match no row's data_source (the data has "
+            f"{sorted(str(s) for s in seen if s is not None)}); fix their spelling"
+        )

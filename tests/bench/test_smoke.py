@@ -1,0 +1,82 @@
+"""Every bench/ script's `--smoke` mode runs to the end and prints its header and table,
+so a bench cannot rot unnoticed (STYLE.md, house habits). Each bench runs as its own
+process, as a user runs it; the numbers of a smoke run mean nothing and are not checked.
+
+The default run keeps about 3.5 minutes on 2 cores (one smoke of each kind: a recipe run
+in process, spawned learner ranks, vLLM actors, the reward service). `slow` (run with
+`-m slow`): the smokes that run the training loop 2 or 3 times, 33-55 s each at load 3
+and up to about a minute under heavier load: adapters (3 CLI runs), token_budget,
+ratio, async and old_logprobs (2 runs each). `vllm`: starts vLLM engines, skipped
+without vLLM.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from posttrain.config import vllm_installed
+
+ROOT = Path(__file__).resolve().parents[2]
+requires_vllm = pytest.mark.skipif(not vllm_installed(), reason="vLLM is not installed here")
+vllm = [pytest.mark.vllm, requires_vllm]
+slow = [pytest.mark.slow]
+
+#: bench name -> (marks, lines its output must hold besides the header)
+BENCHES: dict[str, tuple[list[pytest.MarkDecorator], list[str]]] = {
+    "adapters": (slow, ["| mode | trainable params |", "| QLoRA r16 |"]),
+    "async": (slow, ["| setup | k | steps | steps/s |", "| sim 2:1, "]),
+    "compile": ([], ["| variant | first call s (CPU s) |", "| compiled layers |"]),
+    "dpo": ([], ["step s  tokens/s vs in-loop", "reference in the loop"]),
+    "learner_layout": ([], ["| layout | s/step | vs first |", "| 2 ranks x 1 thread |"]),
+    "logprobs": ([], ["| logprobs | train fwd+bwd s (CPU s) |", "| chunked (4) |"]),
+    "old_logprobs": (slow, ["| old_logprob_pass | step s |", "| auto |"]),
+    "plan": ([], ["predicted   measured   ratio", "weight push"]),
+    "ratio": (slow, ["rollout:learner  step s vs first", "1:2"]),
+    "rewards": ([], ["measure", "reward model, batch 8, POST /score"]),
+    "rollout": (vllm, ["| engine | startup s | generate s |", "| vllm (eager) |"]),
+    "token_budget": (slow, ["| micro-batches | train s | step s |", "| budget 64 tokens |"]),
+    "vs_trl": ([], ["| system | s/step (median) |", "| posttrain ("]),
+    "weight_load": (vllm, ["| part | seconds | GB/s | vs memcpy |", "| VLLMEngine.load_weights |"]),
+    "weight_sync": (vllm, ["| transport | into | seconds | GB/s |", "| collective | vLLM |"]),
+}
+HEADER = ("# command: python bench/", "# commit: ", "# CPU: ", "# load average")
+
+
+def _env() -> dict[str, str]:
+    """This process's environment with PYTHONPATH made absolute (Ray workers and
+    subprocesses may start elsewhere)."""
+    paths = [str(Path(p).resolve()) for p in os.environ.get("PYTHONPATH", "").split(":") if p]
+    return dict(os.environ, PYTHONPATH=os.pathsep.join(paths))
+
+
+@pytest.mark.parametrize(
+    "name", [pytest.param(name, marks=marks) for name, (marks, _) in BENCHES.items()]
+)
+def test_smoke_mode_runs_and_prints_its_table(name: str) -> None:
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / f"{name}.py"), "--smoke"],
+        cwd=ROOT,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    out = proc.stdout
+    assert proc.returncode == 0, f"bench/{name}.py --smoke exited {proc.returncode}:\n" + (
+        out[-3000:] + proc.stderr[-5000:]
+    )
+    expected = [*HEADER, *BENCHES[name][1]]
+    if name == "vs_trl" and not (ROOT / ".bench-venv" / "trl" / "bin" / "python").exists():
+        expected.append("TRL side skipped: ")  # says so instead of installing TRL
+    for line in expected:
+        assert line in out, f"bench/{name}.py --smoke printed no {line!r}:\n{out[-3000:]}"
+
+
+def test_every_bench_has_a_smoke_test() -> None:
+    scripts = {p.stem for p in (ROOT / "bench").glob("*.py") if not p.stem.startswith("_")}
+    assert scripts == set(BENCHES)
