@@ -162,16 +162,19 @@ _fingerprint: tuple[Any, dict[str, Any]] | None = None  # (the data, its fingerp
 
 def data_fingerprint(data: list[Any]) -> dict[str, Any]:
     """{"rows", "sha256"} of the training data as loaded (prompts or preference pairs,
-    in order): sha256 of each row's JSON (sorted keys), one a line. Any change of what
-    the prompt stream's position points into (a row edited, added, removed or moved)
-    changes it; the same content from another file or path does not. Remembered for
-    the last `data` object (a run saves the same list at every checkpoint)."""
+    in order): sha256 of each row's JSON (sorted keys, without `origin`, the row's
+    file and line), one a line. Any change of what the prompt stream's position points
+    into (a row edited, added, removed or moved) changes it; the same content from
+    another file or path does not. Remembered for the last `data` object (a run saves
+    the same list at every checkpoint)."""
     global _fingerprint
     if _fingerprint is not None and _fingerprint[0] is data:
         return _fingerprint[1]
     h = hashlib.sha256()
     for row in data:
         plain = dataclasses.asdict(row) if dataclasses.is_dataclass(row) else row
+        if isinstance(plain, dict):
+            plain = {k: v for k, v in plain.items() if k != "origin"}
         h.update(json.dumps(plain, sort_keys=True, default=str).encode() + b"\n")
     _fingerprint = (data, {"rows": len(data), "sha256": h.hexdigest()})
     return _fingerprint[1]

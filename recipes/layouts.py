@@ -69,7 +69,7 @@ def resolve_layout(cfg: FileData, row: dict[str, Any], where: str) -> Layout:
     Raises:
         RecipeError: `prompt_key: auto` and the row has no key a prompt is found under.
     """
-    prompt, kind = cfg.prompt_key, "prompt"
+    prompt, kind = cfg.prompt_key, "messages" if cfg.prompt_key == "messages" else "prompt"
     if cfg.prompt_key == "auto":
         if "prompt" in row:
             prompt = "prompt"

@@ -193,3 +193,82 @@ def test_dpo_resume_continues_the_pair_order(tiny_model, tmp_path, monkeypatch):
 
     ckpt = _split_equals_straight(make, tmp_path, ("loss", "rewards/margin", "lr"))
     assert checkpoints.read_state(ckpt)["algorithm"]["ref_cache_key"]
+
+
+def test_a_damaged_checkpoint_deletes_nothing_and_stops_every_role(model_dir, monkeypatch):
+    """Real checkpoints (DCP shards): a resume whose learner set-up fails on a truncated
+    shard keeps the logs of the steps after the checkpoint and stops the local reward
+    service it started; the CLI finds the damage first (exit 2 naming the file, the
+    previous whole checkpoint offered), and refuses a data file replaced in place by one
+    of the same size (exit 2 naming it)."""
+    from typer.testing import CliRunner
+
+    from posttrain.recipes import loop, roles
+    from posttrain.recipes.cli import app
+
+    work = model_dir / "w"
+    work.mkdir()
+    data = work / "train.jsonl"
+    data.write_text(
+        "".join(
+            json.dumps({"question": f"What is {i} + {i}?", "answer": f"#### {2 * i}"}) + "\n"
+            for i in range(1, 10)
+        )
+    )
+    recipe = load_recipe(_with_data(_recipe(work, checkpoint_every=1, steps=2), data))
+    run_dir = work / "run"
+    run(recipe, run_dir)
+    first, newest = checkpoints.complete(run_dir)
+    assert (first.name, newest.name) == ("step_00001", "step_00002")
+    logged = {p: p.read_text() for p in _logs(run_dir)}
+    assert len(logged) == 4  # metrics, spans, the rollouts of steps 0 and 1
+    shards = [next((c / "learner" / "sharded").glob("*.distcp")) for c in (first, newest)]
+    whole = [f.read_bytes() for f in shards]
+    shards[0].write_bytes(whole[0][: len(whole[0]) // 2])
+
+    procs = []
+    start_service = roles.start_local_service
+
+    def start_and_note(*args, **kwargs):
+        procs.append(start_service(*args, **kwargs))
+        return procs[-1]
+
+    monkeypatch.setattr(roles, "start_local_service", start_and_note)
+    with pytest.raises(Exception):  # noqa: B017  (the learner's own loading error)
+        run(recipe, run_dir, resume=first)  # the Python API does not verify first
+    monkeypatch.undo()
+    assert len(procs) == 1 and procs[0].poll() is not None  # the reward service stopped
+    assert {p: p.read_text() for p in _logs(run_dir)} == logged  # step 1's lines kept
+
+    monkeypatch.setattr(loop, "run", lambda *a, **k: pytest.fail("a role started"))
+    cli, more = CliRunner(), ["--set", "train.steps=3"]
+    shards[1].write_bytes(whole[1][:-1])
+    out = cli.invoke(app, ["run", "--resume", str(run_dir), *more])
+    assert out.exit_code == 2 and str(shards[1]) in out.output, out.output
+    assert "no earlier checkpoint is whole" in out.output  # step_00001's shard is cut too
+    shards[0].write_bytes(whole[0])
+    out = cli.invoke(app, ["run", "--resume", str(run_dir), *more])
+    assert out.exit_code == 2 and "step_00001 is whole" in out.output, out.output
+
+    shards[1].write_bytes(whole[1])
+    text = data.read_text()
+    data.write_text(text.replace("What is 3 + 3?", "What is 3 + 4?"))
+    assert len(data.read_text()) == len(text)
+    out = cli.invoke(app, ["run", "--resume", str(run_dir), *more])
+    assert out.exit_code == 2 and f"data.train.path {data}" in out.output, out.output
+    assert "--accept-data-change" in out.output
+
+
+def _with_data(recipe_file, data):
+    import yaml
+
+    body = yaml.safe_load(recipe_file.read_text())
+    body["data"] = {"train": {"path": str(data)}}
+    recipe_file.write_text(yaml.safe_dump(body))
+    return recipe_file
+
+
+def _logs(run_dir):
+    return sorted([run_dir / "metrics.jsonl", run_dir / "spans.jsonl"]) + sorted(
+        (run_dir / "rollouts").glob("*.jsonl")
+    )

@@ -56,6 +56,7 @@ class SeedRecorder:
     settings: EngineSettings
     seeds: list[int] = field(default_factory=list)
     tokenizer: object = None
+    context_tokens: int | None = None
 
     def tokenize_chat(self, messages):
         return [1, 2]

@@ -108,6 +108,7 @@ def test_trl_messages_layout_drops_the_reply_from_the_prompt(tmp_path):
     f.write_text(json.dumps({"messages": [*talk, {"role": "assistant", "content": "4"}]}) + "\n")
     [item] = _prompts(path=str(f))
     assert item.messages == talk and item.question == "2+2?" and item.ground_truth == "4"
+    assert _prompts(path=str(f), prompt_key="messages") == [item]  # named, not picked: the same
 
 
 def test_csv_json_and_jsonl(tmp_path):

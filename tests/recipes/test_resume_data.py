@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 
 from posttrain.recipes import checkpoints, loop
 from posttrain.recipes.cli import app
-from posttrain.recipes.data import prompt_stream
+from posttrain.recipes.data import load_data, prompt_stream
 from posttrain.recipes.loading import load_recipe
 from tests.recipes.test_checkpoint_manifest import FakeLearner
 from tests.test_grpo_e2e import _grpo_recipe
@@ -45,7 +45,7 @@ def run_dir(tmp_path, tiny_model, monkeypatch):
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     (run_dir / "recipe.yaml").write_text((tmp_path / "tiny.yaml").read_text())
-    prompts = loop.load_data(recipe)
+    prompts = load_data(recipe).train
     stream = prompt_stream(prompts, 2, 0)
     next(stream), next(stream)
     run = SimpleNamespace(
@@ -108,8 +108,11 @@ def test_fingerprint_hand_computed():
 
     from posttrain.recipes.items import PromptItem
 
-    rows = [PromptItem(0, "1+1?", "2")]
-    line = '{"ground_truth": "2", "metadata": {}, "prompt_id": 0, "question": "1+1?"}\n'
+    rows = [PromptItem(0, "1+1?", "2", origin="train.jsonl:1")]  # where it came from: not hashed
+    line = (
+        '{"ground_truth": "2", "messages": null, "metadata": {}, "prompt_id": 0, '
+        '"question": "1+1?"}\n'
+    )
     assert checkpoints.data_fingerprint(rows) == {
         "rows": 1,
         "sha256": hashlib.sha256(line.encode()).hexdigest(),
