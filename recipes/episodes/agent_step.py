@@ -64,11 +64,36 @@ def generate_agent_episodes(
     urls = [
         call(w, "serve_openai", "127.0.0.1", 0, r.max_new_tokens, r.temperature) for w in workers
     ]
+    episodes, file = _write_episodes(requests, urls, r.samples_per_prompt, folder, step)
+    _run_agent_program(recipe, file, folder, step)
+    rollouts = [
+        agent_rollout(
+            uid,
+            req.group_id,
+            call(workers[w], "pop_episode", uid),
+            decode,
+            req.ground_truth,
+            req.metadata,
+        )
+        for uid, req, w in episodes
+    ]
+    return rollouts, _agent_metrics(rollouts)
+
+
+def _write_episodes(
+    requests: list[Any], urls: list[str], samples_per_prompt: int, folder: Path, step: int
+) -> tuple[list[tuple[str, Any, int]], Path]:
+    """Write the step's episode file, one JSON line per episode, each episode on a
+    worker in turn.
+
+    Returns:
+        `(uid, request, worker index)` per episode in request order, and the file.
+    """
     folder.mkdir(parents=True, exist_ok=True)
     episodes, lines = [], []
     for req in requests:
-        for k in range(r.samples_per_prompt):
-            uid, w = f"{req.group_id}-{k}", len(episodes) % len(workers)
+        for k in range(samples_per_prompt):
+            uid, w = f"{req.group_id}-{k}", len(episodes) % len(urls)
             episodes.append((uid, req, w))
             lines.append(
                 json.dumps(
@@ -83,41 +108,45 @@ def generate_agent_episodes(
             )
     file = folder / f"episodes_{step:05d}.jsonl"
     file.write_text("\n".join(lines) + "\n")
+    return episodes, file
+
+
+def _run_agent_program(recipe: Recipe, file: Path, folder: Path, step: int) -> None:
+    """Run `rollout.agent.command` on the episode file, its output to the step's log.
+
+    Raises:
+        AgentProgramFailed: it ran past `rollout.agent.timeout_s` or exited non-zero.
+    """
+    agent = recipe.rollout.agent
     log = folder / f"agent_{step:05d}.log"
     env = {**os.environ, "POSTTRAIN_EPISODES": str(file), "POSTTRAIN_STEP": str(step)}
     with open(log, "w") as out:
         try:
             proc = subprocess.run(
-                r.agent.command,
+                agent.command,
                 env=env,
                 stdout=out,
                 stderr=subprocess.STDOUT,
-                timeout=r.agent.timeout_s,
+                timeout=agent.timeout_s,
                 check=False,
             )
         except subprocess.TimeoutExpired as e:
             raise AgentProgramFailed(
                 f"step {step}: the agent program ran past "
-                f"rollout.agent.timeout_s={r.agent.timeout_s:g}; see {log}"
+                f"rollout.agent.timeout_s={agent.timeout_s:g}; see {log}"
             ) from e
     if proc.returncode != 0:
         tail = log.read_text(errors="replace")[-800:]
         raise AgentProgramFailed(
             f"step {step}: the agent program exited {proc.returncode}; {log} ends:\n{tail}"
         )
-    rollouts = [
-        agent_rollout(
-            uid,
-            req.group_id,
-            call(workers[w], "pop_episode", uid),
-            decode,
-            req.ground_truth,
-            req.metadata,
-        )
-        for uid, req, w in episodes
-    ]
+
+
+def _agent_metrics(rollouts: list[Any]) -> dict[str, float]:
+    """The step's agent metrics: completions per episode (mean, max), dropped calls,
+    and how many episodes the agent rewarded."""
     calls = [sum(t["mask"] for t in x.turns) for x in rollouts]
-    return rollouts, {
+    return {
         "episode/turns_mean": sum(calls) / len(calls),
         "episode/turns_max": float(max(calls)),
         "episode/dropped_calls": float(sum(x.metadata["dropped_calls"] for x in rollouts)),
