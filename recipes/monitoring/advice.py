@@ -162,6 +162,27 @@ def advise(
     lines: list[str] = []
     engines = rollout_gpus // per_engine
     p = measured_phases(rows, spans, engines, learner_gpus)
+    p, current, best = _split_advice(p, rollout_gpus, per_engine, learner_gpus, device, lines)
+    step_s = p.step if p else None
+    c, interval, steps = _checkpoint_advice(run_dir, mtbf_hours, step_s, lines)
+    return Advice(p, current, best, c, interval, steps, lines)
+
+
+def _split_advice(
+    p: Phases | None,
+    rollout_gpus: int,
+    per_engine: int,
+    learner_gpus: int,
+    device: str,
+    lines: list[str],
+) -> tuple[Phases | None, Split | None, Split | None]:
+    """Append the measured phases and the split advice to `lines`.
+
+    Returns:
+        `(phases, current, best)`: phases None when there is no step or no generate
+        span (then no split either).
+    """
+    engines = rollout_gpus // per_engine
     current = best = None
     if p is None:
         lines.append("split: no step measured yet (metrics.jsonl has no time/step)")
@@ -194,6 +215,18 @@ def advise(
                 "cores, so the split estimate (one device per worker) does not "
                 "hold here"
             )
+    return p, current, best
+
+
+def _checkpoint_advice(
+    run_dir: Path, mtbf_hours: float | None, step_s: float | None, lines: list[str]
+) -> tuple[float | None, float | None, int | None]:
+    """Append the checkpoint advice to `lines`: the mean measured save and, with an
+    MTBF, the Young/Daly interval (in steps when the step time `step_s` is known).
+
+    Returns:
+        `(mean save seconds, interval seconds, interval steps)`, each None when unknown.
+    """
     costs = checkpoint_seconds(run_dir)
     c = statistics.fmean(costs) if costs else None
     interval = steps = None
@@ -209,7 +242,6 @@ def advise(
         )
     else:
         interval = young_daly_interval(c, mtbf_hours * 3600)
-        step_s = p.step if p else None
         steps = max(1, round(interval / step_s)) if step_s else None
         every = f"; set train.checkpoint_every: {steps}" if steps else ""
         lines.append(
@@ -217,7 +249,7 @@ def advise(
             f"of {mtbf_hours:g} h, Young/Daly sqrt(2·C·MTBF) = {interval:.0f} s"
             f"{f' = {steps} steps of {step_s:.1f} s' if steps else ''}{every}"
         )
-    return Advice(p, current, best, c, interval, steps, lines)
+    return c, interval, steps
 
 
 def advise_run(run_dir: Path, rows: list[dict[str, Any]], mtbf_hours: float | None) -> Advice:
