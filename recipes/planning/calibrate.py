@@ -254,12 +254,6 @@ def calibrate(r: Recipe, folder: Path, prompt_tokens: int, shape: ModelShape) ->
         shape: the model's sizes (its MLP shape for the matmul probe, its vocabulary
             for the engine probe's random prompts).
     """
-    from safetensors.torch import load_file
-    from transformers import AutoModelForCausalLM
-
-    from ...actors.factory import make_engine
-    from ..roles import engine_settings
-
     t0 = time.perf_counter()
     cores = os.cpu_count() or 1
     t_r, t_l = worker_threads(r, cores)
@@ -278,21 +272,9 @@ def calibrate(r: Recipe, folder: Path, prompt_tokens: int, shape: ModelShape) ->
         }
         torch.set_num_threads(t_l)  # AdamW and the FSDP2 copies run at a learner's threads
         copy, loop, latency = measure_copy(), measure_loopback(), measure_collective()
-        weights = {}
-        for f in sorted(folder.glob("*.safetensors")):
-            weights.update({k: v.to(dtype) for k, v in load_file(str(f)).items()})
-        settings = engine_settings(r, str(folder))
-        engine = make_engine(settings)
-        decode, push = measure_engine(
-            engine, settings.kind, t_r, prompts, n, prompt_tokens, shape.vocab, weights
-        )
-        del engine, weights  # its KV cache and weights before the learner's probes
-        gc.collect()
+        decode, push = _engine_probe(r, folder, dtype, t_r, prompts, prompt_tokens, shape.vocab)
         push = dataclasses.replace(push, collective_s=latency)
-        model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=dtype)
-        seq = prompt_tokens + r.rollout.max_new_tokens
-        train = measure_train(model, t_l, max(2, -(-256 // seq)), seq)
-        adamw = measure_adamw(model, res.learner.gpus, t_l)
+        train, adamw = _learner_probes(r, folder, dtype, t_l, prompt_tokens)
     finally:
         torch.set_num_threads(before)
     now = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
@@ -309,6 +291,51 @@ def calibrate(r: Recipe, folder: Path, prompt_tokens: int, shape: ModelShape) ->
         time.perf_counter() - t0,
         now,
     )
+
+
+def _engine_probe(
+    r: Recipe,
+    folder: Path,
+    dtype: torch.dtype,
+    threads: int,
+    prompts: int,
+    prompt_tokens: int,
+    vocab: int,
+) -> tuple[DecodeProbe, PushProbe]:
+    """`measure_engine` on the recipe's engine loaded from `folder`, its weights in
+    `dtype`; the engine and weights are freed before returning (the learner's probes
+    follow)."""
+    from safetensors.torch import load_file
+
+    from ...actors.factory import make_engine
+    from ..roles import engine_settings
+
+    weights = {}
+    for f in sorted(folder.glob("*.safetensors")):
+        weights.update({k: v.to(dtype) for k, v in load_file(str(f)).items()})
+    settings = engine_settings(r, str(folder))
+    engine = make_engine(settings)
+    n = r.rollout.samples_per_prompt
+    decode, push = measure_engine(
+        engine, settings.kind, threads, prompts, n, prompt_tokens, vocab, weights
+    )
+    del engine, weights  # its KV cache and weights before the learner's probes
+    gc.collect()
+    return decode, push
+
+
+def _learner_probes(
+    r: Recipe, folder: Path, dtype: torch.dtype, threads: int, prompt_tokens: int
+) -> tuple[TrainProbe, float]:
+    """`measure_train` (a few sequences of the step's length) and `measure_adamw` on
+    the model loaded from `folder` in `dtype`."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=dtype)
+    seq = prompt_tokens + r.rollout.max_new_tokens
+    train = measure_train(model, threads, max(2, -(-256 // seq)), seq)
+    adamw = measure_adamw(model, r.resources.learner.gpus, threads)
+    return train, adamw
 
 
 def cpu_name() -> str:
