@@ -192,35 +192,77 @@ def predict(
             f"plan --gpu cpu models rollout steps (generate, train, push); {r.algorithm} "
             "trains on preference pairs"
         )
-    res = r.resources
     t_r, t_l = worker_threads(r, cal.cores)
+    width = weight_bytes(r)
+    weights = plan.broadcast_bytes(params, width)
+    prefill, decode, roof = _rollout_times(r, params, weights, prompt_tokens, cal, t_r)
+    tokens_rank = learner_tokens(r, prompt_tokens, hidden, intermediate)
+    mfu, compute, optimizer = _learner_compute(r, params, trainable, tokens_rank, cal, t_l)
+    comm = _fsdp_comm(r, params, width, cal)
+    push = _push_time(r, weights, cal)
+    return CpuStep(t_r, t_l, prefill, decode, roof, compute, optimizer, comm, push, mfu)
+
+
+def _rollout_times(
+    r: Recipe, params: float, weights: float, prompt_tokens: int, cal: CpuCalibration, t_r: int
+) -> tuple[float, float, float]:
+    """An engine's share of the step's sequences, seconds: prefill and decode scaled
+    from the engine probe, and the decode roofline (each new token reads the
+    `weights` bytes or does 2·N flops per sequence, whichever is slower).
+
+    Raises:
+        KeyError: `cal.matmul_flops` has no rate at `t_r` threads.
+    """
+    res = r.resources
     engines = res.rollout.gpus // res.rollout.gpus_per_engine
-    n_l = res.learner.gpus
     seqs = r.train.prompts_per_step * r.rollout.samples_per_prompt
     batch = -(-seqs // engines)
     new = r.rollout.max_new_tokens
     d = cal.decode
     prefill = d.prefill_s * (batch * prompt_tokens) / (d.batch * d.prompt_tokens)
     decode = new * d.step_s * batch / d.batch
-    width = weight_bytes(r)
-    weights = plan.broadcast_bytes(params, width)
     roof = new * max(weights / cal.copy_bytes_per_s, 2 * params * batch / cal.matmul_flops[t_r])
+    return prefill, decode, roof
+
+
+def _learner_compute(
+    r: Recipe, params: float, trainable: float, tokens_rank: float, cal: CpuCalibration, t_l: int
+) -> tuple[float, float, float]:
+    """A learner rank's MFU (the train probe's 6·N flops per token over the matmul
+    rate), its forward/backward seconds on `tokens_rank` tokens, and its AdamW seconds.
+
+    Raises:
+        KeyError: `cal.matmul_flops` has no rate at `t_l` threads.
+    """
     probe_rate = 6 * params * cal.train.tokens / cal.train.seconds
     mfu = probe_rate / cal.matmul_flops[t_l]
-    tokens_rank = learner_tokens(r, prompt_tokens, hidden, intermediate)
     compute = train_flops_per_token(r, params) * tokens_rank / (cal.matmul_flops[t_l] * mfu)
-    optimizer = cal.adamw_s_per_param * trainable / n_l
+    optimizer = cal.adamw_s_per_param * trainable / r.resources.learner.gpus
+    return mfu, compute, optimizer
+
+
+def _fsdp_comm(r: Recipe, params: float, width: float, cal: CpuCalibration) -> float:
+    """FSDP2 traffic of a rank over loopback, seconds: per micro-batch a forward
+    gathers the weights (`width` bytes each), a backward gathers them again and
+    reduce-scatters fp32 gradients."""
+    n_l = r.resources.learner.gpus
     share = (n_l - 1) / n_l
+    seqs = r.train.prompts_per_step * r.rollout.samples_per_prompt
     micro = math.ceil(math.ceil(seqs / n_l) / r.train.micro_batch_size)
     p = r.facts.passes
     forwards = p.policy_forward + p.reference_forward + p.critic_forward
-    # FSDP2 per micro-batch: a forward gathers the weights, a backward gathers them again
-    # and reduce-scatters fp32 gradients
     per_params = (2 * width + 4) * (p.policy_train + p.critic_train) + width * forwards
-    comm = micro * share * per_params * params / cal.loopback_bytes_per_s
+    return micro * share * per_params * params / cal.loopback_bytes_per_s
+
+
+def _push_time(r: Recipe, weights: float, cal: CpuCalibration) -> float:
+    """The weight push, seconds: the learners gather the `weights` bytes (a collective
+    per tensor when there are several ranks), send them over loopback, and the engine
+    loads them at the probe's rate."""
+    n_l = r.resources.learner.gpus
+    share = (n_l - 1) / n_l
     pp = cal.push
     gather = (pp.tensors * pp.collective_s if n_l > 1 else 0.0) + (
         share * weights / cal.loopback_bytes_per_s
     )
-    push = gather + weights / cal.loopback_bytes_per_s + pp.load_s * weights / pp.load_bytes
-    return CpuStep(t_r, t_l, prefill, decode, roof, compute, optimizer, comm, push, mfu)
+    return gather + weights / cal.loopback_bytes_per_s + pp.load_s * weights / pp.load_bytes
