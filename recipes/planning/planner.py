@@ -314,17 +314,7 @@ def plan_recipe(
     seq = prompt_tokens + _reply_tokens(r)
     rollout = 0 if dpo else res.rollout.gpus
     learner = _learner_memory(r, m, res.learner.gpus, seq)
-    engine: dict[str, float] = {}
-    if not dpo:
-        engines = res.rollout.gpus // res.rollout.gpus_per_engine
-        per_engine = -(-sequences // engines)
-        engine[f"weights ({r.model.dtype})"] = (
-            plan.broadcast_bytes(m.params, weight_bytes(r)) / res.rollout.gpus_per_engine
-        )
-        engine[f"KV cache ({per_engine} seqs x {seq} tokens)"] = (
-            plan.kv_cache_bytes(m.layers, m.kv_heads, m.head_dim, per_engine * seq)
-            / res.rollout.gpus_per_engine
-        )
+    engine = {} if dpo else _engine_memory(r, m, sequences, seq)
     now = _times(r, m, hw, mfu, rollout, res.learner.gpus, prompt_tokens, sequences, cluster)
     p = RecipePlan(
         gpu,
@@ -342,6 +332,24 @@ def plan_recipe(
     p.best = _best_split(r, m, hw, mfu, prompt_tokens, sequences, cluster, cluster_given)
     p.flags = _flags(r, p) + _cluster_flags(r, cluster if cluster_given else None)
     return p
+
+
+def _engine_memory(r: Recipe, m: ModelShape, sequences: int, seq: int) -> dict[str, float]:
+    """Bytes per rollout device, by what holds them: the engine's weights and the KV
+    cache of its share of the step's `sequences`, each `seq` tokens long (tensor
+    parallel divides both over an engine's devices)."""
+    res = r.resources
+    engines = res.rollout.gpus // res.rollout.gpus_per_engine
+    per_engine = -(-sequences // engines)
+    engine: dict[str, float] = {}
+    engine[f"weights ({r.model.dtype})"] = (
+        plan.broadcast_bytes(m.params, weight_bytes(r)) / res.rollout.gpus_per_engine
+    )
+    engine[f"KV cache ({per_engine} seqs x {seq} tokens)"] = (
+        plan.kv_cache_bytes(m.layers, m.kv_heads, m.head_dim, per_engine * seq)
+        / res.rollout.gpus_per_engine
+    )
+    return engine
 
 
 def _cluster_flags(r: Recipe, cluster: Cluster | None) -> list[str]:
