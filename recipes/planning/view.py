@@ -80,6 +80,30 @@ def _s(x: float) -> str:
 def print_plan(p: RecipePlan) -> None:
     """One table of memory (GB = 1e9 bytes), one of time (seconds), then the flags."""
     console = Console(width=120)
+    console.print(_memory_table(p))
+    console.print(_time_table(p))
+    for f in p.flags:
+        console.print(f"[red]does not fit[/red]: {f}")
+    if p.best and (p.best.rollout, p.best.learner) != (p.times.rollout, p.times.learner):
+        console.print(
+            f"suggest: resources.rollout.gpus: {p.best.rollout}, "
+            f"resources.learner.gpus: {p.best.learner} (step "
+            f"{_s(p.times.step)} s -> {_s(p.best.step)} s)"
+        )
+    if p.cluster:
+        console.print(
+            f"split searched over {p.cluster.devices} devices; weight push over "
+            f"NVLink {p.hw.nvlink_one_way_bytes_per_s / GB:.0f} GB/s (one way) "
+            f"within a node, the NIC {p.hw.network_bytes_per_s / GB:.0f} GB/s "
+            "across nodes",
+            style="dim",
+        )
+    console.print(f"hardware: {p.hw.source}", style="dim")
+
+
+def _memory_table(p: RecipePlan) -> Table:
+    """Bytes per device of each side by part, in GB, with each side's total (marked
+    when it exceeds the device's memory)."""
     hbm = p.hw.hbm_bytes
     where = f" ({p.cluster.nodes} nodes x {p.cluster.gpus_per_node})" if p.cluster else ""
     mem = Table(title=f"memory per device on {p.gpu} ({hbm / GB:.0f} GB){where}")
@@ -98,7 +122,11 @@ def print_plan(p: RecipePlan) -> None:
             "[bold]total[/bold]",
             f"[bold]{_gb(total)}[/bold]" + ("" if total <= hbm else " [red]does not fit[/red]"),
         )
-    console.print(mem)
+    return mem
+
+
+def _time_table(p: RecipePlan) -> Table:
+    """Seconds of each phase of the step for the recipe's split and the best split."""
     t = Table(
         title=f"step time (s): {p.sequences} sequences x ({p.prompt_tokens} + "
         f"{p.response_tokens}) tokens; train at MFU {p.mfu:.0%} of "
@@ -117,24 +145,7 @@ def print_plan(p: RecipePlan) -> None:
     rows = [("recipe", p.times)] + ([("best", p.best)] if p.best else [])
     for label, x in rows:
         t.add_row(f"{label} {x.rollout}:{x.learner}", *_times_cells(x))
-    console.print(t)
-    for f in p.flags:
-        console.print(f"[red]does not fit[/red]: {f}")
-    if p.best and (p.best.rollout, p.best.learner) != (p.times.rollout, p.times.learner):
-        console.print(
-            f"suggest: resources.rollout.gpus: {p.best.rollout}, "
-            f"resources.learner.gpus: {p.best.learner} (step "
-            f"{_s(p.times.step)} s -> {_s(p.best.step)} s)"
-        )
-    if p.cluster:
-        console.print(
-            f"split searched over {p.cluster.devices} devices; weight push over "
-            f"NVLink {p.hw.nvlink_one_way_bytes_per_s / GB:.0f} GB/s (one way) "
-            f"within a node, the NIC {p.hw.network_bytes_per_s / GB:.0f} GB/s "
-            "across nodes",
-            style="dim",
-        )
-    console.print(f"hardware: {p.hw.source}", style="dim")
+    return t
 
 
 def _times_cells(x: Times) -> list[str]:
