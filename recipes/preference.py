@@ -223,31 +223,51 @@ def load_pairs(
         else:
             if implicit is None:
                 implicit = prompt_key == "auto" and "prompt" not in row
-            key = "prompt" if prompt_key == "auto" else prompt_key
-            fields = (
-                implicit_fields(row, where, chosen_key, rejected_key)
-                if implicit
-                else _row_fields(row, where, key, chosen_key, rejected_key)
-            )
+            fields = _pair_fields(row, where, implicit, prompt_key, chosen_key, rejected_key)
         margin = _margin(row, margin_key, where)
         pair = PreferencePair(len(pairs), *fields, margin, hh=fmt == "hh")
-        if pairs and pair.is_chat != pairs[0].is_chat:
-            shape = "messages" if pairs[0].is_chat else "text"
-            raise RecipeError(
-                f"{where}: the prompt changes shape; earlier rows give "
-                f"the prompt as {shape}: use one shape for the whole file"
-            )
+        if pairs:
+            _check_same_shape(pair, pairs[0], where)
         pairs.append(pair)
         if limit and len(pairs) >= limit:
             break
     if not pairs:
-        why = (
-            f"; {skipped} hh rows skipped: no '\\n\\nAssistant:' turn shared by chosen and rejected"
-            if skipped
-            else ""
-        )
-        raise RecipeError(f"{path}: no usable preference pairs{why}")
+        raise _no_pairs_error(path, skipped)
     return pairs, skipped
+
+
+def _pair_fields(
+    row: dict, where: str, implicit: bool, prompt_key: str, chosen_key: str, rejected_key: str
+) -> tuple[str | list[Message], str, str]:
+    """A 'pairs' row's fields: the implicit prompt (the shared start of chosen and
+    rejected) when `implicit`, else the prompt under `prompt_key` ('auto': 'prompt')."""
+    key = "prompt" if prompt_key == "auto" else prompt_key
+    return (
+        implicit_fields(row, where, chosen_key, rejected_key)
+        if implicit
+        else _row_fields(row, where, key, chosen_key, rejected_key)
+    )
+
+
+def _check_same_shape(pair: PreferencePair, first: PreferencePair, where: str) -> None:
+    """Raises RecipeError when `pair`'s prompt is text and the file's `first` one
+    messages, or the other way round."""
+    if pair.is_chat != first.is_chat:
+        shape = "messages" if first.is_chat else "text"
+        raise RecipeError(
+            f"{where}: the prompt changes shape; earlier rows give "
+            f"the prompt as {shape}: use one shape for the whole file"
+        )
+
+
+def _no_pairs_error(path: str | Path, skipped: int) -> RecipeError:
+    """The error for a file with no usable pair, with the count of hh rows skipped."""
+    why = (
+        f"; {skipped} hh rows skipped: no '\\n\\nAssistant:' turn shared by chosen and rejected"
+        if skipped
+        else ""
+    )
+    return RecipeError(f"{path}: no usable preference pairs{why}")
 
 
 def _margin(row: dict, key: str | None, where: str) -> float:
@@ -351,27 +371,13 @@ def tokenize_pairs_with_template(
             pair is identical after truncation.
         ValueError: `pairs` mixes chat-format and text prompts.
     """
-    chat = bool(pairs) and pairs[0].is_chat
-    if any(p.is_chat != chat for p in pairs):
-        raise ValueError("pairs mix chat-format and text prompts; tokenise them separately")
-    if chat and not getattr(tokenizer, "chat_template", None):
-        raise RecipeError(
-            f"chat-format preference pairs need a chat template, and the "
-            f"tokenizer of {tokenizer.name_or_path!r} has none: give the "
-            "prompts as text, or use a model that ships a chat template"
-        )
+    chat = _template_kind(pairs, tokenizer)
     bos, adds_bos = tokenizer.bos_token_id, _adds_bos(tokenizer)
     eos = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
     stops, out = _stop_ids(tokenizer), []
     for p in pairs:
         if chat:
-            kw = {"add_generation_prompt": True}
-            enc = tokenizer.apply_chat_template(p.prompt, tokenize=True, return_dict=True, **kw)
-            prompt = _one_bos(list(enc["input_ids"]), bos, adds_bos)
-            text = tokenizer.apply_chat_template(p.prompt, tokenize=False, **kw)
-            replies = [
-                _chat_reply(tokenizer, p.prompt, text, r, stops) for r in (p.chosen, p.rejected)
-            ]
+            prompt, replies = _chat_pair_ids(tokenizer, p, bos, adds_bos, stops)
         else:
             prompt = _one_bos(
                 tokenizer(p.prompt, add_special_tokens=False)["input_ids"], bos, adds_bos
@@ -383,6 +389,46 @@ def tokenize_pairs_with_template(
         keep_first = 1 if bos is not None and prompt[:1] == [bos] else 0
         prompt, replies = _fit(prompt, replies, max_length, keep_first)
         out.append(TokenizedPair(prompt, replies[0], replies[1]))
+    template, text = _template_id(chat, bos, adds_bos)
+    return _without_identical(out, template, f"DPO prompts: {text}", max_length)
+
+
+def _template_kind(pairs: list[PreferencePair], tokenizer: Any) -> bool:
+    """Whether the pairs are chat-format (False for no pairs).
+
+    Raises:
+        ValueError: `pairs` mixes chat-format and text prompts.
+        RecipeError: chat-format pairs but the tokenizer has no chat template.
+    """
+    chat = bool(pairs) and pairs[0].is_chat
+    if any(p.is_chat != chat for p in pairs):
+        raise ValueError("pairs mix chat-format and text prompts; tokenise them separately")
+    if chat and not getattr(tokenizer, "chat_template", None):
+        raise RecipeError(
+            f"chat-format preference pairs need a chat template, and the "
+            f"tokenizer of {tokenizer.name_or_path!r} has none: give the "
+            "prompts as text, or use a model that ships a chat template"
+        )
+    return chat
+
+
+def _chat_pair_ids(
+    tokenizer: Any, p: PreferencePair, bos: int | None, adds_bos: bool, stops: set[int]
+) -> tuple[list[int], list[list[int]]]:
+    """A chat-format pair's prompt ids (the chat template with the generation prompt,
+    one BOS at most) and its two replies (each the template's assistant turn up to
+    and including its end-of-turn token), before truncation."""
+    kw = {"add_generation_prompt": True}
+    enc = tokenizer.apply_chat_template(p.prompt, tokenize=True, return_dict=True, **kw)
+    prompt = _one_bos(list(enc["input_ids"]), bos, adds_bos)
+    text = tokenizer.apply_chat_template(p.prompt, tokenize=False, **kw)
+    replies = [_chat_reply(tokenizer, p.prompt, text, r, stops) for r in (p.chosen, p.rejected)]
+    return prompt, replies
+
+
+def _template_id(chat: bool, bos: int | None, adds_bos: bool) -> tuple[str, str]:
+    """The prompts' template id (`PairTokenization.template_id`) and how they were
+    built, for the data summary."""
     if chat:
         template = CHAT_TEMPLATE_ID
         text = "the model's chat template (chat-format pairs), replies end at its end of turn"
@@ -390,7 +436,7 @@ def tokenize_pairs_with_template(
         with_bos = adds_bos and bos is not None
         template = PLAIN_BOS_TEMPLATE_ID if with_bos else PLAIN_TEMPLATE_ID
         text = f"plain text, no chat template{' (with BOS)' if with_bos else ''}"
-    return _without_identical(out, template, f"DPO prompts: {text}", max_length)
+    return template, text
 
 
 def _without_identical(
