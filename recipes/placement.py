@@ -70,52 +70,77 @@ def place(res: ResourcesConfig, timeout_s: float = 60.0, rollout: bool = True) -
             within `timeout_s` (e.g. GPUs spread over nodes too thinly for one engine).
     """
     import ray
-    from ray.util.placement_group import placement_group
-    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
     check_cluster(res, ray.cluster_resources().get("GPU", 0.0), rollout)
     out = Placement()
     n_engines = res.rollout.gpus // res.rollout.gpus_per_engine if rollout else 0
-
-    def strategy(pg: Any, index: int) -> PlacementGroupSchedulingStrategy:
-        return PlacementGroupSchedulingStrategy(
-            placement_group=pg, placement_group_bundle_index=index
-        )
-
     if res.colocate:
-        pg = placement_group([{"GPU": 1.0}] * gpus_needed(res), strategy="PACK")
-        out.groups.append(pg)
-        out.rollout = [
-            {"num_gpus": 0.5, "scheduling_strategy": strategy(pg, i)} for i in range(n_engines)
-        ]
-        out.learner = [
-            {"num_gpus": 0.5, "scheduling_strategy": strategy(pg, i)}
-            for i in range(res.learner.gpus)
-        ]
+        _place_colocated(res, n_engines, out)
     else:
-        for _ in range(n_engines):
-            pg = placement_group(
-                [{"GPU": 1.0}] * res.rollout.gpus_per_engine, strategy="STRICT_PACK"
-            )
-            out.groups.append(pg)
-            if res.rollout.gpus_per_engine == 1:
-                out.rollout.append({"num_gpus": 1, "scheduling_strategy": strategy(pg, 0)})
-            else:
-                # Tensor parallel: vLLM's Ray executor puts one worker on each bundle of
-                # the actor's group, so the actor itself holds no GPU.
-                out.rollout.append(
-                    {
-                        "num_gpus": 0,
-                        "scheduling_strategy": PlacementGroupSchedulingStrategy(
-                            placement_group=pg, placement_group_capture_child_tasks=True
-                        ),
-                    }
-                )
-        pg = placement_group([{"GPU": 1.0}] * res.learner.gpus, strategy="PACK")
+        _place_separate(res, n_engines, out)
+    _wait_scheduled(out, timeout_s)
+    return out
+
+
+def _strategy(pg: Any, index: int) -> Any:
+    """Ray's scheduling strategy for bundle `index` of placement group `pg`."""
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    return PlacementGroupSchedulingStrategy(placement_group=pg, placement_group_bundle_index=index)
+
+
+def _place_colocated(res: ResourcesConfig, n_engines: int, out: Placement) -> None:
+    """One PACK group of `gpus_needed` GPUs; engine i and learner rank i share bundle i,
+    half a GPU each."""
+    from ray.util.placement_group import placement_group
+
+    pg = placement_group([{"GPU": 1.0}] * gpus_needed(res), strategy="PACK")
+    out.groups.append(pg)
+    out.rollout = [
+        {"num_gpus": 0.5, "scheduling_strategy": _strategy(pg, i)} for i in range(n_engines)
+    ]
+    out.learner = [
+        {"num_gpus": 0.5, "scheduling_strategy": _strategy(pg, i)} for i in range(res.learner.gpus)
+    ]
+
+
+def _place_separate(res: ResourcesConfig, n_engines: int, out: Placement) -> None:
+    """One STRICT_PACK group per engine (its `gpus_per_engine` GPUs on one node), then
+    one PACK group for the learner ranks, one GPU each."""
+    from ray.util.placement_group import placement_group
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    for _ in range(n_engines):
+        pg = placement_group([{"GPU": 1.0}] * res.rollout.gpus_per_engine, strategy="STRICT_PACK")
         out.groups.append(pg)
-        out.learner = [
-            {"num_gpus": 1, "scheduling_strategy": strategy(pg, i)} for i in range(res.learner.gpus)
-        ]
+        if res.rollout.gpus_per_engine == 1:
+            out.rollout.append({"num_gpus": 1, "scheduling_strategy": _strategy(pg, 0)})
+        else:
+            # Tensor parallel: vLLM's Ray executor puts one worker on each bundle of
+            # the actor's group, so the actor itself holds no GPU.
+            out.rollout.append(
+                {
+                    "num_gpus": 0,
+                    "scheduling_strategy": PlacementGroupSchedulingStrategy(
+                        placement_group=pg, placement_group_capture_child_tasks=True
+                    ),
+                }
+            )
+    pg = placement_group([{"GPU": 1.0}] * res.learner.gpus, strategy="PACK")
+    out.groups.append(pg)
+    out.learner = [
+        {"num_gpus": 1, "scheduling_strategy": _strategy(pg, i)} for i in range(res.learner.gpus)
+    ]
+
+
+def _wait_scheduled(out: Placement, timeout_s: float) -> None:
+    """Wait for every group of `out` to be scheduled.
+
+    Raises:
+        RecipeError: some are still pending after `timeout_s` (all groups released).
+    """
+    import ray
+
     ready, _ = ray.wait(
         [g.ready() for g in out.groups], num_returns=len(out.groups), timeout=timeout_s
     )
@@ -125,7 +150,6 @@ def place(res: ResourcesConfig, timeout_s: float = 60.0, rollout: bool = True) -
             f"resources: Ray could not schedule the placement groups within {timeout_s:.0f} s "
             f"({len(out.groups) - len(ready)} pending); check `ray status` for free GPUs"
         )
-    return out
 
 
 def release(placement: Placement) -> None:
