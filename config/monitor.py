@@ -10,7 +10,8 @@ from .base import Strict as _Strict
 
 class AdvisoriesConfig(_Strict):
     """Thresholds of the health advisories (recipes/monitoring/advisories.py), checked after every
-    step; an advisory is printed when it starts and listed in metrics.jsonl."""
+    step; an advisory is listed in metrics.jsonl at each step that raises it and printed once
+    when it starts, then with its step range when it ends or the run does."""
 
     no_variance_groups: float = Field(
         0.5,

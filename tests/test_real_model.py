@@ -31,4 +31,7 @@ def test_quickstart_two_steps(tmp_path):
     history = run(recipe, tmp_path / "run")
     assert [h["policy_version"] for h in history] == [1, 2]
     assert all(h["failed_scores"] == 0 for h in history)
+    # the quickstart trips none of its own advisories (it raised `truncated` at every step
+    # when 38-75% of its responses ran to max_new_tokens 24)
+    assert [h["advisories"] for h in history] == [[], []]
     assert (tmp_path / "run" / "final" / "model.safetensors").is_file()

@@ -215,7 +215,9 @@ def test_a_damaged_checkpoint_deletes_nothing_and_stops_every_role(model_dir, mo
             for i in range(1, 10)
         )
     )
-    recipe = load_recipe(_with_data(_recipe(work, checkpoint_every=1, steps=2), data))
+    recipe = load_recipe(
+        _with_data(_recipe(work, checkpoint_every=1, steps=2, warmup_steps=1), data)
+    )
     run_dir = work / "run"
     run(recipe, run_dir)
     first, newest = checkpoints.complete(run_dir)

@@ -141,4 +141,9 @@ def test_eval_before_and_during_training(tmp_path, tiny_model, capsys, k):
     assert len(train_ids) == 4 and all(g.startswith("s0-") for g in train_ids)
     assert all(isinstance(h["advisories"], list) for h in history)
     printed = capsys.readouterr()
-    assert "eval of policy 0: pass@1" in printed.out + printed.err
+    out = printed.out + printed.err
+    assert "eval of policy 0: pass@1" in out
+    # the tiny random model runs every sample to max_new_tokens 4: `truncated` at both
+    # steps is printed when it starts and once with its range, not at every step
+    assert all(any(a.startswith("truncated:") for a in h["advisories"]) for h in history)
+    assert out.count("advisory truncated") == 2 and "advisory truncated: steps 0–1" in out
