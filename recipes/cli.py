@@ -125,43 +125,60 @@ def run(
     ] = False,
 ) -> None:
     """Train a recipe end to end, or continue a run with --resume RUN_DIR."""
-    from . import checkpoints
-
     if resume is not None:
         run_dir, checkpoint = resume, _checkpoint_or_exit(resume)
         r, prompts = _load_or_exit(recipe or checkpoint / "recipe.yaml", set_)
         _check_resume_or_exit(r, checkpoint)
         _check_data_or_exit(r, checkpoint, prompts, accept_data_change)
     else:
-        if recipe is None:
-            typer.echo(
-                "error: give a recipe (posttrain run RECIPE) or a run to continue "
-                "(posttrain run --resume RUN_DIR)",
-                err=True,
-            )
-            raise typer.Exit(code=2)
-        r, prompts = _load_or_exit(recipe, set_)
+        r, prompts, run_dir = _new_run_or_exit(recipe, set_, out)
         checkpoint = None
-        run_dir = out or Path("runs") / f"{r.name}-{time.strftime('%Y%m%d-%H%M%S')}"
-        if (last := checkpoints.latest(run_dir)) is not None:
-            typer.echo(
-                f"error: --out {run_dir} holds a run with a checkpoint ({last.name}); "
-                f"continue it with: posttrain run --resume {run_dir} (add --set "
-                "train.steps=N to run longer), or give a new folder",
-                err=True,
-            )
-            raise typer.Exit(code=2)
-        if (run_dir / "metrics.jsonl").exists():
-            typer.echo(
-                f"error: --out {run_dir} already holds a run (metrics.jsonl); give a "
-                "new folder or remove that one",
-                err=True,
-            )
-            raise typer.Exit(code=2)
     _check_port_or_exit(r.monitor.dashboard_port)
     typer.echo(f"posttrain: {r.name} ({r.algorithm}) → {run_dir}")
     if (note := bf16_note(r.resources.device, r.model.dtype)) is not None:
         typer.echo(note)
+    _train_or_exit(r, run_dir, address, prompts, checkpoint)
+
+
+def _new_run_or_exit(
+    recipe: Path | None, set_: list[str] | None, out: Path | None
+) -> tuple[Recipe, list, Path]:
+    """The recipe, its data and a run folder that holds no run yet (exit 2 otherwise)."""
+    from . import checkpoints
+
+    if recipe is None:
+        typer.echo(
+            "error: give a recipe (posttrain run RECIPE) or a run to continue "
+            "(posttrain run --resume RUN_DIR)",
+            err=True,
+        )
+        raise typer.Exit(code=2)
+    r, prompts = _load_or_exit(recipe, set_)
+    run_dir = out or Path("runs") / f"{r.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    if (last := checkpoints.latest(run_dir)) is not None:
+        typer.echo(
+            f"error: --out {run_dir} holds a run with a checkpoint ({last.name}); "
+            f"continue it with: posttrain run --resume {run_dir} (add --set "
+            "train.steps=N to run longer), or give a new folder",
+            err=True,
+        )
+        raise typer.Exit(code=2)
+    if (run_dir / "metrics.jsonl").exists():
+        typer.echo(
+            f"error: --out {run_dir} already holds a run (metrics.jsonl); give a "
+            "new folder or remove that one",
+            err=True,
+        )
+        raise typer.Exit(code=2)
+    return r, prompts, run_dir
+
+
+def _train_or_exit(
+    r: Recipe, run_dir: Path, address: str | None, prompts: list, checkpoint: Path | None
+) -> None:
+    """Run the loop, then print its summary; a documented stop exits with its code
+    (2: bad input, 128 + signal: stopped by a signal, 1: a role failed after a
+    checkpoint) and its message."""
     from .empty_steps import NothingToTrain
     from .loop import PushFailed, RunStopped
     from .loop import run as run_loop  # heavy imports only after validation
@@ -438,90 +455,15 @@ def status(
     ] = None,
 ) -> None:
     """Print a table of a run's last steps and its totals."""
-    from rich.console import Console
-    from rich.table import Table
-
-    from .monitoring.advisories import advisory_ranges
+    from .monitoring.status import print_status
 
     rows = _run_dir_or_exit(run_dir)
-    dpo = bool(rows) and "rewards/accuracy" in rows[0]
-    cols = (
-        [
-            ("step", "step", "{:.0f}"),
-            ("loss", "loss", "{:.4f}"),
-            ("pref acc", "rewards/accuracy", "{:.3f}"),
-            ("margin", "rewards/margin", "{:.4f}"),
-            ("chosen r", "rewards/chosen", "{:.4f}"),
-            ("rejected r", "rewards/rejected", "{:.4f}"),
-            ("step s", "time/step", "{:.1f}"),
-            ("ref s", "time/reference", "{:.1f}"),
-            ("train s", "time/train", "{:.1f}"),
-            ("learner idle", "learner_idle_fraction", "{:.2f}"),
-        ]
-        if dpo
-        else [
-            ("step", "step", "{:.0f}"),
-            ("reward", "reward_mean", "{:.3f}"),
-            ("acc", "accuracy", "{:.3f}"),
-            ("len", "response_length_mean", "{:.1f}"),
-            ("step s", "time/step", "{:.1f}"),
-            ("gen s", "time/generate", "{:.1f}"),
-            ("score s", "time/score", "{:.2f}"),
-            ("logp s", "time/logprobs", "{:.1f}"),
-            ("train s", "time/train", "{:.1f}"),
-            ("sync s", "time/weight_sync", "{:.2f}"),
-            ("rollout idle", "rollout_idle_fraction", "{:.2f}"),
-            ("learner idle", "learner_idle_fraction", "{:.2f}"),
-        ]
-    )
-    if any("staleness_mean" in r for r in rows):  # asynchronous: generation runs behind
-        cols = [("gen wait s", k, f) if k == "time/generate" else (n, k, f) for n, k, f in cols] + [
-            ("stale", "staleness_mean", "{:.2f}")
-        ]
-    evals = (
-        [("eval p@1", "eval/pass@1", "{:.3f}"), ("eval p@k", "eval/pass@k", "{:.3f}")]
-        if any("eval/pass@k" in r for r in rows)
-        else []
-    )
-    if any("eval/accuracy" in r for r in rows):  # a reward model's held-out pairs
-        evals += [("eval acc", "eval/accuracy", "{:.3f}"), ("eval loss", "eval/loss", "{:.4f}")]
-    cols += evals
-    # an evaluation of the final policy adds a row of its own, not a training step
-    trained = [r for r in rows if "time/step" in r]
-    table = Table(title=f"{run_dir.name}: {len(trained)} steps")
-    for name, _, _ in cols:
-        table.add_column(name, justify="right")
-
-    def cell(row: dict, key: str, f: str) -> str:
-        v = row.get(key)
-        return "–" if v is None else f.format(v)
-
-    for row in rows[-last:]:
-        table.add_row(*[cell(row, k, f) for _, k, f in cols])
-    if trained:
-        # over every training step; evaluations are of different policies: no mean
-        skip = {k for _, k, _ in evals}
-        present = {
-            k: [r[k] for r in trained if r.get(k) is not None] for _, k, _ in cols if k not in skip
-        }
-        mean = {k: sum(v) / len(v) if v else None for k, v in present.items()}
-        table.add_section()
-        table.add_row(f"mean of {len(trained)}", *[cell(mean, k, f) for _, k, f in cols[1:]])
-    console = Console(width=None if sys.stdout.isatty() else 160)
-    console.print(table)
-    shown = [r["step"] for r in rows[-last:] if "step" in r]
-    advised = [
-        r for r in advisory_ranges(rows) if shown and r.last >= shown[0] and r.first <= shown[-1]
-    ]
-    if advised:  # one line per run of consecutive steps, with the last step's numbers
-        console.print("advisories (monitor.advisories sets the thresholds):")
-        for r in advised:
-            console.print(f"  {r.steps}: {r.message}", markup=False)
+    print_status(run_dir, rows, last)
     if advise:
         from .monitoring.advice import advise_run
 
         for line in advise_run(run_dir, rows, mtbf).lines:
-            console.print(line, markup=False)
+            typer.echo(line)
 
 
 @app.command()

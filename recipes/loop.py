@@ -96,15 +96,12 @@ def run(
     algo = algorithm_for(recipe)
     model_path = str(resolve_model_path(recipe.model.path))
     saved = checkpoints.read_state(resume) if resume is not None else None
-    start = saved["step"] if saved else 0
     c.write_manifest(run_dir, recipe, model_path)
     # a resume drops the steps logged after its checkpoint only once that has loaded
-    roles, history, log, dash, state = None, [], StepLog(run_dir, recipe), None, None
+    roles, log, dash, state = None, StepLog(run_dir, recipe), None, None
     try:
         c.init_ray(recipe, address, rollout=algo.uses_rollouts)
-        if recipe.monitor.dashboard_port is not None:
-            dash = DashboardServer(run_dir, recipe.monitor.dashboard_port)
-            print(f"dashboard: {dash.start()}  (Prometheus: /metrics)", flush=True)
+        dash = _start_dashboard(run_dir, recipe)
         roles = c.start_roles(
             recipe,
             algo,
@@ -113,57 +110,8 @@ def run(
             resume_from=str(resume / "learner") if resume else None,
         )
         state = Run(recipe, run_dir, model_path, roles, data, eval_prompts=eval_prompts)
-        if algo.uses_rollouts:
-            state.sampler = pick_sampler(recipe)
-            state.prompts = prompt_stream(
-                data,
-                recipe.train.prompts_per_step,
-                recipe.data.shuffle_seed,
-                saved and saved["data"],
-            )
-        algo.prepare(state)
-        if resume is not None:
-            _resume(state, algo, resume, saved["policy_version"])
-            log.rewind(start)
-        bar = tqdm(
-            desc=recipe.name,
-            initial=start,
-            total=recipe.train.steps,
-            disable=not recipe.monitor.progress,
-        )
-        recovery = LearnerRecovery(state, algo, log)
-        step_fn = pick_step(algo)
-        empty = EmptySteps(recipe.train.max_empty_steps)
-        step = start
-        with StopOnSignal() as stop:
-            while step < recipe.train.steps:
-                evaluated = _eval_if_due(state, step)
-                try:
-                    metrics, spans = step_fn(state, algo, step)
-                except WeightSyncError as e:
-                    raise _stop_after_failed_push(state, algo, step, e) from e
-                except STEP_ERRORS as e:  # a dead learner rank: restart the group or stop
-                    step = bar.n = recovery.after_error(step, e)
-                    history[:] = [m for m in history if m["step"] < step]
-                    continue
-                metrics = {
-                    "step": step,
-                    **metrics,
-                    **evaluated,
-                    "learner_restarts": roles.counters.learner_restarts,
-                }
-                _advise(history, metrics, recipe)
-                history.append(metrics)
-                log.record(step, metrics, spans)
-                _report(bar, metrics)
-                bar.update(1)
-                step += 1
-                _checkpoint_if_due(state, algo, step, stop.signum)
-                empty.after_step(state, algo, step - 1, metrics)  # NothingToTrain at the limit
-            bar.close()
-            final = _eval_if_due(state, recipe.train.steps)
-            if final:
-                log.record(recipe.train.steps, {"step": recipe.train.steps, **final}, [])
+        _prepare(state, algo, resume, saved, log)
+        history = _train(state, algo, log, saved["step"] if saved else 0)
         if recipe.train.save_final:
             ray.get(
                 [
@@ -179,6 +127,80 @@ def run(
         log.close()
         if dash is not None:
             dash.stop()
+    return history
+
+
+def _start_dashboard(run_dir: Path, recipe: Recipe) -> DashboardServer | None:
+    """The live dashboard of the run folder, when `monitor.dashboard_port` asks for one."""
+    if recipe.monitor.dashboard_port is None:
+        return None
+    dash = DashboardServer(run_dir, recipe.monitor.dashboard_port)
+    print(f"dashboard: {dash.start()}  (Prometheus: /metrics)", flush=True)
+    return dash
+
+
+def _prepare(
+    run: Run, algo: Algorithm, resume: Path | None, saved: dict[str, Any] | None, log: StepLog
+) -> None:
+    """What the first step needs once the roles run: the sampler and the prompt stream
+    (from the checkpoint's position on a resume), the algorithm's own preparation, and
+    on a resume the checkpoint's policy on every engine and the logs rewound to it."""
+    recipe = run.recipe
+    if algo.uses_rollouts:
+        run.sampler = pick_sampler(recipe)
+        run.prompts = prompt_stream(
+            run.data,
+            recipe.train.prompts_per_step,
+            recipe.data.shuffle_seed,
+            saved and saved["data"],
+        )
+    algo.prepare(run)
+    if resume is not None and saved is not None:
+        _resume(run, algo, resume, saved["policy_version"])
+        log.rewind(saved["step"])
+
+
+def _train(run: Run, algo: Algorithm, log: StepLog, start: int) -> list[dict[str, Any]]:
+    """Steps `start` to `train.steps` (with the evaluations due, advisories, logs and
+    checkpoints), then the final evaluation; returns the steps' metrics. A dead learner
+    rank restarts the group or stops (`LearnerRecovery`); a twice-failed push, a signal
+    or too many empty steps stop after a checkpoint."""
+    recipe, history = run.recipe, []
+    bar = tqdm(
+        desc=recipe.name,
+        initial=start,
+        total=recipe.train.steps,
+        disable=not recipe.monitor.progress,
+    )
+    recovery = LearnerRecovery(run, algo, log)
+    step_fn = pick_step(algo)
+    empty = EmptySteps(recipe.train.max_empty_steps)
+    step = start
+    with StopOnSignal() as stop:
+        while step < recipe.train.steps:
+            evaluated = _eval_if_due(run, step)
+            try:
+                metrics, spans = step_fn(run, algo, step)
+            except WeightSyncError as e:
+                raise _stop_after_failed_push(run, algo, step, e) from e
+            except STEP_ERRORS as e:  # a dead learner rank: restart the group or stop
+                step = bar.n = recovery.after_error(step, e)
+                history[:] = [m for m in history if m["step"] < step]
+                continue
+            restarts = run.roles.counters.learner_restarts
+            metrics = {"step": step, **metrics, **evaluated, "learner_restarts": restarts}
+            _advise(history, metrics, recipe)
+            history.append(metrics)
+            log.record(step, metrics, spans)
+            _report(bar, metrics)
+            bar.update(1)
+            step += 1
+            _checkpoint_if_due(run, algo, step, stop.signum)
+            empty.after_step(run, algo, step - 1, metrics)  # NothingToTrain at the limit
+        bar.close()
+        final = _eval_if_due(run, recipe.train.steps)
+        if final:
+            log.record(recipe.train.steps, {"step": recipe.train.steps, **final}, [])
     return history
 
 
