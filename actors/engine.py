@@ -82,15 +82,16 @@ def engine_seed(seed: int, rank: int) -> int:
     """The seed rollout engine `rank` uses where its run gives every engine `seed` (the
     recipe's `train.seed` for the engine itself; a step's sampling seed, which already
     holds the recipe's seed, the step and the round): `(seed + rank × 0x9E3779B97F4A7C15)
-    mod 2^63`, a valid int64 for torch and vLLM. Rank 0 keeps `seed`, so a run with one
-    engine samples as it did before engines had seeds of their own.
+    mod 2^32`, since vLLM seeds numpy with it, which takes 0 ≤ seed < 2^32 (a larger one
+    killed every engine but rank 0 at start-up). Rank 0 keeps any `seed` below 2^32, so a
+    run with one engine samples as it did before engines had seeds of their own.
 
     Engines given the same seed return the same samples for the same prompt, so without
     this two engines sampling one prompt (a group split over engines, an evaluation,
     agent episodes) would repeat each other. Pure, so a resumed or replaced engine of
     the same rank repeats its samples.
     """
-    return (seed + rank * _SEED_STRIDE) % 2**63
+    return (seed + rank * _SEED_STRIDE) % 2**32
 
 
 # Content of an assistant turn rendered to find the token that ends the turn.
