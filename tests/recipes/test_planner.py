@@ -14,6 +14,9 @@ from posttrain.recipes.planning.planner import Cluster, ModelShape, plan_recipe,
 from tests.conftest import ROOT
 
 QUICK = ROOT / "recipes" / "quickstart_grpo.yaml"
+# the hand-computed numbers are for 24 response tokens, pinned here: the quickstart's own
+# limit is tuned to the model
+HF = ["rollout.engine=hf", "rollout.max_new_tokens=24"]
 SMOLLM2 = ModelShape(
     layers=30,
     hidden=576,
@@ -51,7 +54,7 @@ def test_parameter_counts_match_the_published_models():
 
 
 def test_quickstart_fits_and_70b_is_flagged_with_the_key():
-    r = load_recipe(QUICK, ["rollout.engine=hf"])
+    r = load_recipe(QUICK, HF)
     small = plan_recipe(r, SMOLLM2, "h100", prompt_tokens=31)
     assert small.flags == []
     assert small.learner_memory["weights+grads+AdamW (16 B/param, FSDP)"] == 16 * SMOLLM2.params / 2
@@ -63,7 +66,7 @@ def test_quickstart_fits_and_70b_is_flagged_with_the_key():
     assert any("resources.learner.gpus" in f for f in big.flags)
     assert any("resources.rollout.gpus" in f for f in big.flags)  # 141 GB > 80 GB
     qlora = plan_recipe(
-        load_recipe(QUICK, ["rollout.engine=hf", "model.adapter.type=qlora"]),
+        load_recipe(QUICK, [*HF, "model.adapter.type=qlora"]),
         LLAMA3_70B,
         "h200",
         prompt_tokens=31,
@@ -72,9 +75,7 @@ def test_quickstart_fits_and_70b_is_flagged_with_the_key():
 
 
 def test_best_split_moves_devices_to_the_slower_side():
-    r = load_recipe(
-        QUICK, ["rollout.engine=hf", "resources.rollout.gpus=3", "resources.learner.gpus=1"]
-    )
+    r = load_recipe(QUICK, [*HF, "resources.rollout.gpus=3", "resources.learner.gpus=1"])
     p = plan_recipe(r, SMOLLM2, "a100", prompt_tokens=31)
     assert p.best is not None and p.best.step <= p.times.step
     assert p.best.rollout + p.best.learner == 4
@@ -140,15 +141,13 @@ def test_nodes_set_the_devices_searched_and_the_push_link():
     assert c.devices == 8
     # engines on devices 0..r-1, learner rank 0 on device r
     assert [c.push_crosses_nodes(r) for r in (1, 3, 4, 5)] == [False, False, True, True]
-    r = load_recipe(QUICK, ["rollout.engine=hf"])  # 1 rollout + 2 learner devices
+    r = load_recipe(QUICK, HF)  # 1 rollout + 2 learner devices
     p = plan_recipe(r, SMOLLM2, "h100", prompt_tokens=31, cluster=Cluster(2, 8))
     assert p.best is not None and p.best.rollout + p.best.learner == 16
     h100 = plan.HARDWARE["h100"]
     # a broadcast is one-way: half the datasheet's 900 GB/s (both directions summed)
     assert p.times.push == 2 * SMOLLM2.params / (450 * plan.GB)
-    r8 = load_recipe(
-        QUICK, ["rollout.engine=hf", "resources.rollout.gpus=8", "resources.learner.gpus=8"]
-    )
+    r8 = load_recipe(QUICK, [*HF, "resources.rollout.gpus=8", "resources.learner.gpus=8"])
     cross = plan_recipe(r8, SMOLLM2, "h100", prompt_tokens=31, cluster=Cluster(2, 8))
     assert cross.times.cross_node
     assert cross.times.push == 2 * SMOLLM2.params / h100.network_bytes_per_s  # 50 GB/s NIC
@@ -156,7 +155,7 @@ def test_nodes_set_the_devices_searched_and_the_push_link():
 
 
 def test_nodes_flag_too_few_devices_and_engines_across_nodes():
-    r = load_recipe(QUICK, ["rollout.engine=hf", "resources.rollout.gpus=3"])
+    r = load_recipe(QUICK, [*HF, "resources.rollout.gpus=3"])
     # the schema refuses gpus_per_engine > 1 today (no tensor-parallel engines yet); the
     # planner already places such engines within nodes
     rollout = r.resources.rollout.model_copy(update={"gpus_per_engine": 3})
@@ -172,10 +171,10 @@ def test_gpu_plan_trains_the_packed_tokens():
     packs each group into 31 + 8·24 tokens, so the policy's 6·N·tokens count 892 tokens,
     not 32·55 = 1760; at micro-batch 4 a group spans 2 micro-batches and its prompt counts
     twice (4 · (2·31 + 192) = 1016)."""
-    r = load_recipe(QUICK, ["rollout.engine=hf"])
+    r = load_recipe(QUICK, HF)
     assert trained_tokens(r, 31, SMOLLM2.hidden, SMOLLM2.intermediate) == 4 * (31 + 8 * 24)
     assert trained_tokens(r, 31, None, None) == 32 * 55
-    small_mb = load_recipe(QUICK, ["rollout.engine=hf", "train.micro_batch_size=4"])
+    small_mb = load_recipe(QUICK, [*HF, "train.micro_batch_size=4"])
     assert trained_tokens(small_mb, 31, 576, 1536) == 4 * (2 * 31 + 8 * 24)
     p = plan_recipe(r, SMOLLM2, "h100", prompt_tokens=31)
     hw = plan.HARDWARE["h100"]
@@ -185,10 +184,8 @@ def test_gpu_plan_trains_the_packed_tokens():
 
 def test_engine_weights_and_push_in_the_recipes_dtype():
     """A float32 recipe serves and pushes 4 bytes per parameter, a bf16 one 2."""
-    bf16 = plan_recipe(load_recipe(QUICK, ["rollout.engine=hf"]), SMOLLM2, "h100", 31)
-    fp32 = plan_recipe(
-        load_recipe(QUICK, ["rollout.engine=hf", "model.dtype=float32"]), SMOLLM2, "h100", 31
-    )
+    bf16 = plan_recipe(load_recipe(QUICK, HF), SMOLLM2, "h100", 31)
+    fp32 = plan_recipe(load_recipe(QUICK, [*HF, "model.dtype=float32"]), SMOLLM2, "h100", 31)
     assert bf16.engine_memory["weights (bfloat16)"] == 2 * SMOLLM2.params
     assert fp32.engine_memory["weights (float32)"] == 4 * SMOLLM2.params
     assert fp32.times.push == pytest.approx(2 * bf16.times.push, rel=1e-12)

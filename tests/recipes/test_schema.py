@@ -69,7 +69,7 @@ BASE = (ROOT / "recipes" / "quickstart_grpo.yaml").read_text()
         (["algorithm=sft"], "algorithm: Input should be 'grpo'"),
         (["grpo.estimator=ppo"], "grpo.estimator: Input should be 'grpo', 'rloo'"),
         (["grpo.loss=dpo"], "grpo.loss: Input should be 'ppo_clip', 'gspo'"),
-        (["grpo.overlong_buffer=24"], "set grpo.overlong_buffer below 24"),
+        (["grpo.overlong_buffer=32"], "set grpo.overlong_buffer below 32"),
         (["grpo.overlong_buffer=0"], "grpo.overlong_buffer: Input should be greater than 0"),
         (["algorithm=ppo", "grpo.loss=gspo"], "grpo.loss is set, but algorithm is ppo"),
     ],
@@ -195,11 +195,11 @@ def test_empty_stop_string_exits_2():
 
 
 def test_response_longer_than_vllm_max_model_len_exits_2():
-    """`max_new_tokens: 24` with `max_model_len: 16` used to validate "ok"."""
+    """`max_new_tokens: 32` with `max_model_len: 16` used to validate "ok"."""
     bad = _cli("validate", "recipes/quickstart_grpo.yaml", "--set", "rollout.vllm.max_model_len=16")
     assert bad.returncode == 2, bad.stdout
     assert "rollout.vllm.max_model_len (16)" in bad.stderr
-    assert "rollout.max_new_tokens is 24" in bad.stderr
+    assert "rollout.max_new_tokens is 32" in bad.stderr
     # The limit is vLLM's: with engine hf, rollout.vllm is not used.
     load_recipe(
         ROOT / "recipes" / "quickstart_grpo.yaml",
@@ -358,9 +358,9 @@ def test_more_mini_batches_than_rollouts_is_refused():
 
 
 def test_overlong_buffer_not_below_max_new_tokens_exits_2():
-    bad = _cli("validate", "recipes/quickstart_grpo.yaml", "--set", "grpo.overlong_buffer=30")
+    bad = _cli("validate", "recipes/quickstart_grpo.yaml", "--set", "grpo.overlong_buffer=40")
     assert bad.returncode == 2, bad.stdout
-    assert "grpo.overlong_buffer is 30, but rollout.max_new_tokens is 24" in bad.stderr
+    assert "grpo.overlong_buffer is 40, but rollout.max_new_tokens is 32" in bad.stderr
     ok = _cli(
         "validate",
         "recipes/quickstart_grpo.yaml",
