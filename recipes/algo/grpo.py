@@ -191,7 +191,7 @@ class GRPO(RLAlgorithm):
                 on_learners(learners, "compute", padded, step, "old_logprobs")
             )
             stats["logprob_mismatch"] = logprob_mismatch(batch, padded.old_logprobs[: len(batch)])
-        if g.kl_coef > 0:
+        if self.facts.passes.reference_forward:
             padded.ref_logprobs = concat(
                 on_learners(learners, "compute", padded, step, "ref_logprobs")
             )

@@ -50,7 +50,7 @@ class PPO(RLAlgorithm):
         padded = pad_rows_to_multiple(batch, len(learners))
         extra = len(padded) - n
         padded.old_logprobs = concat(on_learners(learners, "compute", padded, step, "old_logprobs"))
-        if p.kl_coef > 0:
+        if self.facts.passes.reference_forward:
             padded.ref_logprobs = concat(
                 on_learners(learners, "compute", padded, step, "ref_logprobs")
             )
