@@ -104,7 +104,8 @@ class TrainingModel:
                     f"data[{i}].model_input",
                     f"token id {int(bad[0])} is outside the vocabulary [0, {self.vocab})",
                 )
-            for name, arr in d.inputs.items():
+            for name in sorted(d.inputs, key=lambda k: (k != "target_tokens", k)):
+                arr = d.inputs[name]
                 if arr.shape != (n,):
                     raise UserError(
                         f"data[{i}].loss_fn_inputs.{name}",

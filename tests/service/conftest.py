@@ -8,6 +8,8 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import httpx
 import pytest
@@ -16,8 +18,9 @@ TOKEN = "tml-test-token"
 
 
 @pytest.fixture(scope="module")
-def service(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """Base URL of a service serving the tiny model as 'tiny'."""
+def served(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """A service serving the tiny model as 'tiny': `.url`, and `.state` (its in-memory
+    sessions and models, for checksums)."""
     pytest.importorskip("tinker")
     import uvicorn
 
@@ -38,13 +41,13 @@ def service(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Itera
                 break
         except httpx.HTTPError:
             time.sleep(0.05)
-    yield url
+    yield SimpleNamespace(url=url, state=app.state.service)
     server.should_exit = True
     thread.join(timeout=10)
 
 
 @pytest.fixture(scope="module")
-def client(service: str):  # noqa: ANN201 (tinker.ServiceClient)
+def client(served: Any):  # noqa: ANN201 (tinker.ServiceClient)
     import tinker
 
-    return tinker.ServiceClient(base_url=service, api_key=TOKEN)
+    return tinker.ServiceClient(base_url=served.url, api_key=TOKEN)
