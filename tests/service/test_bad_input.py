@@ -82,7 +82,7 @@ def test_bad_config_and_unknown_names(served: Any, tc) -> None:  # noqa: ANN001
     assert (r.status_code, r.json()["field"]) == (404, "base_model")
     r = post("/api/v1/optim_step", {"model_id": "model-0", "adam_params": {}})
     assert (r.status_code, r.json()["field"]) == (404, "model_id")
-    body = '{"model_id": "%s", "adam_params": {"learning_rate": Infinity}}' % tc.model_id
+    body = f'{{"model_id": "{tc.model_id}", "adam_params": {{"learning_rate": Infinity}}}}'
     r = httpx.post(served.url + "/api/v1/optim_step", content=body, headers=H)
     assert (r.status_code, r.json()["field"]) == (400, "adam_params.learning_rate")
     r = httpx.post(served.url + "/api/v1/create_session", json={})
