@@ -1,0 +1,56 @@
+"""Training state through the SDK: save_state / load_state_with_optimizer restore the
+adapter bit for bit; full fine-tuning (asked through user_metadata) trains and samples."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+tinker = pytest.importorskip("tinker")
+from tinker import types  # noqa: E402
+
+DATUM = types.Datum(
+    model_input=types.ModelInput.from_ints([4, 5, 6, 7]),
+    loss_fn_inputs={"target_tokens": [5, 6, 7, 8], "weights": [1.0] * 4},
+)
+
+
+def _step(tc) -> None:  # noqa: ANN001
+    fb = tc.forward_backward([DATUM], "cross_entropy")
+    tc.optim_step(types.AdamParams(learning_rate=1e-2)).result()
+    fb.result()
+
+
+def test_save_then_load_restores_the_adapter(served: Any, client) -> None:  # noqa: ANN001
+    tc = client.create_lora_training_client(base_model="tiny", rank=2, seed=3).result()
+    model = served.state.models[tc.model_id]
+    _step(tc)
+    saved = model.checksum()
+    path = tc.save_state("after-one").result().path
+    assert path == f"tinker://{tc.model_id}/weights/after-one"
+    _step(tc)
+    assert model.checksum() != saved
+    tc.load_state_with_optimizer(path).result()
+    assert model.checksum() == saved
+    with pytest.raises(tinker.BadRequestError) as e:
+        tc.load_state(f"tinker://{tc.model_id}/weights/missing").result()
+    assert e.value.body["field"] == "path"
+
+
+def test_full_fine_tuning_trains_and_samples(served: Any, client) -> None:  # noqa: ANN001
+    tc = client.create_lora_training_client(
+        base_model="tiny", rank=1, user_metadata={"full_finetune": "true"}
+    ).result()
+    model = served.state.models[tc.model_id]
+    assert model.spec.rank is None and tc.get_info().is_lora is False
+    before = model.checksum()
+    _step(tc)
+    assert model.checksum() != before
+    seqs = (
+        tc.save_weights_and_get_sampling_client()
+        .sample(types.ModelInput.from_ints([4, 5]), 2, types.SamplingParams(max_tokens=3))
+        .result()
+        .sequences
+    )
+    assert [len(s.logprobs) == len(s.tokens) for s in seqs] == [True, True]
