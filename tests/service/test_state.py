@@ -54,3 +54,21 @@ def test_full_fine_tuning_trains_and_samples(served: Any, client) -> None:  # no
         .sequences
     )
     assert [len(s.logprobs) == len(s.tokens) for s in seqs] == [True, True]
+
+
+def test_named_sampler_weights_open_a_sampling_client(client) -> None:  # noqa: ANN001
+    """The cookbook's rl_loop.py path: save_weights_for_sampler(name) then
+    ServiceClient.create_sampling_client(model_path=...)."""
+    tc = client.create_lora_training_client(base_model="tiny", rank=2).result()
+    path = tc.save_weights_for_sampler(name="000000").result().path
+    assert path == f"tinker://{tc.model_id}/sampler_weights/000000"
+    sc = client.create_sampling_client(model_path=path)
+    seqs = sc.sample(DATUM.model_input, 1, types.SamplingParams(max_tokens=2)).result().sequences
+    assert len(seqs) == 1 and len(seqs[0].tokens) == len(seqs[0].logprobs)
+    base = client.create_sampling_client(base_model="tiny")
+    assert (
+        len(
+            base.sample(DATUM.model_input, 3, types.SamplingParams(max_tokens=2)).result().sequences
+        )
+        == 3
+    )
