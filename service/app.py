@@ -183,6 +183,8 @@ def create_app(token: str, root: Path, base_models: dict[str, Path] | None = Non
     async def finish(sid: str) -> Response:
         for mid in st.sessions.pop(sid, []):
             st.models.pop(mid, None)
+            for key in [k for k, v in st.samplers.items() if v.model_id == mid]:
+                del st.samplers[key]
         return Response(status_code=200)
 
     @app.post("/api/v1/create_model")
@@ -303,6 +305,7 @@ def create_app(token: str, root: Path, base_models: dict[str, Path] | None = Non
             st.samplers[sid] = Sampler(m.spec.base_model, mid, m.snapshot(), version, path)
             if path is not None:
                 st.samplers[path] = st.samplers[sid]
+            _evict_old_samplers(st, mid)
             return {
                 "path": path,
                 "sampling_session_id": None if name else sid,
@@ -410,6 +413,17 @@ def create_app(token: str, root: Path, base_models: dict[str, Path] | None = Non
         return JSONResponse(payload)
 
     return app
+
+
+KEEP_UNNAMED_SAMPLERS = 8
+
+
+def _evict_old_samplers(st: State, mid: str) -> None:
+    """Keep a model's newest `KEEP_UNNAMED_SAMPLERS` unnamed snapshots (an RL loop makes
+    one per step); named ones (`tinker://` paths) stay until the session finishes."""
+    unnamed = [k for k, v in st.samplers.items() if v.model_id == mid and v.model_path is None]
+    for key in unnamed[:-KEEP_UNNAMED_SAMPLERS]:
+        del st.samplers[key]
 
 
 def _base_sampler(st: State, name: str) -> TrainingModel:

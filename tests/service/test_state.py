@@ -72,3 +72,16 @@ def test_named_sampler_weights_open_a_sampling_client(client) -> None:  # noqa: 
         )
         == 3
     )
+
+
+def test_old_unnamed_samplers_are_evicted(served: Any, client) -> None:  # noqa: ANN001
+    """An RL loop makes a sampler per step; the ninth-newest is gone (404 naming it)."""
+    tc = client.create_lora_training_client(base_model="tiny", rank=2).result()
+    first = tc.save_weights_and_get_sampling_client().result()
+    for _ in range(8):
+        tc.save_weights_and_get_sampling_client().result()
+    alive = [v for v in served.state.samplers.values() if v.model_id == tc.model_id]
+    assert len(alive) == 8
+    with pytest.raises(tinker.NotFoundError) as e:
+        first.sample(DATUM.model_input, 1, types.SamplingParams(max_tokens=2)).result()
+    assert e.value.body["field"] == "sampling_session_id"
