@@ -14,7 +14,9 @@ normalisation through `weights` or `advantages`), built on posttrain's own loss 
   ratio clipped to [clip_low_threshold, clip_high_threshold] (default 0.8, 1.2).
 - `cispo`: Σ of `policy_losses.cispo` (MiniMax-M1 2025, eqs. 4-5), same thresholds.
 - `gspo`: Σ over sequences of `policy_losses.gspo` (Zheng et al. 2025): one clipped
-  sequence ratio per datum, thresholds default 1 ± 3e-4 (GSPO's paper values).
+  sequence ratio per datum, the geometric mean of the token ratios over
+  `sequence_ratio_mask` (default: the positions with a nonzero advantage, i.e. the
+  sampled tokens), thresholds default 1 − 3e-4 / 1 + 4e-4 (GSPO's paper values).
 
 Not served: `dro`, `stable_reinforce` (the cookbook's default; its server-side
 stability records have no public definition) and `custom`; asking for one is a 400.
@@ -39,7 +41,7 @@ LOSSES: dict[str, tuple[tuple[str, ...], dict[str, float]]] = {
     "cispo": (RL_INPUTS, {"clip_low_threshold": 0.8, "clip_high_threshold": 1.2}),
     "gspo": (RL_INPUTS, {"clip_low_threshold": 1 - 3e-4, "clip_high_threshold": 1 + 4e-4}),
 }
-OPTIONAL_INPUTS = {"weights"}
+OPTIONAL_INPUTS = {"weights", "sequence_ratio_mask"}  # the second: gspo's only
 
 
 def check_loss(name: str, config: dict[str, float], input_names: set[str]) -> dict[str, float]:
@@ -59,7 +61,8 @@ def check_loss(name: str, config: dict[str, float], input_names: set[str]) -> di
     missing = [k for k in needed if k not in input_names]
     if missing:
         raise UserError(f"loss_fn_inputs.{missing[0]}", f"{name} needs {list(needed)}")
-    extra = input_names - set(needed) - OPTIONAL_INPUTS
+    optional = OPTIONAL_INPUTS if name == "gspo" else OPTIONAL_INPUTS - {"sequence_ratio_mask"}
+    extra = input_names - set(needed) - optional
     if extra:
         raise UserError(f"loss_fn_inputs.{sorted(extra)[0]}", f"{name} takes {list(needed)}")
     full = {**defaults, **config}
@@ -109,8 +112,9 @@ def tinker_loss(
     elif name == "cispo":
         lo, hi = 1.0 - config["clip_low_threshold"], config["clip_high_threshold"] - 1.0
         per = cispo(logprobs, old, adv, mask, lo, hi).loss * mask
-    else:  # gspo: one loss per sequence, spread evenly over its tokens
+    else:  # gspo: one loss per sequence, spread evenly over its ratio's tokens
         lo, hi = 1.0 - config["clip_low_threshold"], config["clip_high_threshold"] - 1.0
-        seq = gspo(logprobs, old, adv, mask, lo, hi).loss * mask
-        per = seq / mask.sum(-1, keepdim=True).clamp(min=1.0)
+        ratio_mask = inputs.get("sequence_ratio_mask", (adv != 0).float()) * mask
+        seq = gspo(logprobs, old, adv, ratio_mask, lo, hi).loss * ratio_mask
+        per = seq / ratio_mask.sum(-1, keepdim=True).clamp(min=1.0)
     return LossResult(per.sum(), per.detach(), {"loss:sum": float(per.detach().sum())})

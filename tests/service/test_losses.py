@@ -63,3 +63,24 @@ def test_unknown_loss_config_and_inputs_name_the_field() -> None:
     with pytest.raises(UserError) as e:
         check_loss("importance_sampling", {}, {"target_tokens", "logprobs"})
     assert e.value.field == "loss_fn_inputs.advantages"
+
+
+def test_gspo_ratio_covers_only_the_sampled_tokens() -> None:
+    # position 0 is prompt (sampler logprob 0 there, advantage 0): left out of the ratio.
+    # sampled tokens 1, 2: log-ratios ln2 and 0 -> sequence ratio exp(ln2 / 2) = √2,
+    # clipped to 1 + 4e-4 for A = +1: loss −(1 + 4e-4), put once on the sequence.
+    out, _ = _run(
+        "gspo",
+        [-5.0, -LN2, -1.0, 0.0],
+        logprobs=[0.0, -2 * LN2, -1.0, 0.0],
+        advantages=[0.0, 1.0, 1.0, 0.0],
+    )
+    assert out.loss.item() == pytest.approx(-(1 + 4e-4), abs=1e-6)
+    masked, _ = _run(
+        "gspo",
+        [-5.0, -LN2, -1.0, 0.0],
+        logprobs=[0.0, -2 * LN2, -1.0, 0.0],
+        advantages=[0.0, 1.0, 1.0, 0.0],
+        sequence_ratio_mask=[0.0, 1.0, 1.0, 0.0],
+    )
+    assert masked.loss.item() == pytest.approx(out.loss.item(), abs=1e-7)
