@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import itertools
 import secrets
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -382,6 +382,14 @@ def create_app(token: str, root: Path, base_models: dict[str, Path] | None = Non
         if s.model_id and model is None:
             raise UserError("sampling_session_id", "its training model has finished", 404)
         prompt, settings, stop_ids = _sampling_request(body, model.vocab if model else None)
+        if model is not None:
+            _check(
+                len(prompt) < model.context,
+                "prompt",
+                f"{len(prompt)} tokens leave no room in the model's {model.context}",
+            )
+            room = model.context - len(prompt)
+            settings = replace(settings, max_new_tokens=min(settings.max_new_tokens, room))
 
         def run() -> bytes:
             m = model or _base_sampler(st, s.base_model)

@@ -78,6 +78,7 @@ class TrainingModel:
             model = get_peft_model(model, self.lora)
         self.model = model
         self.vocab = int(model.get_input_embeddings().weight.shape[0])
+        self.context = int(getattr(model.config, "max_position_embeddings", 0) or 1 << 30)
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.optimizer: torch.optim.AdamW | None = None
         self.steps = 0
@@ -96,8 +97,11 @@ class TrainingModel:
         for i, d in enumerate(data):
             full = check_loss(loss_fn, config, set(d.inputs))
             n = d.tokens.size
-            if n == 0:
-                raise UserError(f"data[{i}].model_input", "has no tokens")
+            if n == 0 or n > self.context:
+                raise UserError(
+                    f"data[{i}].model_input",
+                    f"has {n} tokens; the model takes 1 to {self.context}",
+                )
             bad = d.tokens[(d.tokens < 0) | (d.tokens >= self.vocab)]
             if bad.size:
                 raise UserError(

@@ -46,6 +46,11 @@ RL = {"target_tokens": [5, 6, 7], "logprobs": [0.0] * 3, "advantages": [1.0] * 3
         ),
         (_datum([4, 5, 6], **GOOD), "ppo", "loss_fn_inputs.logprobs"),
         (
+            _datum([4] * 600, target_tokens=[5] * 600, weights=[1.0] * 600),
+            "cross_entropy",
+            "data[0].model_input",
+        ),  # the tiny model's context is 512
+        (
             _datum([4, 5, 6], **{**RL, "advantages": [float("nan"), 0.0, 0.0]}),
             "importance_sampling",
             "data[0].loss_fn_inputs.advantages",
@@ -95,3 +100,10 @@ def test_service_stays_up_after_bad_input(served: Any, tc) -> None:  # noqa: ANN
     assert httpx.get(served.url + "/api/v1/healthz").json() == {"status": "ok"}
     out = tc.forward([_datum([4, 5, 6], **GOOD)], "cross_entropy").result()
     assert len(out.loss_fn_outputs[0]["logprobs"].tolist()) == 3
+
+
+def test_a_prompt_longer_than_the_context_is_refused(tc) -> None:  # noqa: ANN001
+    sampler = tc.save_weights_and_get_sampling_client().result()
+    with pytest.raises(tinker.BadRequestError) as e:
+        sampler.sample(types.ModelInput.from_ints([4] * 512), 1, types.SamplingParams()).result()
+    assert e.value.body["field"] == "prompt"
