@@ -525,6 +525,10 @@ def serve(
     root: Annotated[Path, typer.Option(help="Folder for save_state checkpoints.")] = Path(
         "runs/serve"
     ),
+    dtype: Annotated[
+        str,
+        typer.Option(help="Compute dtype: float32, or bfloat16 (float32 master weights)."),
+    ] = "float32",
 ) -> None:
     """Start a Tinker-compatible training service (docs/service.md). The key clients
     send is $POSTTRAIN_SERVE_TOKEN (it must start with 'tml-'), else a new one, printed."""
@@ -537,6 +541,9 @@ def serve(
     if not token.startswith("tml-"):
         typer.echo("error: POSTTRAIN_SERVE_TOKEN must start with 'tml-' (the SDK's rule)", err=True)
         raise typer.Exit(code=2)
+    if dtype not in ("float32", "bfloat16"):
+        typer.echo(f"error: --dtype {dtype!r}: use float32 or bfloat16", err=True)
+        raise typer.Exit(code=2)
     names = model or ["smollm2-135m-instruct"]
     try:
         served = {n: resolve_model_path(n) for n in names}
@@ -547,7 +554,7 @@ def serve(
         f"posttrain serve: http://{host}:{port} models {', '.join(served)}\n"
         f"  export TINKER_BASE_URL=http://{host}:{port} TINKER_API_KEY={token}"
     )
-    uvicorn.run(create_app(token, root, served), host=host, port=port, log_level="warning")
+    uvicorn.run(create_app(token, root, served, dtype), host=host, port=port, log_level="warning")
 
 
 def main() -> None:

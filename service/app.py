@@ -28,10 +28,10 @@ import torch
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
-from ..actors.rollout import SamplingSettings
 from ..common.model_registry import resolve_model_path
-from .errors import UserError
+from .errors import UserError, check
 from .futures import FutureStore
+from .sampling import sampling_request
 from .training import Adam, ModelSpec, TrainingModel
 from .wire import decode_forward_backward, encode_forward_backward_output, encode_sample_response
 
@@ -62,6 +62,7 @@ class State:
     futures: FutureStore = field(default_factory=FutureStore)
     ids: Any = field(default_factory=lambda: itertools.count(1))
     base_samplers: dict[str, TrainingModel] = field(default_factory=dict)
+    dtype: str = "float32"
 
     def new_id(self, kind: str) -> str:
         return f"{kind}-{next(self.ids)}-{secrets.token_hex(3)}"
@@ -86,11 +87,6 @@ def _user_error(_: Request, e: UserError) -> JSONResponse:
     return JSONResponse({"detail": str(e), "field": e.field}, status_code=e.status)
 
 
-def _check(cond: bool, field_name: str, message: str) -> None:
-    if not cond:
-        raise UserError(field_name, message)
-
-
 def _body_field(body: dict, name: str, kind: type | tuple[type, ...]) -> Any:
     value = body.get(name)
     if not isinstance(value, kind) or isinstance(value, bool) and kind is not bool:
@@ -98,11 +94,16 @@ def _body_field(body: dict, name: str, kind: type | tuple[type, ...]) -> Any:
     return value
 
 
-def create_app(token: str, root: Path, base_models: dict[str, Path] | None = None) -> FastAPI:
+def create_app(
+    token: str, root: Path, base_models: dict[str, Path] | None = None, dtype: str = "float32"
+) -> FastAPI:
     """The service. `token`: the key clients send; `root`: where checkpoints go;
     `base_models`: names → model folders served (others resolve through posttrain's
-    model registry: a built-in alias or a folder path)."""
-    st = State(token=token, root=root, base_models=dict(base_models or {}))
+    model registry: a built-in alias or a folder path); `dtype`: compute dtype of every
+    model (float32, or bfloat16 with float32 master weights)."""
+    if dtype not in ("float32", "bfloat16"):
+        raise ValueError(f"dtype {dtype!r}: use float32 or bfloat16")
+    st = State(token=token, root=root, base_models=dict(base_models or {}), dtype=dtype)
     app = FastAPI(title="posttrain serve")
     app.state.service = st
     app.add_exception_handler(UserError, _user_error)
@@ -128,7 +129,7 @@ def create_app(token: str, root: Path, base_models: dict[str, Path] | None = Non
             body = await request.json()
         except ValueError as e:
             raise UserError("body", f"not JSON: {e}") from e
-        _check(isinstance(body, dict), "body", "must be a JSON object")
+        check(isinstance(body, dict), "body", "must be a JSON object")
         return body
 
     def future(rid: str, model_id: str | None = None, **extra: Any) -> dict:
@@ -198,8 +199,8 @@ def create_app(token: str, root: Path, base_models: dict[str, Path] | None = Non
             body["user_metadata"].get("full_finetune") in (True, "true", "1")
         )
         rank = None if full else _body_field(lora or {}, "rank", int) if lora else None
-        _check(rank is None or rank > 0, "lora_config.rank", f"must be > 0, got {rank}")
-        _check(
+        check(rank is None or rank > 0, "lora_config.rank", f"must be > 0, got {rank}")
+        check(
             full or rank is not None,
             "lora_config",
             "needed (or user_metadata.full_finetune='true' for full fine-tuning)",
@@ -212,8 +213,9 @@ def create_app(token: str, root: Path, base_models: dict[str, Path] | None = Non
             seed,
             (lora or {}).get("train_attn", True),
             (lora or {}).get("train_mlp", True),
+            st.dtype,
         )
-        _check(
+        check(
             spec.train_attn or spec.train_mlp,
             "lora_config.train_mlp",
             "this service adapts attention and/or MLP; enable one of them",
@@ -257,7 +259,7 @@ def create_app(token: str, root: Path, base_models: dict[str, Path] | None = Non
         body = await json_body(request)
         m = st.model(body.get("model_id"))
         params = body.get("adam_params")
-        _check(isinstance(params, dict), "adam_params", "needed (this service runs Adam)")
+        check(isinstance(params, dict), "adam_params", "needed (this service runs Adam)")
         values = {}
         defaults = {
             "learning_rate": 1e-4,
@@ -270,7 +272,7 @@ def create_app(token: str, root: Path, base_models: dict[str, Path] | None = Non
         for k, d in defaults.items():
             v = params.get(k, d)
             ok = isinstance(v, int | float) and not isinstance(v, bool) and v == v
-            _check(
+            check(
                 ok and abs(v) != float("inf") and v >= 0,
                 f"adam_params.{k}",
                 f"must be a finite number ≥ 0, got {v!r}",
@@ -284,7 +286,7 @@ def create_app(token: str, root: Path, base_models: dict[str, Path] | None = Non
         return future(st.futures.submit(run), body["model_id"])
 
     def checkpoint_dir(mid: str, kind: str, name: str) -> Path:
-        _check(
+        check(
             name.replace("-", "").replace("_", "").replace(".", "").isalnum(),
             "path",
             f"{name!r}: use letters, digits, '-', '_' or '.'",
@@ -333,13 +335,13 @@ def create_app(token: str, root: Path, base_models: dict[str, Path] | None = Non
         body = await json_body(request)
         path = _body_field(body, "path", str)
         parts = path.removeprefix("tinker://").split("/")
-        _check(
+        check(
             path.startswith("tinker://") and len(parts) == 3 and parts[1] == "weights",
             "path",
             f"{path!r} is not a tinker://<model>/weights/<name> path",
         )
         folder = checkpoint_dir(parts[0], "weights", parts[2])
-        _check((folder / "state.pt").is_file(), "path", f"{path!r}: no such checkpoint")
+        check((folder / "state.pt").is_file(), "path", f"{path!r}: no such checkpoint")
         mid = body.get("model_id")
         m = st.model(mid)
         optimizer = bool(body.get("optimizer", False))
@@ -357,7 +359,7 @@ def create_app(token: str, root: Path, base_models: dict[str, Path] | None = Non
         sid = st.new_id("sampler")
         path = body.get("model_path")
         if path:
-            _check(path in st.samplers, "model_path", f"{path!r}: no such sampler weights")
+            check(path in st.samplers, "model_path", f"{path!r}: no such sampler weights")
             st.samplers[sid] = st.samplers[path]
         else:
             name = _body_field(body, "base_model", str)
@@ -367,7 +369,7 @@ def create_app(token: str, root: Path, base_models: dict[str, Path] | None = Non
 
     @app.get("/api/v1/samplers/{sid}")
     async def get_sampler(sid: str) -> dict:
-        _check(sid in st.samplers, "sampler_id", f"{sid!r} is not a sampling session")
+        check(sid in st.samplers, "sampler_id", f"{sid!r} is not a sampling session")
         s = st.samplers[sid]
         return {"sampler_id": sid, "base_model": s.base_model, "model_path": s.model_path}
 
@@ -381,9 +383,9 @@ def create_app(token: str, root: Path, base_models: dict[str, Path] | None = Non
         model = st.models.get(s.model_id) if s.model_id else None
         if s.model_id and model is None:
             raise UserError("sampling_session_id", "its training model has finished", 404)
-        prompt, settings, stop_ids = _sampling_request(body, model.vocab if model else None)
+        prompt, settings, stop_ids = sampling_request(body, model.vocab if model else None)
         if model is not None:
-            _check(
+            check(
                 len(prompt) < model.context,
                 "prompt",
                 f"{len(prompt)} tokens leave no room in the model's {model.context}",
@@ -393,7 +395,7 @@ def create_app(token: str, root: Path, base_models: dict[str, Path] | None = Non
 
         def run() -> bytes:
             m = model or _base_sampler(st, s.base_model)
-            _check(
+            check(
                 all(0 <= t < m.vocab for t in prompt),
                 "prompt",
                 f"token ids must lie in [0, {m.vocab})",
@@ -437,71 +439,6 @@ def _evict_old_samplers(st: State, mid: str) -> None:
 def _base_sampler(st: State, name: str) -> TrainingModel:
     """A frozen copy of a base model for base-model sampling sessions (built once)."""
     if name not in st.base_samplers:
-        st.base_samplers[name] = TrainingModel(ModelSpec(name, st.base_path(name), 1))
+        spec = ModelSpec(name, st.base_path(name), 1, dtype=st.dtype)
+        st.base_samplers[name] = TrainingModel(spec)
     return st.base_samplers[name]
-
-
-def _sampling_request(
-    body: dict, vocab: int | None
-) -> tuple[list[int], SamplingSettings, list[int] | None]:
-    """(prompt ids, settings, stop token ids or None for the model's) of an asample body.
-    Raises UserError naming the field."""
-    chunks = (body.get("prompt") or {}).get("chunks")
-    _check(isinstance(chunks, list) and chunks, "prompt.chunks", "needs at least one chunk")
-    prompt: list[int] = []
-    for i, c in enumerate(chunks):
-        toks = c.get("tokens") if isinstance(c, dict) else None
-        _check(
-            isinstance(toks, list) and all(isinstance(t, int) for t in toks),
-            f"prompt.chunks[{i}].tokens",
-            "must be a list of token ids",
-        )
-        prompt.extend(toks)
-    _check(bool(prompt), "prompt", "has no tokens")
-    if vocab is not None:
-        bad = [t for t in prompt if not 0 <= t < vocab]
-        _check(not bad, "prompt", f"token id {bad[:1]} is outside the vocabulary [0, {vocab})")
-    p = body.get("sampling_params") or {}
-    n = body.get("num_samples", 1)
-    _check(isinstance(n, int) and 1 <= n <= 256, "num_samples", f"must be 1..256, got {n!r}")
-    max_tokens = p.get("max_tokens") or 128
-    _check(
-        isinstance(max_tokens, int) and max_tokens > 0,
-        "sampling_params.max_tokens",
-        f"must be a positive integer, got {max_tokens!r}",
-    )
-    temperature = p.get("temperature", 1.0)
-    _check(
-        isinstance(temperature, int | float) and 0 < temperature < 100,
-        "sampling_params.temperature",
-        f"must be in (0, 100), got {temperature!r}",
-    )
-    top_p = p.get("top_p", 1.0)
-    _check(
-        isinstance(top_p, int | float) and 0 < top_p <= 1,
-        "sampling_params.top_p",
-        f"must be in (0, 1], got {top_p!r}",
-    )
-    _check(p.get("top_k", -1) in (-1, 0), "sampling_params.top_k", "top-k is not supported")
-    stop = p.get("stop")
-    strings: tuple[str, ...] = ()
-    stop_ids = None
-    if isinstance(stop, str):
-        strings = (stop,)
-    elif isinstance(stop, list) and stop and all(isinstance(s, str) for s in stop):
-        strings = tuple(stop)
-    elif isinstance(stop, list) and stop and all(isinstance(s, int) for s in stop):
-        stop_ids = list(stop)
-    elif stop is not None:
-        raise UserError("sampling_params.stop", "must be strings or token ids (not empty)")
-    _check(all(strings), "sampling_params.stop", "stop strings must not be empty")
-    seed = p.get("seed")
-    settings = SamplingSettings(
-        n=n,
-        max_new_tokens=max_tokens,
-        temperature=float(temperature),
-        top_p=float(top_p),
-        seed=seed if isinstance(seed, int) else secrets.randbelow(2**31),
-        stop=strings,
-    )
-    return prompt, settings, stop_ids

@@ -1,4 +1,5 @@
-"""The one error a client can fix: `UserError(field, message)`, a 4xx naming the field."""
+"""The one error a client can fix: `UserError(field, message)`, a 4xx naming the field;
+`check(cond, field, message)` raises it."""
 
 from __future__ import annotations
 
@@ -11,3 +12,8 @@ class UserError(ValueError):
         super().__init__(f"{field_name}: {message}")
         self.field = field_name
         self.status = status
+
+
+def check(cond: bool, field_name: str, message: str) -> None:
+    if not cond:
+        raise UserError(field_name, message)

@@ -7,8 +7,10 @@ Concurrency: every method runs on the service's one worker thread (`service.futu
 in the order the requests arrived, so `forward_backward` accumulates gradients until
 `optim_step` applies and clears them, as the SDK expects.
 
-Limits (first version): the model runs in the service's process on its CPU or one GPU,
-not on posttrain's Ray learner and vLLM engines; sampling uses posttrain's `hf` engine.
+Limits (first version): the model runs in the service's process on its CPU, not on
+posttrain's Ray learner and vLLM engines; sampling uses posttrain's `hf` engine. Weights
+and AdamW state are float32; `dtype: bfloat16` computes forward/backward under autocast
+(as the recipes' learner computes in bf16) and samples in bf16.
 LoRA covers the attention and MLP projections; `train_unembed` is not honoured.
 """
 
@@ -43,6 +45,7 @@ class ModelSpec:
     seed: int = 0
     train_attn: bool = True
     train_mlp: bool = True
+    dtype: str = "float32"  # compute dtype: float32, or bfloat16 (autocast; fp32 masters)
 
 
 @dataclass(frozen=True)
@@ -147,7 +150,11 @@ class TrainingModel:
             for k in names:
                 floats[k][i, :n] = torch.from_numpy(d.inputs[k].astype(np.float32))
         self.model.train(not forward_only)
-        with torch.set_grad_enabled(not forward_only):
+        bf16 = self.spec.dtype == "bfloat16"
+        with (
+            torch.set_grad_enabled(not forward_only),
+            torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16),
+        ):
             logits = self.model(input_ids=ids, attention_mask=mask.long()).logits
             logprobs = token_logprobs(logits, targets) * mask
             result = tinker_loss(loss_fn, logprobs, floats, mask, config)
@@ -212,7 +219,7 @@ class TrainingModel:
         """`settings.n` samples of `prompt` from this model's weights as of `weights`
         (None: the base model), each (tokens, per-token logprobs, stop reason)."""
         if self._sampler is None:
-            self._sampler = HFEngine(str(self.spec.path), dtype="float32")
+            self._sampler = HFEngine(str(self.spec.path), dtype=self.spec.dtype)
         engine = self._sampler
         if self._sampler_version != version:
             if weights is None:
