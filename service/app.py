@@ -36,7 +36,7 @@ from .training import Adam, ModelSpec, TrainingModel
 from .wire import decode_forward_backward, encode_forward_backward_output, encode_sample_response
 
 PROTO = "application/x-protobuf"
-LONG_POLL_S = 20.0
+LONG_POLL_S = 40.0  # the SDK waits 45 s for a retrieve_future answer
 
 
 @dataclass
