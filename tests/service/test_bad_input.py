@@ -107,3 +107,14 @@ def test_a_prompt_longer_than_the_context_is_refused(tc) -> None:  # noqa: ANN00
     with pytest.raises(tinker.BadRequestError) as e:
         sampler.sample(types.ModelInput.from_ints([4] * 512), 1, types.SamplingParams()).result()
     assert e.value.body["field"] == "prompt"
+
+
+def test_bearer_token_capabilities_and_health(served: Any) -> None:
+    bearer = {"Authorization": f"Bearer {TOKEN}"}
+    caps = httpx.get(served.url + "/api/v1/get_server_capabilities", headers=bearer)
+    assert caps.status_code == 200
+    assert caps.json()["supported_models"][0]["model_name"] == "tiny"
+    wrong = {"Authorization": "Bearer tml-wrong"}
+    r = httpx.get(served.url + "/api/v1/get_server_capabilities", headers=wrong)
+    assert (r.status_code, r.json()["field"]) == (401, "X-API-Key")
+    assert httpx.get(served.url + "/api/v1/healthz").json() == {"status": "ok"}
