@@ -13,7 +13,17 @@ import pytest
 
 from tests.conftest import ROOT
 
-TOP = ["actors", "algorithms", "common", "config", "learner", "recipes", "rewards", "weightsync"]
+TOP = [
+    "actors",
+    "algorithms",
+    "common",
+    "config",
+    "learner",
+    "recipes",
+    "rewards",
+    "service",
+    "weightsync",
+]
 
 _VALIDATE_ALL = """
 import json, sys

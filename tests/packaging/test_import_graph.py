@@ -9,7 +9,17 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-TOP = ["actors", "algorithms", "common", "config", "learner", "recipes", "rewards", "weightsync"]
+TOP = [
+    "actors",
+    "algorithms",
+    "common",
+    "config",
+    "learner",
+    "recipes",
+    "rewards",
+    "service",
+    "weightsync",
+]
 
 
 def _modules() -> dict[str, Path]:
