@@ -94,7 +94,10 @@ class RunCounters:
         rollout_restarts: rollout workers replaced so far.
         learner_restarts: learner groups restarted so far.
         policy_version: what every engine holds (the newest push).
-        last_push_bytes: tensor bytes of the newest weight push.
+        last_push_bytes: tensor bytes of the newest weight push (a delta's encoded bytes
+            with `weight_sync.delta`).
+        last_push_changed: share of the pushed elements that changed since the previous
+            push (1.0 for a full push without `weight_sync.delta`).
     """
 
     reward_restarts: int = 0
@@ -102,6 +105,7 @@ class RunCounters:
     learner_restarts: int = 0
     policy_version: int = 0
     last_push_bytes: int = 0
+    last_push_changed: float = 1.0
 
 
 @dataclass
@@ -187,7 +191,7 @@ def _start_roles(
     if adapter_sync(recipe) and recipe.model.adapter.type == "qlora":
         # Engines serve base + adapter; their base must be the learner's NF4 base
         # dequantised, not the checkpoint: send it once, as policy_version 0.
-        push(roles.learners, roles.rollout, 0, recipe.weight_sync.timeout_s, full=True)
+        push(roles.learners, roles.rollout, 0, recipe.weight_sync.timeout_s, full=True, fresh=True)
     if roles.reward is not None and roles.reward.local is not None:
         try:
             roles.reward.local.wait_ready(timeout_s=120, proc=roles.reward_proc)
@@ -297,6 +301,7 @@ def transport_settings(recipe: Recipe, run_dir: Path) -> TransportSettings:
         backend="nccl" if recipe.resources.device == "cuda" else "gloo",
         directory=str(Path(ws.directory) / f"{run_dir.name}-{os.getpid()}"),
         checksum=ws.verify_checksum,
+        delta=ws.delta,
         adapter_only=adapter_sync(recipe),
     )
 
