@@ -1,0 +1,201 @@
+"""Delta pushes (weightsync/delta.py): what an engine rebuilds from a delta is bitwise
+what a full push would have given it, on every transport that carries deltas; large
+changes fall back to whole tensors or a full push; a delta against another base is
+refused; a new learner (resume, restart) and `fresh` start with a full push."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import ray
+import torch
+
+from posttrain.actors.engine import EngineSettings
+from posttrain.actors.worker import RolloutWorker
+from posttrain.weightsync import (
+    GroupStore,
+    PushSource,
+    TransportSettings,
+    WeightSyncError,
+    make_transport,
+    publish,
+)
+from posttrain.weightsync.delta import IDX, VAL, DeltaReceiver, DeltaSender
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    return t.reshape(-1).view({2: torch.int16, 4: torch.int32}[t.element_size()])
+
+
+def _same_bits(a: dict, b: dict) -> None:
+    assert sorted(a) == sorted(b)
+    for n in a:
+        assert a[n].dtype == b[n].dtype and a[n].shape == b[n].shape, n
+        assert torch.equal(_bits(a[n]), _bits(b[n])), n
+
+
+def _steps(dtype, n=4, seed=0):
+    """`n` versions of a small state dict; between versions 1% of the elements move
+    (one tensor: all of them), plus bit patterns a float compare would miss."""
+    g = torch.Generator().manual_seed(seed)
+    w = {
+        "emb": torch.randn(64, 32, generator=g),
+        "norm": torch.randn(32, generator=g),
+        "big": torch.randn(100, 100, generator=g),
+    }
+    out = []
+    for v in range(n):
+        if v:
+            w = {k: t.clone() for k, t in w.items()}
+            for k in ("emb", "big"):
+                idx = torch.randperm(w[k].numel(), generator=g)[: w[k].numel() // 100]
+                w[k].view(-1)[idx] += 0.5
+            w["norm"] += 1.0  # every element: sent whole
+        d = {k: t.to(dtype) for k, t in w.items()}
+        d["emb"].view(-1)[3] = -0.0 if v % 2 else 0.0  # equal as floats, not as bits
+        d["big"].view(-1)[7] = float("nan")
+        out.append(d)
+    return out
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_encode_then_decode_is_bitwise_a_full_push(dtype):
+    sender, receiver = DeltaSender(), DeltaReceiver()
+    for v, w in enumerate(_steps(dtype), start=1):
+        sent, meta = sender.encode(w, v)
+        if v == 1:  # no base yet: full
+            assert meta is None and sent.keys() == w.keys()
+        else:
+            assert meta == {"delta": {"base": v - 1, "names": ["emb", "norm", "big"]}}
+            assert set(sent) == {"emb" + IDX, "emb" + VAL, "norm", "big" + IDX, "big" + VAL}
+            # 1% of big's 10000 elements (+ the NaN, unchanged): 100 indices and values
+            assert sent["big" + IDX].dtype == torch.int32 and sent["big" + IDX].numel() == 100
+            assert sender.last.sent_bytes < 0.5 * sender.last.full_bytes
+        receiver.check(meta or {}, v, 0)
+        got = dict(receiver.decode(iter(sent.items()), meta or {}, v))
+        _same_bits(got, w)
+
+
+def test_a_large_change_goes_full_and_a_foreign_base_is_refused():
+    sender, receiver = DeltaSender(), DeltaReceiver()
+    a = {"x": torch.zeros(1000)}
+    sender.encode(a, 1)
+    receiver.decode(iter(a.items()), {}, 1).__next__()
+    # 40% of the elements changed: 40% * (4 + 4) bytes > half of the tensor's bytes
+    b = {"x": torch.zeros(1000)}
+    b["x"][:400] = 1.0
+    sent, meta = sender.encode(b, 2)
+    assert meta is None and sender.last.full_push  # the only tensor went whole: full push
+    assert sender.last.changed_fraction == pytest.approx(0.4)
+    with pytest.raises(
+        WeightSyncError,
+        match="rollout engine 3: policy_version 5 arrived as a "
+        "delta against policy_version 4, but this engine holds no base",
+    ):
+        DeltaReceiver().check({"delta": {"base": 4, "names": ["x"]}}, 5, 3)
+
+
+def test_reset_and_a_new_sender_start_full():
+    w = _steps(torch.bfloat16, n=2)
+    sender = DeltaSender()
+    sender.encode(w[0], 1)
+    assert sender.encode(w[1], 2)[1] is not None
+    sender.reset()  # an engine was replaced: push(fresh=True)
+    assert sender.encode(w[1], 3)[1] is None
+    assert DeltaSender().encode(w[1], 4)[1] is None  # a resumed learner process
+
+
+@pytest.fixture(scope="module")
+def ray_local():
+    ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
+    yield
+    ray.shutdown()
+
+
+def _receive(transport, receiver, handle):
+    receiver.check(handle.meta, handle.version, 0)
+    return {
+        n: t.clone()
+        for n, t in receiver.decode(transport.receive(handle), handle.meta, handle.version)
+    }
+
+
+def _publish(transport, delta, w, v):
+    items = list(publish(transport, PushSource(iter(w.items())), v, sender=True, delta=delta))
+    return items[0]
+
+
+@pytest.mark.parametrize("kind", ["object_store", "filesystem"])
+def test_delta_equals_full_bitwise_through_the_transport(ray_local, tmp_path, kind):
+    t = make_transport(TransportSettings(kind, directory=str(tmp_path / "w")))
+    sender, receiver = DeltaSender(), DeltaReceiver()
+    for v, w in enumerate(_steps(torch.bfloat16), start=1):
+        handle = _publish(t, sender, w, v)
+        assert ("delta" in handle.meta) == (v > 1)
+        if v > 1:
+            assert handle.num_bytes < 0.5 * sum(x.numel() * 2 for x in w.values())
+        _same_bits(_receive(t, receiver, handle), w)
+
+
+def test_delta_equals_full_bitwise_through_the_collective():
+    settings = TransportSettings("collective", bucket_mb=0.01, timeout_s=30)
+    store = GroupStore(3, 30)
+    members = [make_transport(settings) for _ in range(3)]
+    joins = [
+        threading.Thread(target=m.join_group, args=(store.address, r, 3))
+        for r, m in enumerate(members)
+    ]
+    for j in joins:
+        j.start()
+    for j in joins:
+        j.join()
+    sender, receivers = DeltaSender(), [DeltaReceiver(), DeltaReceiver()]
+    for v, w in enumerate(_steps(torch.bfloat16), start=1):
+        gen = publish(members[0], PushSource(iter(w.items())), v, sender=True, delta=sender)
+        handle = next(gen)
+        out = {}
+
+        def run(i, handle=handle, out=out):
+            out[i] = _receive(members[i + 1], receivers[i], handle)
+
+        threads = [threading.Thread(target=run, args=(i,)) for i in range(2)]
+        for th in threads:
+            th.start()
+        list(gen)  # the sender's side ends once delivered
+        for th in threads:
+            th.join()
+        for i in range(2):
+            _same_bits(out[i], w)
+    for m in members:
+        m.close()
+
+
+def test_hf_engine_after_deltas_holds_what_full_pushes_give(tiny_model, tmp_path):
+    # Two workers, one fed deltas and one full pushes, end bitwise equal; a new sender
+    # (a resumed learner) starts with a full push the delta worker takes.
+    from transformers import AutoModelForCausalLM
+
+    engine = EngineSettings("hf", str(tiny_model), "bfloat16")
+    d_set = TransportSettings("filesystem", directory=str(tmp_path / "d"), delta=True)
+    f_set = TransportSettings("filesystem", directory=str(tmp_path / "f"))
+    wd, wf = RolloutWorker(0, engine, d_set, 1), RolloutWorker(1, engine, f_set, 1)
+    td, tf = make_transport(d_set), make_transport(f_set)
+    base = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32).state_dict()
+    base.pop("lm_head.weight")
+    g = torch.Generator().manual_seed(3)
+    sender = DeltaSender()
+    for v in range(1, 5):
+        if v == 4:
+            sender = DeltaSender()  # resumed learner: no base, so a full push
+        for x in base.values():  # an optimizer step: a few bf16 elements move
+            x.add_(
+                1e-3 * torch.randn(x.shape, generator=g) * (torch.rand(x.shape, generator=g) < 0.05)
+            )
+        w = {k: x.to(torch.bfloat16) for k, x in base.items()}
+        hd = _publish(td, sender, w, v)
+        assert ("delta" in hd.meta) == (v in (2, 3))
+        assert wd.update_weights(hd) == v and wf.update_weights(_publish(tf, None, w, v)) == v
+        held_d, held_f = wd.engine.named_weights(), wf.engine.named_weights()
+        _same_bits({k: held_d[k] for k in w}, {k: held_f[k] for k in w})
+        _same_bits({k: held_d[k] for k in w}, w)
