@@ -7,9 +7,14 @@ engines' dtype (bf16 compared as 16-bit integers, so -0.0 vs 0.0 and NaN pattern
 as changes and the result is exact):
   `name`      the full tensor, when it is new, changed shape or dtype, or when its
               changed elements would cost more than `tensor_fraction` of its bytes
-              (an index is 4 bytes: bf16 breaks even at a third of the elements);
-  `name@idx`  int32 flat indices `[k]` (int64 past 2**31 elements) and
+              (bf16 with gaps breaks even at half the elements);
+  `name@gap`  the changed flat indices as gaps `[k]` (uint16 carried as int16: the
+              first index, then each index minus the one before), when every gap is
+              below 65536 (always, once more than 1 element in 65536 changes), else
+  `name@idx`  int32 flat indices `[k]` (int64 past 2**31 elements); and
   `name@val`  the new values `[k]` in the tensor's dtype.
+A changed bf16 element costs 4 bytes (2 of gap, 2 of value): at the 3-4% of elements
+an RL step changes, a delta is 7-8% of the full push.
 The whole push falls back to a plain full push when the encoded bytes exceed
 `push_fraction` of the full bytes. The handle's `meta["delta"]` carries the version the
 delta is against (`base`) and every tensor name in order (`names`).
@@ -39,7 +44,7 @@ import torch
 
 from .base import WeightSyncError
 
-IDX, VAL = "@idx", "@val"
+IDX, GAP, VAL = "@idx", "@gap", "@val"
 _BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 
@@ -108,22 +113,28 @@ class DeltaSender:
             idx = np.flatnonzero(mask)
             k = idx.size
             stats.changed += k
-            idx_t = torch.from_numpy(idx.astype(np.int32 if t.numel() < 2**31 else np.int64))
+            gaps = np.diff(idx, prepend=0)
+            if k and gaps.max() < 2**16:
+                key, idx_t = GAP, torch.from_numpy(gaps.astype(np.uint16).view(np.int16))
+            else:
+                key = IDX
+                idx_t = torch.from_numpy(idx.astype(np.int32 if t.numel() < 2**31 else np.int64))
             cost = k * (idx_t.element_size() + t.element_size())
             if cost > self.tensor_fraction * nbytes:
                 out[name] = t
                 stats.sent_bytes += nbytes
             elif k:
-                changed_idx[name] = idx_t
-                out[name + IDX] = idx_t
-                out[name + VAL] = t.reshape(-1)[idx_t.long()]
+                at = torch.from_numpy(idx)
+                changed_idx[name] = at
+                out[name + key] = idx_t
+                out[name + VAL] = t.reshape(-1)[at]
                 stats.sent_bytes += cost
         full = self.base_version is None or stats.sent_bytes > self.push_fraction * stats.full_bytes
         base = self.base_version
         # The new base: update changed elements in place, copy whole tensors.
         for name, t in weights.items():
             if name in changed_idx and not full:
-                i = changed_idx[name].long()
+                i = changed_idx[name]
                 _bits(self.base[name])[i] = _bits(t.detach())[i]
             elif full or name in out:
                 self.base[name] = t.detach().clone()
@@ -171,6 +182,10 @@ class DeltaReceiver:
         for name, t in stream:
             if is_delta and name.endswith(IDX):
                 pending[name.removesuffix(IDX)] = t.long()
+                continue
+            if is_delta and name.endswith(GAP):
+                gaps = torch.from_numpy(t.contiguous().numpy().view(np.uint16).astype(np.int64))
+                pending[name.removesuffix(GAP)] = gaps.cumsum(0)
                 continue
             if is_delta and name.endswith(VAL):
                 name = name.removesuffix(VAL)

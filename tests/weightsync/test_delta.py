@@ -21,7 +21,7 @@ from posttrain.weightsync import (
     make_transport,
     publish,
 )
-from posttrain.weightsync.delta import IDX, VAL, DeltaReceiver, DeltaSender
+from posttrain.weightsync.delta import GAP, IDX, VAL, DeltaReceiver, DeltaSender
 
 
 def _bits(t: torch.Tensor) -> torch.Tensor:
@@ -68,9 +68,9 @@ def test_encode_then_decode_is_bitwise_a_full_push(dtype):
             assert meta is None and sent.keys() == w.keys()
         else:
             assert meta == {"delta": {"base": v - 1, "names": ["emb", "norm", "big"]}}
-            assert set(sent) == {"emb" + IDX, "emb" + VAL, "norm", "big" + IDX, "big" + VAL}
-            # 1% of big's 10000 elements (+ the NaN, unchanged): 100 indices and values
-            assert sent["big" + IDX].dtype == torch.int32 and sent["big" + IDX].numel() == 100
+            assert set(sent) == {"emb" + GAP, "emb" + VAL, "norm", "big" + GAP, "big" + VAL}
+            # 1% of big's 10000 elements (+ the NaN, unchanged): 100 gaps and values
+            assert sent["big" + GAP].dtype == torch.int16 and sent["big" + GAP].numel() == 100
             assert sender.last.sent_bytes < 0.5 * sender.last.full_bytes
         receiver.check(meta or {}, v, 0)
         got = dict(receiver.decode(iter(sent.items()), meta or {}, v))
@@ -81,7 +81,7 @@ def test_a_large_change_goes_full_and_a_foreign_base_is_refused():
     sender, receiver = DeltaSender(), DeltaReceiver()
     a = {"x": torch.zeros(1000)}
     sender.encode(a, 1)
-    receiver.decode(iter(a.items()), {}, 1).__next__()
+    list(receiver.decode(iter(a.items()), {}, 1))
     # 40% of the elements changed: 40% * (4 + 4) bytes > half of the tensor's bytes
     b = {"x": torch.zeros(1000)}
     b["x"][:400] = 1.0
@@ -94,6 +94,22 @@ def test_a_large_change_goes_full_and_a_foreign_base_is_refused():
         "delta against policy_version 4, but this engine holds no base",
     ):
         DeltaReceiver().check({"delta": {"base": 4, "names": ["x"]}}, 5, 3)
+
+
+def test_gaps_of_65536_or_more_travel_as_absolute_indices():
+    a = {"x": torch.zeros(200_000, dtype=torch.bfloat16)}
+    b = {"x": a["x"].clone()}
+    b["x"][[1, 70_000, 199_999]] = torch.tensor([1.0, 2.0, -3.0], dtype=torch.bfloat16)
+    sender, receiver = DeltaSender(), DeltaReceiver()
+    list(receiver.decode(iter(sender.encode(a, 1)[0].items()), {}, 1))
+    sent, meta = sender.encode(b, 2)
+    assert sent["x" + IDX].tolist() == [1, 70_000, 199_999] and sent["x" + IDX].dtype == torch.int32
+    _same_bits(dict(receiver.decode(iter(sent.items()), meta, 2)), b)
+    c = {"x": b["x"].clone()}
+    c["x"][[5, 65_540]] = 7.0  # gaps 5 and 65535: uint16 still holds them
+    sent, meta = sender.encode(c, 3)
+    assert sent["x" + GAP].view(torch.uint16).tolist() == [5, 65_535]
+    _same_bits(dict(receiver.decode(iter(sent.items()), meta, 3)), c)
 
 
 def test_reset_and_a_new_sender_start_full():
