@@ -63,7 +63,7 @@ class RolloutWorker:
         self,
         worker_id: int,
         engine: EngineSettings,
-        transport: TransportSettings,
+        transport: TransportSettings | str,
         threads: int,
         delay_s: float = 0.0,
         fail_push: tuple[int, int] | None = None,
@@ -74,6 +74,8 @@ class RolloutWorker:
         self.worker_id = worker_id
         # each engine samples with seeds of its own (actors/engine.py `engine_seed`)
         self.engine = make_engine(replace(engine, seed=engine_seed(engine.seed, worker_id)))
+        if isinstance(transport, str):  # just a type name (tests, benches)
+            transport = TransportSettings(type=transport)
         self.transport_settings = transport
         self.transport = make_transport(transport, rank=worker_id + 1)
         self.version = 0
