@@ -215,3 +215,43 @@ def test_hf_engine_after_deltas_holds_what_full_pushes_give(tiny_model, tmp_path
         held_d, held_f = wd.engine.named_weights(), wf.engine.named_weights()
         _same_bits({k: held_d[k] for k in w}, {k: held_f[k] for k in w})
         _same_bits({k: held_d[k] for k in w}, w)
+
+
+def test_an_engine_replacement_and_a_retried_push_send_whole_tensors(monkeypatch):
+    # The new engine holds no base, and a failed delta may have left engines
+    # part-updated: both pushes go out fresh (the learner's delta state reset).
+    from types import SimpleNamespace
+
+    from posttrain.recipes import controller
+    from posttrain.weightsync import WeightHandle
+
+    calls, failing = [], [True]
+
+    def fake_push(learners, engines, version, timeout_s, full=False, fresh=False):
+        calls.append((version, fresh))
+        if failing.pop() if failing else False:
+            raise WeightSyncError("rollout engine 0: loading policy_version 7 failed")
+        return WeightHandle(version, None, 10)
+
+    monkeypatch.setattr(controller, "push", fake_push)
+    new = SimpleNamespace(health=SimpleNamespace(remote=lambda: None))
+    monkeypatch.setattr(controller, "start_rollout_worker", lambda spec, i, opts: new)
+    monkeypatch.setattr(ray, "kill", lambda *a, **k: None)
+    monkeypatch.setattr(ray, "get", lambda ref: None)
+    recipe = SimpleNamespace(
+        weight_sync=SimpleNamespace(timeout_s=5),
+        model=SimpleNamespace(adapter=SimpleNamespace(type="none")),
+    )
+    roles = SimpleNamespace(
+        learners=[],
+        rollout=["old0", "old1"],
+        group=None,
+        placement=SimpleNamespace(rollout=[{}, {}]),
+        specs=SimpleNamespace(rollout=SimpleNamespace(transport=None)),
+        counters=SimpleNamespace(policy_version=6, rollout_restarts=0),
+    )
+    controller.push_weights(roles, recipe, 7)  # fails once, retried fresh
+    assert calls == [(7, False), (7, True)]
+    calls.clear()
+    controller.replace_rollout_worker(roles, recipe, 1)
+    assert calls == [(7, True)] and roles.rollout[1] is new
