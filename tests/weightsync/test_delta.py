@@ -255,3 +255,26 @@ def test_an_engine_replacement_and_a_retried_push_send_whole_tensors(monkeypatch
     calls.clear()
     controller.replace_rollout_worker(roles, recipe, 1)
     assert calls == [(7, True)] and roles.rollout[1] is new
+
+
+def test_adapter_pushes_as_deltas_leave_the_engine_serving_the_learners_adapter(
+    tiny_model, tmp_path
+):
+    from peft import get_peft_model_state_dict
+
+    from tests.weightsync.test_verify import _lora
+
+    adapter, config = _lora(tiny_model)
+    settings = TransportSettings("filesystem", directory=str(tmp_path / "a"), delta=True)
+    w = RolloutWorker(0, EngineSettings("hf", str(tiny_model), "float32", lora_rank=8), settings, 1)
+    t, sender = make_transport(settings), DeltaSender()
+    g = torch.Generator().manual_seed(5)
+    for v in range(1, 4):
+        adapter = {
+            k: x + 1e-3 * (torch.rand(x.shape, generator=g) < 0.02) for k, x in adapter.items()
+        }
+        source = PushSource(iter(adapter.items()), None, {"adapter_config": config})
+        handle = list(publish(t, source, v, sender=True, verify=True, delta=sender))[0]
+        assert ("delta" in handle.meta) == (v > 1)
+        assert w.update_weights(handle) == v and w.engine.active_adapter() == v
+        _same_bits(dict(get_peft_model_state_dict(w.engine.model)), adapter)
