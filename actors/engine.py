@@ -263,3 +263,16 @@ class InferenceEngine(ABC):
     @abstractmethod
     def named_weights(self) -> dict[str, torch.Tensor]:
         """The engine's current weights by name (tied weights under each name)."""
+
+    def held_tensors(self, names: Iterable[str], adapter: bool) -> dict[str, torch.Tensor] | None:
+        """The tensors the engine now holds under the pushed `names` (checkpoint names,
+        or PEFT adapter names when `adapter`), in the engine dtype, for the proof of
+        delivery (weightsync/verify.py); None when the engine keeps no plain copy
+        (vLLM's CPU backend repacks its linears) and only what it was handed can be
+        fingerprinted."""
+        return None
+
+    def active_adapter(self) -> int | None:
+        """The policy_version of the adapter the next `generate` request runs with, or
+        None when it runs the base model alone."""
+        return None

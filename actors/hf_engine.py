@@ -47,6 +47,7 @@ class HFEngine(InferenceEngine):
         self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=_DTYPES[dtype])
         self.model.to(self.device).eval()
         self.max_batch_rows = max_batch_rows
+        self.adapter_version: int | None = None  # the policy_version of the loaded adapter
         self.context_tokens = getattr(self.model.config, "max_position_embeddings", None)
         self.stop_ids = stop_token_ids(self.tokenizer, model_path)
         pad = self.tokenizer.pad_token_id
@@ -151,7 +152,28 @@ class HFEngine(InferenceEngine):
             raise ValueError(
                 f"adapter tensors {result.unexpected_keys[:5]} do not fit the rollout model"
             )
+        self.adapter_version = version
         return list(tensors)
+
+    def held_tensors(self, names: Iterable[str], adapter: bool) -> dict[str, torch.Tensor]:
+        if adapter:
+            from peft import get_peft_model_state_dict
+
+            held = get_peft_model_state_dict(self.model)
+        else:
+            held = self.model.state_dict()
+        return {n: held[n] for n in names if n in held}
+
+    def active_adapter(self) -> int | None:
+        """peft's adapter layers are on (not `disable_adapter_layers`) and one is active."""
+        if not hasattr(self.model, "peft_config") or not self.model.active_adapters:
+            return None
+        from peft.tuners.tuners_utils import BaseTunerLayer
+
+        layers = [m for m in self.model.modules() if isinstance(m, BaseTunerLayer)]
+        if not layers or any(m.disable_adapters for m in layers):
+            return None
+        return self.adapter_version
 
     def named_weights(self) -> dict[str, torch.Tensor]:
         return dict(self.model.state_dict())

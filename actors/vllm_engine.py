@@ -318,6 +318,13 @@ class VLLMEngine(InferenceEngine):
         self.llm.reset_prefix_cache()
         return list(tensors)
 
+    def active_adapter(self) -> int | None:
+        """The adapter `generate` passes as its `lora_request`, when vLLM still has it
+        registered (its id is policy_version + 1)."""
+        if self.lora is None or self.lora.lora_int_id not in self.llm.llm_engine.list_loras():
+            return None
+        return self.lora.lora_int_id - 1
+
     def named_weights(self) -> dict[str, torch.Tensor]:
         """vLLM's own parameters (fused qkv / gate_up, possibly repacked on CPU): not the
         checkpoint names; for inspection only."""

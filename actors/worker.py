@@ -27,12 +27,16 @@ from ..common.process import quiet_libraries, set_torch_threads
 from ..common.telemetry import Span, SpanRecorder
 from ..weightsync import (
     ChecksumTap,
+    Delivery,
+    FingerprintTap,
     TransportSettings,
     WeightHandle,
     WeightSyncError,
+    fingerprints,
     make_transport,
     state_checksum,
 )
+from ..weightsync.delta import DeltaReceiver
 from .engine import EngineSettings, Sample, check_prompt_lengths, engine_seed
 from .factory import make_engine
 from .openai_server import EpisodeRecorder, create_app
@@ -59,7 +63,7 @@ class RolloutWorker:
         self,
         worker_id: int,
         engine: EngineSettings,
-        transport: TransportSettings,
+        transport: TransportSettings | str,
         threads: int,
         delay_s: float = 0.0,
         fail_push: tuple[int, int] | None = None,
@@ -70,9 +74,15 @@ class RolloutWorker:
         self.worker_id = worker_id
         # each engine samples with seeds of its own (actors/engine.py `engine_seed`)
         self.engine = make_engine(replace(engine, seed=engine_seed(engine.seed, worker_id)))
+        if isinstance(transport, str):  # just a type name (tests, benches)
+            transport = TransportSettings(type=transport)
         self.transport_settings = transport
         self.transport = make_transport(transport, rank=worker_id + 1)
         self.version = 0
+        # weight_sync.delta: the copy of the last push a delta is applied to
+        self.delta = DeltaReceiver() if transport.delta else None
+        self.delivered = Delivery(-1)  # the last verified push's account
+        self.adapter_version: int | None = None  # the adapter generate must run with
         self.spans = SpanRecorder("rollout", worker_id)
         self.started = time.time()
         self.delay_s = delay_s
@@ -91,6 +101,7 @@ class RolloutWorker:
             ValueError: a prompt leaves no room in the engine's context.
         """
         with self.spans.span("generate", step), self.engine_lock:
+            self._check_adapter()
             prompt_ids = [self.engine.tokenize_chat(r.messages) for r in requests]
             check_prompt_lengths(prompt_ids, self.engine.context_tokens)
             groups = self.engine.generate(prompt_ids, self._own_seed(sampling))
@@ -131,8 +142,26 @@ class RolloutWorker:
             raise ValueError(f"generate_ids samples one turn per prompt; got n={sampling.n}")
         check_prompt_lengths(prompts, self.engine.context_tokens)
         with self.spans.span("generate", step), self.engine_lock:
+            self._check_adapter()
             samples = [g[0] for g in self.engine.generate(prompts, self._own_seed(sampling))]
         return samples, self.version
+
+    def _check_adapter(self) -> None:
+        """Refuse to sample without the adapter last pushed (adapter-only sync): a
+        request on the base model or a stale adapter would train on the wrong policy.
+
+        Raises:
+            WeightSyncError: names this worker and both versions.
+        """
+        if self.adapter_version is None:
+            return
+        active = self.engine.active_adapter()
+        if active != self.adapter_version:
+            raise WeightSyncError(
+                f"rollout worker {self.worker_id}: the adapter of policy_version "
+                f"{self.adapter_version} was pushed, but this request would run with "
+                f"{'no adapter' if active is None else f'the adapter of {active}'}"
+            )
 
     def _own_seed(self, sampling: SamplingSettings) -> SamplingSettings:
         """`sampling` with this engine's seed (`engine_seed` of its seed and the rank):
@@ -159,6 +188,7 @@ class RolloutWorker:
 
             def generate(ids: list[int], sampling: SamplingSettings) -> tuple[Sample, int]:
                 with self.engine_lock:
+                    self._check_adapter()
                     return self.engine.generate([ids], self._own_seed(sampling))[0][0], self.version
 
             app = create_app(
@@ -205,14 +235,23 @@ class RolloutWorker:
                     f"refused policy_version {handle.version}"
                 )
             time.sleep(self.push_delay_s)
+            meta, verify = handle.meta, bool(handle.meta.get("verify"))
+            adapter = meta.get("adapter_config")
+            names = tuple(meta["delta"]["names"]) if "delta" in meta else handle.names
             try:
-                stream = ChecksumTap(self.transport.receive(handle))
-                if (adapter := handle.meta.get("adapter_config")) is not None:
-                    self.engine.load_adapter(stream, adapter, handle.version)
+                stream = self.transport.receive(handle)
+                if self.delta is not None:
+                    self.delta.check(meta, handle.version, self.worker_id)
+                    stream = self.delta.decode(stream, meta, handle.version)
+                stream = ChecksumTap(stream)
+                # What the engine was handed, for engines that keep no plain copy.
+                tap = FingerprintTap(stream) if verify else stream
+                if adapter is not None:
+                    loaded = self.engine.load_adapter(tap, adapter, handle.version)
                 else:
-                    if handle.names:
-                        self.engine.validate_names(handle.names)
-                    self.engine.load_weights(stream)
+                    if names:
+                        self.engine.validate_names(names)
+                    loaded = self.engine.load_weights(tap)
             except (ValueError, RuntimeError) as e:  # WeightSyncError is a RuntimeError
                 raise WeightSyncError(
                     f"rollout worker {self.worker_id}: loading policy_version {handle.version} "
@@ -224,8 +263,28 @@ class RolloutWorker:
                     f"{handle.version} differs after loading ({got[:12]} != "
                     f"{handle.checksum[:12]})"
                 )
+            if verify:
+                self.delivered = self._account(handle.version, tap, loaded, adapter is not None)
+            if adapter is not None:
+                self.adapter_version = handle.version
             self.version = handle.version
         return self.version
+
+    def _account(
+        self, version: int, tap: FingerprintTap, loaded: list[str], adapter: bool
+    ) -> Delivery:
+        """This engine's `Delivery` of `version`: fingerprints of what it holds where
+        it keeps the checkpoint layout, else of what it handed to its loader."""
+        held = self.engine.held_tensors(loaded, adapter)
+        active = self.engine.active_adapter() if adapter else None
+        if held is None:
+            return Delivery(version, tap.seen, adapter, active, where="loaded")
+        return Delivery(version, fingerprints(held.items()), adapter, active, where="holds")
+
+    def delivery(self) -> Delivery:
+        """This engine's account of the last verified push (weightsync/verify.py): the
+        controller compares it with the learner's before the next generate."""
+        return self.delivered
 
     def join_push_group(self, address: str, world_size: int) -> None:
         """Leave the weight broadcast group and join a new one at `address` (a

@@ -287,7 +287,24 @@ class WeightSyncConfig(_Strict):
         "shared filesystem when engines run on other nodes.",
     )
     verify_checksum: bool = Field(
-        False, description="Engines check a checksum of what they loaded after every push."
+        True,
+        description="Proof of delivery after every push: learner rank 0 and every engine "
+        "fingerprint each tensor (xxh3 of the engine-dtype bytes; the engine's held tensors on "
+        "engine 'hf', the tensors handed to vLLM's loader on engine 'vllm'), and with "
+        "adapter_mode 'adapter' each engine shows the pushed adapter is the one its next "
+        "request runs with; a difference stops the run naming the engine and the tensor. "
+        "Costs one read of the pushed bytes on each side (docs/weight-sync.md); false turns "
+        "it off.",
+    )
+    delta: bool = Field(
+        False,
+        description="Send only the elements that changed since the previous push (flat "
+        "indices + values, per tensor; a tensor whose change is large goes whole, and a push "
+        "whose delta exceeds half the full bytes goes full). Engines rebuild bit-exact full "
+        "tensors from a copy of the previous push they keep (one extra copy of the weights "
+        "on learner rank 0 and on each engine). The first push of a learner process, and "
+        "every push after an engine was replaced, is full. Transports: collective, "
+        "object_store, filesystem (not cuda_ipc); a delta push is not streamed.",
     )
     timeout_s: float = Field(
         300.0, gt=0, description="Seconds every engine has to acknowledge a push."
@@ -299,6 +316,15 @@ class WeightSyncConfig(_Strict):
         "and the engine loads them as a LoRA adapter (plain LoRA only, not DoRA; QLoRA first "
         "sends its dequantised NF4 base once, as policy_version 0).",
     )
+
+    @model_validator(mode="after")
+    def _delta_transport(self) -> WeightSyncConfig:
+        if self.delta and self.type == "cuda_ipc":
+            raise ValueError(
+                "weight_sync.delta does not apply to type 'cuda_ipc' (colocated engines open "
+                "the learner's tensors in place; nothing is copied to save): set delta: false"
+            )
+        return self
 
 
 class Recipe(_Strict):

@@ -37,7 +37,8 @@ from ..algorithms import loss_module
 from ..algorithms.batch import TrainBatch
 from ..common.process import quiet_libraries, set_torch_threads
 from ..common.telemetry import Span, SpanRecorder
-from ..weightsync import WeightHandle, make_transport, publish
+from ..weightsync import Delivery, WeightHandle, make_transport, publish
+from ..weightsync.delta import DeltaSender
 from . import adapters, checkpoint
 from .distributed import (
     backend_for,
@@ -69,6 +70,7 @@ class LearnerWorker:
         self.spans = SpanRecorder("learner", rank)
         self.optimizer_steps = 0
         self.transport = None
+        self.delta: DeltaSender | None = None  # weight_sync.delta, rank 0 (set up in setup)
         self.critic = None
         self.device = torch.device("cpu")
 
@@ -156,6 +158,8 @@ class LearnerWorker:
         report = {**adapters.memory_report(self.policy, self.reference), **cuda_memory(self.device)}
         # Only rank 0 sends weights; the others never touch the push group.
         self.transport = make_transport(s.transport, rank=0 if self.rank == 0 else None)
+        # weight_sync.delta: rank 0's copy of the last push; a new process starts full.
+        self.delta = DeltaSender() if s.transport.delta and self.rank == 0 else None
         return report
 
     # -- forwards -------------------------------------------------------------------------
@@ -345,12 +349,18 @@ class LearnerWorker:
         return stats
 
     # -- weights out ----------------------------------------------------------------------
-    def publish_weights(self, version: int, full: bool = False) -> Iterator[WeightHandle | None]:
+    def publish_weights(
+        self, version: int, full: bool = False, fresh: bool = False
+    ) -> Iterator[WeightHandle | Delivery | None]:
         """Publish the policy as `version` through the transport (a generator: the handle
-        first, rank 0 only, then nothing once delivered; see `weightsync.publish`).
-        With `transport.adapter_only` only the adapter goes, unless `full` (QLoRA sends
-        its dequantised base once, as version 0). Collective."""
+        first, rank 0 only, then, with verification, the fingerprints it sent once
+        delivered; see `weightsync.publish`). With `transport.adapter_only` only the
+        adapter goes, unless `full` (QLoRA sends its dequantised base once, as version
+        0). With `transport.delta` only changed elements go, unless `fresh` (engines
+        were replaced) or this is the learner's first push. Collective."""
         s = self.s
+        if fresh and self.delta is not None:
+            self.delta.reset()
         with self.spans.span("weight_sync", version - 1):
             source = push_source(
                 self.policy,
@@ -365,7 +375,8 @@ class LearnerWorker:
                 source,
                 version,
                 sender=self.rank == 0,
-                checksum=s.transport.checksum,
+                verify=s.transport.checksum,
+                delta=self.delta,
             )
 
     def join_push_group(self, address: str, world_size: int) -> None:

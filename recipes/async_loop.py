@@ -349,6 +349,7 @@ def async_step(run: Any, algo: Any, step: int) -> tuple[dict[str, float], list[S
         "time/weight_sync": sync_s,
         "time/step": t_end - t0,
         "weight_sync_bytes": roles.counters.last_push_bytes,
+        "weight_sync_changed_fraction": roles.counters.last_push_changed,
         "rollout_tokens_per_s": tokens / (t_end - t0),
         "weight_sync_fraction": sync_s / (t_end - t0),
         **telemetry,

@@ -24,6 +24,7 @@ from ..common.telemetry import Span, busy_seconds, generation_tail, idle_fractio
 from ..config import Recipe
 from ..rewards.protocol import Score, ScoreItem
 from ..weightsync import (
+    DeliveryError,
     WeightSyncError,
     push,
 )
@@ -174,9 +175,15 @@ def replace_rollout_worker(roles: Roles, recipe: Recipe, index: int) -> None:
     targets = roles.rollout if grouped else [worker]
     qlora = adapter_sync(recipe) and recipe.model.adapter.type == "qlora"
     if qlora:  # its base must be the learner's dequantised NF4 base, as at start
-        push(roles.learners, targets, 0, recipe.weight_sync.timeout_s, full=True)
-    if roles.counters.policy_version > 0 or grouped:
-        push(roles.learners, targets, roles.counters.policy_version, recipe.weight_sync.timeout_s)
+        push(roles.learners, targets, 0, recipe.weight_sync.timeout_s, full=True, fresh=True)
+    if roles.counters.policy_version > 0 or grouped:  # whole tensors: the new engine has no base
+        push(
+            roles.learners,
+            targets,
+            roles.counters.policy_version,
+            recipe.weight_sync.timeout_s,
+            fresh=True,
+        )
     roles.counters.rollout_restarts += 1
 
 
@@ -246,8 +253,17 @@ def push_weights(roles: Roles, recipe: Recipe, version: int) -> float:
     t0 = time.time()
     for attempt in (1, 2):
         try:
-            handle = push(roles.learners, roles.rollout, version, recipe.weight_sync.timeout_s)
+            # the retry is a full push: a failed delta may have left engines part-updated
+            handle = push(
+                roles.learners,
+                roles.rollout,
+                version,
+                recipe.weight_sync.timeout_s,
+                fresh=attempt == 2,
+            )
             break
+        except DeliveryError:  # corrupted weights: stop, never hide it behind a retry
+            raise
         except WeightSyncError as e:
             if attempt == 2:
                 raise WeightSyncError(
@@ -259,6 +275,7 @@ def push_weights(roles: Roles, recipe: Recipe, version: int) -> float:
                 flush=True,
             )
     roles.counters.last_push_bytes = handle.num_bytes
+    roles.counters.last_push_changed = handle.meta.get("changed_fraction", 1.0)
     roles.counters.policy_version = version
     return time.time() - t0
 

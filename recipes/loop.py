@@ -333,6 +333,7 @@ def rl_step(run: Run, algo: RLAlgorithm, step: int) -> tuple[dict[str, float], l
         **stats,
         **_step_times(got, sync_s, t_end),
         "weight_sync_bytes": roles.counters.last_push_bytes,
+        "weight_sync_changed_fraction": roles.counters.last_push_changed,
         **telemetry,
     }, spans
 

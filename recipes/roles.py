@@ -94,7 +94,10 @@ class RunCounters:
         rollout_restarts: rollout workers replaced so far.
         learner_restarts: learner groups restarted so far.
         policy_version: what every engine holds (the newest push).
-        last_push_bytes: tensor bytes of the newest weight push.
+        last_push_bytes: tensor bytes of the newest weight push (a delta's encoded bytes
+            with `weight_sync.delta`).
+        last_push_changed: share of the pushed elements that changed since the previous
+            push (1.0 for a full push without `weight_sync.delta`).
     """
 
     reward_restarts: int = 0
@@ -102,6 +105,7 @@ class RunCounters:
     learner_restarts: int = 0
     policy_version: int = 0
     last_push_bytes: int = 0
+    last_push_changed: float = 1.0
 
 
 @dataclass
@@ -181,13 +185,15 @@ def _start_roles(
         ),
         transport=transport,
     )
-    roles.learners = roles.specs.learners(transport, resume_from)
+    # A rollout worker that dies in its __init__ never joins the push group: the
+    # learner's set-up (which joins it) fails at once naming it, not after timeout_s.
+    roles.learners = roles.specs.learners(transport, resume_from, watch=roles.rollout)
     if roles.rollout:
         ray.get([w.health.remote() for w in roles.rollout])
     if adapter_sync(recipe) and recipe.model.adapter.type == "qlora":
         # Engines serve base + adapter; their base must be the learner's NF4 base
         # dequantised, not the checkpoint: send it once, as policy_version 0.
-        push(roles.learners, roles.rollout, 0, recipe.weight_sync.timeout_s, full=True)
+        push(roles.learners, roles.rollout, 0, recipe.weight_sync.timeout_s, full=True, fresh=True)
     if roles.reward is not None and roles.reward.local is not None:
         try:
             roles.reward.local.wait_ready(timeout_s=120, proc=roles.reward_proc)
@@ -297,6 +303,7 @@ def transport_settings(recipe: Recipe, run_dir: Path) -> TransportSettings:
         backend="nccl" if recipe.resources.device == "cuda" else "gloo",
         directory=str(Path(ws.directory) / f"{run_dir.name}-{os.getpid()}"),
         checksum=ws.verify_checksum,
+        delta=ws.delta,
         adapter_only=adapter_sync(recipe),
     )
 
@@ -310,10 +317,11 @@ def _launch_learners(
     transport: TransportSettings,
     resume_from: str | None,
     run_dir: Path | None = None,
+    watch: list[Any] | None = None,
 ) -> list[Any]:
     # The recovery path (recipes/recovery.py) relaunches with (transport, resume_from).
     return start_learners(
-        recipe, algo, model_path, placement, threads, transport, resume_from, run_dir
+        recipe, algo, model_path, placement, threads, transport, resume_from, run_dir, watch
     )
 
 
@@ -326,14 +334,18 @@ def start_learners(
     transport: TransportSettings,
     resume_from: str | None = None,
     run_dir: Path | None = None,
+    watch: list[Any] | None = None,
 ) -> list[Any]:
     """Start the FSDP2 learner ranks on their placement with the algorithm's loss,
     reference and critic, and wait until they are set up. The group meets at rank 0's
     node address (recipes/cluster.py records where each rank landed in `run_dir`).
+    `watch`: rollout workers being constructed meanwhile (rank 0's set-up joins the
+    push group with them); one that dies fails the wait at once (`get_watching`).
 
     Raises:
         RecipeError: an adapter target names no linear layer (checked before loading),
             or a learner node cannot see `run_dir`.
+        RuntimeError: a watched rollout worker died while starting (named).
     """
     from ..learner.adapters import AdapterSettings, check_targets, format_memory_report
     from ..learner.distributed import format_cuda_memory
@@ -384,11 +396,42 @@ def start_learners(
     if run_dir is not None:
         record_places(run_dir, places, master)
         check_shared_run_dir(run_dir, places)
-    reports = ray.get([lw.setup.remote(master, resume_from) for lw in learners])
+    reports = get_watching([lw.setup.remote(master, resume_from) for lw in learners], watch or [])
     print(format_memory_report(reports[0]), flush=True)
     if cuda_line := format_cuda_memory(reports[0]):
         print(cuda_line, flush=True)
     return learners
+
+
+def get_watching(refs: list[Any], workers: list[Any], poll_s: float = 0.5) -> list[Any]:
+    """`ray.get(refs)`, failing as soon as one of the rollout `workers` (actors still
+    being constructed) has died: members of the push group wait for each other, so a
+    worker that dies in `__init__` would otherwise keep everyone waiting until
+    `weight_sync.timeout_s`.
+
+    Raises:
+        RuntimeError: rollout worker i died while starting (its error, shortened); the
+            caller stops the other roles.
+    """
+    ready = {w.__ray_ready__.remote(): i for i, w in enumerate(workers)}
+    pending = list(refs)
+    while True:
+        if ready:
+            up, _ = ray.wait(list(ready), num_returns=len(ready), timeout=0)
+            for ref in up:
+                i = ready.pop(ref)
+                try:
+                    ray.get(ref)
+                except ray.exceptions.RayActorError as e:
+                    cause = str(e).strip().splitlines()
+                    raise RuntimeError(
+                        f"rollout worker {i} died while starting, so the push group cannot "
+                        f"form (the others would wait weight_sync.timeout_s): "
+                        f"{' '.join(cause[-3:])[-600:]}"
+                    ) from e
+        if not pending:
+            return ray.get(list(refs))
+        _, pending = ray.wait(pending, num_returns=len(pending), timeout=poll_s)
 
 
 def start_rewards(recipe: Recipe, run_dir: Path) -> tuple[RewardSet, LocalServiceLaunch | None]:

@@ -144,11 +144,14 @@ def test_two_ppo_steps_with_critic(tiny_model, tmp_path):
 
 @pytest.mark.vllm
 @requires_vllm
-@pytest.mark.parametrize("checksum", [False, True], ids=["streamed", "checksummed"])
-def test_two_grpo_steps_on_vllm_with_collective_sync(tiny_model_vllm, tmp_path, checksum):
+@pytest.mark.parametrize(
+    ("checksum", "delta"), [(False, False), (True, True)], ids=["streamed", "delta-verified"]
+)
+def test_two_grpo_steps_on_vllm_with_collective_sync(tiny_model_vllm, tmp_path, checksum, delta):
     """2 vLLM engines, 2 FSDP2 ranks, weights broadcast over gloo (streamed while the
-    learner gathers, or gathered first and checksummed); after each push the learner's
-    old_logprobs reproduce the engines' inference_logprobs (fp32)."""
+    learner gathers, unverified; or a delta push after the first, each proven by
+    fingerprints); after each push the learner's old_logprobs reproduce the engines'
+    inference_logprobs (fp32)."""
     recipe_file = _grpo_recipe(
         tmp_path,
         tiny_model_vllm,
@@ -157,11 +160,19 @@ def test_two_grpo_steps_on_vllm_with_collective_sync(tiny_model_vllm, tmp_path, 
         rewards=[{"name": "digit", "type": "format", "pattern": "[0-9]"}],
         train={"steps": 2, "prompts_per_step": 4, "micro_batch_size": 4, "lr": 1e-3},
         resources={"rollout": {"gpus": 2}, "learner": {"gpus": 2}, "threads_per_worker": 1},
-        weight_sync={"type": "collective", "bucket_mb": 1, "verify_checksum": checksum},
+        weight_sync={
+            "type": "collective",
+            "bucket_mb": 1,
+            "verify_checksum": checksum,
+            "delta": delta,
+        },
     )
     run_dir = tmp_path / "run"
     history = run(load_recipe(recipe_file), run_dir)
     assert [h["policy_version"] for h in history] == [1, 2]
+    if delta:  # the second push sent only what changed (lr 1e-3 moves most fp32 bits)
+        assert history[0]["weight_sync_changed_fraction"] == 1.0
+        assert 0 < history[1]["weight_sync_changed_fraction"] <= 1.0
     assert any(h["grad_norm"] > 0.0 for h in history)
     for h in history:
         assert h["failed_scores"] == 0

@@ -13,6 +13,14 @@ from .base import (
     state_checksum,
 )
 from .publish import GroupStore, publish, push
+from .verify import (
+    Delivery,
+    DeliveryError,
+    FingerprintTap,
+    check_delivery,
+    fingerprint,
+    fingerprints,
+)
 
 TRANSPORTS = ("object_store", "collective", "filesystem", "cuda_ipc")
 
@@ -27,7 +35,10 @@ class TransportSettings:
         backend: collective only: 'gloo' (CPU) or 'nccl' (GPU).
         directory: filesystem only: folder of this run's weight files.
         timeout_s: collective only: bound on forming the group and on each broadcast.
-        checksum: receivers checksum what they loaded and compare with the sender's.
+        checksum: proof of delivery (weightsync/verify.py): learner rank 0 and every
+            engine fingerprint each tensor of a push; the controller compares them.
+        delta: send only the elements that changed since the last push
+            (weightsync/delta.py); engines keep a copy of the last push.
         adapter_only: with an adapter, push only its tensors (engines serve base +
             adapter) instead of merged full weights.
         group_address: collective only: `host:port` of the run's `GroupStore`; each
@@ -41,7 +52,8 @@ class TransportSettings:
     backend: str = "gloo"
     directory: str = "/dev/shm/posttrain"
     timeout_s: float = 300.0
-    checksum: bool = False
+    checksum: bool = True
+    delta: bool = False
     adapter_only: bool = False
     group_address: str | None = None
     group_world: int = 0
@@ -88,12 +100,18 @@ def _build(s: TransportSettings) -> WeightTransport:
 __all__ = [
     "TRANSPORTS",
     "ChecksumTap",
+    "Delivery",
+    "DeliveryError",
+    "FingerprintTap",
     "GroupStore",
     "PushSource",
     "TransportSettings",
     "WeightHandle",
     "WeightSyncError",
     "WeightTransport",
+    "check_delivery",
+    "fingerprint",
+    "fingerprints",
     "make_transport",
     "publish",
     "push",

@@ -8,10 +8,14 @@ One push of policy_version v:
   2. `push` hands rank 0's handle to every rollout worker's `update_weights` and waits
      at most `timeout_s` for each to acknowledge version v;
   3. `push` then waits for every learner rank's generator to end (a broadcast thread
-     joined, a streamed broadcast finished), surfacing its errors.
+     joined, a streamed broadcast finished), surfacing its errors; with verification
+     (`weight_sync.verify_checksum`, weightsync/verify.py) rank 0's generator ends
+     with the fingerprints it sent, and `push` compares them with every engine's
+     `delivery()` before the next generate.
 Streamed or gathered is rank 0's choice here: streamed when the transport can stream,
-the layout is known before gathering and no checksum is asked (a checksum needs every
-tensor before the handle leaves).
+the layout is known before gathering, no whole-state checksum is asked (it needs every
+tensor before the handle leaves) and no delta is sent (weightsync/delta.py: changed
+elements are known only once a tensor is gathered).
 """
 
 from __future__ import annotations
@@ -22,6 +26,8 @@ from datetime import timedelta
 from typing import Any
 
 from .base import PushSource, WeightHandle, WeightSyncError, WeightTransport
+from .delta import DeltaSender
+from .verify import Delivery, FingerprintTap, check_delivery
 
 
 def publish(
@@ -31,39 +37,69 @@ def publish(
     *,
     sender: bool,
     checksum: bool = False,
-) -> Iterator[WeightHandle | None]:
+    verify: bool = False,
+    delta: DeltaSender | None = None,
+) -> Iterator[WeightHandle | Delivery | None]:
     """Learner side of one push: yields the handle (None on ranks other than the
-    sender), then returns once the push is delivered on the sender's side.
+    sender), then, with `verify`, the sender's `Delivery` (fingerprints of every tensor
+    sent) once the push is delivered on the sender's side.
 
     Every learner rank must run it to the end at the same time: producing the tensors
     is a collective over the learner group.
 
+    Args:
+        checksum: the transport's whole-state `handle.checksum` (checked by each engine
+            itself; needs every tensor before the handle leaves, so no streaming).
+        verify: fingerprint every tensor as it is sent (`weightsync.verify`); the
+            controller compares them with each engine's account.
+        delta: rank 0's delta encoder (`weightsync.delta`): send only changed elements.
+
     Raises:
         WeightSyncError: delivery failed or timed out (from the transport).
     """
-    if transport.can_stream and source.layout is not None and not checksum:
+    tap = FingerprintTap(source.tensors) if verify and sender else None
+    tensors = tap if tap is not None else source.tensors
+    streams = transport.can_stream and source.layout is not None and delta is None
+    if streams and not checksum:
         handle = transport.stream_handle(source.layout, version) if sender else None
+        if handle is not None and verify:
+            handle = dataclasses.replace(handle, meta={**handle.meta, "verify": True})
         yield handle  # engines start receiving while the tensors are gathered
         if sender:
-            transport.send_stream(source.tensors, handle)
+            transport.send_stream(iter(tensors), handle)
         else:
-            for _ in source.tensors:  # the all-gathers need every rank
+            for _ in tensors:  # the all-gathers need every rank
                 pass
+        if tap is not None:
+            yield Delivery(version, tap.seen)
         return
-    weights = dict(source.tensors)
+    weights = dict(tensors)
     if transport.every_rank_sends:  # a collective send; rank 0's handle goes out
         handle = transport.send(weights, version, checksum=checksum and sender)
+        if sender and verify:
+            handle = dataclasses.replace(handle, meta={**handle.meta, "verify": True})
         yield handle if sender else None
         transport.finish(handle)
+        if tap is not None:
+            yield Delivery(version, tap.seen)
         return
     if not sender:
         yield None
         return
-    handle = transport.send(weights, version, checksum=checksum)
-    if source.meta:
-        handle = dataclasses.replace(handle, meta={**handle.meta, **source.meta})
+    meta = dict(source.meta)
+    if delta is not None:
+        weights, delta_meta = delta.encode(weights, version)
+        meta.update(delta_meta or {})
+        meta["changed_fraction"] = delta.last.changed_fraction
+    if verify:
+        meta["verify"] = True
+    handle = transport.send(weights, version, checksum=checksum and delta is None)
+    if meta:
+        handle = dataclasses.replace(handle, meta={**handle.meta, **meta})
     yield handle
     transport.finish(handle)
+    if tap is not None:
+        yield Delivery(version, tap.seen, adapter="adapter_config" in meta)
 
 
 def push(
@@ -72,6 +108,7 @@ def push(
     version: int,
     timeout_s: float,
     full: bool = False,
+    fresh: bool = False,
 ) -> WeightHandle:
     """Controller side of one push: learners publish `version`, every engine applies
     the handle, and all acknowledge within `timeout_s` seconds. Returns rank 0's handle.
@@ -81,15 +118,20 @@ def push(
             generator method on each.
         engines: rollout worker actors with `update_weights(handle, step)`.
         full: push full weights even under adapter-only sync (QLoRA's base, version 0).
+        fresh: no delta: every engine gets whole tensors (the first push of a run, a
+            resume, an engine replacement; `weightsync.delta`).
 
     Raises:
-        WeightSyncError: an engine failed to load, died, did not answer in time, or
-            reports another version; the message names the engine and the version.
+        WeightSyncError: an engine failed to load, died, did not answer in time,
+            reports another version, or (with verification, `weightsync.verify`) holds
+            a tensor that differs from the learner's or does not serve the pushed
+            adapter; the message names the engine, the version and the tensor.
     """
     import ray
 
     gens = [
-        lw.publish_weights.options(num_returns="streaming").remote(version, full) for lw in learners
+        lw.publish_weights.options(num_returns="streaming").remote(version, full, fresh)
+        for lw in learners
     ]
     ready, _ = ray.wait([gens[0]], timeout=timeout_s)  # ready: its next item exists
     if not ready:
@@ -117,9 +159,15 @@ def push(
                 f"rollout engine {pending[ref]} reports policy_version {got} "
                 f"after a push of {version}"
             )
+    sent = None
     for g in gens:  # the learners' side ends once every engine has it
         for ref in g:
-            ray.get(ref)
+            item = ray.get(ref)
+            sent = item if isinstance(item, Delivery) else sent
+    if sent is not None:  # proof of delivery: every engine's account against the learner's
+        reports = ray.get([w.delivery.remote() for w in engines], timeout=timeout_s)
+        for i, got in enumerate(reports):
+            check_delivery(sent, got, i)
     return handle
 
 

@@ -43,7 +43,10 @@ BENCHES: dict[str, tuple[list[pytest.MarkDecorator], list[str]]] = {
     "token_budget": (slow, ["| micro-batches | train s | step s |", "| budget 64 tokens |"]),
     "vs_trl": ([], ["| system | s/step (median) |", "| posttrain ("]),
     "weight_load": (vllm, ["| part | seconds | GB/s | vs memcpy |", "| VLLMEngine.load_weights |"]),
-    "weight_sync": (vllm, ["| transport | into | seconds | GB/s |", "| collective | vLLM |"]),
+    "weight_sync": (
+        vllm,
+        ["| transport | into | push | seconds |", "| collective | vLLM | delta |"],
+    ),
 }
 HEADER = ("# command: python bench/", "# commit: ", "# CPU: ", "# load average")
 

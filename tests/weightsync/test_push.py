@@ -26,7 +26,7 @@ class Learner:
     def __init__(self, rank: int, delay_s: float = 0.0):
         self.rank, self.delay_s, self.finished = rank, delay_s, []
 
-    def publish_weights(self, version: int, full: bool = False):
+    def publish_weights(self, version: int, full: bool = False, fresh: bool = False):
         time.sleep(self.delay_s)
         yield WeightHandle(version, None, 10) if self.rank == 0 else None
         self.finished.append(version)  # the sender's side ends after the engines load
