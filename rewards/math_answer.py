@@ -16,6 +16,10 @@ a currency sign ("The answer is $1,234." is 1,234; "$5 or $6" offers two amounts
 Markdown emphasis around a value (`**$1,234**.`) is dropped, and so is the sentence's
 full stop.
 
+With no marker, `is_computation` and `last_result` keep a restated question from
+counting as its own answer: "To calculate 6 + 6" states no answer (math-verify would
+read the expression `6 + 6` and score it as 12), "12, since 6 + 6" answers 12.
+
 `math_verifier.py` decides which marker counts; this module only finds them and cuts
 the value out of a marker's text. The scanning is linear in the response's length;
 math-verify's parsing of what it finds is not, which is why the service runs all of
@@ -58,6 +62,17 @@ _ENVS = (("$$", "$$"), ("$", "$"), ("\\(", "\\)"), ("\\[", "\\]"))
 # digit after it, so "$5 or $6" and "$20,000 and $30,000" are amounts, not math.
 _DOLLAR_CLOSE = re.compile(r"(?<=\S)\$(?!\d)")
 _OPEN, _CLOSE = "([{", ")]}"
+
+
+# A computation of plain numbers not carried out: "6 + 6", "7*8", "(3 - 1) × 4", "6 \\div 2".
+# Fractions ("3/4"), powers and anything with a name or a LaTeX command are values.
+_NUM = r"\(*[-−]?\d+(?:[.,]\d+)*\)*"
+_COMPUTATION = re.compile(rf"{_NUM}(?:[-+−*×÷]{_NUM})+")
+_LATEX_OPS = (("\\times", "×"), ("\\cdot", "×"), ("\\div", "÷"))
+# A number in running text (1,234 and 0.5 are one number each).
+_NUMBER = re.compile(r"(?<![\d.,])[-−]?\d+(?:,\d{3})*(?:\.\d+)?(?![\d])")
+# Operators that make a neighbouring number an operand, not a result.
+_OPERATORS = "+-−*×÷/^"
 
 
 @dataclass(frozen=True)
@@ -176,3 +191,32 @@ def alternatives(text: str) -> list[str]:
     a single part when there is no "or"."""
     parts = (_FILLER.sub("", s.strip(" ,()")) for s in _OR.split(text))
     return [p for p in parts if p]
+
+
+def is_computation(value: str) -> bool:
+    """True when `value` is plain numbers joined by + − * × ÷ (or LaTeX's \\times,
+    \\cdot, \\div) and nothing else: a computation not carried out, such as the
+    question restated ("6 + 6"). "-7", "3/4", "2^{10}", "x + 1" and "6 + 6 = 12" are not."""
+    s = value
+    for latex, op in _LATEX_OPS:
+        s = s.replace(latex, op)
+    s = re.sub(r"\s+", "", s)
+    return _COMPUTATION.fullmatch(s) is not None
+
+
+def last_result(response: str) -> str | None:
+    """The last number of `response` that is not an operand of a computation (no
+    operator right before or after it; one after `=` is a result), or None.
+    "12, since 6 + 6" → "12"; "To calculate 6 + 6" → None; "6 + 6 = 12" → "12"."""
+    for latex, op in _LATEX_OPS:
+        response = response.replace(latex, op)
+    found = None
+    for m in _NUMBER.finditer(response):
+        before = response[: m.start()].rstrip()[-1:]
+        after = response[m.end() :].lstrip()[:1]
+        if before and before in _OPERATORS and not m.group().startswith(("-", "−")):
+            continue
+        if after and after in _OPERATORS + "=":
+            continue
+        found = m.group()
+    return found

@@ -39,7 +39,13 @@ Which answer of the response counts:
    never outranks an explicit answer before it. A full stop ending any marker's value
    is punctuation (`\\boxed{1,234.}` is 1,234).
 2. With no marker: math-verify's own extraction on the whole response (LaTeX
-   environments, then the last number or expression).
+   environments, then the last number or expression), except that a computation of
+   plain numbers not carried out is not an answer: a reply that restates the question
+   ("To calculate 6 + 6", cut there by a stop string) would otherwise score as 12. Then
+   the last number that is no operand of a computation counts ("12, since 6 + 6" is
+   12), or nothing does (source None, score 0). An explicit marker's computation
+   (`\\boxed{6 + 6}`, "The answer is 6 + 6") is the reply's own commitment and still
+   counts by its value.
 Hedging is not rewarded: when the counted marker offers alternatives joined by "or"
 (`The answer is 1234 or maybe 12`, `\\boxed{3 \\text{ or } 4}`) that are not all equal,
 the score is 0 (details `hedged: true`), even if one of them is right. Alternatives
@@ -67,7 +73,9 @@ from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, veri
 from .math_answer import (
     alternatives,
     find_markers,
+    is_computation,
     is_prose,
+    last_result,
     last_side,
     leading_value,
     sentence,
@@ -201,6 +209,10 @@ def final_answer(response: str, multi_valued_gold: bool = False) -> Answer:
             hedged = len(offered) > 1 and _differ(offered)
         return Answer(parsed, marker.source, hedged)
     parsed = _parse(strip_plus(response))
+    if parsed and isinstance(parsed[-1], str) and is_computation(parsed[-1]):
+        # the last expression is a computation the reply restates, not its answer
+        result = last_result(response)
+        parsed = parse_value(result) if result is not None else []
     return Answer(parsed, "last value" if parsed else None, False)
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from posttrain.rewards.math_answer import is_computation
 from posttrain.rewards.math_verifier import score_math
 
 
@@ -254,3 +255,48 @@ def test_prose_after_an_answer_phrase_is_not_a_marker():
 
 def test_hash_line_with_a_value_still_counts():
     assert score_math("The answer is \\boxed{2}.\n#### 3", "3")[1]["source"] == "####"
+
+
+@pytest.mark.parametrize(
+    ("response", "want", "extracted"),
+    [
+        # the field fault: the quickstart's stop string "." cuts the reply here, and the
+        # restated question used to score as its own answer (6 + 6 = 12)
+        ("To calculate 6 + 6", 0.0, None),
+        ("To calculate 6 + 6, add six", 0.0, None),
+        ("$6+6$", 0.0, None),
+        ("$6 \\times 2$", 0.0, None),
+        ("-7+19", 0.0, None),
+        # the reply's own answer still counts, wherever the restatement sits
+        ("12, since 6 + 6", 1.0, "12"),
+        ("To calculate 6 + 6, we add them: 12", 1.0, "12"),
+        ("6 + 6 = 12", 1.0, "12"),
+        ("$6 \\times 2 = 12$", 1.0, "6 \\times 2 = 12"),
+        ("To calculate 6 + 6, you get 13", 0.0, "13"),
+    ],
+)
+def test_a_restated_computation_is_not_the_answer(response, want, extracted):
+    score, details = score_math(response, "12")
+    assert (score, details["extracted"]) == (want, extracted)
+
+
+@pytest.mark.parametrize("response", ["\\boxed{6 + 6}", "The answer is 6 + 6."])
+def test_an_explicit_marker_commits_to_its_computation(response):
+    assert score_math(response, "12")[0] == 1.0
+
+
+@pytest.mark.parametrize(
+    ("value", "want"),
+    [
+        ("6 + 6", True),
+        ("(3 - 1) × 4", True),
+        ("6 \\div 2", True),
+        ("-7", False),
+        ("3/4", False),
+        ("x + 1", False),
+        ("6 + 6 = 12", False),
+        ("1,234", False),
+    ],
+)
+def test_is_computation(value, want):
+    assert is_computation(value) is want
