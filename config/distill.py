@@ -87,7 +87,8 @@ def check_distill(algorithm: str, block: DistillConfig, samples_per_prompt: int)
         ValueError: names the key and what to set.
     """
     if algorithm != "distill":
-        changed = sorted(block.model_fields_set)
+        fields = DistillConfig.model_fields
+        changed = [k for k in fields if getattr(block, k) != fields[k].default]
         if changed:
             raise ValueError(
                 f"distill.{changed[0]} is set, but algorithm is {algorithm} and only "
