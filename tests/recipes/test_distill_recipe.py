@@ -97,3 +97,46 @@ def test_vocab_difference_names_the_first_token_by_id():
     assert vocab_difference({"a": 0, "b": 1}, {"a": 0}) == (
         "token 'b' is id 1 in the student and is missing in the teacher"
     )
+
+
+def test_step_trains_on_teacher_minus_engine_logprobs(monkeypatch):
+    """The algorithm object's step on a stand-in learner: the teacher pass is the
+    reference pass, and the update's advantages are teacher − inference logprobs on the
+    response tokens, plus reward_weight × the group advantage (hand values)."""
+    import torch
+
+    import posttrain.recipes.algo.base as base_mod
+    import posttrain.recipes.algo.distill as distill_mod
+    from posttrain.actors.rollout import Rollout
+    from posttrain.recipes.algo import algorithm_for
+    from posttrain.recipes.algo.grpo import rollout_batch
+
+    # two samples of one prompt: prompt [1, 2], responses of 2 and 1 tokens
+    rollouts = [
+        Rollout("a", "g", [1, 2], [3, 4], [-0.5, -1.0], "stop", 0, "p", "r"),
+        Rollout("b", "g", [1, 2], [5], [-2.0], "stop", 0, "p", "r"),
+    ]
+    teacher = torch.tensor([[0.0, 0.0, -0.25, -3.0], [0.0, 0.0, -1.0, 0.0]])
+    sent = {}
+
+    def on_learners(learners, method, batch, step, *args):
+        if method == "compute":
+            assert args == ("ref_logprobs",)
+            return [teacher[: len(batch)] * batch.response_mask]
+        sent["advantages"] = batch.advantages.clone()
+        return [{"loss": 0.0, "grad_norm": 1.0, "lr": 0.1}]
+
+    for mod in (base_mod, distill_mod):
+        monkeypatch.setattr(mod, "on_learners", on_learners)
+    recipe = load_recipe(
+        QUICKSTART, ["algorithm=distill", "distill.teacher=t", "distill.reward_weight=0.5"]
+    )
+    rewards = [1.0, 0.0]  # group advantages (std-scaled): +0.7071, −0.7071
+    batch = rollout_batch(rollouts, rewards, pad_id=0)
+    stats = algorithm_for(recipe).train([None], batch, rollouts, rewards, step=0)
+    # row a: −0.25 − (−0.5) = 0.25, −3 − (−1) = −2; row b: −1 − (−2) = 1 (then padding)
+    a = 0.5 * 0.70710677
+    want = torch.tensor([[0.0, 0.0, 0.25 + a, -2.0 + a], [0.0, 0.0, 1.0 - a, 0.0]])
+    torch.testing.assert_close(sent["advantages"], want, rtol=0.0, atol=1e-6)
+    # reverse KL: mean of (student − teacher) over 3 tokens = (−0.25 + 2 − 1) / 3
+    assert abs(stats["distill/reverse_kl"] - 0.25) < 1e-6
