@@ -7,7 +7,8 @@ PPO) and one loss with the shared signature
 
 (`reward_model` reads `[b]` scalar scores in place of logprobs: its `MODEL_OUTPUT`),
 plus `finish_metrics(sums) -> metrics`, which turns the loss's summed numerators into
-step metrics. The learner runs one train-step skeleton with the loss chosen at setup
+step metrics (`distill`, on-policy distillation, holds its advantages and trains with
+GRPO's loss). The learner runs one train-step skeleton with the loss chosen at setup
 (`loss_module`); the controller's algorithm object (recipes/algo/base.py) builds the
 batch. A new loss is one function here, one schema entry and its tests.
 """
@@ -26,6 +27,7 @@ def loss_module(name: str) -> ModuleType:
     from . import dpo, grpo, ppo, reward_model
 
     modules = {"grpo": grpo, "ppo": ppo, "dpo": dpo, "reward_model": reward_model}
+    modules["distill"] = grpo  # distillation trains with GRPO's policy-gradient loss
     if name not in modules:
         raise ValueError(f"unknown algorithm {name!r}; one of {sorted(modules)}")
     return modules[name]

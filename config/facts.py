@@ -52,6 +52,9 @@ class AlgorithmFacts:
         old_logprob_pass: `old_logprobs` get their own no-grad policy forward before the
             updates (otherwise the single update's own logprobs, detached, serve).
         passes: the forward/backward passes of one step (`Passes`).
+        teacher: the frozen reference's own folder (on-policy distillation's teacher,
+            `distill.teacher`): its tokenizer must equal the policy's; None: the
+            reference is the policy's starting weights.
     """
 
     data: Literal["rollouts", "pairs"]
@@ -60,6 +63,7 @@ class AlgorithmFacts:
     updates_per_step: int
     old_logprob_pass: bool
     passes: Passes
+    teacher: str | None = None
 
     @property
     def uses_rollouts(self) -> bool:

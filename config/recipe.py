@@ -29,6 +29,7 @@ from .algorithms import (
 from .asynchrony import check_async_and_correction, stale_correction
 from .base import Strict
 from .data import DataConfig, FileData, GeneratorData, sources_of
+from .distill import DistillConfig, check_distill
 from .episodes import EpisodeFields, check_episodes
 from .evaluation import EvalConfig
 from .facts import AlgorithmFacts
@@ -331,9 +332,10 @@ class Recipe(_Strict):
     """A whole training recipe; see recipes/quickstart_grpo.yaml for a commented example."""
 
     name: str = Field(description="Run name; the default run folder is runs/<name>-<time>.")
-    algorithm: Literal["grpo", "ppo", "dpo", "reward_model"] = Field(
-        description="Training algorithm: grpo, ppo, dpo, or reward_model (a Bradley-Terry "
-        "reward model on preference pairs)."
+    algorithm: Literal["grpo", "ppo", "dpo", "reward_model", "distill"] = Field(
+        description="Training algorithm: grpo, ppo, dpo, reward_model (a Bradley-Terry "
+        "reward model on preference pairs), or distill (on-policy distillation from "
+        "distill.teacher)."
     )
     model: ModelConfig
     data: DataConfig
@@ -354,6 +356,7 @@ class Recipe(_Strict):
     dpo: DPOConfig = Field(default_factory=DPOConfig)
     ppo: PPOConfig = Field(default_factory=PPOConfig)
     reward_model: RewardModelConfig = Field(default_factory=RewardModelConfig)
+    distill: DistillConfig = Field(default_factory=DistillConfig)
     train: TrainConfig
     resources: ResourcesConfig = Field(default_factory=ResourcesConfig)
     weight_sync: WeightSyncConfig = Field(default_factory=WeightSyncConfig)
@@ -366,7 +369,7 @@ class Recipe(_Strict):
     @property
     def facts(self) -> AlgorithmFacts:
         """What `algorithm` asks of the run (config/facts.py), from its own block."""
-        block: GRPOConfig | PPOConfig | DPOConfig | RewardModelConfig = getattr(
+        block: GRPOConfig | PPOConfig | DPOConfig | RewardModelConfig | DistillConfig = getattr(
             self, self.algorithm
         )
         return block.facts()
@@ -488,6 +491,11 @@ class Recipe(_Strict):
                 f"{limit}: the penalty buffer must be the last tokens before the limit; set "
                 f"grpo.overlong_buffer below {limit} (DAPO uses a quarter of it)"
             )
+
+    @model_validator(mode="after")
+    def _distill_keys(self) -> Recipe:
+        check_distill(self.algorithm, self.distill, self.rollout.samples_per_prompt)
+        return self
 
     @model_validator(mode="after")
     def _devices(self) -> Recipe:

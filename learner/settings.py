@@ -54,6 +54,9 @@ class LearnerSettings:
             model, saved in that format.
         load_reference: keep a frozen reference (KL, DPO); with an adapter the reference
             is the policy with its adapter disabled, never a copy.
+        reference_path: the reference's own transformers folder (on-policy
+            distillation's teacher), loaded as a frozen copy even with an adapter; None:
+            the policy's starting weights (`model_path`).
         critic: a value model (PPO), or None.
         transport: how weight pushes travel (and whether they are checksummed or
             adapter-only).
@@ -80,6 +83,7 @@ class LearnerSettings:
     loss: Any = GRPOLoss()
     head: Literal["lm", "score"] = "lm"
     load_reference: bool = False
+    reference_path: str | None = None
     critic: CriticSettings | None = None
     transport: TransportSettings = TransportSettings()
     adapter: AdapterSettings = field(default_factory=AdapterSettings)

@@ -9,7 +9,8 @@ Models (learner/models.py): the policy (float32 master weights, compute dtype by
 FSDP2 mixed precision), optionally a frozen reference and a critic, all sharded by
 one helper. With an adapter (learner/adapters.py) the policy is a peft model with
 LoRA (or QLoRA: NF4 base), only the adapter is trainable, and the reference is the
-policy with its adapter disabled, never a second copy.
+policy with its adapter disabled, never a second copy; a reference with its own folder
+(`settings.reference_path`: on-policy distillation's teacher) is always its own copy.
 
 Concurrency: all ranks must call the same verbs in the same order with equally sized
 shards (each verb runs collectives); the controller calls every rank at once and pads
@@ -120,10 +121,13 @@ class LearnerWorker:
             head=s.head,
             compile_layers=s.compile,
         )
-        load_ref = s.load_reference and not s.adapter.enabled
+        # With an adapter the reference is the policy with its adapter off, unless it
+        # has its own folder (a distillation teacher).
+        own = s.reference_path is not None
+        load_ref = s.load_reference and (own or not s.adapter.enabled)
         self.reference = (
             load_sharded(
-                s.model_path,
+                s.reference_path or s.model_path,
                 self.world,
                 s.compute_dtype,
                 "reference",

@@ -21,6 +21,7 @@ from ..config import Recipe, RecipeError
 from .data import load_data
 from .loading import load_recipe
 from .preflight import check_lengths, check_runtime_inputs
+from .teacher import check_teacher_tokenizer
 
 app = typer.Typer(
     add_completion=False,
@@ -45,6 +46,7 @@ def _load_or_exit(
     try:
         r = load_recipe(recipe, overrides or [])
         check_runtime_inputs(r)
+        check_teacher_tokenizer(r, convert=convert)
         data = load_data(r)
         if data.skipped:
             typer.echo(

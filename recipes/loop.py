@@ -37,6 +37,7 @@ from .monitoring.dashboard import DashboardServer
 from .monitoring.log import StepLog
 from .recovery import STEP_ERRORS, LearnerRecovery
 from .samplers import Sampled, Sampler, pick_sampler
+from .teacher import check_teacher_tokenizer
 
 
 @dataclass
@@ -77,7 +78,8 @@ def run(
             them) and run again.
 
     Raises:
-        RecipeError: bad data rows or resources (before any model loads).
+        RecipeError: bad data rows or resources, or a distillation teacher whose
+            tokenizer differs from the student's (before any model loads).
         RuntimeError, WeightSyncError, RewardFailure: a role failed; the rollouts and
             metrics of finished steps are kept.
         RunStopped: a signal stopped the run after a checkpoint.
@@ -93,6 +95,7 @@ def run(
     if data is None:
         data = load_data(recipe)[0]
     eval_prompts = load_eval_prompts(recipe)
+    check_teacher_tokenizer(recipe, convert=True)  # distillation: before any model loads
     algo = algorithm_for(recipe)
     model_path = str(resolve_model_path(recipe.model.path))
     saved = checkpoints.read_state(resume) if resume is not None else None

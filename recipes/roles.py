@@ -376,6 +376,7 @@ def start_learners(
         loss=algo.loss,
         head=algo.head,
         load_reference=algo.load_reference,
+        reference_path=algo.reference_path,
         critic=algo.critic,
         transport=transport,
         adapter=AdapterSettings(

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from ...config import Recipe
 from .base import Algorithm, PairAlgorithm, RLAlgorithm
+from .distill import Distill
 from .dpo import DPO
 from .grpo import GRPO
 from .ppo import PPO
@@ -19,6 +20,7 @@ ALGORITHMS: dict[str, type[Algorithm]] = {
     "ppo": PPO,
     "dpo": DPO,
     "reward_model": RewardModel,
+    "distill": Distill,
 }
 
 __all__ = ["ALGORITHMS", "Algorithm", "PairAlgorithm", "RLAlgorithm", "algorithm_for"]

@@ -2,8 +2,9 @@
 step's batch is made and how a step trains. The loop, the CLI and `start_learners`
 look it up once (`algorithm_for`) and never branch on the algorithm's name.
 
-- RL algorithms (`RLAlgorithm`: GRPO in recipes/algo/grpo.py, PPO in recipes/algo/ppo.py) share
-  one step, `recipes.loop.rl_step`: generate → score → batch → `train` → push.
+- RL algorithms (`RLAlgorithm`: GRPO in recipes/algo/grpo.py, PPO in recipes/algo/ppo.py,
+  on-policy distillation in recipes/algo/distill.py) share one step,
+  `recipes.loop.rl_step`: generate → score → batch → `train` → push.
 - DPO (recipes/algo/dpo.py) and the reward model (recipes/algo/reward_model.py) have no rollout
   side: their `step` trains on preference pairs.
 """
@@ -20,6 +21,7 @@ from ...actors.rollout import Rollout
 from ...algorithms.batch import TrainBatch, pad_rows_to_multiple
 from ...algorithms.common import loss_denominator
 from ...algorithms.correction import Correction
+from ...common.model_registry import resolve_model_path
 from ...common.telemetry import Span
 from ...config import Recipe
 from ..controller import on_learners
@@ -36,6 +38,8 @@ class Algorithm(ABC):
         uses_rollouts: starts rollout engines, a reward service and weight pushes.
         loss: the learner's loss settings (`algorithms.<name>.<Name>Loss`).
         load_reference: the learner keeps a frozen reference.
+        reference_path: the reference's own folder (distillation's teacher, resolved),
+            or None: the policy's starting weights.
         critic: the learner's `CriticSettings`, or None.
         temperature: logits are divided by it on the learner.
         head: the learner's policy head: 'lm' (a causal LM) or 'score' (a scalar-head
@@ -55,6 +59,13 @@ class Algorithm(ABC):
     @property
     def uses_rollouts(self) -> bool:
         return self.facts.uses_rollouts
+
+    @property
+    def reference_path(self) -> str | None:
+        """The reference's own folder (`facts.teacher`, an alias converted on first use),
+        read when the learners start; None: the policy's starting weights."""
+        teacher = self.facts.teacher
+        return str(resolve_model_path(teacher)) if teacher else None
 
     def prepare(self, run: Any) -> None:
         """Work before the first step, once the roles run (DPO: reference precompute)."""

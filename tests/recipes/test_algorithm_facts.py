@@ -14,6 +14,7 @@ import pytest
 import torch
 
 import posttrain.recipes.algo.base as base_mod
+import posttrain.recipes.algo.distill as distill_mod
 import posttrain.recipes.algo.dpo as dpo_mod
 import posttrain.recipes.algo.grpo as grpo_mod
 import posttrain.recipes.algo.ppo as ppo_mod
@@ -73,7 +74,7 @@ def _rollouts(n: int) -> list[Rollout]:
 
 
 def _patch(monkeypatch, stand_in: StandIn) -> None:
-    for mod in (base_mod, grpo_mod, ppo_mod, dpo_mod, rm_mod):
+    for mod in (base_mod, grpo_mod, ppo_mod, dpo_mod, rm_mod, distill_mod):
         monkeypatch.setattr(mod, "on_learners", stand_in.on_learners, raising=False)
     fake_ray = SimpleNamespace(get=lambda refs: refs)
     monkeypatch.setattr(dpo_mod, "ray", fake_ray)
@@ -99,6 +100,8 @@ ROLLOUT_CASES = [
     ["grpo.old_logprob_pass=always"],
     ["algorithm=ppo"],
     ["algorithm=ppo", "ppo.kl_coef=0.05", "ppo.epochs=3", "ppo.mini_batches=2"],
+    ["algorithm=distill", "distill.teacher=t"],
+    ["algorithm=distill", "distill.teacher=t", "distill.reward_weight=0.5"],
 ]
 
 
