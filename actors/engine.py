@@ -14,6 +14,7 @@ on every engine.
 from __future__ import annotations
 
 import json
+import threading
 from abc import ABC, abstractmethod
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -27,11 +28,16 @@ from .rollout import FinishReason, SamplingSettings
 
 @dataclass(frozen=True)
 class Sample:
-    """One engine output: `[R]` token ids and their logprobs under temperature."""
+    """One engine output: `[R]` token ids and their logprobs under temperature.
+
+    `interrupted`: `generate_interruptible` stopped it early (a weight push arrived)
+    before its end; `finish_reason` then reads 'length' and the sample is to be
+    continued (actors/partial.py)."""
 
     token_ids: list[int]
     logprobs: list[float]
     finish_reason: FinishReason
+    interrupted: bool = False
 
 
 @dataclass(frozen=True)
@@ -225,6 +231,17 @@ class InferenceEngine(ABC):
     @abstractmethod
     def generate(self, prompts: list[list[int]], sampling: SamplingSettings) -> list[list[Sample]]:
         """`sampling.n` samples per prompt; result[i] holds prompt i's samples in order."""
+
+    def generate_interruptible(
+        self, prompts: list[list[int]], sampling: SamplingSettings, interrupt: threading.Event
+    ) -> list[list[Sample]]:
+        """As `generate`, but may return once `interrupt` is set, every sample not yet
+        ended then marked `interrupted` (partial rollouts, actors/partial.py). Each
+        sample holds at least the tokens sampled before the interrupt was seen.
+
+        Default: `generate`, run to the end (an engine that cannot stop mid-batch; a
+        push then waits for the batch)."""
+        return self.generate(prompts, sampling)
 
     @abstractmethod
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> list[str]:

@@ -14,7 +14,9 @@ waste compute on padding; prompts are sampled in chunks of `max_batch_rows` rows
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterable
+from typing import Any
 
 import torch
 
@@ -22,6 +24,20 @@ from .engine import InferenceEngine, Sample, check_sampling, stop_token_ids
 from .rollout import SamplingSettings
 
 _DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
+
+
+def _Interrupt(event: threading.Event) -> Any:
+    """A `generate` stopping criterion: every row stops once `event` is set (checked
+    after each token)."""
+    from transformers import StoppingCriteria
+
+    class Interrupt(StoppingCriteria):
+        def __call__(self, input_ids: torch.Tensor, scores: Any, **kwargs: Any) -> torch.Tensor:
+            return torch.full(
+                (input_ids.shape[0],), event.is_set(), dtype=torch.bool, device=input_ids.device
+            )
+
+    return Interrupt()
 
 
 class HFEngine(InferenceEngine):
@@ -58,8 +74,13 @@ class HFEngine(InferenceEngine):
         )
 
     @torch.no_grad()
-    def _sample_rows(self, rows: list[list[int]], sampling: SamplingSettings) -> list[Sample]:
-        from transformers import GenerationConfig
+    def _sample_rows(
+        self,
+        rows: list[list[int]],
+        sampling: SamplingSettings,
+        interrupt: threading.Event | None = None,
+    ) -> list[Sample]:
+        from transformers import GenerationConfig, StoppingCriteriaList
 
         width = max(len(r) for r in rows)
         ids = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
@@ -95,7 +116,9 @@ class HFEngine(InferenceEngine):
             attention_mask=mask.to(self.device),
             generation_config=config,
             tokenizer=self.tokenizer if sampling.stop else None,
+            stopping_criteria=StoppingCriteriaList([_Interrupt(interrupt)] if interrupt else []),
         )
+        cut = interrupt is not None and interrupt.is_set()
         new = out.sequences[:, width:].cpu()
         logits = torch.stack(out.logits, dim=1).float().cpu() / sampling.temperature  # [N, R, V]
         logprobs = logits.log_softmax(-1).gather(-1, new.unsqueeze(-1)).squeeze(-1)
@@ -112,6 +135,7 @@ class HFEngine(InferenceEngine):
                     token_ids=tokens[:length],
                     logprobs=logprobs[i, :length].tolist(),
                     finish_reason="length" if end is None else "stop",
+                    interrupted=cut and end is None and length < sampling.max_new_tokens,
                 )
             )
         return samples
@@ -125,12 +149,32 @@ class HFEngine(InferenceEngine):
         return None
 
     def generate(self, prompts: list[list[int]], sampling: SamplingSettings) -> list[list[Sample]]:
+        return self._generate(prompts, sampling, None)
+
+    def generate_interruptible(
+        self, prompts: list[list[int]], sampling: SamplingSettings, interrupt: threading.Event
+    ) -> list[list[Sample]]:
+        """Stops between tokens once `interrupt` is set (a stopping criterion `generate`
+        checks after each token); chunks of rows not started by then come back empty
+        and interrupted."""
+        return self._generate(prompts, sampling, interrupt)
+
+    def _generate(
+        self,
+        prompts: list[list[int]],
+        sampling: SamplingSettings,
+        interrupt: threading.Event | None,
+    ) -> list[list[Sample]]:
         check_sampling(sampling)
         torch.manual_seed(sampling.seed)
         rows = [p for p in prompts for _ in range(sampling.n)]
         flat: list[Sample] = []
         for i in range(0, len(rows), self.max_batch_rows):
-            flat.extend(self._sample_rows(rows[i : i + self.max_batch_rows], sampling))
+            chunk = rows[i : i + self.max_batch_rows]
+            if interrupt is not None and interrupt.is_set():
+                flat.extend(Sample([], [], "length", interrupted=True) for _ in chunk)
+            else:
+                flat.extend(self._sample_rows(chunk, sampling, interrupt))
         return [flat[i * sampling.n : (i + 1) * sampling.n] for i in range(len(prompts))]
 
     @torch.no_grad()

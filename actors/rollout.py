@@ -56,7 +56,8 @@ class Rollout:
             sampling temperature (log softmax(logits / T)), before top-p.
         finish_reason: 'stop' (EOS or a stop string sampled) or 'length' (hit
             max_new_tokens).
-        policy_version: optimizer steps behind the weights that sampled it.
+        policy_version: optimizer steps behind the weights that sampled it (with partial
+            rollouts, the version of its first token: the oldest, which staleness counts).
         prompt_text, response_text: decoded text (response without special tokens).
         ground_truth, metadata: copied from the PromptRequest.
         loss_mask: `[R]` for a multi-turn episode (recipes/episodes/multiturn.py): 1 on the
@@ -65,6 +66,10 @@ class Rollout:
             response token is the model's) for a single-turn sample.
         turns: a multi-turn episode's segments (role, ids, mask, logprobs,
             policy_version, text), for the rollout files; None for single-turn.
+        policy_versions: `[R]` with partial rollouts (`rollout.partial`), the
+            policy_version that sampled each response token (a weight push mid-sample
+            changes it; `inference_logprobs[t]` is under `policy_versions[t]`); None: every
+            token by `policy_version`.
         messages: the PromptRequest's chat messages (reward models render them); not
             written by `to_dict` (the rollout files hold `prompt_text`).
     """
@@ -82,14 +87,15 @@ class Rollout:
     metadata: dict[str, Any] = field(default_factory=dict)
     loss_mask: list[int] | None = None
     turns: list[dict[str, Any]] | None = None
+    policy_versions: list[int] | None = None
     messages: list[dict[str, str]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         """Every field but `messages`; a single-turn sample's rollout-file line is as
-        before (no `loss_mask` / `turns` keys)."""
+        before (no `loss_mask` / `turns` / `policy_versions` keys when they are None)."""
         out = asdict(self)
         del out["messages"]
-        for key in ("loss_mask", "turns"):
+        for key in ("loss_mask", "turns", "policy_versions"):
             if out[key] is None:
                 del out[key]
         return out

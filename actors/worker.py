@@ -13,7 +13,10 @@ Concurrency: a worker runs one verb at a time (a plain Ray actor); the OpenAI
 endpoint's server thread shares the engine under `engine_lock`. The controller
 calls `update_weights(handle)` after the learner's optimizer step and waits for the
 returned `policy_version` before calling `generate` again, so every Rollout of a step
-carries the same `policy_version`.
+carries the same `policy_version`. With partial rollouts (`partial=True`, started as a
+threaded actor) `update_weights` may run while `generate` does: it interrupts the
+generation, loads, and the generation resumes under the new version
+(actors/partial.py); each Rollout then records the version of every token.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import replace
 
 from ..common.process import quiet_libraries, set_torch_threads
@@ -40,7 +44,8 @@ from ..weightsync.delta import DeltaReceiver
 from .engine import EngineSettings, Sample, check_prompt_lengths, engine_seed
 from .factory import make_engine
 from .openai_server import EpisodeRecorder, create_app
-from .rollout import PromptRequest, Rollout, SamplingSettings
+from .partial import PushGate, generate_partial
+from .rollout import FinishReason, PromptRequest, Rollout, SamplingSettings
 
 
 class RolloutWorker:
@@ -57,6 +62,9 @@ class RolloutWorker:
         fail_push: test knob, (worker_id, version): this worker refuses pushes of that
             version (a WeightSyncError), keeping its old weights.
         push_delay_s: test knob, extra seconds per `update_weights` (fault drills).
+        partial: partial rollouts (`rollout.partial`): a push pauses `generate` between
+            tokens and the requests resume under the new weights; the actor must then run
+            with `max_concurrency` ≥ 2 so the push reaches it while it generates.
     """
 
     def __init__(
@@ -68,6 +76,7 @@ class RolloutWorker:
         delay_s: float = 0.0,
         fail_push: tuple[int, int] | None = None,
         push_delay_s: float = 0.0,
+        partial: bool = False,
     ):
         set_torch_threads(threads)
         quiet_libraries()
@@ -91,6 +100,7 @@ class RolloutWorker:
         self.engine_lock = threading.Lock()  # the OpenAI endpoint's threads share the engine
         self.recorder: EpisodeRecorder | None = None
         self.server = None
+        self.gate = PushGate() if partial else None
 
     def generate(
         self, requests: list[PromptRequest], sampling: SamplingSettings, step: int
@@ -100,33 +110,70 @@ class RolloutWorker:
         Raises:
             ValueError: a prompt leaves no room in the engine's context.
         """
+        if self.gate is not None:
+            return self._generate_partial(self.gate, requests, sampling, step)
         with self.spans.span("generate", step), self.engine_lock:
             self._check_adapter()
             prompt_ids = [self.engine.tokenize_chat(r.messages) for r in requests]
             check_prompt_lengths(prompt_ids, self.engine.context_tokens)
             groups = self.engine.generate(prompt_ids, self._own_seed(sampling))
             time.sleep(self.delay_s)
-            rollouts = []
-            for req, ids, samples in zip(requests, prompt_ids, groups, strict=True):
-                prompt_text = self.engine.decode(ids)
-                for k, s in enumerate(samples):
-                    rollouts.append(
-                        Rollout(
-                            uid=f"{req.group_id}-{k}",
-                            group_id=req.group_id,
-                            prompt_ids=ids,
-                            response_ids=s.token_ids,
-                            inference_logprobs=s.logprobs,
-                            finish_reason=s.finish_reason,
-                            policy_version=self.version,
-                            prompt_text=prompt_text,
-                            response_text=self.engine.decode(s.token_ids),
-                            ground_truth=req.ground_truth,
-                            metadata=req.metadata,
-                            messages=req.messages,
-                        )
-                    )
-        return rollouts
+            return [
+                self._rollout(req, ids, k, s.token_ids, s.logprobs, s.finish_reason, None)
+                for req, ids, samples in zip(requests, prompt_ids, groups, strict=True)
+                for k, s in enumerate(samples)
+            ]
+
+    def _generate_partial(
+        self, gate: PushGate, requests: list[PromptRequest], sampling: SamplingSettings, step: int
+    ) -> list[Rollout]:
+        """`generate` with partial rollouts: the engine lock is held per segment, so a
+        push may load between two (actors/partial.py)."""
+        with self.spans.span("generate", step):
+            prompt_ids = [self.engine.tokenize_chat(r.messages) for r in requests]
+            check_prompt_lengths(prompt_ids, self.engine.context_tokens)
+            groups = generate_partial(
+                self.engine,
+                prompt_ids,
+                self._own_seed(sampling),
+                gate,
+                self.engine_lock,
+                lambda: self.version,
+            )
+            time.sleep(self.delay_s)
+            return [
+                self._rollout(req, ids, k, s.token_ids, s.logprobs, s.finish_reason, s.versions)
+                for req, ids, samples in zip(requests, prompt_ids, groups, strict=True)
+                for k, s in enumerate(samples)
+            ]
+
+    def _rollout(
+        self,
+        req: PromptRequest,
+        ids: list[int],
+        k: int,
+        tokens: list[int],
+        logprobs: list[float],
+        finish: FinishReason,
+        versions: list[int] | None,
+    ) -> Rollout:
+        """Sample `k` of `req` as a Rollout; `versions` per token with partial rollouts
+        (its `policy_version` is then the first token's, else the engine's now)."""
+        return Rollout(
+            uid=f"{req.group_id}-{k}",
+            group_id=req.group_id,
+            prompt_ids=ids,
+            response_ids=tokens,
+            inference_logprobs=logprobs,
+            finish_reason=finish,
+            policy_version=versions[0] if versions else self.version,
+            prompt_text=self.engine.decode(ids),
+            response_text=self.engine.decode(tokens),
+            ground_truth=req.ground_truth,
+            metadata=req.metadata,
+            messages=req.messages,
+            policy_versions=versions,
+        )
 
     def generate_ids(
         self, prompts: list[list[int]], sampling: SamplingSettings, step: int
@@ -228,7 +275,7 @@ class RolloutWorker:
                 this worker and the version. The worker then still reports its old
                 version, so the controller sees it is stale.
         """
-        with self.spans.span("weight_sync", step), self.engine_lock:
+        with self._push_gate(), self.spans.span("weight_sync", step), self.engine_lock:
             if self.fail_push == (self.worker_id, handle.version):
                 raise WeightSyncError(
                     f"rollout worker {self.worker_id}: debug.fail_weight_push "
@@ -285,6 +332,10 @@ class RolloutWorker:
         """This engine's account of the last verified push (weightsync/verify.py): the
         controller compares it with the learner's before the next generate."""
         return self.delivered
+
+    def _push_gate(self) -> AbstractContextManager[None]:
+        """With partial rollouts, the gate that interrupts a generation in flight."""
+        return self.gate.push() if self.gate is not None else nullcontext()
 
     def join_push_group(self, address: str, world_size: int) -> None:
         """Leave the weight broadcast group and join a new one at `address` (a

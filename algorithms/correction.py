@@ -23,7 +23,10 @@ does. Two ways to keep its variance bounded (`train.correction`):
 response tokens (the product of token weights), broadcast to its tokens; MIS then
 masks the whole response. With stale samples (max_staleness ≥ 1) this is the
 decoupled PPO objective of AReaL (Fu et al. 2025): the clip acts around the proximal
-policy (`old_logprobs`), the weight corrects from the behaviour policy to it.
+policy (`old_logprobs`), the weight corrects from the behaviour policy to it. With
+partial rollouts (`rollout.partial`) one response holds tokens of several policy
+versions; `inference_logprobs[t]` is then the logprob under the version that sampled
+token t (actors/partial.py), so the behaviour policy of each token is its own.
 
 Shapes: B sequences, T token columns, `mask [B, T]` = 1 on the loss's tokens.
 """

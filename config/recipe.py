@@ -136,6 +136,16 @@ class RolloutConfig(EpisodeFields):
         1.0, gt=0.0, description="Sampling temperature; inference_logprobs are under it."
     )
     top_p: float = Field(1.0, gt=0.0, le=1.0, description="Nucleus sampling mass.")
+    partial: bool = Field(
+        False,
+        description="Partial rollouts, with train.max_staleness ≥ 1: a weight push pauses "
+        "the generation in flight instead of waiting for it, the new weights load and the "
+        "samples resume from the tokens they hold (none is dropped). Each sample then "
+        "records the policy_version of every token (`policy_versions` in the rollout "
+        "files) and its inference_logprobs are each token's own version's, which the "
+        "off-policy correction uses. The 'hf' engine pauses between tokens; 'vllm' "
+        "(synchronous LLM) finishes its batch first. No effect at max_staleness 0.",
+    )
 
     @field_validator("stop", mode="before")
     @classmethod

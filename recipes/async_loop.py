@@ -24,7 +24,10 @@ Concurrency (the order, written down):
    once and the round ends when every engine has answered.
 2. A push (`paused()`) first stops new rounds and waits for the round in flight to end,
    so a push lands between generation requests: an engine never mixes two policy
-   versions inside one sample (partial rollouts are not implemented).
+   versions inside one sample. With partial rollouts (`rollout.partial`) it stops new
+   rounds only: the push reaches the engines while they generate, each pauses between
+   tokens, loads and resumes (actors/partial.py), and its samples record the version
+   of every token; a group's staleness counts from its oldest token.
 3. An evaluation (`eval:`) pauses the same way and also waits for the scorer to go
    idle, so it samples exactly the policy version it names and scores on the reward
    client alone.
@@ -51,7 +54,7 @@ from collections import deque
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import ray
@@ -62,6 +65,7 @@ from ..rewards.protocol import Score
 from . import controller as c
 from .algo.grpo import apply_failure_policy, rollout_batch, rollout_metrics
 from .empty_steps import train_or_skip
+from .monitoring.offpolicy import SampleCounts, offpolicy_metrics
 
 
 @dataclass
@@ -109,6 +113,7 @@ class RolloutStream:
     def __init__(self, run: Any, start_version: int):
         self.run, self.recipe, self.roles = run, run.recipe, run.roles
         self.k = self.recipe.train.max_staleness
+        self.partial = self.recipe.rollout.partial
         self.per_step = self.recipe.train.prompts_per_step
         self.prompts = run.prompts
         self.cond = threading.Condition()
@@ -123,6 +128,7 @@ class RolloutStream:
         self.positions: deque[list[Any]] = deque()  # [round, data state before it, left]
         self.inflight: dict[int, tuple[float, int]] = {}  # worker → (sent at, round)
         self.spans: list[Span] = []
+        self.counts = SampleCounts()
         self.scorer = ThreadPoolExecutor(1, thread_name_prefix="score")
         self.thread = threading.Thread(target=self._produce, name="rollout-stream", daemon=True)
         self.thread.start()
@@ -194,6 +200,7 @@ class RolloutStream:
             with self.cond:
                 self.spans.append(Span("reward", 0, "score", t0, time.time(), round_))
                 self.ready.extend(groups.values())
+                self.counts.generated += len(rollouts)
                 self.cond.notify_all()
         except Exception as e:  # noqa: BLE001  (handed to the main thread by `take`)
             self._fail(e)
@@ -227,9 +234,11 @@ class RolloutStream:
                     dropped += stale
                     self.ready = fresh + rest
                     self._consumed(stale)
+                    self.counts.dropped += sum(len(g.rollouts) for g in stale)
                 if len(fresh) == self.per_step:
                     self.ready = rest
                     self._consumed(fresh)
+                    self.counts.trained += sum(len(g.rollouts) for g in fresh)
                     return fresh, dropped
                 self.cond.wait()
 
@@ -245,6 +254,11 @@ class RolloutStream:
             self.positions.popleft()
         self.cond.notify_all()
 
+    def sample_counts(self) -> SampleCounts:
+        """A consistent copy of the running sample totals."""
+        with self.cond:
+            return replace(self.counts)
+
     def data_state(self) -> dict[str, Any] | None:
         """The prompt stream's position before the oldest round with untrained groups
         (what a checkpoint saves, so a resume generates them again)."""
@@ -252,14 +266,16 @@ class RolloutStream:
             return self.positions[0][1] if self.positions else self.prompts.state()
 
     @contextmanager
-    def paused(self, scoring: bool = False) -> Iterator[None]:
+    def paused(self, scoring: bool = False, push: bool = False) -> Iterator[None]:
         """No generation round runs inside: waits for the one in flight to end (a weight
         push lands between generation requests). With `scoring`, also waits until every
         share handed to the scorer is scored (an evaluation scores on the same reward
-        client)."""
+        client). With `push` under partial rollouts, only new rounds wait: the round in
+        flight takes the push between tokens."""
+        in_flight_ok = push and self.partial and not scoring
 
         def quiet() -> bool:
-            busy = self.generating or (scoring and self.scoring > 0)
+            busy = (self.generating and not in_flight_ok) or (scoring and self.scoring > 0)
             return not busy or self.error is not None
 
         with self.cond:
@@ -304,8 +320,10 @@ class StreamPosition:
 
 def async_step(run: Any, algo: Any, step: int) -> tuple[dict[str, float], list[Span]]:
     """One step of the asynchronous loop: take fresh groups → save → train → push (with
-    the producer paused). Metrics as `rl_step`'s, plus `staleness_mean`,
-    `staleness_max`, `dropped_stale` (samples), `time/wait_rollouts` (the learner
+    the producer paused). Metrics as `rl_step`'s, plus the off-policy accounting of
+    recipes/monitoring/offpolicy.py (`staleness_mean`, `staleness_max`, `staleness_frac/{d}`,
+    versions spanned per sample, sample counts that add up), `dropped_stale`
+    (samples), `time/wait_rollouts` (the learner
     waiting for fresh groups) and `time/wait_push` (waiting for a round in flight).
     `time/generate` is the wait for fresh groups and `time/score` 0: generation and
     scoring overlap training, only the wait is on the step's critical path."""
@@ -315,6 +333,7 @@ def async_step(run: Any, algo: Any, step: int) -> tuple[dict[str, float], list[S
         run.prompts = StreamPosition(run.stream)
     t0 = time.time()
     groups, stale = run.stream.take(step)
+    counts = run.stream.sample_counts()
     t1 = time.time()
     rollouts = [r for g in groups for r in g.rollouts]
     scores = [s for g in groups for s in g.scores]
@@ -324,12 +343,13 @@ def async_step(run: Any, algo: Any, step: int) -> tuple[dict[str, float], list[S
     batch = rollout_batch(rollouts, rewards, roles.pad_id)
     stats = train_or_skip(algo, roles.learners, batch, rollouts, rewards, scores, step)
     t_trained = time.time()
-    with run.stream.paused():
+    with run.stream.paused(push=True):
         t_push = time.time()
         sync_s = c.push_weights(roles, recipe, version=step + 1)
     t_end = time.time()
     telemetry, spans = _telemetry(run, t0, t_end)
-    lag = [step - r.policy_version for r in rollouts]
+    dropped = sum(len(g.rollouts) for g in stale)
+    accounting = offpolicy_metrics(rollouts, step, run.stream.k, counts, dropped)
     tokens = sum(len(r.response_ids) for r in rollouts)
     accuracy_of = next((r.name for r in recipe.rewards if r.type == "math"), None)
     return {
@@ -338,9 +358,8 @@ def async_step(run: Any, algo: Any, step: int) -> tuple[dict[str, float], list[S
         "reward_restarts": roles.counters.reward_restarts,
         **rollout_metrics(rollouts, scores, accuracy_of),
         **stats,
-        "staleness_mean": sum(lag) / len(lag),
-        "staleness_max": float(max(lag)),
-        "dropped_stale": float(sum(len(g.rollouts) for g in stale)),
+        **accounting,
+        "dropped_stale": float(dropped),
         "time/wait_rollouts": t1 - t0,
         "time/wait_push": t_push - t_trained,
         # the step's critical path: generation and scoring run behind training

@@ -65,6 +65,7 @@ class RolloutSpec:
     delay_s: float
     fail_push: tuple[int, int] | None = None
     push_delay_s: float = 0.0
+    partial: bool = False
 
 
 @dataclass(frozen=True)
@@ -244,6 +245,7 @@ def rollout_spec(
         recipe.debug.rollout_delay_s,
         recipe.debug.fail_weight_push,
         recipe.debug.push_delay_s,
+        partial=recipe.rollout.partial and recipe.train.max_staleness >= 1,
     )
 
 
@@ -254,8 +256,11 @@ def start_rollout(spec: RolloutSpec, placement: Placement) -> list[Any]:
 
 
 def start_rollout_worker(spec: RolloutSpec, index: int, options: dict[str, Any]) -> Any:
-    """Rollout worker `index` on its placement bundle `options` (not waited for)."""
+    """Rollout worker `index` on its placement bundle `options` (not waited for). With
+    partial rollouts it is a threaded actor, so a push reaches it while it generates."""
     worker = ray.remote(num_cpus=0)(RolloutWorker)
+    if spec.partial:
+        options = {**options, "max_concurrency": 4}
     return worker.options(**options).remote(
         index,
         spec.engine,
@@ -264,6 +269,7 @@ def start_rollout_worker(spec: RolloutSpec, index: int, options: dict[str, Any])
         spec.delay_s,
         spec.fail_push,
         spec.push_delay_s,
+        spec.partial,
     )
 
 

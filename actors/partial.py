@@ -1,0 +1,185 @@
+"""Partial rollouts (`rollout.partial: true`): a weight push that arrives while a worker
+generates pauses the generation at the next token, the new weights load, and the
+requests resume from the tokens they hold (as in AReaL, slime and verl's partial
+rollouts). No request is dropped; each response token records the policy_version that
+sampled it, and its `inference_logprobs` entry is that version's logprob, so the
+off-policy correction (algorithms/correction.py) weights every token against the policy
+that actually produced it.
+
+Structure:
+
+- `PushGate`: the worker's two threads meet here. The push side (`push()`) raises an
+  interrupt the engine polls between tokens and holds back the next segment until the
+  weights are loaded; the generating side (`wait_for_push()`) waits between segments.
+- `generate_partial`: samples in segments. The first segment is the ordinary batched
+  call (`n` samples per prompt, the step's seed), so a run without a push samples
+  exactly what `generate` does. Every sample the interrupt cut short is continued as a
+  new one-sample request on its prompt + the tokens it has, for the budget left, under
+  the seed `seed + segment` (mod 2^32).
+
+Concurrency (the order): a segment runs under the worker's `engine_lock` and reads the
+policy_version under it; a push sets the interrupt, takes `engine_lock` once the segment
+returns, loads, sets the new version and lowers the interrupt; the next segment starts
+only after that (`wait_for_push`). An engine that cannot stop mid-batch
+(`InferenceEngine.generate_interruptible`'s default: vLLM's synchronous `LLM`) finishes
+the segment first: the push then waits for it, as without partial rollouts.
+
+Limits: a continued sample is prefilled again from its prompt + prefix (no KV cache is
+kept across a push, the cache would hold the old policy's keys and values); a stop
+string that spans two segments is found by decoding the joined response.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from .engine import InferenceEngine, Sample
+from .rollout import FinishReason, SamplingSettings
+
+
+class PushGate:
+    """Where a generating thread and a weight push meet on one worker."""
+
+    def __init__(self) -> None:
+        self.cond = threading.Condition()
+        self.pushing = 0
+        #: set while a push waits or loads; the engine stops sampling when it sees it.
+        self.interrupt = threading.Event()
+
+    @contextmanager
+    def push(self) -> Iterator[None]:
+        """Push side: raise the interrupt for the body (which takes the engine lock and
+        loads); the next segment starts after it."""
+        with self.cond:
+            self.pushing += 1
+            self.interrupt.set()
+        try:
+            yield
+        finally:
+            with self.cond:
+                self.pushing -= 1
+                if self.pushing == 0:
+                    self.interrupt.clear()
+                self.cond.notify_all()
+
+    def wait_for_push(self) -> None:
+        """Generating side: return once no push is waiting or loading."""
+        with self.cond:
+            self.cond.wait_for(lambda: self.pushing == 0)
+
+
+@dataclass
+class PartialSample:
+    """One response built over segments.
+
+    Attributes:
+        token_ids: `[R]` sampled token ids.
+        logprobs: `[R]` each token's logprob under the version that sampled it.
+        versions: `[R]` the policy_version that sampled each token.
+        finish_reason: 'stop' or 'length' once done.
+        done: False while an interrupt left it short of its end.
+    """
+
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)
+    finish_reason: FinishReason = "length"
+    done: bool = False
+
+
+def version_spans(versions: list[int]) -> list[tuple[int, int, int]]:
+    """`[R]` per-token versions as spans `(start, end, version)`, end exclusive, in
+    order; `[]` for an empty response. `[3, 3, 4]` → `[(0, 2, 3), (2, 3, 4)]`."""
+    spans: list[tuple[int, int, int]] = []
+    for i, v in enumerate(versions):
+        if spans and spans[-1][2] == v:
+            spans[-1] = (spans[-1][0], i + 1, v)
+        else:
+            spans.append((i, i + 1, v))
+    return spans
+
+
+def _stop_string_end(
+    decode: Callable[[list[int]], str], tokens: list[int], start: int, stop: tuple[str, ...]
+) -> int | None:
+    """Index of the first token at or after `start` whose text completes a stop string."""
+    for j in range(start, len(tokens)):
+        if any(s in decode(tokens[: j + 1]) for s in stop):
+            return j
+    return None
+
+
+def _extend(
+    engine: InferenceEngine, ps: PartialSample, s: Sample, version: int, sampling: SamplingSettings
+) -> None:
+    """Append segment `s` (sampled by `version`) to `ps` and settle whether it is done."""
+    start = len(ps.token_ids)
+    ps.token_ids += s.token_ids
+    ps.logprobs += s.logprobs
+    ps.versions += [version] * len(s.token_ids)
+    if sampling.stop and start > 0 and s.finish_reason == "length":
+        # a stop string across the segment boundary: the engine saw only its segment
+        end = _stop_string_end(engine.decode, ps.token_ids, start, sampling.stop)
+        if end is not None:
+            del ps.token_ids[end + 1 :], ps.logprobs[end + 1 :], ps.versions[end + 1 :]
+            ps.finish_reason, ps.done = "stop", True
+            return
+    if s.interrupted and len(ps.token_ids) < sampling.max_new_tokens:
+        return
+    ps.finish_reason, ps.done = s.finish_reason, True
+
+
+def generate_partial(
+    engine: InferenceEngine,
+    prompts: list[list[int]],
+    sampling: SamplingSettings,
+    gate: PushGate,
+    lock: Any,
+    version: Callable[[], int],
+) -> list[list[PartialSample]]:
+    """`sampling.n` samples per prompt `[N][P_i]`, continued across weight pushes.
+
+    Args:
+        engine: the worker's engine.
+        prompts: prompt token ids.
+        sampling: the settings with this engine's seed.
+        gate: the worker's `PushGate`.
+        lock: the worker's engine lock (held for each segment).
+        version: the policy_version the engine holds (read under `lock`).
+
+    Returns:
+        result[i] holds prompt i's samples in order, every one done.
+    """
+    out = [[PartialSample() for _ in range(sampling.n)] for _ in prompts]
+    gate.wait_for_push()
+    with lock:
+        v = version()
+        groups = engine.generate_interruptible(prompts, sampling, gate.interrupt)
+    for row, samples in zip(out, groups, strict=True):
+        for ps, s in zip(row, samples, strict=True):
+            _extend(engine, ps, s, v, sampling)
+    segment = 0
+    while todo := [(i, ps) for i, row in enumerate(out) for ps in row if not ps.done]:
+        segment += 1
+        gate.wait_for_push()
+        rest = replace(
+            sampling,
+            n=1,
+            seed=(sampling.seed + segment) % 2**32,
+            max_new_tokens=sampling.max_new_tokens - min(len(ps.token_ids) for _, ps in todo),
+        )
+        with lock:
+            v = version()
+            groups = engine.generate_interruptible(
+                [prompts[i] + ps.token_ids for i, ps in todo], rest, gate.interrupt
+            )
+        for (_, ps), (s,) in zip(todo, groups, strict=True):
+            budget = sampling.max_new_tokens - len(ps.token_ids)
+            if len(s.token_ids) > budget:  # the batch's budget is its shortest sample's
+                s = Sample(s.token_ids[:budget], s.logprobs[:budget], "length")
+            _extend(engine, ps, s, v, sampling)
+    return out
