@@ -130,6 +130,8 @@ class RolloutWorker:
         """`generate` with partial rollouts: the engine lock is held per segment, so a
         push may load between two (actors/partial.py)."""
         with self.spans.span("generate", step):
+            with self.engine_lock:
+                self._check_adapter()
             prompt_ids = [self.engine.tokenize_chat(r.messages) for r in requests]
             check_prompt_lengths(prompt_ids, self.engine.context_tokens)
             groups = generate_partial(

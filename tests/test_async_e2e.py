@@ -79,3 +79,40 @@ def test_resume_generates_the_in_flight_samples_again(tiny_model, tmp_path):
         assert _prompts_of(split / "run", step) == _prompts_of(straight / "run", step)
     resumed = [json.loads(x) for x in (split / "run" / "rollouts" / "step_00002.jsonl").open()]
     assert all(r["policy_version"] == 2 for r in resumed)  # regenerated under the checkpoint
+
+
+def test_partial_rollouts_tag_versions_and_counts_add_up(tiny_model, tmp_path):
+    """`rollout.partial`: pushes land while the engine generates (a threaded worker);
+    every saved sample carries one version per token, non-decreasing, its
+    `policy_version` the oldest; staleness counts from it; the sample totals add up."""
+    recipe_file = _grpo_recipe(
+        tmp_path,
+        tiny_model,
+        rollout={"engine": "hf", "samples_per_prompt": 4, "max_new_tokens": 64, "partial": True},
+        train={
+            "steps": 4,
+            "prompts_per_step": 2,
+            "micro_batch_size": 2,
+            "lr": 1e-3,
+            "max_staleness": 1,
+        },
+    )
+    run_dir = tmp_path / "run"
+    history = run(load_recipe(recipe_file), run_dir)
+
+    assert [m["policy_version"] for m in history] == [1, 2, 3, 4]
+    for m in history:
+        assert m["staleness_max"] <= 1 and m["samples_dropped"] == 0
+        assert m["staleness_frac/0"] + m["staleness_frac/1"] == pytest.approx(1.0)
+        assert 1.0 <= m["versions_spanned_mean"] <= m["versions_spanned_max"] <= 2.0
+        assert m["samples_generated_total"] == (
+            m["samples_trained_total"] + m["samples_dropped_total"] + m["samples_waiting"]
+        )
+    assert history[-1]["samples_trained_total"] == 4 * 8
+    for step in range(4):
+        saved = [json.loads(x) for x in (run_dir / "rollouts" / f"step_{step:05d}.jsonl").open()]
+        assert len(saved) == 8
+        for r in saved:
+            v = r["policy_versions"]
+            assert len(v) == len(r["response_ids"]) and v == sorted(v)
+            assert r["policy_version"] == v[0] and 0 <= step - v[0] <= 1
