@@ -32,6 +32,7 @@ from ..common.telemetry import Span, SpanRecorder
 from ..weightsync import (
     ChecksumTap,
     Delivery,
+    DeltaReceiver,
     FingerprintTap,
     TransportSettings,
     WeightHandle,
@@ -40,7 +41,6 @@ from ..weightsync import (
     make_transport,
     state_checksum,
 )
-from ..weightsync.delta import DeltaReceiver
 from .engine import EngineSettings, Sample, check_prompt_lengths, engine_seed
 from .factory import make_engine
 from .openai_server import EpisodeRecorder, create_app

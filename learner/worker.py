@@ -38,8 +38,7 @@ from ..algorithms import loss_module
 from ..algorithms.batch import TrainBatch
 from ..common.process import quiet_libraries, set_torch_threads
 from ..common.telemetry import Span, SpanRecorder
-from ..weightsync import Delivery, WeightHandle, make_transport, publish
-from ..weightsync.delta import DeltaSender
+from ..weightsync import Delivery, DeltaSender, WeightHandle, make_transport, publish
 from . import adapters, checkpoint
 from .distributed import (
     backend_for,

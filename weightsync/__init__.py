@@ -12,6 +12,7 @@ from .base import (
     WeightTransport,
     state_checksum,
 )
+from .delta import DeltaReceiver, DeltaSender
 from .publish import GroupStore, publish, push
 from .verify import (
     Delivery,
@@ -100,6 +101,8 @@ def _build(s: TransportSettings) -> WeightTransport:
 __all__ = [
     "TRANSPORTS",
     "ChecksumTap",
+    "DeltaReceiver",
+    "DeltaSender",
     "Delivery",
     "DeliveryError",
     "FingerprintTap",
