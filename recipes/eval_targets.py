@@ -178,7 +178,7 @@ def _merge_adapter(target: Target, out: Path) -> Path:
     assert target.base is not None  # _saved checked it
     cls = AutoModelForSequenceClassification if target.head == "score" else AutoModelForCausalLM
     extra = {"num_labels": 1} if target.head == "score" else {}
-    base = cls.from_pretrained(target.base, torch_dtype=torch.float32, **extra)
+    base = cls.from_pretrained(target.base, dtype=torch.float32, **extra)
     merged = PeftModel.from_pretrained(base, target.folder).merge_and_unload()
     merged.save_pretrained(out)
     carry_model_files(str(target.base), out)
@@ -203,7 +203,7 @@ def _rebuild_checkpoint(target: Target, base: Path, out: Path) -> None:
             f"TARGET {target.given}: a checkpoint of an adapter run; evaluate the run's "
             "final/ folder (its adapter) instead"
         )
-    model = AutoModelForCausalLM.from_pretrained(base, torch_dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
     missing, unexpected = model.load_state_dict(state, strict=False)
     missing = [k for k in missing if k != "lm_head.weight"]  # tied to the embedding
     if missing or unexpected:

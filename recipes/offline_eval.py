@@ -105,7 +105,7 @@ def reward_model_eval(
     if fresh_head_seed is not None:
         torch.manual_seed(fresh_head_seed)
     model = AutoModelForSequenceClassification.from_pretrained(
-        model_dir, num_labels=1, torch_dtype=torch.float32
+        model_dir, num_labels=1, dtype=torch.float32
     ).eval()
     pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
     items, margins = [], []
@@ -167,7 +167,10 @@ def dpo_eval(
     pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
     sums = []
     for folder in (policy_dir, reference_dir):
-        model = AutoModelForCausalLM.from_pretrained(folder, torch_dtype=torch.float32).eval()
+        if sums and Path(folder).resolve() == Path(policy_dir).resolve():
+            sums.append(sums[0])  # the base against itself: the same sums
+            continue
+        model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
         sums.append(_reply_sums(model, done, pad, batch_pairs))
         del model
     pol, ref = sums
