@@ -196,8 +196,8 @@ def _rebuild_checkpoint(target: Target, base: Path, out: Path) -> None:
     from ..learner.export import carry_model_files
 
     with tempfile.TemporaryDirectory() as tmp:
-        dcp_to_torch_save(str(target.folder / "learner"), f"{tmp}/state.pt")
-        state = torch.load(f"{tmp}/state.pt", weights_only=False)["policy"]["model"]
+        dcp_to_torch_save(str(target.folder / "learner" / "sharded"), f"{tmp}/state.pt")
+        state = _policy_weights(torch.load(f"{tmp}/state.pt", weights_only=False))
     if any(k.startswith("base_model.") for k in state):
         raise RecipeError(
             f"TARGET {target.given}: a checkpoint of an adapter run; evaluate the run's "
@@ -215,3 +215,12 @@ def _rebuild_checkpoint(target: Target, base: Path, out: Path) -> None:
     model.tie_weights()
     model.save_pretrained(out)
     carry_model_files(str(base), out)
+
+
+def _policy_weights(state: dict) -> dict:
+    """The policy's weights of a loaded training state: `state["policy"]["model"]`, or
+    its flattened keys `policy.model.NAME` (learner/checkpoint.py `save_state`)."""
+    if isinstance(state.get("policy"), dict):
+        return state["policy"]["model"]
+    prefix = "policy.model."
+    return {k[len(prefix) :]: v for k, v in state.items() if k.startswith(prefix)}
