@@ -17,9 +17,8 @@ Ties count half a win everywhere (the reference scored against itself gives 0.5)
 result keeps its per-item values (a prompt's pass@1, a pair's 0 / 0.5 / 1), so
 `bootstrap_ci` gives a 95% interval over prompts or pairs (bench/learning.py).
 
-Limits: the pair evaluations run in this process on the CPU, batch by batch (about 1 s
-per pair of 256 tokens for a 135M model on 2 cores); a pair's rows are truncated as in
-training (`max_length`).
+Limits: the pair evaluations run in this process on the CPU, batch by batch, in the
+recipe's `model.dtype`; a pair's rows are truncated as in training (`max_length`).
 """
 
 from __future__ import annotations
@@ -69,6 +68,13 @@ def bootstrap_ci(
     return means[lo], means[min(reps - 1, reps - 1 - lo)]
 
 
+def _dtype(recipe: Recipe) -> Any:
+    """The recipe's compute dtype (`model.dtype`), as the learner computes in it."""
+    import torch
+
+    return torch.bfloat16 if recipe.model.dtype == "bfloat16" else torch.float32
+
+
 def _wins(a: float, b: float) -> float:
     return 1.0 if a > b else 0.5 if a == b else 0.0
 
@@ -105,7 +111,7 @@ def reward_model_eval(
     if fresh_head_seed is not None:
         torch.manual_seed(fresh_head_seed)
     model = AutoModelForSequenceClassification.from_pretrained(
-        model_dir, num_labels=1, dtype=torch.float32
+        model_dir, num_labels=1, dtype=_dtype(recipe)
     ).eval()
     pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
     items, margins = [], []
@@ -170,7 +176,7 @@ def dpo_eval(
         if sums and Path(folder).resolve() == Path(policy_dir).resolve():
             sums.append(sums[0])  # the base against itself: the same sums
             continue
-        model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+        model = AutoModelForCausalLM.from_pretrained(folder, dtype=_dtype(recipe)).eval()
         sums.append(_reply_sums(model, done, pad, batch_pairs))
         del model
     pol, ref = sums
