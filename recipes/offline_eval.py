@@ -164,7 +164,6 @@ def dpo_eval(
     (mean rewards), `policy_preference` (how often the policy alone gives the chosen
     reply the higher summed logprob, ties half), `pairs`. Pairs rendered as DPO
     renders them (`dpo.max_length`, `dpo.chat_template`)."""
-    import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(policy_dir)
