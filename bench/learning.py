@@ -5,7 +5,7 @@
 RECIPE: names of recipes/*.yaml (default: all of them). For each: the base model (the
 recipe's `model.path`) is evaluated on the recipe's held-out set, the recipe is trained
 (`posttrain run`'s loop, in this process), and the trained run folder is evaluated on
-the same set, both with `posttrain eval`'s code (recipes/eval_command.py): pass@1 for
+the same set, both with `posttrain eval`'s code (recipes/assess/command.py): pass@1 for
 GRPO / PPO (`eval:` prompts), implicit-reward accuracy for DPO and pairwise accuracy
 for a reward model (`data.heldout` pairs). One table: recipe, metric, before, after,
 the change and its 95% interval (paired percentile bootstrap over prompts or pairs,
@@ -60,7 +60,7 @@ def smoke_sets(model: Path, algorithm: str) -> list[str]:
 
 def paired_change(before: list[float], after: list[float]) -> tuple[float, float]:
     """95% interval of mean(after − before) over the same items (paired bootstrap)."""
-    from posttrain.recipes.offline_eval import bootstrap_ci
+    from posttrain.recipes.assess.scoring import bootstrap_ci
 
     return bootstrap_ci([a - b for a, b in zip(after, before, strict=True)])
 
@@ -68,11 +68,11 @@ def paired_change(before: list[float], after: list[float]) -> tuple[float, float
 def one_recipe(name: str, sets: list[str], work: Path) -> dict:
     """Evaluate the base, train, evaluate the run; the table row of recipe `name`."""
     from posttrain.common.model_registry import resolve_model_path
+    from posttrain.recipes.assess.command import evaluate_target
+    from posttrain.recipes.assess.scoring import bootstrap_ci
     from posttrain.recipes.data import load_data
-    from posttrain.recipes.eval_command import evaluate_target
     from posttrain.recipes.loading import load_recipe
     from posttrain.recipes.loop import run
-    from posttrain.recipes.offline_eval import bootstrap_ci
 
     path = ROOT / "recipes" / f"{name}.yaml"
     recipe = load_recipe(path, sets)

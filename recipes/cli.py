@@ -471,7 +471,7 @@ def eval_(
     """Evaluate a trained model on its recipe's held-out set: pass@1, pass@k, mean reward
     and length (GRPO / PPO); pairwise accuracy (reward model); implicit-reward accuracy
     and margin (DPO)."""
-    from .eval_command import evaluate_target
+    from .assess.command import evaluate_target
 
     try:
         report = evaluate_target(

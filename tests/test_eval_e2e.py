@@ -16,7 +16,7 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from posttrain.recipes import eval_targets
+from posttrain.recipes.assess import targets as eval_targets
 from posttrain.recipes.cli import app
 from posttrain.recipes.data import load_data
 from posttrain.recipes.loading import load_recipe

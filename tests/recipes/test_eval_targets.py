@@ -9,8 +9,8 @@ import pytest
 import yaml
 
 from posttrain.config import RecipeError
-from posttrain.recipes.eval_command import load_for
-from posttrain.recipes.eval_targets import resolve_target
+from posttrain.recipes.assess.command import load_for
+from posttrain.recipes.assess.targets import resolve_target
 
 
 def _run_folder(tmp_path, tiny_model, final=True):

@@ -17,8 +17,8 @@ from transformers import AutoTokenizer
 from posttrain.common.chat_tokens import chat_prompt, chat_reply, hh_messages, stop_ids
 from posttrain.recipes.algo.dpo import DPO
 from posttrain.recipes.algo.reward_model import RewardModel
+from posttrain.recipes.assess.scoring import bootstrap_ci
 from posttrain.recipes.loading import load_recipe
-from posttrain.recipes.offline_eval import bootstrap_ci
 from posttrain.recipes.preference import load_pairs
 
 HH = [

@@ -30,8 +30,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Literal
 
-from ..common.model_registry import KNOWN_ALIASES, resolve_model_path
-from ..config import RecipeError
+from ...common.model_registry import KNOWN_ALIASES, resolve_model_path
+from ...config import RecipeError
 
 Kind = Literal["alias", "checkpoint", "run", "adapter", "policy"]
 KINDS_HELP = (
@@ -97,7 +97,7 @@ def _file(p: Path) -> Path | None:
 
 def _run(given: str, run_dir: Path) -> Target:
     """A run folder's final policy, else its newest complete checkpoint."""
-    from . import checkpoints
+    from .. import checkpoints
 
     recipe = run_dir / "recipe.yaml"
     if (run_dir / "final").is_dir():
@@ -173,7 +173,7 @@ def _merge_adapter(target: Target, out: Path) -> Path:
     from peft import PeftModel
     from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
 
-    from ..learner.export import carry_model_files
+    from ...learner.export import carry_model_files
 
     assert target.base is not None  # _saved checked it
     cls = AutoModelForSequenceClassification if target.head == "score" else AutoModelForCausalLM
@@ -193,7 +193,7 @@ def _rebuild_checkpoint(target: Target, base: Path, out: Path) -> None:
     from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
     from transformers import AutoModelForCausalLM
 
-    from ..learner.export import carry_model_files
+    from ...learner.export import carry_model_files
 
     with tempfile.TemporaryDirectory() as tmp:
         dcp_to_torch_save(str(target.folder / "learner" / "sharded"), f"{tmp}/state.pt")

@@ -30,8 +30,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..config import Recipe, RecipeError
-from .preference import PreferencePair, render_pairs
+from ...config import Recipe, RecipeError
+from ..preference import PreferencePair, render_pairs
 
 
 @dataclass
@@ -102,8 +102,8 @@ def reward_model_eval(
     import torch
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-    from ..algorithms.batch import pack_rows
-    from ..common.score_head import sequence_scores
+    from ...algorithms.batch import pack_rows
+    from ...common.score_head import sequence_scores
 
     tok = AutoTokenizer.from_pretrained(model_dir)
     cfg = recipe.reward_model
@@ -139,8 +139,8 @@ def _reply_sums(model: Any, done: Any, pad: int, batch_pairs: int) -> list[float
     """Summed logprob of every pair's chosen and rejected reply (chosen, rejected, ...)."""
     import torch
 
-    from ..learner.logprobs import sequence_logprobs
-    from .algo.dpo import pair_batch
+    from ...learner.logprobs import sequence_logprobs
+    from ..algo.dpo import pair_batch
 
     out: list[float] = []
     with torch.no_grad():
@@ -209,7 +209,7 @@ def sample_eval(recipe: Recipe, model_dir: str | Path, out_dir: Path) -> EvalRes
         RecipeError: the recipe has no `eval:` block (no held-out prompts), or a role
             failed to start.
     """
-    from .data import load_eval_prompts
+    from ..data import load_eval_prompts
 
     if recipe.eval is None:
         raise RecipeError(
@@ -225,7 +225,7 @@ def _sample_result(
     metrics: dict[str, Any], rollouts: list[Any], scores: list[Any], threshold: float
 ) -> EvalResult:
     """The headline numbers of `sample_and_score`, with each prompt's pass@1."""
-    from .evaluation import pass_at_k
+    from ..evaluation import pass_at_k
 
     groups: dict[str, list[Any]] = {}
     texts: dict[str, str] = {}
@@ -257,10 +257,10 @@ def _sample_on_roles(
     `evaluation.sample_and_score` once (policy version 0), stop them all."""
     import ray
 
-    from ..common.process import default_threads
-    from .evaluation import sample_and_score
-    from .placement import place
-    from .roles import (
+    from ...common.process import default_threads
+    from ..evaluation import sample_and_score
+    from ..placement import place
+    from ..roles import (
         Roles,
         init_ray,
         rollout_spec,

@@ -1,6 +1,6 @@
 """What `posttrain eval TARGET` does between its options and its output: resolve the
-target (recipes/eval_targets.py), load the recipe with the command line's overrides,
-pick the evaluation the target and recipe call for (recipes/offline_eval.py), and
+target (recipes/assess/targets.py), load the recipe with the command line's overrides,
+pick the evaluation the target and recipe call for (recipes/assess/scoring.py), and
 return one JSON-able report.
 
 Which evaluation: a reward model (a score-head target, or any target with a
@@ -21,11 +21,11 @@ from typing import Any
 
 import yaml
 
-from ..common.model_registry import resolve_model_path
-from ..config import Recipe, RecipeError
-from .eval_targets import Target, materialize, resolve_target
-from .loading import load_recipe
-from .offline_eval import EvalResult, dpo_eval, reward_model_eval, sample_eval
+from ...common.model_registry import resolve_model_path
+from ...config import Recipe, RecipeError
+from ..loading import load_recipe
+from .scoring import EvalResult, dpo_eval, reward_model_eval, sample_eval
+from .targets import Target, materialize, resolve_target
 
 
 def _overrides(
@@ -159,7 +159,7 @@ def _dispatch(
 
 
 def _heldout_or_exit(recipe: Recipe) -> list[Any]:
-    from .data import load_heldout_pairs
+    from ..data import load_heldout_pairs
 
     pairs = load_heldout_pairs(recipe)
     if not pairs:
