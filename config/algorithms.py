@@ -177,6 +177,13 @@ class DPOConfig(_Strict):
         "and free the reference; false keeps the reference in the loop.",
     )
     max_length: int = Field(512, gt=8, description="Most tokens of prompt + reply per row.")
+    chat_template: bool = Field(
+        True,
+        description="Render every pair with the model's chat template, as the reward model "
+        "trains and the reward service scores (hh dialogues split into user/assistant "
+        "turns, a text prompt as one user message; recipes/preference.py `render_pairs`); "
+        "false: text pairs as raw text (+ EOS), as posttrain before 2026-12-01 did.",
+    )
 
     def facts(self) -> AlgorithmFacts:
         """DPO: preference pairs and a reference, whose logprobs are precomputed once

@@ -213,10 +213,21 @@ class DataConfig(_Strict):
         "mixture of such files)."
     )
     shuffle_seed: int = Field(0, description="Seed of the order prompts are drawn in.")
+    heldout: TrainSource | None = Field(
+        None,
+        description="DPO / reward model: held-out preference pairs ({path: ..., format: "
+        "hh | auto}, limit as in data.train), never trained on: training pairs whose "
+        "prompt equals a held-out one are left out. A reward model scores them during "
+        "training (instead of splitting reward_model.eval_pairs off data.train); "
+        "`posttrain eval` and bench/learning.py report on them. GRPO / PPO hold out "
+        "prompts with `eval:` instead.",
+    )
 
     @model_validator(mode="after")
     def _weights(self) -> DataConfig:
         check_weights_in_mixtures(self.train, "data.train")
+        if self.heldout is not None:
+            check_weights_in_mixtures(self.heldout, "data.heldout")
         return self
 
 

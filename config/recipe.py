@@ -399,9 +399,21 @@ class Recipe(_Strict):
                 f"eval: {name} samples no responses to evaluate; remove the eval "
                 "block, or use algorithm grpo or ppo"
             )
+        if not pairs and self.data.heldout is not None:
+            raise ValueError(
+                f"data.heldout: held-out preference pairs are for DPO and reward models; "
+                f"{self.algorithm} holds out prompts with eval: {{prompts: ...}} or "
+                "eval: {holdout: N}"
+            )
+        if self.data.heldout is not None and self.reward_model.eval_pairs:
+            raise ValueError(
+                "reward_model.eval_pairs and data.heldout both hold pairs out; keep one "
+                "(data.heldout: a file of its own, disjoint from data.train)"
+            )
         generated = [
             s.generator if isinstance(s, GeneratorData) else s.reasoning_gym
             for s in sources_of(self.data.train)
+            + (sources_of(self.data.heldout) if self.data.heldout else [])
             if not isinstance(s, FileData)
         ]
         if pairs and generated:

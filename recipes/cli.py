@@ -1,4 +1,4 @@
-"""The `posttrain` command: run, validate, plan, schema, serve.
+"""The `posttrain` command: run, validate, plan, schema, eval, serve.
 
 Exit codes: 0 success; 2 a bad recipe, bad data or bad input (reported before Ray or
 any model starts); 1 a failure during training.
@@ -419,6 +419,77 @@ def serve_rewards(
         f"({', '.join(c.name for c in cfg.rewards)}; auth {'on' if token else 'off'})"
     )
     uvicorn.Server(uvicorn.Config(app, log_level="warning")).run(sockets=[sock])
+
+
+@app.command("eval")
+def eval_(
+    target: Annotated[
+        str,
+        typer.Argument(
+            help="A run folder, a checkpoint (RUN_DIR/checkpoints/step_N), a saved policy "
+            "(RUN_DIR/final), an adapter folder, or the model alias smollm2-135m-instruct."
+        ),
+    ],
+    recipe: Annotated[
+        Path | None,
+        typer.Option(
+            help="Recipe whose held-out set and rewards to use; default the target's own."
+        ),
+    ] = None,
+    engine: Annotated[
+        str | None, typer.Option(help="Rollout engine instead of the recipe's: hf or vllm.")
+    ] = None,
+    rewards: Annotated[
+        Path | None,
+        typer.Option(help="YAML list of reward components instead of the recipe's rewards."),
+    ] = None,
+    prompts: Annotated[
+        Path | None,
+        typer.Option(
+            help="Held-out file instead of the recipe's: prompts (GRPO / PPO) or preference "
+            "pairs (DPO / reward model, read in the recipe's data format)."
+        ),
+    ] = None,
+    k: Annotated[
+        int | None, typer.Option("-n", "--k", min=1, help="Samples per prompt (pass@k).")
+    ] = None,
+    reward_model: Annotated[
+        Path | None,
+        typer.Option(
+            "--reward-model",
+            help="DPO: also the policy's win rate over the base model under this reward-"
+            "model folder.",
+        ),
+    ] = None,
+    json_out: Annotated[
+        Path | None, typer.Option("--json", help="Write the report (with per-item values) here.")
+    ] = None,
+    out: Annotated[
+        Path | None,
+        typer.Option(help="Keep the samples and any rebuilt model here (default: a temp folder)."),
+    ] = None,
+    set_: SetOpt = None,
+) -> None:
+    """Evaluate a trained model on its recipe's held-out set: pass@1, pass@k, mean reward
+    and length (GRPO / PPO); pairwise accuracy (reward model); implicit-reward accuracy
+    and margin (DPO)."""
+    from .assess.command import evaluate_target
+
+    try:
+        report = evaluate_target(
+            target, recipe, set_, engine, rewards, prompts, k, reward_model, out
+        )
+    except RecipeError as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(code=2) from None
+    m = report["metrics"]
+    typer.echo(
+        f"{report['target']} ({report['kind']}, recipe {report['recipe']}): {report['evaluation']}"
+    )
+    typer.echo("  " + "   ".join(f"{k} {v:.4g}" for k, v in m.items()))
+    if json_out is not None:
+        json_out.write_text(json.dumps(report, indent=1))
+        typer.echo(f"  report: {json_out}")
 
 
 def _run_dir_or_exit(run_dir: Path) -> list[dict]:

@@ -10,12 +10,14 @@ samples in recipes/datasets/.
 
 from __future__ import annotations
 
+import json
 import random
 from typing import Any, NamedTuple
 
 from ..config import Recipe, RecipeError
 from ..config.data import DataConfig
 from .items import PromptItem
+from .preference import PreferencePair
 from .sources import check_reward_coverage, hold_out, source_pairs, source_prompts, without
 
 
@@ -107,7 +109,8 @@ class LoadedData(NamedTuple):
 
 def load_data(recipe: Recipe) -> LoadedData:
     """A recipe's training data, checked: preference pairs for an algorithm that trains
-    on pairs (`recipe.facts.data`), else prompts with the held-out ones (`eval.prompts`,
+    on pairs (`recipe.facts.data`; those whose prompt equals a `data.heldout` pair's are
+    left out and counted in `held_out`), else prompts with the held-out ones (`eval.prompts`,
     or `eval.holdout` of data.train's) left out, every prompt covered by a reward
     component that can score it (`sources.check_reward_coverage`).
 
@@ -117,7 +120,9 @@ def load_data(recipe: Recipe) -> LoadedData:
     """
     if recipe.facts.data == "pairs":
         pairs, skipped = source_pairs(recipe.data.train, recipe.pair_margin_key)
-        return LoadedData(pairs, skipped, [], 0)
+        held = {json.dumps(p.prompt) for p in load_heldout_pairs(recipe)}
+        kept = [p for p in pairs if json.dumps(p.prompt) not in held]
+        return LoadedData(kept, skipped, [], len(pairs) - len(kept))
     train, evals, dropped, e = source_prompts(recipe.data.train), [], 0, recipe.eval
     if e is not None and e.holdout is not None:
         kept, evals = hold_out(train, e.holdout, recipe.data.shuffle_seed)
@@ -129,6 +134,18 @@ def load_data(recipe: Recipe) -> LoadedData:
         evals = evals[: e.limit]
     check_reward_coverage(train + evals, recipe.rewards)
     return LoadedData(train, 0, evals, dropped)
+
+
+def load_heldout_pairs(recipe: Recipe) -> list[PreferencePair]:
+    """The held-out preference pairs of a DPO or reward-model recipe (`data.heldout`);
+    [] without it.
+
+    Raises:
+        RecipeError: an unreadable file or a bad row (named).
+    """
+    if recipe.data.heldout is None:
+        return []
+    return source_pairs(recipe.data.heldout, recipe.pair_margin_key, "data.heldout")[0]
 
 
 def load_eval_prompts(recipe: Recipe) -> list[PromptItem]:

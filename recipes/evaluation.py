@@ -47,14 +47,19 @@ def eval_metrics(
     rollouts: list[Rollout], scores: list[Score], k: int, threshold: float
 ) -> dict[str, float]:
     """`eval/pass@1`, `eval/pass@k`, `eval/avg@k` (mean reward) over prompts, and the
-    same per reward component (`eval/pass@k/NAME`, ...); `eval/k`, `eval/prompts`."""
+    same per reward component (`eval/pass@k/NAME`, ...); `eval/k`, `eval/prompts`,
+    `eval/length_mean` (response tokens per sample)."""
     values: dict[str, dict[str, list[float | None]]] = {"": {}}
     for r, s in zip(rollouts, scores, strict=True):
         values[""].setdefault(r.group_id, []).append(s.reward)
         for name, v in s.details.items():
             if "." not in name and isinstance(v, int | float):
                 values.setdefault(f"/{name}", {}).setdefault(r.group_id, []).append(float(v))
-    out = {"eval/k": float(k), "eval/prompts": float(len(values[""]))}
+    out = {
+        "eval/k": float(k),
+        "eval/prompts": float(len(values[""])),
+        "eval/length_mean": statistics.fmean(len(r.response_ids) for r in rollouts),
+    }
     for suffix, groups in values.items():
         p1, pk, avg = [], [], []
         for vals in groups.values():
@@ -81,8 +86,16 @@ def evaluate(
 ) -> dict[str, Any]:
     """Sample, score and log one evaluation of the policy the engines hold (`version`);
     its engine spans are dropped (they belong to no training step)."""
+    return sample_and_score(roles, recipe, prompts, run_dir, version)[0]
+
+
+def sample_and_score(
+    roles: c.Roles, recipe: Recipe, prompts: list[PromptItem], run_dir: Path, version: int
+) -> tuple[dict[str, Any], list[Rollout], list[Score]]:
+    """`evaluate`'s metrics with the rollouts and scores they come from (`posttrain eval`
+    compares them per prompt). Needs `recipe.eval`."""
     e = recipe.eval
-    assert e is not None
+    assert e is not None  # callers pass recipes with an eval block (loop: `due`)
     sampling = SamplingSettings(
         n=e.k,
         max_new_tokens=e.max_new_tokens or recipe.rollout.max_new_tokens,
@@ -95,4 +108,5 @@ def evaluate(
     scores = c.score(roles, rollouts)
     ray.get([a.drain_spans.remote() for a in roles.rollout])
     c.save_rollouts(run_dir, version, rollouts, scores, "eval")
-    return {"eval/policy_version": version, **eval_metrics(rollouts, scores, e.k, e.pass_threshold)}
+    metrics = eval_metrics(rollouts, scores, e.k, e.pass_threshold)
+    return {"eval/policy_version": version, **metrics}, rollouts, scores

@@ -139,12 +139,13 @@ def load_recipe(path: str | Path, overrides: list[str] | None = None) -> Recipe:
 
 
 def _resolve_data_paths(tree: dict[str, Any], folder: Path) -> None:
-    """Make the `path` of data.train, eval.prompts and their mixtures' entries absolute,
-    relative ones read from `folder` (the recipe's)."""
-    train = tree.get("data", {}).get("train") if isinstance(tree.get("data"), dict) else None
+    """Make the `path` of data.train, data.heldout, eval.prompts and their mixtures'
+    entries absolute, relative ones read from `folder` (the recipe's)."""
+    data = tree.get("data") if isinstance(tree.get("data"), dict) else {}
+    train, pairs = data.get("train"), data.get("heldout")
     held_out = tree.get("eval", {}).get("prompts") if isinstance(tree.get("eval"), dict) else None
-    blocks = [train, held_out]
-    for block in (train, held_out):
+    blocks = [train, held_out, pairs]
+    for block in (train, held_out, pairs):
         if isinstance(block, dict) and isinstance(block.get("mixture"), list):
             blocks += block["mixture"]
     for block in blocks:

@@ -22,12 +22,18 @@ the model's chat template exactly as rollouts render prompts (actors/engine.py
 including its end-of-turn token. Text pairs (`hh`, text `pairs`) stay raw text, with
 the tokenizer's BOS in front when it adds one to its own encodings. `tokenize_pairs`
 is the older plain-text-only tokenisation (no BOS), kept for existing callers.
+
+One rendering everywhere (`render_pairs`): DPO, reward-model training and `posttrain
+eval` turn text pairs into chat pairs first (`as_chat`) when the model has a chat
+template and `dpo.chat_template` / `reward_model.chat_template` is on (the default), so
+a policy trains on the prompts it is sampled with (rollouts use the chat template) and
+a reward model on what the reward service renders.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -484,3 +490,48 @@ def pair_prompts(pairs: list[PreferencePair]) -> list[PromptItem]:
             "use multi-turn prompts"
         )
     return out
+
+
+def as_chat(pairs: list[PreferencePair], fmt: str | None = None) -> list[PreferencePair]:
+    """Text pairs as chat-format pairs: an hh prompt (`p.hh`, or every pair when `fmt`
+    is 'hh') split into its turns (replies stripped), any other text prompt as one user
+    message; chat pairs unchanged.
+
+    Raises:
+        RecipeError: an hh prompt with no `Human:` turn.
+    """
+    out = []
+    for p in pairs:
+        if p.is_chat:
+            out.append(p)
+        elif p.hh or fmt == "hh":
+            messages = hh_messages(p.prompt)
+            if not messages or messages[-1]["role"] != "user":
+                raise RecipeError(
+                    f"data.train pair {p.pair_id}: the hh prompt has no "
+                    "'\\n\\nHuman:' turn before its last '\\n\\nAssistant:'"
+                )
+            out.append(
+                replace(p, prompt=messages, chosen=p.chosen.strip(), rejected=p.rejected.strip())
+            )
+        else:
+            out.append(replace(p, prompt=[{"role": "user", "content": p.prompt}]))
+    return out
+
+
+def render_pairs(
+    pairs: list[PreferencePair], tokenizer: Any, max_length: int, chat_template: bool = True
+) -> PairTokenization:
+    """Token ids of preference pairs, rendered one way for every consumer: DPO, the
+    reward model's training and `posttrain eval` (and so as the reward service renders
+    what it scores). With `chat_template` and a tokenizer that has one, text pairs are
+    turned into chat pairs first (`as_chat`: an hh dialogue into its turns, another text
+    prompt into one user message), so every pair is the template's prompt and assistant
+    turn; otherwise text pairs stay raw text (see `tokenize_pairs_with_template`).
+
+    Raises:
+        RecipeError: as `as_chat` and `tokenize_pairs_with_template`.
+    """
+    if chat_template and getattr(tokenizer, "chat_template", None):
+        pairs = as_chat(pairs)
+    return tokenize_pairs_with_template(pairs, tokenizer, max_length)

@@ -29,7 +29,7 @@ from ..controller import on_learners
 from ..preference import (
     PLAIN_TEMPLATE_ID,
     TokenizedPair,
-    tokenize_pairs_with_template,
+    render_pairs,
 )
 from ..rows import data_files
 from .base import PairAlgorithm
@@ -130,7 +130,8 @@ class DPO(PairAlgorithm):
         from transformers import AutoTokenizer
 
         tok = AutoTokenizer.from_pretrained(run.model_path)
-        done = tokenize_pairs_with_template(run.data, tok, self.recipe.dpo.max_length)
+        d = self.recipe.dpo
+        done = render_pairs(run.data, tok, d.max_length, d.chat_template)
         print(done.description, flush=True)
         self.pairs, self.template_id = done.pairs, done.template_id
         g = torch.Generator().manual_seed(self.recipe.data.shuffle_seed)

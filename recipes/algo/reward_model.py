@@ -6,8 +6,9 @@ scalar head (`LearnerSettings.head = 'score'`).
 Pairs are rendered with the model's chat template by default (`reward_model.chat_template`),
 as the reward service's `type: reward_model` component renders what it scores: an hh
 dialogue becomes its user/assistant turns, a text prompt one user message. The pairs are
-shuffled once (`data.shuffle_seed`); the last `reward_model.eval_pairs` of that order are
-held out and scored every `eval_every` steps; step k trains on the next
+shuffled once (`data.shuffle_seed`); the last `reward_model.eval_pairs` of that order (or
+the pairs of `data.heldout`, a file of their own) are held out and scored every
+`eval_every` steps; step k trains on the next
 `train.prompts_per_step` pairs of the rest. The final model goes to RUN_DIR/final as an
 `AutoModelForSequenceClassification` folder.
 """
@@ -15,7 +16,6 @@ held out and scored every `eval_every` steps; step k trains on the next
 from __future__ import annotations
 
 import time
-from dataclasses import replace
 from typing import Any
 
 import ray
@@ -24,44 +24,13 @@ from tqdm import tqdm
 
 from ...algorithms.batch import concat
 from ...algorithms.reward_model import RewardModelLoss, bradley_terry
-from ...common.chat_tokens import hh_messages
 from ...common.telemetry import Span, idle_fraction
 from ...config import Recipe, RecipeError
 from ..controller import on_learners
-from ..preference import (
-    PreferencePair,
-    TokenizedPair,
-    tokenize_pairs_with_template,
-)
+from ..data import load_heldout_pairs
+from ..preference import TokenizedPair, as_chat, render_pairs  # noqa: F401  (as_chat: re-export)
 from .base import PairAlgorithm
 from .dpo import pair_batch
-
-
-def as_chat(pairs: list[PreferencePair], fmt: str | None = None) -> list[PreferencePair]:
-    """Text pairs as chat-format pairs: an hh prompt (`p.hh`, or every pair when `fmt`
-    is 'hh') split into its turns (replies stripped), any other text prompt as one user
-    message; chat pairs unchanged.
-
-    Raises:
-        RecipeError: an hh prompt with no `Human:` turn.
-    """
-    out = []
-    for p in pairs:
-        if p.is_chat:
-            out.append(p)
-        elif p.hh or fmt == "hh":
-            messages = hh_messages(p.prompt)
-            if not messages or messages[-1]["role"] != "user":
-                raise RecipeError(
-                    f"data.train pair {p.pair_id}: the hh prompt has no "
-                    "'\\n\\nHuman:' turn before its last '\\n\\nAssistant:'"
-                )
-            out.append(
-                replace(p, prompt=messages, chosen=p.chosen.strip(), rejected=p.rejected.strip())
-            )
-        else:
-            out.append(replace(p, prompt=[{"role": "user", "content": p.prompt}]))
-    return out
 
 
 def split_eval(order: list[int], eval_pairs: int) -> tuple[list[int], list[int]]:
@@ -96,14 +65,17 @@ class RewardModel(PairAlgorithm):
 
         cfg = self.recipe.reward_model
         tok = AutoTokenizer.from_pretrained(run.model_path)
-        pairs = run.data
-        if cfg.chat_template and getattr(tok, "chat_template", None):
-            pairs = as_chat(pairs)
-        done = tokenize_pairs_with_template(pairs, tok, cfg.max_length)
+        pairs = run.data + load_heldout_pairs(self.recipe)
+        done = render_pairs(pairs, tok, cfg.max_length, cfg.chat_template)
         print(done.description.replace("DPO prompts", "reward-model pairs"), flush=True)
         self.pairs: list[TokenizedPair] = done.pairs
         self.margins = [pairs[i].margin for i in done.kept]
         g = torch.Generator().manual_seed(self.recipe.data.shuffle_seed)
+        if len(pairs) > len(run.data):  # data.heldout: the pairs after data.train's
+            n_train = sum(i < len(run.data) for i in done.kept)
+            self.order = torch.randperm(n_train, generator=g).tolist()
+            self.eval_order = list(range(n_train, len(self.pairs)))
+            return
         order = torch.randperm(len(self.pairs), generator=g).tolist()
         self.order, self.eval_order = split_eval(order, cfg.eval_pairs)
 

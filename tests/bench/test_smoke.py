@@ -6,7 +6,8 @@ The default run keeps about 3.5 minutes on 2 cores (one smoke of each kind: a re
 in process, spawned learner ranks, vLLM actors, the reward service). `slow` (run with
 `-m slow`): the smokes that run the training loop 2 or 3 times, 33-55 s each at load 3
 and up to about a minute under heavier load: adapters (3 CLI runs), token_budget,
-ratio, async and old_logprobs (2 runs each). `vllm`: starts vLLM engines, skipped
+ratio, async and old_logprobs (2 runs each), learning (2 recipes, each trained and
+evaluated twice). `vllm`: starts vLLM engines, skipped
 without vLLM.
 """
 
@@ -32,6 +33,7 @@ BENCHES: dict[str, tuple[list[pytest.MarkDecorator], list[str]]] = {
     "async": (slow, ["| setup | k | steps | steps/s |", "| sim 2:1, "]),
     "compile": ([], ["| variant | first call s (CPU s) |", "| compiled layers |"]),
     "dpo": ([], ["step s  tokens/s vs in-loop", "reference in the loop"]),
+    "learning": (slow, ["| recipe | metric | before | after | change (95% CI) |", "| rm_hh |"]),
     "learner_layout": ([], ["| layout | s/step | vs first |", "| 2 ranks x 1 thread |"]),
     "logprobs": ([], ["| logprobs | train fwd+bwd s (CPU s) |", "| chunked (4) |"]),
     "old_logprobs": (slow, ["| old_logprob_pass | step s |", "| auto |"]),
