@@ -45,7 +45,8 @@ class AlgorithmFacts:
 
     Attributes:
         data: 'rollouts' (samples from rollout engines, scored by rewards, weights pushed
-            back every step) or 'pairs' (preference pairs: no engine, reward or push).
+            back every step), 'pairs' (preference pairs: no engine, reward or push) or
+            'chat' (conversations for supervised fine-tuning: no engine, reward or push).
         reference: the learner loads a frozen reference model.
         critic: the learner trains a value model beside the policy (PPO).
         updates_per_step: optimizer steps one training step takes (epochs × mini-batches).
@@ -54,7 +55,7 @@ class AlgorithmFacts:
         passes: the forward/backward passes of one step (`Passes`).
     """
 
-    data: Literal["rollouts", "pairs"]
+    data: Literal["rollouts", "pairs", "chat"]
     reference: bool
     critic: bool
     updates_per_step: int

@@ -57,7 +57,7 @@ def _load_or_exit(
                 "left out of training",
                 err=True,
             )
-        if r.facts.data == "pairs":
+        if not r.facts.uses_rollouts:  # pairs, conversations: no generation to fit
             return r, data.train
         # GRPO / PPO: the longest prompt + max_new_tokens fits (`run` converts a built-in
         # model first, so the check never waits for the first training run)
@@ -78,7 +78,7 @@ def _load_or_exit(
 def validate(recipe: Path, set_: SetOpt = None) -> None:
     """Check a recipe (schema, data rows, model path) without starting anything."""
     r, prompts = _load_or_exit(recipe, set_, convert=False)
-    what = "pairs" if r.facts.data == "pairs" else "prompts"
+    what = {"pairs": "pairs", "chat": "conversations"}.get(r.facts.data, "prompts")
     typer.echo(
         f"ok: {recipe} ({r.algorithm}, {r.train.steps} steps, {len(prompts)} {what}, "
         f"model {r.model.path})"

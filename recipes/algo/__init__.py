@@ -13,12 +13,14 @@ from .dpo import DPO
 from .grpo import GRPO
 from .ppo import PPO
 from .reward_model import RewardModel
+from .sft import SFT
 
 ALGORITHMS: dict[str, type[Algorithm]] = {
     "grpo": GRPO,
     "ppo": PPO,
     "dpo": DPO,
     "reward_model": RewardModel,
+    "sft": SFT,
 }
 
 __all__ = ["ALGORITHMS", "Algorithm", "PairAlgorithm", "RLAlgorithm", "algorithm_for"]
