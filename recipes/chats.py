@@ -229,3 +229,22 @@ def tokenize_chats(
             )
         out.append(t)
     return out
+
+
+def check_chats(recipe: Any, examples: list[ChatExample], convert: bool = False) -> bool:
+    """Before anything starts: every conversation renders with the model's chat template
+    and has its assistant tokens marked within `sft.max_length` (`tokenize_chats`).
+    False when skipped (a built-in alias not yet converted, without `convert`).
+
+    Raises:
+        RecipeError: as `tokenize_chats`.
+    """
+    from transformers import AutoTokenizer
+
+    from .preflight import _readable_model_folder
+
+    folder = _readable_model_folder(recipe.model.path, convert)
+    if folder is None:
+        return False
+    tokenize_chats(AutoTokenizer.from_pretrained(folder), examples, recipe.sft.max_length)
+    return True

@@ -57,6 +57,10 @@ def _load_or_exit(
                 "left out of training",
                 err=True,
             )
+        if r.facts.data == "chat" and lengths:  # the template marks every assistant turn
+            from .chats import check_chats
+
+            check_chats(r, data.train, convert=convert)
         if not r.facts.uses_rollouts:  # pairs, conversations: no generation to fit
             return r, data.train
         # GRPO / PPO: the longest prompt + max_new_tokens fits (`run` converts a built-in

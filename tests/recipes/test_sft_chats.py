@@ -5,12 +5,16 @@ markers; refusals naming file, row and key; the tool_chats generator's format.""
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
+import yaml
 from transformers import AutoTokenizer
+from typer.testing import CliRunner
 
 from posttrain.config import FileData, GeneratorData, RecipeError
 from posttrain.recipes.chats import file_chats, tokenize_chat, tool_chats
+from posttrain.recipes.cli import app
 from posttrain.recipes.episodes.tools import parse_tool_calls
 
 CHAT = [
@@ -105,3 +109,41 @@ def test_tool_chats_call_the_tool_as_the_tool_parser_reads_it():
     (call,) = parse_tool_calls(m[2]["content"])
     assert call == {"name": "python", "arguments": {"code": "print(41 * 265)"}}
     assert m[3]["content"] == "10865\n" and m[4]["content"] == "10865"
+
+
+def _recipe(tmp_path, model, data):
+    f = tmp_path / "sft.yaml"
+    f.write_text(
+        yaml.safe_dump(
+            {
+                "name": "sft",
+                "algorithm": "sft",
+                "model": {"path": str(model), "dtype": "float32"},
+                "data": {"train": {"path": str(data)}},
+                "train": {"steps": 1, "prompts_per_step": 2},
+            }
+        )
+    )
+    return f
+
+
+def test_cli_exits_2_on_a_row_without_assistant_turn_and_on_a_bad_template(tiny_model, tmp_path):
+    data = tmp_path / "chats.jsonl"
+    data.write_text(json.dumps({"messages": CHAT}) + "\n")
+    cli = CliRunner()
+    ok = cli.invoke(app, ["validate", str(_recipe(tmp_path, tiny_model, data))])
+    assert ok.exit_code == 0, ok.output
+    assert "1 conversations" in ok.output
+    data.write_text(data.read_text() + json.dumps({"messages": CHAT[:2]}) + "\n")
+    out = cli.invoke(app, ["validate", str(_recipe(tmp_path, tiny_model, data))])
+    assert out.exit_code == 2
+    assert f"{data}:2: key 'messages' has no assistant turn" in out.output
+    data.write_text(json.dumps({"messages": CHAT}) + "\n")
+    broken = tmp_path / "model"
+    shutil.copytree(tiny_model, broken)
+    tok = AutoTokenizer.from_pretrained(broken)
+    tok.chat_template = "{{ messages | length }}" + tok.chat_template
+    tok.save_pretrained(broken)
+    out = cli.invoke(app, ["validate", str(_recipe(tmp_path, broken, data))])
+    assert out.exit_code == 2
+    assert f"{data}:1: the chat template cannot mark assistant tokens" in out.output
