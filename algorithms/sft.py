@@ -104,21 +104,46 @@ class PackedRows:
         )
 
 
+def _balanced_rows(lengths: list[int], max_length: int, multiple: int) -> list[list[int]]:
+    """Example indices per row: the fewest rows, a multiple of `multiple`, whose
+    longest-first, least-filled-row-next assignment (LPT) keeps every row within
+    `max_length`; balanced rows keep the padding to the widest one small."""
+    total = sum(lengths)
+    n = max(1, -(-total // max_length))
+    n = -(-n // multiple) * multiple
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    while True:
+        rows: list[list[int]] = [[] for _ in range(n)]
+        used = [0] * n
+        for i in order:
+            r = min(range(n), key=lambda r: used[r])
+            rows[r].append(i)
+            used[r] += lengths[i]
+        if max(used) <= max_length:
+            return [r for r in rows if r] or rows[:1]
+        n += multiple
+
+
 def pack_examples(
     examples: Sequence[tuple[Sequence[int], Sequence[int]]],
     pad_id: int,
     max_length: int,
     pack: bool = True,
+    rows_multiple: int = 1,
 ) -> PackedRows:
     """Lay `(ids, mask)` examples into rows.
 
-    pack: first-fit decreasing by length (longest first; each into the first row with
-    room, rows of at most `max_length` tokens). Otherwise one example per row, in order.
+    pack: the fewest rows (a multiple of `rows_multiple`, e.g. the learner ranks, so no
+    rank computes a padding copy) of at most `max_length` tokens, filled longest example
+    first into the least-filled row (balanced rows: little right padding). Otherwise one
+    example per row, in order.
 
     Args:
         examples: token ids and their 0/1 assistant mask, each of at most `max_length`.
         pad_id: the pad token.
         max_length: the most tokens of one row.
+        rows_multiple: packed rows come in multiples of it (when there are that many
+            examples).
 
     Raises:
         ValueError: no examples, an example longer than `max_length` or with a mask of
@@ -132,22 +157,12 @@ def pack_examples(
                 f"example {i}: {len(ids)} ids and {len(mask)} mask values; both must be "
                 f"equal, at least 2 and at most {max_length}"
             )
-    rows: list[list[int]] = []  # example indices per row
-    used: list[int] = []
+    lengths = [len(e[0]) for e in examples]
     if pack:
-        for i in sorted(range(len(examples)), key=lambda i: -len(examples[i][0])):
-            n = len(examples[i][0])
-            r = next((r for r in range(len(rows)) if used[r] + n <= max_length), None)
-            if r is None:
-                rows.append([])
-                used.append(0)
-                r = len(rows) - 1
-            rows[r].append(i)
-            used[r] += n
+        rows = _balanced_rows(lengths, max_length, min(rows_multiple, len(examples)))
     else:
         rows = [[i] for i in range(len(examples))]
-        used = [len(e[0]) for e in examples]
-    width = max(used)
+    width = max(sum(lengths[i] for i in r) for r in rows)
     ids_t = torch.full((len(rows), width), pad_id, dtype=torch.long)
     attn = torch.zeros_like(ids_t)
     resp = torch.zeros(ids_t.shape, dtype=torch.float32)

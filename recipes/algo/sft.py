@@ -48,7 +48,7 @@ def chat_batch(
 ) -> TrainBatch:
     """The conversations as rows (packed or one per row), padded to a multiple of the
     ranks with rows that count nowhere, and `loss_denominator` = their assistant tokens."""
-    rows = pack_examples([(c.ids, c.mask) for c in chats], pad_id, max_length, pack)
+    rows = pack_examples([(c.ids, c.mask) for c in chats], pad_id, max_length, pack, ranks)
     batch = pad_rows_to_multiple(rows.batch(), ranks)
     batch.loss_denominator = max(float(batch.response_mask.sum()), 1.0)
     return batch

@@ -45,12 +45,16 @@ def test_pack_examples_layout():
     b = ([5, 6], [0, 1])
     c = ([7, 8, 9], [1, 0, 1])  # a mask on the first token never counts (no context)
     rows = pack_examples([a, b, c], pad_id=0, max_length=6)
-    # longest first: a -> row 0; c does not fit beside a (4 + 3 > 6) -> row 1; b -> row 0
-    assert rows.placement == [(0, 0), (0, 4), (1, 0)]
-    assert rows.input_ids.tolist() == [[1, 2, 3, 4, 5, 6], [7, 8, 9, 0, 0, 0]]
-    assert rows.segment_ids.tolist() == [[1, 1, 1, 1, 2, 2], [1, 1, 1, 0, 0, 0]]
-    assert rows.response_mask.tolist() == [[0, 0, 1, 1, 0, 1], [0, 0, 1, 0, 0, 0]]
-    assert rows.attention_mask.tolist() == [[1] * 6, [1, 1, 1, 0, 0, 0]]
+    # 9 tokens need 2 rows of <= 6; longest first into the least-filled row: a -> row 0,
+    # c -> row 1, b -> row 1 (3 < 4)
+    assert rows.placement == [(0, 0), (1, 3), (1, 0)]
+    assert rows.input_ids.tolist() == [[1, 2, 3, 4, 0], [7, 8, 9, 5, 6]]
+    assert rows.segment_ids.tolist() == [[1, 1, 1, 1, 0], [1, 1, 1, 2, 2]]
+    assert rows.response_mask.tolist() == [[0, 0, 1, 1, 0], [0, 0, 1, 0, 1]]
+    assert rows.attention_mask.tolist() == [[1, 1, 1, 1, 0], [1] * 5]
+    # 2 ranks: 9 tokens fit one row of 12, but the rows come in pairs
+    assert pack_examples([a, b, c], 0, 12, rows_multiple=2).input_ids.shape == (2, 5)
+    assert pack_examples([a, b, c], 0, 12).input_ids.shape == (1, 9)
     unpacked = pack_examples([a, b, c], pad_id=0, max_length=6, pack=False)
     assert unpacked.segment_ids is None and unpacked.input_ids.shape == (3, 4)
     with pytest.raises(ValueError, match="at most 6"):
