@@ -7,7 +7,7 @@ training tokens/s, side by side in one run.
 Workload: `recipes/sft_tool_arith.yaml`'s conversations (system prompt, question, a
 python tool call, its output, the number; generator tool_chats) on SmolLM2-135M-Instruct
 (the built-in model's converted folder), assistant-only loss on both sides, `--batch`
-conversations per step, lr 5e-5 constant, AdamW, max length 1024.
+conversations per step, lr 1e-4 constant, AdamW, max length 1024.
 
 1. Loss of a fixed batch: the first `--batch` conversations, float32 on both sides, at
    the initial weights. posttrain: step 0's `loss` of a 1-step run of the recipe (its
@@ -47,7 +47,7 @@ from _smoke import SMOKE_HELP, tiny_model
 ROOT = Path(__file__).resolve().parents[1]
 VENV = ROOT / ".bench-venv" / "trl"
 RECIPE = ROOT / "recipes" / "sft_tool_arith.yaml"
-LR = 5e-5
+LR = 1e-4
 
 
 def marked_template(template: str) -> str:
