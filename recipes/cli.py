@@ -490,6 +490,15 @@ def dashboard(
 def _summary(history: list[dict[str, float]], run_dir: Path, wall: float) -> None:
     if not history:
         return
+    if "sft/assistant_tokens" in history[0]:  # SFT: no rollout timings or rewards
+        evals = [h["eval/loss"] for h in history if "eval/loss" in h]
+        held = f"   held-out loss {evals[-1]:.4f}" if evals else ""
+        typer.echo(
+            f"done: {len(history)} steps in {wall:.0f} s\n"
+            f"  loss {history[0]['loss']:.4f} → {history[-1]['loss']:.4f}{held}\n"
+            f"  metrics: {run_dir / 'metrics.jsonl'}   final policy: {run_dir / 'final'}"
+        )
+        return
     if "rewards/accuracy" in history[0]:  # DPO
         first, last = history[0], history[-1]
         typer.echo(

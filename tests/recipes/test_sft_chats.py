@@ -147,3 +147,14 @@ def test_cli_exits_2_on_a_row_without_assistant_turn_and_on_a_bad_template(tiny_
     out = cli.invoke(app, ["validate", str(_recipe(tmp_path, broken, data))])
     assert out.exit_code == 2
     assert f"{data}:1: the chat template cannot mark assistant tokens" in out.output
+
+
+def test_the_run_summary_of_sft_names_its_losses(tmp_path, capsys):
+    from posttrain.recipes.cli import _summary
+
+    hist = [
+        {"loss": 0.5, "sft/assistant_tokens": 10.0},
+        {"loss": 0.1, "sft/assistant_tokens": 10.0, "eval/loss": 0.2},
+    ]
+    _summary(hist, tmp_path, 3.0)  # raised KeyError 'time/generate' before
+    assert "loss 0.5000 → 0.1000   held-out loss 0.2000" in capsys.readouterr().out
