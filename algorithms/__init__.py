@@ -1,6 +1,6 @@
 """The math of each algorithm, pure torch, one module per algorithm.
 
-Each of `grpo`, `ppo`, `dpo` and `reward_model` holds its advantage estimator (GRPO,
+Each of `grpo`, `ppo`, `dpo`, `reward_model` and `sft` holds its advantage estimator (GRPO,
 PPO) and one loss with the shared signature
 
     loss(logprobs [b, T], micro_batch: TrainBatch, cfg, values [b, T] | None) -> LossOutput
@@ -24,9 +24,9 @@ def loss_module(name: str) -> ModuleType:
     Raises:
         ValueError: an unknown algorithm.
     """
-    from . import dpo, grpo, ppo, reward_model
+    from . import dpo, grpo, ppo, reward_model, sft
 
-    modules = {"grpo": grpo, "ppo": ppo, "dpo": dpo, "reward_model": reward_model}
+    modules = {"grpo": grpo, "ppo": ppo, "dpo": dpo, "reward_model": reward_model, "sft": sft}
     modules["distill"] = grpo  # distillation trains with GRPO's policy-gradient loss
     if name not in modules:
         raise ValueError(f"unknown algorithm {name!r}; one of {sorted(modules)}")

@@ -34,6 +34,10 @@ class TrainBatch:
             precomputed), or None.
         margins: `[B]` each preference pair's Bradley-Terry margin on both its rows
             (reward model, Llama 2's margin), or None.
+        segment_ids: `[B, T]` long, for rows that pack several examples (SFT): k ≥ 1 on
+            the tokens of the row's k-th example, 0 on padding. Each example then gets
+            its own position ids (0, 1, ...) and attends to itself only
+            (`learner.logprobs.segment_attention`). None: one example per row.
         loss_denominator: the step-wide normaliser of the loss (tokens, sequences or
             pairs of the whole step over all ranks; see `algorithms.common`), so
             micro-batch size and rank count cannot change the loss.
@@ -51,6 +55,7 @@ class TrainBatch:
     values: torch.Tensor | None = None
     ref_sums: torch.Tensor | None = None
     margins: torch.Tensor | None = None
+    segment_ids: torch.Tensor | None = None
     loss_denominator: float = 1.0
 
     def __len__(self) -> int:

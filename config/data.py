@@ -36,8 +36,11 @@ class _Source(_Strict):
 
 
 class GeneratorData(_Source):
-    generator: Literal["arithmetic"] = Field(
-        description="Procedural task: 'arithmetic' uses reasoning-gym's basic_arithmetic."
+    generator: Literal["arithmetic", "tool_chats"] = Field(
+        description="Procedural task: 'arithmetic' uses reasoning-gym's basic_arithmetic. "
+        "'tool_chats' (algorithm: sft only) turns the same problems into tool-use "
+        "conversations: system prompt (model.system_prompt), question, a python "
+        "<tool_call>, its output as a tool message, the final number."
     )
     size: int = Field(2000, gt=0, description="Number of distinct problems generated.")
     seed: int = Field(0, description="Seed of the generator; same seed, same problems.")

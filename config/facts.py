@@ -45,7 +45,8 @@ class AlgorithmFacts:
 
     Attributes:
         data: 'rollouts' (samples from rollout engines, scored by rewards, weights pushed
-            back every step) or 'pairs' (preference pairs: no engine, reward or push).
+            back every step), 'pairs' (preference pairs: no engine, reward or push) or
+            'chat' (conversations for supervised fine-tuning: no engine, reward or push).
         reference: the learner loads a frozen reference model.
         critic: the learner trains a value model beside the policy (PPO).
         updates_per_step: optimizer steps one training step takes (epochs × mini-batches).
@@ -57,7 +58,7 @@ class AlgorithmFacts:
             reference is the policy's starting weights.
     """
 
-    data: Literal["rollouts", "pairs"]
+    data: Literal["rollouts", "pairs", "chat"]
     reference: bool
     critic: bool
     updates_per_step: int

@@ -44,6 +44,7 @@ from .resources import (  # noqa: F401  (re-exported: recipe.ResourcesConfig)
     RolloutResources,
 )
 from .rewards import RewardSpec
+from .sft import SFTConfig, check_prompt_data, check_sft_data
 
 _Strict = Strict  # every recipe block forbids unknown keys
 
@@ -342,10 +343,10 @@ class Recipe(_Strict):
     """A whole training recipe; see recipes/quickstart_grpo.yaml for a commented example."""
 
     name: str = Field(description="Run name; the default run folder is runs/<name>-<time>.")
-    algorithm: Literal["grpo", "ppo", "dpo", "reward_model", "distill"] = Field(
+    algorithm: Literal["grpo", "ppo", "dpo", "reward_model", "sft", "distill"] = Field(
         description="Training algorithm: grpo, ppo, dpo, reward_model (a Bradley-Terry "
-        "reward model on preference pairs), or distill (on-policy distillation from "
-        "distill.teacher)."
+        "reward model on preference pairs), sft (supervised fine-tuning on chat rows), or "
+        "distill (on-policy distillation from distill.teacher)."
     )
     model: ModelConfig
     data: DataConfig
@@ -367,6 +368,7 @@ class Recipe(_Strict):
     ppo: PPOConfig = Field(default_factory=PPOConfig)
     reward_model: RewardModelConfig = Field(default_factory=RewardModelConfig)
     distill: DistillConfig = Field(default_factory=DistillConfig)
+    sft: SFTConfig = Field(default_factory=SFTConfig)
     train: TrainConfig
     resources: ResourcesConfig = Field(default_factory=ResourcesConfig)
     weight_sync: WeightSyncConfig = Field(default_factory=WeightSyncConfig)
@@ -379,9 +381,9 @@ class Recipe(_Strict):
     @property
     def facts(self) -> AlgorithmFacts:
         """What `algorithm` asks of the run (config/facts.py), from its own block."""
-        block: GRPOConfig | PPOConfig | DPOConfig | RewardModelConfig | DistillConfig = getattr(
-            self, self.algorithm
-        )
+        block: (
+            GRPOConfig | PPOConfig | DPOConfig | RewardModelConfig | SFTConfig | DistillConfig
+        ) = getattr(self, self.algorithm)
         return block.facts()
 
     @property
@@ -392,6 +394,10 @@ class Recipe(_Strict):
 
     @model_validator(mode="after")
     def _algorithm_fits_data(self) -> Recipe:
+        if self.facts.data == "chat":
+            check_sft_data(self)
+            return self
+        check_prompt_data(self)
         pairs = self.facts.data == "pairs"
         name = "DPO" if self.algorithm == "dpo" else "A reward model"
         if pairs and self.eval is not None:

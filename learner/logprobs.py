@@ -273,6 +273,40 @@ class PromptPacking:
         return PromptPacking(ids, pos, allowed[:, None], rows, head_cols)
 
 
+def segment_attention(
+    segment_ids: torch.Tensor, additive_dtype: torch.dtype | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Position ids and attention mask of rows that pack several examples.
+
+    Args:
+        segment_ids: `[B, T]` long: k ≥ 1 on the row's k-th example, 0 on padding.
+        additive_dtype: None: a boolean mask (SDPA's: True where a query may attend to a
+            key); a float dtype: the additive mask eager attention adds (0 / the dtype's
+            minimum).
+
+    Returns:
+        positions `[B, T]` (0, 1, ... from each example's first token; 0 on padding) and
+        mask `[B, 1, T, T]`: causal within an example, nothing across examples, and every
+        padding query attends to itself (no softmax over nothing).
+    """
+    b, t = segment_ids.shape
+    dev = segment_ids.device
+    col = torch.arange(t, device=dev).expand(b, t)
+    starts = torch.ones_like(segment_ids, dtype=torch.bool)
+    starts[:, 1:] = segment_ids[:, 1:] != segment_ids[:, :-1]
+    first = torch.where(starts, col, torch.zeros_like(col)).cummax(-1).values
+    positions = torch.where(segment_ids > 0, col - first, torch.zeros_like(col))
+    same = segment_ids[:, None, :] == segment_ids[:, :, None]
+    real = (segment_ids > 0)[:, None, :]
+    causal = col[:, None, :] <= col[:, :, None]
+    allowed = (same & real & causal) | torch.eye(t, dtype=torch.bool, device=dev)
+    if additive_dtype is None:
+        return positions, allowed[:, None]
+    mask = torch.zeros(allowed.shape, dtype=additive_dtype, device=dev)
+    mask.masked_fill_(~allowed, torch.finfo(additive_dtype).min)
+    return positions, mask[:, None]
+
+
 def sequence_logprobs(
     model: torch.nn.Module,
     input_ids: torch.Tensor,
@@ -281,6 +315,7 @@ def sequence_logprobs(
     temperature: float = 1.0,
     chunk_tokens: int | None = CHUNK_TOKENS,
     share_prompts: bool = True,
+    segment_ids: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Logprob of each token given the tokens before it, for columns from
     `response_start` on; 0 on earlier columns.
@@ -307,6 +342,9 @@ def sequence_logprobs(
         chunk_tokens: hidden states per LM-head chunk; None: full logits (the
             reference path, also taken for heads that are not a plain linear layer).
         share_prompts: pack rows that share a prompt (see above).
+        segment_ids: `[B, T]` for rows that pack several examples (`TrainBatch.
+            segment_ids`): each gets its own position ids and attends to itself only
+            (`segment_attention`); prompt sharing is then off. None: one per row.
 
     Returns:
         `[B, T]` float32 logprobs.
@@ -323,6 +361,7 @@ def sequence_logprobs(
         chunk_tokens,
         share_prompts,
         entropy=False,
+        segment_ids=segment_ids,
     )[0]
 
 
@@ -335,6 +374,7 @@ def sequence_logprobs_and_entropy(
     chunk_tokens: int | None = CHUNK_TOKENS,
     share_prompts: bool = True,
     entropy: bool = True,
+    segment_ids: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """`sequence_logprobs` and, from the same forward, the entropy (nats, no gradient)
     of the distribution that predicts each token, softmax(logits / temperature)
@@ -349,6 +389,12 @@ def sequence_logprobs_and_entropy(
     if chunk_tokens is not None and chunk_tokens < 1:
         raise ValueError(f"chunk_tokens {chunk_tokens} must be ≥ 1 (or None)")
     positions = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+    if segment_ids is not None:
+        config = getattr(model, "config", None)
+        eager = getattr(config, "_attn_implementation", "sdpa") != "sdpa"
+        dtype = next(model.parameters()).dtype if eager else None
+        positions, attention_mask = segment_attention(segment_ids, dtype)
+        share_prompts = False
     keep = width_total - response_start + 1
     targets = input_ids[:, response_start:]
     head = _plain_head(model) if chunk_tokens is not None else None

@@ -183,7 +183,12 @@ class LearnerWorker:
 
     def _logprobs(self, model: torch.nn.Module, mb: TrainBatch) -> torch.Tensor:
         return sequence_logprobs(
-            model, mb.input_ids, mb.attention_mask, mb.response_start, self.s.temperature
+            model,
+            mb.input_ids,
+            mb.attention_mask,
+            mb.response_start,
+            self.s.temperature,
+            segment_ids=mb.segment_ids,
         )
 
     def _policy_output(self, mb: TrainBatch) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -194,7 +199,12 @@ class LearnerWorker:
         if self.s.head == "score":
             return reward_scores(self.policy, mb), None
         return sequence_logprobs_and_entropy(
-            self.policy, mb.input_ids, mb.attention_mask, mb.response_start, self.s.temperature
+            self.policy,
+            mb.input_ids,
+            mb.attention_mask,
+            mb.response_start,
+            self.s.temperature,
+            segment_ids=mb.segment_ids,
         )
 
     @contextmanager

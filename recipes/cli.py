@@ -59,7 +59,11 @@ def _load_or_exit(
                 "left out of training",
                 err=True,
             )
-        if r.facts.data == "pairs":
+        if r.facts.data == "chat" and lengths:  # the template marks every assistant turn
+            from .chats import check_chats
+
+            check_chats(r, data.train, convert=convert)
+        if not r.facts.uses_rollouts:  # pairs, conversations: no generation to fit
             return r, data.train
         # GRPO / PPO: the longest prompt + max_new_tokens fits (`run` converts a built-in
         # model first, so the check never waits for the first training run)
@@ -80,7 +84,7 @@ def _load_or_exit(
 def validate(recipe: Path, set_: SetOpt = None) -> None:
     """Check a recipe (schema, data rows, model path) without starting anything."""
     r, prompts = _load_or_exit(recipe, set_, convert=False)
-    what = "pairs" if r.facts.data == "pairs" else "prompts"
+    what = {"pairs": "pairs", "chat": "conversations"}.get(r.facts.data, "prompts")
     typer.echo(
         f"ok: {recipe} ({r.algorithm}, {r.train.steps} steps, {len(prompts)} {what}, "
         f"model {r.model.path})"
@@ -558,6 +562,15 @@ def dashboard(
 
 def _summary(history: list[dict[str, float]], run_dir: Path, wall: float) -> None:
     if not history:
+        return
+    if "sft/assistant_tokens" in history[0]:  # SFT: no rollout timings or rewards
+        evals = [h["eval/loss"] for h in history if "eval/loss" in h]
+        held = f"   held-out loss {evals[-1]:.4f}" if evals else ""
+        typer.echo(
+            f"done: {len(history)} steps in {wall:.0f} s\n"
+            f"  loss {history[0]['loss']:.4f} → {history[-1]['loss']:.4f}{held}\n"
+            f"  metrics: {run_dir / 'metrics.jsonl'}   final policy: {run_dir / 'final'}"
+        )
         return
     if "rewards/accuracy" in history[0]:  # DPO
         first, last = history[0], history[-1]

@@ -97,7 +97,8 @@ def prompt_stream(
 
 
 class LoadedData(NamedTuple):
-    """A run's data: `train` (prompts, or pairs for `facts.data == "pairs"`), `skipped`
+    """A run's data: `train` (prompts, pairs for `facts.data == "pairs"`, conversations
+    for "chat"), `skipped`
     (hh rows whose dialogues do not split), `eval` (held-out prompts) and `held_out`
     (training prompts left out because they equal an evaluation prompt)."""
 
@@ -118,6 +119,10 @@ def load_data(recipe: Recipe) -> LoadedData:
         RecipeError: an unreadable file or a bad row (named), or a row no reward
             component scores.
     """
+    if recipe.facts.data == "chat":
+        from .chats import source_chats
+
+        return LoadedData(source_chats(recipe.data.train, recipe.model.system_prompt), 0, [], 0)
     if recipe.facts.data == "pairs":
         pairs, skipped = source_pairs(recipe.data.train, recipe.pair_margin_key)
         held = {json.dumps(p.prompt) for p in load_heldout_pairs(recipe)}

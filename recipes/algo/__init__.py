@@ -14,6 +14,7 @@ from .dpo import DPO
 from .grpo import GRPO
 from .ppo import PPO
 from .reward_model import RewardModel
+from .sft import SFT
 
 ALGORITHMS: dict[str, type[Algorithm]] = {
     "grpo": GRPO,
@@ -21,6 +22,7 @@ ALGORITHMS: dict[str, type[Algorithm]] = {
     "dpo": DPO,
     "reward_model": RewardModel,
     "distill": Distill,
+    "sft": SFT,
 }
 
 __all__ = ["ALGORITHMS", "Algorithm", "PairAlgorithm", "RLAlgorithm", "algorithm_for"]

@@ -6,7 +6,8 @@ look it up once (`algorithm_for`) and never branch on the algorithm's name.
   on-policy distillation in recipes/algo/distill.py) share one step,
   `recipes.loop.rl_step`: generate → score → batch → `train` → push.
 - DPO (recipes/algo/dpo.py) and the reward model (recipes/algo/reward_model.py) have no rollout
-  side: their `step` trains on preference pairs.
+  side: their `step` trains on preference pairs; SFT (recipes/algo/sft.py) likewise on
+  conversations.
 """
 
 from __future__ import annotations
@@ -100,8 +101,9 @@ class RLAlgorithm(Algorithm):
 
 
 class PairAlgorithm(Algorithm):
-    """DPO and the reward model: no rollout side; the loop's pair step is the
-    algorithm's own `step`, which trains on the step's preference pairs."""
+    """DPO, the reward model and SFT: no rollout side; the loop's pair step is the
+    algorithm's own `step`, which trains on the step's preference pairs (SFT: its
+    conversations)."""
 
     @abstractmethod
     def step(self, run: Any, step: int) -> tuple[dict[str, float], list[Span]]:

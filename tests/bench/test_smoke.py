@@ -6,7 +6,7 @@ The default run keeps about 3.5 minutes on 2 cores (one smoke of each kind: a re
 in process, spawned learner ranks, vLLM actors, the reward service). `slow` (run with
 `-m slow`): the smokes that run the training loop 2 or 3 times, 33-55 s each at load 3
 and up to about a minute under heavier load: adapters (3 CLI runs), token_budget,
-ratio, async and old_logprobs (2 runs each), learning (2 recipes, each trained and
+ratio, async, old_logprobs and sft (2 runs each), learning (2 recipes, each trained and
 evaluated twice). `vllm`: starts vLLM engines, skipped
 without vLLM.
 """
@@ -40,6 +40,7 @@ BENCHES: dict[str, tuple[list[pytest.MarkDecorator], list[str]]] = {
     "plan": ([], ["predicted   measured   ratio", "weight push"]),
     "ratio": (slow, ["rollout:learner  step s vs first", "1:2"]),
     "rewards": ([], ["measure", "reward model, batch 8, POST /score"]),
+    "sft": (slow, ["| system | fixed-batch loss (fp32) |", "| posttrain |"]),
     "rollout": (vllm, ["| engine | startup s | generate s |", "| vllm (eager) |"]),
     "serve": ([], ["| path | s/step (median) | vs recipe learner |", "| SDK round trip |"]),
     "token_budget": (slow, ["| micro-batches | train s | step s |", "| budget 64 tokens |"]),
@@ -77,7 +78,7 @@ def test_smoke_mode_runs_and_prints_its_table(name: str) -> None:
         out[-3000:] + proc.stderr[-5000:]
     )
     expected = [*HEADER, *BENCHES[name][1]]
-    if name == "vs_trl" and not (ROOT / ".bench-venv" / "trl" / "bin" / "python").exists():
+    if name in ("vs_trl", "sft") and not (ROOT / ".bench-venv" / "trl" / "bin" / "python").exists():
         expected.append("TRL side skipped: ")  # says so instead of installing TRL
     for line in expected:
         assert line in out, f"bench/{name}.py --smoke printed no {line!r}:\n{out[-3000:]}"

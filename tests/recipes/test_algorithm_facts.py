@@ -164,3 +164,34 @@ def test_step_flops_by_hand():
     assert step_flops(grpo, 10, 100, 120) == 60 * 100
     lora = load_recipe(QUICKSTART, ["model.adapter={type: lora}", "grpo.kl_coef=0.1"])
     assert step_flops(lora, 10, 100, 120) == (40 + 20) * 100  # 4N train + 2N reference
+
+
+@pytest.mark.parametrize("packing", ["true", "false"])
+def test_sft_step_passes_equal_the_facts(monkeypatch, tmp_path, packing):
+    import posttrain.recipes.algo.sft as sft_mod
+    from posttrain.recipes.chats import TokenizedChat
+
+    (tmp_path / "chats.jsonl").write_text(
+        '{"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]}\n'
+    )
+    stand_in = StandIn()
+    _patch(monkeypatch, stand_in)
+    monkeypatch.setattr(sft_mod, "on_learners", stand_in.on_learners)
+    monkeypatch.setattr(sft_mod, "ray", SimpleNamespace(get=lambda refs: refs))
+    recipe_file = tmp_path / "r.yaml"
+    recipe_file.write_text(QUICKSTART.read_text())
+    recipe = load_recipe(
+        recipe_file,
+        ["algorithm=sft", "data.train={path: chats.jsonl}", "eval=null", "rewards=[]"]
+        + [f"sft.packing={packing}"],
+    )
+    algo = algorithm_for(recipe)
+    per_step = recipe.train.prompts_per_step
+    algo.chats = [TokenizedChat([1, 2, 3], [0, 1, 1])] * per_step
+    algo.order, algo.eval_order = list(range(per_step)), []
+    learner = SimpleNamespace(drain_spans=stand_in.drain())
+    run = SimpleNamespace(roles=SimpleNamespace(learners=[learner], pad_id=0))
+    algo.step(run, 0)
+    rows = 1 if packing == "true" else per_step  # packed: 4 x 3 tokens fit one row
+    assert _counted(stand_in, rows) == recipe.facts.passes
+    assert not algo.load_reference and not algo.uses_rollouts

@@ -66,7 +66,7 @@ BASE = (ROOT / "recipes" / "quickstart_grpo.yaml").read_text()
         (["rollout.samples_per_prompt=1"], "set rollout.samples_per_prompt: 2 or more"),
         (["resources.rollout.gpus=3", "resources.rollout.gpus_per_engine=2"], "not divisible"),
         (["rewards.0.type=magic"], "rewards.0"),
-        (["algorithm=sft"], "algorithm: Input should be 'grpo'"),
+        (["algorithm=kto"], "algorithm: Input should be 'grpo'"),
         (["grpo.estimator=ppo"], "grpo.estimator: Input should be 'grpo', 'rloo'"),
         (["grpo.loss=dpo"], "grpo.loss: Input should be 'ppo_clip', 'gspo'"),
         (["grpo.overlong_buffer=32"], "set grpo.overlong_buffer below 32"),
