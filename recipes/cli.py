@@ -18,10 +18,10 @@ import typer
 from ..common.net import listen_socket
 from ..common.process import bf16_note
 from ..config import Recipe, RecipeError
+from .algo.teacher import check_teacher_tokenizer
 from .data import load_data
 from .loading import load_recipe
 from .preflight import check_lengths, check_runtime_inputs
-from .teacher import check_teacher_tokenizer
 
 app = typer.Typer(
     add_completion=False,

@@ -28,6 +28,7 @@ from . import checkpoints
 from . import controller as c
 from .algo import Algorithm, PairAlgorithm, RLAlgorithm, algorithm_for
 from .algo.grpo import apply_failure_policy, rollout_batch, rollout_metrics
+from .algo.teacher import check_teacher_tokenizer
 from .data import load_data, prompt_stream
 from .empty_steps import EmptySteps, train_or_skip
 from .evaluation import due, evaluate, load_eval_prompts
@@ -37,7 +38,6 @@ from .monitoring.dashboard import DashboardServer
 from .monitoring.log import StepLog
 from .recovery import STEP_ERRORS, LearnerRecovery
 from .samplers import Sampled, Sampler, pick_sampler
-from .teacher import check_teacher_tokenizer
 
 
 @dataclass

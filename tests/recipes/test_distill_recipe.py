@@ -9,10 +9,10 @@ import yaml
 from typer.testing import CliRunner
 
 from posttrain.config import RecipeError
+from posttrain.recipes.algo.teacher import check_teacher_tokenizer, vocab_difference
 from posttrain.recipes.cli import app
 from posttrain.recipes.loading import load_recipe
 from posttrain.recipes.preflight import _tokenizer
-from posttrain.recipes.teacher import check_teacher_tokenizer, vocab_difference
 from tests.conftest import ROOT
 from tests.test_grpo_e2e import _grpo_recipe
 from tests.tiny_model import build_tiny_model

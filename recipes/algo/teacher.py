@@ -9,8 +9,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from ..config import Recipe, RecipeError
-from .preflight import _readable_model_folder, _tokenizer
+from ...config import Recipe, RecipeError
+from ..preflight import _readable_model_folder, _tokenizer
 
 
 def check_teacher_folder(recipe: Recipe) -> None:
@@ -20,7 +20,7 @@ def check_teacher_folder(recipe: Recipe) -> None:
     Raises:
         RecipeError: it is neither; names the key and how users make one.
     """
-    from ..common.model_registry import KNOWN_ALIASES
+    from ...common.model_registry import KNOWN_ALIASES
 
     teacher = recipe.facts.teacher
     if not teacher or teacher in KNOWN_ALIASES:
