@@ -32,7 +32,14 @@ from typer.testing import CliRunner
 from posttrain.recipes.cli import app
 out = {}
 for f in sorted(Path("recipes").glob("*.yaml")):
-    extra = ["--set", f"rewards.0.path={sys.argv[1]}"] if f.name == "ppo_hh_rm.yaml" else []
+    # recipes that read another run's output get the tiny model in its place
+    extra = {
+        "ppo_hh_rm.yaml": ["--set", f"rewards.0.path={sys.argv[1]}"],
+        "distill_quickstart.yaml": [
+            "--set", f"distill.teacher={sys.argv[1]}", "--set", f"model.path={sys.argv[1]}",
+            "--set", "rollout.engine=hf",
+        ],
+    }.get(f.name, [])
     got = CliRunner().invoke(app, ["validate", str(f), *extra])
     out[f.name] = [got.exit_code, got.output[-400:]]
 print(json.dumps(out))

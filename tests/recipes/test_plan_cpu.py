@@ -249,6 +249,8 @@ def test_plan_runs_on_every_shipped_recipe(path, long_tiny_model, request):
     # folder stands in for the one recipes/rm_hh.yaml would train.
     uses_rm = "type: reward_model" in path.read_text()
     stand_in = ["--set", f"rewards.0.path={long_tiny_model}"] if uses_rm else []
+    if "algorithm: distill" in path.read_text():  # the teacher another run trains
+        stand_in += ["--set", f"distill.teacher={long_tiny_model}"]
     out = CliRunner().invoke(
         app,
         [
