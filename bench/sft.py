@@ -35,7 +35,6 @@ import json
 import os
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -43,9 +42,9 @@ from pathlib import Path
 from _header import header  # bench/ is sys.path[0] when a bench runs
 from _quiet import QUIET
 from _smoke import SMOKE_HELP, tiny_model
+from _trl import trl_python
 
 ROOT = Path(__file__).resolve().parents[1]
-VENV = ROOT / ".bench-venv" / "trl"
 RECIPE = ROOT / "recipes" / "sft_tool_arith.yaml"
 LR = 1e-4
 
@@ -138,22 +137,11 @@ def _trl_worker(model_path: str, data: str, steps: int, batch: int, out: str) ->
 
 
 def _trl(args: argparse.Namespace, model_path: str, data: Path) -> dict | None:
-    """TRL's fixed-batch loss and steps (runs in `VENV`, made on first use), or None when
-    --smoke finds no `VENV`."""
-    py = VENV / "bin" / "python"
-    if args.smoke and not py.exists():
-        print(
-            f"TRL side skipped: {VENV} does not exist and --smoke installs nothing (run "
-            "without --smoke once to make it); only posttrain's side runs"
-        )
+    """TRL's fixed-batch loss and steps (runs in `_trl.VENV`, made on first use), or None when
+    --smoke finds no `_trl.VENV`."""
+    py = trl_python(args.smoke)
+    if py is None:
         return None
-    if not py.exists():
-        print(f"making {VENV} (torch, trl, datasets) ...", flush=True)
-        subprocess.run([sys.executable, "-m", "venv", str(VENV)], check=True)
-        subprocess.run(
-            [str(py), "-m", "pip", "install", "-q", "torch==2.13.0", "trl==1.16.0", "datasets"],
-            check=True,
-        )
     with tempfile.NamedTemporaryFile(suffix=".json") as f:
         subprocess.run(
             [

@@ -48,9 +48,9 @@ from pathlib import Path
 from _header import header  # bench/ is sys.path[0] when a bench runs
 from _quiet import QUIET
 from _smoke import SMOKE_HELP, tiny_model, tiny_run
+from _trl import trl_python
 
 ROOT = Path(__file__).resolve().parents[1]
-VENV = ROOT / ".bench-venv" / "trl"
 DATA = Path("/work/shared/data/gsm8k/train.jsonl")
 #: Two workloads (`--shape`): issue 15's GSM8K one, and the quickstart's (one-digit
 #: addition, 4 prompts x 8 samples, <= 24 new tokens, its system prompt and lr).
@@ -219,22 +219,11 @@ def _quickstart_data(w: dict) -> Path:
 
 
 def _trl(args: argparse.Namespace, model_path: str) -> list[dict] | None:
-    """TRL's steps (runs in `VENV`, made on first use), or None when --smoke finds no
-    `VENV` (a smoke run installs nothing)."""
-    py = VENV / "bin" / "python"
-    if args.smoke and not py.exists():
-        print(
-            f"TRL side skipped: {VENV} does not exist and --smoke installs nothing (run "
-            "without --smoke once to make it); only posttrain's side runs"
-        )
+    """TRL's steps (runs in `_trl.VENV`, made on first use), or None when --smoke finds no
+    `_trl.VENV` (a smoke run installs nothing)."""
+    py = trl_python(args.smoke)
+    if py is None:
         return None
-    if not py.exists():
-        print(f"making {VENV} (torch, trl, datasets) ...", flush=True)
-        subprocess.run([sys.executable, "-m", "venv", str(VENV)], check=True)
-        subprocess.run(
-            [str(py), "-m", "pip", "install", "-q", "torch==2.13.0", "trl==1.16.0", "datasets"],
-            check=True,
-        )
     with tempfile.NamedTemporaryFile(suffix=".json") as f:
         subprocess.run(
             [

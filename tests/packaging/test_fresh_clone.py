@@ -12,18 +12,7 @@ import sys
 import pytest
 
 from tests.conftest import ROOT
-
-TOP = [
-    "actors",
-    "algorithms",
-    "common",
-    "config",
-    "learner",
-    "recipes",
-    "rewards",
-    "service",
-    "weightsync",
-]
+from tests.packaging.test_import_graph import TOP  # the package's folders
 
 _VALIDATE_ALL = """
 import json, sys
