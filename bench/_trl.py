@@ -3,9 +3,12 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
+from typing import Any
 
 VENV = Path(__file__).resolve().parents[1] / ".bench-venv" / "trl"
 PACKAGES = ("torch==2.13.0", "trl==1.16.0", "datasets")
@@ -31,3 +34,20 @@ def trl_python(smoke: bool) -> Path | None:
         subprocess.run([sys.executable, "-m", "venv", str(VENV)], check=True)
         subprocess.run([str(py), "-m", "pip", "install", "-q", *PACKAGES], check=True)
     return py
+
+
+def run_trl_worker(py: Path, script: str, argv: list[str]) -> Any:
+    """Run `script --trl-worker ARGV --save F` under TRL's python `py` (from a neutral
+    working directory, so posttrain's folders do not shadow TRL's imports) and return the
+    JSON the worker saved to F.
+
+    Raises:
+        subprocess.CalledProcessError: the worker failed.
+    """
+    with tempfile.NamedTemporaryFile(suffix=".json") as f:
+        subprocess.run(
+            [str(py), script, "--trl-worker", *argv, "--save", f.name],
+            check=True,
+            cwd=tempfile.gettempdir(),
+        )
+        return json.loads(Path(f.name).read_text())

@@ -34,7 +34,6 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import tempfile
 import time
 from pathlib import Path
@@ -42,7 +41,7 @@ from pathlib import Path
 from _header import header  # bench/ is sys.path[0] when a bench runs
 from _quiet import QUIET
 from _smoke import SMOKE_HELP, tiny_model
-from _trl import trl_python
+from _trl import run_trl_worker, trl_python
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPE = ROOT / "recipes" / "sft_tool_arith.yaml"
@@ -142,26 +141,8 @@ def _trl(args: argparse.Namespace, model_path: str, data: Path) -> dict | None:
     py = trl_python(args.smoke)
     if py is None:
         return None
-    with tempfile.NamedTemporaryFile(suffix=".json") as f:
-        subprocess.run(
-            [
-                str(py),
-                __file__,
-                "--trl-worker",
-                model_path,
-                "--data",
-                str(data),
-                "--steps",
-                str(args.steps),
-                "--batch",
-                str(args.batch),
-                "--save",
-                f.name,
-            ],
-            check=True,
-            cwd=tempfile.gettempdir(),
-        )
-        return json.loads(Path(f.name).read_text())
+    argv = [model_path, "--data", str(data), "--steps", str(args.steps), "--batch", str(args.batch)]
+    return run_trl_worker(py, __file__, argv)
 
 
 # -- posttrain side ---------------------------------------------------------------------------

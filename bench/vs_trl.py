@@ -39,7 +39,6 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -48,7 +47,7 @@ from pathlib import Path
 from _header import header  # bench/ is sys.path[0] when a bench runs
 from _quiet import QUIET
 from _smoke import SMOKE_HELP, tiny_model, tiny_run
-from _trl import trl_python
+from _trl import run_trl_worker, trl_python
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = Path("/work/shared/data/gsm8k/train.jsonl")
@@ -224,26 +223,9 @@ def _trl(args: argparse.Namespace, model_path: str) -> list[dict] | None:
     py = trl_python(args.smoke)
     if py is None:
         return None
-    with tempfile.NamedTemporaryFile(suffix=".json") as f:
-        subprocess.run(
-            [
-                str(py),
-                __file__,
-                "--trl-worker",
-                model_path,
-                "--data",
-                str(_quickstart_data(SHAPES[args.shape])) if args.shape != "gsm8k" else args.data,
-                "--steps",
-                str(args.steps),
-                "--save",
-                f.name,
-                "--shape",
-                args.shape,
-            ],
-            check=True,
-            cwd=tempfile.gettempdir(),
-        )
-        return json.loads(Path(f.name).read_text())
+    data = str(_quickstart_data(SHAPES[args.shape])) if args.shape != "gsm8k" else args.data
+    argv = [model_path, "--data", data, "--steps", str(args.steps), "--shape", args.shape]
+    return run_trl_worker(py, __file__, argv)
 
 
 # -- posttrain side ---------------------------------------------------------------------------
