@@ -117,6 +117,9 @@ def main() -> None:
     ap.add_argument("--set", dest="sets", action="append", default=[], help="override, all")
     ap.add_argument("--json", type=Path, help="also write the rows (with every metric) here")
     ap.add_argument("--smoke", action="store_true", help=SMOKE_HELP)
+    ap.add_argument(
+        "--work", type=Path, help="keep the run folders and evaluations here (default: a temp dir)"
+    )
     args = ap.parse_args()
     names = args.recipes or (
         SMOKE_RECIPES if args.smoke else sorted(p.stem for p in (ROOT / "recipes").glob("*.yaml"))
@@ -124,6 +127,8 @@ def main() -> None:
     model = tiny_model() if args.smoke else None
     rows = []
     with tempfile.TemporaryDirectory(prefix="bench-learning-") as tmp:
+        work = args.work or Path(tmp)
+        work.mkdir(parents=True, exist_ok=True)
         if args.smoke:  # the real model's converted folder stays in the usual cache
             os.environ.setdefault("POSTTRAIN_CACHE", str(Path(tmp) / "cache"))
         for name in names:
@@ -133,7 +138,7 @@ def main() -> None:
 
                 algorithm = load_recipe(ROOT / "recipes" / f"{name}.yaml").algorithm
                 sets = smoke_sets(model, algorithm) + sets
-            rows.append(one_recipe(name, sets, Path(tmp)))
+            rows.append(one_recipe(name, sets, work))
             print(f"done: {name} {json.dumps(rows[-1])}", flush=True)
     print(header())
     print_table(rows)
