@@ -387,7 +387,7 @@ def _eval_if_due(run: Run, version: int) -> dict[str, Any]:
     # k ≥ 1: no generation round (the engines hold `version`) and no scoring call (one
     # reward client, one restart path) runs beside the evaluation
     with run.stream.paused(scoring=True) if run.stream is not None else nullcontext():
-        m = evaluate(run.roles, run.recipe, run.eval_prompts, run.run_dir, version)
+        m = evaluate(run.roles, run.recipe, run.eval_prompts, run.run_dir, version, run.model_path)
     m["time/eval"] = time.time() - t0
     tqdm.write(
         f"eval of policy {version}: pass@1 {m['eval/pass@1']:.3f}  pass@{m['eval/k']:.0f} "

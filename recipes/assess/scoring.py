@@ -286,7 +286,7 @@ def _sample_on_roles(
         ray.get([w.health.remote() for w in roles.rollout])
         if roles.reward is not None and roles.reward.local is not None:
             roles.reward.local.wait_ready(timeout_s=120, proc=roles.reward_proc)
-        return sample_and_score(roles, recipe, prompts, out_dir, 0)
+        return sample_and_score(roles, recipe, prompts, out_dir, 0, model_dir)
     finally:
         stop_roles(roles)
         if started:
