@@ -275,6 +275,8 @@ def _sample_result(
         "prompts": "eval/prompts",
         "k": "eval/k",
     }
+    # episodes: tool calls, turns (recipes/evaluation.py `sample_and_score`)
+    names |= {k.removeprefix("eval/"): k for k in metrics if k.startswith("eval/episode/")}
     by_prompt = {
         texts[g]: statistics.fmean(0.0 if x is None else x for x in v) for g, v in groups.items()
     }
