@@ -400,7 +400,9 @@ def _eval_if_due(run: Run, version: int) -> dict[str, Any]:
 def _advise(history: list[dict[str, Any]], metrics: dict[str, Any], recipe: Recipe) -> None:
     """Puts the step's health advisories into `metrics` and prints those that started at
     this step, and the step range of those that ended (all of them at the last step)."""
-    metrics["advisories"] = advisories([*history, metrics], recipe.monitor.advisories)
+    metrics["advisories"] = advisories(
+        [*history, metrics], recipe.monitor.advisories, recipe.facts.reward_drives_advantage
+    )
     run_ends = metrics["step"] == recipe.train.steps - 1
     for line in console_lines([*history, metrics], run_ends):
         tqdm.write(line)
