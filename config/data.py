@@ -36,8 +36,11 @@ class _Source(_Strict):
 
 
 class GeneratorData(_Source):
-    generator: Literal["arithmetic", "tool_chats"] = Field(
+    generator: Literal["arithmetic", "tool_chats", "python_functions"] = Field(
         description="Procedural task: 'arithmetic' uses reasoning-gym's basic_arithmetic. "
+        "'python_functions': short Python functions to write (a signature and docstring; "
+        "scored by the code reward against five asserts; recipes/tasks/functions.py; "
+        "`size` and `seed` only). "
         "'tool_chats' (algorithm: sft only) turns the same problems into tool-use "
         "conversations: system prompt (model.system_prompt), question, a python "
         "<tool_call>, its output as a tool message, the final number."

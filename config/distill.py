@@ -67,7 +67,8 @@ class DistillConfig(_Strict):
     def facts(self) -> AlgorithmFacts:
         """Distillation: rollouts; the frozen reference is the teacher (its own folder),
         run once per step over the batch (`ref_logprobs` = the teacher's logprobs); one
-        update per step whose `old_logprobs` are its own forward."""
+        update per step whose `old_logprobs` are its own forward; the teacher, not the
+        reward, drives the advantage."""
         return AlgorithmFacts(
             data="rollouts",
             reference=True,
@@ -76,6 +77,7 @@ class DistillConfig(_Strict):
             old_logprob_pass=False,
             passes=Passes(reference_forward=1),
             teacher=self.teacher,
+            reward_drives_advantage=False,
         )
 
 

@@ -56,6 +56,10 @@ class AlgorithmFacts:
         teacher: the frozen reference's own folder (on-policy distillation's teacher,
             `distill.teacher`): its tokenizer must equal the policy's; None: the
             reference is the policy's starting weights.
+        reward_drives_advantage: the rewards are the learning signal (GRPO, PPO), so a
+            group with no reward variance teaches nothing; False where another signal
+            drives the update (distillation: the teacher's logprobs) and rewards are
+            only measured.
     """
 
     data: Literal["rollouts", "pairs", "chat"]
@@ -65,6 +69,7 @@ class AlgorithmFacts:
     old_logprob_pass: bool
     passes: Passes
     teacher: str | None = None
+    reward_drives_advantage: bool = True
 
     @property
     def uses_rollouts(self) -> bool:

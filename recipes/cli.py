@@ -139,7 +139,7 @@ def run(
     else:
         r, prompts, run_dir = _new_run_or_exit(recipe, set_, out)
         checkpoint = None
-    _check_port_or_exit(r.monitor.dashboard_port)
+    r = _port_or_exit(r)
     typer.echo(f"posttrain: {r.name} ({r.algorithm}) → {run_dir}")
     if (note := bf16_note(r.resources.device, r.model.dtype)) is not None:
         typer.echo(note)
@@ -205,13 +205,22 @@ def _train_or_exit(
     _summary(history, run_dir, time.time() - t0)
 
 
-def _check_port_or_exit(port: int | None) -> None:
-    """A dashboard port taken by another run: say so now, not after Ray and the models."""
+def _port_or_exit(r: Recipe) -> Recipe:
+    """The recipe with a dashboard port it can take, checked now, not after Ray and the
+    models: the default port (8765) taken by another run gives way to any free port (the
+    dashboard prints the one it got); a port the recipe or --set names must be free, else
+    exit 2 naming the key and the fix."""
+    port = r.monitor.dashboard_port
     if not port:
-        return
+        return r
     try:
         listen_socket("127.0.0.1", port).close()
+        return r
     except OSError:
+        if "dashboard_port" not in r.monitor.model_fields_set:
+            typer.echo(f"dashboard: 127.0.0.1:{port} is in use (another run?); taking a free port")
+            monitor = r.monitor.model_copy(update={"dashboard_port": 0})
+            return r.model_copy(update={"monitor": monitor})
         typer.echo(
             f"error: monitor.dashboard_port: 127.0.0.1:{port} is in use (another "
             "run?); --set monitor.dashboard_port=0 takes any free port, null "

@@ -7,7 +7,10 @@ before training), apart from the training rollouts in `RUN_DIR/rollouts/`.
 
 Limits: a sample passes when its reward reaches `eval.pass_threshold`, so pass@k means
 "solved" only for 0/1 verifiers (math); a sample that could not be scored counts as a
-fail. n = k samples per prompt, so pass@k here is "any of the k passed".
+fail. n = k samples per prompt, so pass@k here is "any of the k passed". A recipe with
+episodes (`rollout.max_turns > 1`, tools, an agent) is evaluated on episodes, as it
+trains: each of the k samples is a whole episode, scored on its last model turn plus the
+environment's reward, with the episode metrics (tool calls, turns) under `eval/episode/`.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from ..config import Recipe
 from ..rewards.protocol import Score
 from . import controller as c
 from .data import load_eval_prompts  # noqa: F401  (re-exported: the loop imports it here)
+from .episodes.step import add_environment_rewards, episodes_enabled, generate_episodes
 from .items import PromptItem
 
 
@@ -82,18 +86,32 @@ def due(recipe: Recipe, version: int) -> bool:
 
 
 def evaluate(
-    roles: c.Roles, recipe: Recipe, prompts: list[PromptItem], run_dir: Path, version: int
+    roles: c.Roles,
+    recipe: Recipe,
+    prompts: list[PromptItem],
+    run_dir: Path,
+    version: int,
+    model_path: str,
 ) -> dict[str, Any]:
-    """Sample, score and log one evaluation of the policy the engines hold (`version`);
-    its engine spans are dropped (they belong to no training step)."""
-    return sample_and_score(roles, recipe, prompts, run_dir, version)[0]
+    """Sample, score and log one evaluation of the policy the engines hold (`version`,
+    loaded from `model_path`: its tokenizer renders episodes); its engine spans are
+    dropped (they belong to no training step)."""
+    return sample_and_score(roles, recipe, prompts, run_dir, version, model_path)[0]
 
 
 def sample_and_score(
-    roles: c.Roles, recipe: Recipe, prompts: list[PromptItem], run_dir: Path, version: int
+    roles: c.Roles,
+    recipe: Recipe,
+    prompts: list[PromptItem],
+    run_dir: Path,
+    version: int,
+    model_path: str,
 ) -> tuple[dict[str, Any], list[Rollout], list[Score]]:
     """`evaluate`'s metrics with the rollouts and scores they come from (`posttrain eval`
-    compares them per prompt). Needs `recipe.eval`."""
+    compares them per prompt). Needs `recipe.eval`. With episodes, k episodes per prompt
+    (`episodes.step.generate_episodes` at the evaluation's sampling settings), their
+    metrics under `eval/episode/` and `eval/episode/tool_call_rate` (the share of
+    episodes with at least one tool call)."""
     e = recipe.eval
     assert e is not None  # callers pass recipes with an eval block (loop: `due`)
     sampling = SamplingSettings(
@@ -104,9 +122,20 @@ def sample_and_score(
         seed=e.seed,
         stop=tuple(recipe.rollout.stop),
     )
-    rollouts = c.generate(roles, prompts, recipe, version, sampling=sampling, tag="e")
-    scores = c.score(roles, rollouts)
+    episodes: dict[str, float] = {}
+    if episodes_enabled(recipe):
+        rollouts, got = generate_episodes(
+            roles, prompts, recipe, model_path, version, run_dir, n=e.k, sampling=sampling
+        )
+        scores = add_environment_rewards(rollouts, c.score(roles, rollouts))
+        episodes = {f"eval/{k}": v for k, v in got.items()}
+        episodes["eval/episode/tool_call_rate"] = got["episode/episodes_with_tool_call"] / max(
+            len(rollouts), 1
+        )
+    else:
+        rollouts = c.generate(roles, prompts, recipe, version, sampling=sampling, tag="e")
+        scores = c.score(roles, rollouts)
     ray.get([a.drain_spans.remote() for a in roles.rollout])
     c.save_rollouts(run_dir, version, rollouts, scores, "eval")
     metrics = eval_metrics(rollouts, scores, e.k, e.pass_threshold)
-    return {"eval/policy_version": version, **metrics}, rollouts, scores
+    return {"eval/policy_version": version, **metrics, **episodes}, rollouts, scores

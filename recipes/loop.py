@@ -387,7 +387,7 @@ def _eval_if_due(run: Run, version: int) -> dict[str, Any]:
     # k ≥ 1: no generation round (the engines hold `version`) and no scoring call (one
     # reward client, one restart path) runs beside the evaluation
     with run.stream.paused(scoring=True) if run.stream is not None else nullcontext():
-        m = evaluate(run.roles, run.recipe, run.eval_prompts, run.run_dir, version)
+        m = evaluate(run.roles, run.recipe, run.eval_prompts, run.run_dir, version, run.model_path)
     m["time/eval"] = time.time() - t0
     tqdm.write(
         f"eval of policy {version}: pass@1 {m['eval/pass@1']:.3f}  pass@{m['eval/k']:.0f} "
@@ -400,7 +400,9 @@ def _eval_if_due(run: Run, version: int) -> dict[str, Any]:
 def _advise(history: list[dict[str, Any]], metrics: dict[str, Any], recipe: Recipe) -> None:
     """Puts the step's health advisories into `metrics` and prints those that started at
     this step, and the step range of those that ended (all of them at the last step)."""
-    metrics["advisories"] = advisories([*history, metrics], recipe.monitor.advisories)
+    metrics["advisories"] = advisories(
+        [*history, metrics], recipe.monitor.advisories, recipe.facts.reward_drives_advantage
+    )
     run_ends = metrics["step"] == recipe.train.steps - 1
     for line in console_lines([*history, metrics], run_ends):
         tqdm.write(line)

@@ -52,6 +52,25 @@ def arithmetic(cfg: GeneratorData) -> list[PromptItem]:
     ]
 
 
+def functions(cfg: GeneratorData) -> list[PromptItem]:
+    """`cfg.size` Python functions to write (recipes/tasks/functions.py); each item's
+    metadata is what the `code` reward runs: `code_prefix`, `test`, `entry_point`."""
+    from .tasks.functions import python_functions
+
+    meta = {} if cfg.data_source is None else {"data_source": cfg.data_source}
+    return [
+        PromptItem(
+            i,
+            p["prompt"],
+            "",
+            {"code_prefix": p["code_prefix"], "test": p["test"], "entry_point": p["entry_point"]}
+            | meta,
+            origin=f"python_functions #{i} ({p['name']})",
+        )
+        for i, p in enumerate(python_functions(cfg.size, cfg.seed))
+    ]
+
+
 def gym_dataset(name: str, seed: int, size: int, config: dict[str, Any], key: str) -> Any:
     """`reasoning_gym.create_dataset(name, seed=, size=, **config)`.
 
@@ -105,7 +124,7 @@ def source_prompts(block: Any, key: str = "data.train") -> list[PromptItem]:
         parts = [source_prompts(s, f"{key}.mixture.{i}") for i, s in enumerate(block.mixture)]
         return mix(parts, [s.weight for s in block.mixture], block.size, block.seed)
     if isinstance(block, GeneratorData):
-        return arithmetic(block)
+        return functions(block) if block.generator == "python_functions" else arithmetic(block)
     if isinstance(block, ReasoningGymData):
         return gym_prompts(block, key)
     _no_split_on_a_file(block, key)

@@ -39,12 +39,25 @@ def test_two_multi_turn_grpo_steps(tiny_model, tmp_path, monkeypatch):
         "resources": {"rollout": {"gpus": 1}, "learner": {"gpus": 1}, "threads_per_worker": 1},
         "weight_sync": {"type": "object_store"},
         "monitor": {"progress": False, "dashboard_port": None, "tensorboard": False},
+        "eval": {
+            "prompts": {"generator": "arithmetic", "size": 3, "seed": 2},
+            "every_steps": 2,
+            "before_train": False,
+            "k": 2,
+        },
     }
     recipe_file = tmp_path / "tiny.yaml"
     recipe_file.write_text(yaml.safe_dump(recipe))
     run_dir = tmp_path / "run"
     history = run(load_recipe(recipe_file), run_dir)
     assert [h["policy_version"] for h in history] == [1, 2]
+    # the evaluation samples episodes as training does: k whole episodes per prompt
+    logged = [json.loads(x) for x in (run_dir / "metrics.jsonl").open()]
+    evaluated = next(m for m in logged if "eval/prompts" in m)
+    assert evaluated["eval/prompts"] == 3 and evaluated["eval/episode/turns_mean"] > 1.0
+    assert 0.0 <= evaluated["eval/episode/tool_call_rate"] <= 1.0
+    held = [json.loads(x) for x in (run_dir / "eval" / "step_00002.jsonl").open()]
+    assert len(held) == 6 and any(len(r["turns"]) > 1 for r in held)
     for m in history:
         assert m["episode/turns_mean"] > 1.0 and m["failed_scores"] == 0
         assert 0.0 < m["episode/model_token_fraction"] < 1.0

@@ -23,6 +23,7 @@ recipe's `model.dtype`; a pair's rows are truncated as in training (`max_length`
 
 from __future__ import annotations
 
+import math
 import random
 import statistics
 from collections.abc import Sequence
@@ -218,7 +219,37 @@ def sample_eval(recipe: Recipe, model_dir: str | Path, out_dir: Path) -> EvalRes
         )
     prompts = load_eval_prompts(recipe)
     metrics, rollouts, scores = _sample_on_roles(recipe, str(model_dir), prompts, out_dir)
-    return _sample_result(metrics, rollouts, scores, recipe.eval.pass_threshold)
+    result = _sample_result(metrics, rollouts, scores, recipe.eval.pass_threshold)
+    if recipe.rewards and all(c.type == "reward_model" for c in recipe.rewards):
+        return _rm_score_result(result, rollouts, scores, recipe.rewards[0].name)
+    return result
+
+
+def _rm_score_result(
+    result: EvalResult, rollouts: list[Any], scores: list[Any], name: str
+) -> EvalResult:
+    """A policy scored by a reward model alone: the headline is the model's raw score
+    (`NAME.raw` in the details when the service normalises, else the reward), whose
+    normalised value means nothing across evaluations (running statistics) and whose
+    pass@1 means nothing at all. Adds `rm_score` (mean over samples), `rm_score_std`
+    (their population std, the yardstick of a change) and `rm_scored` (samples with a
+    finite score); items are each prompt's mean raw score (a failed score is left out,
+    a prompt with none counts 0.0)."""
+    groups: dict[str, list[float]] = {}
+    for r, s in zip(rollouts, scores, strict=True):
+        raw = s.details.get(f"{name}.raw", s.reward)
+        groups.setdefault(r.group_id, [])
+        if isinstance(raw, int | float) and math.isfinite(raw):
+            groups[r.group_id].append(float(raw))
+    every = [v for vals in groups.values() for v in vals]
+    items = [statistics.fmean(v) if v else 0.0 for v in groups.values()]
+    metrics = dict(result.metrics)
+    metrics.update(
+        rm_score=statistics.fmean(every) if every else math.nan,
+        rm_score_std=statistics.pstdev(every) if every else math.nan,
+        rm_scored=float(len(every)),
+    )
+    return EvalResult("rm_score", metrics, items, result.prompt_rewards)
 
 
 def _sample_result(
@@ -244,6 +275,8 @@ def _sample_result(
         "prompts": "eval/prompts",
         "k": "eval/k",
     }
+    # episodes: tool calls, turns (recipes/evaluation.py `sample_and_score`)
+    names |= {k.removeprefix("eval/"): k for k in metrics if k.startswith("eval/episode/")}
     by_prompt = {
         texts[g]: statistics.fmean(0.0 if x is None else x for x in v) for g, v in groups.items()
     }
@@ -286,7 +319,7 @@ def _sample_on_roles(
         ray.get([w.health.remote() for w in roles.rollout])
         if roles.reward is not None and roles.reward.local is not None:
             roles.reward.local.wait_ready(timeout_s=120, proc=roles.reward_proc)
-        return sample_and_score(roles, recipe, prompts, out_dir, 0)
+        return sample_and_score(roles, recipe, prompts, out_dir, 0, model_dir)
     finally:
         stop_roles(roles)
         if started:

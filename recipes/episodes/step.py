@@ -11,6 +11,7 @@ stops the step (no per-turn replacement yet).
 from __future__ import annotations
 
 import statistics
+from dataclasses import replace
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -103,10 +104,14 @@ def generate_episodes(
     model_path: str,
     step: int,
     run_dir: Path | None = None,
+    n: int | None = None,
+    sampling: SamplingSettings | None = None,
 ) -> tuple[list[Rollout], dict[str, float]]:
-    """`samples_per_prompt` episodes per prompt as Rollouts (with `loss_mask` and
-    `turns`), and the step's episode metrics: turn by turn with the recipe's tools or
-    environment, or by the recipe's agent program (its files under `run_dir/agent`).
+    """`samples_per_prompt` episodes per prompt (`n` when given: an evaluation's k) as
+    Rollouts (with `loss_mask` and `turns`), and the step's episode metrics: turn by turn
+    with the recipe's tools or environment, or by the recipe's agent program (its files
+    under `run_dir/agent`). `sampling` replaces the rollout's settings for each model
+    turn (an evaluation's temperature and seed; its `n` is ignored: one per turn).
 
     Raises:
         TemplateMismatch: the chat template cannot be extended turn by turn.
@@ -117,6 +122,12 @@ def generate_episodes(
     if r.agent is not None:  # black-box agent program (recipes/episodes/agent_step.py)
         from .agent_step import generate_agent_episodes
 
+        if n is not None or sampling is not None:  # the agent's endpoints read the recipe
+            update: dict[str, Any] = {"samples_per_prompt": n or r.samples_per_prompt}
+            if sampling is not None:
+                update.update(temperature=sampling.temperature)
+            recipe = recipe.model_copy(update={"rollout": r.model_copy(update=update)})
+
         return generate_agent_episodes(
             roles.rollout,
             requests_for(prompts, recipe, step),
@@ -125,7 +136,7 @@ def generate_episodes(
             (run_dir or Path(".")) / "agent",
             step,
         )
-    sampling = SamplingSettings(
+    turn = SamplingSettings(
         n=1,
         max_new_tokens=r.max_new_tokens,
         temperature=r.temperature,
@@ -133,18 +144,20 @@ def generate_episodes(
         seed=recipe.train.seed * 100_003 + step,
         stop=tuple(r.stop),
     )
+    if sampling is not None:
+        turn = replace(sampling, n=1)
     new_env: Any = environment_factory(recipe, tok, step)
     budget = r.max_episode_tokens or r.max_turns * r.max_new_tokens
     context, where = engine_context(recipe, model_path)
     episodes = start_episodes(
         tok,
         requests_for(prompts, recipe, step),
-        r.samples_per_prompt,
+        n or r.samples_per_prompt,
         new_env,
         None if context is None else context - budget,
         f"{where} minus the episode budget of {budget} tokens (rollout.max_episode_tokens)",
     )
-    run_episodes(worker_generate(roles, step), tok, episodes, sampling, r.max_turns, budget)
+    run_episodes(worker_generate(roles, step), tok, episodes, turn, r.max_turns, budget)
     close_all([e.env for e in episodes])
     texts = {id(e.prompt_ids): tok.decode(e.prompt_ids, skip_special_tokens=True) for e in episodes}
     version = min((t.policy_version for e in episodes for t in e.turns if t.mask), default=step)

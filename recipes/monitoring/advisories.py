@@ -34,13 +34,19 @@ CODES = (
 )
 
 
-def advisories(history: Sequence[dict[str, Any]], t: AdvisoriesConfig) -> list[str]:
-    """The advisories of the last step of `history` (oldest first), as "code: message"."""
+def advisories(
+    history: Sequence[dict[str, Any]], t: AdvisoriesConfig, reward_signal: bool = True
+) -> list[str]:
+    """The advisories of the last step of `history` (oldest first), as "code: message".
+    `reward_signal`: whether rewards drive the update (`AlgorithmFacts.
+    reward_drives_advantage`); without it, groups with no reward variance are no fault
+    (`no_variance` is not raised)."""
     if not history:
         return []
     m, out = history[-1], []
     groups, signal = m.get("groups_scored"), m.get("groups_with_signal")
-    if groups and signal is not None and 1 - signal / groups >= t.no_variance_groups:
+    flat = groups and signal is not None and 1 - signal / groups >= t.no_variance_groups
+    if reward_signal and flat:
         out.append(
             f"no_variance: {1 - signal / groups:.0%} of groups have no reward variance "
             f"(≥ {t.no_variance_groups:.0%}): no learning signal; make prompts "

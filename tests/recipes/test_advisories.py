@@ -42,6 +42,16 @@ def test_no_variance_at_half_the_groups():
     assert codes([healthy(groups_with_signal=3.0)]) == []  # 25%
 
 
+def test_no_variance_is_no_fault_where_the_reward_does_not_drive_the_update():
+    """Distillation learns from the teacher's logprobs; flat rewards are only measured."""
+    from posttrain.config.distill import DistillConfig
+
+    assert DistillConfig(teacher="t").facts().reward_drives_advantage is False
+    flat = [healthy(groups_with_signal=0.0)]
+    assert [a.split(":")[0] for a in advisories(flat, T, reward_signal=False)] == []
+    assert codes(flat) == ["no_variance"]
+
+
 def test_truncated_at_a_quarter():
     assert codes([healthy(truncated_fraction=0.25)]) == ["truncated"]
     assert codes([healthy(truncated_fraction=0.24)]) == []

@@ -61,3 +61,26 @@ def test_rewards_option_must_be_a_list(tmp_path, tiny_model):
     bad.write_text("name: x\n")
     with pytest.raises(RecipeError, match="YAML list of reward components"):
         load_for(resolve_target(str(run)), None, [], rewards=bad)
+
+
+def test_a_reward_model_policy_is_scored_by_its_raw_score():
+    """Two prompts, normalised rewards beside raw scores 1, 3 | 2 and a failed one: the
+    headline is each prompt's mean raw score (2.0 and 2.0), std over the 3 scored."""
+    import math
+    from types import SimpleNamespace as NS
+
+    from posttrain.recipes.assess.scoring import EvalResult, _rm_score_result
+
+    rollouts = [NS(group_id=g) for g in ("a", "a", "b", "b")]
+    scores = [
+        NS(reward=-1.0, details={"rm": -1.0, "rm.raw": 1.0}),
+        NS(reward=1.0, details={"rm": 1.0, "rm.raw": 3.0}),
+        NS(reward=0.0, details={"rm": 0.0, "rm.raw": 2.0}),
+        NS(reward=None, details={}),
+    ]
+    base = EvalResult("pass@1", {"pass@1": 0.25}, [0.5, 0.0], {})
+    got = _rm_score_result(base, rollouts, scores, "rm")
+    assert got.metric == "rm_score" and got.items == [2.0, 2.0]
+    assert got.metrics["rm_score"] == 2.0 and got.metrics["rm_scored"] == 3.0
+    assert math.isclose(got.metrics["rm_score_std"], math.sqrt(2 / 3), rel_tol=1e-12)
+    assert got.metrics["pass@1"] == 0.25  # the other numbers stay

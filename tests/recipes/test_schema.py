@@ -140,7 +140,7 @@ def test_cli_exit_codes():
 def test_engine_defaults_to_vllm_where_installed(monkeypatch):
     import posttrain.config.recipe as schema
 
-    path = ROOT / "recipes" / "grpo_code.yaml"  # sets engine: hf explicitly
+    path = ROOT / "recipes" / "ppo_gsm8k.yaml"  # sets engine: hf explicitly
     assert load_recipe(path).rollout.engine == "hf"
     for installed, want in ((True, "vllm"), (False, "hf")):
         monkeypatch.setattr(schema, "vllm_installed", lambda i=installed: i)

@@ -1,0 +1,1 @@
+"""Procedural tasks the data blocks generate (beside reasoning-gym\x27s)."""
