@@ -26,10 +26,6 @@ def test_defaults_are_synchronous_and_uncorrected():
     [
         (["rollout.top_p=0.9", "train.correction.mode=tis"], ["rollout.top_p", "train.correction"]),
         (["train.correction.cap=1.0"], ["cap"]),
-        (
-            ["train.max_staleness=1", "train.max_restarts=1"],
-            ["train.max_staleness", "train.max_restarts"],
-        ),
     ],
 )
 def test_refused_combinations_exit_2_naming_the_keys(sets, named):
@@ -46,10 +42,12 @@ def test_refused_combinations_exit_2_naming_the_keys(sets, named):
         ["grpo.dynamic_sampling=true"],
         ["rollout.max_turns=3"],
         ["rollout.max_turns=3", "rollout.partial=true"],
+        ["train.max_restarts=1"],
     ],
 )
-def test_staleness_accepts_dynamic_sampling_and_episodes(sets):
-    """Once refused: the asynchronous loop drops flat groups and runs episodes ahead."""
+def test_staleness_accepts_dynamic_sampling_episodes_and_restarts(sets):
+    """Once refused: the asynchronous loop drops flat groups, runs episodes ahead and
+    restarts its producer with a restarted learner group."""
     r = load_recipe(QUICKSTART, ["train.max_staleness=1", *sets])
     assert r.train.max_staleness == 1
 
