@@ -9,6 +9,12 @@ Structure:
   it to a scoring thread; every scored group (the samples of one prompt) goes to a
   ready list. The learner's batch is filled from finished groups in the order they
   finished (streaming: a slow engine does not hold the others' groups back).
+  Multi-turn episodes and agents (`rollout.max_turns`, `rollout.agent`): a round is a
+  batch of episodes (recipes/episodes/step.py), scored with the environment's rewards.
+  Dynamic sampling (`grpo.dynamic_sampling`): a group whose rewards are all equal is
+  set aside (its room goes back at once) and dropped at the next `take`, unless the
+  step's budget of `grpo.max_rounds × prompts_per_step` scored groups runs out first
+  (the step then trains on what it has, as recipes/algo/dynamic.py does).
 - `async_step` is one step: take `prompts_per_step` fresh groups, write them to
   `rollouts/step_NNNNN.jsonl` (each sample with its `policy_version`), train, and push
   the new policy.
@@ -35,10 +41,11 @@ Concurrency (the order, written down):
    generates and scores. A dead rollout worker stops the run (resume from the last checkpoint)
    rather than being replaced under a concurrent push.
 
-Checkpoints and resume: the data position saved is the one before the oldest batch
-with a group not yet trained on, so a resume generates the in-flight samples again,
-under the checkpoint's policy (groups of that batch already trained on are generated
-and trained on once more). Groups ready but unused when the run stops are discarded.
+Checkpoints and resume (each prompt trains once): the data position saved carries, as
+`pending`, the data positions of every prompt drawn and neither trained on nor dropped
+(generating, scoring or ready); a resume, or a learner restart (recipes/recovery.py,
+which closes this stream), generates those first under the checkpoint's policy, then
+continues from the position. Groups ready but unused when the run stops are discarded.
 
 Telemetry: the controller sees when each engine's request went out and came back;
 those intervals (and the in-flight part of a request still running at the end of a
