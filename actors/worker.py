@@ -21,6 +21,7 @@ generation, loads, and the generation resumes under the new version
 
 from __future__ import annotations
 
+import hashlib
 import os
 import threading
 import time
@@ -65,6 +66,9 @@ class RolloutWorker:
         partial: partial rollouts (`rollout.partial`): a push pauses `generate` between
             tokens and the requests resume under the new weights; the actor must then run
             with `max_concurrency` ≥ 2 so the push reaches it while it generates.
+        tail: test knob, (every, factor): a `generate` call holding a sample whose uid's
+            SHA-256 (first 4 bytes, big-endian) is 0 modulo
+            `every` sleeps `delay_s × factor` (`every` 0: off).
     """
 
     def __init__(
@@ -77,6 +81,7 @@ class RolloutWorker:
         fail_push: tuple[int, int] | None = None,
         push_delay_s: float = 0.0,
         partial: bool = False,
+        tail: tuple[int, float] = (0, 1.0),
     ):
         set_torch_threads(threads)
         quiet_libraries()
@@ -95,6 +100,7 @@ class RolloutWorker:
         self.spans = SpanRecorder("rollout", worker_id)
         self.started = time.time()
         self.delay_s = delay_s
+        self.tail = tail
         self.fail_push = fail_push
         self.push_delay_s = push_delay_s
         self.engine_lock = threading.Lock()  # the OpenAI endpoint's threads share the engine
@@ -117,7 +123,7 @@ class RolloutWorker:
             prompt_ids = [self.engine.tokenize_chat(r.messages) for r in requests]
             check_prompt_lengths(prompt_ids, self.engine.context_tokens)
             groups = self.engine.generate(prompt_ids, self._own_seed(sampling))
-            time.sleep(self.delay_s)
+            time.sleep(self._delay(requests, sampling.n))
             return [
                 self._rollout(req, ids, k, s.token_ids, s.logprobs, s.finish_reason, None)
                 for req, ids, samples in zip(requests, prompt_ids, groups, strict=True)
@@ -142,12 +148,24 @@ class RolloutWorker:
                 self.engine_lock,
                 lambda: self.version,
             )
-            time.sleep(self.delay_s)
+            time.sleep(self._delay(requests, sampling.n))
             return [
                 self._rollout(req, ids, k, s.token_ids, s.logprobs, s.finish_reason, s.versions)
                 for req, ids, samples in zip(requests, prompt_ids, groups, strict=True)
                 for k, s in enumerate(samples)
             ]
+
+    def _delay(self, requests: list[PromptRequest], n: int) -> float:
+        """The test knobs' sleep after a `generate` call: `delay_s`, times the tail
+        factor when one of its samples (uid `{group_id}-{k}`) is long."""
+        every, factor = self.tail
+        long = every > 0 and any(
+            int.from_bytes(hashlib.sha256(f"{r.group_id}-{k}".encode()).digest()[:4], "big") % every
+            == 0
+            for r in requests
+            for k in range(n)
+        )
+        return self.delay_s * (factor if long else 1.0)
 
     def _rollout(
         self,

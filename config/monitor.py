@@ -78,6 +78,17 @@ class DebugConfig(_Strict):
 
     learner_delay_s: float = Field(0.0, ge=0, description="Extra busy seconds per train_step.")
     rollout_delay_s: float = Field(0.0, ge=0, description="Extra busy seconds per generate.")
+    rollout_tail_every: int = Field(
+        0,
+        ge=0,
+        description="A long tail of generation times (bench/async.py): a sample whose "
+        "uid hashes (SHA-256, first 4 bytes) to 0 modulo this (about one in N) is long, "
+        "and a generate call holding one sleeps rollout_delay_s × rollout_tail_factor "
+        "instead of rollout_delay_s (a batch waits for its longest sample). 0: off.",
+    )
+    rollout_tail_factor: float = Field(
+        8.0, ge=1.0, description="How many times longer a long sample's call sleeps."
+    )
     push_delay_s: float = Field(
         0.0,
         ge=0,

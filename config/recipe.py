@@ -145,7 +145,8 @@ class RolloutConfig(EpisodeFields):
         "records the policy_version of every token (`policy_versions` in the rollout "
         "files) and its inference_logprobs are each token's own version's, which the "
         "off-policy correction uses. The 'hf' engine pauses between tokens; 'vllm' "
-        "(synchronous LLM) finishes its batch first. No effect at max_staleness 0.",
+        "(synchronous LLM) finishes its batch first. No effect at max_staleness 0, nor "
+        "on multi-turn episodes (a push waits for their round).",
     )
 
     @field_validator("stop", mode="before")
@@ -270,8 +271,10 @@ class TrainConfig(_Strict):
         description="0: synchronous, on-policy steps (generate, score, train, push). k >= 1: "
         "rollouts for the next k steps are generated and scored while the learner trains "
         "(recipes/async_loop.py); a sample made by policy_version v trains at step s only if "
-        "s - v <= k, older ones are dropped (dropped_stale). GRPO and PPO. With k >= 1 "
-        "train.correction.mode defaults to tis (see there).",
+        "s - v <= k, older ones are dropped (dropped_stale). GRPO and PPO, with "
+        "grpo.dynamic_sampling, multi-turn episodes and agents, and train.max_restarts. "
+        "A checkpoint holds the prompts generating or waiting, so after --resume each "
+        "prompt trains once. With k >= 1 train.correction.mode defaults to tis (see there).",
     )
     correction: CorrectionConfig = Field(default_factory=CorrectionConfig)
 

@@ -9,6 +9,12 @@ Structure:
   it to a scoring thread; every scored group (the samples of one prompt) goes to a
   ready list. The learner's batch is filled from finished groups in the order they
   finished (streaming: a slow engine does not hold the others' groups back).
+  Multi-turn episodes and agents (`rollout.max_turns`, `rollout.agent`): a round is a
+  batch of episodes (recipes/episodes/step.py), scored with the environment's rewards.
+  Dynamic sampling (`grpo.dynamic_sampling`): a group whose rewards are all equal is
+  set aside (its room goes back at once) and dropped at the next `take`, unless the
+  step's budget of `grpo.max_rounds × prompts_per_step` scored groups runs out first
+  (the step then trains on what it has, as recipes/algo/dynamic.py does).
 - `async_step` is one step: take `prompts_per_step` fresh groups, write them to
   `rollouts/step_NNNNN.jsonl` (each sample with its `policy_version`), train, and push
   the new policy.
@@ -35,10 +41,11 @@ Concurrency (the order, written down):
    generates and scores. A dead rollout worker stops the run (resume from the last checkpoint)
    rather than being replaced under a concurrent push.
 
-Checkpoints and resume: the data position saved is the one before the oldest batch
-with a group not yet trained on, so a resume generates the in-flight samples again,
-under the checkpoint's policy (groups of that batch already trained on are generated
-and trained on once more). Groups ready but unused when the run stops are discarded.
+Checkpoints and resume (each prompt trains once): the data position saved carries, as
+`pending`, the data positions of every prompt drawn and neither trained on nor dropped
+(generating, scoring or ready); a resume, or a learner restart (recipes/recovery.py,
+which closes this stream), generates those first under the checkpoint's policy, then
+continues from the position. Groups ready but unused when the run stops are discarded.
 
 Telemetry: the controller sees when each engine's request went out and came back;
 those intervals (and the in-flight part of a request still running at the end of a
@@ -50,7 +57,6 @@ from __future__ import annotations
 
 import threading
 import time
-from collections import deque
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -63,8 +69,10 @@ from ..actors.rollout import Rollout
 from ..common.telemetry import Span
 from ..rewards.protocol import Score
 from . import controller as c
+from .algo.dynamic import has_signal
 from .algo.grpo import apply_failure_policy, rollout_batch, rollout_metrics
 from .empty_steps import train_or_skip
+from .episodes.step import add_environment_rewards, episodes_enabled, requests_for
 from .monitoring.offpolicy import SampleCounts, offpolicy_metrics
 
 
@@ -113,19 +121,24 @@ class RolloutStream:
     def __init__(self, run: Any, start_version: int):
         self.run, self.recipe, self.roles = run, run.recipe, run.roles
         self.k = self.recipe.train.max_staleness
-        self.partial = self.recipe.rollout.partial
+        self.episodes = episodes_enabled(self.recipe)
+        self.partial = self.recipe.rollout.partial and not self.episodes
+        self.dynamic = self.recipe.grpo.dynamic_sampling
         self.per_step = self.recipe.train.prompts_per_step
         self.prompts = run.prompts
         self.cond = threading.Condition()
         self.ready: list[Group] = []
+        self.flat: list[Group] = []  # dynamic sampling: groups without signal, not taken yet
+        self.flat_since_take = 0  # ... scored since the last `take` (its budget)
         self.outstanding = 0  # groups generating, scoring or ready (not yet taken)
+        self.untrained: dict[str, int] = {}  # group id → data position, in draw order
+        self.episode_metrics: dict[str, float] = {}  # of the last episode round scored
         self.generating = False
         self.scoring = 0  # shares handed to the scorer and not yet scored
         self.pauses = 0
         self.stopped = False
         self.error: BaseException | None = None
         self.round_ = start_version
-        self.positions: deque[list[Any]] = deque()  # [round, data state before it, left]
         self.inflight: dict[int, tuple[float, int]] = {}  # worker → (sent at, round)
         self.spans: list[Span] = []
         self.counts = SampleCounts()
@@ -136,7 +149,10 @@ class RolloutStream:
     # -- producer side --------------------------------------------------------------------
     def _may_start(self) -> bool:
         room = self.outstanding + self.per_step <= self.k * self.per_step
-        return self.stopped or (self.pauses == 0 and room)
+        # dynamic sampling: flat groups give their room back, but at most max_rounds ×
+        # prompts_per_step of them per step (the step then trains on what it has)
+        budget = self.flat_since_take < self.recipe.grpo.max_rounds * self.per_step
+        return self.stopped or (self.pauses == 0 and room and budget)
 
     def _produce(self) -> None:
         try:
@@ -146,12 +162,18 @@ class RolloutStream:
                     if self.stopped:
                         return
                     self.generating = True
-                    self.outstanding += self.per_step
                     r = self.round_
                     self.round_ += 1
-                    self.positions.append([r, self.prompts.state(), self.per_step])
                     prompts = next(self.prompts)
-                self._generate_round(prompts, r)
+                    self.outstanding += len(prompts)
+                    for req, at in zip(
+                        requests_for(prompts, self.recipe, r), self.prompts.drawn, strict=True
+                    ):
+                        self.untrained[req.group_id] = at
+                if self.episodes:
+                    self._episode_round(prompts, r)
+                else:
+                    self._generate_round(prompts, r)
                 with self.cond:
                     self.generating = False
                     self.cond.notify_all()
@@ -188,10 +210,36 @@ class RolloutStream:
                 self.scoring += 1
             self.scorer.submit(self._score, rollouts, round_)
 
+    def _episode_round(self, prompts: list[Any], round_: int) -> None:
+        """One round of multi-turn or agent episodes (recipes/episodes/): every turn of
+        every episode under the policy the engines hold (no push lands inside the round),
+        then scored with the environment's rewards. Each worker's span is the round's."""
+        from .episodes.step import generate_episodes
+
+        sent = time.time()
+        workers = range(
+            min(len(self.roles.rollout), len(prompts) * self.recipe.rollout.samples_per_prompt)
+        )
+        with self.cond:
+            for i in workers:
+                self.inflight[i] = (sent, round_)
+        rollouts, metrics = generate_episodes(
+            self.roles, prompts, self.recipe, self.run.model_path, round_, self.run.run_dir
+        )
+        with self.cond:
+            for i in workers:
+                start, _ = self.inflight.pop(i)
+                self.spans.append(Span("rollout", i, "generate", start, time.time(), round_))
+            self.episode_metrics = metrics
+            self.scoring += 1
+        self.scorer.submit(self._score, rollouts, round_)
+
     def _score(self, rollouts: list[Rollout], round_: int) -> None:
         try:
             t0 = time.time()
             scores = c.score(self.roles, rollouts)
+            if self.episodes:
+                scores = add_environment_rewards(rollouts, scores)
             groups: dict[str, Group] = {}
             for r, s in zip(rollouts, scores, strict=True):
                 g = groups.setdefault(r.group_id, Group([], [], round_))
@@ -199,7 +247,13 @@ class RolloutStream:
                 g.scores.append(s)
             with self.cond:
                 self.spans.append(Span("reward", 0, "score", t0, time.time(), round_))
-                self.ready.extend(groups.values())
+                for g in groups.values():
+                    if self.dynamic and not has_signal([x.reward for x in g.scores]):
+                        self.flat.append(g)  # DAPO: no signal; its room goes back at once
+                        self.flat_since_take += 1
+                        self.outstanding -= 1
+                    else:
+                        self.ready.append(g)
                 self.counts.generated += len(rollouts)
                 self.cond.notify_all()
         except Exception as e:  # noqa: BLE001  (handed to the main thread by `take`)
@@ -215,9 +269,15 @@ class RolloutStream:
             self.cond.notify_all()
 
     # -- learner side ---------------------------------------------------------------------
-    def take(self, step: int) -> tuple[list[Group], list[Group]]:
-        """`prompts_per_step` groups with staleness ≤ k for `step` (waits for them), and
-        the groups dropped as too old.
+    def take(self, step: int) -> tuple[list[Group], list[Group], list[Group]]:
+        """`prompts_per_step` groups with staleness ≤ k for `step` (waits for them), the
+        groups dropped as too old, and (dynamic sampling) the groups without signal
+        dropped since the last take.
+
+        With `grpo.dynamic_sampling`, only groups with signal fill the batch; once
+        `grpo.max_rounds × prompts_per_step` groups were scored for the step without
+        filling it, it trains on the groups with signal it has, or on a batch of flat
+        ones when it has none (zero advantages), as the synchronous sampler does.
 
         Raises:
             RuntimeError: the producer or a scoring call failed (chained).
@@ -235,23 +295,42 @@ class RolloutStream:
                     self.ready = fresh + rest
                     self._consumed(stale)
                     self.counts.dropped += sum(len(g.rollouts) for g in stale)
-                if len(fresh) == self.per_step:
-                    self.ready = rest
-                    self._consumed(fresh)
-                    self.counts.trained += sum(len(g.rollouts) for g in fresh)
-                    return fresh, dropped
+                batch = fresh if len(fresh) == self.per_step else self._short_batch(fresh, step)
+                if batch is not None:
+                    return batch, dropped, self._taken(batch)
                 self.cond.wait()
+
+    def _short_batch(self, fresh: list[Group], step: int) -> list[Group] | None:
+        """Dynamic sampling with its step budget spent: the groups with signal, else
+        fresh flat ones; None while the budget lasts (lock held)."""
+        if not self.dynamic:
+            return None
+        if len(fresh) + self.flat_since_take < self.recipe.grpo.max_rounds * self.per_step:
+            return None
+        return fresh or take_fresh(self.flat, step, self.k, self.per_step)[0] or None
+
+    def _taken(self, batch: list[Group]) -> list[Group]:
+        """Move `batch` out of the stream as trained, drop every other flat group (lock
+        held); returns the flat groups dropped."""
+        used = {id(g) for g in batch}
+        self.ready = [g for g in self.ready if id(g) not in used]
+        self.outstanding += sum(id(g) in used for g in self.flat)  # their room went back
+        flat = [g for g in self.flat if id(g) not in used]
+        self.flat, self.flat_since_take = [], 0
+        self._consumed(batch)
+        self.counts.trained += sum(len(g.rollouts) for g in batch)
+        for g in flat:
+            self.untrained.pop(g.rollouts[0].group_id, None)
+        self.counts.dropped += sum(len(g.rollouts) for g in flat)
+        self.counts.flat += sum(len(g.rollouts) for g in flat)
+        return flat
 
     def _consumed(self, groups: list[Group]) -> None:
         """Count `groups` as out of the stream (lock held): room for the producer, and
-        the data position moves past fully consumed rounds."""
+        their prompts no longer untrained."""
         self.outstanding -= len(groups)
         for g in groups:
-            for p in self.positions:
-                if p[0] == g.round_:
-                    p[2] -= 1
-        while self.positions and self.positions[0][2] <= 0:
-            self.positions.popleft()
+            self.untrained.pop(g.rollouts[0].group_id, None)
         self.cond.notify_all()
 
     def sample_counts(self) -> SampleCounts:
@@ -260,10 +339,11 @@ class RolloutStream:
             return replace(self.counts)
 
     def data_state(self) -> dict[str, Any] | None:
-        """The prompt stream's position before the oldest round with untrained groups
-        (what a checkpoint saves, so a resume generates them again)."""
+        """The prompt stream's position with the prompts drawn but neither trained on nor
+        dropped (generating, scoring or ready) as its `pending` (what a checkpoint saves:
+        a resume generates them first, so each prompt trains once)."""
         with self.cond:
-            return self.positions[0][1] if self.positions else self.prompts.state()
+            return self.prompts.state(list(self.untrained.values()))
 
     @contextmanager
     def paused(self, scoring: bool = False, push: bool = False) -> Iterator[None]:
@@ -332,7 +412,7 @@ def async_step(run: Any, algo: Any, step: int) -> tuple[dict[str, float], list[S
         run.stream = RolloutStream(run, start_version=step)
         run.prompts = StreamPosition(run.stream)
     t0 = time.time()
-    groups, stale = run.stream.take(step)
+    groups, stale, flat = run.stream.take(step)
     counts = run.stream.sample_counts()
     t1 = time.time()
     rollouts = [r for g in groups for r in g.rollouts]
@@ -349,7 +429,9 @@ def async_step(run: Any, algo: Any, step: int) -> tuple[dict[str, float], list[S
     t_end = time.time()
     telemetry, spans = _telemetry(run, t0, t_end)
     dropped = sum(len(g.rollouts) for g in stale)
-    accounting = offpolicy_metrics(rollouts, step, run.stream.k, counts, dropped)
+    accounting = offpolicy_metrics(
+        rollouts, step, run.stream.k, counts, dropped + sum(len(g.rollouts) for g in flat)
+    )
     tokens = sum(len(r.response_ids) for r in rollouts)
     accuracy_of = next((r.name for r in recipe.rewards if r.type == "math"), None)
     return {
@@ -360,6 +442,7 @@ def async_step(run: Any, algo: Any, step: int) -> tuple[dict[str, float], list[S
         **stats,
         **accounting,
         "dropped_stale": float(dropped),
+        **_sampler_metrics(run.stream, flat),
         "time/wait_rollouts": t1 - t0,
         "time/wait_push": t_push - t_trained,
         # the step's critical path: generation and scoring run behind training
@@ -373,6 +456,15 @@ def async_step(run: Any, algo: Any, step: int) -> tuple[dict[str, float], list[S
         "weight_sync_fraction": sync_s / (t_end - t0),
         **telemetry,
     }, spans
+
+
+def _sampler_metrics(stream: RolloutStream, flat: list[Group]) -> dict[str, float]:
+    """Dynamic sampling's dropped groups (no signal) at this step; the episode metrics
+    of the last episode round scored."""
+    out = dict(stream.episode_metrics)
+    if stream.dynamic:
+        out["dynamic/dropped_groups"] = float(len(flat))
+    return out
 
 
 def _telemetry(run: Any, start: float, end: float) -> tuple[dict[str, float], list[Span]]:

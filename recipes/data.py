@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import random
+from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 from ..config import Recipe, RecipeError
@@ -45,8 +46,9 @@ class PromptStream:
 
     Epoch e reads the (e+1)-th shuffle of `random.Random(seed)` from its last item to its
     first. `state()` is the position (`epoch`, `index` of the next prompt in that epoch's
-    `order` of item positions); `PromptStream(items, per_step, seed, state)` continues
-    from it.
+    `order` of item positions, and `pending`: positions of prompts drawn before the
+    checkpoint but not trained on, served again first); `PromptStream(items, per_step,
+    seed, state)` continues from it. `drawn` holds the item positions of the last batch.
     """
 
     def __init__(
@@ -56,6 +58,8 @@ class PromptStream:
         self.rng = random.Random(seed)
         self.epoch, self.index = 0, 0
         self.order = self._shuffle()
+        self.pending: list[int] = []  # positions served before the order continues
+        self.drawn: list[int] = []
         if state is not None:
             for _ in range(state["epoch"]):
                 self.order = self._shuffle()
@@ -65,6 +69,13 @@ class PromptStream:
                     f"prompts, this run has {len(items)}; resume with the same data"
                 )
             self.epoch, self.index = state["epoch"], state["index"]
+            self.pending = [int(i) for i in state.get("pending", [])]
+            if any(not 0 <= i < len(items) for i in self.pending):
+                raise RecipeError(
+                    f"the checkpoint's data stream has pending prompt positions "
+                    f"{self.pending} outside this run's {len(items)} prompts; resume with "
+                    "the same data"
+                )
 
     def _shuffle(self) -> list[int]:
         order = list(range(len(self.items)))
@@ -75,17 +86,27 @@ class PromptStream:
         return self
 
     def __next__(self) -> list[PromptItem]:
-        batch: list[PromptItem] = []
-        while len(batch) < self.per_step:
+        self.drawn = []
+        while len(self.drawn) < self.per_step:
+            if self.pending:
+                self.drawn.append(self.pending.pop(0))
+                continue
             if self.index == len(self.order):
                 self.order, self.epoch, self.index = self._shuffle(), self.epoch + 1, 0
-            batch.append(self.items[self.order[self.index]])
+            self.drawn.append(self.order[self.index])
             self.index += 1
-        return batch
+        return [self.items[i] for i in self.drawn]
 
-    def state(self) -> dict[str, Any]:
-        """The position to resume from (JSON-able)."""
-        return {"epoch": self.epoch, "index": self.index, "order": list(self.order)}
+    def state(self, untrained: Sequence[int] = ()) -> dict[str, Any]:
+        """The position to resume from (JSON-able); `untrained` (positions of prompts
+        drawn but not trained on: the asynchronous loop's buffered and in-flight ones)
+        go first in its `pending`, before those not served again yet."""
+        return {
+            "epoch": self.epoch,
+            "index": self.index,
+            "order": list(self.order),
+            "pending": [*untrained, *self.pending],
+        }
 
 
 def prompt_stream(

@@ -13,7 +13,10 @@ new process. So the whole learner group is replaced, never one rank:
    placement, loading the newest complete checkpoint (`setup(resume_from=...)`); with no
    checkpoint yet it starts from the initial weights and the run goes back to step 0.
    The prompt stream, the controller's RNGs and the logs go back to that step too
-   (steps logged after it are dropped and run again), the algorithm's `prepare` runs
+   (steps logged after it are dropped and run again; under `train.max_staleness` ≥ 1
+   the producer stops, its groups are discarded, and a new one starts from the
+   checkpoint's data position and its pending prompts, so each prompt still trains
+   once), the algorithm's `prepare` runs
    again (DPO: the reference sums, from its cache), a collective transport forms a new
    broadcast group, and that policy is pushed to every engine as its `policy_version`.
    Counted in `roles.counters.learner_restarts` (metric `learner_restarts`).
@@ -133,6 +136,9 @@ class LearnerRecovery:
         saved = checkpoints.read_state(ckpt) if ckpt else None
         roles.learners = roles.specs.learners(transport, str(ckpt / "learner") if ckpt else None)
         start = saved["step"] if saved else 0
+        if run.stream is not None:  # asynchronous loop: the next step starts a new producer
+            run.stream.close()
+            run.stream = None
         if run.prompts is not None:
             run.prompts = prompt_stream(
                 run.data,

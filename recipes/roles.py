@@ -66,6 +66,7 @@ class RolloutSpec:
     fail_push: tuple[int, int] | None = None
     push_delay_s: float = 0.0
     partial: bool = False
+    tail: tuple[int, float] = (0, 1.0)  # debug.rollout_tail_every, rollout_tail_factor
 
 
 @dataclass(frozen=True)
@@ -246,6 +247,7 @@ def rollout_spec(
         recipe.debug.fail_weight_push,
         recipe.debug.push_delay_s,
         partial=recipe.rollout.partial and recipe.train.max_staleness >= 1,
+        tail=(recipe.debug.rollout_tail_every, recipe.debug.rollout_tail_factor),
     )
 
 
@@ -270,6 +272,7 @@ def start_rollout_worker(spec: RolloutSpec, index: int, options: dict[str, Any])
         spec.fail_push,
         spec.push_delay_s,
         spec.partial,
+        spec.tail,
     )
 
 

@@ -10,6 +10,7 @@ import pytest
 
 from posttrain.recipes.loading import load_recipe
 from posttrain.recipes.loop import run
+from tests.conftest import ROOT
 from tests.test_grpo_e2e import _grpo_recipe
 
 
@@ -116,3 +117,117 @@ def test_partial_rollouts_tag_versions_and_counts_add_up(tiny_model, tmp_path):
             v = r["policy_versions"]
             assert len(v) == len(r["response_ids"]) and v == sorted(v)
             assert r["policy_version"] == v[0] and 0 <= step - v[0] <= 1
+
+
+def _trained_prompt_ids(run_dir, steps):
+    """The prompt id (`-p<id>-` of each group id) of every group trained at each step."""
+    out = []
+    for step in range(steps):
+        rows = (run_dir / "rollouts" / f"step_{step:05d}.jsonl").read_text().splitlines()
+        groups = {json.loads(x)["group_id"] for x in rows}
+        out += [int(g.split("-p")[1].split("-")[0]) for g in groups]
+    return out
+
+
+def test_resume_trains_each_prompt_once_with_partial_rollouts(tiny_model, tmp_path):
+    """A run stopped after 2 steps with rounds generating or buffered (k = 2) saves them
+    as the checkpoint's pending prompts; the resumed run generates them first, and over
+    both runs each of the first 10 prompts of the data order trains exactly once."""
+    from posttrain.recipes import checkpoints
+    from posttrain.recipes.data import prompt_stream
+
+    train = {"steps": 2, "prompts_per_step": 2, "micro_batch_size": 2, "lr": 1e-3}
+    recipe_file = _grpo_recipe(
+        tmp_path,
+        tiny_model,
+        rollout={"engine": "hf", "samples_per_prompt": 2, "max_new_tokens": 16, "partial": True},
+        train={**train, "max_staleness": 2},
+    )
+    run_dir = tmp_path / "run"
+    run(load_recipe(recipe_file), run_dir)
+    latest = checkpoints.latest(run_dir)
+    pending = checkpoints.read_state(latest)["data"]["pending"]
+    assert 2 <= len(pending) <= 4  # round 2 drawn (and round 3 when it had started)
+    history = run(load_recipe(recipe_file, ["train.steps=5"]), run_dir, resume=latest)
+
+    assert [m["policy_version"] for m in history] == [3, 4, 5]
+    trained = _trained_prompt_ids(run_dir, 5)
+    order = prompt_stream(list(range(20)), 2, seed=load_recipe(recipe_file).data.shuffle_seed)
+    first_ten = [p for _ in range(5) for p in next(order)]
+    assert sorted(trained) == sorted(first_ten)  # each once, none skipped
+    assert set(pending) <= set(trained[4:])  # the pending ones trained after the resume
+
+
+def test_dynamic_sampling_under_staleness_drops_flat_groups_and_counts_add_up(tiny_model, tmp_path):
+    """`grpo.dynamic_sampling` with k = 1: a random model scores 0 on every math prompt,
+    so every group is flat; each step waits for max_rounds × prompts_per_step = 4 of
+    them, trains on 2 (zero advantages), drops the rest, and the totals add up."""
+    recipe_file = _grpo_recipe(
+        tmp_path,
+        tiny_model,
+        rewards=[{"name": "correct", "type": "math"}],
+        grpo={"dynamic_sampling": True, "max_rounds": 2},
+        train={
+            "steps": 3,
+            "prompts_per_step": 2,
+            "micro_batch_size": 2,
+            "lr": 1e-3,
+            "max_staleness": 1,
+        },
+    )
+    history = run(load_recipe(recipe_file), tmp_path / "run")
+
+    assert [m["policy_version"] for m in history] == [1, 2, 3]
+    for m in history:
+        assert m["samples_trained"] == 8 and m["staleness_max"] <= 1
+        assert m["dynamic/dropped_groups"] >= 2  # 4 scored for the step, 2 trained
+        assert m["samples_dropped"] == 4 * m["dynamic/dropped_groups"] + m["dropped_stale"]
+        assert m["samples_generated_total"] == (
+            m["samples_trained_total"] + m["samples_dropped_total"] + m["samples_waiting"]
+        )
+    assert history[-1]["samples_trained_total"] == 24
+    assert history[-1]["samples_dropped_flat_total"] >= 3 * 8
+
+
+def test_multi_turn_episodes_under_staleness(tiny_model, tmp_path, monkeypatch):
+    """`rollout.max_turns` 3 with a Python environment at k = 1: episodes are generated
+    a step ahead, each keeps the version it was generated under (staleness ≤ 1, some
+    1), and the environment's turns are in the saved samples."""
+    monkeypatch.syspath_prepend(str(ROOT / "examples"))
+    recipe_file = _grpo_recipe(
+        tmp_path,
+        tiny_model,
+        rollout={
+            "engine": "hf",
+            "samples_per_prompt": 4,
+            "max_new_tokens": 6,
+            "stop": list("aeiou"),
+            "max_turns": 3,
+            "max_episode_tokens": 120,
+            "environment": {"type": "python", "class_path": "guess_env:GuessingGame"},
+        },
+        rewards=[{"name": "short", "type": "length", "target_chars": 3}],
+        train={
+            "steps": 3,
+            "prompts_per_step": 2,
+            "micro_batch_size": 4,
+            "lr": 1e-3,
+            "max_staleness": 1,
+        },
+    )
+    run_dir = tmp_path / "run"
+    history = run(load_recipe(recipe_file), run_dir)
+
+    assert [m["policy_version"] for m in history] == [1, 2, 3]
+    assert max(m["staleness_max"] for m in history[1:]) == 1
+    assert max(m["episode/turns_mean"] for m in history) > 1.0
+    for m in history:
+        assert m["staleness_max"] <= 1 and m["failed_scores"] == 0
+    multi = 0
+    for step in range(3):
+        saved = [json.loads(x) for x in (run_dir / "rollouts" / f"step_{step:05d}.jsonl").open()]
+        assert len(saved) == 8 and all(0 <= step - r["policy_version"] <= 1 for r in saved)
+        multi += sum(len(r["turns"]) > 1 for r in saved)
+        for r in saved:
+            assert [i for t in r["turns"] for i in t["ids"]] == r["response_ids"]
+    assert multi > 0  # the environment answered some episodes

@@ -173,6 +173,46 @@ def test_learner_killed_stops_and_a_resume_equals_the_restart(tiny_model, tmp_pa
     assert a.keys() == b.keys() and all((a[k] == b[k]).all() for k in a)
 
 
+def test_learner_killed_under_staleness_restarts_and_trains_each_prompt_once(
+    tiny_model, tmp_path, monkeypatch
+):
+    """train.max_staleness 1, max_restarts 1, learner rank 1 killed in step 1's
+    train_step: the producer stops, the group restarts from step 1's checkpoint, and a
+    new producer starts from its pending prompts: over the run's records each of the
+    first 12 prompts of the data order trained exactly once, step 1 under policy 1."""
+    from posttrain.recipes.data import prompt_stream
+    from tests.test_async_e2e import _trained_prompt_ids
+
+    fired = _kill_learner_in_train_step(monkeypatch, step=1, rank=1)
+    recipe_file = _recipe(
+        tmp_path,
+        tiny_model,
+        "a",
+        train={
+            "steps": 3,
+            "prompts_per_step": 4,
+            "micro_batch_size": 2,
+            "lr": 1e-2,
+            "checkpoint_every": 1,
+            "max_restarts": 1,
+            "max_staleness": 1,
+        },
+        **DEBUG,
+    )
+    run_dir = tmp_path / "run"
+    history = run(load_recipe(recipe_file), run_dir)
+    monkeypatch.undo()
+
+    assert fired and [m["learner_restarts"] for m in history] == [0, 1, 1]
+    assert [m["policy_version"] for m in history] == [1, 2, 3] and _steps(run_dir) == [0, 1, 2]
+    order = prompt_stream(list(range(20)), 4, seed=load_recipe(recipe_file).data.shuffle_seed)
+    assert sorted(_trained_prompt_ids(run_dir, 3)) == sorted(
+        p for _ in range(3) for p in next(order)
+    )
+    saved = [json.loads(x) for x in (run_dir / "rollouts" / "step_00001.jsonl").open()]
+    assert all(r["policy_version"] == 1 for r in saved)  # made again after the restart
+
+
 @pytest.mark.slow  # 2 runs, about 70 s
 def test_learner_killed_before_any_checkpoint_restarts_from_step_0(
     tiny_model, tmp_path, monkeypatch

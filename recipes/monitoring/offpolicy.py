@@ -7,9 +7,10 @@ trained samples, and sample counts that add up over the run:
     samples_generated_total = samples_trained_total + samples_dropped_total
                               + samples_waiting
 
-(generated: scored and handed to the ready list; trained: taken into a batch; dropped:
-too old at `take`, never trained on; waiting: scored, not yet taken). Samples still
-generating or scoring are in none of them.
+(generated: scored; trained: taken into a batch; dropped: too old at `take`, or, with
+`grpo.dynamic_sampling`, in a group whose rewards are all equal (DAPO; also counted in
+`samples_dropped_flat_total`), never trained on; waiting: scored, not yet taken).
+Samples still generating or scoring are in none of them.
 """
 
 from __future__ import annotations
@@ -26,7 +27,8 @@ class SampleCounts:
 
     generated: int = 0
     trained: int = 0
-    dropped: int = 0
+    dropped: int = 0  # stale or flat
+    flat: int = 0  # dynamic sampling: dropped for a group without signal
 
     @property
     def waiting(self) -> int:
@@ -53,7 +55,8 @@ def offpolicy_metrics(
         `versions_spanned_mean`, `versions_spanned_max` (distinct versions per sample),
         `samples_trained`, `samples_dropped` (this step), and the run's totals
         `samples_generated_total`, `samples_trained_total`, `samples_dropped_total`,
-        `samples_waiting` (see the module docstring for how they add up).
+        `samples_waiting`, `samples_dropped_flat_total` (see the module docstring for
+        how they add up).
 
     Raises:
         ValueError: `rollouts` is empty (a step trains on at least one group).
@@ -74,6 +77,7 @@ def offpolicy_metrics(
         "samples_generated_total": float(counts.generated),
         "samples_trained_total": float(counts.trained),
         "samples_dropped_total": float(counts.dropped),
+        "samples_dropped_flat_total": float(counts.flat),
         "samples_waiting": float(counts.waiting),
     }
     for d in range(k + 1):

@@ -25,15 +25,7 @@ def test_defaults_are_synchronous_and_uncorrected():
     ("sets", "named"),
     [
         (["rollout.top_p=0.9", "train.correction.mode=tis"], ["rollout.top_p", "train.correction"]),
-        (
-            ["train.max_staleness=1", "grpo.dynamic_sampling=true"],
-            ["train.max_staleness", "grpo.dynamic_sampling"],
-        ),
         (["train.correction.cap=1.0"], ["cap"]),
-        (
-            ["train.max_staleness=1", "train.max_restarts=1"],
-            ["train.max_staleness", "train.max_restarts"],
-        ),
     ],
 )
 def test_refused_combinations_exit_2_naming_the_keys(sets, named):
@@ -42,6 +34,22 @@ def test_refused_combinations_exit_2_naming_the_keys(sets, named):
     assert out.exit_code == 2, out.output
     for key in named:
         assert key in out.output
+
+
+@pytest.mark.parametrize(
+    "sets",
+    [
+        ["grpo.dynamic_sampling=true"],
+        ["rollout.max_turns=3"],
+        ["rollout.max_turns=3", "rollout.partial=true"],
+        ["train.max_restarts=1"],
+    ],
+)
+def test_staleness_accepts_dynamic_sampling_episodes_and_restarts(sets):
+    """Once refused: the asynchronous loop drops flat groups, runs episodes ahead and
+    restarts its producer with a restarted learner group."""
+    r = load_recipe(QUICKSTART, ["train.max_staleness=1", *sets])
+    assert r.train.max_staleness == 1
 
 
 def test_async_and_correction_accepted(tmp_path: Path):
