@@ -28,6 +28,7 @@ from posttrain.weightsync import (
     publish,
     push,
 )
+from posttrain.weightsync.verify import copy_fingerprint
 from tests.engine_host import requires_vllm
 
 FLIPPED = "model.layers.0.mlp.up_proj.weight"
@@ -58,6 +59,23 @@ def test_one_flipped_bit_changes_the_fingerprint(dtype):
     assert fingerprint(t) == fingerprint(t.clone())
     assert fingerprint(_flip(t, 2000)) != fingerprint(t)
     assert fingerprint(t.reshape(33, 64)) != fingerprint(t)  # the shape counts too
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("shape", [(0,), (7,), (1100, 1000), (3, 5)])
+def test_copy_fingerprint_copies_and_equals_a_separate_fingerprint(dtype, shape):
+    # (1100, 1000) bf16 is 2,200,000 bytes: two whole 1 MiB chunks and a part.
+    t = torch.randn(shape).to(dtype)
+    if shape == (3, 5):
+        t = torch.randn(5, 3).to(dtype).t()  # not contiguous
+    dst = torch.zeros(t.numel() * t.element_size(), dtype=torch.uint8)
+    assert copy_fingerprint(dst, t) == fingerprint(t)
+    assert torch.equal(dst, t.contiguous().reshape(-1).view(torch.uint8))
+    assert copy_fingerprint(dst, _flip(t, 0) if t.numel() else t) == fingerprint(
+        _flip(t, 0) if t.numel() else t
+    )
+    with pytest.raises(ValueError, match="copy_fingerprint: 3 bytes for a"):
+        copy_fingerprint(torch.zeros(3, dtype=torch.uint8), torch.zeros(8))
 
 
 def _learner_push(transport, weights, version, meta=None):
