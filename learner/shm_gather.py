@@ -21,13 +21,16 @@ Order of one push (`stream`, every rank, collective):
      a slot rank 0 still reads);
   2. each rank writes its shards, cast, into its slots;
   3. barrier: every slot is written; ranks > 0 are done (they yield nothing);
-  4. rank 0 yields full tensors in the policy's order, each freshly allocated (a
-     transport may keep them).
+  4. rank 0 yields full tensors in the policy's order, in buffers it reuses push
+     after push (fresh pages cost page faults): valid until the next push starts.
+     Every transport is done with them by then (the collective one's `finish`, the
+     object store's and filesystem's copies, the delta's clone of its base).
 
 Limits: every rank on one machine (checked at `create`: otherwise `create` returns
 None and the caller all-gathers); plain policies only (merged or adapter-only pushes
 gather through `learner/adapters.py`). Memory: one extra copy of each rank's shard in
-the engines' dtype (67 MB per rank of 2 for SmolLM2-135M in bf16). The `/dev/shm` files
+the engines' dtype (134 MB per rank of 2 for SmolLM2-135M in bf16) and, on rank 0, one
+of the full tensors (269 MB), kept between pushes. The `/dev/shm` files
 are unlinked as soon as rank 0 mapped them, so nothing is left behind by a crash.
 """
 
@@ -73,6 +76,15 @@ class ShmGather:
         self.rank, self.names, self.shapes, self.sharded = rank, names, shapes, sharded
         self.buffers, self.dtype = buffers, dtype
         self.offsets = [_offsets(s, dtype) for s in shapes]
+        self.out: list[torch.Tensor] = []  # rank 0: the full tensors, reused
+
+    def _full_shape(self, i: int) -> tuple[int, ...]:
+        if not self.sharded[i]:
+            return self.shapes[0][i]
+        rows = sum(
+            self.shapes[r][i][0] if self.shapes[r][i] else 0 for r in range(len(self.shapes))
+        )
+        return (rows, *self.shapes[0][i][1:])
 
     @classmethod
     def create(
@@ -145,13 +157,15 @@ class ShmGather:
         if self.rank != 0:
             return
         world = len(self.shapes)
+        if not self.out:  # allocated once: fresh pages each push cost page faults
+            shapes = [self._full_shape(i) for i in range(len(self.names))]
+            self.out = [torch.empty(s, dtype=self.dtype) for s in shapes]
         for i, name in enumerate(self.names):
+            full = self.out[i]
             if not self.sharded[i]:
-                yield name, self._slot(0, i).clone()
+                yield name, full.copy_(self._slot(0, i))
                 continue
             rows = [self.shapes[r][i][0] if self.shapes[r][i] else 0 for r in range(world)]
-            tail = self.shapes[0][i][1:]
-            full = torch.empty((sum(rows), *tail), dtype=self.dtype)
             at = 0
             for r in range(world):
                 if rows[r]:

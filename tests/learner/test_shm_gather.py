@@ -27,7 +27,11 @@ def _rank_main(rank, world, model_path, port, queue):
     args = (w.policy, rank, str(model_path), settings.adapter, torch.bfloat16, False)
     gathered = _pairs(push_source(*args))  # the all-gathers
     shm = _pairs(push_source(*args, w.gather))
-    again = _pairs(push_source(*args, w.gather))  # the buffers are reused push after push
+    with torch.no_grad():  # a step: the reused buffers must carry the new values
+        for p in w.policy.parameters():
+            p.to_local().add_(0.125)
+    stepped = _pairs(push_source(*args))
+    again = _pairs(push_source(*args, w.gather))
     # Uneven shards over 3 ranks: rows (2, 2, 1), (1, 0, 0) and (1, 1, 0).
     g = torch.Generator().manual_seed(0)
     small = torch.nn.Module()
@@ -42,7 +46,7 @@ def _rank_main(rank, world, model_path, port, queue):
         buf = io.BytesIO()
         hand = {"a": small.a.full_tensor(), "b": small.b.full_tensor(), "c": small.c.full_tensor()}
         want = {k: v.detach().to(torch.bfloat16) for k, v in hand.items()}
-        torch.save((w.gather is not None, gathered, shm, again, got, want), buf)
+        torch.save((w.gather is not None, gathered, shm, stepped, again, got, want), buf)
         queue.put(buf.getvalue())
     else:
         for k in ("a", "b", "c"):  # the full_tensor all-gathers are collective
@@ -59,13 +63,14 @@ def _bitwise(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 
 def test_shm_gather_is_bitwise_the_all_gather(tiny_model):
-    made, gathered, shm, again, got, want = run_ranks(_rank_main, 3, tiny_model)
+    made, gathered, shm, stepped, again, got, want = run_ranks(_rank_main, 3, tiny_model)
     assert made  # 3 CPU ranks on this machine: the worker set it up
     assert [n for n, _ in shm] == [n for n, _ in gathered] == [n for n, _ in again]
     assert len(shm) > 5
-    for (name, a), (_, b), (_, c) in zip(gathered, shm, again, strict=True):
+    for (name, a), (_, b), (_, c), (_, d) in zip(gathered, shm, stepped, again, strict=True):
         assert _bitwise(a, b), name
-        assert _bitwise(a, c), name
+        assert _bitwise(c, d), name
+        assert not _bitwise(a, c), name  # the step changed every tensor
     assert [n for n, _ in got] == ["a", "b", "c"]
     for name, t in got:
         assert _bitwise(t, want[name]), name
