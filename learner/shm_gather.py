@@ -4,10 +4,11 @@ shared memory instead of gloo all-gathers (`weight_sync.shm_gather`, CPU learner
 Why: on CPU, FSDP2's per-parameter `full_tensor()` all-gathers move every byte through
 gloo's loopback TCP, to every rank: for SmolLM2-135M on 2 ranks they were ~1.05 s of a
 ~1.2 s push, the push's critical path (docs/benchmarks.md, "Weight sync ... (C)").
-Here each rank casts its own shards to the engines' dtype straight into one flat
-buffer (a `/dev/shm` file on ranks > 0, mapped by rank 0 too), the ranks meet at one
-barrier, and rank 0 copies the shards into full tensors: one cast per rank in
-parallel, one memcpy on rank 0, no TCP.
+Here each rank > 0 casts its shards to the engines' dtype straight into one flat
+`/dev/shm` buffer that rank 0 maps too, rank 0 casts its own straight into the first
+rows of its full tensors, the ranks meet at one barrier, and rank 0 copies the other
+ranks' rows in: one cast per rank in parallel, one memcpy of the other ranks' bytes
+on rank 0, no TCP.
 
 Layout (made once, `ShmGather.create`, a collective): every rank's local shard
 shapes (`dist.all_gather_object`), one 64-byte-aligned slot per parameter in each
@@ -19,7 +20,7 @@ tensor by stacking the ranks' slots along dim 0. Tensors that are not DTensors
 Order of one push (`stream`, every rank, collective):
   1. barrier: rank 0 has finished reading the previous push (so no rank overwrites
      a slot rank 0 still reads);
-  2. each rank writes its shards, cast, into its slots;
+  2. each rank writes its shards, cast, into its slots (rank 0: its full tensors);
   3. barrier: every slot is written; ranks > 0 are done (they yield nothing);
   4. rank 0 yields full tensors in the policy's order, in buffers it reuses push
      after push (fresh pages cost page faults): valid until the next push starts.
@@ -60,7 +61,8 @@ class ShmGather:
         names: every tensor of a push, in order (`learner.push.untied_state`).
         shapes: `shapes[r][i]`, the local shape of tensor i on rank r.
         sharded: `sharded[i]`: tensor i is a DTensor sharded along dim 0.
-        buffers: `{rank: flat uint8 buffer}`: all ranks on rank 0, its own elsewhere.
+        buffers: `{rank: flat uint8 buffer}` of ranks > 0: all of them on rank 0, its
+            own elsewhere.
         dtype: the engines' dtype.
     """
 
@@ -76,7 +78,11 @@ class ShmGather:
         self.rank, self.names, self.shapes, self.sharded = rank, names, shapes, sharded
         self.buffers, self.dtype = buffers, dtype
         self.offsets = [_offsets(s, dtype) for s in shapes]
-        self.out: list[torch.Tensor] = []  # rank 0: the full tensors, reused
+        # Rank 0: the full tensors, reused push after push (fresh pages each push cost
+        # page faults); its own shards are written straight into their first rows.
+        self.out = [torch.empty(self._full_shape(i), dtype=dtype) for i in range(len(names))]
+        if rank != 0:
+            self.out = []
 
     def _full_shape(self, i: int) -> tuple[int, ...]:
         if not self.sharded[i]:
@@ -114,9 +120,7 @@ class ShmGather:
         sizes = [_offsets(s, dtype)[-1] for s in shapes]
         path = [f"/dev/shm/posttrain-gather-{token[0]}-{r}" for r in range(world)]
         buffers: dict[int, torch.Tensor] = {}
-        if rank == 0:
-            buffers[0] = torch.empty(max(sizes[0], 1), dtype=torch.uint8)
-        else:
+        if rank != 0:  # rank 0 writes its shards into its full tensors (`ShmGather.out`)
             buffers[rank] = torch.from_file(
                 path[rank], shared=True, size=max(sizes[rank], 1), dtype=torch.uint8
             )
@@ -151,26 +155,23 @@ class ShmGather:
             )
         dist.barrier()  # rank 0 has read the previous push
         for i, t in enumerate(state.values()):
-            if self.sharded[i] or self.rank == 0:
+            if self.rank == 0:
+                own = self.out[i][: self.shapes[0][i][0]] if self.sharded[i] else self.out[i]
+                own.copy_(_local(t.detach()))
+            elif self.sharded[i]:
                 self._slot(self.rank, i).copy_(_local(t.detach()))
         dist.barrier()  # every slot written
         if self.rank != 0:
             return
-        world = len(self.shapes)
-        if not self.out:  # allocated once: fresh pages each push cost page faults
-            shapes = [self._full_shape(i) for i in range(len(self.names))]
-            self.out = [torch.empty(s, dtype=self.dtype) for s in shapes]
         for i, name in enumerate(self.names):
             full = self.out[i]
-            if not self.sharded[i]:
-                yield name, full.copy_(self._slot(0, i))
-                continue
-            rows = [self.shapes[r][i][0] if self.shapes[r][i] else 0 for r in range(world)]
-            at = 0
-            for r in range(world):
-                if rows[r]:
-                    full[at : at + rows[r]].copy_(self._slot(r, i))
-                    at += rows[r]
+            if self.sharded[i]:
+                at = self.shapes[0][i][0]
+                for r in range(1, len(self.shapes)):
+                    rows = self.shapes[r][i][0]
+                    if rows:
+                        full[at : at + rows].copy_(self._slot(r, i))
+                        at += rows
             yield name, full
 
 
