@@ -22,7 +22,9 @@ Cost: one read of every sent byte on each side, at about 10 GB/s per core (xxh3;
 0.031 s for SmolLM2-135M's 269 MB on a quiet machine C, memory-bound). A transport
 that copies the bytes anyway fuses the hash into that copy (`copy_fingerprint`: 1 MiB
 at a time, hashed while in cache): the collective transport's sender does, for 0.006 s
-instead of 0.031 s (docs/benchmarks.md). Measured in bench/weight_sync.py.
+over its copy on a quiet machine; under load (other processes sharing the cores'
+caches) 0.02-0.04 s, about a separate pass (docs/benchmarks.md). Measured in
+bench/weight_sync.py and bench/push_path.py.
 
 Limits: it proves the bytes, not the numerics of the engine's kernels (logprob parity
 tests do that); for vLLM it proves what reached `reload_weights`, not vLLM's repack.
@@ -59,7 +61,7 @@ _CHUNK = 1 << 20
 def copy_fingerprint(dst: torch.Tensor, t: torch.Tensor) -> str:
     """Copy `t`'s raw bytes into the flat uint8 CPU tensor `dst` (exactly its size)
     and return `fingerprint(t)`, hashing each 1 MiB right after copying it (from cache:
-    the hash then costs about a fifth of a separate pass over the bytes).
+    on a quiet machine the hash then costs about a fifth of a separate pass).
 
     Raises:
         ValueError: `dst` is not `t`'s size in bytes.
