@@ -310,7 +310,10 @@ class RolloutWorker:
                 if self.delta is not None:
                     self.delta.check(meta, handle.version, self.worker_id)
                     stream = self.delta.decode(stream, meta, handle.version)
-                stream = ChecksumTap(stream)
+                # The whole-state SHA-256 only when the learner sent one: it reads every
+                # byte at ~1 GB/s (0.25 s per 269 MB), on the push's critical path.
+                summed = ChecksumTap(stream) if handle.checksum is not None else None
+                stream = summed if summed is not None else stream
                 # What the engine was handed, for engines that keep no plain copy.
                 tap = FingerprintTap(stream) if verify else stream
                 if adapter is not None:
@@ -324,7 +327,7 @@ class RolloutWorker:
                     f"rollout worker {self.worker_id}: loading policy_version {handle.version} "
                     f"failed: {e}"
                 ) from e
-            if handle.checksum is not None and (got := stream.checksum()) != handle.checksum:
+            if summed is not None and (got := summed.checksum()) != handle.checksum:
                 raise WeightSyncError(
                     f"rollout worker {self.worker_id}: checksum of policy_version "
                     f"{handle.version} differs after loading ({got[:12]} != "

@@ -20,10 +20,10 @@ the proof of delivery (`verify_checksum`, on by default) checked after each push
 GB/s counts the model's bytes once (both engines receive them); the limit is one memcpy
 per engine, since each engine ends with its own copy. Median of --repeats after one
 warm-up push (a delta row's warm-up is its full first push). The proof of delivery's
-cost is timed alone: fingerprinting every pushed tensor once, the learner's share of it
-(each engine does the same in parallel). Each collective row forms its own group on a
-new `GroupStore` (a store serves one group: a second group on it would reach the first
-one's processes).
+cost is timed alone: fingerprinting every pushed tensor once (what each engine does),
+and fused into a copy of the same bytes (what the collective sender does). Each
+collective row forms its own group on a new `GroupStore` (a store serves one group: a
+second group on it would reach the first one's processes).
 `--metrics RUN/metrics.jsonl`: a run's mean push share of a step and, per step, the
 bytes pushed and the changed share (a run with `--set weight_sync.delta=true` shows the
 delta's bytes).
@@ -63,7 +63,7 @@ from posttrain.weightsync import (  # noqa: E402
     publish,
 )
 from posttrain.weightsync.delta import DeltaReceiver, DeltaSender  # noqa: E402
-from posttrain.weightsync.verify import FingerprintTap  # noqa: E402
+from posttrain.weightsync.verify import FingerprintTap, copy_fingerprint  # noqa: E402
 
 TRANSPORTS = ("collective", "object_store", "filesystem")
 LR = 5e-6  # recipes/quickstart_grpo.yaml
@@ -221,6 +221,11 @@ def main() -> None:
     verify_s = statistics.median(
         _time(lambda: fingerprints(versions[0].items())) for _ in range(max(3, args.repeats))
     )
+    # The collective sender's way: the hash fused into the bucket copy, against the copy.
+    copy_s, fused_s = (
+        statistics.median(_time(lambda f=f: _pack(versions[0], dst, f)) for _ in range(3))
+        for f in (False, True)
+    )
     enc = DeltaSender()
     enc.encode(versions[0], 1)
     encode_s = _time(lambda: enc.encode(versions[1], 2)) if len(versions) > 1 else 0.0
@@ -262,6 +267,10 @@ def main() -> None:
         if push_ == "full":
             bare = secs[(kind, mode, "full, no proof")]
             print(f"  {kind} into {mode}: {s - bare:+.3f} s = {100 * (s - bare) / bare:+.1f}%")
+    print(
+        f"fused into the collective sender's bucket copy (copy_fingerprint): copy {copy_s:.3f} s, "
+        f"copy + hash {fused_s:.3f} s, so the learner's hash costs {fused_s - copy_s:+.3f} s"
+    )
     print(f"delta encode on the learner (compare + index scan): {encode_s:.3f} s per push")
     if args.metrics:
         steps = [json.loads(x) for x in args.metrics.read_text().splitlines()]
@@ -282,6 +291,19 @@ def main() -> None:
                 f"{100 * b / nbytes:.1f}% | "
                 f"{100 * m.get('weight_sync_changed_fraction', 1.0):.2f}% |"
             )
+
+
+def _pack(weights: dict, dst: torch.Tensor, fused: bool) -> None:
+    """Every tensor's bytes into `dst` back to back; with `fused`, fingerprinted on the
+    way (as the collective transport packs its buckets)."""
+    at = 0
+    for t in weights.values():
+        n = t.numel() * t.element_size()
+        if fused:
+            copy_fingerprint(dst[at : at + n], t)
+        else:
+            dst[at : at + n].copy_(t.reshape(-1).view(torch.uint8))
+        at += n
 
 
 def _time(fn) -> float:

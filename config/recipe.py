@@ -321,6 +321,15 @@ class WeightSyncConfig(_Strict):
         "every push after an engine was replaced, is full. Transports: collective, "
         "object_store, filesystem (not cuda_ipc); a delta push is not streamed.",
     )
+    shm_gather: bool = Field(
+        True,
+        description="CPU learners (resources.device: cpu) whose ranks share one machine hand "
+        "their FSDP shards of each push to rank 0 through shared memory (/dev/shm) instead of "
+        "gloo all-gathers over loopback TCP, which were most of a CPU push "
+        "(docs/weight-sync.md). Costs one extra copy of each rank's shard in the engines' "
+        "dtype; ranks on several machines, GPUs and adapter pushes always all-gather. false: "
+        "always all-gather.",
+    )
     timeout_s: float = Field(
         300.0, gt=0, description="Seconds every engine has to acknowledge a push."
     )

@@ -5,7 +5,9 @@ group: all ranks call it; rank 0 ends up with the tensors.
 Three sources:
 - plain policy: the state dict without tied aliases, each shard cast to the engines'
   dtype *before* its all-gather (half the bytes in bf16), one parameter at a time,
-  with a layout known before gathering (so a transport may stream it);
+  with a layout known before gathering (so a transport may stream it); with a
+  `ShmGather` (CPU ranks on one machine, `weight_sync.shm_gather`) the shards reach
+  rank 0 through shared memory instead of all-gathers (learner/shm_gather.py);
 - policy with an adapter, merged: the adapter merged into the (dequantised) base on
   a rank-0 copy, plain transformers names;
 - adapter only: the PEFT adapter tensors with its LoraConfig in the handle's meta.
@@ -20,6 +22,7 @@ import torch
 from ..weightsync import PushSource
 from . import adapters
 from .adapters import AdapterSettings
+from .shm_gather import ShmGather
 
 
 def untied(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -80,17 +83,22 @@ def push_source(
     adapter: AdapterSettings,
     dtype: torch.dtype,
     adapter_only: bool,
+    gather: ShmGather | None = None,
 ) -> PushSource:
     """The tensors of one push, cast to the engines' `dtype`, as a `PushSource`.
 
     Plain policy: streamable (layout given). With an adapter: merged full weights, or
     with `adapter_only` the adapter alone (PEFT names, e.g.
     `base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight` `[r, in]`) and
-    `meta["adapter_config"]`, the `peft.LoraConfig` as a plain dict.
+    `meta["adapter_config"]`, the `peft.LoraConfig` as a plain dict. `gather`: a plain
+    policy's shards go to rank 0 through shared memory (its dtype is `dtype`).
     """
     if not adapter.enabled:
         d = str(dtype).removeprefix("torch.")
-        layout = [(n, d, tuple(t.shape)) for n, t in untied_state(policy).items()]
+        state = untied_state(policy)
+        layout = [(n, d, tuple(t.shape)) for n, t in state.items()]
+        if gather is not None:
+            return PushSource(gather.stream(state), layout)
         return PushSource(_plain_stream(policy, dtype), layout)
     if adapter_only:
 

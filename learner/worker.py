@@ -50,8 +50,9 @@ from .logprobs import sequence_logprobs, sequence_logprobs_and_entropy
 from .micro_batches import plan_rows, trim_right_padding
 from .models import DTYPES, critic_values, load_sharded, reward_scores
 from .optimizer import guarded_step
-from .push import full_state_dict, push_source
+from .push import full_state_dict, push_source, untied_state
 from .settings import CriticSettings, LearnerSettings, lr_factor
+from .shm_gather import ShmGather
 
 __all__ = ["CriticSettings", "LearnerSettings", "LearnerWorker"]
 
@@ -71,6 +72,7 @@ class LearnerWorker:
         self.optimizer_steps = 0
         self.transport = None
         self.delta: DeltaSender | None = None  # weight_sync.delta, rank 0 (set up in setup)
+        self.gather: ShmGather | None = None  # weight_sync.shm_gather (set up in setup)
         self.critic = None
         self.device = torch.device("cpu")
 
@@ -163,6 +165,10 @@ class LearnerWorker:
         self.transport = make_transport(s.transport, rank=0 if self.rank == 0 else None)
         # weight_sync.delta: rank 0's copy of the last push; a new process starts full.
         self.delta = DeltaSender() if s.transport.delta and self.rank == 0 else None
+        # weight_sync.shm_gather: CPU ranks on one machine skip gloo's all-gathers.
+        if s.transport.shm_gather and kind == "cpu" and self.world > 1 and not s.adapter.enabled:
+            state = untied_state(self.policy)
+            self.gather = ShmGather.create(state, self.rank, self.world, DTYPES[s.compute_dtype])
         return report
 
     # -- forwards -------------------------------------------------------------------------
@@ -382,6 +388,7 @@ class LearnerWorker:
                 s.adapter,
                 DTYPES[s.compute_dtype],
                 s.transport.adapter_only and not full,
+                self.gather,
             )
             yield from publish(
                 self.transport,

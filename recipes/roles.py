@@ -314,6 +314,7 @@ def transport_settings(recipe: Recipe, run_dir: Path) -> TransportSettings:
         checksum=ws.verify_checksum,
         delta=ws.delta,
         adapter_only=adapter_sync(recipe),
+        shm_gather=ws.shm_gather,
     )
 
 

@@ -46,6 +46,8 @@ class TransportSettings:
             member joins the push group when its transport is made (`make_transport`
             with a rank), so joining is part of each role's set-up.
         group_world: learner rank 0 plus every engine.
+        shm_gather: CPU learner ranks on one machine hand their shards to rank 0
+            through shared memory instead of gloo all-gathers (learner/shm_gather.py).
     """
 
     type: str = "object_store"
@@ -58,6 +60,7 @@ class TransportSettings:
     adapter_only: bool = False
     group_address: str | None = None
     group_world: int = 0
+    shm_gather: bool = True
 
 
 def make_transport(settings: TransportSettings | str, rank: int | None = None) -> WeightTransport:

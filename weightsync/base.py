@@ -120,6 +120,10 @@ class WeightTransport(ABC):
     #: True when every learner rank's `send` is part of a collective (each rank shares
     #: its own copy, e.g. CUDA IPC to its colocated engine); rank 0's handle is pushed.
     every_rank_sends: bool = False
+    #: True when `send` and `send_stream` take `seen`, a dict they fill with the
+    #: `weightsync.verify.fingerprint` of every tensor they pack, fused with their copy
+    #: (complete once the push is delivered on the sender's side: after `finish`).
+    fingerprints_sent: bool = False
 
     @abstractmethod
     def send(

@@ -28,6 +28,7 @@ from datetime import timedelta
 import torch
 
 from .base import WeightHandle, WeightSyncError, WeightTransport, state_checksum
+from .verify import copy_fingerprint
 
 _MiB = 1 << 20
 _ALIGN = 64  # bytes
@@ -87,6 +88,7 @@ class CollectiveTransport(WeightTransport):
 
     needs_group = True
     can_stream = True
+    fingerprints_sent = True
 
     def __init__(self, backend: str = "gloo", bucket_mb: float = 64, timeout_s: float = 300.0):
         if backend not in ("gloo", "nccl"):
@@ -154,7 +156,11 @@ class CollectiveTransport(WeightTransport):
             )
 
     def send(
-        self, weights: dict[str, torch.Tensor], version: int, checksum: bool = False
+        self,
+        weights: dict[str, torch.Tensor],
+        version: int,
+        checksum: bool = False,
+        seen: dict[str, str] | None = None,
     ) -> WeightHandle:
         self._require_group()
         if self._thread is not None:
@@ -174,23 +180,29 @@ class CollectiveTransport(WeightTransport):
         self._error = None
         self._thread = threading.Thread(
             target=self._broadcast_all,
-            args=(weights, layout),
+            args=(weights, layout, seen),
             name=f"weight-broadcast-v{version}",
             daemon=True,
         )
         self._thread.start()
         return handle
 
-    def _broadcast_all(self, weights: dict[str, torch.Tensor], layout: list[dict]) -> None:
+    def _broadcast_all(
+        self, weights: dict[str, torch.Tensor], layout: list[dict], seen: dict[str, str] | None
+    ) -> None:
         try:
-            self._broadcast_buckets(iter(weights.items()), layout)
+            self._broadcast_buckets(iter(weights.items()), layout, seen)
         except (RuntimeError, ValueError) as e:
             self._error = e
 
     def _broadcast_buckets(
-        self, stream: Iterator[tuple[str, torch.Tensor]], layout: list[dict]
+        self,
+        stream: Iterator[tuple[str, torch.Tensor]],
+        layout: list[dict],
+        seen: dict[str, str] | None = None,
     ) -> None:
-        # Two buckets in flight: pack bucket i+1 while bucket i is on the wire.
+        # Two buckets in flight: pack bucket i+1 while bucket i is on the wire. With
+        # `seen`, each tensor is fingerprinted as it is packed (weightsync/verify.py).
         device = _device(self.backend)
         pending = None
         for bucket in layout:
@@ -199,9 +211,12 @@ class CollectiveTransport(WeightTransport):
                 got, t = next(stream)
                 if got != name:
                     raise ValueError(f"streamed tensor {got!r} where the layout has {name!r}")
-                buf[offset : offset + nbytes].copy_(
-                    t.detach().contiguous().view(-1).view(torch.uint8)
-                )
+                if seen is not None:
+                    seen[name] = copy_fingerprint(buf[offset : offset + nbytes], t)
+                else:
+                    buf[offset : offset + nbytes].copy_(
+                        t.detach().contiguous().view(-1).view(torch.uint8)
+                    )
             work = self.pg.broadcast(buf, 0)
             if pending is not None:
                 pending[0].wait()
@@ -220,11 +235,16 @@ class CollectiveTransport(WeightTransport):
             names=tuple(m[0] for m in meta),
         )
 
-    def send_stream(self, stream: Iterator[tuple[str, torch.Tensor]], handle: WeightHandle) -> None:
+    def send_stream(
+        self,
+        stream: Iterator[tuple[str, torch.Tensor]],
+        handle: WeightHandle,
+        seen: dict[str, str] | None = None,
+    ) -> None:
         # Bucket by bucket as the tensors are produced; engines run `receive` meanwhile.
         self._require_group()
         try:
-            self._broadcast_buckets(stream, handle.payload)
+            self._broadcast_buckets(stream, handle.payload, seen)
         except (RuntimeError, ValueError, StopIteration) as e:
             raise WeightSyncError(
                 f"streamed broadcast of policy_version {handle.version} failed: {e}"

@@ -57,8 +57,14 @@ def publish(
     Raises:
         WeightSyncError: delivery failed or timed out (from the transport).
     """
-    tap = FingerprintTap(source.tensors) if verify and sender else None
+    # A transport that packs the bytes fingerprints them in its copy (`fingerprints_sent`);
+    # a delta's packed tensors are encodings, so the full tensors are tapped instead.
+    fused = verify and sender and transport.fingerprints_sent and delta is None
+    seen: dict[str, str] | None = {} if fused else None
+    extra = {"seen": seen} if fused else {}
+    tap = FingerprintTap(source.tensors) if verify and sender and not fused else None
     tensors = tap if tap is not None else source.tensors
+    sent = seen if fused else (tap.seen if tap is not None else None)
     streams = transport.can_stream and source.layout is not None and delta is None
     if streams and not checksum:
         handle = transport.stream_handle(source.layout, version) if sender else None
@@ -66,12 +72,12 @@ def publish(
             handle = dataclasses.replace(handle, meta={**handle.meta, "verify": True})
         yield handle  # engines start receiving while the tensors are gathered
         if sender:
-            transport.send_stream(iter(tensors), handle)
+            transport.send_stream(iter(tensors), handle, **extra)
         else:
             for _ in tensors:  # the all-gathers need every rank
                 pass
-        if tap is not None:
-            yield Delivery(version, tap.seen)
+        if sent is not None:
+            yield Delivery(version, sent)
         return
     weights = dict(tensors)
     if transport.every_rank_sends:  # a collective send; rank 0's handle goes out
@@ -80,8 +86,8 @@ def publish(
             handle = dataclasses.replace(handle, meta={**handle.meta, "verify": True})
         yield handle if sender else None
         transport.finish(handle)
-        if tap is not None:
-            yield Delivery(version, tap.seen)
+        if sent is not None:
+            yield Delivery(version, sent)
         return
     if not sender:
         yield None
@@ -93,13 +99,13 @@ def publish(
         meta["changed_fraction"] = delta.last.changed_fraction
     if verify:
         meta["verify"] = True
-    handle = transport.send(weights, version, checksum=checksum and delta is None)
+    handle = transport.send(weights, version, checksum=checksum and delta is None, **extra)
     if meta:
         handle = dataclasses.replace(handle, meta={**handle.meta, **meta})
     yield handle
     transport.finish(handle)
-    if tap is not None:
-        yield Delivery(version, tap.seen, adapter="adapter_config" in meta)
+    if sent is not None:
+        yield Delivery(version, sent, adapter="adapter_config" in meta)
 
 
 def push(

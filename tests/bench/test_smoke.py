@@ -38,6 +38,7 @@ BENCHES: dict[str, tuple[list[pytest.MarkDecorator], list[str]]] = {
     "logprobs": ([], ["| logprobs | train fwd+bwd s (CPU s) |", "| chunked (4) |"]),
     "old_logprobs": (slow, ["| old_logprob_pass | step s |", "| auto |"]),
     "plan": ([], ["predicted   measured   ratio", "weight push"]),
+    "push_path": ([], ["| part (learner rank 0) | seconds | GB/s |", "| gather, shared memory |"]),
     "ratio": (slow, ["rollout:learner  step s vs first", "1:2"]),
     "rewards": ([], ["measure", "reward model, batch 8, POST /score"]),
     "sft": (slow, ["| system | fixed-batch loss (fp32) |", "| posttrain |"]),

@@ -20,6 +20,7 @@ from posttrain.weightsync import (
     make_transport,
 )
 from posttrain.weightsync.collective import bucket_layout
+from posttrain.weightsync.verify import fingerprints
 
 
 @pytest.fixture(scope="module")
@@ -195,3 +196,32 @@ def test_collective_over_nccl_is_exact():
 def test_collective_rejects_an_unknown_backend():
     with pytest.raises(ValueError, match="'gloo' \\(CPU\\) or 'nccl' \\(GPU\\)"):
         make_transport(TransportSettings("collective", backend="mpi"))
+
+
+@pytest.mark.parametrize("streamed", [False, True])
+def test_collective_sender_fingerprints_what_it_packs(streamed):
+    # The proof of delivery's learner side, fused into the bucket copy
+    # (weightsync/verify.copy_fingerprint): the same fingerprints as a separate pass,
+    # and the engines still get every byte.
+    sender, engine = _group(TransportSettings("collective", bucket_mb=0.1, timeout_s=30), 1)
+    sent = _weights(torch.bfloat16)
+    sent["big"] = torch.randn(1100, 1000).to(torch.bfloat16)  # 2.2 MB: 3 hash chunks
+    del sent["lm_head.weight"]
+    seen: dict[str, str] = {}
+    out = {}
+    if streamed:
+        layout = [(n, "bfloat16", tuple(t.shape)) for n, t in sent.items()]
+        handle = sender.stream_handle(layout, version=2)
+        rx = threading.Thread(target=_receive_all, args=(engine, handle, out, 0))
+        rx.start()
+        sender.send_stream(iter(sent.items()), handle, seen=seen)
+    else:
+        handle = sender.send(sent, version=2, seen=seen)
+        rx = threading.Thread(target=_receive_all, args=(engine, handle, out, 0))
+        rx.start()
+        sender.finish(handle)
+    rx.join()
+    assert seen == fingerprints(sent.items())
+    got, _ = out[0]
+    for k, v in sent.items():
+        assert torch.equal(got[k].view(torch.int16), v.view(torch.int16))

@@ -28,6 +28,7 @@ from posttrain.weightsync import (
     publish,
     push,
 )
+from posttrain.weightsync.verify import copy_fingerprint
 from tests.engine_host import requires_vllm
 
 FLIPPED = "model.layers.0.mlp.up_proj.weight"
@@ -58,6 +59,23 @@ def test_one_flipped_bit_changes_the_fingerprint(dtype):
     assert fingerprint(t) == fingerprint(t.clone())
     assert fingerprint(_flip(t, 2000)) != fingerprint(t)
     assert fingerprint(t.reshape(33, 64)) != fingerprint(t)  # the shape counts too
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("shape", [(0,), (7,), (1100, 1000), (3, 5)])
+def test_copy_fingerprint_copies_and_equals_a_separate_fingerprint(dtype, shape):
+    # (1100, 1000) bf16 is 2,200,000 bytes: two whole 1 MiB chunks and a part.
+    t = torch.randn(shape).to(dtype)
+    if shape == (3, 5):
+        t = torch.randn(5, 3).to(dtype).t()  # not contiguous
+    dst = torch.zeros(t.numel() * t.element_size(), dtype=torch.uint8)
+    assert copy_fingerprint(dst, t) == fingerprint(t)
+    assert torch.equal(dst, t.contiguous().reshape(-1).view(torch.uint8))
+    assert copy_fingerprint(dst, _flip(t, 0) if t.numel() else t) == fingerprint(
+        _flip(t, 0) if t.numel() else t
+    )
+    with pytest.raises(ValueError, match="copy_fingerprint: 3 bytes for a"):
+        copy_fingerprint(torch.zeros(3, dtype=torch.uint8), torch.zeros(8))
 
 
 def _learner_push(transport, weights, version, meta=None):
@@ -110,6 +128,28 @@ def test_hf_push_is_proven_and_a_flip_on_the_wire_is_caught(tiny_model, tmp_path
         DeliveryError, match=f"rollout engine 0: tensor '{FLIPPED}' of policy_version 2 differs"
     ):
         check_delivery(sent, w.delivery(), 0)
+
+
+def test_engine_computes_the_whole_state_checksum_only_when_asked(
+    tiny_model, tmp_path, monkeypatch
+):
+    # The SHA-256 of every pushed byte (`handle.checksum`) cost each engine ~0.25 s per
+    # 269 MB push although no recipe asks for it (the proof of delivery uses xxh3).
+    import posttrain.weightsync.base as base
+
+    digested: list[str] = []
+    digest = base.tensor_digest
+    monkeypatch.setattr(base, "tensor_digest", lambda n, t: digested.append(n) or digest(n, t))
+    w = _hf_worker(tiny_model, tmp_path)
+    sender = make_transport(w.transport_settings)
+    weights = _perturbed(tiny_model)
+    handle, _ = _learner_push(sender, weights, 1)
+    assert handle.checksum is None and w.update_weights(handle) == 1
+    assert digested == []
+    asked = sender.send(_perturbed(tiny_model, seed=2), 2, checksum=True)
+    digested.clear()
+    assert w.update_weights(asked) == 2  # checked against the sender's: equal
+    assert sorted(digested) == sorted(weights)
 
 
 def test_hf_flip_inside_the_engines_load_is_caught(tiny_model, tmp_path):
