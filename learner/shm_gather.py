@@ -97,7 +97,8 @@ class ShmGather:
         cls, state: dict[str, torch.Tensor], rank: int, world: int, dtype: torch.dtype
     ) -> ShmGather | None:
         """The gather for a policy's untied state dict `state` (DTensors), or None when
-        the ranks are not all on this machine. Collective over the default group.
+        the ranks are not all on this machine or `/dev/shm` has no room for the buffers
+        (the caller then all-gathers). Collective over the default group.
 
         Raises:
             RuntimeError: the ranks' state dicts differ in names (a broken learner group).
@@ -115,9 +116,13 @@ class ShmGather:
                 "rank must load the same model"
             )
         shapes = [e[3] for e in everyone]
-        token = [uuid.uuid4().hex if rank == 0 else None]
-        dist.broadcast_object_list(token, src=0)
         sizes = [_offsets(s, dtype)[-1] for s in shapes]
+        # A /dev/shm too small for the buffers (docker's default is 64 MiB) would end in
+        # SIGBUS on the first write: rank 0 checks once and every rank falls back.
+        token = [uuid.uuid4().hex if rank == 0 and _shm_fits(sum(sizes)) else None]
+        dist.broadcast_object_list(token, src=0)
+        if token[0] is None:
+            return None
         path = [f"/dev/shm/posttrain-gather-{token[0]}-{r}" for r in range(world)]
         buffers: dict[int, torch.Tensor] = {}
         if rank != 0:  # rank 0 writes its shards into its full tensors (`ShmGather.out`)
@@ -173,6 +178,16 @@ class ShmGather:
                         full[at : at + rows].copy_(self._slot(r, i))
                         at += rows
             yield name, full
+
+
+def _shm_fits(nbytes: int, where: str = "/dev/shm") -> bool:
+    """Whether `where` has room for `nbytes` more (with 10% to spare), else False (also
+    when it does not exist)."""
+    try:
+        st = os.statvfs(where)
+    except OSError:
+        return False
+    return st.f_bavail * st.f_frsize >= 1.1 * nbytes
 
 
 def _offsets(shapes: list[tuple[int, ...]], dtype: torch.dtype) -> list[int]:

@@ -75,3 +75,13 @@ def test_shm_gather_is_bitwise_the_all_gather(tiny_model):
     for name, t in got:
         assert _bitwise(t, want[name]), name
     assert [tuple(t.shape) for _, t in got] == [(5, 3), (1,), (2, 2)]
+
+
+def test_a_shm_without_room_sends_the_push_back_to_the_all_gather(tmp_path):
+    """Docker's default /dev/shm is 64 MiB; the buffers need 1.1× their bytes free,
+    else `create` returns None (the all-gather) rather than SIGBUS on the first write."""
+    from posttrain.learner.shm_gather import _shm_fits
+
+    assert _shm_fits(1, str(tmp_path))
+    assert not _shm_fits(10**18, str(tmp_path))
+    assert not _shm_fits(1, str(tmp_path / "missing"))
