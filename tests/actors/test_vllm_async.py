@@ -9,8 +9,10 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from types import SimpleNamespace
 
+import httpx
 import pytest
 import ray
 import torch
@@ -156,5 +158,20 @@ def test_a_push_mid_generation_keeps_requests_and_tags_versions(
     # calls from two threads run at once: the short one returns while the long one runs
     prompt = rollouts[0].prompt_ids
     assert ray.get(w.concurrent_calls.remote(prompt)) == (True, 8)
+
+    # the OpenAI endpoint on it: 4 agent calls at once, each recorded under version 1
+    url = ray.get(w.serve_openai.remote(max_tokens=8, temperature=1.0))
+
+    def call(episode: str) -> int:
+        body = {"messages": [{"role": "user", "content": "2+2?"}], "max_tokens": 8}
+        with httpx.Client(base_url=url, timeout=60) as http:
+            r = http.post("/chat/completions", json=body, headers={"X-Episode-Id": episode})
+            return r.status_code
+
+    with ThreadPoolExecutor(4) as pool:
+        assert list(pool.map(call, [f"ep-{i}" for i in range(4)])) == [200] * 4
+    for i in range(4):
+        (c,) = ray.get(w.pop_episode.remote(f"ep-{i}"))["calls"]
+        assert c["policy_version"] == 1 and 1 <= len(c["completion_ids"]) <= 8
     ray.get(w.close.remote())
     ray.kill(w)
