@@ -32,12 +32,16 @@ class Sample:
 
     `interrupted`: `generate_interruptible` stopped it early (a weight push arrived)
     before its end; `finish_reason` then reads 'length' and the sample is to be
-    continued (actors/partial.py)."""
+    continued (actors/partial.py).
+    `versions`: `[R]` the policy_version that sampled each token, from engines that
+    load weights while requests are in flight (`InferenceEngine.concurrent`); None from
+    the others (every token then has the version the worker holds)."""
 
     token_ids: list[int]
     logprobs: list[float]
     finish_reason: FinishReason
     interrupted: bool = False
+    versions: list[int] | None = None
 
 
 @dataclass(frozen=True)
@@ -45,7 +49,8 @@ class EngineSettings:
     """Plain values that build one engine (from the recipe's `rollout` and `model`).
 
     Attributes:
-        kind: 'vllm' or 'hf'.
+        kind: 'vllm' (vLLM's synchronous `LLM`), 'vllm_async' (vLLM's `AsyncLLM`:
+            `rollout.engine: vllm` with `rollout.vllm.async_engine`) or 'hf'.
         model_path: transformers folder.
         dtype: 'bfloat16' or 'float32'.
         seed: engine seed.
@@ -64,7 +69,7 @@ class EngineSettings:
             or generate.
     """
 
-    kind: Literal["vllm", "hf"]
+    kind: Literal["vllm", "vllm_async", "hf"]
     model_path: str
     dtype: str = "bfloat16"
     seed: int = 0
@@ -216,6 +221,11 @@ class InferenceEngine(ABC):
     tokenizer: Any
     #: the most tokens (prompt + completion) one sequence may hold; None: unknown.
     context_tokens: int | None = None
+    #: True: `generate` may be called from several threads at once (their requests are
+    #: batched together) and `load_weights` may run while they are in flight: it pauses
+    #: them, keeping every request, and each `Sample.versions` says which policy_version
+    #: sampled each token. False: one thread at a time (the worker's engine lock).
+    concurrent: bool = False
 
     def tokenize_chat(self, messages: list[dict[str, str]]) -> list[int]:
         """Token ids of `messages` under the chat template, with the generation prompt."""
@@ -244,8 +254,12 @@ class InferenceEngine(ABC):
         return self.generate(prompts, sampling)
 
     @abstractmethod
-    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> list[str]:
+    def load_weights(
+        self, weights: Iterable[tuple[str, torch.Tensor]], version: int | None = None
+    ) -> list[str]:
         """Copy `(name, tensor)` pairs into the model in place; returns the names loaded.
+        `version`: the policy_version of these weights, which a `concurrent` engine tags
+        the tokens it samples from now on with (others ignore it).
 
         Raises:
             ValueError: an unknown name, a shape mismatch, or a model parameter left
@@ -292,4 +306,9 @@ class InferenceEngine(ABC):
     def active_adapter(self) -> int | None:
         """The policy_version of the adapter the next `generate` request runs with, or
         None when it runs the base model alone."""
+        return None
+
+    def close(self) -> None:
+        """Release what outlives the engine object (processes, /dev/shm files); the
+        engine is not used after. Default: nothing to release."""
         return None

@@ -11,16 +11,19 @@ def make_engine(s: EngineSettings) -> InferenceEngine:
 
     Raises:
         ValueError: an unknown engine name.
-        RuntimeError: 'vllm' asked for but not installed.
+        RuntimeError: 'vllm' or 'vllm_async' asked for but not installed.
     """
     if s.kind == "hf":
         from .hf_engine import HFEngine
 
         return HFEngine(s.model_path, dtype=s.dtype, device=s.device)
-    if s.kind == "vllm":
-        from .vllm_engine import VLLMEngine
+    if s.kind in ("vllm", "vllm_async"):
+        if s.kind == "vllm":
+            from .vllm_engine import VLLMEngine as cls
+        else:
+            from .vllm_async import AsyncVLLMEngine as cls
 
-        return VLLMEngine(
+        return cls(
             s.model_path,
             dtype=s.dtype,
             seed=s.seed,
@@ -33,4 +36,6 @@ def make_engine(s: EngineSettings) -> InferenceEngine:
             tensor_parallel_size=s.tensor_parallel_size,
             sleep_between_steps=s.sleep_between_steps,
         )
-    raise ValueError(f"rollout.engine {s.kind!r} is not available; use 'vllm' or 'hf'")
+    raise ValueError(
+        f"rollout.engine {s.kind!r} is not available; use 'vllm', 'vllm_async' or 'hf'"
+    )

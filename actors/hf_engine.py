@@ -223,7 +223,9 @@ class HFEngine(InferenceEngine):
         return dict(self.model.state_dict())
 
     @torch.no_grad()
-    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> list[str]:
+    def load_weights(
+        self, weights: Iterable[tuple[str, torch.Tensor]], version: int | None = None
+    ) -> list[str]:
         own = self.model.state_dict()
         loaded: list[str] = []
         for name, tensor in weights:

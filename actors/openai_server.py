@@ -320,7 +320,9 @@ def create_app(
 
     Args:
         generate: (prompt ids, sampling with n = 1) → (the sample, policy_version); the
-            caller holds the engine lock inside it.
+            caller holds the engine lock inside it, or none on a concurrent engine
+            (AsyncLLM: the endpoint's calls, run on FastAPI's thread pool, are then
+            batched together in the engine).
         tokenizer: the policy's tokenizer with its chat template.
         recorder: where calls are recorded.
         default_max_tokens: completion limit when the request gives none, and the most

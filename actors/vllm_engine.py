@@ -62,6 +62,41 @@ def checkpoint_names(model_path: str) -> set[str]:
     return names
 
 
+def check_pushed_names(names: set[str], expected: set[str], optional: set[str]) -> None:
+    """Refuse a push whose `names` hold one unknown to the checkpoint (`expected` +
+    `optional`) or leave an `expected` parameter without a new value.
+
+    Raises:
+        ValueError: names up to five unknown or missing weights.
+    """
+    if unknown := sorted(names - expected - optional):
+        raise ValueError(f"weights {unknown[:5]} are not parameters of the rollout model")
+    if stale := sorted(expected - names):
+        raise ValueError(f"weights not sent, the engine would keep old values: {stale[:5]}")
+
+
+def checked_weights(
+    weights: Iterable[tuple[str, torch.Tensor]], expected: set[str], optional: set[str], tied: bool
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """`weights` as they stream, each name checked; with `tied` embeddings and no
+    `lm_head.weight` sent, the embedding again under that name at the end (learners leave
+    out a tied head; vLLM's layerwise reload still wants to see it, or it leaves the head
+    unprocessed).
+
+    Raises:
+        ValueError: a name that is not a parameter of the rollout model.
+    """
+    embed, head_sent = None, False
+    for name, t in weights:
+        if name not in expected and name not in optional:
+            raise ValueError(f"weight {name!r} is not a parameter of the rollout model")
+        embed = t if name == "model.embed_tokens.weight" else embed
+        head_sent |= name == "lm_head.weight"
+        yield name, t
+    if tied and not head_sent and embed is not None:
+        yield "lm_head.weight", embed
+
+
 def gpu_options(
     device: str,
     kv_cache_gb: float,
@@ -253,33 +288,18 @@ class VLLMEngine(InferenceEngine):
             self.asleep -= set(todo)
 
     def validate_names(self, names: Iterable[str]) -> None:
-        names = set(names)
-        if unknown := sorted(names - self.expected - self.optional):
-            raise ValueError(f"weights {unknown[:5]} are not parameters of the rollout model")
-        if stale := sorted(self.expected - names):
-            raise ValueError(f"weights not sent, the engine would keep old values: {stale[:5]}")
+        check_pushed_names(set(names), self.expected, self.optional)
 
-    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> list[str]:
-        expected, optional = self.expected, self.optional
-
-        def checked() -> Iterator[tuple[str, torch.Tensor]]:
-            embed, head_sent = None, False
-            for name, t in weights:
-                if name not in expected and name not in optional:
-                    raise ValueError(f"weight {name!r} is not a parameter of the rollout model")
-                embed = t if name == "model.embed_tokens.weight" else embed
-                head_sent |= name == "lm_head.weight"
-                yield name, t
-            # Learners leave out a tied head; vLLM's layerwise reload still wants to see
-            # it (or it leaves the head unprocessed), so hand it the embedding again.
-            if self.tied and not head_sent and embed is not None:
-                yield "lm_head.weight", embed
-
+    def load_weights(
+        self, weights: Iterable[tuple[str, torch.Tensor]], version: int | None = None
+    ) -> list[str]:
+        expected = self.expected
         if isinstance(weights, list | tuple):  # names known up front: refuse before loading
             self.validate_names(n for n, _ in weights)
         self.wake(["weights"])
+        checked = checked_weights(weights, expected, self.optional, self.tied)
         # Tensor parallel: the workers are other processes; each gets the whole list.
-        stream = checked() if self.tp == 1 else [(n, t.cpu()) for n, t in checked()]
+        stream = checked if self.tp == 1 else [(n, t.cpu()) for n, t in checked]
         try:
             names = self.llm.collective_rpc("posttrain_load_weights", args=(stream,))[0]
         except (ValueError, RuntimeError) as e:

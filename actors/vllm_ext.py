@@ -1,7 +1,11 @@
 """Methods vLLM adds to its worker (`worker_extension_cls`), called through
-`LLM.collective_rpc`. The rollout actor runs vLLM in-process
-(`VLLM_ENABLE_V1_MULTIPROCESSING=0`), so arguments arrive as the Python objects
-passed (a lazy `(name, tensor)` stream), not serialised copies.
+`collective_rpc`. With `engine: vllm` (the synchronous `LLM`) the rollout actor runs vLLM
+in-process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`), so arguments arrive as the Python
+objects passed (a lazy `(name, tensor)` stream), not serialised copies. With
+`rollout.vllm.async_engine` (`AsyncLLM`, actors/vllm_async.py) the worker lives in
+vLLM's engine-core process and arguments cross it as msgpack, which rebuilds no tensor
+it is not told the type of: weights travel as a safetensors file in /dev/shm (the
+`*_file` methods), mapped, not copied, on the worker side.
 """
 
 from __future__ import annotations
@@ -27,6 +31,26 @@ class WeightLoaderExtension:
 
         self.model_runner.reload_weights(weights_iterator=tap())
         return names
+
+    def posttrain_load_weights_file(self, path: str, order: list[str]) -> list[str]:
+        """`posttrain_load_weights` of the tensors in the safetensors file `path`, in
+        `order` (the order they were pushed in)."""
+        from safetensors import safe_open
+
+        with safe_open(path, framework="pt") as f:
+            return self.posttrain_load_weights((n, f.get_tensor(n)) for n in order)
+
+    def posttrain_save_parameters(self, path: str) -> None:
+        """Write `posttrain_named_parameters` to the safetensors file `path`."""
+        from safetensors.torch import save_file
+
+        params = self.posttrain_named_parameters()
+        save_file({n: t.contiguous() for n, t in params.items()}, path)
+
+    def posttrain_seed(self, seed: int) -> None:
+        """Seed the global torch generator of this process (CPU sampling draws from it:
+        per-request seeds cannot rewind a CPU generator, see actors/vllm_engine.py)."""
+        torch.manual_seed(seed)
 
     def posttrain_named_parameters(self) -> dict[str, torch.Tensor]:
         """The engine's parameters in vLLM's (fused, possibly repacked) layout."""

@@ -17,6 +17,13 @@ carries the same `policy_version`. With partial rollouts (`partial=True`, starte
 threaded actor) `update_weights` may run while `generate` does: it interrupts the
 generation, loads, and the generation resumes under the new version
 (actors/partial.py); each Rollout then records the version of every token.
+
+A `concurrent` engine (vLLM's AsyncLLM, actors/vllm_async.py) takes no engine lock to
+sample: `generate`, `generate_ids` and the endpoint's calls run at once and are batched
+together; `update_weights` still holds `engine_lock` (one push at a time) and the engine
+itself pauses the requests in flight while it loads, keeping them. With partial rollouts
+the Rollouts then carry the engine's per-token versions; without, no push overlaps a
+`generate` (the controller waits, the actor runs one verb at a time).
 """
 
 from __future__ import annotations
@@ -106,7 +113,9 @@ class RolloutWorker:
         self.engine_lock = threading.Lock()  # the OpenAI endpoint's threads share the engine
         self.recorder: EpisodeRecorder | None = None
         self.server = None
-        self.gate = PushGate() if partial else None
+        self.partial = partial
+        # a concurrent engine pauses its own requests on a push: no segments, no gate
+        self.gate = PushGate() if partial and not self.engine.concurrent else None
 
     def generate(
         self, requests: list[PromptRequest], sampling: SamplingSettings, step: int
@@ -118,17 +127,30 @@ class RolloutWorker:
         """
         if self.gate is not None:
             return self._generate_partial(self.gate, requests, sampling, step)
-        with self.spans.span("generate", step), self.engine_lock:
+        with self.spans.span("generate", step), self._sampling_lock():
             self._check_adapter()
             prompt_ids = [self.engine.tokenize_chat(r.messages) for r in requests]
             check_prompt_lengths(prompt_ids, self.engine.context_tokens)
             groups = self.engine.generate(prompt_ids, self._own_seed(sampling))
             time.sleep(self._delay(requests, sampling.n))
             return [
-                self._rollout(req, ids, k, s.token_ids, s.logprobs, s.finish_reason, None)
+                self._rollout(
+                    req,
+                    ids,
+                    k,
+                    s.token_ids,
+                    s.logprobs,
+                    s.finish_reason,
+                    s.versions if self.partial else None,
+                )
                 for req, ids, samples in zip(requests, prompt_ids, groups, strict=True)
                 for k, s in enumerate(samples)
             ]
+
+    def _sampling_lock(self) -> AbstractContextManager[object]:
+        """What a sampling call holds: nothing on a `concurrent` engine (calls batch
+        together, pushes pause them), else `engine_lock` (one call at a time)."""
+        return nullcontext() if self.engine.concurrent else self.engine_lock
 
     def _generate_partial(
         self, gate: PushGate, requests: list[PromptRequest], sampling: SamplingSettings, step: int
@@ -208,10 +230,11 @@ class RolloutWorker:
         if sampling.n != 1:
             raise ValueError(f"generate_ids samples one turn per prompt; got n={sampling.n}")
         check_prompt_lengths(prompts, self.engine.context_tokens)
-        with self.spans.span("generate", step), self.engine_lock:
+        with self.spans.span("generate", step), self._sampling_lock():
             self._check_adapter()
+            version = self.version
             samples = [g[0] for g in self.engine.generate(prompts, self._own_seed(sampling))]
-        return samples, self.version
+        return samples, version
 
     def _check_adapter(self) -> None:
         """Refuse to sample without the adapter last pushed (adapter-only sync): a
@@ -254,9 +277,12 @@ class RolloutWorker:
             self.recorder = EpisodeRecorder()
 
             def generate(ids: list[int], sampling: SamplingSettings) -> tuple[Sample, int]:
-                with self.engine_lock:
+                with self._sampling_lock():
                     self._check_adapter()
-                    return self.engine.generate([ids], self._own_seed(sampling))[0][0], self.version
+                    version = self.version
+                    sample = self.engine.generate([ids], self._own_seed(sampling))[0][0]
+                # a concurrent engine's call may span a push: its first token's version
+                return sample, sample.versions[0] if sample.versions else version
 
             app = create_app(
                 generate,
@@ -321,7 +347,7 @@ class RolloutWorker:
                 else:
                     if names:
                         self.engine.validate_names(names)
-                    loaded = self.engine.load_weights(tap)
+                    loaded = self.engine.load_weights(tap, version=handle.version)
             except (ValueError, RuntimeError) as e:  # WeightSyncError is a RuntimeError
                 raise WeightSyncError(
                     f"rollout worker {self.worker_id}: loading policy_version {handle.version} "
@@ -403,3 +429,4 @@ class RolloutWorker:
         if self.server is not None:
             self.server.should_exit = True
         self.transport.close()
+        self.engine.close()

@@ -103,6 +103,17 @@ class VLLMConfig(_Strict):
         "of kv_cache_gb instead. Colocated engines share the GPU with a learner rank: keep "
         "it low (e.g. 0.3); vLLM sleeps while the learner trains.",
     )
+    async_engine: bool = Field(
+        False,
+        description="Run vLLM's asynchronous engine (AsyncLLM, in a child process) "
+        "instead of the synchronous LLM: requests from concurrent callers (prompts, "
+        "episode turns, OpenAI-endpoint agent calls) are batched together, and with "
+        "rollout.partial a weight push pauses the requests in flight, loads and resumes "
+        "them (none dropped, each token tagged with its policy_version) instead of waiting "
+        "for the batch. Not with LoRA adapter sync, gpus_per_engine > 1 or colocation on "
+        "cuda (the synchronous engine serves those). Each push is copied once through "
+        "/dev/shm.",
+    )
 
 
 class RolloutConfig(EpisodeFields):
@@ -145,8 +156,9 @@ class RolloutConfig(EpisodeFields):
         "records the policy_version of every token (`policy_versions` in the rollout "
         "files) and its inference_logprobs are each token's own version's, which the "
         "off-policy correction uses. The 'hf' engine pauses between tokens; 'vllm' "
-        "(synchronous LLM) finishes its batch first. No effect at max_staleness 0, nor "
-        "on multi-turn episodes (a push waits for their round).",
+        "with rollout.vllm.async_engine pauses its requests in flight and keeps them; "
+        "'vllm' (synchronous LLM) finishes its batch first. No effect at max_staleness 0, "
+        "nor on multi-turn episodes (a push waits for their round).",
     )
 
     @field_validator("stop", mode="before")
@@ -569,6 +581,28 @@ class Recipe(_Strict):
                 "the engine on the same GPU, which NCCL refuses (one rank per GPU); colocated "
                 "on cuda set weight_sync.type: cuda_ipc (or object_store)"
             )
+        if self.rollout.engine == "vllm" and self.rollout.vllm.async_engine:
+            uses = [
+                what
+                for what, on in (
+                    (
+                        "weight_sync.adapter_mode: adapter (a vLLM LoRA)",
+                        self.model.adapter.type != "none"
+                        and self.weight_sync.adapter_mode == "adapter",
+                    ),
+                    ("resources.rollout.gpus_per_engine > 1", res.rollout.gpus_per_engine != 1),
+                    (
+                        "resources.colocate on cuda (sleep mode)",
+                        res.colocate and res.device == "cuda",
+                    ),
+                )
+                if on
+            ]
+            if uses:
+                raise ValueError(
+                    f"rollout.vllm.async_engine does not serve {', '.join(uses)}; set "
+                    "rollout.vllm.async_engine: false (the synchronous engine serves them)"
+                )
         if res.rollout.gpus_per_engine != 1 and self.weight_sync.type == "collective":
             raise ValueError(
                 "weight_sync.type: collective broadcasts into the engine actor's own GPU, and a "

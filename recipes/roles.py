@@ -214,8 +214,9 @@ def engine_settings(recipe: Recipe, model_path: str) -> EngineSettings:
     """The recipe's inference engine (`rollout.engine`, `rollout.vllm`, the model's dtype)
     as the rollout workers build it; `plan --gpu cpu` times the same engine."""
     v = recipe.rollout.vllm
+    kind = recipe.rollout.engine
     return EngineSettings(
-        kind=recipe.rollout.engine,
+        kind="vllm_async" if kind == "vllm" and v.async_engine else kind,
         model_path=model_path,
         dtype=recipe.model.dtype,
         seed=recipe.train.seed,

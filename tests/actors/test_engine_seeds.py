@@ -58,6 +58,7 @@ class SeedRecorder:
     seeds: list[int] = field(default_factory=list)
     tokenizer: object = None
     context_tokens: int | None = None
+    concurrent: bool = False  # one call at a time, as `InferenceEngine` says
 
     def tokenize_chat(self, messages):
         return [1, 2]
@@ -68,6 +69,9 @@ class SeedRecorder:
     def generate(self, prompts, sampling):
         self.seeds.append(sampling.seed)
         return [[Sample([3], [-0.5], "stop")] * sampling.n for _ in prompts]
+
+    def close(self):
+        pass
 
 
 @pytest.mark.parametrize("kind", ["vllm", "hf"])

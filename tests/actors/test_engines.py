@@ -1,4 +1,5 @@
-"""One suite for every engine behind `RolloutWorker` ('hf' and 'vllm'): groups, finish
+"""One suite for every engine behind `RolloutWorker` ('hf', 'vllm' and 'vllm_async',
+vLLM's AsyncLLM): groups, finish
 reasons, seeds, stop strings and stop tokens, logprobs that the learner reproduces
 (importance ratio 1 on unchanged weights, fp32), samples drawn from the learner's
 distribution, and refusal of pushes that would leave stale weights.
@@ -25,7 +26,11 @@ from posttrain.learner.logprobs import sequence_logprobs
 from tests.engine_host import RemoteEngine, requires_vllm
 from tests.tiny_model import CHARS, SPECIALS, build_tiny_model
 
-KINDS = ["hf", pytest.param("vllm", marks=[pytest.mark.vllm, requires_vllm])]
+KINDS = [
+    "hf",
+    pytest.param("vllm", marks=[pytest.mark.vllm, requires_vllm]),
+    pytest.param("vllm_async", marks=[pytest.mark.vllm, requires_vllm]),
+]
 EOS, EOT, END_OF_TURN = "<|endoftext|>", "<|eot|>", "<|im_end|>"
 
 
@@ -184,7 +189,7 @@ def test_load_weights_rejects_unknown_and_partial(engine, model_dir):
         engine.load_weights([("nope.weight", torch.zeros(1))])
     full = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     name = "model.norm.weight"
-    if engine.kind == "vllm":  # refused before loading anything
+    if engine.kind in ("vllm", "vllm_async"):  # refused before loading anything
         with pytest.raises(ValueError, match="would keep old values"):
             engine.validate_names([name])
     else:
@@ -201,8 +206,16 @@ def test_many_long_prompts_in_one_batch(engine):
     assert all(1 <= len(s.token_ids) <= 3 for g in out for s in g)
 
 
-def test_a_stream_failing_part_way_is_never_served_silently(engine):
+def test_a_stream_failing_part_way_is_never_served_silently(engine, model_dir):
     """Keep last: a vLLM engine whose reload was interrupted refuses to sample."""
+    if engine.kind == "vllm_async":  # the push is checked whole before anything loads
+        good = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+        bad = [(n, t[:1] if n == "model.norm.weight" else t) for n, t in good.state_dict().items()]
+        with pytest.raises(RuntimeError, match="restart this engine"):
+            engine.load_weights(bad)
+        with pytest.raises(RuntimeError, match="restart this engine"):
+            engine.generate([_prompt(engine, "hi")], SamplingSettings(n=1, max_new_tokens=2))
+        return
     if engine.kind != "vllm":
         pytest.skip("the HF engine copies tensor by tensor; nothing is half loaded")
     with pytest.raises(ValueError, match="not a parameter"):

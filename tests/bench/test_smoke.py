@@ -42,7 +42,10 @@ BENCHES: dict[str, tuple[list[pytest.MarkDecorator], list[str]]] = {
     "ratio": (slow, ["rollout:learner  step s vs first", "1:2"]),
     "rewards": ([], ["measure", "reward model, batch 8, POST /score"]),
     "sft": (slow, ["| system | fixed-batch loss (fp32) |", "| posttrain |"]),
-    "rollout": (vllm, ["| engine | startup s | generate s |", "| vllm (eager) |"]),
+    "rollout": (
+        vllm,
+        ["| engine | startup s | generate s (median) |", "| vllm async, 4 callers |"],
+    ),
     "serve": ([], ["| path | s/step (median) | vs recipe learner |", "| SDK round trip |"]),
     "token_budget": (slow, ["| micro-batches | train s | step s |", "| budget 64 tokens |"]),
     "vs_trl": ([], ["| system | s/step (median) |", "| posttrain ("]),

