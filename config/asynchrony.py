@@ -15,16 +15,17 @@ def check_async_and_correction(recipe: Any) -> None:
     # train.correction.mode's default under staleness is set by `stale_correction`.
     t = recipe.train
     key = f"train.max_staleness is {t.max_staleness}"
-    pairs = {"dpo": "DPO", "reward_model": "A reward model"}.get(recipe.algorithm)
-    if t.max_staleness and pairs:
+    facts = recipe.facts
+    data = {"pairs": "preference pairs", "chat": "conversations"}.get(facts.data)
+    if t.max_staleness and data:
         raise ValueError(
-            f"{key}, but {pairs} trains on preference pairs and has no rollouts to "
-            "generate ahead; set train.max_staleness: 0"
+            f"{key}, but algorithm {recipe.algorithm} trains on {data} and has no rollouts "
+            "to generate ahead; set train.max_staleness: 0"
         )
-    if t.correction.mode != "none" and pairs:
+    if t.correction.mode != "none" and data:
         raise ValueError(
-            f"train.correction corrects sampled rollouts, and {pairs} samples none; "
-            "remove train.correction or use algorithm grpo or ppo"
+            f"train.correction corrects sampled rollouts, and algorithm {recipe.algorithm} "
+            "samples none; remove train.correction or use algorithm grpo or ppo"
         )
     if t.correction.mode != "none" and recipe.rollout.top_p < 1.0:
         # The engines disagree on what they report under top-p (vLLM's processed

@@ -17,6 +17,10 @@ from pydantic import Discriminator, Field, Tag, model_validator
 
 from .base import Strict as _Strict
 
+#: Distinct problems of `generator: python_functions` (recipes/tasks/functions.py; a
+#: test checks the two agree: the schema imports no task code).
+PYTHON_FUNCTIONS = 408
+
 
 class _Source(_Strict):
     """Keys every source has."""
@@ -57,6 +61,8 @@ class GeneratorData(_Source):
 
     @model_validator(mode="after")
     def _ranges(self) -> GeneratorData:
+        if self.generator == "python_functions":
+            return self._functions_only()
         if self.min_terms > self.max_terms:
             raise ValueError(
                 f"min_terms ({self.min_terms}) is larger than max_terms ({self.max_terms}); "
@@ -66,6 +72,23 @@ class GeneratorData(_Source):
             raise ValueError(
                 f"min_digits ({self.min_digits}) is larger than max_digits ({self.max_digits}); "
                 "set max_digits >= min_digits"
+            )
+        return self
+
+    def _functions_only(self) -> GeneratorData:
+        """python_functions takes `size` (at most its distinct problems) and `seed` only."""
+        arithmetic = {"min_terms", "max_terms", "min_digits", "max_digits", "operators"}
+        given = sorted(arithmetic & self.model_fields_set)
+        if given:
+            raise ValueError(
+                f"{', '.join(given)} apply to generator: arithmetic only; python_functions "
+                "takes size and seed: remove them"
+            )
+        if self.size > PYTHON_FUNCTIONS:
+            raise ValueError(
+                f"size is {self.size}, but python_functions has {PYTHON_FUNCTIONS} distinct "
+                f"problems (recipes/tasks/functions.py); set size: {PYTHON_FUNCTIONS} or less "
+                "(a held-out set made from it is left out of training)"
             )
         return self
 

@@ -3,7 +3,7 @@ health-advisory thresholds) and `debug:` (test and drill knobs). Pydantic only, 
 
 from __future__ import annotations
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from .base import Strict as _Strict
 
@@ -62,6 +62,16 @@ class MonitorConfig(_Strict):
     tensorboard: bool = Field(
         True, description="Write TensorBoard event files to RUN_DIR/tensorboard."
     )
+
+    @field_validator("dashboard_port", mode="before")
+    @classmethod
+    def _no_bool_port(cls, v: object) -> object:
+        if isinstance(v, bool):  # YAML's true/false would become port 1/0
+            raise ValueError(
+                f"a port number, 0 (any free port) or null (off), not {str(v).lower()}"
+            )
+        return v
+
     wandb_project: str | None = Field(
         None,
         description="Log every step to this Weights & Biases project (needs wandb; "

@@ -581,6 +581,12 @@ class Recipe(_Strict):
                 "the engine on the same GPU, which NCCL refuses (one rank per GPU); colocated "
                 "on cuda set weight_sync.type: cuda_ipc (or object_store)"
             )
+        if self.rollout.vllm.async_engine and self.rollout.engine != "vllm":
+            raise ValueError(
+                f"rollout.vllm.async_engine is true, but rollout.engine is "
+                f"{self.rollout.engine!r}; set rollout.engine: vllm, or remove "
+                "rollout.vllm.async_engine"
+            )
         if self.rollout.engine == "vllm" and self.rollout.vllm.async_engine:
             uses = [
                 what

@@ -121,3 +121,27 @@ def test_pair_algorithms_refuse_staleness_naming_it(recipe):
     )
     assert out.exit_code == 2, out.output
     assert "train.max_staleness is 1" in out.output and "train.correction" not in out.output
+
+
+def test_sft_has_no_rollouts_to_generate_ahead_nor_to_correct():
+    from pathlib import Path
+
+    from posttrain.config import RecipeError
+    from posttrain.recipes.loading import load_recipe
+
+    sft = Path(__file__).resolve().parents[2] / "recipes" / "sft_tool_arith.yaml"
+    with pytest.raises(RecipeError, match="algorithm sft trains on conversations"):
+        load_recipe(sft, ["train.max_staleness=3"])
+    with pytest.raises(RecipeError, match="algorithm sft samples none"):
+        load_recipe(sft, ["train.correction.mode=tis"])
+
+
+def test_the_async_engine_is_a_vllm_engine():
+    from pathlib import Path
+
+    from posttrain.config import RecipeError
+    from posttrain.recipes.loading import load_recipe
+
+    quick = Path(__file__).resolve().parents[2] / "recipes" / "quickstart_grpo.yaml"
+    with pytest.raises(RecipeError, match="rollout.engine is 'hf'; set rollout.engine: vllm"):
+        load_recipe(quick, ["rollout.engine=hf", "rollout.vllm.async_engine=true"])

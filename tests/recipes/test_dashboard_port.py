@@ -47,3 +47,10 @@ def test_off_and_any_port_pass_through():
     for value in ("null", "0"):
         r = load_recipe(QUICK, [f"monitor.dashboard_port={value}"])
         assert cli._port_or_exit(r) is r
+
+
+def test_true_is_not_a_port():
+    from posttrain.config import RecipeError
+
+    with pytest.raises(RecipeError, match="monitor.dashboard_port"):
+        load_recipe(QUICK, ["monitor.dashboard_port=true"])

@@ -86,3 +86,35 @@ def test_heldout_functions_stay_out_of_training(tmp_path):
     train = {p.metadata["entry_point"] for p in data.train}
     held = {p.metadata["entry_point"] for p in data.eval}
     assert len(held) == 200 and len(train) == 208 and not train & held
+
+
+def _validate(tmp_path, train: str):
+    recipe_file = tmp_path / "r.yaml"
+    recipe_file.write_text(
+        "name: t\nalgorithm: grpo\nmodel: {path: smollm2-135m-instruct}\n"
+        f"data:\n  train: {train}\n"
+        "rewards: [{name: tests, type: code}]\ntrain: {steps: 1, prompts_per_step: 1}\n"
+    )
+    return load_recipe(recipe_file)
+
+
+def test_the_schema_knows_the_problem_space():
+    from posttrain.config.data import PYTHON_FUNCTIONS
+
+    assert PYTHON_FUNCTIONS == len(problem_space())
+
+
+@pytest.mark.parametrize(
+    ("train", "says"),
+    [
+        ("{generator: python_functions, size: 409}", "python_functions has 408 distinct problems"),
+        ("{generator: python_functions}", "size is 2000, but python_functions has 408"),
+        ("{generator: python_functions, size: 8, operators: ['*']}", "operators apply to"),
+        ("{generator: python_functions, size: 8, min_digits: 2}", "min_digits apply to"),
+    ],
+)
+def test_sizes_past_the_space_and_arithmetic_keys_are_refused(tmp_path, train, says):
+    from posttrain.config import RecipeError
+
+    with pytest.raises(RecipeError, match=says):
+        _validate(tmp_path, train)

@@ -391,7 +391,7 @@ def test_async_engine_key_picks_the_asyncllm_engine():
     path = ROOT / "recipes" / "quickstart_grpo.yaml"
     on = load_recipe(path, ["rollout.engine=vllm", "rollout.vllm.async_engine=true"])
     off = load_recipe(path, ["rollout.engine=vllm"])
-    hf = load_recipe(path, ["rollout.engine=hf", "rollout.vllm.async_engine=true"])
     assert engine_settings(on, "m").kind == "vllm_async"
     assert engine_settings(off, "m").kind == "vllm"
-    assert engine_settings(hf, "m").kind == "hf"
+    with pytest.raises(RecipeError, match="rollout.engine is 'hf'"):  # not silently ignored
+        load_recipe(path, ["rollout.engine=hf", "rollout.vllm.async_engine=true"])
