@@ -51,7 +51,13 @@ import torch
 
 from .engine import InferenceEngine, Sample, check_sampling, stop_token_ids
 from .rollout import SamplingSettings
-from .vllm_engine import check_pushed_names, checked_weights, checkpoint_names, gpu_options
+from .vllm_engine import (
+    check_pushed_names,
+    checked_weights,
+    checkpoint_names,
+    gpu_options,
+    sampling_params,
+)
 
 T = TypeVar("T")
 
@@ -181,26 +187,17 @@ class AsyncVLLMEngine(InferenceEngine):
     async def _generate(
         self, prompts: list[list[int]], sampling: SamplingSettings
     ) -> list[list[Sample]]:
-        from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind
 
         if not self.per_request_seed:
             await self.llm.collective_rpc("posttrain_seed", args=(sampling.seed,))
-        params = [
-            SamplingParams(
-                n=sampling.n,
-                temperature=sampling.temperature,
-                top_p=sampling.top_p,
-                max_tokens=sampling.max_new_tokens,
-                logprobs=0,
-                seed=sampling.seed + i if self.per_request_seed else None,
-                stop=list(sampling.stop) or None,
-                include_stop_str_in_output=True,
-                stop_token_ids=self.stop_ids,
-                output_kind=RequestOutputKind.FINAL_ONLY,
-            )
-            for i in range(len(prompts))
-        ]
+        params = sampling_params(
+            sampling,
+            len(prompts),
+            self.stop_ids,
+            self.per_request_seed,
+            output_kind=RequestOutputKind.FINAL_ONLY,
+        )
         return list(
             await asyncio.gather(*(self._one(p, sp) for p, sp in zip(prompts, params, strict=True)))
         )

@@ -40,6 +40,7 @@ import tempfile
 import warnings
 from collections.abc import Iterable, Iterator
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -95,6 +96,37 @@ def checked_weights(
         yield name, t
     if tied and not head_sent and embed is not None:
         yield "lm_head.weight", embed
+
+
+def sampling_params(
+    sampling: SamplingSettings,
+    n_prompts: int,
+    stop_ids: list[int],
+    per_request_seed: bool,
+    **extra: Any,
+) -> list[Any]:
+    """vLLM `SamplingParams` for each of `n_prompts` prompts: the recipe's settings only
+    (never the model folder's generation defaults), sampled-token logprobs, stop strings
+    kept in the text, per-request seeds `seed + i` where the device has them (else None:
+    the caller seeds the global generator). `extra`: more SamplingParams fields (the
+    asynchronous engine's output kind)."""
+    from vllm import SamplingParams
+
+    return [
+        SamplingParams(
+            n=sampling.n,
+            temperature=sampling.temperature,
+            top_p=sampling.top_p,
+            max_tokens=sampling.max_new_tokens,
+            logprobs=0,
+            seed=sampling.seed + i if per_request_seed else None,
+            stop=list(sampling.stop) or None,
+            include_stop_str_in_output=True,
+            stop_token_ids=stop_ids,
+            **extra,
+        )
+        for i in range(n_prompts)
+    ]
 
 
 def gpu_options(
@@ -228,28 +260,13 @@ class VLLMEngine(InferenceEngine):
         )
 
     def generate(self, prompts: list[list[int]], sampling: SamplingSettings) -> list[list[Sample]]:
-        from vllm import SamplingParams
-
         if self.broken:
             raise RuntimeError(self.broken)
         check_sampling(sampling)
         self.wake()
         if not self.per_request_seed:
             torch.manual_seed(sampling.seed)  # vLLM samples in this process
-        params = [
-            SamplingParams(
-                n=sampling.n,
-                temperature=sampling.temperature,
-                top_p=sampling.top_p,
-                max_tokens=sampling.max_new_tokens,
-                logprobs=0,
-                seed=sampling.seed + i if self.per_request_seed else None,
-                stop=list(sampling.stop) or None,
-                include_stop_str_in_output=True,
-                stop_token_ids=self.stop_ids,
-            )
-            for i in range(len(prompts))
-        ]
+        params = sampling_params(sampling, len(prompts), self.stop_ids, self.per_request_seed)
         outs = self.llm.generate(
             [{"prompt_token_ids": p} for p in prompts],
             params,
