@@ -56,6 +56,7 @@ from .vllm_engine import (
     checked_weights,
     checkpoint_names,
     gpu_options,
+    output_samples,
     sampling_params,
 )
 
@@ -214,23 +215,12 @@ class AsyncVLLMEngine(InferenceEngine):
             self.inflight.discard(rid)
         if final is None:
             raise RuntimeError(f"vLLM request {rid} returned no output")
-        group = []
-        for o in sorted(final.outputs, key=lambda o: o.index):
-            if o.finish_reason not in ("stop", "length"):
-                raise RuntimeError(
-                    f"vLLM request {rid} ended with {o.finish_reason!r}"
-                    + (f" ({self.broken})" if self.broken else "")
-                )
-            ids = list(o.token_ids)
-            group.append(
-                Sample(
-                    token_ids=ids,
-                    logprobs=[lp[t].logprob for lp, t in zip(o.logprobs, ids, strict=True)],
-                    finish_reason=o.finish_reason,
-                    versions=span_versions(o.weight_versions, len(ids), self.version),
-                )
-            )
-        return group
+        return output_samples(
+            final,
+            rid,
+            versions=lambda o, n: span_versions(o.weight_versions, n, self.version),
+            why_broken=self.broken,
+        )
 
     def validate_names(self, names: Iterable[str]) -> None:
         check_pushed_names(set(names), self.expected, self.optional)

@@ -129,6 +129,41 @@ def sampling_params(
     ]
 
 
+def output_samples(
+    out: Any, request_id: str, versions: Any = None, why_broken: str | None = None
+) -> list[Sample]:
+    """One vLLM `RequestOutput`'s `n` samples in index order: token ids, the sampled
+    tokens' logprobs (under the sampling temperature) and the finish reason.
+
+    Args:
+        out: the request's final `RequestOutput`.
+        request_id: named in errors.
+        versions: `versions(completion, n_tokens)` gives a sample's `[R]` per-token
+            policy versions (the asynchronous engine); None: no per-token versions.
+        why_broken: the engine's failed-load message, appended to an abort's error.
+
+    Raises:
+        RuntimeError: a sample ended other than by a stop or the length limit (an abort).
+    """
+    group = []
+    for o in sorted(out.outputs, key=lambda o: o.index):
+        if o.finish_reason not in ("stop", "length"):
+            raise RuntimeError(
+                f"vLLM request {request_id} ended with {o.finish_reason!r}"
+                + (f" ({why_broken})" if why_broken else "")
+            )
+        ids = list(o.token_ids)
+        group.append(
+            Sample(
+                token_ids=ids,
+                logprobs=[lp[t].logprob for lp, t in zip(o.logprobs, ids, strict=True)],
+                finish_reason=o.finish_reason,
+                versions=None if versions is None else versions(o, len(ids)),
+            )
+        )
+    return group
+
+
 def gpu_options(
     device: str,
     kv_cache_gb: float,
@@ -253,6 +288,10 @@ class VLLMEngine(InferenceEngine):
         # ("CPU Generator does not use offset", seen with GSM8K-length prompts). On CPU
         # the step's seed goes to the global generator instead (same samples per seed).
         self.per_request_seed = device != "cpu"
+        # vLLM's CPU attention checks a call's OpenMP thread count against the engine's
+        # ("thread_num (1 vs. 2)"); a caller's thread (the OpenAI endpoint's pool, a
+        # threaded actor's) starts with the process default (1 under Ray).
+        self.threads = torch.get_num_threads()
         self.lora_root = Path(
             tempfile.mkdtemp(
                 prefix="posttrain-lora-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None
@@ -264,6 +303,9 @@ class VLLMEngine(InferenceEngine):
             raise RuntimeError(self.broken)
         check_sampling(sampling)
         self.wake()
+        # vLLM replaces torch.set_num_threads with a no-op in its process; the C function
+        # sets this calling thread's OpenMP count (see __init__)
+        torch._C.set_num_threads(self.threads)
         if not self.per_request_seed:
             torch.manual_seed(sampling.seed)  # vLLM samples in this process
         params = sampling_params(sampling, len(prompts), self.stop_ids, self.per_request_seed)
@@ -273,23 +315,7 @@ class VLLMEngine(InferenceEngine):
             use_tqdm=False,
             lora_request=self.lora,
         )
-        groups = []
-        for out in outs:
-            group = []
-            for o in sorted(out.outputs, key=lambda o: o.index):
-                if o.finish_reason not in ("stop", "length"):
-                    raise RuntimeError(
-                        f"vLLM request {out.request_id} ended with {o.finish_reason!r}"
-                    )
-                ids = list(o.token_ids)
-                group.append(
-                    Sample(
-                        token_ids=ids,
-                        logprobs=[lp[t].logprob for lp, t in zip(o.logprobs, ids, strict=True)],
-                        finish_reason=o.finish_reason,
-                    )
-                )
-            groups.append(group)
+        groups = [output_samples(out, out.request_id) for out in outs]
         if self.sleeps:  # the colocated learner rank trains next on this GPU
             self.llm.sleep(level=1)
             self.asleep = {"weights", "kv_cache"}
