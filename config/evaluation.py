@@ -25,17 +25,29 @@ class EvalConfig(Strict):
     holdout: int | None = Field(
         None,
         gt=0,
+        strict=True,
         description="Instead of `prompts`: hold out this many distinct prompts of "
         "data.train (drawn with data.shuffle_seed) and never train on them.",
     )
-    every_steps: int = Field(gt=0, description="Evaluate every this many policy versions.")
+    every_steps: int = Field(
+        gt=0,
+        strict=True,
+        description="Evaluate every this many policy versions.",
+    )
     before_train: bool = Field(False, description="Also evaluate the initial policy.")
-    k: int = Field(4, gt=0, description="Samples per prompt (pass@k uses all of them).")
+    k: int = Field(
+        4, gt=0, strict=True, description="Samples per prompt (pass@k uses all of them)."
+    )
     temperature: float = Field(1.0, gt=0.0, description="Sampling temperature of eval.")
     max_new_tokens: int | None = Field(
-        None, gt=0, description="Response token limit; default rollout.max_new_tokens."
+        None,
+        gt=0,
+        strict=True,
+        description="Response token limit; default rollout.max_new_tokens.",
     )
-    limit: int | None = Field(None, gt=0, description="Evaluate only the first N prompts.")
+    limit: int | None = Field(
+        None, gt=0, strict=True, description="Evaluate only the first N prompts."
+    )
     pass_threshold: float = Field(
         1.0,
         description="A sample passes when its reward (or a component's value, for the "
