@@ -12,8 +12,9 @@ from .data import TrainSource, check_weights_in_mixtures
 class EvalConfig(Strict):
     """Sample `k` responses per held-out prompt on the rollout engines between steps,
     score them with the recipe's rewards, and log pass@1, pass@k and avg@k (no training
-    on them). Policy version v is evaluated when v % every_steps == 0 (v = 0, before any
-    training, only with before_train)."""
+    on them). Policy version v is evaluated when v % every_steps == 0 and after the last
+    step (v = train.steps), so an every_steps past train.steps evaluates the final policy;
+    v = 0, before any training, only with before_train."""
 
     prompts: TrainSource | None = Field(
         None,
@@ -32,7 +33,8 @@ class EvalConfig(Strict):
     every_steps: int = Field(
         gt=0,
         strict=True,
-        description="Evaluate every this many policy versions.",
+        description="Evaluate every this many policy versions; the final policy "
+        "(train.steps) is always evaluated.",
     )
     before_train: bool = Field(False, description="Also evaluate the initial policy.")
     k: int = Field(

@@ -59,6 +59,7 @@ def _load_or_exit(
                 "left out of training",
                 err=True,
             )
+        _eval_schedule_note(r)
         if r.facts.data == "chat" and lengths:  # the template marks every assistant turn
             from .chats import check_chats
 
@@ -78,6 +79,18 @@ def _load_or_exit(
     except RecipeError as e:
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(code=2) from None
+
+
+def _eval_schedule_note(r: Recipe) -> None:
+    """Say when `eval.every_steps` is past `train.steps`: only the final policy (and, with
+    before_train, the initial one) is evaluated (recipes/evaluation.py `due`)."""
+    if r.eval is not None and r.eval.every_steps > r.train.steps:
+        typer.echo(
+            f"note: eval.every_steps ({r.eval.every_steps}) is past train.steps "
+            f"({r.train.steps}): the policy is evaluated after the last step only"
+            f"{' (and before the first)' if r.eval.before_train else ''}",
+            err=True,
+        )
 
 
 @app.command()

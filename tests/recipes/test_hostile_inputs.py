@@ -6,11 +6,16 @@ evaluation schedule that skips the trained policy, ground-truth advice per sourc
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
+import datasets
 import pytest
+import yaml
+from typer.testing import CliRunner
 
 from posttrain.config import RecipeError
+from posttrain.recipes.cli import app
 from posttrain.recipes.loading import load_recipe
 
 QUICKSTART = Path(__file__).parents[2] / "recipes" / "quickstart_grpo.yaml"
@@ -89,3 +94,125 @@ ARITHMETIC = {
 def test_arithmetic_that_would_hang_or_crash_is_refused(case):
     overrides, needle = ARITHMETIC[case]
     assert needle in _refused(overrides)
+
+
+def _recipe(tmp_path: Path, model: Path, **blocks) -> Path:
+    tree = {
+        "name": "hostile",
+        "algorithm": "grpo",
+        "model": {"path": str(model), "dtype": "float32"},
+        "data": {"train": {"generator": "arithmetic", "size": 20, "max_digits": 2}},
+        "rollout": {"engine": "hf", "samples_per_prompt": 2, "max_new_tokens": 4},
+        "rewards": [{"name": "correct", "type": "math"}],
+        "train": {"steps": 4, "prompts_per_step": 1},
+        **blocks,
+    }
+    f = tmp_path / "r.yaml"
+    f.write_text(yaml.safe_dump(tree))
+    return f
+
+
+def _validate(recipe: Path, *overrides: str):
+    args = ["validate", str(recipe)] + [a for o in overrides for a in ("--set", o)]
+    return CliRunner().invoke(app, args)
+
+
+def _jsonl(path: Path, rows: list) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+EVAL_FILES = {
+    "no prompt key": ([{"q": "1+1?"}], "set eval.prompts.prompt_key to the key of the prompt"),
+    "missing answer": (
+        [{"question": "1+1?", "answer": "2"}, {"question": "3+3?"}],
+        "set eval.prompts.answer_key to one of them",
+    ),
+    "empty prompt": ([{"question": " "}], "(eval.prompts.prompt_key) is an empty prompt"),
+    "empty file": ([], "eval.prompts.path: "),
+    "no ground truth": ([{"question": "9+9?"}], "set eval.prompts.answer_key to the key"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(EVAL_FILES))
+def test_errors_of_an_eval_file_name_the_eval_prompts_keys(tmp_path, tiny_model, case):
+    rows, needle = EVAL_FILES[case]
+    f = _jsonl(tmp_path / "eval.jsonl", rows)
+    recipe = _recipe(tmp_path, tiny_model, eval={"prompts": {"path": str(f)}, "every_steps": 2})
+    got = _validate(recipe)
+    assert got.exit_code == 2 and needle in got.output, got.output
+    assert "data.train" not in got.output and "training file" not in got.output, got.output
+
+
+def test_a_mixture_entry_and_a_folder_split_are_named_by_their_keys(tmp_path, tiny_model):
+    f = _jsonl(tmp_path / "a.jsonl", [{"q": "1+1?"}])
+    mixture = {"mixture": [{"generator": "arithmetic", "size": 5, "seed": 3}, {"path": str(f)}]}
+    got = _validate(_recipe(tmp_path, tiny_model, eval={"prompts": mixture, "every_steps": 2}))
+    assert got.exit_code == 2 and "set eval.prompts.mixture.1.prompt_key" in got.output
+    folder = tmp_path / "splits"
+    folder.mkdir()
+    for split in ("test", "validation"):
+        datasets.Dataset.from_list([{"question": "1+1?", "answer": "2"}]).to_parquet(
+            str(folder / f"{split}.parquet")
+        )
+    got = _validate(
+        _recipe(tmp_path, tiny_model, eval={"prompts": {"path": str(folder)}, "every_steps": 2})
+    )
+    assert got.exit_code == 2 and "pick one with eval.prompts.split" in got.output, got.output
+
+
+GROUND_TRUTH = {
+    "python_functions": (
+        {"generator": "python_functions", "size": 5},
+        "data.train (generator python_functions) gives tests, not reference answers: "
+        "score it with type: code",
+    ),
+    "hh file": (
+        "hh",
+        "data.train (format hh) gives dialogues, no reference answers",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(GROUND_TRUTH))
+def test_a_missing_ground_truth_suggests_what_that_source_has(tmp_path, tiny_model, case):
+    train, needle = GROUND_TRUTH[case]
+    if train == "hh":
+        row = {
+            "chosen": "\n\nHuman: hi\n\nAssistant: yes",
+            "rejected": "\n\nHuman: hi\n\nAssistant: no",
+        }
+        train = {"path": str(_jsonl(tmp_path / "hh.jsonl", [row])), "format": "hh"}
+    got = _validate(_recipe(tmp_path, tiny_model, data={"train": train}))
+    assert got.exit_code == 2 and needle in got.output, got.output
+    assert "answer_key" not in got.output, got.output
+
+
+@pytest.mark.parametrize("algorithm", ["grpo", "ppo"])
+def test_a_chat_generator_as_eval_prompts_is_refused(algorithm):
+    got = _refused([f"algorithm={algorithm}", "eval.prompts={generator: tool_chats, size: 10}"])
+    assert "eval.prompts: generator 'tool_chats' makes conversations for algorithm: sft" in got
+    mixed = "eval.prompts={mixture: [{generator: arithmetic}, {generator: tool_chats}]}"
+    assert "eval.prompts.mixture.1: generator 'tool_chats'" in _refused([mixed])
+
+
+def test_the_final_policy_is_evaluated_whatever_every_steps_says():
+    from posttrain.recipes.evaluation import due
+
+    r = load_recipe(QUICKSTART, ["train.steps=4", "eval.before_train=false"])
+    assert [v for v in range(5) if due(r, v)] == [4]  # every_steps 10, past the run
+    r = load_recipe(QUICKSTART, ["train.steps=25"])
+    assert [v for v in range(26) if due(r, v)] == [0, 10, 20, 25]
+
+
+def test_validate_says_when_every_steps_is_past_the_run(tmp_path, tiny_model):
+    recipe = _recipe(
+        tmp_path,
+        tiny_model,
+        eval={"prompts": {"generator": "arithmetic", "size": 5, "seed": 9}, "every_steps": 50},
+    )
+    got = _validate(recipe)
+    assert got.exit_code == 0, got.output
+    assert "eval.every_steps (50) is past train.steps (4): the policy is evaluated after " in (
+        got.output
+    )
