@@ -21,7 +21,7 @@ from ..config import Recipe, RecipeError
 from .algo.teacher import check_teacher_tokenizer
 from .data import load_data
 from .loading import load_recipe
-from .preflight import check_lengths, check_runtime_inputs
+from .preflight import check_eval_lengths, check_lengths, check_runtime_inputs
 
 app = typer.Typer(
     add_completion=False,
@@ -68,6 +68,8 @@ def _load_or_exit(
             return r, data.train
         # GRPO / PPO: the longest prompt + max_new_tokens fits (`run` converts a built-in
         # model first, so the check never waits for the first training run)
+        if lengths:
+            check_eval_lengths(r, data.eval, convert=convert)
         if lengths and not check_lengths(r, data.train, convert=convert):
             typer.echo(
                 f"note: prompt lengths not checked yet: model.path {r.model.path!r} is "

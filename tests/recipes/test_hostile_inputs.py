@@ -216,3 +216,16 @@ def test_validate_says_when_every_steps_is_past_the_run(tmp_path, tiny_model):
     assert "eval.every_steps (50) is past train.steps (4): the policy is evaluated after " in (
         got.output
     )
+
+
+def test_eval_max_new_tokens_past_the_context_is_refused_before_training(tmp_path, tiny_model):
+    prompts = {"generator": "arithmetic", "size": 5, "seed": 9}
+    recipe = _recipe(
+        tmp_path,
+        tiny_model,
+        eval={"prompts": prompts, "every_steps": 2, "max_new_tokens": 100000000},
+    )
+    got = _validate(recipe)
+    assert got.exit_code == 2, got.output
+    assert "eval.max_new_tokens: eval.prompts prompt" in got.output
+    assert "set eval.max_new_tokens to" in got.output
