@@ -40,7 +40,9 @@ class EvalConfig(Strict):
     k: int = Field(
         4, gt=0, strict=True, description="Samples per prompt (pass@k uses all of them)."
     )
-    temperature: float = Field(1.0, gt=0.0, description="Sampling temperature of eval.")
+    temperature: float = Field(
+        1.0, gt=0.0, allow_inf_nan=False, description="Sampling temperature of eval."
+    )
     max_new_tokens: int | None = Field(
         None,
         gt=0,
@@ -52,6 +54,7 @@ class EvalConfig(Strict):
     )
     pass_threshold: float = Field(
         1.0,
+        allow_inf_nan=False,  # nan: no sample would ever pass
         description="A sample passes when its reward (or a component's value, for the "
         "per-component pass@k) is at least this; 1.0 suits 0/1 verifiers such as math.",
     )

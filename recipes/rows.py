@@ -159,7 +159,8 @@ def _folder_rows(folder: Path, split: str | None, key: str) -> Iterator[tuple[st
     shards = shard_splits(folder)
     if not shards:
         raise RecipeError(
-            f"{folder}: a folder with no parquet files and no save_to_disk dataset; give {KINDS}"
+            f"{key}.path: {folder} is a folder with no parquet files and no save_to_disk "
+            f"dataset; give {KINDS}"
         )
     for f in shards[_pick(list(shards), split, str(folder), key)]:
         yield from _dataset_rows(_load("parquet", f), str(f))

@@ -229,3 +229,20 @@ def test_eval_max_new_tokens_past_the_context_is_refused_before_training(tmp_pat
     assert got.exit_code == 2, got.output
     assert "eval.max_new_tokens: eval.prompts prompt" in got.output
     assert "set eval.max_new_tokens to" in got.output
+
+
+@pytest.mark.parametrize("value", [".nan", ".inf"])
+def test_eval_floats_that_no_sample_could_meet_are_refused(value):
+    assert "eval.pass_threshold: Input should be a finite number" in _refused(
+        [f"eval.pass_threshold={value}"]
+    )
+    assert "eval.temperature: Input should be a finite number" in _refused(
+        [f"eval.temperature={value}"]
+    )
+
+
+def test_an_empty_eval_folder_names_its_key(tmp_path, tiny_model):
+    (tmp_path / "empty").mkdir()
+    prompts = {"path": str(tmp_path / "empty")}
+    got = _validate(_recipe(tmp_path, tiny_model, eval={"prompts": prompts, "every_steps": 2}))
+    assert got.exit_code == 2 and "eval.prompts.path: " in got.output, got.output
