@@ -68,8 +68,6 @@ def _load_or_exit(
             return r, data.train
         # GRPO / PPO: the longest prompt + max_new_tokens fits (`run` converts a built-in
         # model first, so the check never waits for the first training run)
-        if lengths:
-            check_eval_lengths(r, data.eval, convert=convert)
         if lengths and not check_lengths(r, data.train, convert=convert):
             typer.echo(
                 f"note: prompt lengths not checked yet: model.path {r.model.path!r} is "
@@ -77,6 +75,8 @@ def _load_or_exit(
                 "training",
                 err=True,
             )
+        if lengths:  # after training's, which names rollout.max_new_tokens first
+            check_eval_lengths(r, data.eval, convert=convert)
         return r, data.train
     except RecipeError as e:
         typer.echo(f"error: {e}", err=True)

@@ -339,13 +339,14 @@ def check_eval_lengths(recipe: Recipe, prompts: list[PromptItem], convert: bool 
     if length + new <= limit:
         return
     what = "rollout.vllm.max_model_len" if engine_len else "the model's context"
+    default = "" if e.max_new_tokens else " (default: rollout.max_new_tokens)"
     fix = (
         f"set eval.max_new_tokens to {limit - length} or less"
         if length < limit
         else f"leave out eval prompts over {limit - new} tokens"
     )
     raise RecipeError(
-        f"eval.max_new_tokens: eval.prompts prompt {item.prompt_id} "
+        f"eval.max_new_tokens{default}: eval.prompts prompt {item.prompt_id} "
         f"({item.origin or 'generated'}) is {length} tokens after the chat template; with "
         f"{new} new tokens a sample needs {length + new}, more than {what} ({limit} tokens); {fix}"
     )
