@@ -13,13 +13,45 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import Discriminator, Field, Tag, model_validator
+from pydantic import Discriminator, Field, Tag, ValidationInfo, field_validator, model_validator
 
 from .base import Strict as _Strict
 
 #: Distinct problems of `generator: python_functions` (recipes/tasks/functions.py; a
 #: test checks the two agree: the schema imports no task code).
 PYTHON_FUNCTIONS = 408
+
+#: Most problems one generated source (`generator`, `reasoning_gym`) or a mixture's
+#: `size` may ask for. Every problem is made and held in memory by `validate` and again by
+#: `run` before the first step (about 50 µs and 1.5 KB each on a 2-core CPU: 10^6 takes
+#: about a minute and 1.5 GB), and 10^6 is more than a run draws (1,000 steps of 1,000
+#: prompts); 10^9 would need 1.5 TB.
+MAX_GENERATED = 1_000_000
+
+#: Most operands (`max_terms`) and digits per operand (`max_digits`) of generator
+#: arithmetic: reasoning-gym computes 10**digits per operand and the prompt holds
+#: terms × digits characters (100 × 100 is about 10^4 characters, past most contexts'
+#: use for arithmetic).
+MAX_TERMS, MAX_DIGITS = 100, 100
+#: Python turns no integer of more than 4300 digits into text (sys.get_int_max_str_digits),
+#: and a product of max_terms operands has up to max_terms × max_digits digits.
+MAX_PRODUCT_DIGITS = 4000
+#: reasoning-gym's "/" looks for a divisor by trying every number below 10**digits: at 5
+#: digits about 2 ms a problem, at 6 about 20 ms, at 7 about 250 ms (8 minutes for 2000).
+MAX_DIVISION_DIGITS = 5
+
+
+def _size_limit(size: int | None, what: str) -> int | None:
+    """A generated `size` is at most `MAX_GENERATED` (its comment says why)."""
+    if size is not None and size > MAX_GENERATED:
+        raise ValueError(
+            f"size is {size:,}, more than the {MAX_GENERATED:,} problems {what} may make: "
+            "every problem is generated and held in memory before training starts (about "
+            "1.5 KB each; 10^6 is about a minute and 1.5 GB), and a run draws "
+            "train.steps × train.prompts_per_step prompts; set size: "
+            f"{MAX_GENERATED:,} or less"
+        )
+    return size
 
 
 class _Source(_Strict):
@@ -49,15 +81,39 @@ class GeneratorData(_Source):
         "conversations: system prompt (model.system_prompt), question, a python "
         "<tool_call>, its output as a tool message, the final number."
     )
-    size: int = Field(2000, gt=0, description="Number of distinct problems generated.")
+    size: int = Field(
+        2000,
+        gt=0,
+        strict=True,
+        description=f"Number of problems generated (at most {MAX_GENERATED:,}).",
+    )
     seed: int = Field(0, description="Seed of the generator; same seed, same problems.")
-    min_terms: int = Field(2, ge=2, description="Fewest operands per expression.")
-    max_terms: int = Field(2, ge=2, description="Most operands per expression.")
-    min_digits: int = Field(1, ge=1, description="Fewest digits per operand.")
-    max_digits: int = Field(1, ge=1, description="Most digits per operand.")
+    min_terms: int = Field(2, ge=2, strict=True, description="Fewest operands per expression.")
+    max_terms: int = Field(
+        2,
+        ge=2,
+        le=MAX_TERMS,
+        strict=True,
+        description=f"Most operands per expression (at most {MAX_TERMS}).",
+    )
+    min_digits: int = Field(1, ge=1, strict=True, description="Fewest digits per operand.")
+    max_digits: int = Field(
+        1,
+        ge=1,
+        le=MAX_DIGITS,
+        strict=True,
+        description=f"Most digits per operand (at most {MAX_DIGITS}; with '/' at most "
+        f"{MAX_DIVISION_DIGITS}; with '*' max_terms × max_digits at most "
+        f"{MAX_PRODUCT_DIGITS}).",
+    )
     operators: list[Literal["+", "-", "*", "/"]] = Field(
         default_factory=lambda: ["+"], min_length=1, description="Operators drawn from."
     )
+
+    @field_validator("size")
+    @classmethod
+    def _size(cls, v: int, info: ValidationInfo) -> int | None:
+        return _size_limit(v, f"generator {info.data.get('generator')}")
 
     @model_validator(mode="after")
     def _ranges(self) -> GeneratorData:
@@ -72,6 +128,25 @@ class GeneratorData(_Source):
             raise ValueError(
                 f"min_digits ({self.min_digits}) is larger than max_digits ({self.max_digits}); "
                 "set max_digits >= min_digits"
+            )
+        return self._operator_limits()
+
+    def _operator_limits(self) -> GeneratorData:
+        """What reasoning-gym's basic_arithmetic can make in reasonable time and print."""
+        if "/" in self.operators and self.max_digits > MAX_DIVISION_DIGITS:
+            raise ValueError(
+                f"max_digits is {self.max_digits} with operator '/': reasoning-gym finds "
+                "each divisor by trying every number below 10**max_digits (at 6 digits about "
+                "20 ms a problem, at 7 about 250 ms); set max_digits: "
+                f"{MAX_DIVISION_DIGITS} or less, or leave '/' out of operators"
+            )
+        digits = self.max_terms * self.max_digits
+        if "*" in self.operators and digits > MAX_PRODUCT_DIGITS:
+            raise ValueError(
+                f"max_terms × max_digits is {digits} with operator '*': a product of "
+                f"{self.max_terms} operands of {self.max_digits} digits has up to {digits} "
+                "digits, and Python prints no integer of more than 4300; make "
+                f"max_terms × max_digits {MAX_PRODUCT_DIGITS} or less"
             )
         return self
 
@@ -100,13 +175,23 @@ class ReasoningGymData(_Source):
         "row's question is the prompt and its answer the ground truth; score it with a "
         "`type: reasoning_gym` reward (the dataset's own score_answer)."
     )
-    size: int = Field(1000, gt=0, description="Number of problems generated.")
+    size: int = Field(
+        1000,
+        gt=0,
+        strict=True,
+        description=f"Number of problems generated (at most {MAX_GENERATED:,}).",
+    )
     seed: int = Field(0, description="Seed of the generator; same seed, same problems.")
     config: dict[str, Any] = Field(
         default_factory=dict,
         description="Other settings of the dataset's config class, passed to "
         "reasoning_gym.create_dataset (e.g. {min_animals: 3, max_animals: 5}).",
     )
+
+    @field_validator("size")
+    @classmethod
+    def _size(cls, v: int, info: ValidationInfo) -> int | None:
+        return _size_limit(v, f"reasoning_gym {info.data.get('reasoning_gym')}")
 
     @property
     def source_name(self) -> str:
@@ -163,7 +248,9 @@ class FileData(_Source):
     )
     chosen_key: str = Field("chosen", description="Key of the preferred reply or dialogue.")
     rejected_key: str = Field("rejected", description="Key of the other reply or dialogue.")
-    limit: int | None = Field(None, gt=0, description="Use only the first N rows (pairs).")
+    limit: int | None = Field(
+        None, gt=0, strict=True, description="Use only the first N rows (pairs)."
+    )
 
 
 # Older names of the file block (a jsonl of prompts; preference pairs).
@@ -202,9 +289,30 @@ class MixtureData(_Strict):
         "source's own `limit` caps the rows it reads.",
     )
     size: int | None = Field(
-        None, gt=0, description="Items per epoch of the mixture; default: all the sources' rows."
+        None,
+        gt=0,
+        strict=True,
+        description="Items per epoch of the mixture; default: all the sources' rows (at "
+        f"most {MAX_GENERATED:,}).",
     )
     seed: int = Field(0, description="Seed of which rows each source gives.")
+
+    @field_validator("size")
+    @classmethod
+    def _size(cls, v: int | None) -> int | None:
+        return _size_limit(v, "a mixture")
+
+    @model_validator(mode="after")
+    def _generated(self) -> MixtureData:
+        made = sum(s.size for s in self.mixture if not isinstance(s, FileData))
+        if made > MAX_GENERATED:
+            raise ValueError(
+                f"the mixture's generated sources make {made:,} problems together, more "
+                f"than {MAX_GENERATED:,} (every one is made and held in memory before "
+                "training starts, about 1.5 KB each); lower their sizes to "
+                f"{MAX_GENERATED:,} or less in all"
+            )
+        return self
 
 
 TrainSource = Annotated[

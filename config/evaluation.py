@@ -12,8 +12,9 @@ from .data import TrainSource, check_weights_in_mixtures
 class EvalConfig(Strict):
     """Sample `k` responses per held-out prompt on the rollout engines between steps,
     score them with the recipe's rewards, and log pass@1, pass@k and avg@k (no training
-    on them). Policy version v is evaluated when v % every_steps == 0 (v = 0, before any
-    training, only with before_train)."""
+    on them). Policy version v is evaluated when v % every_steps == 0 and after the last
+    step (v = train.steps), so an every_steps past train.steps evaluates the final policy;
+    v = 0, before any training, only with before_train."""
 
     prompts: TrainSource | None = Field(
         None,
@@ -25,19 +26,35 @@ class EvalConfig(Strict):
     holdout: int | None = Field(
         None,
         gt=0,
+        strict=True,
         description="Instead of `prompts`: hold out this many distinct prompts of "
         "data.train (drawn with data.shuffle_seed) and never train on them.",
     )
-    every_steps: int = Field(gt=0, description="Evaluate every this many policy versions.")
-    before_train: bool = Field(False, description="Also evaluate the initial policy.")
-    k: int = Field(4, gt=0, description="Samples per prompt (pass@k uses all of them).")
-    temperature: float = Field(1.0, gt=0.0, description="Sampling temperature of eval.")
-    max_new_tokens: int | None = Field(
-        None, gt=0, description="Response token limit; default rollout.max_new_tokens."
+    every_steps: int = Field(
+        gt=0,
+        strict=True,
+        description="Evaluate every this many policy versions; the final policy "
+        "(train.steps) is always evaluated.",
     )
-    limit: int | None = Field(None, gt=0, description="Evaluate only the first N prompts.")
+    before_train: bool = Field(False, description="Also evaluate the initial policy.")
+    k: int = Field(
+        4, gt=0, strict=True, description="Samples per prompt (pass@k uses all of them)."
+    )
+    temperature: float = Field(
+        1.0, gt=0.0, allow_inf_nan=False, description="Sampling temperature of eval."
+    )
+    max_new_tokens: int | None = Field(
+        None,
+        gt=0,
+        strict=True,
+        description="Response token limit; default rollout.max_new_tokens.",
+    )
+    limit: int | None = Field(
+        None, gt=0, strict=True, description="Evaluate only the first N prompts."
+    )
     pass_threshold: float = Field(
         1.0,
+        allow_inf_nan=False,  # nan: no sample would ever pass
         description="A sample passes when its reward (or a component's value, for the "
         "per-component pass@k) is at least this; 1.0 suits 0/1 verifiers such as math.",
     )

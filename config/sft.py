@@ -94,17 +94,23 @@ def check_sft_data(recipe: Any) -> None:
 
 
 def check_prompt_data(recipe: Any) -> None:
-    """An algorithm that samples or trains on pairs gets no chat-only generator.
+    """An algorithm that samples or trains on pairs gets no chat-only generator, in
+    `data.train` nor in `eval.prompts` (held-out prompts are sampled as training's are).
 
     Raises:
-        ValueError: `data.train` names a generator of conversations (`tool_chats`).
+        ValueError: a block names a generator of conversations (`tool_chats`).
     """
-    from .data import GeneratorData, sources_of
+    from .data import GeneratorData, MixtureData, sources_of
 
-    for s in sources_of(recipe.data.train):
-        if isinstance(s, GeneratorData) and s.generator in CHAT_GENERATORS:
-            raise ValueError(
-                f"data.train: generator {s.generator!r} makes conversations for "
-                f"algorithm: sft, not prompts for {recipe.algorithm}; use generator: "
-                "arithmetic"
-            )
+    blocks = [("data.train", recipe.data.train)]
+    if recipe.eval is not None and recipe.eval.prompts is not None:
+        blocks.append(("eval.prompts", recipe.eval.prompts))
+    for key, block in blocks:
+        for i, s in enumerate(sources_of(block)):
+            if isinstance(s, GeneratorData) and s.generator in CHAT_GENERATORS:
+                where = f"{key}.mixture.{i}" if isinstance(block, MixtureData) else key
+                raise ValueError(
+                    f"{where}: generator {s.generator!r} makes conversations for "
+                    f"algorithm: sft, not prompts for {recipe.algorithm}; use generator: "
+                    "arithmetic"
+                )

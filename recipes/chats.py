@@ -85,10 +85,11 @@ def check_messages(value: Any, where: str, key: str = "messages") -> list[Messag
     return out
 
 
-def file_chats(cfg: FileData) -> list[ChatExample]:
-    """The conversations of a file or folder (`messages` per row; `cfg.limit` rows)."""
+def file_chats(cfg: FileData, key: str = "data.train") -> list[ChatExample]:
+    """The conversations of a file or folder (`messages` per row; `cfg.limit` rows);
+    `key`: the block's key path, named in errors."""
     out = []
-    for where, row in read_rows(cfg.path, cfg.split):
+    for where, row in read_rows(cfg.path, cfg.split, key):
         if not isinstance(row, dict) or "messages" not in row:
             keys = sorted(row) if isinstance(row, dict) else type(row).__name__
             raise RecipeError(
@@ -148,7 +149,7 @@ def source_chats(block: Any, system_prompt: str | None, key: str = "data.train")
         return tool_chats(block, system_prompt)
     if not isinstance(block, FileData):
         raise RecipeError(f"{key}: SFT conversations come from files or generator: tool_chats")
-    return file_chats(block)
+    return file_chats(block, key)
 
 
 def has_generation_markers(tokenizer: Any) -> bool:

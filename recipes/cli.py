@@ -21,7 +21,7 @@ from ..config import Recipe, RecipeError
 from .algo.teacher import check_teacher_tokenizer
 from .data import load_data
 from .loading import load_recipe
-from .preflight import check_lengths, check_runtime_inputs
+from .preflight import check_eval_lengths, check_lengths, check_runtime_inputs
 
 app = typer.Typer(
     add_completion=False,
@@ -59,6 +59,7 @@ def _load_or_exit(
                 "left out of training",
                 err=True,
             )
+        _eval_schedule_note(r)
         if r.facts.data == "chat" and lengths:  # the template marks every assistant turn
             from .chats import check_chats
 
@@ -74,10 +75,24 @@ def _load_or_exit(
                 "training",
                 err=True,
             )
+        if lengths:  # after training's, which names rollout.max_new_tokens first
+            check_eval_lengths(r, data.eval, convert=convert)
         return r, data.train
     except RecipeError as e:
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(code=2) from None
+
+
+def _eval_schedule_note(r: Recipe) -> None:
+    """Say when `eval.every_steps` is past `train.steps`: only the final policy (and, with
+    before_train, the initial one) is evaluated (recipes/evaluation.py `due`)."""
+    if r.eval is not None and r.eval.every_steps > r.train.steps:
+        typer.echo(
+            f"note: eval.every_steps ({r.eval.every_steps}) is past train.steps "
+            f"({r.train.steps}): the policy is evaluated after the last step only"
+            f"{' (and before the first)' if r.eval.before_train else ''}",
+            err=True,
+        )
 
 
 @app.command()

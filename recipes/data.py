@@ -19,7 +19,14 @@ from ..config import Recipe, RecipeError
 from ..config.data import DataConfig
 from .items import PromptItem
 from .preference import PreferencePair
-from .sources import check_reward_coverage, hold_out, source_pairs, source_prompts, without
+from .sources import (
+    check_reward_coverage,
+    check_reward_sources,
+    hold_out,
+    source_pairs,
+    source_prompts,
+    without,
+)
 
 
 def load_prompts(cfg: DataConfig) -> list[PromptItem]:
@@ -134,7 +141,8 @@ def load_data(recipe: Recipe) -> LoadedData:
     on pairs (`recipe.facts.data`; those whose prompt equals a `data.heldout` pair's are
     left out and counted in `held_out`), else prompts with the held-out ones (`eval.prompts`,
     or `eval.holdout` of data.train's) left out, every prompt covered by a reward
-    component that can score it (`sources.check_reward_coverage`).
+    component that can score it (`sources.check_reward_coverage`, on each source's rows
+    before a mixture draws from them).
 
     Raises:
         RecipeError: an unreadable file or a bad row (named), or a row no reward
@@ -149,16 +157,21 @@ def load_data(recipe: Recipe) -> LoadedData:
         held = {json.dumps(p.prompt) for p in load_heldout_pairs(recipe)}
         kept = [p for p in pairs if json.dumps(p.prompt) not in held]
         return LoadedData(kept, skipped, [], len(pairs) - len(kept))
-    train, evals, dropped, e = source_prompts(recipe.data.train), [], 0, recipe.eval
+
+    def covered(items: list[PromptItem], key: str, source: Any) -> None:
+        check_reward_coverage(items, recipe.rewards, key, source)
+
+    e = recipe.eval
+    train, evals, dropped = source_prompts(recipe.data.train, check=covered), [], 0
     if e is not None and e.holdout is not None:
         kept, evals = hold_out(train, e.holdout, recipe.data.shuffle_seed)
         train, dropped = kept, len(train) - len(kept)
     elif e is not None:
-        evals = source_prompts(e.prompts, "eval.prompts")[: e.limit]
+        evals = source_prompts(e.prompts, "eval.prompts", check=covered)[: e.limit]
         train, dropped = without(train, evals)
     if e is not None:
         evals = evals[: e.limit]
-    check_reward_coverage(train + evals, recipe.rewards)
+    check_reward_sources(train + evals, recipe.rewards)
     return LoadedData(train, 0, evals, dropped)
 
 

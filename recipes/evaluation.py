@@ -78,11 +78,15 @@ def eval_metrics(
 
 
 def due(recipe: Recipe, version: int) -> bool:
-    """Whether policy `version` is evaluated."""
+    """Whether policy `version` is evaluated: every `eval.every_steps`-th, the final one
+    (`train.steps`, as verl's last-step validation: a schedule past the run, or one that
+    does not divide it, still scores the trained policy) and, with `before_train`, 0."""
     e = recipe.eval
     if e is None:
         return False
-    return e.before_train if version == 0 else version % e.every_steps == 0
+    if version == 0:
+        return e.before_train
+    return version % e.every_steps == 0 or version == recipe.train.steps
 
 
 def evaluate(

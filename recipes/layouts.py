@@ -63,7 +63,9 @@ def lookup(row: dict[str, Any], key: str) -> tuple[bool, Any]:
     return True, node
 
 
-def resolve_layout(cfg: FileData, row: dict[str, Any], where: str) -> Layout:
+def resolve_layout(
+    cfg: FileData, row: dict[str, Any], where: str, key: str = "data.train"
+) -> Layout:
     """The layout of a file from its first row (see the module docstring).
 
     Raises:
@@ -83,7 +85,7 @@ def resolve_layout(cfg: FileData, row: dict[str, Any], where: str) -> Layout:
             raise RecipeError(
                 f"{where}: no prompt: the row has none of 'prompt', 'messages', 'question' "
                 f"or {cfg.chosen_key!r}/{cfg.rejected_key!r}; its keys are {sorted(row)}; "
-                "set data.train.prompt_key to the key of the prompt"
+                f"set {key}.prompt_key to the key of the prompt"
             )
     answer = cfg.answer_key
     if cfg.answer_key == "auto":
@@ -93,18 +95,18 @@ def resolve_layout(cfg: FileData, row: dict[str, Any], where: str) -> Layout:
 
 
 def _prompt(
-    cfg: FileData, lay: Layout, row: dict[str, Any], where: str
+    cfg: FileData, lay: Layout, row: dict[str, Any], where: str, key: str
 ) -> tuple[str, list[Message] | None, str | None]:
     """The row's prompt text, its messages (None for a text prompt without a system
     message), and the reply a `messages` row ends with."""
     if lay.kind == "pairs":
-        prompt = implicit_fields(row, where, cfg.chosen_key, cfg.rejected_key)[0]
+        prompt = implicit_fields(row, where, cfg.chosen_key, cfg.rejected_key, key)[0]
         value: Any = prompt
     elif lay.prompt not in row:
         picked = " (picked from row 1: prompt_key auto)" if lay.auto_prompt else ""
         raise RecipeError(
-            f"{where}: row has no key {lay.prompt!r} (data.train.prompt_key{picked}); its "
-            f"keys are {sorted(row)}; set data.train.prompt_key to one of them"
+            f"{where}: row has no key {lay.prompt!r} ({key}.prompt_key{picked}); its "
+            f"keys are {sorted(row)}; set {key}.prompt_key to one of them"
         )
     else:
         value = row[lay.prompt]
@@ -120,32 +122,33 @@ def _prompt(
         text, messages = str(value), None
         if not text.strip():
             raise RecipeError(
-                f"{where}: {lay.prompt!r} (data.train.prompt_key) is an empty prompt "
-                f"({show(value)})"
+                f"{where}: {lay.prompt!r} ({key}.prompt_key) is an empty prompt ({show(value)})"
             )
     else:
         raise RecipeError(
-            f"{where}: {lay.prompt!r} (data.train.prompt_key) is {show(value)}; it must be "
+            f"{where}: {lay.prompt!r} ({key}.prompt_key) is {show(value)}; it must be "
             "text (or a number) or a list of {role, content} messages"
         )
     if cfg.system_key is not None:
         system = row.get(cfg.system_key)
         if not isinstance(system, str) or not system.strip():
             raise RecipeError(
-                f"{where}: {cfg.system_key!r} (data.train.system_key) is "
+                f"{where}: {cfg.system_key!r} ({key}.system_key) is "
                 f"{show(system) if cfg.system_key in row else 'missing'}; it must be text"
             )
         base = messages or [{"role": "user", "content": text}]
         if base[0]["role"] == "system":
             raise RecipeError(
                 f"{where}: {lay.prompt!r} has its own system message and "
-                f"{cfg.system_key!r} (data.train.system_key) gives another; keep one"
+                f"{cfg.system_key!r} ({key}.system_key) gives another; keep one"
             )
         messages = [{"role": "system", "content": system}, *base]
     return text, messages, reply
 
 
-def _answer(cfg: FileData, lay: Layout, row: dict[str, Any], where: str, reply: Any) -> str:
+def _answer(
+    cfg: FileData, lay: Layout, row: dict[str, Any], where: str, reply: Any, key: str
+) -> str:
     if lay.answer is None:
         return ""
     if lay.answer == _REPLY:
@@ -155,8 +158,8 @@ def _answer(cfg: FileData, lay: Layout, row: dict[str, Any], where: str, reply: 
         picked = " (picked from row 1: answer_key auto)" if lay.auto_answer else ""
         if not found:
             raise RecipeError(
-                f"{where}: row has no key {lay.answer!r} (data.train.answer_key{picked}); "
-                f"its keys are {sorted(row)}; set data.train.answer_key to one of them "
+                f"{where}: row has no key {lay.answer!r} ({key}.answer_key{picked}); "
+                f"its keys are {sorted(row)}; set {key}.answer_key to one of them "
                 "(null: no answer)"
             )
         one = check_reply(value)
@@ -164,7 +167,7 @@ def _answer(cfg: FileData, lay: Layout, row: dict[str, Any], where: str, reply: 
             value = one
         if not isinstance(value, str | int | float) or isinstance(value, bool):
             raise RecipeError(
-                f"{where}: {lay.answer!r} (data.train.answer_key{picked}) is {show(value)}; "
+                f"{where}: {lay.answer!r} ({key}.answer_key{picked}) is {show(value)}; "
                 "it must be text (or a number)"
             )
     answer = str(value)
@@ -199,9 +202,9 @@ def _metadata(cfg: FileData, lay: Layout, row: dict[str, Any], where: str) -> di
     return meta
 
 
-def file_prompts(cfg: FileData) -> list[PromptItem]:
+def file_prompts(cfg: FileData, key: str = "data.train") -> list[PromptItem]:
     """The prompts of a file or folder in any layout (module docstring), first
-    `cfg.limit` rows.
+    `cfg.limit` rows; `key` is the block's key path, named in errors.
 
     Raises:
         RecipeError: an unreadable file, a row that is not a mapping, a missing key, a
@@ -210,18 +213,20 @@ def file_prompts(cfg: FileData) -> list[PromptItem]:
     """
     items: list[PromptItem] = []
     lay: Layout | None = None
-    for where, row in read_rows(cfg.path, cfg.split):
+    for where, row in read_rows(cfg.path, cfg.split, key):
         if not isinstance(row, dict):
             raise RecipeError(
                 f"{where}: a row must be a JSON object with a prompt, got {type(row).__name__}"
             )
-        lay = lay or resolve_layout(cfg, row, where)
-        text, messages, reply = _prompt(cfg, lay, row, where)
-        answer = _answer(cfg, lay, row, where, reply)
+        lay = lay or resolve_layout(cfg, row, where, key)
+        text, messages, reply = _prompt(cfg, lay, row, where, key)
+        answer = _answer(cfg, lay, row, where, reply, key)
         meta = _metadata(cfg, lay, row, where)
         items.append(PromptItem(len(items), text, answer, meta, messages, where))
         if cfg.limit and len(items) >= cfg.limit:
             break
     if not items:
-        raise RecipeError(f"{cfg.path}: no rows; the training file is empty")
+        raise RecipeError(
+            f"{key}.path: {cfg.path} has no rows; give a file with at least one prompt"
+        )
     return items

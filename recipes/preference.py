@@ -85,13 +85,13 @@ def _messages(value: Any) -> list[Message] | None:
 
 
 def _row_fields(
-    row: dict, where: str, prompt_key: str, chosen_key: str, rejected_key: str
+    row: dict, where: str, prompt_key: str, chosen_key: str, rejected_key: str, block: str
 ) -> tuple[str | list[Message], str, str]:
     """Prompt (text or messages) and the two reply texts of one `pairs` row."""
     prompt = row.get(prompt_key)
     chat = _messages(prompt) is not None
     if not chat and not isinstance(prompt, str):
-        _bad_key(row, prompt_key, where, "text or a list of {role, content} messages")
+        _bad_key(row, prompt_key, where, "text or a list of {role, content} messages", block)
     if chat:
         prompt = check_messages(prompt, where, prompt_key)
     elif not prompt.strip():
@@ -115,7 +115,7 @@ def _row_fields(
                 "is text; give the prompt as a list of messages too"
             )
         else:
-            _bad_key(row, k, where, "text or a list of one assistant message")
+            _bad_key(row, k, where, "text or a list of one assistant message", block)
     return prompt, replies[0], replies[1]
 
 
@@ -128,7 +128,7 @@ def _shared_start(a: Any, b: Any) -> int:
 
 
 def implicit_fields(
-    row: dict, where: str, chosen_key: str, rejected_key: str
+    row: dict, where: str, chosen_key: str, rejected_key: str, block: str = "data.train"
 ) -> tuple[str | list[Message], str, str]:
     """TRL's implicit prompt: the shared start of `chosen` and `rejected` (whole texts or
     conversations) is the prompt, the rest of each its reply (TRL `extract_prompt`:
@@ -143,7 +143,7 @@ def implicit_fields(
     c, r = row.get(chosen_key), row.get(rejected_key)
     for k, v in ((chosen_key, c), (rejected_key, r)):
         if not isinstance(v, str) and _messages(v) is None:
-            _bad_key(row, k, where, "text or a list of {role, content} messages")
+            _bad_key(row, k, where, "text or a list of {role, content} messages", block)
     if isinstance(c, str) != isinstance(r, str):
         raise RecipeError(
             f"{where}: keys {chosen_key!r} and {rejected_key!r} must both be text or both "
@@ -156,13 +156,13 @@ def implicit_fields(
         if not c[:n].strip():
             raise RecipeError(
                 f"{where}: {chosen_key!r} and {rejected_key!r} share no prompt at their "
-                "start; give the prompt in its own column (data.train.prompt_key)"
+                f"start; give the prompt in its own column ({block}.prompt_key)"
             )
         return c[:n], c[n:], r[n:]
     if n == 0:
         raise RecipeError(
             f"{where}: {chosen_key!r} and {rejected_key!r} share no leading messages; give "
-            "the prompt in its own column (data.train.prompt_key)"
+            f"the prompt in its own column ({block}.prompt_key)"
         )
     prompt = check_messages(c[:n], where, f"{chosen_key}/{rejected_key} shared start")
     replies = []
@@ -176,21 +176,21 @@ def implicit_fields(
     return prompt, replies[0], replies[1]
 
 
-def _bad_key(row: dict, key: str, where: str, wanted: str) -> None:
+def _bad_key(row: dict, key: str, where: str, wanted: str, block: str) -> None:
     what = "is missing" if key not in row else f"is {json.dumps(row[key])[:30]}, not {wanted}"
     raise RecipeError(
         f"{where}: key {key!r} {what}; the row's keys are {sorted(row)} "
-        "(see data.train.*_key, data.train.format)"
+        f"(see {block}.*_key, {block}.format)"
     )
 
 
 def _hh_fields(
-    row: dict, where: str, chosen_key: str, rejected_key: str
+    row: dict, where: str, chosen_key: str, rejected_key: str, block: str
 ) -> tuple[str, str, str] | None:
     """Shared prompt and the two last replies of an hh row; None if they do not split."""
     for k in (chosen_key, rejected_key):
         if not isinstance(row.get(k), str):
-            _bad_key(row, k, where, "text")
+            _bad_key(row, k, where, "text", block)
     cut = row[chosen_key].rfind(HH_MARK)
     prompt = row[chosen_key][: cut + len(HH_MARK)] if cut >= 0 else ""
     if not prompt or not row[rejected_key].startswith(prompt):
@@ -207,30 +207,32 @@ def load_pairs(
     limit: int | None = None,
     margin_key: str | None = None,
     split: str | None = None,
+    block: str = "data.train",
 ) -> tuple[list[PreferencePair], int]:
     """Pairs of a data file or folder and how many rows were skipped (hh rows that do
     not split). `fmt`: 'auto' / 'pairs' (TRL's layouts; `prompt_key` 'auto': 'prompt'
     when row 1 has it, else the implicit prompt) or 'hh'. `margin_key`: each row's key
-    holding a number ≥ 0, the pair's `margin`.
+    holding a number ≥ 0, the pair's `margin`. `block`: the data block's key path
+    (`data.train`, `data.heldout`, `eval.prompts`, a mixture entry), named in errors.
 
     Raises:
         RecipeError: unreadable rows, missing keys or values of the wrong shape, rows
             that mix text and message prompts, or no usable pair; names file, row, key.
     """
     pairs, skipped, implicit = [], 0, None
-    for where, row in read_rows(path, split):
+    for where, row in read_rows(path, split, block):
         if not isinstance(row, dict):
             raise RecipeError(f"{where}: a row must be a JSON object")
         if fmt == "hh":
-            fields = _hh_fields(row, where, chosen_key, rejected_key)
+            fields = _hh_fields(row, where, chosen_key, rejected_key, block)
             if fields is None:
                 skipped += 1
                 continue
         else:
             if implicit is None:
                 implicit = prompt_key == "auto" and "prompt" not in row
-            fields = _pair_fields(row, where, implicit, prompt_key, chosen_key, rejected_key)
-        margin = _margin(row, margin_key, where)
+            fields = _pair_fields(row, where, implicit, prompt_key, chosen_key, rejected_key, block)
+        margin = _margin(row, margin_key, where, block)
         pair = PreferencePair(len(pairs), *fields, margin, hh=fmt == "hh")
         if pairs:
             _check_same_shape(pair, pairs[0], where)
@@ -243,15 +245,21 @@ def load_pairs(
 
 
 def _pair_fields(
-    row: dict, where: str, implicit: bool, prompt_key: str, chosen_key: str, rejected_key: str
+    row: dict,
+    where: str,
+    implicit: bool,
+    prompt_key: str,
+    chosen_key: str,
+    rejected_key: str,
+    block: str,
 ) -> tuple[str | list[Message], str, str]:
     """A 'pairs' row's fields: the implicit prompt (the shared start of chosen and
     rejected) when `implicit`, else the prompt under `prompt_key` ('auto': 'prompt')."""
     key = "prompt" if prompt_key == "auto" else prompt_key
     return (
-        implicit_fields(row, where, chosen_key, rejected_key)
+        implicit_fields(row, where, chosen_key, rejected_key, block)
         if implicit
-        else _row_fields(row, where, key, chosen_key, rejected_key)
+        else _row_fields(row, where, key, chosen_key, rejected_key, block)
     )
 
 
@@ -276,12 +284,12 @@ def _no_pairs_error(path: str | Path, skipped: int) -> RecipeError:
     return RecipeError(f"{path}: no usable preference pairs{why}")
 
 
-def _margin(row: dict, key: str | None, where: str) -> float:
+def _margin(row: dict, key: str | None, where: str, block: str) -> float:
     if key is None:
         return 0.0
     v = row.get(key)
     if isinstance(v, bool) or not isinstance(v, int | float) or not v >= 0:
-        _bad_key(row, key, where, "a number >= 0 (reward_model.margin_key)")
+        _bad_key(row, key, where, "a number >= 0 (reward_model.margin_key)", block)
     return float(v)
 
 
@@ -469,7 +477,7 @@ def _without_identical(
     return PairTokenization([out[i] for i in kept], template_id, description, kept, dropped)
 
 
-def pair_prompts(pairs: list[PreferencePair]) -> list[PromptItem]:
+def pair_prompts(pairs: list[PreferencePair], block: str = "data.train") -> list[PromptItem]:
     """The prompts of hh pairs for GRPO / PPO: each pair whose dialogue is one `Human:`
     turn gives its text as a prompt; no ground truth. (Prompts of other preference
     files are read row by row, recipes/layouts.py.)
@@ -484,8 +492,8 @@ def pair_prompts(pairs: list[PreferencePair]) -> list[PromptItem]:
             out.append(PromptItem(p.pair_id, messages[0]["content"], ""))
     if not out:
         raise RecipeError(
-            f"data.train: none of the {len(pairs)} hh pairs has a single-turn "
-            "prompt (one '\\n\\nHuman:' turn); give more rows (data.train.limit), or "
+            f"{block}: none of the {len(pairs)} hh pairs has a single-turn "
+            f"prompt (one '\\n\\nHuman:' turn); give more rows ({block}.limit), or "
             "the dialogues as chat messages (TRL's conversational chosen / rejected) to "
             "use multi-turn prompts"
         )

@@ -314,6 +314,44 @@ def checked_prompt_tokens(
     raise _too_long_error(recipe, folder, item, length, new, limit, engine_len)
 
 
+def check_eval_lengths(recipe: Recipe, prompts: list[PromptItem], convert: bool = False) -> None:
+    """The held-out prompts (`load_data(...).eval`) fit as training's do, each with
+    `eval.max_new_tokens` (default rollout.max_new_tokens) after it: checked before
+    anything starts, not at the first evaluation after some training. Single-turn only
+    (an episode's turns are bounded by the rollout keys training's check reads); skipped
+    for an unconverted alias without `convert`, as `checked_prompt_tokens`.
+
+    Raises:
+        RecipeError: names eval.max_new_tokens, the longest prompt, the limit and the fix.
+    """
+    e = recipe.eval
+    if e is None or not prompts or not recipe.facts.uses_rollouts or recipe.rollout.max_turns > 1:
+        return
+    folder = _readable_model_folder(recipe.model.path, convert)
+    if folder is None:
+        return
+    engine_len, context = _context_limits(recipe, folder)
+    limit = engine_len or context
+    if limit is None:
+        return
+    new = e.max_new_tokens or recipe.rollout.max_new_tokens
+    length, item = _longest_prompt(folder, recipe, prompts)
+    if length + new <= limit:
+        return
+    what = "rollout.vllm.max_model_len" if engine_len else "the model's context"
+    default = "" if e.max_new_tokens else " (default: rollout.max_new_tokens)"
+    fix = (
+        f"set eval.max_new_tokens to {limit - length} or less"
+        if length < limit
+        else f"leave out eval prompts over {limit - new} tokens"
+    )
+    raise RecipeError(
+        f"eval.max_new_tokens{default}: eval.prompts prompt {item.prompt_id} "
+        f"({item.origin or 'generated'}) is {length} tokens after the chat template; with "
+        f"{new} new tokens a sample needs {length + new}, more than {what} ({limit} tokens); {fix}"
+    )
+
+
 def _context_limits(recipe: Recipe, folder: Path) -> tuple[int | None, int | None]:
     """`(rollout.vllm.max_model_len with engine vllm else None, the model's context)`.
 

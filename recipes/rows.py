@@ -117,12 +117,11 @@ def _load(builder: str, file: Path) -> Any:
         raise RecipeError(f"{file}: cannot read it as {builder}: {type(e).__name__}: {e}") from None
 
 
-def _pick(splits: list[str], split: str | None, where: str) -> str:
+def _pick(splits: list[str], split: str | None, where: str, key: str) -> str:
     if split is not None:
         if split not in splits:
             raise RecipeError(
-                f"{where}: has no split {split!r}; its splits are {sorted(splits)} "
-                "(data.train.split)"
+                f"{where}: has no split {split!r}; its splits are {sorted(splits)} ({key}.split)"
             )
         return split
     if "train" in splits:
@@ -130,7 +129,7 @@ def _pick(splits: list[str], split: str | None, where: str) -> str:
     if len(splits) == 1:
         return splits[0]
     raise RecipeError(
-        f"{where}: holds the splits {sorted(splits)}; pick one with split: NAME (data.train.split)"
+        f"{where}: holds the splits {sorted(splits)}; pick one with {key}.split: NAME"
     )
 
 
@@ -144,7 +143,7 @@ def shard_splits(folder: Path) -> dict[str, list[Path]]:
     return out
 
 
-def _folder_rows(folder: Path, split: str | None) -> Iterator[tuple[str, dict[str, Any]]]:
+def _folder_rows(folder: Path, split: str | None, key: str) -> Iterator[tuple[str, dict[str, Any]]]:
     if (folder / "dataset_dict.json").is_file() or (folder / "state.json").is_file():
         ds = hf_datasets()
         try:
@@ -152,7 +151,7 @@ def _folder_rows(folder: Path, split: str | None) -> Iterator[tuple[str, dict[st
         except Exception as e:  # a damaged folder: name it once
             raise RecipeError(f"{folder}: cannot load it with load_from_disk: {e}") from None
         if isinstance(data, ds.DatasetDict):
-            name = _pick(list(data), split, str(folder))
+            name = _pick(list(data), split, str(folder), key)
             yield from _dataset_rows(data[name], f"{folder} (split {name})")
         else:
             yield from _dataset_rows(data, str(folder))
@@ -160,16 +159,20 @@ def _folder_rows(folder: Path, split: str | None) -> Iterator[tuple[str, dict[st
     shards = shard_splits(folder)
     if not shards:
         raise RecipeError(
-            f"{folder}: a folder with no parquet files and no save_to_disk dataset; give {KINDS}"
+            f"{key}.path: {folder} is a folder with no parquet files and no save_to_disk "
+            f"dataset; give {KINDS}"
         )
-    for f in shards[_pick(list(shards), split, str(folder))]:
+    for f in shards[_pick(list(shards), split, str(folder), key)]:
         yield from _dataset_rows(_load("parquet", f), str(f))
 
 
-def read_rows(path: str | Path, split: str | None = None) -> Iterator[tuple[str, Any]]:
+def read_rows(
+    path: str | Path, split: str | None = None, key: str = "data.train"
+) -> Iterator[tuple[str, Any]]:
     """`(label, row)` of every row of a data file or folder, in order (see the module
     docstring for the kinds and labels). Rows are what the file holds: a dict for every
-    kind but JSON, whose rows the caller checks.
+    kind but JSON, whose rows the caller checks. `key`: the data block's key path
+    (`data.train`, `eval.prompts`, `data.train.mixture.1`), named in errors.
 
     Raises:
         RecipeError: a missing path, an unknown kind, an unreadable file or a missing
@@ -178,7 +181,7 @@ def read_rows(path: str | Path, split: str | None = None) -> Iterator[tuple[str,
     path = Path(path)
     name = path.name.lower()
     if path.is_dir():
-        yield from _folder_rows(path, split)
+        yield from _folder_rows(path, split, key)
     elif not path.exists():
         raise RecipeError(f"{path}: does not exist; give {KINDS}")
     elif name.endswith((".jsonl", ".jsonl.gz", ".ndjson")):

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import difflib
 import random
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any, TypeVar
 
@@ -117,12 +118,29 @@ def gym_prompts(cfg: ReasoningGymData, key: str = "data.train") -> list[PromptIt
     return out
 
 
-def source_prompts(block: Any, key: str = "data.train") -> list[PromptItem]:
+#: What `source_prompts` calls with each single source's prompts, its key path and
+#: the source, before a mixture mixes them (`check_reward_coverage`).
+SourceCheck = Callable[[list[PromptItem], str, Any], None]
+
+
+def source_prompts(
+    block: Any, key: str = "data.train", check: SourceCheck | None = None
+) -> list[PromptItem]:
     """The prompts of one source (or a mixture's); hh preference files give the
-    single-turn prompts of their pairs (`preference.pair_prompts`)."""
+    single-turn prompts of their pairs (`preference.pair_prompts`). `check(items, key,
+    source)` sees every single source's prompts (a mixture's entries before mixing)."""
     if isinstance(block, MixtureData):
-        parts = [source_prompts(s, f"{key}.mixture.{i}") for i, s in enumerate(block.mixture)]
+        parts = [
+            source_prompts(s, f"{key}.mixture.{i}", check) for i, s in enumerate(block.mixture)
+        ]
         return mix(parts, [s.weight for s in block.mixture], block.size, block.seed)
+    items = _single_source_prompts(block, key)
+    if check is not None:
+        check(items, key, block)
+    return items
+
+
+def _single_source_prompts(block: Any, key: str) -> list[PromptItem]:
     if isinstance(block, GeneratorData):
         return functions(block) if block.generator == "python_functions" else arithmetic(block)
     if isinstance(block, ReasoningGymData):
@@ -135,11 +153,12 @@ def source_prompts(block: Any, key: str = "data.train") -> list[PromptItem]:
             chosen_key=block.chosen_key,
             rejected_key=block.rejected_key,
             limit=block.limit,
+            block=key,
         )[0]
-        items = pair_prompts(pairs)
+        items = pair_prompts(pairs, key)
         meta = {} if block.data_source is None else {"data_source": block.data_source}
         return [replace(p, metadata=meta, origin=f"{block.path} pair {p.prompt_id}") for p in items]
-    return file_prompts(block)
+    return file_prompts(block, key)
 
 
 def source_pairs(
@@ -173,6 +192,7 @@ def source_pairs(
         block.limit,
         margin_key,
         block.split,
+        key,
     )
 
 
@@ -245,44 +265,81 @@ def without(items: list[PromptItem], held: list[PromptItem]) -> tuple[list[Promp
     return kept, len(items) - len(kept)
 
 
-def check_reward_coverage(items: list[PromptItem], rewards: list[Any]) -> None:
-    """Every prompt has a reward component that applies to it (`sources` names its
-    `data_source`, or lists none), and the components it has can score it: `math` needs
-    a ground truth, `reasoning_gym` a reasoning-gym row. Every name in a `sources` list
-    is some row's data_source.
+def check_reward_coverage(
+    items: list[PromptItem], rewards: list[Any], key: str = "data.train", source: Any = None
+) -> None:
+    """Every prompt of one source (`key`, `source`: its block) has a reward component
+    that applies to it (`sources` names its `data_source`, or lists none), and the
+    components it has can score it: `math` needs a ground truth, `reasoning_gym` a
+    reasoning-gym row.
 
     Raises:
-        RecipeError: names the row (file and row) and the component to change.
+        RecipeError: names the row (file and row) and the key to change.
     """
-    seen: set[Any] = set()
     named = sorted({s for c in rewards for s in c.sources or []})
     for item in items:
-        source = item.metadata.get("data_source")
-        seen.add(source)
+        data_source = item.metadata.get("data_source")
         applies = [
-            (i, c) for i, c in enumerate(rewards) if c.sources is None or source in c.sources
+            (i, c) for i, c in enumerate(rewards) if c.sources is None or data_source in c.sources
         ]
         if not applies:
             raise RecipeError(
-                f"{item.origin}: data_source {source!r} is in no reward component's sources "
-                f"({named}), so nothing would score it; add it to a component's sources, or "
-                "add a component without sources"
+                f"{item.origin}: data_source {data_source!r} is in no reward component's "
+                f"sources ({named}), so nothing would score it; add it to a component's "
+                "sources, or add a component without sources"
             )
         for i, c in applies:
             if c.type == "reasoning_gym" and "reasoning_gym" not in item.metadata:
                 raise RecipeError(
                     f"{item.origin}: rewards.{i} ({c.name!r}, type reasoning_gym) scores only "
-                    f"rows of reasoning_gym sources, and this row (data_source {source!r}) is "
-                    f"not one; set rewards.{i}.sources to the reasoning-gym data_source"
+                    f"rows of reasoning_gym sources, and this row ({key}, data_source "
+                    f"{data_source!r}) is not one; set rewards.{i}.sources to the "
+                    "reasoning-gym data_source"
                 )
             if c.type == "math" and not item.ground_truth:
+                leave_out = (
+                    f", or set rewards.{i}.sources to leave its data_source ({data_source!r}) out"
+                    if data_source is not None
+                    else ""
+                )
                 raise RecipeError(
                     f"{item.origin}: rewards.{i} ({c.name!r}, type math) compares the "
-                    "response with the row's ground truth, and this row has none; set "
-                    f"data.train.answer_key, or rewards.{i}.sources to leave its "
-                    f"data_source ({source!r}) out"
+                    f"response with the row's ground truth, and this row of {key} has none; "
+                    f"{_ground_truth_fix(key, source)}{leave_out}"
                 )
-    unused = sorted(set(named) - seen)
+
+
+def _ground_truth_fix(key: str, source: Any) -> str:
+    """How a source whose row has no ground truth gets one, or what scores it instead."""
+    if isinstance(source, FileData) and source.format != "hh":
+        return f"set {key}.answer_key to the key of the reference answer"
+    if isinstance(source, FileData):
+        return (
+            f"{key} (format hh) gives dialogues, no reference answers: score it with a "
+            "reward that needs none (type reward_model, judge or length)"
+        )
+    if isinstance(source, GeneratorData) and source.generator == "python_functions":
+        return (
+            f"{key} (generator python_functions) gives tests, not reference answers: "
+            "score it with type: code"
+        )
+    if isinstance(source, ReasoningGymData):
+        return (
+            f"reasoning-gym's {source.reasoning_gym} ({key}) gave this row no answer: "
+            "score it with type: reasoning_gym (the dataset's own score_answer)"
+        )
+    return f"give {key} rows with a reference answer"
+
+
+def check_reward_sources(items: list[PromptItem], rewards: list[Any]) -> None:
+    """Every name in a reward component's `sources` list is some row's data_source.
+
+    Raises:
+        RecipeError: names the misspelt sources and the data's.
+    """
+    named = {s for c in rewards for s in c.sources or []}
+    seen = {item.metadata.get("data_source") for item in items}
+    unused = sorted(named - seen)
     if unused:
         raise RecipeError(
             f"rewards: sources {unused} match no row's data_source (the data has "
