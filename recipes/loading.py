@@ -89,9 +89,9 @@ def apply_overrides(tree: dict[str, Any], overrides: list[str]) -> dict[str, Any
         RecipeError: an override without '=' or whose path crosses a non-mapping.
     """
     for item in overrides:
-        if "=" not in item:
+        key, eq, raw = item.partition("=")
+        if not eq or not all(key.split(".")):  # no '=', or an empty key or key part
             raise RecipeError(f"--set {item!r}: expected key.path=value, e.g. train.steps=2")
-        key, raw = item.split("=", 1)
         try:
             value = yaml.safe_load(raw)
         except yaml.YAMLError as e:

@@ -87,7 +87,8 @@ def load_for(
     path = recipe_path or target.recipe
     if path is None:
         raise RecipeError(
-            f"TARGET {target.given}: a {target.kind} carries no recipe of its own; give the "
+            f"TARGET {target.given}: {'an' if target.kind[0] in 'aeiou' else 'a'} "
+            f"{target.kind} carries no recipe of its own; give the "
             "one whose held-out set and rewards to use: --recipe recipes/NAME.yaml"
         )
     try:

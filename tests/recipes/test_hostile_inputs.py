@@ -246,3 +246,19 @@ def test_an_empty_eval_folder_names_its_key(tmp_path, tiny_model):
     prompts = {"path": str(tmp_path / "empty")}
     got = _validate(_recipe(tmp_path, tiny_model, eval={"prompts": prompts, "every_steps": 2}))
     assert got.exit_code == 2 and "eval.prompts.path: " in got.output, got.output
+
+
+@pytest.mark.parametrize("item", ["=5", ".lr=5", "train..lr=5", "train.=5"])
+def test_set_with_an_empty_key_part_is_refused_naming_the_form(item):
+    """`--set '=5'` passed as a key '' and was reported as an unknown key with no name."""
+    from posttrain.recipes.loading import apply_overrides
+
+    with pytest.raises(RecipeError, match="expected key.path=value"):
+        apply_overrides({"train": {"lr": 1.0}}, [item])
+
+
+def test_eval_of_an_alias_without_recipe_reads_an_alias():
+    """The refusal said 'a alias'."""
+    result = CliRunner().invoke(app, ["eval", "smollm2-135m-instruct", "-n", "1"])
+    assert result.exit_code == 2
+    assert "an alias carries no recipe of its own" in result.output
