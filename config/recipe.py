@@ -49,6 +49,12 @@ from .sft import SFTConfig, check_prompt_data, check_sft_data
 _Strict = Strict  # every recipe block forbids unknown keys
 
 
+#: Most rollouts one step (train.prompts_per_step × rollout.samples_per_prompt) or one
+#: evaluation (eval.k × its prompts) may draw: 10^6 is 100x a large GPU step's 512 × 16
+#: and about 1.5 GB of rows; 10^9 would queue requests and hold rows until memory ran out.
+MAX_SAMPLES = 1_000_000
+
+
 class ModelConfig(_Strict):
     path: str = Field(
         description="Built-in alias ('smollm2-135m-instruct', converted once from the GGUF in "
@@ -466,6 +472,7 @@ class Recipe(_Strict):
 
     @model_validator(mode="after")
     def _cross_field(self) -> Recipe:
+        self._samples_fit()
         if self.algorithm == "grpo" and self.rollout.samples_per_prompt < 2:
             raise ValueError(
                 "rollout.samples_per_prompt is "
@@ -494,6 +501,32 @@ class Recipe(_Strict):
         if dup:
             raise ValueError(f"rewards: names {dup} repeat; give each reward a unique name")
         return self
+
+    def _samples_fit(self) -> None:
+        """A step's rollouts and an evaluation's samples are at most `MAX_SAMPLES`: each
+        is a request queued at once and a row held until the step ends."""
+        rows = self.train.prompts_per_step * self.rollout.samples_per_prompt
+        if self.algorithm in ("grpo", "ppo", "distill") and rows > MAX_SAMPLES:
+            raise ValueError(
+                f"train.prompts_per_step × rollout.samples_per_prompt is {rows:,} rollouts "
+                f"a step, more than the {MAX_SAMPLES:,} a step may hold (every one is queued "
+                "on the engines at once and kept until the update); lower one of the two"
+            )
+        ev = self.eval
+        prompts = None if ev is None else (ev.limit or ev.holdout)
+        if ev is not None and (ev.k > MAX_SAMPLES or ev.k * (prompts or 1) > MAX_SAMPLES):
+            what = (
+                f"eval.k is {ev.k:,}"
+                if prompts is None
+                else (
+                    f"eval.k × {'eval.limit' if ev.limit else 'eval.holdout'} is {ev.k * prompts:,}"
+                )
+            )
+            raise ValueError(
+                f"{what} samples an evaluation, more than the {MAX_SAMPLES:,} one may draw; "
+                "lower eval.k (pass@k is unbiased for any k ≤ the samples drawn) or "
+                "eval.limit"
+            )
 
     def _warmup_fits(self) -> None:
         """`train.warmup_steps` ends within the run, or the LR never reaches `train.lr`."""

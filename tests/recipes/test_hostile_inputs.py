@@ -262,3 +262,23 @@ def test_eval_of_an_alias_without_recipe_reads_an_alias():
     result = CliRunner().invoke(app, ["eval", "smollm2-135m-instruct", "-n", "1"])
     assert result.exit_code == 2
     assert "an alias carries no recipe of its own" in result.output
+
+
+@pytest.mark.parametrize(
+    ("overrides", "expected"),
+    [
+        (
+            ["rollout.samples_per_prompt=1000000000"],
+            "train.prompts_per_step × rollout.samples_per_prompt is 4,000,000,000 rollouts",
+        ),
+        (["eval.k=1000000000"], "eval.k is 1,000,000,000 samples an evaluation"),
+        (["eval.k=10000", "eval.limit=1000"], "eval.k × eval.limit is 10,000,000 samples"),
+    ],
+)
+def test_a_step_or_eval_that_would_queue_too_many_samples_is_refused(overrides, expected):
+    assert expected in _refused(overrides)
+
+
+def test_the_largest_step_and_eval_allowed_validate():
+    load_recipe(QUICKSTART, ["train.prompts_per_step=1000", "rollout.samples_per_prompt=1000"])
+    load_recipe(QUICKSTART, ["eval.k=1000", "eval.limit=1000"])
