@@ -27,6 +27,10 @@ PYTHON_FUNCTIONS = 408
 #: about a minute and 1.5 GB), and 10^6 is more than a run draws (1,000 steps of 1,000
 #: prompts); 10^9 would need 1.5 TB.
 MAX_GENERATED = 1_000_000
+#: Most rollouts one step (train.prompts_per_step × rollout.samples_per_prompt) or one
+#: evaluation (eval.k × its prompts) may draw: 100x a large GPU step's 512 × 16; 10^9
+#: would queue requests and hold rows until memory ran out.
+MAX_SAMPLES = 1_000_000
 
 #: Most operands (`max_terms`) and digits per operand (`max_digits`) of generator
 #: arithmetic: reasoning-gym computes 10**digits per operand and the prompt holds

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pydantic import Field, model_validator
 
 from .base import Strict
-from .data import TrainSource, check_weights_in_mixtures
+from .data import MAX_SAMPLES, TrainSource, check_weights_in_mixtures
 
 
 class EvalConfig(Strict):
@@ -74,4 +74,17 @@ class EvalConfig(Strict):
             )
         if self.prompts is not None:
             check_weights_in_mixtures(self.prompts, "eval.prompts")
+        self._samples_fit()
         return self
+
+    def _samples_fit(self) -> None:
+        """eval.k × its prompts (when known here: limit or holdout) is at most MAX_SAMPLES."""
+        key = "eval.limit" if self.limit else "eval.holdout" if self.holdout else None
+        n = self.k * (self.limit or self.holdout or 1)
+        if n > MAX_SAMPLES:
+            what = f"eval.k × {key} is {n:,}" if key else f"eval.k is {n:,}"
+            raise ValueError(
+                f"{what} samples an evaluation, more than the {MAX_SAMPLES:,} one may draw; "
+                "lower eval.k (pass@k is unbiased for any k ≤ the samples drawn) or "
+                "eval.limit"
+            )

@@ -28,7 +28,7 @@ from .algorithms import (
 )
 from .asynchrony import check_async_and_correction, stale_correction
 from .base import Strict
-from .data import DataConfig, FileData, GeneratorData, sources_of
+from .data import MAX_SAMPLES, DataConfig, FileData, GeneratorData, sources_of
 from .distill import DistillConfig, check_distill
 from .episodes import EpisodeFields, check_episodes
 from .evaluation import EvalConfig
@@ -47,12 +47,6 @@ from .rewards import RewardSpec
 from .sft import SFTConfig, check_prompt_data, check_sft_data
 
 _Strict = Strict  # every recipe block forbids unknown keys
-
-
-#: Most rollouts one step (train.prompts_per_step × rollout.samples_per_prompt) or one
-#: evaluation (eval.k × its prompts) may draw: 10^6 is 100x a large GPU step's 512 × 16
-#: and about 1.5 GB of rows; 10^9 would queue requests and hold rows until memory ran out.
-MAX_SAMPLES = 1_000_000
 
 
 class ModelConfig(_Strict):
@@ -503,29 +497,13 @@ class Recipe(_Strict):
         return self
 
     def _samples_fit(self) -> None:
-        """A step's rollouts and an evaluation's samples are at most `MAX_SAMPLES`: each
-        is a request queued at once and a row held until the step ends."""
+        """A step's rollouts are at most `MAX_SAMPLES` (eval's own block checks its)."""
         rows = self.train.prompts_per_step * self.rollout.samples_per_prompt
         if self.algorithm in ("grpo", "ppo", "distill") and rows > MAX_SAMPLES:
             raise ValueError(
                 f"train.prompts_per_step × rollout.samples_per_prompt is {rows:,} rollouts "
                 f"a step, more than the {MAX_SAMPLES:,} a step may hold (every one is queued "
                 "on the engines at once and kept until the update); lower one of the two"
-            )
-        ev = self.eval
-        prompts = None if ev is None else (ev.limit or ev.holdout)
-        if ev is not None and (ev.k > MAX_SAMPLES or ev.k * (prompts or 1) > MAX_SAMPLES):
-            what = (
-                f"eval.k is {ev.k:,}"
-                if prompts is None
-                else (
-                    f"eval.k × {'eval.limit' if ev.limit else 'eval.holdout'} is {ev.k * prompts:,}"
-                )
-            )
-            raise ValueError(
-                f"{what} samples an evaluation, more than the {MAX_SAMPLES:,} one may draw; "
-                "lower eval.k (pass@k is unbiased for any k ≤ the samples drawn) or "
-                "eval.limit"
             )
 
     def _warmup_fits(self) -> None:
