@@ -11,7 +11,11 @@ Rows (median of --repeats after one warm-up, seconds on rank 0):
   gather, shared memory: `learner/shm_gather.py`, `weight_sync.shm_gather: true`;
   pack:                  copying every tensor into bucket buffers;
   pack + fingerprint:    the same copy with the proof of delivery's hash fused into it
-                         (`weightsync.verify.copy_fingerprint`, what the sender does);
+                         (`weightsync.verify.copy_fingerprint`, what the sender does),
+                         into buffers kept from push to push (weightsync/collective.py);
+  pack + fingerprint into new buffers: the same into buffers allocated for each push
+                         (what the collective transport did before: fresh pages fault
+                         on first touch; an engine's receive buffers did the same);
   fingerprint alone:     the hash as a separate pass (what the engine side does).
 The transport's send and the engine's load are in bench/weight_sync.py and
 bench/weight_load.py.
@@ -115,8 +119,9 @@ def _rank(rank: int, world: int, dims, repeats: int, port: int, queue) -> None:
         layout = bucket_layout(full, 64 << 20)
         bufs = [torch.empty(b["size"], dtype=torch.uint8) for b in layout]
 
-        def pack(fused: bool):
-            for buf, bucket in zip(bufs, layout, strict=True):
+        def pack(fused: bool, new: bool = False):
+            into = [torch.empty(b["size"], dtype=torch.uint8) for b in layout] if new else bufs
+            for buf, bucket in zip(into, layout, strict=True):
                 for name, _, _, offset, nbytes in bucket["entries"]:
                     dst, t = buf[offset : offset + nbytes], full[name]
                     if fused:
@@ -126,6 +131,7 @@ def _rank(rank: int, world: int, dims, repeats: int, port: int, queue) -> None:
 
         out["pack"] = _median(lambda: pack(False), repeats)
         out["pack + fingerprint"] = _median(lambda: pack(True), repeats)
+        out["pack + fingerprint into new buffers"] = _median(lambda: pack(True, True), repeats)
         out["fingerprint alone"] = _median(lambda: fingerprints(full.items()), repeats)
         out["bytes"] = sum(t.numel() * t.element_size() for t in full.values())
         out["tensors"] = len(full)
@@ -169,6 +175,7 @@ def main() -> None:
         "gather, shared memory",
         "pack",
         "pack + fingerprint",
+        "pack + fingerprint into new buffers",
         "fingerprint alone",
     ):
         print(f"| {key} | {out[key]:.3f} | {out['bytes'] / out[key] / 1e9:.2f} |")

@@ -137,7 +137,9 @@ class WeightTransport(ABC):
     @abstractmethod
     def receive(self, handle: WeightHandle) -> Iterator[tuple[str, torch.Tensor]]:
         """Yield `(name, tensor)` pairs of a handle, on the engine's side. Tensors may
-        be views into transport buffers: the engine copies them before the next pair.
+        be views into transport buffers that the next `receive` reuses: the engine
+        copies them into its own weights before this push ends (vLLM's layerwise
+        reload holds a layer's tensors until the layer is complete).
 
         Raises:
             WeightSyncError: the payload is gone, unreadable or incomplete.

@@ -11,6 +11,15 @@ of its own), so a push costs one broadcast per bucket instead of one per tensor,
 receivers load a bucket's tensors while the next one is on the wire. The layout
 (names, dtypes, shapes, offsets) travels in the `WeightHandle`; the bytes do not.
 
+Buffers: on CPU (gloo) each side keeps its bucket buffers from push to push, one per
+bucket index: a fresh 64 MiB buffer is fresh pages, and first-touch page faults cost
+about 6x the copy itself (0.25 s against 0.04 s for 5 x 64 MiB, docs/benchmarks.md), on
+both sides of every push. So a received tensor is valid until the next `receive`
+starts (every engine copies it into its own weights within the push); the sender's
+buffers until `finish` (or the end of `send_stream`). Memory: one copy of the pushed
+bytes on learner rank 0 and on each engine. On GPUs (NCCL) buffers are allocated per
+push: the CUDA caching allocator reuses its blocks, and GPU memory is the scarcer.
+
 Concurrency: `send` starts the broadcast on a background thread and returns the handle;
 every engine must call `receive(handle)` (they block in the broadcast until all ranks
 join); the learner calls `finish(handle)` afterwards to surface errors. The group's
@@ -101,6 +110,18 @@ class CollectiveTransport(WeightTransport):
         self._store = None
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
+        self._kept: dict[tuple[str, int], torch.Tensor] = {}  # (side, bucket index) -> buffer
+
+    def _buffer(self, side: str, index: int, size: int) -> torch.Tensor:
+        """Bucket `index`'s flat uint8 buffer of `size` bytes for `side` ('send' or
+        'recv'): kept from push to push on CPU (see the module's "Buffers"), new on GPUs."""
+        device = _device(self.backend)
+        if device.type != "cpu":
+            return torch.empty(size, dtype=torch.uint8, device=device)
+        buf = self._kept.get((side, index))
+        if buf is None or buf.numel() != size:
+            buf = self._kept[(side, index)] = torch.empty(size, dtype=torch.uint8)
+        return buf
 
     def join_group(self, address: str, rank: int, world_size: int) -> None:
         """Form the broadcast group; every rank calls it at once. `address` is
@@ -203,10 +224,9 @@ class CollectiveTransport(WeightTransport):
     ) -> None:
         # Two buckets in flight: pack bucket i+1 while bucket i is on the wire. With
         # `seen`, each tensor is fingerprinted as it is packed (weightsync/verify.py).
-        device = _device(self.backend)
         pending = None
-        for bucket in layout:
-            buf = torch.empty(bucket["size"], dtype=torch.uint8, device=device)
+        for i, bucket in enumerate(layout):
+            buf = self._buffer("send", i, bucket["size"])
             for name, _, _, offset, nbytes in bucket["entries"]:
                 got, t = next(stream)
                 if got != name:
@@ -267,11 +287,10 @@ class CollectiveTransport(WeightTransport):
 
     def receive(self, handle: WeightHandle) -> Iterator[tuple[str, torch.Tensor]]:
         self._require_group()
-        device = _device(self.backend)
         layout = handle.payload
 
         def post(i: int):
-            buf = torch.empty(layout[i]["size"], dtype=torch.uint8, device=device)
+            buf = self._buffer("recv", i, layout[i]["size"])
             return self.pg.broadcast(buf, 0), buf
 
         # Bucket i+1 is received while the engine loads bucket i's tensors.
@@ -290,4 +309,4 @@ class CollectiveTransport(WeightTransport):
                 yield name, buf[offset : offset + nbytes].view(getattr(torch, dtype)).view(shape)
 
     def close(self) -> None:
-        self.pg, self._store = None, None
+        self.pg, self._store, self._kept = None, None, {}

@@ -137,7 +137,7 @@ class DeltaSender:
                 i = changed_idx[name]
                 _bits(self.base[name])[i] = _bits(t.detach())[i]
             elif full or name in out:
-                self.base[name] = t.detach().clone()
+                _keep(self.base, name, t)
         self.base_version = version
         stats.full_push = full
         if full:
@@ -191,7 +191,7 @@ class DeltaReceiver:
                 name = name.removesuffix(VAL)
                 _bits(self.base[name])[pending.pop(name)] = _bits(t)
             else:
-                self.base[name] = t.detach().clone()
+                _keep(self.base, name, t)
             yielded.add(name)
             yield name, self.base[name]
         if is_delta:  # tensors without a changed element: the loader still wants them
@@ -199,3 +199,14 @@ class DeltaReceiver:
                 if name not in yielded:
                     yield name, self.base[name]
         self.base_version = version
+
+
+def _keep(base: dict[str, torch.Tensor], name: str, t: torch.Tensor) -> None:
+    """`base[name]` becomes a copy of `t`, written into the tensor it held when shapes
+    and dtypes match (fresh tensors each push are fresh pages, whose first-touch faults
+    cost several times the copy: weightsync/collective.py, "Buffers")."""
+    old = base.get(name)
+    if old is not None and old.shape == t.shape and old.dtype == t.dtype:
+        old.copy_(t.detach())
+    else:
+        base[name] = t.detach().clone()

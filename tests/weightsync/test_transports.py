@@ -68,6 +68,20 @@ def _receive_all(transport, handle, out, key):
         out[key] = e
 
 
+def _push_one(sender, engine, sent, version, receive=_receive_all):
+    """One checksummed push from `sender` to one `engine`, asserted exact; its handle."""
+    handle = sender.send(sent, version=version, checksum=True)
+    out = {}
+    t = threading.Thread(target=receive, args=(engine, handle, out, 0))
+    t.start()
+    t.join()
+    sender.finish(handle)
+    got, digest = out[0]
+    assert digest == handle.checksum
+    assert all(torch.equal(got[k], v) for k, v in sent.items())
+    return handle
+
+
 def test_bucket_layout_packs_in_order_and_aligns():
     w = {
         "a": torch.zeros(10),
@@ -103,6 +117,21 @@ def test_collective_broadcast_is_exact_for_every_engine(dtype):
         assert digest == handle.checksum
         for k, v in sent.items():
             assert got[k].dtype == dtype and torch.equal(got[k], v)
+
+
+def test_collective_keeps_its_cpu_buffers_and_every_push_is_exact():
+    # The bucket buffers are reused push after push on CPU (fresh pages cost ~6x the
+    # copy); a second push with other values must still arrive exactly, in the same memory.
+    sender, engine = _group(TransportSettings("collective", bucket_mb=0.1, timeout_s=30), 1)
+    pushes = [_weights(torch.bfloat16), {k: v + 1 for k, v in _weights(torch.bfloat16).items()}]
+    seen_ptrs = []
+    for version, sent in enumerate(pushes, start=1):
+        handle = _push_one(sender, engine, sent, version)
+        seen_ptrs.append(
+            sorted(b.data_ptr() for b in (*sender._kept.values(), *engine._kept.values()))
+        )
+    assert len(seen_ptrs[0]) == 2 * len(handle.payload)  # one per bucket on each side
+    assert seen_ptrs[0] == seen_ptrs[1]
 
 
 def test_collective_push_to_a_missing_engine_fails_with_the_version():
@@ -177,20 +206,12 @@ def test_collective_over_nccl_is_exact():
         TransportSettings("collective", backend="nccl", bucket_mb=0.1, timeout_s=60), 1
     )
     sent = {k: v.to("cuda:0") for k, v in _weights(torch.bfloat16).items()}
-    handle = sender.send(sent, version=1, checksum=True)
-    out = {}
 
     def on_gpu1(*args):
         torch.cuda.set_device(1)
         _receive_all(*args)
 
-    t = threading.Thread(target=on_gpu1, args=(engine, handle, out, 0))
-    t.start()
-    t.join()
-    sender.finish(handle)
-    got, digest = out[0]
-    assert digest == handle.checksum
-    assert all(torch.equal(got[k], v) for k, v in sent.items())
+    _push_one(sender, engine, sent, 1, receive=on_gpu1)
 
 
 def test_collective_rejects_an_unknown_backend():
