@@ -12,9 +12,9 @@ receivers load a bucket's tensors while the next one is on the wire. The layout
 (names, dtypes, shapes, offsets) travels in the `WeightHandle`; the bytes do not.
 
 Buffers: on CPU (gloo) each side keeps its bucket buffers from push to push, one per
-bucket index: a fresh 64 MiB buffer is fresh pages, and first-touch page faults cost
-about 6x the copy itself (0.25 s against 0.04 s for 5 x 64 MiB, docs/benchmarks.md), on
-both sides of every push. So a received tensor is valid until the next `receive`
+bucket index: a fresh 64 MiB buffer is fresh pages, and copying into them took about 6x
+as long as into kept ones (first-touch page faults; docs/benchmarks.md), on both sides
+of every push. So a received tensor is valid until the next `receive`
 starts (every engine copies it into its own weights within the push); the sender's
 buffers until `finish` (or the end of `send_stream`). Memory: one copy of the pushed
 bytes on learner rank 0 and on each engine. On GPUs (NCCL) buffers are allocated per
@@ -187,7 +187,8 @@ class CollectiveTransport(WeightTransport):
         if self._thread is not None:
             raise WeightSyncError(
                 f"push of policy_version {version} started before the "
-                "previous push finished (call finish first)"
+                "previous push finished (call finish first; a broadcast still running "
+                "after finish's timeout blocks every later push)"
             )
         layout = bucket_layout(weights, self.bucket_bytes)
         digest = state_checksum(weights.items()) if checksum else None
@@ -276,6 +277,8 @@ class CollectiveTransport(WeightTransport):
             return
         thread.join(self.timeout.total_seconds() + 10)
         if thread.is_alive():
+            # Kept: its broadcast may still read the kept buffers, so no push may start.
+            self._thread = thread
             raise WeightSyncError(
                 f"broadcast of policy_version {handle.version} still running "
                 f"after {self.timeout.total_seconds():.0f} s"

@@ -19,7 +19,8 @@ from posttrain.weightsync import (
     WeightSyncError,
     make_transport,
 )
-from posttrain.weightsync.collective import bucket_layout
+from posttrain.weightsync.base import WeightHandle
+from posttrain.weightsync.collective import CollectiveTransport, bucket_layout
 from posttrain.weightsync.verify import fingerprints
 
 
@@ -132,6 +133,20 @@ def test_collective_keeps_its_cpu_buffers_and_every_push_is_exact():
         )
     assert len(seen_ptrs[0]) == 2 * len(handle.payload)  # one per bucket on each side
     assert seen_ptrs[0] == seen_ptrs[1]
+
+
+def test_a_broadcast_still_running_after_finish_blocks_the_next_push():
+    # Its thread may still read the kept buffers: a new push must not write into them.
+    sender = CollectiveTransport(timeout_s=0.01)  # finish waits timeout + 10 s
+    release = threading.Event()
+    sender.pg = object()  # a group, as far as send's checks go
+    sender._thread = threading.Thread(target=release.wait, daemon=True)
+    sender._thread.start()
+    with pytest.raises(WeightSyncError, match="still running"):
+        sender.finish(WeightHandle(version=3, payload=[], num_bytes=0))
+    with pytest.raises(WeightSyncError, match="started before the previous push finished"):
+        sender.send({"w": torch.zeros(2)}, version=4)
+    release.set()
 
 
 def test_collective_push_to_a_missing_engine_fails_with_the_version():
