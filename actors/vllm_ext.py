@@ -15,6 +15,48 @@ from collections.abc import Iterable
 import torch
 
 
+def skip_tied_embedding_gemm(model: torch.nn.Module) -> list[str]:
+    """Stop vLLM's CPU backend from rebuilding, on every reload, the oneDNN matmul of an
+    input embedding whose weight an `lm_head` shares (tied embeddings); returns the
+    embedding modules changed (none on GPUs, or when nothing is tied).
+
+    Why: `UnquantizedEmbeddingMethod.process_weights_after_loading` packs the weight
+    into a oneDNN handler for *each* module holding it, the embedding and the tied head
+    alike. Only the head's is ever called (a lookup is `F.embedding`; logits go through
+    `lm_head`), and for SmolLM2-135M the embedding's repack is 0.044 s of a 0.29 s load
+    (docs/benchmarks.md). Safe only where a head has its own handler: a model that takes
+    its logits from `embed_tokens` itself (no `ParallelLMHead` tied to it) is left alone.
+    Idempotent.
+    """
+    from vllm.model_executor.layers.vocab_parallel_embedding import (
+        ParallelLMHead,
+        UnquantizedEmbeddingMethod,
+        VocabParallelEmbedding,
+    )
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_cpu():
+        return []
+    mods = dict(model.named_modules())
+    heads = [m for m in mods.values() if isinstance(m, ParallelLMHead)]
+    changed = []
+    for name, m in mods.items():
+        if (
+            type(m) is VocabParallelEmbedding
+            and type(m.quant_method) is UnquantizedEmbeddingMethod
+            and any(h.weight is m.weight for h in heads)
+        ):
+            if not getattr(m, "_posttrain_no_gemm", False):
+                # Per instance: the head's own method (another object) still repacks.
+                m.quant_method.process_weights_after_loading = lambda layer: None
+                # Drop the stale handler (and its packed copy); an unexpected matmul
+                # on this module still computes from its (reloaded) weight.
+                m.cpu_linear = torch.nn.functional.linear
+                m._posttrain_no_gemm = True
+            changed.append(name)
+    return changed
+
+
 class WeightLoaderExtension:
     """Mixed into vLLM's worker class; `self.model_runner` is vLLM's."""
 
@@ -22,6 +64,7 @@ class WeightLoaderExtension:
         """Load checkpoint-format `(name, tensor)` pairs in place through vLLM's
         `reload_weights` (which handles fused qkv / gate_up layouts and the CPU backend's
         repacking); returns the names consumed, in order."""
+        skip_tied_embedding_gemm(self.model_runner.get_model())
         names: list[str] = []
 
         def tap():

@@ -54,3 +54,26 @@ class VLLMProbe(EngineHost):
 
     def load_without_reset(self, weights: list) -> None:
         self.engine.llm.collective_rpc("posttrain_load_weights", args=(iter(weights),))
+
+    def embedding_repacks(self, weights: list) -> list[str]:
+        """Load `weights` and return the class of each embedding-type module whose
+        weight vLLM's CPU backend repacked into a matmul handler during that load."""
+        import vllm.model_executor.layers.utils as layer_utils
+        from vllm.model_executor.layers.vocab_parallel_embedding import VocabParallelEmbedding
+
+        def count(worker) -> list[str]:
+            seen, real = [], layer_utils.dispatch_cpu_unquantized_gemm
+
+            def spy(layer, remove_weight):
+                if isinstance(layer, VocabParallelEmbedding):
+                    seen.append(type(layer).__name__)
+                return real(layer, remove_weight)
+
+            layer_utils.dispatch_cpu_unquantized_gemm = spy
+            try:
+                worker.posttrain_load_weights(iter(weights))
+            finally:
+                layer_utils.dispatch_cpu_unquantized_gemm = real
+            return seen
+
+        return self.engine.llm.collective_rpc(count)[0]

