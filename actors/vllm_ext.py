@@ -23,9 +23,10 @@ def skip_tied_embedding_gemm(model: torch.nn.Module) -> list[str]:
     Why: `UnquantizedEmbeddingMethod.process_weights_after_loading` packs the weight
     into a oneDNN handler for *each* module holding it, the embedding and the tied head
     alike. Only the head's is ever called (a lookup is `F.embedding`; logits go through
-    `lm_head`), and for SmolLM2-135M the embedding's repack is 0.044 s of a 0.29 s load
-    (docs/benchmarks.md). Safe only where a head has its own handler: a model that takes
-    its logits from `embed_tokens` itself (no `ParallelLMHead` tied to it) is left alone.
+    `lm_head`), and for SmolLM2-135M skipping the embedding's repack takes a load from
+    0.244 to 0.219 s (docs/benchmarks.md). Safe only where a head has its own handler:
+    a model that takes its logits from `embed_tokens` itself (no `ParallelLMHead` tied
+    to it) is left alone.
     Idempotent.
     """
     from vllm.model_executor.layers.vocab_parallel_embedding import (
@@ -64,7 +65,9 @@ class WeightLoaderExtension:
         """Load checkpoint-format `(name, tensor)` pairs in place through vLLM's
         `reload_weights` (which handles fused qkv / gate_up layouts and the CPU backend's
         repacking); returns the names consumed, in order."""
-        skip_tied_embedding_gemm(self.model_runner.get_model())
+        if not getattr(self, "_posttrain_tied_checked", False):  # the model never changes
+            skip_tied_embedding_gemm(self.model_runner.get_model())
+            self._posttrain_tied_checked = True
         names: list[str] = []
 
         def tap():

