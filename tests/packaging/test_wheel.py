@@ -88,4 +88,4 @@ def test_wheel_installs_only_the_posttrain_namespace(tmp_path: Path):
     run = subprocess.run(
         [py, "-c", code], capture_output=True, text=True, timeout=120, cwd=tmp_path
     )
-    assert run.returncode == 0 and run.stdout.strip() == "[400, 320]", run.stderr[-2000:]
+    assert run.returncode == 0 and run.stdout.strip() == "[400, 640]", run.stderr[-2000:]
