@@ -148,6 +148,24 @@ def test_adapter_folder_is_merged_into_its_base(dpo_run):
     assert rep["metrics"]["margin"] != 0.0  # the adapter moved the policy off its base
 
 
+def test_qlora_run_is_scored_on_the_base_it_is_compared_with(dpo_run):
+    """A QLoRA run's merged/ is the NF4-dequantised base plus the adapter; against the
+    float base the quantisation error alone moved every log-ratio (margin 0.224 where the
+    adapter on its own base gave 0.007: issue 27's dpo_qlora rows). At lr 1e-9 one step
+    moves each weight by about one float32 ulp, so the run must score as its base."""
+    tmp, full = dpo_run
+    tree = yaml.safe_load(full.read_text())
+    tree["model"]["adapter"] = {"type": "qlora", "r": 4, "alpha": 8, "save_merged": True}
+    tree["train"].update(steps=1, lr=1e-9)
+    recipe = load_recipe(_recipe(tmp, "dpo-qlora", tree))
+    run(recipe, tmp / "qlora", None, load_data(recipe)[0])
+    assert (tmp / "qlora" / "final" / "merged" / "config.json").is_file()
+    rep = _report(tmp, tmp / "qlora")
+    assert rep["kind"] == "run"
+    m = rep["metrics"]
+    assert max(abs(m["chosen"]), abs(m["rejected"]), abs(m["margin"])) < 1e-6
+
+
 def test_alias_against_itself_ties_every_pair(dpo_run, tiny_model, monkeypatch):
     tmp, recipe = dpo_run
     monkeypatch.setitem(eval_targets.KNOWN_ALIASES, "tiny-alias", ("x", "y"))

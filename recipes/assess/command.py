@@ -5,8 +5,10 @@ return one JSON-able report.
 
 Which evaluation: a reward model (a score-head target, or any target with a
 `reward_model` recipe) → pairwise accuracy on `data.heldout`; a `dpo` recipe →
-implicit-reward accuracy and margin on `data.heldout` against the recipe's base model,
-and with `reward_model_dir` the win rate of the policy's samples over the base's;
+implicit-reward accuracy and margin on `data.heldout` against the recipe's base model
+(an adapter, a run's final/ included, merged into that float32 base first, not its
+merged/ folder: a QLoRA run builds that on the NF4-dequantised base), and with
+`reward_model_dir` the win rate of the policy's samples over the base's;
 otherwise → pass@1 / pass@k / mean reward / mean length on `eval:`'s prompts.
 """
 
@@ -123,8 +125,11 @@ def evaluate_target(
     with tempfile.TemporaryDirectory(prefix="posttrain-eval-") as tmp:
         work = out or Path(tmp)
         base = str(resolve_model_path(recipe.model.path))
-        if recipe.algorithm == "dpo" and target.kind == "adapter" and target.base is not None:
-            target = replace(target, model=None)  # base + adapter against the same base
+        if recipe.algorithm == "dpo" and target.base is not None:
+            # An adapter (a run's final/ too) merged into the base it is scored against:
+            # a QLoRA run's merged/ holds the NF4-dequantised base plus the adapter, whose
+            # quantisation error would otherwise count as the policy's change.
+            target = replace(target, model=None)
         target = materialize(target, work / "model", base)
         kind, result, extra = _dispatch(target, recipe, base, work, reward_model_dir)
     return {

@@ -12,7 +12,7 @@ Kinds (`resolve_target`), tried in this order:
   else its newest complete checkpoint.
 - `adapter`: a folder with `adapter_config.json` (PEFT format): its `merged/` folder
   when the run saved one, else the adapter merged into its base
-  (`base_model_name_or_path`) by `materialize`.
+  (`base_model_name_or_path`) by `materialize` (always, for a DPO evaluation).
 - `policy`: a folder with `config.json` and `*.safetensors`.
 
 A policy or adapter folder inside a run folder (RUN_DIR/final) takes the run's recipe.
@@ -158,7 +158,7 @@ def materialize(target: Target, work: Path, base_model: str | None = None) -> Ta
     if target.model is not None:
         return target
     work.mkdir(parents=True, exist_ok=True)
-    if target.kind == "adapter":
+    if target.base is not None:  # an adapter folder, or a run whose final/ is one
         return replace(target, model=_merge_adapter(target, work / "merged"))
     if base_model is None:
         raise RecipeError(f"TARGET {target.given}: a checkpoint needs its recipe's model.path")
