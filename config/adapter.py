@@ -51,7 +51,9 @@ class AdapterConfig(_Strict):
     save_merged: bool = Field(
         False,
         description="The final checkpoint holds the adapter (PEFT format); also write "
-        "the merged full model to FINAL/merged with save_pretrained.",
+        "the merged full model to FINAL/merged with save_pretrained. For qlora that is "
+        "the policy as trained: the NF4-dequantised base plus the adapter (merge the "
+        "adapter into the original base yourself for a model without quantisation error).",
     )
 
     @model_validator(mode="after")
