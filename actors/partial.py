@@ -24,6 +24,11 @@ only after that (`wait_for_push`). An engine that cannot stop mid-batch
 (`InferenceEngine.generate_interruptible`'s default: vLLM's synchronous `LLM`) finishes
 the segment first: the push then waits for it, as without partial rollouts.
 
+Pacing (the simulated cluster of bench/async.py, `debug.rollout_delay_s`): segments
+of one token each, with the call's delay spread between them outside the lock, so a
+push lands mid-sample and calls in flight on one worker overlap as they would on an
+engine that batches continuously.
+
 Limits: a continued sample is prefilled again from its prompt + prefix (no KV cache is
 kept across a push, the cache would hold the old policy's keys and values); a stop
 string that spans two segments is found by decoding the joined response.
@@ -140,6 +145,8 @@ def generate_partial(
     gate: PushGate,
     lock: Any,
     version: Callable[[], int],
+    segment_tokens: int | None = None,
+    pace: Callable[[], None] | None = None,
 ) -> list[list[PartialSample]]:
     """`sampling.n` samples per prompt `[N][P_i]`, continued across weight pushes.
 
@@ -150,27 +157,44 @@ def generate_partial(
         gate: the worker's `PushGate`.
         lock: the worker's engine lock (held for each segment).
         version: the policy_version the engine holds (read under `lock`).
+        segment_tokens: most tokens per segment (None: a segment runs until a push
+            interrupts it). With `pace`, the simulated cluster's time between tokens.
+        pace: called after each segment, outside the lock (the simulated cluster's
+            generation time, `debug.rollout_delay_s`: a push may land while it runs).
 
     Returns:
         result[i] holds prompt i's samples in order, every one done.
     """
     out = [[PartialSample() for _ in range(sampling.n)] for _ in prompts]
+
+    def capped(s: SamplingSettings, budget: int) -> SamplingSettings:
+        return replace(
+            s, max_new_tokens=budget if segment_tokens is None else min(budget, segment_tokens)
+        )
+
+    def cut(s: Sample, cap: int) -> Sample:
+        # a sample stopped by the segment's cap, not its own end, is to be continued
+        if segment_tokens is not None and s.finish_reason == "length" and len(s.token_ids) >= cap:
+            return replace(s, interrupted=True)
+        return s
+
+    first = capped(sampling, sampling.max_new_tokens)
     gate.wait_for_push()
     with lock:
         v = version()
-        groups = engine.generate_interruptible(prompts, sampling, gate.interrupt)
+        groups = engine.generate_interruptible(prompts, first, gate.interrupt)
     for row, samples in zip(out, groups, strict=True):
         for ps, s in zip(row, samples, strict=True):
-            _extend(engine, ps, s, v, sampling)
+            _extend(engine, ps, cut(s, first.max_new_tokens), v, sampling)
+    if pace is not None:
+        pace()
     segment = 0
     while todo := [(i, ps) for i, row in enumerate(out) for ps in row if not ps.done]:
         segment += 1
         gate.wait_for_push()
-        rest = replace(
-            sampling,
-            n=1,
-            seed=(sampling.seed + segment) % 2**32,
-            max_new_tokens=sampling.max_new_tokens - min(len(ps.token_ids) for _, ps in todo),
+        rest = capped(
+            replace(sampling, n=1, seed=(sampling.seed + segment) % 2**32),
+            sampling.max_new_tokens - min(len(ps.token_ids) for _, ps in todo),
         )
         with lock:
             v = version()
@@ -181,5 +205,7 @@ def generate_partial(
             budget = sampling.max_new_tokens - len(ps.token_ids)
             if len(s.token_ids) > budget:  # the batch's budget is its shortest sample's
                 s = Sample(s.token_ids[:budget], s.logprobs[:budget], "length")
-            _extend(engine, ps, s, v, sampling)
+            _extend(engine, ps, cut(s, rest.max_new_tokens), v, sampling)
+        if pace is not None:
+            pace()
     return out

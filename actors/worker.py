@@ -66,7 +66,8 @@ class RolloutWorker:
         engine: how to build the engine.
         transport: how new weights arrive (with a `group_address`, joined here).
         threads: torch threads (cores this worker owns while generating).
-        delay_s: test knob, extra busy seconds per generate.
+        delay_s: test knob, extra busy seconds per generate (with partial rollouts spread
+            between its tokens, see `_generate_partial`).
         fail_push: test knob, (worker_id, version): this worker refuses pushes of that
             version (a WeightSyncError), keeping its old weights.
         push_delay_s: test knob, extra seconds per `update_weights` (fault drills).
@@ -156,12 +157,16 @@ class RolloutWorker:
         self, gate: PushGate, requests: list[PromptRequest], sampling: SamplingSettings, step: int
     ) -> list[Rollout]:
         """`generate` with partial rollouts: the engine lock is held per segment, so a
-        push may load between two (actors/partial.py)."""
+        push may load between two (actors/partial.py). With the `delay_s` test knob the
+        call is paced as a simulated engine generating token by token: one token per
+        segment, the call's delay spread between them outside the lock, so a push lands
+        mid-sample and calls in flight on this worker overlap (continuous batching)."""
         with self.spans.span("generate", step):
             with self.engine_lock:
                 self._check_adapter()
             prompt_ids = [self.engine.tokenize_chat(r.messages) for r in requests]
             check_prompt_lengths(prompt_ids, self.engine.context_tokens)
+            delay = self._delay(requests, sampling.n)
             groups = generate_partial(
                 self.engine,
                 prompt_ids,
@@ -169,8 +174,9 @@ class RolloutWorker:
                 gate,
                 self.engine_lock,
                 lambda: self.version,
+                segment_tokens=1 if delay else None,
+                pace=(lambda: time.sleep(delay / sampling.max_new_tokens)) if delay else None,
             )
-            time.sleep(self._delay(requests, sampling.n))
             return [
                 self._rollout(req, ids, k, s.token_ids, s.logprobs, s.finish_reason, s.versions)
                 for req, ids, samples in zip(requests, prompt_ids, groups, strict=True)

@@ -4,12 +4,14 @@ stack), importable by every role, the CLI and a reward host alike.
 Each block lives in its own module: `recipe` (the whole `Recipe` and its small
 blocks), `data`, `rewards`, `algorithms`, `adapter`, `resources`, `monitor` (monitor and
 debug), `evaluation`, `facts` (what each algorithm asks of a run), `episodes`
-(multi-turn keys) and `asynchrony` (rules of `train.max_staleness` / `train.correction`);
+(multi-turn keys) and `asynchrony` (rules of `train.max_staleness` / `train.correction`,
+and the producer's window);
 `base` holds `Strict` and `RecipeError`.
 """
 
 from .adapter import AdapterConfig
 from .algorithms import DPOConfig, GRPOConfig, PPOConfig
+from .asynchrony import producer_window
 from .base import RecipeError, Strict
 from .data import (
     DataConfig,
@@ -55,5 +57,6 @@ __all__ = [
     "RolloutConfig",
     "Strict",
     "WeightSyncConfig",
+    "producer_window",
     "vllm_installed",
 ]

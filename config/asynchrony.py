@@ -3,6 +3,7 @@ by the recipe's model validator (pydantic only, no torch)."""
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 
@@ -27,6 +28,7 @@ def check_async_and_correction(recipe: Any) -> None:
             f"train.correction corrects sampled rollouts, and algorithm {recipe.algorithm} "
             "samples none; remove train.correction or use algorithm grpo or ppo"
         )
+    _check_partial_window(recipe)
     if t.correction.mode != "none" and recipe.rollout.top_p < 1.0:
         # The engines disagree on what they report under top-p (vLLM's processed
         # logprobs are renormalised over the nucleus, transformers' are not), so a weight
@@ -38,6 +40,59 @@ def check_async_and_correction(recipe: Any) -> None:
             "logprob under the same truncated, renormalised distribution the engine sampled "
             "from, which the learner does not compute; set rollout.top_p: 1.0, or "
             "train.correction.mode: none (stale samples then train uncorrected)"
+        )
+
+
+def producer_window(recipe: Any) -> int:
+    """Groups the asynchronous producer keeps generating, scoring or waiting at most:
+    k × prompts_per_step, times `rollout.oversample` (rounded up) with partial rollouts
+    (k = `train.max_staleness`; 0 at k = 0)."""
+    window = recipe.train.max_staleness * recipe.train.prompts_per_step
+    r = recipe.rollout
+    multi_turn = r.max_turns > 1 or r.agent is not None
+    if r.partial and not multi_turn:
+        window = math.ceil(window * r.oversample)
+    return window
+
+
+def _check_partial_window(recipe: Any) -> None:
+    """`rollout.oversample` and `train.max_token_staleness` act only on the partial-
+    rollout producer (single-turn, k ≥ 1); elsewhere they would be silently ignored.
+
+    Raises:
+        ValueError: names the key and what to set.
+    """
+    t, r = recipe.train, recipe.rollout
+    multi_turn = r.max_turns > 1 or r.agent is not None
+    partial = r.partial and t.max_staleness >= 1 and not multi_turn
+    need = (
+        "rollout.partial: true, train.max_staleness >= 1 and single-turn rollouts "
+        "(rollout.max_turns 1, no rollout.agent)"
+    )
+    if r.oversample > 1.0 and not partial:
+        raise ValueError(
+            f"rollout.oversample is {r.oversample}, which over-samples the partial-rollout "
+            f"producer only; it needs {need}, or set rollout.oversample: 1.0"
+        )
+    m = t.max_token_staleness
+    if m is None:
+        return
+    if m < t.max_staleness:
+        raise ValueError(
+            f"train.max_token_staleness is {m}, below train.max_staleness "
+            f"{t.max_staleness}: a sample's oldest token is never newer than its newest; "
+            f"set it to at least {t.max_staleness}, or null"
+        )
+    if m > t.max_staleness and not partial:
+        raise ValueError(
+            f"train.max_token_staleness is {m}: only samples continued across weight "
+            f"pushes (partial rollouts) span versions; it needs {need}, or set it to null"
+        )
+    if m > t.max_staleness and t.correction.mode == "none":
+        raise ValueError(
+            f"train.max_token_staleness {m} trains tokens up to {m} versions old, and "
+            "train.correction.mode is none: they would train with the on-policy gradient; "
+            "set train.correction.mode: tis (or mis)"
         )
 
 

@@ -158,7 +158,21 @@ class RolloutConfig(EpisodeFields):
         "off-policy correction uses. The 'hf' engine pauses between tokens; 'vllm' "
         "with rollout.vllm.async_engine pauses its requests in flight and keeps them; "
         "'vllm' (synchronous LLM) finishes its batch first. No effect at max_staleness 0, "
-        "nor on multi-turn episodes (a push waits for their round).",
+        "nor on multi-turn episodes (a push waits for their round). The producer then "
+        "sends each group (one prompt's samples) as its own request as soon as a slot "
+        "frees, instead of a round at a time: a long sample holds its own slot, not a "
+        "round (see rollout.oversample).",
+    )
+    oversample: float = Field(
+        1.0,
+        ge=1.0,
+        description="With rollout.partial and train.max_staleness k >= 1: the producer "
+        "keeps up to ceil(k x train.prompts_per_step x oversample) groups generating, "
+        "scoring or waiting (over-sampling, as APRIL, Zhou et al. 2025): a step trains on "
+        "the first groups to finish, and the long ones finish later under newer weights. "
+        "Those span several policy versions; train.max_token_staleness bounds their oldest "
+        "token (at its default, most of them are dropped as too old). 1.0: no more in "
+        "flight than k steps consume.",
     )
 
     @field_validator("stop", mode="before")
@@ -287,6 +301,17 @@ class TrainConfig(_Strict):
         "grpo.dynamic_sampling, multi-turn episodes and agents, and train.max_restarts. "
         "A checkpoint holds the prompts generating or waiting, so after --resume each "
         "prompt trains once. With k >= 1 train.correction.mode defaults to tis (see there).",
+    )
+    max_token_staleness: int | None = Field(
+        None,
+        ge=0,
+        description="With rollout.partial: the most policy versions any token of a "
+        "trained sample may lag. null: train.max_staleness, and a sample's staleness counts "
+        "from its oldest token. Larger: a group trains at step s when s minus its newest "
+        "token's version is <= max_staleness and s minus its oldest token's version is <= "
+        "this; a long sample continued across pushes then trains instead of being dropped, "
+        "each token weighted by train.correction against the policy that sampled it "
+        "(its own inference_logprobs).",
     )
     correction: CorrectionConfig = Field(default_factory=CorrectionConfig)
 

@@ -9,6 +9,11 @@ Structure:
   it to a scoring thread; every scored group (the samples of one prompt) goes to a
   ready list. The learner's batch is filled from finished groups in the order they
   finished (streaming: a slow engine does not hold the others' groups back).
+  With partial rollouts (`rollout.partial`) there are no rounds: each group is its own
+  request, sent to the worker with the fewest in flight as soon as the window has room
+  and scored as soon as it returns, so a long sample holds one slot, not a round
+  (continuous batching on an engine that batches concurrent calls: vLLM's AsyncLLM, or
+  the paced simulated engine of `debug.rollout_delay_s`).
   Multi-turn episodes and agents (`rollout.max_turns`, `rollout.agent`): a round is a
   batch of episodes (recipes/episodes/step.py), scored with the environment's rewards.
   Dynamic sampling (`grpo.dynamic_sampling`): a group whose rewards are all equal is
@@ -20,14 +25,20 @@ Structure:
   the new policy.
 
 Staleness. A sample made by policy_version v trains at step s only if s − v ≤ k. The
-producer keeps at most k × prompts_per_step groups generating, scoring or waiting,
-which by itself bounds s − v by k; any group found older at `take` (a slow tail, a
-resume) is dropped and counted in `dropped_stale`, never used.
+producer keeps at most k × prompts_per_step groups generating, scoring or waiting (the
+window, `producer_window`), which by itself bounds s − v by k; any group found older at
+`take` (a slow tail, a resume) is dropped and counted in `dropped_stale`, never used.
+With partial rollouts a sample's v is its oldest token's. `rollout.oversample` widens
+the window (APRIL's over-sampling, Zhou et al. 2025: the first groups to finish fill a
+step, the long ones finish later under newer weights), and `train.max_token_staleness`
+m ≥ k then decides which of those train: a group is fresh at step s when
+s − (its newest token's version) ≤ k and s − (its oldest token's) ≤ m.
 
 Concurrency (the order, written down):
-1. The producer starts a generation round only when no push is waiting and fewer than
-   k × prompts_per_step groups are outstanding; the round's Ray calls all go out at
-   once and the round ends when every engine has answered.
+1. The producer starts a generation round only when no push is waiting and the window
+   holds a round more; the round's Ray calls all go out at once and the round ends when
+   every engine has answered. With partial rollouts it sends one group at a time on the
+   same conditions, and "generating" means any request in flight.
 2. A push (`paused()`) first stops new rounds and waits for the round in flight to end,
    so a push lands between generation requests: an engine never mixes two policy
    versions inside one sample. With partial rollouts (`rollout.partial`) it stops new
@@ -67,6 +78,7 @@ import ray
 
 from ..actors.rollout import Rollout
 from ..common.telemetry import Span
+from ..config import producer_window
 from ..rewards.protocol import Score
 from . import controller as c
 from .algo.dynamic import has_signal
@@ -86,19 +98,29 @@ class Group:
 
     @property
     def version(self) -> int:
-        """The oldest policy_version among its samples (all equal without partial rollouts)."""
+        """The oldest policy_version among its samples' tokens (all equal without partial
+        rollouts)."""
         return min(r.policy_version for r in self.rollouts)
+
+    @property
+    def newest(self) -> int:
+        """The newest policy_version among its samples' tokens (the version that finished
+        the group; `version` without partial rollouts)."""
+        return max(max(r.policy_versions or [r.policy_version]) for r in self.rollouts)
 
 
 def take_fresh(
-    groups: list[Group], step: int, k: int, count: int
+    groups: list[Group], step: int, k: int, count: int, token_k: int | None = None
 ) -> tuple[list[Group], list[Group], list[Group]]:
     """Split ready `groups` (oldest first) for training step `step`: the first `count`
-    whose staleness `step − version` is at most `k`, those too old (dropped), and the
-    rest (kept for later steps). Pure; the order of `groups` is kept in each list."""
+    whose staleness is within bounds, those too old (dropped), and the rest (kept for
+    later steps). A group is within bounds when `step − newest ≤ k` and
+    `step − version ≤ token_k` (its oldest token; `token_k` None: `k`, i.e. staleness
+    counts from the oldest token). Pure; the order of `groups` is kept in each list."""
+    token_k = k if token_k is None else token_k
     fresh, stale, rest = [], [], []
     for g in groups:
-        if step - g.version > k:
+        if step - g.newest > k or step - g.version > token_k:
             stale.append(g)
         elif len(fresh) < count:
             fresh.append(g)
@@ -123,6 +145,10 @@ class RolloutStream:
         self.k = self.recipe.train.max_staleness
         self.episodes = episodes_enabled(self.recipe)
         self.partial = self.recipe.rollout.partial and not self.episodes
+        self.token_k = self.recipe.train.max_token_staleness
+        # partial rollouts: one request per group, sent as a slot frees (no rounds)
+        self.refill = self.partial
+        self.window = producer_window(self.recipe)
         self.dynamic = self.recipe.grpo.dynamic_sampling
         self.per_step = self.recipe.train.prompts_per_step
         self.prompts = run.prompts
@@ -139,7 +165,8 @@ class RolloutStream:
         self.stopped = False
         self.error: BaseException | None = None
         self.round_ = start_version
-        self.inflight: dict[int, tuple[float, int]] = {}  # worker → (sent at, round)
+        # request key (the worker's index in rounds) → (worker, sent at, round)
+        self.inflight: dict[Any, tuple[int, float, int]] = {}
         self.spans: list[Span] = []
         self.counts = SampleCounts()
         self.scorer = ThreadPoolExecutor(1, thread_name_prefix="score")
@@ -147,29 +174,37 @@ class RolloutStream:
         self.thread.start()
 
     # -- producer side --------------------------------------------------------------------
-    def _may_start(self) -> bool:
-        room = self.outstanding + self.per_step <= self.k * self.per_step
+    def _may_start(self, groups: int) -> bool:
+        """Whether `groups` more may go out now (lock held)."""
+        room = self.outstanding + groups <= self.window
         # dynamic sampling: flat groups give their room back, but at most max_rounds ×
         # prompts_per_step of them per step (the step then trains on what it has)
         budget = self.flat_since_take < self.recipe.grpo.max_rounds * self.per_step
         return self.stopped or (self.pauses == 0 and room and budget)
 
+    def _draw(self) -> tuple[list[Any], int]:
+        """The next `prompts_per_step` prompts and their round number, recorded as
+        untrained (lock held)."""
+        r = self.round_
+        self.round_ += 1
+        prompts = next(self.prompts)
+        for req, at in zip(requests_for(prompts, self.recipe, r), self.prompts.drawn, strict=True):
+            self.untrained[req.group_id] = at
+        return prompts, r
+
     def _produce(self) -> None:
         try:
+            if self.refill:
+                self._produce_refill()
+                return
             while True:
                 with self.cond:
-                    self.cond.wait_for(self._may_start)
+                    self.cond.wait_for(lambda: self._may_start(self.per_step))
                     if self.stopped:
                         return
                     self.generating = True
-                    r = self.round_
-                    self.round_ += 1
-                    prompts = next(self.prompts)
+                    prompts, r = self._draw()
                     self.outstanding += len(prompts)
-                    for req, at in zip(
-                        requests_for(prompts, self.recipe, r), self.prompts.drawn, strict=True
-                    ):
-                        self.untrained[req.group_id] = at
                 if self.episodes:
                     self._episode_round(prompts, r)
                 else:
@@ -187,7 +222,7 @@ class RolloutStream:
         for i, chunk in chunks.items():
             refs[self.roles.rollout[i].generate.remote(chunk, sampling, round_)] = i
             with self.cond:
-                self.inflight[i] = (time.time(), round_)
+                self.inflight[i] = (i, time.time(), round_)
         while refs:
             done, _ = ray.wait(list(refs), num_returns=1, timeout=1.0)
             if self.stopped:
@@ -195,20 +230,68 @@ class RolloutStream:
             if not done:
                 continue
             i = refs.pop(done[0])
-            with self.cond:  # drain_spans moves the start of requests in flight
-                sent, _ = self.inflight.pop(i)
-                self.spans.append(Span("rollout", i, "generate", sent, time.time(), round_))
-            try:
-                rollouts = ray.get(done[0])
-            except ray.exceptions.RayActorError as e:
-                raise RuntimeError(
-                    f"rollout worker {i} died while generating ahead (train.max_staleness "
-                    f"{self.k}); the asynchronous loop does not replace engines. Resume from "
-                    f"the last checkpoint: posttrain run --resume {self.run.run_dir}"
-                ) from e
+            self._returned(done[0], i, round_)
+
+    def _returned(self, ref: Any, key: Any, round_: int) -> None:
+        """Request `key` (in `inflight`) came back: its span, its rollouts to the scorer.
+
+        Raises:
+            RuntimeError: its rollout worker died (chained).
+        """
+        with self.cond:  # drain_spans moves the start of requests in flight
+            i, sent, _ = self.inflight.pop(key)
+            self.spans.append(Span("rollout", i, "generate", sent, time.time(), round_))
+        try:
+            rollouts = ray.get(ref)
+        except ray.exceptions.RayActorError as e:
+            raise RuntimeError(
+                f"rollout worker {i} died while generating ahead (train.max_staleness "
+                f"{self.k}); the asynchronous loop does not replace engines. Resume from "
+                f"the last checkpoint: posttrain run --resume {self.run.run_dir}"
+            ) from e
+        with self.cond:
+            self.scoring += 1
+        self.scorer.submit(self._score, rollouts, round_)
+
+    def _produce_refill(self) -> None:
+        """Partial rollouts: each group is one request, sent to the worker with the fewest
+        in flight as soon as the window has room; a request that comes back is scored at
+        once and its slot refilled, so a long sample holds one slot, not a round. A push
+        lands in the requests in flight (the workers pause them between tokens)."""
+        queue: list[tuple[Any, Any, int]] = []  # (request, sampling, round) drawn, not sent
+        refs: dict[Any, int] = {}  # request in flight → its round
+        while True:
             with self.cond:
-                self.scoring += 1
-            self.scorer.submit(self._score, rollouts, round_)
+                while not self.stopped and self._may_start(1):
+                    if not queue:
+                        prompts, r = self._draw()
+                        chunks, sampling = c.generation_requests(
+                            self.roles, prompts, self.recipe, r
+                        )
+                        reqs = [q for chunk in chunks.values() for q in chunk]
+                        queue += [
+                            (q, replace(sampling, seed=(sampling.seed + 7919 * j) % 2**32), r)
+                            for j, q in enumerate(reqs)
+                        ]
+                    req, sampling, r = queue.pop(0)
+                    load = [0] * len(self.roles.rollout)
+                    for w, _, _ in self.inflight.values():
+                        load[w] += 1
+                    w = load.index(min(load))
+                    ref = self.roles.rollout[w].generate.remote([req], sampling, r)
+                    refs[ref] = r
+                    self.inflight[ref] = (w, time.time(), r)
+                    self.outstanding += 1
+                if self.stopped:
+                    return
+                self.generating = bool(refs)
+                if not refs:
+                    self.cond.notify_all()  # an evaluation may wait for the engines to go quiet
+                    self.cond.wait(timeout=1.0)
+                    continue
+            done, _ = ray.wait(list(refs), num_returns=1, timeout=0.05)
+            for ref in done:
+                self._returned(ref, ref, refs.pop(ref))
 
     def _episode_round(self, prompts: list[Any], round_: int) -> None:
         """One round of multi-turn or agent episodes (recipes/episodes/): every turn of
@@ -222,13 +305,13 @@ class RolloutStream:
         )
         with self.cond:
             for i in workers:
-                self.inflight[i] = (sent, round_)
+                self.inflight[i] = (i, sent, round_)
         rollouts, metrics = generate_episodes(
             self.roles, prompts, self.recipe, self.run.model_path, round_, self.run.run_dir
         )
         with self.cond:
             for i in workers:
-                start, _ = self.inflight.pop(i)
+                _, start, _ = self.inflight.pop(i)
                 self.spans.append(Span("rollout", i, "generate", start, time.time(), round_))
             self.episode_metrics = metrics
             self.scoring += 1
@@ -289,7 +372,9 @@ class RolloutStream:
                     raise RuntimeError(
                         f"generating rollouts ahead failed: {self.error}"
                     ) from self.error
-                fresh, stale, rest = take_fresh(self.ready, step, self.k, self.per_step)
+                fresh, stale, rest = take_fresh(
+                    self.ready, step, self.k, self.per_step, self.token_k
+                )
                 if stale:  # never trained on; their room goes back to the producer
                     dropped += stale
                     self.ready = fresh + rest
@@ -307,7 +392,7 @@ class RolloutStream:
             return None
         if len(fresh) + self.flat_since_take < self.recipe.grpo.max_rounds * self.per_step:
             return None
-        return fresh or take_fresh(self.flat, step, self.k, self.per_step)[0] or None
+        return fresh or take_fresh(self.flat, step, self.k, self.per_step, self.token_k)[0] or None
 
     def _taken(self, batch: list[Group]) -> list[Group]:
         """Move `batch` out of the stream as trained, drop every other flat group (lock
@@ -373,9 +458,9 @@ class RolloutStream:
         of each request still running (its start moves to `now` for the next call)."""
         with self.cond:
             spans, self.spans = self.spans, []
-            for i, (sent, r) in list(self.inflight.items()):
+            for key, (i, sent, r) in list(self.inflight.items()):
                 spans.append(Span("rollout", i, "generate", sent, now, r))
-                self.inflight[i] = (now, r)
+                self.inflight[key] = (i, now, r)
         return spans
 
     def close(self) -> None:
@@ -429,8 +514,9 @@ def async_step(run: Any, algo: Any, step: int) -> tuple[dict[str, float], list[S
     t_end = time.time()
     telemetry, spans = _telemetry(run, t0, t_end)
     dropped = sum(len(g.rollouts) for g in stale)
+    bound = max(run.stream.k, run.stream.token_k or 0)
     accounting = offpolicy_metrics(
-        rollouts, step, run.stream.k, counts, dropped + sum(len(g.rollouts) for g in flat)
+        rollouts, step, bound, counts, dropped + sum(len(g.rollouts) for g in flat)
     )
     tokens = sum(len(r.response_ids) for r in rollouts)
     accuracy_of = next((r.name for r in recipe.rewards if r.type == "math"), None)

@@ -23,7 +23,7 @@ from ..actors.engine import EngineSettings
 from ..actors.worker import RolloutWorker
 from ..common.net import free_port
 from ..common.process import default_threads, split_cores
-from ..config import LOCAL_TYPES, Recipe, RecipeError
+from ..config import LOCAL_TYPES, Recipe, RecipeError, producer_window
 from ..rewards.client import RewardClient, RewardSet, start_local_service
 from ..weightsync import (
     GroupStore,
@@ -67,6 +67,7 @@ class RolloutSpec:
     push_delay_s: float = 0.0
     partial: bool = False
     tail: tuple[int, float] = (0, 1.0)  # debug.rollout_tail_every, rollout_tail_factor
+    window: int = 0  # partial rollouts: the producer's most groups in flight at once
 
 
 @dataclass(frozen=True)
@@ -249,6 +250,7 @@ def rollout_spec(
         recipe.debug.push_delay_s,
         partial=recipe.rollout.partial and recipe.train.max_staleness >= 1,
         tail=(recipe.debug.rollout_tail_every, recipe.debug.rollout_tail_factor),
+        window=producer_window(recipe),
     )
 
 
@@ -260,10 +262,11 @@ def start_rollout(spec: RolloutSpec, placement: Placement) -> list[Any]:
 
 def start_rollout_worker(spec: RolloutSpec, index: int, options: dict[str, Any]) -> Any:
     """Rollout worker `index` on its placement bundle `options` (not waited for). With
-    partial rollouts it is a threaded actor, so a push reaches it while it generates."""
+    partial rollouts it is a threaded actor, so a push reaches it while it generates and
+    it holds as many of the producer's one-group requests as the window may send it."""
     worker = ray.remote(num_cpus=0)(RolloutWorker)
     if spec.partial:
-        options = {**options, "max_concurrency": 4}
+        options = {**options, "max_concurrency": 4 + spec.window}
     return worker.options(**options).remote(
         index,
         spec.engine,

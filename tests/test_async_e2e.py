@@ -119,6 +119,52 @@ def test_partial_rollouts_tag_versions_and_counts_add_up(tiny_model, tmp_path):
             assert r["policy_version"] == v[0] and 0 <= step - v[0] <= 1
 
 
+def test_oversampled_partial_rollouts_keep_both_bounds_and_lose_no_sample(tiny_model, tmp_path):
+    """The partial-rollout producer sends each group as its own request, up to
+    ceil(k × prompts_per_step × oversample) in flight, on a paced engine (a push lands
+    between tokens) with a long tail: every trained sample's newest token is within
+    max_staleness, its oldest within max_token_staleness, versions never go back, and
+    generated = trained + dropped + waiting at every step."""
+    recipe_file = _grpo_recipe(
+        tmp_path,
+        tiny_model,
+        rollout={
+            "engine": "hf",
+            "samples_per_prompt": 2,
+            "max_new_tokens": 8,
+            "partial": True,
+            "oversample": 2.0,
+        },
+        train={
+            "steps": 4,
+            "prompts_per_step": 2,
+            "micro_batch_size": 2,
+            "lr": 1e-3,
+            "max_staleness": 1,
+            "max_token_staleness": 2,
+        },
+        resources={"rollout": {"gpus": 2}, "learner": {"gpus": 1}, "threads_per_worker": 1},
+        debug={"rollout_delay_s": 0.2, "rollout_tail_every": 3, "rollout_tail_factor": 6.0},
+    )
+    run_dir = tmp_path / "run"
+    history = run(load_recipe(recipe_file), run_dir)
+
+    assert [m["policy_version"] for m in history] == [1, 2, 3, 4]
+    for m in history:
+        assert m["staleness_newest_max"] <= 1 and m["staleness_max"] <= 2
+        assert m["samples_generated_total"] == (
+            m["samples_trained_total"] + m["samples_dropped_total"] + m["samples_waiting"]
+        )
+    assert history[-1]["samples_trained_total"] == 4 * 4
+    for step in range(4):
+        saved = [json.loads(x) for x in (run_dir / "rollouts" / f"step_{step:05d}.jsonl").open()]
+        assert len(saved) == 4
+        for r in saved:
+            v = r["policy_versions"]
+            assert len(v) == len(r["response_ids"]) and v == sorted(v)
+            assert step - v[-1] <= 1 and step - v[0] <= 2
+
+
 def _trained_prompt_ids(run_dir, steps):
     """The prompt id (`-p<id>-` of each group id) of every group trained at each step."""
     out = []

@@ -46,10 +46,13 @@ def versions_of(r: Rollout) -> list[int]:
 def offpolicy_metrics(
     rollouts: Sequence[Rollout], step: int, k: int, counts: SampleCounts, dropped: int
 ) -> dict[str, float]:
-    """Metrics of the samples `rollouts` trained at `step` under staleness bound `k`.
+    """Metrics of the samples `rollouts` trained at `step` under staleness bound `k`
+    (with `train.max_token_staleness`, the larger of the two bounds).
 
     Returns:
         `staleness_mean`, `staleness_max` (step − oldest version of each sample),
+        `staleness_newest_mean`, `staleness_newest_max` (step − newest version of each
+        sample; the same without partial rollouts),
         `staleness_frac/{d}` for d = 0..k (share of samples at staleness d; they sum to
         1), `staleness_token_mean` (step − version of each response token),
         `versions_spanned_mean`, `versions_spanned_max` (distinct versions per sample),
@@ -64,11 +67,14 @@ def offpolicy_metrics(
     if not rollouts:
         raise ValueError(f"step {step}: no samples to account for")
     lag = [step - r.policy_version for r in rollouts]
+    newest = [step - max(versions_of(r)) for r in rollouts]
     token_lag = [step - v for r in rollouts for v in versions_of(r)]
     spans = [len(set(versions_of(r))) for r in rollouts]
     out = {
         "staleness_mean": sum(lag) / len(lag),
         "staleness_max": float(max(lag)),
+        "staleness_newest_mean": sum(newest) / len(newest),
+        "staleness_newest_max": float(max(newest)),
         "staleness_token_mean": sum(token_lag) / len(token_lag),
         "versions_spanned_mean": sum(spans) / len(spans),
         "versions_spanned_max": float(max(spans)),

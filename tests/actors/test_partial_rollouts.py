@@ -167,3 +167,37 @@ def test_a_stop_string_across_segments_ends_the_sample():
     )
     (s,) = out[0]
     assert s.token_ids == [0, 1, 2] and s.finish_reason == "stop" and s.versions == [0, 0, 0]
+
+
+def test_paced_segments_take_one_token_each_and_a_push_between_them_retags():
+    """The simulated engine's pacing (`segment_tokens=1`, `pace`): every segment asks for
+    one token, a sample cut by the segment's cap (not its own end) is continued, and the
+    version read before each segment tags its token."""
+    engine = ScriptedEngine(
+        [
+            [Sample([1], [-0.1], "length"), Sample([2], [-0.2], "stop")],
+            [Sample([3], [-0.3], "length")],
+            [Sample([4], [-0.4], "length")],
+        ]
+    )
+    version = iter([0, 1, 2])
+    paced = []
+    out = generate_partial(
+        engine,
+        [[9]],
+        SamplingSettings(n=2, max_new_tokens=3, seed=40),
+        PushGate(),
+        threading.Lock(),
+        lambda: next(version),
+        segment_tokens=1,
+        pace=lambda: paced.append(1),
+    )
+    first, second = out[0]
+    assert (first.token_ids, first.versions, first.finish_reason) == (
+        [1, 3, 4],
+        [0, 1, 2],
+        "length",
+    )
+    assert (second.token_ids, second.versions, second.finish_reason) == ([2], [0], "stop")
+    assert [s.max_new_tokens for _, s in engine.calls] == [1, 1, 1]
+    assert len(paced) == 3  # after each segment

@@ -145,3 +145,62 @@ def test_the_async_engine_is_a_vllm_engine():
     quick = Path(__file__).resolve().parents[2] / "recipes" / "quickstart_grpo.yaml"
     with pytest.raises(RecipeError, match="rollout.engine is 'hf'; set rollout.engine: vllm"):
         load_recipe(quick, ["rollout.engine=hf", "rollout.vllm.async_engine=true"])
+
+
+@pytest.mark.parametrize(
+    ("sets", "named"),
+    [
+        (["train.max_staleness=1", "rollout.oversample=1.5"], "rollout.partial: true"),
+        (["rollout.partial=true", "rollout.oversample=2"], "train.max_staleness >= 1"),
+        (
+            ["train.max_staleness=2", "rollout.partial=true", "train.max_token_staleness=1"],
+            "at least 2",
+        ),
+        (["train.max_staleness=1", "train.max_token_staleness=2"], "rollout.partial: true"),
+        (
+            [
+                "train.max_staleness=1",
+                "rollout.partial=true",
+                "train.max_token_staleness=2",
+                "train.correction.mode=none",
+            ],
+            "train.correction.mode: tis",
+        ),
+        (
+            [
+                "train.max_staleness=1",
+                "rollout.partial=true",
+                "rollout.max_turns=2",
+                "rollout.oversample=1.5",
+            ],
+            "single-turn",
+        ),
+    ],
+)
+def test_oversample_and_token_staleness_need_the_partial_producer(sets, named):
+    """Keys that act only on the partial-rollout producer are refused elsewhere (exit 2),
+    naming the key and the fix, instead of being ignored."""
+    args = ["validate", str(QUICKSTART)] + [a for s in sets for a in ("--set", s)]
+    out = CliRunner().invoke(app, args)
+    assert out.exit_code == 2, out.output
+    assert named in " ".join(out.output.split())
+
+
+def test_oversample_and_token_staleness_accepted_with_partial_rollouts():
+    from posttrain.config import producer_window
+
+    r = load_recipe(
+        QUICKSTART,
+        [
+            "train.max_staleness=1",
+            "rollout.partial=true",
+            "rollout.oversample=1.5",
+            "train.max_token_staleness=3",
+        ],
+    )
+    assert r.train.correction.mode == "tis"
+    # k × prompts_per_step × oversample, rounded up
+    assert producer_window(r) == -(-r.train.prompts_per_step * 3 // 2)
+    assert producer_window(load_recipe(QUICKSTART, ["train.max_staleness=2"])) == (
+        2 * r.train.prompts_per_step
+    )

@@ -6,17 +6,20 @@ from posttrain.actors.rollout import Rollout
 from posttrain.recipes.async_loop import Group, take_fresh
 
 
-def _group(version: int, name: str) -> Group:
+def _group(version: int, name: str, versions: list[int] | None = None) -> Group:
+    """One sample; `versions` per token (partial rollouts), its first the oldest."""
+    tokens = len(versions or [version])
     r = Rollout(
         uid=f"{name}-0",
         group_id=name,
         prompt_ids=[1],
-        response_ids=[2],
-        inference_logprobs=[-0.1],
+        response_ids=[2] * tokens,
+        inference_logprobs=[-0.1] * tokens,
         finish_reason="stop",
         policy_version=version,
         prompt_text="",
         response_text="",
+        policy_versions=versions,
     )
     return Group([r], [], round_=version)
 
@@ -36,3 +39,23 @@ def test_take_fresh_at_the_bound_and_short():
     fresh, stale, _ = take_fresh(groups, step=5, k=2, count=1)
     assert [g.rollouts[0].group_id for g in stale] == ["a"]
     assert [g.rollouts[0].group_id for g in fresh] == ["b"]
+
+
+def test_by_default_a_partial_group_is_as_old_as_its_oldest_token():
+    g = _group(2, "a", [2, 3, 4])
+    assert (g.version, g.newest) == (2, 4)
+    fresh, stale, _ = take_fresh([g], step=4, k=1, count=1)
+    assert not fresh and len(stale) == 1  # 4 − 2 = 2 > 1
+
+
+def test_token_bound_keeps_a_continued_group_within_both_bounds():
+    groups = [
+        _group(2, "a", [2, 3, 4]),  # newest 4 − 4 = 0 ≤ 1, oldest 4 − 2 = 2 ≤ 2: fresh
+        _group(1, "b", [1, 2, 3]),  # oldest 4 − 1 = 3 > 2: stale
+        _group(2, "c", [2, 2, 2]),  # newest 4 − 2 = 2 > 1: stale
+        _group(3, "d"),  # 1 ≤ 1: fresh
+    ]
+    fresh, stale, rest = take_fresh(groups, step=4, k=1, count=5, token_k=2)
+    assert [g.rollouts[0].group_id for g in fresh] == ["a", "d"]
+    assert [g.rollouts[0].group_id for g in stale] == ["b", "c"]
+    assert not rest

@@ -34,6 +34,9 @@ def test_metrics_hand_computed():
     # tokens: 2 at lag 1, 3 at 0, (1, 1, 0, 0), 1 at 2 -> (2 + 0 + 2 + 2) / 10
     assert m["staleness_token_mean"] == pytest.approx(6 / 10)
     assert m["versions_spanned_mean"] == pytest.approx(5 / 4)
+    # newest token: 1, 0, 0 (its last token is version 4), 2
+    assert m["staleness_newest_mean"] == pytest.approx(3 / 4)
+    assert m["staleness_newest_max"] == 2.0
     assert m["versions_spanned_max"] == 2.0
     assert (m["samples_trained"], m["samples_dropped"]) == (4.0, 3.0)
     total = m["samples_trained_total"] + m["samples_dropped_total"] + m["samples_waiting"]
