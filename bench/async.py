@@ -19,7 +19,10 @@ Two setups, each at several k, every run from the same seed:
   long, and an engine's generate call holding one takes `--tail-factor` (8) times as
   long (the call waits for its longest sample).
 
-`--ks`: the rows, a k each; `Kp` is k with partial rollouts (`rollout.partial`).
+`--ks`: the rows, a k each; `Kp` is k with partial rollouts (`rollout.partial`: one
+request per group, sent as a slot frees; the simulated engines are paced token by token,
+so a push lands mid-sample); `Kp:O:M` adds `rollout.oversample: O` and
+`train.max_token_staleness: M` (e.g. `1p:1.5:4`).
 
 Columns: steady-state means over the steps after `--warmup` (default 1): steps/s,
 response tokens/s, both idle fractions, the mean staleness, the reward of the last step
@@ -73,6 +76,8 @@ def _sim(
     ranks: int,
     partial: bool = False,
     tail: tuple[int, float] = (0, 8.0),
+    oversample: float = 1.0,
+    token_k: int | None = None,
 ) -> list[dict]:
     recipe_file = model.parent / "sim.yaml"
     recipe_file.write_text(f"""
@@ -80,10 +85,11 @@ name: sim-async
 algorithm: grpo
 model: {{path: {model}, dtype: float32}}
 data: {{train: {{generator: arithmetic, size: 200, seed: 0}}}}
-rollout: {{engine: hf, samples_per_prompt: 4, max_new_tokens: 8, partial: {str(partial).lower()}}}
+rollout: {{engine: hf, samples_per_prompt: 4, max_new_tokens: 8, partial: {str(partial).lower()},
+          oversample: {oversample}}}
 rewards: [{{name: correct, type: math}}]
 train: {{steps: {steps}, prompts_per_step: 8, micro_batch_size: 8, lr: 1.0e-4,
-        max_staleness: {k}}}
+        max_staleness: {k}, max_token_staleness: {"null" if token_k is None else token_k}}}
 resources: {{rollout: {{gpus: {engines}}}, learner: {{gpus: {ranks}}}, device: cpu,
             threads_per_worker: 1}}
 weight_sync: {{type: object_store}}
@@ -106,11 +112,24 @@ def _row(setup: str, k: str, history: list[dict], warmup: int, rows_per_step: in
         "rollout_idle": statistics.fmean(h["rollout_idle_fraction"] for h in steady),
         "learner_idle": statistics.fmean(h["learner_idle_fraction"] for h in steady),
         "staleness": statistics.fmean(h.get("staleness_mean", 0.0) for h in steady),
+        "staleness_max": max(h.get("staleness_max", 0.0) for h in steady),
+        "newest": statistics.fmean(h.get("staleness_newest_mean", 0.0) for h in steady),
         "dropped": sum(h.get("dropped_stale", 0.0) for h in history),
         "reward": history[-1]["reward_mean"],
         "steps": len(history),
         "rewards": [h["reward_mean"] for h in history],
     }
+
+
+def _label(k: str) -> str:
+    """A row's k as the table shows it: `1p:1.5:4` → `1 + partial, oversample 1.5, m 4`."""
+    kk, *extra = k.split(":")
+    out = kk.replace("p", " + partial")
+    if extra:
+        out += f", oversample {extra[0]}"
+    if len(extra) > 1:
+        out += f", m {extra[1]}"
+    return out
 
 
 def main() -> None:
@@ -147,6 +166,7 @@ def main() -> None:
         with tempfile.TemporaryDirectory() as tmp:
             model = build_tiny_model(Path(tmp) / "model")
             for k in ks:
+                kk, *extra = k.split(":")
                 rows.append(
                     _row(
                         f"sim {args.sim_engines}:{args.sim_ranks}, gen {args.sim_gen}s "
@@ -154,15 +174,17 @@ def main() -> None:
                         + (f", 1 in {tail[0]} samples x{tail[1]:g}" if tail[0] else ""),
                         k,
                         _sim(
-                            int(k.rstrip("p")),
+                            int(kk.rstrip("p")),
                             args.sim_steps,
                             args.sim_gen,
                             args.sim_train,
                             model,
                             args.sim_engines,
                             args.sim_ranks,
-                            partial=k.endswith("p"),
+                            partial=kk.endswith("p"),
                             tail=tail,
+                            oversample=float(extra[0]) if extra else 1.0,
+                            token_k=int(extra[1]) if len(extra) > 1 else None,
                         ),
                         args.warmup,
                         32,
@@ -180,9 +202,10 @@ def main() -> None:
     )
     print(
         "| setup | k | steps | steps/s | tokens/s | rollout idle | learner idle "
-        "| staleness | dropped stale | reward (last step) | steps/s vs k=0 | vs k=1 |"
+        "| staleness oldest (max) | newest | dropped stale | reward (last step) "
+        "| steps/s vs k=0 | vs k=1 |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     base: dict[tuple[str, str], float] = {}
     for r in rows:
         base.setdefault((r["setup"], r["k"]), r["steps_s"])
@@ -191,11 +214,11 @@ def main() -> None:
             r["steps_s"] / base[(r["setup"], b)] if (r["setup"], b) in base else float("nan")
             for b in ("0", "1")
         ]
-        k = r["k"].replace("p", " + partial")
         print(
-            f"| {r['setup']} | {k} | {r['steps']} | {r['steps_s']:.3f} "
+            f"| {r['setup']} | {_label(r['k'])} | {r['steps']} | {r['steps_s']:.3f} "
             f"| {r['tokens_s']:.1f} | {r['rollout_idle']:.2f} | {r['learner_idle']:.2f} "
-            f"| {r['staleness']:.2f} | {r['dropped']:.0f} | {r['reward']:.3f} "
+            f"| {r['staleness']:.2f} ({r['staleness_max']:.0f}) | {r['newest']:.2f} "
+            f"| {r['dropped']:.0f} | {r['reward']:.3f} "
             f"| {ratios[0]:.2f}x | {ratios[1]:.2f}x |"
         )
     print("\nreward_mean per step:")

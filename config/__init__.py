@@ -11,7 +11,7 @@ and the producer's window);
 
 from .adapter import AdapterConfig
 from .algorithms import DPOConfig, GRPOConfig, PPOConfig
-from .asynchrony import producer_window
+from .asynchrony import continuous_producer, producer_window
 from .base import RecipeError, Strict
 from .data import (
     DataConfig,
@@ -57,6 +57,7 @@ __all__ = [
     "RolloutConfig",
     "Strict",
     "WeightSyncConfig",
+    "continuous_producer",
     "producer_window",
     "vllm_installed",
 ]

@@ -43,31 +43,42 @@ def check_async_and_correction(recipe: Any) -> None:
         )
 
 
+def continuous_producer(recipe: Any) -> bool:
+    """Whether the asynchronous producer sends each group as its own request as a slot
+    frees (recipes/async_loop.py) instead of a round at a time: partial rollouts,
+    single-turn, on an engine that batches concurrent calls and pauses them for a push
+    (vLLM's AsyncLLM; the 'hf' engine, segment by segment). vLLM's synchronous LLM runs
+    one call at a time, so it keeps rounds (one batched call per engine)."""
+    r, t = recipe.rollout, recipe.train
+    multi_turn = r.max_turns > 1 or r.agent is not None
+    concurrent = r.engine == "hf" or r.vllm.async_engine
+    return r.partial and t.max_staleness >= 1 and not multi_turn and concurrent
+
+
 def producer_window(recipe: Any) -> int:
     """Groups the asynchronous producer keeps generating, scoring or waiting at most:
-    k × prompts_per_step, times `rollout.oversample` (rounded up) with partial rollouts
-    (k = `train.max_staleness`; 0 at k = 0)."""
+    k × prompts_per_step, times `rollout.oversample` (rounded up) when it sends groups
+    one by one (`continuous_producer`; k = `train.max_staleness`, 0 at k = 0)."""
     window = recipe.train.max_staleness * recipe.train.prompts_per_step
-    r = recipe.rollout
-    multi_turn = r.max_turns > 1 or r.agent is not None
-    if r.partial and not multi_turn:
-        window = math.ceil(window * r.oversample)
+    if continuous_producer(recipe):
+        window = math.ceil(window * recipe.rollout.oversample)
     return window
 
 
 def _check_partial_window(recipe: Any) -> None:
-    """`rollout.oversample` and `train.max_token_staleness` act only on the partial-
-    rollout producer (single-turn, k ≥ 1); elsewhere they would be silently ignored.
+    """`rollout.oversample` and `train.max_token_staleness` act only on the producer that
+    sends groups one by one (`continuous_producer`); elsewhere they would be silently
+    ignored.
 
     Raises:
         ValueError: names the key and what to set.
     """
     t, r = recipe.train, recipe.rollout
-    multi_turn = r.max_turns > 1 or r.agent is not None
-    partial = r.partial and t.max_staleness >= 1 and not multi_turn
+    partial = continuous_producer(recipe)
     need = (
-        "rollout.partial: true, train.max_staleness >= 1 and single-turn rollouts "
-        "(rollout.max_turns 1, no rollout.agent)"
+        "rollout.partial: true, train.max_staleness >= 1, single-turn rollouts "
+        "(rollout.max_turns 1, no rollout.agent) and an engine that takes requests "
+        "concurrently (rollout.engine: hf, or vllm with rollout.vllm.async_engine: true)"
     )
     if r.oversample > 1.0 and not partial:
         raise ValueError(

@@ -158,17 +158,18 @@ class RolloutConfig(EpisodeFields):
         "off-policy correction uses. The 'hf' engine pauses between tokens; 'vllm' "
         "with rollout.vllm.async_engine pauses its requests in flight and keeps them; "
         "'vllm' (synchronous LLM) finishes its batch first. No effect at max_staleness 0, "
-        "nor on multi-turn episodes (a push waits for their round). The producer then "
-        "sends each group (one prompt's samples) as its own request as soon as a slot "
-        "frees, instead of a round at a time: a long sample holds its own slot, not a "
-        "round (see rollout.oversample).",
+        "nor on multi-turn episodes (a push waits for their round). On 'hf' and on 'vllm' "
+        "with rollout.vllm.async_engine the producer then sends each group (one prompt's "
+        "samples) as its own request as soon as a slot frees, instead of a round at a "
+        "time: a long sample holds its own slot, not a round (see rollout.oversample).",
     )
     oversample: float = Field(
         1.0,
         ge=1.0,
-        description="With rollout.partial and train.max_staleness k >= 1: the producer "
-        "keeps up to ceil(k x train.prompts_per_step x oversample) groups generating, "
-        "scoring or waiting (over-sampling, as APRIL, Zhou et al. 2025): a step trains on "
+        description="With rollout.partial, train.max_staleness k >= 1 and an engine that "
+        "takes groups one by one (see rollout.partial): the producer keeps up to "
+        "ceil(k x train.prompts_per_step x oversample) groups generating, scoring or "
+        "waiting (over-sampling, as APRIL, Zhou et al. 2025): a step trains on "
         "the first groups to finish, and the long ones finish later under newer weights. "
         "Those span several policy versions; train.max_token_staleness bounds their oldest "
         "token (at its default, most of them are dropped as too old). 1.0: no more in "

@@ -9,11 +9,12 @@ Structure:
   it to a scoring thread; every scored group (the samples of one prompt) goes to a
   ready list. The learner's batch is filled from finished groups in the order they
   finished (streaming: a slow engine does not hold the others' groups back).
-  With partial rollouts (`rollout.partial`) there are no rounds: each group is its own
-  request, sent to the worker with the fewest in flight as soon as the window has room
-  and scored as soon as it returns, so a long sample holds one slot, not a round
-  (continuous batching on an engine that batches concurrent calls: vLLM's AsyncLLM, or
-  the paced simulated engine of `debug.rollout_delay_s`).
+  With partial rollouts (`rollout.partial`) on an engine that takes concurrent calls
+  (`continuous_producer`: vLLM's AsyncLLM, which batches them continuously, or the 'hf'
+  engine) there are no rounds: each group is its own request, sent to the worker with
+  the fewest in flight as soon as the window has room and scored as soon as it
+  returns, so a long sample holds one slot, not a round. vLLM's synchronous LLM keeps
+  rounds (one batched call per engine).
   Multi-turn episodes and agents (`rollout.max_turns`, `rollout.agent`): a round is a
   batch of episodes (recipes/episodes/step.py), scored with the environment's rewards.
   Dynamic sampling (`grpo.dynamic_sampling`): a group whose rewards are all equal is
@@ -78,7 +79,7 @@ import ray
 
 from ..actors.rollout import Rollout
 from ..common.telemetry import Span
-from ..config import producer_window
+from ..config import continuous_producer, producer_window
 from ..rewards.protocol import Score
 from . import controller as c
 from .algo.dynamic import has_signal
@@ -146,8 +147,8 @@ class RolloutStream:
         self.episodes = episodes_enabled(self.recipe)
         self.partial = self.recipe.rollout.partial and not self.episodes
         self.token_k = self.recipe.train.max_token_staleness
-        # partial rollouts: one request per group, sent as a slot frees (no rounds)
-        self.refill = self.partial
+        # one request per group, sent as a slot frees (no rounds)
+        self.refill = continuous_producer(self.recipe)
         self.window = producer_window(self.recipe)
         self.dynamic = self.recipe.grpo.dynamic_sampling
         self.per_step = self.recipe.train.prompts_per_step

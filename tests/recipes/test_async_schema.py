@@ -161,6 +161,7 @@ def test_the_async_engine_is_a_vllm_engine():
             [
                 "train.max_staleness=1",
                 "rollout.partial=true",
+                "rollout.engine=hf",
                 "train.max_token_staleness=2",
                 "train.correction.mode=none",
             ],
@@ -174,6 +175,15 @@ def test_the_async_engine_is_a_vllm_engine():
                 "rollout.oversample=1.5",
             ],
             "single-turn",
+        ),
+        (
+            [
+                "train.max_staleness=1",
+                "rollout.partial=true",
+                "rollout.engine=vllm",
+                "rollout.oversample=1.5",
+            ],
+            "rollout.vllm.async_engine: true",
         ),
     ],
 )
@@ -194,6 +204,7 @@ def test_oversample_and_token_staleness_accepted_with_partial_rollouts():
         [
             "train.max_staleness=1",
             "rollout.partial=true",
+            "rollout.vllm.async_engine=true",
             "rollout.oversample=1.5",
             "train.max_token_staleness=3",
         ],
