@@ -113,20 +113,22 @@ class Group:
 def take_fresh(
     groups: list[Group], step: int, k: int, count: int, token_k: int | None = None
 ) -> tuple[list[Group], list[Group], list[Group]]:
-    """Split ready `groups` (oldest first) for training step `step`: the first `count`
-    whose staleness is within bounds, those too old (dropped), and the rest (kept for
-    later steps). A group is within bounds when `step − newest ≤ k` and
-    `step − version ≤ token_k` (its oldest token; `token_k` None: `k`, i.e. staleness
-    counts from the oldest token). Pure; the order of `groups` is kept in each list."""
+    """Split ready `groups` (in the order they finished) for training step `step`: up to
+    `count` within bounds, those too old (dropped), and the rest (kept for later steps).
+
+    A group is within bounds when `step − newest ≤ k` and `step − version ≤ token_k`
+    (its oldest token; `token_k` None: `k`, i.e. staleness counts from the oldest token).
+    Of those, the `count` closest to going stale are taken (earliest deadline
+    `min(newest + k, version + token_k)` first; ties in the order given), so a group
+    left waiting is not dropped while younger ones train. Pure; each list keeps the
+    order of `groups`."""
     token_k = k if token_k is None else token_k
-    fresh, stale, rest = [], [], []
-    for g in groups:
-        if step - g.newest > k or step - g.version > token_k:
-            stale.append(g)
-        elif len(fresh) < count:
-            fresh.append(g)
-        else:
-            rest.append(g)
+    stale = [g for g in groups if step - g.newest > k or step - g.version > token_k]
+    within = [g for g in groups if not (step - g.newest > k or step - g.version > token_k)]
+    by_deadline = sorted(within, key=lambda g: min(g.newest + k, g.version + token_k))
+    chosen = {id(g) for g in by_deadline[:count]}
+    fresh = [g for g in within if id(g) in chosen]
+    rest = [g for g in within if id(g) not in chosen]
     return fresh, stale, rest
 
 

@@ -59,3 +59,13 @@ def test_token_bound_keeps_a_continued_group_within_both_bounds():
     assert [g.rollouts[0].group_id for g in fresh] == ["a", "d"]
     assert [g.rollouts[0].group_id for g in stale] == ["b", "c"]
     assert not rest
+
+
+def test_the_groups_closest_to_going_stale_train_first():
+    """Earliest deadline first: at step 4, k 1, m 2 the continued group "a" (oldest
+    token 2: stale after step 4) trains before "b" and "c" (fresh until step 5),
+    though it finished last; the batch keeps the finishing order."""
+    groups = [_group(4, "b"), _group(4, "c"), _group(2, "a", [2, 4])]
+    fresh, stale, rest = take_fresh(groups, step=4, k=1, count=2, token_k=2)
+    assert [g.rollouts[0].group_id for g in fresh] == ["b", "a"]
+    assert [g.rollouts[0].group_id for g in rest] == ["c"] and not stale
