@@ -282,3 +282,22 @@ def test_a_step_or_eval_that_would_queue_too_many_samples_is_refused(overrides, 
 def test_the_largest_step_and_eval_allowed_validate():
     load_recipe(QUICKSTART, ["train.prompts_per_step=1000", "rollout.samples_per_prompt=1000"])
     load_recipe(QUICKSTART, ["eval.k=1000", "eval.limit=1000"])
+
+
+@pytest.mark.parametrize(
+    "override",
+    [
+        "train.lr=inf",
+        "train.lr=nan",
+        "rollout.temperature=inf",
+        "rollout.oversample=inf",
+        "train.correction.cap=nan",
+        "rewards.0.weight=-inf",
+        "grpo.kl_coef=nan",
+    ],
+)
+def test_a_non_finite_number_in_any_float_key_is_refused_naming_it(override):
+    """`inf` and `nan` pass `ge`/`gt` bounds one way or the other (inf ≥ 1, nan fails
+    every comparison but an unbounded field takes it); every recipe block refuses them."""
+    key = override.split("=")[0]
+    assert f"{key}: Input should be a finite number" in _refused([override])
