@@ -204,13 +204,18 @@ def test_resume_trains_each_prompt_once_with_partial_rollouts(tiny_model, tmp_pa
     assert set(pending) <= set(trained[4:])  # the pending ones trained after the resume
 
 
-def test_dynamic_sampling_under_staleness_drops_flat_groups_and_counts_add_up(tiny_model, tmp_path):
+@pytest.mark.parametrize("partial", [False, True], ids=["rounds", "one-group-requests"])
+def test_dynamic_sampling_under_staleness_drops_flat_groups_and_counts_add_up(
+    tiny_model, tmp_path, partial
+):
     """`grpo.dynamic_sampling` with k = 1: a random model scores 0 on every math prompt,
     so every group is flat; each step waits for max_rounds × prompts_per_step = 4 of
-    them, trains on 2 (zero advantages), drops the rest, and the totals add up."""
+    them, trains on 2 (zero advantages), drops the rest, and the totals add up; the
+    same when partial rollouts send each group as its own request."""
     recipe_file = _grpo_recipe(
         tmp_path,
         tiny_model,
+        rollout={"engine": "hf", "samples_per_prompt": 4, "max_new_tokens": 6, "partial": partial},
         rewards=[{"name": "correct", "type": "math"}],
         grpo={"dynamic_sampling": True, "max_rounds": 2},
         train={
