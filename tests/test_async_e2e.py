@@ -13,6 +13,35 @@ from posttrain.recipes.loop import run
 from tests.conftest import ROOT
 from tests.test_grpo_e2e import _grpo_recipe
 
+#: 4 asynchronous steps of 2 prompts at k = 1
+FOUR_STEPS_K1 = {
+    "steps": 4,
+    "prompts_per_step": 2,
+    "micro_batch_size": 2,
+    "lr": 1e-3,
+    "max_staleness": 1,
+}
+
+
+def check_counts_and_versions(history, run_dir, samples_per_step, newest_k, oldest_k):
+    """Partial rollouts' invariants over a run: at every step generated = trained +
+    dropped + waiting; every saved sample has one version per response token, never
+    going back, `policy_version` its oldest, its newest within `newest_k` of its step and
+    its oldest within `oldest_k`."""
+    for m in history:
+        assert m["samples_generated_total"] == (
+            m["samples_trained_total"] + m["samples_dropped_total"] + m["samples_waiting"]
+        )
+    assert history[-1]["samples_trained_total"] == len(history) * samples_per_step
+    for step in range(len(history)):
+        saved = [json.loads(x) for x in (run_dir / "rollouts" / f"step_{step:05d}.jsonl").open()]
+        assert len(saved) == samples_per_step
+        for r in saved:
+            v = r["policy_versions"]
+            assert len(v) == len(r["response_ids"]) and v == sorted(v)
+            assert r["policy_version"] == v[0]
+            assert 0 <= step - v[-1] <= newest_k and step - v[0] <= oldest_k
+
 
 @pytest.mark.parametrize(("algorithm", "k"), [("grpo", 1), ("grpo", 2), ("ppo", 1)])
 def test_no_sample_trains_beyond_k_versions(tiny_model, tmp_path, algorithm, k):
@@ -90,13 +119,7 @@ def test_partial_rollouts_tag_versions_and_counts_add_up(tiny_model, tmp_path):
         tmp_path,
         tiny_model,
         rollout={"engine": "hf", "samples_per_prompt": 4, "max_new_tokens": 64, "partial": True},
-        train={
-            "steps": 4,
-            "prompts_per_step": 2,
-            "micro_batch_size": 2,
-            "lr": 1e-3,
-            "max_staleness": 1,
-        },
+        train=FOUR_STEPS_K1,
     )
     run_dir = tmp_path / "run"
     history = run(load_recipe(recipe_file), run_dir)
@@ -106,17 +129,7 @@ def test_partial_rollouts_tag_versions_and_counts_add_up(tiny_model, tmp_path):
         assert m["staleness_max"] <= 1 and m["samples_dropped"] == 0
         assert m["staleness_frac/0"] + m["staleness_frac/1"] == pytest.approx(1.0)
         assert 1.0 <= m["versions_spanned_mean"] <= m["versions_spanned_max"] <= 2.0
-        assert m["samples_generated_total"] == (
-            m["samples_trained_total"] + m["samples_dropped_total"] + m["samples_waiting"]
-        )
-    assert history[-1]["samples_trained_total"] == 4 * 8
-    for step in range(4):
-        saved = [json.loads(x) for x in (run_dir / "rollouts" / f"step_{step:05d}.jsonl").open()]
-        assert len(saved) == 8
-        for r in saved:
-            v = r["policy_versions"]
-            assert len(v) == len(r["response_ids"]) and v == sorted(v)
-            assert r["policy_version"] == v[0] and 0 <= step - v[0] <= 1
+    check_counts_and_versions(history, run_dir, samples_per_step=8, newest_k=1, oldest_k=1)
 
 
 def test_oversampled_partial_rollouts_keep_both_bounds_and_lose_no_sample(tiny_model, tmp_path):
@@ -135,14 +148,7 @@ def test_oversampled_partial_rollouts_keep_both_bounds_and_lose_no_sample(tiny_m
             "partial": True,
             "oversample": 2.0,
         },
-        train={
-            "steps": 4,
-            "prompts_per_step": 2,
-            "micro_batch_size": 2,
-            "lr": 1e-3,
-            "max_staleness": 1,
-            "max_token_staleness": 2,
-        },
+        train={**FOUR_STEPS_K1, "max_token_staleness": 2},
         resources={"rollout": {"gpus": 2}, "learner": {"gpus": 1}, "threads_per_worker": 1},
         debug={"rollout_delay_s": 0.2, "rollout_tail_every": 3, "rollout_tail_factor": 6.0},
     )
@@ -152,17 +158,7 @@ def test_oversampled_partial_rollouts_keep_both_bounds_and_lose_no_sample(tiny_m
     assert [m["policy_version"] for m in history] == [1, 2, 3, 4]
     for m in history:
         assert m["staleness_newest_max"] <= 1 and m["staleness_max"] <= 2
-        assert m["samples_generated_total"] == (
-            m["samples_trained_total"] + m["samples_dropped_total"] + m["samples_waiting"]
-        )
-    assert history[-1]["samples_trained_total"] == 4 * 4
-    for step in range(4):
-        saved = [json.loads(x) for x in (run_dir / "rollouts" / f"step_{step:05d}.jsonl").open()]
-        assert len(saved) == 4
-        for r in saved:
-            v = r["policy_versions"]
-            assert len(v) == len(r["response_ids"]) and v == sorted(v)
-            assert step - v[-1] <= 1 and step - v[0] <= 2
+    check_counts_and_versions(history, run_dir, samples_per_step=4, newest_k=1, oldest_k=2)
 
 
 def _trained_prompt_ids(run_dir, steps):

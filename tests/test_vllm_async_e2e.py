@@ -6,13 +6,12 @@ token, non-decreasing, with the sample totals adding up."""
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
 from posttrain.recipes.loading import load_recipe
 from posttrain.recipes.loop import run
 from tests.engine_host import requires_vllm
+from tests.test_async_e2e import FOUR_STEPS_K1, check_counts_and_versions
 from tests.test_grpo_e2e import _grpo_recipe
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, requires_vllm]
@@ -40,13 +39,7 @@ def test_partial_rollouts_tag_versions_and_counts_add_up(tiny_model_vllm, tmp_pa
         tmp_path,
         tiny_model_vllm,
         rollout={**ROLLOUT, "max_new_tokens": 64, "partial": True},
-        train={
-            "steps": 4,
-            "prompts_per_step": 2,
-            "micro_batch_size": 2,
-            "lr": 1e-3,
-            "max_staleness": 1,
-        },
+        train=FOUR_STEPS_K1,
     )
     run_dir = tmp_path / "run"
     history = run(load_recipe(recipe_file), run_dir)
@@ -55,14 +48,4 @@ def test_partial_rollouts_tag_versions_and_counts_add_up(tiny_model_vllm, tmp_pa
     for m in history:
         assert m["staleness_max"] <= 1 and m["samples_dropped"] == 0
         assert 1.0 <= m["versions_spanned_mean"] <= m["versions_spanned_max"] <= 2.0
-        assert m["samples_generated_total"] == (
-            m["samples_trained_total"] + m["samples_dropped_total"] + m["samples_waiting"]
-        )
-    assert history[-1]["samples_trained_total"] == 4 * 8
-    for step in range(4):
-        saved = [json.loads(x) for x in (run_dir / "rollouts" / f"step_{step:05d}.jsonl").open()]
-        assert len(saved) == 8
-        for r in saved:
-            v = r["policy_versions"]
-            assert len(v) == len(r["response_ids"]) and v == sorted(v)
-            assert r["policy_version"] == v[0] and 0 <= step - v[0] <= 1
+    check_counts_and_versions(history, run_dir, samples_per_step=8, newest_k=1, oldest_k=1)
