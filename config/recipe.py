@@ -166,6 +166,7 @@ class RolloutConfig(EpisodeFields):
     oversample: float = Field(
         1.0,
         ge=1.0,
+        le=4.0,
         description="With rollout.partial, train.max_staleness k >= 1 and an engine that "
         "takes groups one by one (see rollout.partial): the producer keeps up to "
         "ceil(k x train.prompts_per_step x oversample) groups generating, scoring or "
@@ -173,7 +174,7 @@ class RolloutConfig(EpisodeFields):
         "the first groups to finish, and the long ones finish later under newer weights. "
         "Those span several policy versions; train.max_token_staleness bounds their oldest "
         "token (at its default, most of them are dropped as too old). 1.0: no more in "
-        "flight than k steps consume.",
+        "flight than k steps consume; at most 4 (APRIL over-samples 2x).",
     )
 
     @field_validator("stop", mode="before")
@@ -309,10 +310,11 @@ class TrainConfig(_Strict):
         description="With rollout.partial: the most policy versions any token of a "
         "trained sample may lag. null: train.max_staleness, and a sample's staleness counts "
         "from its oldest token. Larger: a group trains at step s when s minus its newest "
-        "token's version is <= max_staleness and s minus its oldest token's version is <= "
-        "this; a long sample continued across pushes then trains instead of being dropped, "
-        "each token weighted by train.correction against the policy that sampled it "
-        "(its own inference_logprobs).",
+        "token's version (over its samples) is <= max_staleness and s minus its oldest "
+        "token's version is <= this (a sample that ended early may then be older than "
+        "max_staleness, never older than this); a long sample continued across pushes "
+        "then trains instead of being dropped, each token weighted by train.correction "
+        "against the policy that sampled it (its own inference_logprobs).",
     )
     correction: CorrectionConfig = Field(default_factory=CorrectionConfig)
 

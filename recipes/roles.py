@@ -68,6 +68,7 @@ class RolloutSpec:
     partial: bool = False
     tail: tuple[int, float] = (0, 1.0)  # debug.rollout_tail_every, rollout_tail_factor
     window: int = 0  # partial rollouts: the producer's most groups in flight at once
+    engines: int = 1  # rollout engines sharing the window
 
 
 @dataclass(frozen=True)
@@ -251,6 +252,7 @@ def rollout_spec(
         partial=recipe.rollout.partial and recipe.train.max_staleness >= 1,
         tail=(recipe.debug.rollout_tail_every, recipe.debug.rollout_tail_factor),
         window=producer_window(recipe),
+        engines=recipe.resources.rollout.gpus // recipe.resources.rollout.gpus_per_engine,
     )
 
 
@@ -260,13 +262,22 @@ def start_rollout(spec: RolloutSpec, placement: Placement) -> list[Any]:
     return [start_rollout_worker(spec, i, opts) for i, opts in enumerate(placement.rollout)]
 
 
+def rollout_concurrency(spec: RolloutSpec) -> int:
+    """A partial-rollout worker's Ray `max_concurrency`: its share of the producer's
+    window, ceil(window / engines), capped at 256 (vLLM's default batch limit; calls
+    beyond wait in Ray's queue, no thread each), plus 4 for pushes and health calls."""
+    share = -(-spec.window // max(spec.engines, 1))
+    return 4 + min(share, 256)
+
+
 def start_rollout_worker(spec: RolloutSpec, index: int, options: dict[str, Any]) -> Any:
     """Rollout worker `index` on its placement bundle `options` (not waited for). With
     partial rollouts it is a threaded actor, so a push reaches it while it generates and
-    it holds as many of the producer's one-group requests as the window may send it."""
+    it holds its share of the producer's one-group requests at once (up to 256, vLLM's
+    default batch limit; more wait in Ray's queue)."""
     worker = ray.remote(num_cpus=0)(RolloutWorker)
     if spec.partial:
-        options = {**options, "max_concurrency": 4 + spec.window}
+        options = {**options, "max_concurrency": rollout_concurrency(spec)}
     return worker.options(**options).remote(
         index,
         spec.engine,

@@ -151,6 +151,15 @@ def test_the_async_engine_is_a_vllm_engine():
     ("sets", "named"),
     [
         (["train.max_staleness=1", "rollout.oversample=1.5"], "rollout.partial: true"),
+        (
+            [
+                "train.max_staleness=1",
+                "rollout.partial=true",
+                "rollout.engine=hf",
+                "rollout.oversample=1e9",
+            ],
+            "rollout.oversample: Input should be less than or equal to 4",
+        ),
         (["rollout.partial=true", "rollout.oversample=2"], "train.max_staleness >= 1"),
         (
             ["train.max_staleness=2", "rollout.partial=true", "train.max_token_staleness=1"],
@@ -215,3 +224,18 @@ def test_oversample_and_token_staleness_accepted_with_partial_rollouts():
     assert producer_window(load_recipe(QUICKSTART, ["train.max_staleness=2"])) == (
         2 * r.train.prompts_per_step
     )
+
+
+@pytest.mark.parametrize(
+    ("window", "engines", "expected"),
+    [(16, 4, 8), (17, 4, 9), (0, 1, 4), (4 * 10**9, 1, 260)],
+)
+def test_a_partial_worker_holds_its_share_of_the_window_and_no_more_than_256(
+    window, engines, expected
+):
+    """Ray makes a thread per unit of `max_concurrency`: a window of 4e9 (oversample
+    1e9, before its bound) crashed the run with an OverflowError."""
+    from posttrain.recipes.roles import RolloutSpec, rollout_concurrency
+
+    spec = RolloutSpec(None, None, 1, 0.0, partial=True, window=window, engines=engines)
+    assert rollout_concurrency(spec) == expected
