@@ -50,9 +50,8 @@ def continuous_producer(recipe: Any) -> bool:
     (vLLM's AsyncLLM; the 'hf' engine, segment by segment). vLLM's synchronous LLM runs
     one call at a time, so it keeps rounds (one batched call per engine)."""
     r, t = recipe.rollout, recipe.train
-    multi_turn = r.max_turns > 1 or r.agent is not None
     concurrent = r.engine == "hf" or r.vllm.async_engine
-    return r.partial and t.max_staleness >= 1 and not multi_turn and concurrent
+    return r.partial and t.max_staleness >= 1 and not r.episodic and concurrent
 
 
 def producer_window(recipe: Any) -> int:

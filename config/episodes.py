@@ -95,6 +95,12 @@ class AgentProgram(Strict):
 class EpisodeFields(Strict):
     """The rollout block's multi-turn keys (`RolloutConfig` inherits them)."""
 
+    @property
+    def episodic(self) -> bool:
+        """Whether a step samples episodes (multi-turn, or a black-box agent) instead of
+        single-turn rollouts."""
+        return self.max_turns > 1 or self.agent is not None
+
     max_turns: int = Field(1, ge=1, description="Most model turns per episode (1: single-turn).")
     max_episode_tokens: int | None = Field(
         None,

@@ -16,6 +16,11 @@ class RolloutResources(_Strict):
     gpus: int = Field(1, gt=0, description="Devices for rollout (on device: cpu, workers).")
     gpus_per_engine: int = Field(1, gt=0, description="Devices per engine (tensor parallel).")
 
+    @property
+    def engines(self) -> int:
+        """Rollout engines: `gpus // gpus_per_engine` (the schema refuses a remainder)."""
+        return self.gpus // self.gpus_per_engine
+
 
 class LearnerResources(_Strict):
     gpus: int = Field(

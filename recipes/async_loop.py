@@ -123,8 +123,9 @@ def take_fresh(
     left waiting is not dropped while younger ones train. Pure; each list keeps the
     order of `groups`."""
     token_k = k if token_k is None else token_k
-    stale = [g for g in groups if step - g.newest > k or step - g.version > token_k]
-    within = [g for g in groups if not (step - g.newest > k or step - g.version > token_k)]
+    stale, within = [], []
+    for g in groups:
+        (stale if step - g.newest > k or step - g.version > token_k else within).append(g)
     by_deadline = sorted(within, key=lambda g: min(g.newest + k, g.version + token_k))
     chosen = {id(g) for g in by_deadline[:count]}
     fresh = [g for g in within if id(g) in chosen]

@@ -73,7 +73,7 @@ def place(res: ResourcesConfig, timeout_s: float = 60.0, rollout: bool = True) -
 
     check_cluster(res, ray.cluster_resources().get("GPU", 0.0), rollout)
     out = Placement()
-    n_engines = res.rollout.gpus // res.rollout.gpus_per_engine if rollout else 0
+    n_engines = res.rollout.engines if rollout else 0
     if res.colocate:
         _place_colocated(res, n_engines, out)
     else:

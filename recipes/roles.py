@@ -252,7 +252,7 @@ def rollout_spec(
         partial=recipe.rollout.partial and recipe.train.max_staleness >= 1,
         tail=(recipe.debug.rollout_tail_every, recipe.debug.rollout_tail_factor),
         window=producer_window(recipe),
-        engines=recipe.resources.rollout.gpus // recipe.resources.rollout.gpus_per_engine,
+        engines=recipe.resources.rollout.engines,
     )
 
 

@@ -94,7 +94,7 @@ def requests_for(prompts: list[PromptItem], recipe: Recipe, step: int) -> list[P
 def episodes_enabled(recipe: Recipe) -> bool:
     """Whether a step samples episodes (multi-turn, or a black-box agent) instead of
     single-turn rollouts."""
-    return recipe.rollout.max_turns > 1 or recipe.rollout.agent is not None
+    return recipe.rollout.episodic
 
 
 def generate_episodes(

@@ -258,7 +258,7 @@ def calibrate(r: Recipe, folder: Path, prompt_tokens: int, shape: ModelShape) ->
     cores = os.cpu_count() or 1
     t_r, t_l = worker_threads(r, cores)
     res = r.resources
-    engines = res.rollout.gpus // res.rollout.gpus_per_engine
+    engines = res.rollout.engines
     prompts = -(-r.train.prompts_per_step // engines)
     n = r.rollout.samples_per_prompt
     before = torch.get_num_threads()

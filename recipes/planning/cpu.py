@@ -147,7 +147,7 @@ def worker_threads(r: Recipe, cores: int) -> tuple[int, int]:
     """Torch threads of a rollout worker and of a learner rank, as `posttrain run` sets
     them (resources.threads_per_worker, else cores / workers of that side, at least 1)."""
     res = r.resources
-    engines = res.rollout.gpus // res.rollout.gpus_per_engine
+    engines = res.rollout.engines
     t = res.threads_per_worker
     return (t or max(1, cores // max(1, engines)), t or max(1, cores // res.learner.gpus))
 
@@ -214,7 +214,7 @@ def _rollout_times(
         KeyError: `cal.matmul_flops` has no rate at `t_r` threads.
     """
     res = r.resources
-    engines = res.rollout.gpus // res.rollout.gpus_per_engine
+    engines = res.rollout.engines
     seqs = r.train.prompts_per_step * r.rollout.samples_per_prompt
     batch = -(-seqs // engines)
     new = r.rollout.max_new_tokens

@@ -151,7 +151,7 @@ def _print_memory(
         "measured",
     )
     p = plan_recipe(r, shape, "cpu", prompt_tokens, s.mfu, hw=hw)
-    engines = r.resources.rollout.gpus // r.resources.rollout.gpus_per_engine
+    engines = r.resources.rollout.engines
     total = r.resources.learner.gpus * p.learner_total + engines * p.engine_total
     console.print(
         f"memory: {r.resources.learner.gpus} learner ranks x "

@@ -339,7 +339,7 @@ def _engine_memory(r: Recipe, m: ModelShape, sequences: int, seq: int) -> dict[s
     cache of its share of the step's `sequences`, each `seq` tokens long (tensor
     parallel divides both over an engine's devices)."""
     res = r.resources
-    engines = res.rollout.gpus // res.rollout.gpus_per_engine
+    engines = res.rollout.engines
     per_engine = -(-sequences // engines)
     engine: dict[str, float] = {}
     engine[f"weights ({r.model.dtype})"] = (
