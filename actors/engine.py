@@ -67,6 +67,8 @@ class EngineSettings:
             the weights after each generate (`LLM.sleep(level=1)`), so the learner rank
             on the same GPU has its memory while it trains; woken before the next load
             or generate.
+        direct_load: vLLM on CPU: load pushes straight into the layers' kernels
+            (`rollout.vllm.direct_load`, actors/vllm_direct.py).
     """
 
     kind: Literal["vllm", "vllm_async", "hf"]
@@ -81,6 +83,7 @@ class EngineSettings:
     gpu_memory_utilization: float | None = None
     tensor_parallel_size: int = 1
     sleep_between_steps: bool = False
+    direct_load: bool = True
 
 
 # An odd 64-bit constant (2^64 / golden ratio): rank r's seed is `seed + r * stride`, so

@@ -35,6 +35,7 @@ def make_engine(s: EngineSettings) -> InferenceEngine:
             gpu_memory_utilization=s.gpu_memory_utilization,
             tensor_parallel_size=s.tensor_parallel_size,
             sleep_between_steps=s.sleep_between_steps,
+            direct_load=s.direct_load,
         )
     raise ValueError(
         f"rollout.engine {s.kind!r} is not available; use 'vllm', 'vllm_async' or 'hf'"

@@ -107,6 +107,7 @@ class AsyncVLLMEngine(InferenceEngine):
         gpu_memory_utilization: float | None = None,
         tensor_parallel_size: int = 1,
         sleep_between_steps: bool = False,
+        direct_load: bool = True,
     ):
         if lora_rank is not None or tensor_parallel_size != 1 or sleep_between_steps:
             raise ValueError(
@@ -156,6 +157,8 @@ class AsyncVLLMEngine(InferenceEngine):
         self.stop_ids = stop_token_ids(self.tokenizer, model_path)
         self.expected = checkpoint_names(model_path)
         self.optional = {"lm_head.weight"}
+        # Checkpoint names for the direct load (actors/vllm_direct.py); None: vLLM's reload.
+        self.direct = sorted(self.expected | self.optional) if direct_load else None
         self.context_tokens = self.llm.model_config.max_model_len
         self.tied = bool(getattr(self.llm.model_config.hf_config, "tie_word_embeddings", False))
         self.per_request_seed = device != "cpu"
@@ -267,7 +270,9 @@ class AsyncVLLMEngine(InferenceEngine):
         await self.llm.pause_generation(mode="keep", clear_cache=True)
         try:
             names = (
-                await self.llm.collective_rpc("posttrain_load_weights_file", args=(path, order))
+                await self.llm.collective_rpc(
+                    "posttrain_load_weights_file", args=(path, order, self.direct)
+                )
             )[0]
             if not await self.llm.reset_prefix_cache():
                 raise RuntimeError("vLLM refused to reset its prefix cache after a weight load")

@@ -25,10 +25,11 @@ sampling parameters, and every request passes its own `SamplingParams`. Requests
 on `stop_token_ids` (the base module's set: tokenizer EOS, generation-config EOS ids,
 the chat template's end-of-turn token), the same set as `engine: hf`.
 
-Weights: loaded in place with vLLM's `reload_weights(weights_iterator=...)` (checkpoint
-names, fused layouts handled by vLLM), then the prefix cache is reset so KV blocks
-computed under the old weights are never served again. vLLM's layerwise reload
-expects a full state dict each time: a partial push is refused before loading.
+Weights: loaded in place, on CPU straight into the layers' kernels where the model
+allows (actors/vllm_direct.py), otherwise with vLLM's `reload_weights(weights_iterator=
+...)` (checkpoint names, fused layouts handled by vLLM); then the prefix cache is reset
+so KV blocks computed under the old weights are never served again. Both expect a full
+state dict each time: a partial push is refused before loading.
 """
 
 from __future__ import annotations
@@ -210,6 +211,8 @@ class VLLMEngine(InferenceEngine):
         gpu_memory_utilization: cuda: vLLM's share of the GPU (None: `kv_cache_gb`).
         tensor_parallel_size: cuda: GPUs of this engine.
         sleep_between_steps: cuda, colocated: sleep after each generate (see above).
+        direct_load: on CPU, load pushes straight into the layers' kernels where the
+            model allows (actors/vllm_direct.py); false: always vLLM's `reload_weights`.
 
     Raises:
         RuntimeError: vLLM is not installed (the message says how to install it).
@@ -228,6 +231,7 @@ class VLLMEngine(InferenceEngine):
         gpu_memory_utilization: float | None = None,
         tensor_parallel_size: int = 1,
         sleep_between_steps: bool = False,
+        direct_load: bool = True,
     ):
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # its per-engine warnings are noise
@@ -281,6 +285,8 @@ class VLLMEngine(InferenceEngine):
         self.tied = bool(getattr(hf_config, "tie_word_embeddings", False))
         # vLLM never loads a tied head; the learner's state dict still carries it.
         self.optional = {"lm_head.weight"}
+        # Checkpoint names for the direct load (actors/vllm_direct.py); None: vLLM's reload.
+        self.direct = sorted(self.expected | self.optional) if direct_load else None
         self.lora = None  # the LoRARequest served, newest adapter version
         self.broken: str | None = None  # set when a load failed part-way
         # Per-request seeds give each request a torch.Generator; vLLM rewinds its offset
@@ -344,7 +350,9 @@ class VLLMEngine(InferenceEngine):
         # Tensor parallel: the workers are other processes; each gets the whole list.
         stream = checked if self.tp == 1 else [(n, t.cpu()) for n, t in checked]
         try:
-            names = self.llm.collective_rpc("posttrain_load_weights", args=(stream,))[0]
+            names = self.llm.collective_rpc(
+                "posttrain_load_weights", args=(stream, self.direct)
+            )[0]
         except (ValueError, RuntimeError) as e:
             # vLLM's layerwise reload was interrupted: some layers may be half loaded.
             self.broken = f"a weight load failed part-way ({e}); restart this engine"

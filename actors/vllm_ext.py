@@ -61,13 +61,22 @@ def skip_tied_embedding_gemm(model: torch.nn.Module) -> list[str]:
 class WeightLoaderExtension:
     """Mixed into vLLM's worker class; `self.model_runner` is vLLM's."""
 
-    def posttrain_load_weights(self, stream: Iterable[tuple[str, torch.Tensor]]) -> list[str]:
-        """Load checkpoint-format `(name, tensor)` pairs in place through vLLM's
-        `reload_weights` (which handles fused qkv / gate_up layouts and the CPU backend's
-        repacking); returns the names consumed, in order."""
+    def posttrain_load_weights(
+        self, stream: Iterable[tuple[str, torch.Tensor]], direct: list[str] | None = None
+    ) -> list[str]:
+        """Load checkpoint-format `(name, tensor)` pairs in place; returns the names
+        consumed, in order. With `direct` (the checkpoint's tensor names) and a model
+        `DirectLoader` knows (actors/vllm_direct.py), straight into the layers' kernels;
+        otherwise through vLLM's `reload_weights` (which handles fused qkv / gate_up
+        layouts and the CPU backend's repacking for any model)."""
+        model = self.model_runner.get_model()
         if not getattr(self, "_posttrain_tied_checked", False):  # the model never changes
-            skip_tied_embedding_gemm(self.model_runner.get_model())
+            skip_tied_embedding_gemm(model)
             self._posttrain_tied_checked = True
+        if direct is not None:
+            loader = self.posttrain_direct_loader(set(direct))
+            if loader is not None:
+                return loader.load(stream)
         names: list[str] = []
 
         def tap():
@@ -78,13 +87,28 @@ class WeightLoaderExtension:
         self.model_runner.reload_weights(weights_iterator=tap())
         return names
 
-    def posttrain_load_weights_file(self, path: str, order: list[str]) -> list[str]:
+    def posttrain_direct_loader(self, names: set[str]):
+        """The model's `DirectLoader` (built on first use), or None where vLLM's reload
+        is needed; `posttrain_direct_why_not` then says why."""
+        if not hasattr(self, "_posttrain_direct"):
+            from .vllm_direct import DirectLoader
+
+            lora = self.model_runner.vllm_config.lora_config is not None
+            tp = self.model_runner.vllm_config.parallel_config.tensor_parallel_size
+            self._posttrain_direct, self.posttrain_direct_why_not = DirectLoader.build(
+                self.model_runner.get_model(), names, lora, tp
+            )
+        return self._posttrain_direct
+
+    def posttrain_load_weights_file(
+        self, path: str, order: list[str], direct: list[str] | None = None
+    ) -> list[str]:
         """`posttrain_load_weights` of the tensors in the safetensors file `path`, in
         `order` (the order they were pushed in)."""
         from safetensors import safe_open
 
         with safe_open(path, framework="pt") as f:
-            return self.posttrain_load_weights((n, f.get_tensor(n)) for n in order)
+            return self.posttrain_load_weights(((n, f.get_tensor(n)) for n in order), direct)
 
     def posttrain_save_parameters(self, path: str) -> None:
         """Write `posttrain_named_parameters` to the safetensors file `path`."""

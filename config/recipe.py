@@ -114,6 +114,15 @@ class VLLMConfig(_Strict):
         "cuda (the synchronous engine serves those). Each push is copied once through "
         "/dev/shm.",
     )
+    direct_load: bool = Field(
+        True,
+        description="CPU: load each push straight into the layers' kernels "
+        "(actors/vllm_direct.py: one copy per tensor, then vLLM's own repacking) instead of "
+        "vLLM's layerwise reload_weights; the kernels are the same bytes either way. Used "
+        "where the model's every layer is known (unquantized, one engine process, no LoRA); "
+        "elsewhere the reload is used. false: always vLLM's reload. Costs one plain copy "
+        "of the linear layers' weights in each engine.",
+    )
 
 
 class RolloutConfig(EpisodeFields):

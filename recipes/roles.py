@@ -234,6 +234,7 @@ def engine_settings(recipe: Recipe, model_path: str) -> EngineSettings:
             and recipe.resources.device == "cuda"
             and recipe.rollout.engine == "vllm"
         ),
+        direct_load=v.direct_load,
     )
 
 

@@ -77,3 +77,50 @@ class VLLMProbe(EngineHost):
             return seen
 
         return self.engine.llm.collective_rpc(count)[0]
+
+    def load_with_reload(self, weights: list) -> None:
+        """`load_weights` through vLLM's layerwise reload, the direct load turned off."""
+        saved, self.engine.direct = self.engine.direct, None
+        try:
+            self.engine.load_weights(weights)
+        finally:
+            self.engine.direct = saved
+
+    def load_stream(self, weights: list) -> None:
+        """`load_weights` of a stream (names not known up front, as a streamed push)."""
+        self.engine.load_weights(iter(weights))
+
+    def direct_loader(self) -> tuple[bool, str | None]:
+        """Whether this engine's pushes take the direct load, and why not."""
+        names = set(self.engine.direct or [])
+
+        def ask(worker) -> tuple[bool, str | None]:
+            loader = worker.posttrain_direct_loader(names)
+            return loader is not None, getattr(worker, "posttrain_direct_why_not", None)
+
+        return self.engine.llm.collective_rpc(ask)[0]
+
+    def kernel_outputs(self, seed: int = 0) -> dict:
+        """Every linear and embedding-type layer's kernel applied to a fixed random input
+        ([3, in] rows), and the plain parameters (norms, embedding): what a load built."""
+        import torch
+
+        def run(worker) -> dict:
+            from vllm.model_executor.layers.linear import LinearBase
+            from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead
+
+            g = torch.Generator().manual_seed(seed)
+            out = {}
+            model = worker.model_runner.get_model()
+            with torch.no_grad():
+                for name, m in model.named_modules():
+                    if isinstance(m, LinearBase | ParallelLMHead):
+                        k = m.input_size if isinstance(m, LinearBase) else m.embedding_dim
+                        x = torch.randn(3, k, generator=g).to(m.params_dtype)
+                        out[name] = m.quant_method.apply(m, x).clone()
+                for name, p in model.named_parameters():
+                    if p.numel():
+                        out[name] = p.detach().clone()
+            return out
+
+        return self.engine.llm.collective_rpc(run)[0]
