@@ -379,6 +379,15 @@ class WeightSyncConfig(_Strict):
         "dtype; ranks on several machines, GPUs and adapter pushes always all-gather. false: "
         "always all-gather.",
     )
+    shm_broadcast: bool = Field(
+        True,
+        description="type collective on CPU (gloo): when every engine shares learner rank "
+        "0's /dev/shm (one machine; checked when the push group forms), rank 0 packs each "
+        "bucket into a /dev/shm file the engines map and only a one-number signal goes "
+        "over gloo, instead of every byte through loopback TCP (docs/weight-sync.md). One "
+        "copy of the pushed bytes is shared by rank 0 and the engines (files unlinked once "
+        "mapped). false: always over gloo.",
+    )
     timeout_s: float = Field(
         300.0, gt=0, description="Seconds every engine has to acknowledge a push."
     )

@@ -331,6 +331,7 @@ def transport_settings(recipe: Recipe, run_dir: Path) -> TransportSettings:
         delta=ws.delta,
         adapter_only=adapter_sync(recipe),
         shm_gather=ws.shm_gather,
+        shm_broadcast=ws.shm_broadcast,
     )
 
 

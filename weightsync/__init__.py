@@ -48,6 +48,9 @@ class TransportSettings:
         group_world: learner rank 0 plus every engine.
         shm_gather: CPU learner ranks on one machine hand their shards to rank 0
             through shared memory instead of gloo all-gathers (learner/shm_gather.py).
+        shm_broadcast: collective on gloo: when every engine shares learner rank 0's
+            /dev/shm, buckets are written there and only a signal goes over gloo
+            (weightsync/collective.py).
     """
 
     type: str = "object_store"
@@ -61,6 +64,7 @@ class TransportSettings:
     group_address: str | None = None
     group_world: int = 0
     shm_gather: bool = True
+    shm_broadcast: bool = True
 
 
 def make_transport(settings: TransportSettings | str, rank: int | None = None) -> WeightTransport:
@@ -87,7 +91,7 @@ def _build(s: TransportSettings) -> WeightTransport:
     if s.type == "collective":
         from .collective import CollectiveTransport
 
-        return CollectiveTransport(s.backend, s.bucket_mb, s.timeout_s)
+        return CollectiveTransport(s.backend, s.bucket_mb, s.timeout_s, s.shm_broadcast)
     if s.type == "filesystem":
         from .filesystem import FilesystemTransport
 

@@ -30,7 +30,9 @@ error instead of hanging it.
 from __future__ import annotations
 
 import math
+import os
 import threading
+import uuid
 from collections.abc import Iterator
 from datetime import timedelta
 
@@ -43,6 +45,10 @@ _MiB = 1 << 20
 _ALIGN = 64  # bytes
 #: Counter in the rendezvous store: how many members have joined through it.
 _JOINS_KEY = "posttrain/push_group_joins"
+#: Rank 0's probe file in /dev/shm (path and content), and each receiver's answer.
+_PROBE_KEY = "posttrain/shm_probe"
+_SEEN_KEY = "posttrain/shm_seen/{}"
+_SHM_DIR = "/dev/shm"
 
 
 def tensor_meta(weights: dict[str, torch.Tensor]) -> list[tuple[str, str, tuple[int, ...]]]:
@@ -99,7 +105,13 @@ class CollectiveTransport(WeightTransport):
     can_stream = True
     fingerprints_sent = True
 
-    def __init__(self, backend: str = "gloo", bucket_mb: float = 64, timeout_s: float = 300.0):
+    def __init__(
+        self,
+        backend: str = "gloo",
+        bucket_mb: float = 64,
+        timeout_s: float = 300.0,
+        shm: bool = True,
+    ):
         if backend not in ("gloo", "nccl"):
             raise ValueError(f"collective backend {backend!r}: use 'gloo' (CPU) or 'nccl' (GPU)")
         self.backend = backend
@@ -111,6 +123,13 @@ class CollectiveTransport(WeightTransport):
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
         self._kept: dict[tuple[str, int], torch.Tensor] = {}  # (side, bucket index) -> buffer
+        # Shared-memory buckets (the module's "Shared memory"): asked for, and on rank 0
+        # whether every receiver reads this machine's /dev/shm (found at join).
+        self.shm_asked = shm and backend == "gloo"
+        self.shm = False
+        self._shm_out: dict[int, tuple[str, torch.Tensor]] = {}  # sender: index -> file, buffer
+        self._shm_in: dict[str, torch.Tensor] = {}  # receiver: file -> its mapping
+        self._shm_new: list[str] = []  # sender: files made for the push in flight
 
     def _buffer(self, side: str, index: int, size: int) -> torch.Tensor:
         """Bucket `index`'s flat uint8 buffer of `size` bytes for `side` ('send' or
@@ -152,14 +171,57 @@ class CollectiveTransport(WeightTransport):
                 "in it, so a second group would connect to the first one's processes. Make "
                 "a new GroupStore for each group (as recipes/roles.reform_push_group does)"
             )
+        probe = self._make_probe() if rank == 0 and self.shm_asked else None
         try:
             if self.backend == "nccl":
                 self.pg = dist.ProcessGroupNCCL(self._store, rank, world_size)
             else:
                 self.pg = dist.ProcessGroupGloo(self._store, rank, world_size, self.timeout)
         except (RuntimeError, ValueError) as e:
+            if probe is not None:
+                os.unlink(probe)
             raise self._join_error(address, rank, world_size, e) from e
         self.rank = rank
+        if self.backend == "gloo":
+            self._settle_shm(rank, world_size, probe)
+
+    def _make_probe(self) -> str | None:
+        """Rank 0: a small file in /dev/shm that receivers must read back to be sent
+        shared-memory buckets; its path and content go in the store before the group
+        forms (None: no /dev/shm here)."""
+        if not os.path.isdir(_SHM_DIR):
+            return None
+        token = uuid.uuid4().hex
+        path = os.path.join(_SHM_DIR, f"posttrain-probe-{token}")
+        with open(path, "w") as f:
+            f.write(token)
+        self._store.set(_PROBE_KEY, f"{path}|{token}")
+        return path
+
+    def _settle_shm(self, rank: int, world_size: int, probe: str | None) -> None:
+        """After the group formed: each receiver says whether it reads rank 0's probe
+        (it shares this /dev/shm: one machine, one IPC namespace); rank 0 sends
+        shared-memory buckets only if all do. Receivers of a rank 0 that did not ask
+        answer nothing; every receiver follows what each handle says."""
+        if rank != 0:
+            if not self._store.check([_PROBE_KEY]):
+                return
+            path, _, token = self._store.get(_PROBE_KEY).decode().partition("|")
+            try:
+                with open(path) as f:
+                    seen = f.read() == token
+            except OSError:
+                seen = False
+            self._store.set(_SEEN_KEY.format(rank), "1" if seen else "0")
+            return
+        if probe is None:
+            return
+        try:
+            keys = [_SEEN_KEY.format(r) for r in range(1, world_size)]
+            self._store.wait(keys, self.timeout)
+            self.shm = all(self._store.get(k) == b"1" for k in keys)
+        finally:
+            os.unlink(probe)
 
     def _join_error(
         self, address: str, rank: int, world_size: int, e: BaseException
@@ -190,7 +252,7 @@ class CollectiveTransport(WeightTransport):
                 "previous push finished (call finish first; a broadcast still running "
                 "after finish's timeout blocks every later push)"
             )
-        layout = bucket_layout(weights, self.bucket_bytes)
+        layout = self._shm_assign(bucket_layout(weights, self.bucket_bytes))
         digest = state_checksum(weights.items()) if checksum else None
         handle = WeightHandle(
             version=version,
@@ -225,30 +287,76 @@ class CollectiveTransport(WeightTransport):
     ) -> None:
         # Two buckets in flight: pack bucket i+1 while bucket i is on the wire. With
         # `seen`, each tensor is fingerprinted as it is packed (weightsync/verify.py).
-        pending = None
-        for i, bucket in enumerate(layout):
-            buf = self._buffer("send", i, bucket["size"])
-            for name, _, _, offset, nbytes in bucket["entries"]:
-                got, t = next(stream)
-                if got != name:
-                    raise ValueError(f"streamed tensor {got!r} where the layout has {name!r}")
-                if seen is not None:
-                    seen[name] = copy_fingerprint(buf[offset : offset + nbytes], t)
-                else:
-                    buf[offset : offset + nbytes].copy_(
-                        t.detach().contiguous().view(-1).view(torch.uint8)
-                    )
-            work = self.pg.broadcast(buf, 0)
+        pending, delivered = None, False
+        try:
+            for i, bucket in enumerate(layout):
+                pending = self._send_bucket(i, bucket, stream, seen, pending)
             if pending is not None:
-                pending[0].wait()
-            pending = (work, buf)
+                pending.wait()
+            delivered = True
+        finally:
+            self._shm_settle(delivered)
+
+    def _send_bucket(
+        self,
+        i: int,
+        bucket: dict,
+        stream: Iterator[tuple[str, torch.Tensor]],
+        seen: dict[str, str] | None,
+        pending,
+    ):
+        """Pack bucket `i` and start its broadcast: its bytes over gloo / NCCL, or with
+        shared memory a one-number signal that it is written. Waits for `pending`,
+        bucket i-1's broadcast; returns this one's."""
+        shm = "shm" in bucket
+        buf = self._shm_out[i][1] if shm else self._buffer("send", i, bucket["size"])
+        for name, _, _, offset, nbytes in bucket["entries"]:
+            got, t = next(stream)
+            if got != name:
+                raise ValueError(f"streamed tensor {got!r} where the layout has {name!r}")
+            if seen is not None:
+                seen[name] = copy_fingerprint(buf[offset : offset + nbytes], t)
+            else:
+                buf[offset : offset + nbytes].copy_(
+                    t.detach().contiguous().view(-1).view(torch.uint8)
+                )
+        work = self.pg.broadcast(torch.tensor([i]) if shm else buf, 0)
         if pending is not None:
-            pending[0].wait()
+            pending.wait()
+        return work
+
+    def _shm_assign(self, layout: list[dict]) -> list[dict]:
+        """Sender with shared memory: give each bucket its /dev/shm file (`"shm"`: its
+        path), kept from push to push while its size holds; otherwise a new file under
+        a new name, so no receiver can take a stale mapping for it."""
+        if not self.shm:
+            return layout
+        for i, bucket in enumerate(layout):
+            kept = self._shm_out.get(i)
+            if kept is None or kept[1].numel() != bucket["size"]:
+                path = os.path.join(_SHM_DIR, f"posttrain-push-{uuid.uuid4().hex}-{i}")
+                buf = torch.from_file(path, shared=True, size=bucket["size"], dtype=torch.uint8)
+                self._shm_out[i] = (path, buf)
+                self._shm_new.append(path)
+            bucket["shm"] = self._shm_out[i][0]
+        return layout
+
+    def _shm_settle(self, delivered: bool) -> None:
+        """Unlink the files made for this push: every receiver mapped them before it
+        joined the first broadcast, so the mappings outlive the names and nothing is
+        left in /dev/shm. A failed push also forgets them (a receiver may not have
+        mapped one): the next push makes new files."""
+        for path in self._shm_new:
+            os.unlink(path)
+        if not delivered:
+            gone = set(self._shm_new)
+            self._shm_out = {i: v for i, v in self._shm_out.items() if v[0] not in gone}
+        self._shm_new = []
 
     def stream_handle(
         self, meta: list[tuple[str, str, tuple[int, ...]]], version: int
     ) -> WeightHandle:
-        layout = bucket_layout(meta, self.bucket_bytes)
+        layout = self._shm_assign(bucket_layout(meta, self.bucket_bytes))
         return WeightHandle(
             version=version,
             payload=layout,
@@ -292,7 +400,11 @@ class CollectiveTransport(WeightTransport):
         self._require_group()
         layout = handle.payload
 
+        mapped = self._shm_map(layout, handle.version)
+
         def post(i: int):
+            if "shm" in layout[i]:  # the sender writes the bucket, then signals it
+                return self.pg.broadcast(torch.empty(1, dtype=torch.int64), 0), mapped[i]
             buf = self._buffer("recv", i, layout[i]["size"])
             return self.pg.broadcast(buf, 0), buf
 
@@ -311,5 +423,33 @@ class CollectiveTransport(WeightTransport):
             for name, dtype, shape, offset, nbytes in bucket["entries"]:
                 yield name, buf[offset : offset + nbytes].view(getattr(torch, dtype)).view(shape)
 
+    def _shm_map(self, layout: list[dict], version: int) -> dict[int, torch.Tensor]:
+        """Receiver: map the push's shared-memory bucket files (before joining its
+        first broadcast, so the sender may unlink them once that broadcast is done);
+        mappings of files no longer in use are dropped.
+
+        Raises:
+            WeightSyncError: a file cannot be opened (this process does not share the
+                sender's /dev/shm, or the file went with a failed push).
+        """
+        paths = {i: b["shm"] for i, b in enumerate(layout) if "shm" in b}
+        self._shm_in = {p: t for p, t in self._shm_in.items() if p in paths.values()}
+        for i, path in paths.items():
+            if path not in self._shm_in:
+                if not os.path.exists(path):
+                    raise WeightSyncError(
+                        f"policy_version {version}: the shared-memory bucket {path} is not "
+                        "there; set weight_sync.shm_broadcast: false if engines and learner "
+                        "rank 0 do not share /dev/shm"
+                    )
+                size = layout[i]["size"]
+                self._shm_in[path] = torch.from_file(
+                    path, shared=True, size=size, dtype=torch.uint8
+                )
+        return {i: self._shm_in[p] for i, p in paths.items()}
+
     def close(self) -> None:
+        for path in self._shm_new:
+            os.unlink(path)
+        self._shm_new, self._shm_out, self._shm_in = [], {}, {}
         self.pg, self._store, self._kept = None, None, {}

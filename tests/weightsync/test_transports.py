@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import threading
 import time
+from pathlib import Path
 
 import pytest
 import ray
@@ -97,12 +98,17 @@ def test_bucket_layout_packs_in_order_and_aligns():
     assert layout[1]["size"] == 4032 and layout[2]["entries"][0][4] == 8
 
 
+@pytest.mark.parametrize("shm", [True, False], ids=["shm", "tcp"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_collective_broadcast_is_exact_for_every_engine(dtype):
-    sender, *engines = _group(TransportSettings("collective", bucket_mb=0.1, timeout_s=30), 2)
+def test_collective_broadcast_is_exact_for_every_engine(dtype, shm):
+    sender, *engines = _group(
+        TransportSettings("collective", bucket_mb=0.1, timeout_s=30, shm_broadcast=shm), 2
+    )
+    assert sender.shm is shm  # every engine here shares this /dev/shm
     sent = _weights(dtype)
     handle = sender.send(sent, version=4, checksum=True)
     assert len(handle.payload) >= 2 and set(handle.names) == set(sent)
+    assert all(("shm" in b) is shm for b in handle.payload)
     out = {}
     threads = [
         threading.Thread(target=_receive_all, args=(e, handle, out, i))
@@ -123,7 +129,9 @@ def test_collective_broadcast_is_exact_for_every_engine(dtype):
 def test_collective_keeps_its_cpu_buffers_and_every_push_is_exact():
     # The bucket buffers are reused push after push on CPU (fresh pages cost ~6x the
     # copy); a second push with other values must still arrive exactly, in the same memory.
-    sender, engine = _group(TransportSettings("collective", bucket_mb=0.1, timeout_s=30), 1)
+    sender, engine = _group(
+        TransportSettings("collective", bucket_mb=0.1, timeout_s=30, shm_broadcast=False), 1
+    )
     pushes = [_weights(torch.bfloat16), {k: v + 1 for k, v in _weights(torch.bfloat16).items()}]
     seen_ptrs = []
     for version, sent in enumerate(pushes, start=1):
@@ -133,6 +141,88 @@ def test_collective_keeps_its_cpu_buffers_and_every_push_is_exact():
         )
     assert len(seen_ptrs[0]) == 2 * len(handle.payload)  # one per bucket on each side
     assert seen_ptrs[0] == seen_ptrs[1]
+
+
+def _shm_files() -> set[str]:
+    return {p.name for p in Path("/dev/shm").glob("posttrain-push-*")} | {
+        p.name for p in Path("/dev/shm").glob("posttrain-probe-*")
+    }
+
+
+def test_shared_memory_buckets_are_kept_exact_and_leave_no_file():
+    # Rank 0 packs into /dev/shm files the engine maps; the files are unlinked once the
+    # push is delivered, the mappings are reused while the layout holds, and a layout of
+    # other sizes gets new files (new names: no engine can take a stale mapping).
+    before = _shm_files()
+    sender, engine = _group(TransportSettings("collective", bucket_mb=0.1, timeout_s=30), 1)
+    assert sender.shm and _shm_files() == before  # the probe is gone
+    first, second = (
+        _weights(torch.bfloat16),
+        {k: v + 1 for k, v in _weights(torch.bfloat16).items()},
+    )
+    h1 = _push_one(sender, engine, first, 1)
+    assert _shm_files() == before and not sender._kept and not engine._kept
+    ptrs = sorted(t.data_ptr() for t in engine._shm_in.values())
+    h2 = _push_one(sender, engine, second, 2)
+    assert [b["shm"] for b in h2.payload] == [b["shm"] for b in h1.payload]
+    assert sorted(t.data_ptr() for t in engine._shm_in.values()) == ptrs
+    grown = {**second, "big": torch.zeros(400, 300, dtype=torch.bfloat16)}
+    h3 = _push_one(sender, engine, grown, 3)
+    assert h3.payload[-1]["shm"] != h2.payload[-1]["shm"]  # that bucket's size changed
+    assert h3.payload[0]["shm"] == h2.payload[0]["shm"]
+    assert set(engine._shm_in) == {b["shm"] for b in h3.payload}  # the old one unmapped
+    assert _shm_files() == before
+
+
+def test_a_failed_shared_memory_push_leaves_no_file_and_forgets_its_files():
+    # gloo closes the group after a timeout (a run re-forms it); the sender must not
+    # keep the unlinked files for a later push, which makes new ones.
+    before = _shm_files()
+    sender, _ = _group(TransportSettings("collective", timeout_s=2), 1)
+    handle = sender.send(_weights(torch.float32), version=9)
+    with pytest.raises(WeightSyncError, match="policy_version 9"):
+        sender.finish(handle)  # the engine never received
+    assert _shm_files() == before and not sender._shm_out
+    assert sender._shm_assign([{"size": 64, "entries": []}])[0]["shm"] != handle.payload[0]["shm"]
+    sender.close()
+    assert _shm_files() == before
+
+
+def test_engines_that_do_not_see_the_probe_get_the_bytes_over_gloo():
+    # An engine in another /dev/shm (another machine or IPC namespace) answers "0": rank
+    # 0 then sends every byte over gloo, and the push is exact.
+    class Elsewhere(CollectiveTransport):
+        def _settle_shm(self, rank, world_size, probe):
+            if rank != 0:
+                self._store.set(f"posttrain/shm_seen/{rank}", "0")
+                return
+            super()._settle_shm(rank, world_size, probe)
+
+    members = [Elsewhere(timeout_s=30), Elsewhere(timeout_s=30)]
+    _STORES.append(GroupStore(2, 60))
+    threads = [
+        threading.Thread(target=m.join_group, args=(_STORES[-1].address, r, 2))
+        for r, m in enumerate(members)
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    sender, engine = members
+    assert sender.shm_asked and not sender.shm
+    h = _push_one(sender, engine, _weights(torch.float32), 1)
+    assert all("shm" not in b for b in h.payload)
+
+
+def test_a_receiver_without_the_file_names_the_key_to_turn_it_off():
+    sender, engine = _group(TransportSettings("collective", timeout_s=2), 1)
+    handle = sender.send(_weights(torch.float32), version=3)
+    lost = {**handle.payload[0], "shm": "/dev/shm/posttrain-push-gone-0"}
+    bad = WeightHandle(3, [lost, *handle.payload[1:]], handle.num_bytes, names=handle.names)
+    with pytest.raises(WeightSyncError, match="shm_broadcast: false"):
+        next(engine.receive(bad))
+    with pytest.raises(WeightSyncError):
+        sender.finish(handle)
 
 
 def test_a_broadcast_still_running_after_finish_blocks_the_next_push():
