@@ -350,9 +350,7 @@ class VLLMEngine(InferenceEngine):
         # Tensor parallel: the workers are other processes; each gets the whole list.
         stream = checked if self.tp == 1 else [(n, t.cpu()) for n, t in checked]
         try:
-            names = self.llm.collective_rpc(
-                "posttrain_load_weights", args=(stream, self.direct)
-            )[0]
+            names = self.llm.collective_rpc("posttrain_load_weights", args=(stream, self.direct))[0]
         except (ValueError, RuntimeError) as e:
             # vLLM's layerwise reload was interrupted: some layers may be half loaded.
             self.broken = f"a weight load failed part-way ({e}); restart this engine"
