@@ -13,8 +13,9 @@ the same function a normal load ends in), so the kernels it builds are the ones 
 reload builds from the same bytes. Embeddings and norms are copied in place; a head
 tied to the embedding is repacked after it.
 
-It is used only where every piece is known: vLLM on CPU, one tensor-parallel rank, no
-LoRA, every linear layer unquantized, every model parameter reached by a checkpoint
+It is used only where every piece is known: vLLM on CPU, an architecture in
+`ARCHITECTURES` (tested against the reload), one tensor-parallel rank, no LoRA, every
+linear layer unquantized, every model parameter reached by a checkpoint
 name and every checkpoint name reaching a parameter. Otherwise `DirectLoader.build`
 returns None and the engine keeps vLLM's reload (weightsync docs: docs/weight-sync.md).
 """
@@ -24,6 +25,11 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 import torch
+
+#: Models whose vLLM `load_weights` only copies checkpoint tensors into place (no
+#: permutation or scaling), checked bit for bit against vLLM's reload in
+#: tests/actors/test_vllm_direct.py. Others keep the reload until tested so.
+ARCHITECTURES = frozenset({"LlamaForCausalLM"})
 
 
 class DirectLoader:
@@ -55,12 +61,11 @@ class DirectLoader:
                 self._linear(mname, m, packed)
                 reached.update(id(p) for p in m.parameters(recurse=False))
             elif isinstance(m, VocabParallelEmbedding):
-                # A head tied to the embedding shares its Parameter: reloaded with it.
-                self.targets[f"{mname}.weight"] = ("copy", m.weight)
+                # A head tied to the embedding shares its Parameter: loaded once.
+                kind = "head" if isinstance(m, ParallelLMHead) else "copy"
+                self.targets[f"{mname}.weight"] = (kind, m) if kind == "head" else (kind, m.weight)
                 self.repack.append(m)
                 reached.add(id(m.weight))
-                if isinstance(m, ParallelLMHead):
-                    self.targets[f"{mname}.weight"] = ("head", m)
             else:
                 for pname, p in m.named_parameters(recurse=False):
                     self.targets[f"{mname}.{pname}"] = ("copy", p)
@@ -107,6 +112,8 @@ class DirectLoader:
 
         if not current_platform.is_cpu():
             return None, "not the CPU backend"
+        if type(model).__name__ not in ARCHITECTURES:
+            return None, f"{type(model).__name__} is not among {sorted(ARCHITECTURES)}"
         if lora or tp != 1:
             return None, "LoRA or tensor parallelism"
         try:

@@ -298,11 +298,7 @@ class VLLMEngine(InferenceEngine):
         # ("thread_num (1 vs. 2)"); a caller's thread (the OpenAI endpoint's pool, a
         # threaded actor's) starts with the process default (1 under Ray).
         self.threads = torch.get_num_threads()
-        self.lora_root = Path(
-            tempfile.mkdtemp(
-                prefix="posttrain-lora-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None
-            )
-        )
+        self._lora_root: Path | None = None  # made at the first adapter push
 
     def generate(self, prompts: list[list[int]], sampling: SamplingSettings) -> list[list[Sample]]:
         if self.broken:
@@ -372,7 +368,11 @@ class VLLMEngine(InferenceEngine):
 
         if self.llm.llm_engine.vllm_config.lora_config is None:
             raise ValueError("this engine was started without LoRA (adapter_mode: adapter)")
-        folder = self.lora_root / f"v{version}"
+        if self._lora_root is None:
+            # Made only when an adapter comes: an engine killed by Ray leaves it behind.
+            shm = "/dev/shm" if os.path.isdir("/dev/shm") else None
+            self._lora_root = Path(tempfile.mkdtemp(prefix="posttrain-lora-", dir=shm))
+        folder = self._lora_root / f"v{version}"
         folder.mkdir(parents=True, exist_ok=True)
         tensors = {n: t.detach().contiguous().clone() for n, t in weights}
         save_file(tensors, str(folder / "adapter_model.safetensors"))

@@ -5,11 +5,12 @@ the tensors are already in the engine's process, in its dtype.
 
 SmolLM2-135M-Instruct (the built-in model), bf16, vLLM on CPU in this process (as the
 rollout actor runs it). Rows: one memcpy of the bytes (the floor of any load), the
-engine's `load_weights` (vLLM's layerwise `reload_weights` + prefix-cache reset, what
-every transport ends in), and the parts of one load from cProfile (cumulative seconds
-of the functions that take most; nested rows overlap). Median of `--repeats` after one
-warm-up load. `--smoke`: a tiny random model (vLLM-sized), one repeat, 5 profile rows
-(checks the bench runs; tests/bench/).
+engine's `load_weights` (what every transport ends in, with the prefix-cache reset)
+through the direct load (`rollout.vllm.direct_load`, the default on CPU) and through
+vLLM's layerwise `reload_weights`, alternating, and the parts of one default load from
+cProfile (cumulative seconds of the functions that take most; nested rows overlap).
+Median of `--repeats` after one warm-up load each way. `--smoke`: a tiny random model
+(vLLM-sized), one repeat, 5 profile rows (checks the bench runs; tests/bench/).
 """
 
 from __future__ import annotations
@@ -60,8 +61,16 @@ def main() -> None:
     memcpy = statistics.median(timed(lambda: dst.copy_(src)) for _ in range(5))
     engine = VLLMEngine(path, "bfloat16", kv_cache_gb=1, max_model_len=512)
     items = list(weights.items())
-    engine.load_weights(items)  # warm-up
-    loads = [timed(lambda: engine.load_weights(items)) for _ in range(args.repeats)]
+    direct = engine.direct
+
+    def load(via_direct: bool) -> float:
+        engine.direct = direct if via_direct else None
+        return timed(lambda: engine.load_weights(items))
+
+    load(True), load(False)  # warm-up (the direct loader is built on first use)
+    # Alternating, so both see the same machine.
+    pairs = [(load(True), load(False)) for _ in range(args.repeats)]
+    engine.direct = direct
     prof = cProfile.Profile()
     prof.runcall(engine.load_weights, items)
     load1 = Path("/proc/loadavg").read_text().split()[:3]
@@ -75,7 +84,8 @@ def main() -> None:
     print("|---|---|---|---|")
     for name, s in (
         ("torch memcpy", memcpy),
-        ("VLLMEngine.load_weights", statistics.median(loads)),
+        ("VLLMEngine.load_weights, direct load (default)", statistics.median(p[0] for p in pairs)),
+        ("VLLMEngine.load_weights, vLLM's reload_weights", statistics.median(p[1] for p in pairs)),
     ):
         print(f"| {name} | {s:.3f} | {nbytes / s / 1e9:.2f} | {memcpy / s:.2f}x |")
     out = io.StringIO()

@@ -20,6 +20,14 @@ buffers until `finish` (or the end of `send_stream`). Memory: one copy of the pu
 bytes on learner rank 0 and on each engine. On GPUs (NCCL) buffers are allocated per
 push: the CUDA caching allocator reuses its blocks, and GPU memory is the scarcer.
 
+Shared memory (`shm=True`, gloo only): when every receiver can read rank 0's probe
+file in /dev/shm (checked once, as the group forms), rank 0 packs each bucket into a
+/dev/shm file named in the handle and broadcasts only the bucket's index; receivers map
+the files before joining the first broadcast, so the sender unlinks them once the push
+is delivered and keeps the mappings (and the receivers theirs) while the sizes hold.
+One copy of the bytes for rank 0 and every engine, no loopback TCP
+(docs/weight-sync.md).
+
 Concurrency: `send` starts the broadcast on a background thread and returns the handle;
 every engine must call `receive(handle)` (they block in the broadcast until all ranks
 join); the learner calls `finish(handle)` afterwards to surface errors. The group's

@@ -116,3 +116,18 @@ def test_direct_load_is_off_where_asked_and_with_lora(ray_local, tiny_model_vllm
     finally:
         ray.kill(off)
         ray.kill(lora)
+
+
+def test_an_architecture_not_tested_against_the_reload_keeps_the_reload(ray_local):
+    @ray.remote(num_cpus=0)
+    def build():
+        from posttrain.actors.vllm_direct import DirectLoader
+
+        class Qwen2ForCausalLM(torch.nn.Module):  # a real name, not in ARCHITECTURES yet
+            pass
+
+        loader, why = DirectLoader.build(Qwen2ForCausalLM(), set(), lora=False, tp=1)
+        return loader is None, why
+
+    unused, why = ray.get(build.remote())
+    assert unused and "Qwen2ForCausalLM is not among" in why
