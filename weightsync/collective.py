@@ -318,6 +318,7 @@ class CollectiveTransport(WeightTransport):
         bucket i-1's broadcast; returns this one's."""
         shm = "shm" in bucket
         buf = self._shm_out[i][1] if shm else self._buffer("send", i, bucket["size"])
+        buf = buf[: bucket["size"]]
         for name, _, _, offset, nbytes in bucket["entries"]:
             got, t = next(stream)
             if got != name:
@@ -335,18 +336,20 @@ class CollectiveTransport(WeightTransport):
 
     def _shm_assign(self, layout: list[dict]) -> list[dict]:
         """Sender with shared memory: give each bucket its /dev/shm file (`"shm"`: its
-        path), kept from push to push while its size holds; otherwise a new file under
-        a new name, so no receiver can take a stale mapping for it."""
+        path, `"shm_bytes"`: the file's size), kept from push to push while the bucket
+        fits (a delta push's buckets are smaller than the first, full push's); otherwise
+        a new file under a new name, so no receiver can take a stale mapping for it."""
         if not self.shm:
             return layout
         for i, bucket in enumerate(layout):
             kept = self._shm_out.get(i)
-            if kept is None or kept[1].numel() != bucket["size"]:
+            if kept is None or kept[1].numel() < bucket["size"]:
                 path = os.path.join(_SHM_DIR, f"posttrain-push-{uuid.uuid4().hex}-{i}")
                 buf = torch.from_file(path, shared=True, size=bucket["size"], dtype=torch.uint8)
                 self._shm_out[i] = (path, buf)
                 self._shm_new.append(path)
             bucket["shm"] = self._shm_out[i][0]
+            bucket["shm_bytes"] = self._shm_out[i][1].numel()
         return layout
 
     def _shm_settle(self, delivered: bool) -> None:
@@ -450,11 +453,10 @@ class CollectiveTransport(WeightTransport):
                         "there; set weight_sync.shm_broadcast: false if engines and learner "
                         "rank 0 do not share /dev/shm"
                     )
-                size = layout[i]["size"]
                 self._shm_in[path] = torch.from_file(
-                    path, shared=True, size=size, dtype=torch.uint8
+                    path, shared=True, size=layout[i]["shm_bytes"], dtype=torch.uint8
                 )
-        return {i: self._shm_in[p] for i, p in paths.items()}
+        return {i: self._shm_in[p][: layout[i]["size"]] for i, p in paths.items()}
 
     def close(self) -> None:
         for path in self._shm_new:

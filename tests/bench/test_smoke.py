@@ -49,7 +49,14 @@ BENCHES: dict[str, tuple[list[pytest.MarkDecorator], list[str]]] = {
     "serve": ([], ["| path | s/step (median) | vs recipe learner |", "| SDK round trip |"]),
     "token_budget": (slow, ["| micro-batches | train s | step s |", "| budget 64 tokens |"]),
     "vs_trl": ([], ["| system | s/step (median) |", "| posttrain ("]),
-    "weight_load": (vllm, ["| part | seconds | GB/s | vs memcpy |", "| VLLMEngine.load_weights |"]),
+    "weight_load": (
+        vllm,
+        [
+            "| part | seconds | GB/s | vs memcpy |",
+            "| VLLMEngine.load_weights, direct load (default) |",
+            "| VLLMEngine.load_weights, vLLM's reload_weights |",
+        ],
+    ),
     "weight_sync": (
         vllm,
         ["| transport | into | push | seconds |", "| collective | vLLM | delta |"],

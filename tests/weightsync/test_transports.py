@@ -168,9 +168,14 @@ def test_shared_memory_buckets_are_kept_exact_and_leave_no_file():
     assert sorted(t.data_ptr() for t in engine._shm_in.values()) == ptrs
     grown = {**second, "big": torch.zeros(400, 300, dtype=torch.bfloat16)}
     h3 = _push_one(sender, engine, grown, 3)
-    assert h3.payload[-1]["shm"] != h2.payload[-1]["shm"]  # that bucket's size changed
+    assert h3.payload[-1]["shm"] != h2.payload[-1]["shm"]  # that bucket outgrew its file
     assert h3.payload[0]["shm"] == h2.payload[0]["shm"]
     assert set(engine._shm_in) == {b["shm"] for b in h3.payload}  # the old one unmapped
+    # Smaller buckets (a delta push's) reuse the files: none made, none left.
+    shrunk = {**second, "big": torch.ones(200, 300, dtype=torch.bfloat16)}
+    h4 = _push_one(sender, engine, shrunk, 4)
+    assert [b["shm"] for b in h4.payload] == [b["shm"] for b in h3.payload]
+    assert h4.payload[-1]["size"] < h4.payload[-1]["shm_bytes"]
     assert _shm_files() == before
 
 
