@@ -11,7 +11,7 @@ for `qkv_proj`, gate and up for `gate_up_proj`), copies each pushed tensor into 
 once, and hands the layer to vLLM's own CPU dispatch (`dispatch_cpu_unquantized_gemm`,
 the same function a normal load ends in), so the kernels it builds are the ones a
 reload builds from the same bytes. Embeddings and norms are copied in place; a head
-tied to the embedding is repacked after it.
+tied to the embedding is repacked as soon as the embedding is in.
 
 It is used only where every piece is known: vLLM on CPU, an architecture in
 `ARCHITECTURES` (tested against the reload), one tensor-parallel rank, no LoRA, every
@@ -152,13 +152,17 @@ class DirectLoader:
                     if copied.get(id(param)) != source:
                         _copy_rows(name, param, t)
                         copied[id(param)] = source
+                        # Its kernels now (a tied head's too), not at the end of the push.
+                        for m in self.repack:
+                            if m.weight is param:
+                                m.quant_method.process_weights_after_loading(m)
             if short := sorted(m for m, n in self.parts.items() if got.get(m, 0) != n):
                 raise ValueError(
                     f"layers {short[:3]} got only some of their tensors; the engine would "
                     "serve half-old weights"
                 )
-            for m in self.repack:  # rebuild the kernels of embedding-type modules
-                m.quant_method.process_weights_after_loading(m)
+            if stale := [m for m in self.repack if id(m.weight) not in copied]:
+                raise ValueError(f"{type(stale[0]).__name__} got no weight in this push")
         return names
 
     def _repack(self, name: str) -> None:
