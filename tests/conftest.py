@@ -1,4 +1,5 @@
-"""Shared fixtures: a tiny random model folder, the repo root, the shared data folder."""
+"""Shared fixtures: a tiny random model folder, the repo root, the shared data folder, a
+local Ray instance per test module."""
 
 from __future__ import annotations
 
@@ -15,6 +16,17 @@ SHARED_DATA = ROOT.parent / "shared" / "data"
 # Keep every test process to the cores it may use; never download anything.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+@pytest.fixture(scope="module")
+def ray_local():
+    """A local Ray instance of one CPU for the test module (modules that need other
+    resources define their own)."""
+    import ray
+
+    ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
+    yield
+    ray.shutdown()
 
 
 @pytest.fixture(scope="session")

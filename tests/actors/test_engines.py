@@ -16,7 +16,6 @@ import math
 from pathlib import Path
 
 import pytest
-import ray
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -32,13 +31,6 @@ KINDS = [
     pytest.param("vllm_async", marks=[pytest.mark.vllm, requires_vllm]),
 ]
 EOS, EOT, END_OF_TURN = "<|endoftext|>", "<|eot|>", "<|im_end|>"
-
-
-@pytest.fixture(scope="module")
-def ray_local():
-    ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
-    yield
-    ray.shutdown()
 
 
 @pytest.fixture(scope="module")

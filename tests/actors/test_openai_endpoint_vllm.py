@@ -17,13 +17,6 @@ from tests.tiny_model import build_tiny_model
 pytestmark = [pytest.mark.vllm, requires_vllm]
 
 
-@pytest.fixture(scope="module")
-def ray_local():
-    ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
-    yield
-    ray.shutdown()
-
-
 def test_chat_completion_on_a_two_thread_vllm_engine(ray_local, tmp_path):
     """Ray starts the actor with OMP_NUM_THREADS=1, so the server's threads have one
     OpenMP thread against the engine's two: vLLM's CPU attention refused every call

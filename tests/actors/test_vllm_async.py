@@ -81,13 +81,6 @@ class ProbeWorker(RolloutWorker):
         return overlapped, len(long_out[0])
 
 
-@pytest.fixture(scope="module")
-def ray_local():
-    ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
-    yield
-    ray.shutdown()
-
-
 def _worker(model, tmp_path) -> ray.actor.ActorHandle:
     return (
         ray.remote(num_cpus=0, max_concurrency=4)(ProbeWorker)

@@ -15,13 +15,6 @@ from tests.engine_host import VLLMProbe, requires_vllm
 pytestmark = [pytest.mark.vllm, requires_vllm]
 
 
-@pytest.fixture(scope="module")
-def ray_local():
-    ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
-    yield
-    ray.shutdown()
-
-
 def _weights(model_path, dtype, seed, scale=0.05) -> list[tuple[str, torch.Tensor]]:
     """The checkpoint plus noise, in the engine's dtype, tied head left out (as learners
     send it)."""

@@ -6,7 +6,6 @@ atol 1e-4), and the train batch masks exactly the environment tokens."""
 from __future__ import annotations
 
 import pytest
-import ray
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -42,13 +41,6 @@ class Feedback:
     def step(self, message: str) -> StepResult:
         self.turn += 1
         return StepResult(messages=[{"role": "user", "content": f"turn {self.turn}: more"}])
-
-
-@pytest.fixture(scope="module")
-def ray_local():
-    ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
-    yield
-    ray.shutdown()
 
 
 @pytest.fixture(scope="module")

@@ -12,13 +12,6 @@ import ray
 from posttrain.recipes.roles import get_watching
 
 
-@pytest.fixture(scope="module")
-def ray_local():
-    ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
-    yield
-    ray.shutdown()
-
-
 @ray.remote(num_cpus=0)
 class _Worker:
     def __init__(self, fail: bool):

@@ -24,13 +24,6 @@ RANK = 8
 
 
 @pytest.fixture(scope="module")
-def ray_local():
-    ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
-    yield
-    ray.shutdown()
-
-
-@pytest.fixture(scope="module")
 def trained_lora(tiny_model_vllm):
     """A LoRA with non-zero B (as after training): (adapter tensors, config, merged)."""
     from peft import LoraConfig, get_peft_model, get_peft_model_state_dict

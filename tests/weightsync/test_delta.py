@@ -122,13 +122,6 @@ def test_reset_and_a_new_sender_start_full():
     assert DeltaSender().encode(w[1], 4)[1] is None  # a resumed learner process
 
 
-@pytest.fixture(scope="module")
-def ray_local():
-    ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
-    yield
-    ray.shutdown()
-
-
 def _receive(transport, receiver, handle):
     receiver.check(handle.meta, handle.version, 0)
     return {

@@ -9,7 +9,6 @@ import time
 from pathlib import Path
 
 import pytest
-import ray
 import torch
 
 from posttrain.common.net import free_port
@@ -23,13 +22,6 @@ from posttrain.weightsync import (
 from posttrain.weightsync.base import WeightHandle
 from posttrain.weightsync.collective import CollectiveTransport, bucket_layout
 from posttrain.weightsync.verify import fingerprints
-
-
-@pytest.fixture(scope="module")
-def ray_local():
-    ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
-    yield
-    ray.shutdown()
 
 
 def _weights(dtype):

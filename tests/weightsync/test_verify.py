@@ -232,13 +232,6 @@ def test_hf_adapter_loaded_but_not_applied_is_caught(tiny_model, tmp_path):
         w.generate([_REQ], _SAMPLING, 2)
 
 
-@pytest.fixture(scope="module")
-def ray_local():
-    ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
-    yield
-    ray.shutdown()
-
-
 @ray.remote(num_cpus=0)
 class _Learner:
     def publish_weights(self, version: int, full: bool = False, fresh: bool = False):

@@ -23,13 +23,6 @@ pytestmark = [pytest.mark.vllm, requires_vllm]
 TOL = 1e-4  # fp32, issue #3
 
 
-@pytest.fixture(scope="module")
-def ray_local():
-    ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
-    yield
-    ray.shutdown()
-
-
 def _perturbed(model_path, scale=0.05, seed=1) -> dict[str, torch.Tensor]:
     model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
     g = torch.Generator().manual_seed(seed)
