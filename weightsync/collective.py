@@ -37,6 +37,7 @@ error instead of hanging it.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import threading
@@ -90,6 +91,13 @@ def bucket_layout(
     if cur["entries"]:
         buckets.append(cur)
     return buckets
+
+
+def _unlink(path: str) -> None:
+    """Remove a /dev/shm file of ours; one already gone is not an error (a cleanup must
+    not hide the error that led to it)."""
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
 
 
 def _device(backend: str) -> torch.device:
@@ -187,11 +195,14 @@ class CollectiveTransport(WeightTransport):
                 self.pg = dist.ProcessGroupGloo(self._store, rank, world_size, self.timeout)
         except (RuntimeError, ValueError) as e:
             if probe is not None:
-                os.unlink(probe)
+                _unlink(probe)
             raise self._join_error(address, rank, world_size, e) from e
         self.rank = rank
         if self.backend == "gloo":
-            self._settle_shm(rank, world_size, probe)
+            try:
+                self._settle_shm(rank, world_size, probe)
+            except (RuntimeError, ValueError) as e:  # a member gone before it answered
+                raise self._join_error(address, rank, world_size, e) from e
 
     def _make_probe(self) -> str | None:
         """Rank 0: a small file in /dev/shm that receivers must read back to be sent
@@ -229,7 +240,7 @@ class CollectiveTransport(WeightTransport):
             self._store.wait(keys, self.timeout)
             self.shm = all(self._store.get(k) == b"1" for k in keys)
         finally:
-            os.unlink(probe)
+            _unlink(probe)
 
     def _join_error(
         self, address: str, rank: int, world_size: int, e: BaseException
@@ -358,7 +369,7 @@ class CollectiveTransport(WeightTransport):
         left in /dev/shm. A failed push also forgets them (a receiver may not have
         mapped one): the next push makes new files."""
         for path in self._shm_new:
-            os.unlink(path)
+            _unlink(path)
         if not delivered:
             gone = set(self._shm_new)
             self._shm_out = {i: v for i, v in self._shm_out.items() if v[0] not in gone}
@@ -460,6 +471,6 @@ class CollectiveTransport(WeightTransport):
 
     def close(self) -> None:
         for path in self._shm_new:
-            os.unlink(path)
+            _unlink(path)
         self._shm_new, self._shm_out, self._shm_in = [], {}, {}
         self.pg, self._store, self._kept = None, None, {}

@@ -211,6 +211,33 @@ def test_engines_that_do_not_see_the_probe_get_the_bytes_over_gloo():
     assert all("shm" not in b for b in h.payload)
 
 
+def test_a_receiver_that_never_answers_the_probe_fails_the_join_by_name():
+    class Silent(CollectiveTransport):
+        def _settle_shm(self, rank, world_size, probe):
+            if rank != 0:
+                return  # joined the group, then never said whether it sees /dev/shm
+            super()._settle_shm(rank, world_size, probe)
+
+    before = _shm_files()
+    members = [Silent(timeout_s=2), Silent(timeout_s=2)]
+    _STORES.append(GroupStore(2, 60))
+    errors = {}
+
+    def join(r, m):
+        try:
+            m.join_group(_STORES[-1].address, r, 2)
+        except WeightSyncError as e:
+            errors[r] = e
+
+    threads = [threading.Thread(target=join, args=(r, m)) for r, m in enumerate(members)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert list(errors) == [0] and "rank 0 could not join" in str(errors[0])
+    assert _shm_files() == before  # the probe is gone
+
+
 def test_a_receiver_without_the_file_names_the_key_to_turn_it_off():
     sender, engine = _group(TransportSettings("collective", timeout_s=2), 1)
     handle = sender.send(_weights(torch.float32), version=3)
