@@ -29,7 +29,7 @@ import torch
 #: Models whose vLLM `load_weights` only copies checkpoint tensors into place (no
 #: permutation or scaling), checked bit for bit against vLLM's reload in
 #: tests/actors/test_vllm_direct.py. Others keep the reload until tested so.
-ARCHITECTURES = frozenset({"LlamaForCausalLM"})
+ARCHITECTURES = frozenset({"LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM"})
 
 
 class DirectLoader:

@@ -27,6 +27,8 @@ def build_tiny_model(
     pad_token: str = "<pad>",
     extra_specials: tuple[str, ...] = (),
     generation_config: dict[str, Any] | None = None,
+    arch: str = "llama",
+    tied: bool = True,
 ) -> Path:
     """Write a transformers folder (config, safetensors, tokenizer) into `folder`.
 
@@ -42,10 +44,17 @@ def build_tiny_model(
             `len(SPECIALS) + len(CHARS) + k`.
         generation_config: keys written over the `generation_config.json` that
             `save_pretrained` writes (e.g. `{"repetition_penalty": 5.0}`).
+        arch: 'llama', 'qwen2' (biases on q, k, v) or 'qwen3' (q and k norms).
+        tied: the output layer shares the input embedding.
     """
     import torch
+    import transformers
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+    from transformers import PreTrainedTokenizerFast
+
+    names = {"llama": "Llama", "qwen2": "Qwen2", "qwen3": "Qwen3"}
+    Config = getattr(transformers, f"{names[arch]}Config")
+    Model = getattr(transformers, f"{names[arch]}ForCausalLM")
 
     vocab = {tok: i for i, tok in enumerate(SPECIALS + CHARS + list(extra_specials))}
     core = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
@@ -60,7 +69,7 @@ def build_tiny_model(
         additional_special_tokens=others,
     )
     tok.chat_template = CHAT_TEMPLATE
-    config = LlamaConfig(
+    config = Config(
         vocab_size=len(vocab),
         hidden_size=hidden,
         intermediate_size=2 * hidden,
@@ -68,13 +77,14 @@ def build_tiny_model(
         num_attention_heads=4,
         num_key_value_heads=2,
         max_position_embeddings=max_positions,
-        tie_word_embeddings=True,
+        tie_word_embeddings=tied,
         eos_token_id=vocab[eos_token],
         pad_token_id=vocab[pad_token],
         bos_token_id=None,
+        **({"head_dim": hidden // 4} if arch == "qwen3" else {}),  # its default is 128
     )
     torch.manual_seed(seed)
-    model = LlamaForCausalLM(config)
+    model = Model(config)
     folder.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(folder)
     tok.save_pretrained(folder)

@@ -3,6 +3,8 @@ as vLLM's layerwise reload, bit for bit, and refuses what it cannot load whole."
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import ray
 import torch
@@ -11,19 +13,21 @@ from transformers import AutoModelForCausalLM
 from posttrain.actors.engine import EngineSettings
 from posttrain.actors.rollout import SamplingSettings
 from tests.engine_host import VLLMProbe, requires_vllm
+from tests.tiny_model import build_tiny_model
 
 pytestmark = [pytest.mark.vllm, requires_vllm]
 
 
 def _weights(model_path, dtype, seed, scale=0.05) -> list[tuple[str, torch.Tensor]]:
-    """The checkpoint plus noise, in the engine's dtype, tied head left out (as learners
+    """The checkpoint plus noise, in the engine's dtype, a tied head left out (as learners
     send it)."""
     model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+    tied = model.config.tie_word_embeddings
     g = torch.Generator().manual_seed(seed)
     return [
         (k, (v + scale * torch.randn(v.shape, generator=g)).to(dtype))
         for k, v in model.state_dict().items()
-        if k != "lm_head.weight"
+        if not (tied and k == "lm_head.weight")
     ]
 
 
@@ -33,28 +37,44 @@ def _same(a: dict, b: dict) -> None:
         assert torch.equal(a[k], b[k]), k
 
 
-@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
-def test_direct_load_builds_the_kernels_vllms_reload_builds(ray_local, tiny_model_vllm, dtype):
-    probe = ray.remote(num_cpus=0)(VLLMProbe).remote(
-        EngineSettings("vllm", str(tiny_model_vllm), dtype)
-    )
+@pytest.fixture(scope="module")
+def models(tiny_model_vllm, tmp_path_factory) -> dict[str, Path]:
+    """The tiny Llama (tied head), a Qwen2 (q/k/v biases, its own head) and a Qwen3
+    (q and k norms, tied), each at head_dim 32."""
+    root = tmp_path_factory.mktemp("direct")
+    return {
+        "llama": tiny_model_vllm,
+        "qwen2": build_tiny_model(root / "qwen2", hidden=128, arch="qwen2", tied=False),
+        "qwen3": build_tiny_model(root / "qwen3", hidden=128, arch="qwen3"),
+    }
+
+
+@pytest.mark.parametrize(
+    "arch, dtype",
+    [("llama", "bfloat16"), ("llama", "float32"), ("qwen2", "bfloat16"), ("qwen3", "bfloat16")],
+)
+def test_direct_load_builds_the_kernels_vllms_reload_builds(ray_local, models, arch, dtype):
+    model = models[arch]
+    probe = ray.remote(num_cpus=0)(VLLMProbe).remote(EngineSettings("vllm", str(model), dtype))
     try:
         assert ray.get(probe.direct_loader.remote()) == (True, None)
-        first = _weights(tiny_model_vllm, getattr(torch, dtype), seed=1)
-        other = _weights(tiny_model_vllm, getattr(torch, dtype), seed=2)
+        first = _weights(model, getattr(torch, dtype), seed=1)
+        other = _weights(model, getattr(torch, dtype), seed=2)
         sampling = SamplingSettings(n=2, max_new_tokens=12, temperature=1.0, seed=3)
         prompt = [[5, 6, 7, 8, 9]]
 
-        ray.get(probe.load_with_reload.remote(first))
-        reloaded = ray.get(probe.kernel_outputs.remote())
+        # The engine holds other values before each load, so a piece either load skipped
+        # would keep them and differ.
+        ray.get(probe.load_with_reload.remote(other))
+        held = ray.get(probe.kernel_outputs.remote())
+        ray.get(probe.call.remote("load_weights", first))  # direct
+        direct = ray.get(probe.kernel_outputs.remote())
         sampled = ray.get(probe.call.remote("generate", prompt, sampling))
+        assert all(not torch.equal(held[k], direct[k]) for k in direct)
 
-        ray.get(probe.call.remote("load_weights", other))  # direct, different values
-        assert not torch.equal(
-            ray.get(probe.kernel_outputs.remote())["lm_head"], reloaded["lm_head"]
-        )
-        ray.get(probe.call.remote("load_weights", first))  # direct, back again
-        _same(ray.get(probe.kernel_outputs.remote()), reloaded)
+        ray.get(probe.load_with_reload.remote(other))
+        ray.get(probe.load_with_reload.remote(first))
+        _same(direct, ray.get(probe.kernel_outputs.remote()))
         again = ray.get(probe.call.remote("generate", prompt, sampling))
         assert [[s.token_ids for s in g] for g in again] == [
             [s.token_ids for s in g] for g in sampled
@@ -116,11 +136,11 @@ def test_an_architecture_not_tested_against_the_reload_keeps_the_reload(ray_loca
     def build():
         from posttrain.actors.vllm_direct import DirectLoader
 
-        class Qwen2ForCausalLM(torch.nn.Module):  # a real name, not in ARCHITECTURES yet
+        class MistralForCausalLM(torch.nn.Module):  # a real name, not in ARCHITECTURES yet
             pass
 
-        loader, why = DirectLoader.build(Qwen2ForCausalLM(), set(), lora=False, tp=1)
+        loader, why = DirectLoader.build(MistralForCausalLM(), set(), lora=False, tp=1)
         return loader is None, why
 
     unused, why = ray.get(build.remote())
-    assert unused and "Qwen2ForCausalLM is not among" in why
+    assert unused and "MistralForCausalLM is not among" in why
