@@ -74,7 +74,7 @@ class WeightLoaderExtension:
             skip_tied_embedding_gemm(model)
             self._posttrain_tied_checked = True
         if direct is not None:
-            loader = self.posttrain_direct_loader(set(direct))
+            loader = self.posttrain_direct_loader(direct)
             if loader is not None:
                 return loader.load(stream)
         names: list[str] = []
@@ -87,7 +87,7 @@ class WeightLoaderExtension:
         self.model_runner.reload_weights(weights_iterator=tap())
         return names
 
-    def posttrain_direct_loader(self, names: set[str]):
+    def posttrain_direct_loader(self, names: Iterable[str]):
         """The model's `DirectLoader` (built on first use), or None where vLLM's reload
         is needed; `posttrain_direct_why_not` then says why."""
         if not hasattr(self, "_posttrain_direct"):
@@ -96,7 +96,7 @@ class WeightLoaderExtension:
             lora = self.model_runner.vllm_config.lora_config is not None
             tp = self.model_runner.vllm_config.parallel_config.tensor_parallel_size
             self._posttrain_direct, self.posttrain_direct_why_not = DirectLoader.build(
-                self.model_runner.get_model(), names, lora, tp
+                self.model_runner.get_model(), set(names), lora, tp
             )
         return self._posttrain_direct
 
