@@ -205,8 +205,18 @@ class HFEngine(InferenceEngine):
 
             held = get_peft_model_state_dict(self.model)
         else:
-            held = self.model.state_dict()
+            held = self._base_state()
         return {n: held[n] for n in names if n in held}
+
+    def _base_state(self) -> dict[str, torch.Tensor]:
+        """The model's tensors under checkpoint names, the adapter left out: once peft
+        wrapped the model (the first adapter push), `...q_proj.base_layer.weight` is
+        `...q_proj.weight`, so a base push (QLoRA's, to an engine already serving an
+        adapter) loads into the base and the adapter stays applied once."""
+        if not hasattr(self.model, "peft_config"):
+            return self.model.state_dict()
+        held = self.model.get_base_model().state_dict()
+        return {n.replace(".base_layer.", "."): t for n, t in held.items() if "lora_" not in n}
 
     def active_adapter(self) -> int | None:
         """peft's adapter layers are on (not `disable_adapter_layers`) and one is active."""
@@ -226,7 +236,7 @@ class HFEngine(InferenceEngine):
     def load_weights(
         self, weights: Iterable[tuple[str, torch.Tensor]], version: int | None = None
     ) -> list[str]:
-        own = self.model.state_dict()
+        own = self._base_state()
         loaded: list[str] = []
         for name, tensor in weights:
             if name not in own:

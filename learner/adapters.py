@@ -100,6 +100,8 @@ def check_targets(model_path: str, targets: tuple[str, ...]) -> None:
     Raises:
         ValueError: a name matches no `torch.nn.Linear` (peft would silently skip it);
             the message names `model.adapter.target_modules` and lists the valid names.
+            Or `lm_head` is targeted on a model whose head is tied to its embedding
+            (`config.adapter.tied_head_problem`).
     """
     from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -115,6 +117,12 @@ def check_targets(model_path: str, targets: tuple[str, ...]) -> None:
             f"model.adapter.target_modules: {unknown} name no linear layer of {model_path}; "
             f"its linear layers are {sorted(names)}"
         )
+    from ..config.adapter import tied_head_problem  # pydantic only, no torch
+
+    out, inp = model.get_output_embeddings(), model.get_input_embeddings()
+    tied = out is not None and out.weight is inp.weight
+    if problem := tied_head_problem(targets, tied, model_path):
+        raise ValueError(problem)
 
 
 def nf4_block_sizes(shape: tuple[int, int], world: int) -> tuple[int, int]:
@@ -260,6 +268,20 @@ def config_dict(model: torch.nn.Module) -> dict:
     return {k: sorted(v) if isinstance(v, set) else getattr(v, "value", v) for k, v in raw.items()}
 
 
+def _temp_peft(
+    gathered: dict[str, torch.Tensor], model_path: str, s: AdapterSettings, head: str
+) -> torch.nn.Module:
+    """A temporary peft model on the meta device holding `gathered` by assignment (float32,
+    tied weights re-tied); the learner's own modules are not touched."""
+    from peft import get_peft_model
+
+    plain = meta_model(model_path, head)
+    temp = get_peft_model(plain, lora_config(s, head=head), low_cpu_mem_usage=True)
+    temp.load_state_dict({k: v.float() for k, v in gathered.items()}, assign=True, strict=False)
+    temp.get_base_model().tie_weights()
+    return temp
+
+
 def merged_state_dict(
     gathered: dict[str, torch.Tensor], model_path: str, s: AdapterSettings, head: str = "lm"
 ) -> dict[str, torch.Tensor]:
@@ -271,15 +293,32 @@ def merged_state_dict(
     `gather_params(..., adapter_only=False)`) by assignment, then peft's
     `merge_and_unload`; the learner's own modules are not touched.
     """
-    from peft import get_peft_model
-
-    plain = meta_model(model_path, head)
-    temp = get_peft_model(plain, lora_config(s, head=head), low_cpu_mem_usage=True)
-    temp.load_state_dict({k: v.float() for k, v in gathered.items()}, assign=True, strict=False)
-    temp.get_base_model().tie_weights()
-    merged = temp.merge_and_unload()
+    merged = _temp_peft(gathered, model_path, s, head).merge_and_unload()
     merged.tie_weights()
     return {k: v.detach() for k, v in merged.state_dict().items()}
+
+
+def base_state_dict(
+    gathered: dict[str, torch.Tensor], model_path: str, s: AdapterSettings, head: str = "lm"
+) -> dict[str, torch.Tensor]:
+    """Plain transformers weights of the base the adapter is applied to: the frozen
+    weights, NF4 dequantised, float32, *without* the adapter (peft's `unload`). What an
+    engine serving base + adapter must hold (adapter-only sync): a base with the adapter
+    merged in would have it applied twice, `W0 + 2 (alpha / r) B A`."""
+    base = _temp_peft(gathered, model_path, s, head).unload()
+    base.tie_weights()
+    return {k: v.detach() for k, v in base.state_dict().items()}
+
+
+def plain_base_name(name: str) -> str | None:
+    """The checkpoint name of a live peft parameter of the base
+    (`base_model.model.model.layers.0.self_attn.q_proj.base_layer.weight` ->
+    `model.layers.0.self_attn.q_proj.weight`); None for the adapter's own tensors
+    (`lora_*`, `modules_to_save` copies)."""
+    parts = name.removeprefix("base_model.model.").split(".")
+    if any(p.startswith("lora_") or p == "modules_to_save" for p in parts):
+        return None
+    return ".".join(p for p in parts if p not in ("base_layer", "original_module"))
 
 
 def meta_model(model_path: str, head: str = "lm") -> torch.nn.Module:

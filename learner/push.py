@@ -10,16 +10,23 @@ Three sources:
   rank 0 through shared memory instead of all-gathers (learner/shm_gather.py);
 - policy with an adapter, merged: the adapter merged into the (dequantised) base on
   a rank-0 copy, plain transformers names;
-- adapter only: the PEFT adapter tensors with its LoraConfig in the handle's meta.
+- adapter only: the PEFT adapter tensors with its LoraConfig in the handle's meta;
+- the base of adapter-only sync (its full push at start, resume and engine
+  replacement): the (dequantised) base *without* the adapter, which the engine then
+  applies once. Its `expected` fingerprints, taken from the live modules' base weights
+  by name rather than from the pushed tensors, are what the proof of delivery holds the
+  engine's base to (weightsync/verify.py): a base pushed with the adapter merged in
+  fails it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Literal
 
 import torch
 
-from ..weightsync import PushSource
+from ..weightsync import PushSource, fingerprint
 from . import adapters
 from .adapters import AdapterSettings
 from .shm_gather import ShmGather
@@ -76,22 +83,35 @@ def _later(make: callable) -> Iterator[tuple[str, torch.Tensor]]:
     yield from make().items()
 
 
+PushKind = Literal["merged", "adapter", "base"]
+
+
+def push_kind(adapter_sync: bool, full: bool) -> PushKind:
+    """What a push of a policy with an adapter carries: with adapter-only sync the
+    adapter, or for a `full` push the base the engines apply it to; else merged weights."""
+    if not adapter_sync:
+        return "merged"
+    return "base" if full else "adapter"
+
+
 def push_source(
     policy: torch.nn.Module,
     rank: int,
     model_path: str,
     adapter: AdapterSettings,
     dtype: torch.dtype,
-    adapter_only: bool,
+    kind: PushKind,
     gather: ShmGather | None = None,
 ) -> PushSource:
     """The tensors of one push, cast to the engines' `dtype`, as a `PushSource`.
 
-    Plain policy: streamable (layout given). With an adapter: merged full weights, or
-    with `adapter_only` the adapter alone (PEFT names, e.g.
+    Plain policy: streamable (layout given; `kind` is ignored). With an adapter, by
+    `kind`: 'merged' full weights; 'adapter' the adapter alone (PEFT names, e.g.
     `base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight` `[r, in]`) and
-    `meta["adapter_config"]`, the `peft.LoraConfig` as a plain dict. `gather`: a plain
-    policy's shards go to rank 0 through shared memory (its dtype is `dtype`).
+    `meta["adapter_config"]`, the `peft.LoraConfig` as a plain dict; 'base' the frozen
+    base without the adapter (plain names), with `expected` the fingerprints of the
+    learner's own base weights (filled on rank 0 as the tensors are produced). `gather`:
+    a plain policy's shards go to rank 0 through shared memory (its dtype is `dtype`).
     """
     if not adapter.enabled:
         d = str(dtype).removeprefix("torch.")
@@ -100,7 +120,9 @@ def push_source(
         if gather is not None:
             return PushSource(gather.stream(state), layout)
         return PushSource(_plain_stream(policy, dtype), layout)
-    if adapter_only:
+    if kind == "base":
+        return _base_source(policy, rank, model_path, adapter, dtype)
+    if kind == "adapter":
 
         def state() -> dict[str, torch.Tensor]:
             full = adapters.gather_params(policy, adapter_only=True, keep=rank == 0)
@@ -116,3 +138,28 @@ def push_source(
         return {k: v.to(dtype) for k, v in full.items()}
 
     return PushSource(_later(merged), None)
+
+
+def _base_source(
+    policy: torch.nn.Module,
+    rank: int,
+    model_path: str,
+    adapter: AdapterSettings,
+    dtype: torch.dtype,
+) -> PushSource:
+    """The base push of adapter-only sync (see `push_source`)."""
+    expected: dict[str, str] = {}
+
+    def base() -> dict[str, torch.Tensor]:
+        full = adapters.gather_params(policy, adapter_only=False, keep=rank == 0)
+        if rank != 0:
+            return {}
+        # The proof's side, by name from the live weights (not through the push's path).
+        for name, t in full.items():
+            plain = adapters.plain_base_name(name)
+            if plain is not None:
+                expected[plain] = fingerprint(t.to(dtype))
+        state = untied(adapters.base_state_dict(full, model_path, adapter))
+        return {k: v.to(dtype) for k, v in state.items()}
+
+    return PushSource(_later(base), None, expected=expected)

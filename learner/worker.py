@@ -50,7 +50,7 @@ from .logprobs import sequence_logprobs, sequence_logprobs_and_entropy
 from .micro_batches import plan_rows, trim_right_padding
 from .models import DTYPES, critic_values, load_sharded, reward_scores
 from .optimizer import guarded_step
-from .push import full_state_dict, push_source, untied_state
+from .push import full_state_dict, push_kind, push_source, untied_state
 from .settings import CriticSettings, LearnerSettings, lr_factor
 from .shm_gather import ShmGather
 
@@ -387,7 +387,7 @@ class LearnerWorker:
                 s.model_path,
                 s.adapter,
                 DTYPES[s.compute_dtype],
-                s.transport.adapter_only and not full,
+                push_kind(s.transport.adapter_only, full),
                 self.gather,
             )
             yield from publish(

@@ -62,7 +62,7 @@ def _rank_main(rank, world, model_path, kind, out_dir, port, queue):
     after = adapters.gather_params(w.policy, adapter_only=False, keep=rank == 0)
     merged = w._full_state_dict()
     intact = adapters.gather_params(w.policy, adapter_only=False, keep=rank == 0)
-    src = push_source(w.policy, rank, w.s.model_path, w.s.adapter, torch.float32, True)
+    src = push_source(w.policy, rank, w.s.model_path, w.s.adapter, torch.float32, "adapter")
     tensors = dict(src.tensors)
     state = (tensors, src.meta["adapter_config"]) if rank == 0 else None
     w.save_checkpoint(str(out_dir), step=1)

@@ -102,11 +102,16 @@ class PushSource:
             gathering; None when the names are only known after (merged or adapter
             pushes), which rules out streaming.
         meta: extra fields for the handle (e.g. `adapter_config`), from rank 0.
+        expected: `{name: fingerprint}` the engines must hold after this push, derived
+            by the learner from its own modules rather than from `tensors` (filled on
+            rank 0 while `tensors` is consumed); the proof of delivery checks it too
+            (`weightsync.verify`). E.g. the base under adapter-only sync.
     """
 
     tensors: Iterator[tuple[str, torch.Tensor]]
     layout: list[tuple[str, str, tuple[int, ...]]] | None = None
     meta: dict[str, Any] = field(default_factory=dict)
+    expected: dict[str, str] = field(default_factory=dict)
 
 
 class WeightTransport(ABC):

@@ -77,7 +77,7 @@ def publish(
             for _ in tensors:  # the all-gathers need every rank
                 pass
         if sent is not None:
-            yield Delivery(version, sent)
+            yield Delivery(version, sent, expected=source.expected)
         return
     weights = dict(tensors)
     if transport.every_rank_sends:  # a collective send; rank 0's handle goes out
@@ -87,7 +87,7 @@ def publish(
         yield handle if sender else None
         transport.finish(handle)
         if sent is not None:
-            yield Delivery(version, sent)
+            yield Delivery(version, sent, expected=source.expected)
         return
     if not sender:
         yield None
@@ -105,7 +105,7 @@ def publish(
     yield handle
     transport.finish(handle)
     if sent is not None:
-        yield Delivery(version, sent, adapter="adapter_config" in meta)
+        yield Delivery(version, sent, adapter="adapter_config" in meta, expected=source.expected)
 
 
 def push(

@@ -11,7 +11,11 @@ tensor changes its fingerprint.
       what it handed to its loader (`engine: vllm` repacks linear weights into oneDNN's
       blocked layout on CPU and keeps no plain copy, so its parameters cannot be
       compared byte for byte; the tensors given to `reload_weights` are).
-With an adapter the engine also reports the policy_version of the adapter its next
+Under adapter-only sync the engine computes with base + adapter, so the base push is
+also held to what the learner's own modules hold (`PushSource.expected`, fingerprinted
+from the live base weights, not from the tensors sent): a base pushed with the adapter
+merged in (applied twice by the engine) differs there and fails. With an adapter the
+engine also reports the policy_version of the adapter its next
 generate request will run with (`active_adapter`): an adapter that was loaded but is
 not active fails the check.
 
@@ -113,6 +117,9 @@ class Delivery:
         active_adapter: engine side: the policy_version of the adapter its next
             generate request runs with (None: none active).
         where: engine side: what was fingerprinted ('held' or 'loaded').
+        expected: learner side: `{name: fingerprint}` the engine must hold, derived
+            from the learner's own modules rather than from what was sent (the base
+            under adapter-only sync; `PushSource.expected`).
     """
 
     version: int
@@ -120,6 +127,7 @@ class Delivery:
     adapter: bool = False
     active_adapter: int | None = None
     where: str = "sent"
+    expected: dict[str, str] = field(default_factory=dict)
 
 
 class DeliveryError(WeightSyncError):
@@ -132,8 +140,9 @@ def check_delivery(sent: Delivery, got: Delivery, engine: int) -> None:
 
     Raises:
         DeliveryError: another version, a tensor missing or differing (named, with
-            both fingerprints), or, for an adapter push, the adapter not active in the
-            engine's next generate request.
+            both fingerprints), a held tensor other than the learner's `expected`, or,
+            for an adapter push, the adapter not active in the engine's next generate
+            request.
     """
     v = sent.version
     if got.version != v:
@@ -153,6 +162,15 @@ def check_delivery(sent: Delivery, got: Delivery, engine: int) -> None:
                 f"from the learner's (engine {got.where} {got.fingerprints[name]}, learner "
                 f"sent {fp}): the weights were corrupted on the way or in the load; the run "
                 "stops so that no step samples from weights the learner does not have"
+            )
+    for name, fp in sent.expected.items():
+        if got.fingerprints.get(name) != fp:
+            raise DeliveryError(
+                f"rollout engine {engine}: base tensor {name!r} of policy_version {v} is "
+                f"not the learner's own base (engine {got.where} "
+                f"{got.fingerprints.get(name, 'nothing')}, learner holds {fp}): the engine "
+                "would apply the adapter to other weights (a base with the adapter merged "
+                "in applies it twice); the run stops"
             )
     if sent.adapter and got.active_adapter != v:
         active = got.active_adapter

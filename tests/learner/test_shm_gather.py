@@ -24,7 +24,7 @@ def _rank_main(rank, world, model_path, port, queue):
     settings = LearnerSettings(model_path=str(model_path), compute_dtype="bfloat16")
     w = LearnerWorker(rank, world, settings, threads=1)
     w.setup(port)
-    args = (w.policy, rank, str(model_path), settings.adapter, torch.bfloat16, False)
+    args = (w.policy, rank, str(model_path), settings.adapter, torch.bfloat16, "merged")
     gathered = _pairs(push_source(*args))  # the all-gathers
     shm = _pairs(push_source(*args, w.gather))
     with torch.no_grad():  # a step: the reused buffers must carry the new values
