@@ -82,3 +82,24 @@ class AdapterConfig(_Strict):
                 "use_dora, or qlora without it"
             )
         return self
+
+
+def tied_head_problem(
+    target_modules: list[str] | tuple[str, ...], tied: bool, model: str
+) -> str | None:
+    """Why a LoRA on `lm_head` cannot train `model` when its output layer is tied to its
+    input embedding (`tie_word_embeddings`), or None when that is not the case.
+
+    A LoRA there changes the head and not the embedding: the merged model would have to
+    be untied, which a weight push into an engine serving the tied model cannot do (its
+    head *is* the embedding), so merged pushes and `save_merged` would give another model.
+    """
+    if not tied or "lm_head" not in target_modules:
+        return None
+    return (
+        f"model.adapter.target_modules: 'lm_head' on {model}, whose lm_head shares its "
+        "weights with the input embedding (tie_word_embeddings: true): a LoRA there would "
+        "change the head but not the embedding, which the tied model the engines serve "
+        "cannot hold; remove 'lm_head' from model.adapter.target_modules, or train a copy "
+        "of the model saved with tie_word_embeddings: false"
+    )

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..config import FileData, MixtureData, Recipe, RecipeError
 from ..config import recipe as models  # vllm_installed looked up at call time (tests patch it)
+from ..config.adapter import tied_head_problem
 from .items import chat_messages
 from .rows import KINDS
 
@@ -149,10 +150,11 @@ def _check_writable_folder(folder: Path) -> None:
 
 def _check_model_path(recipe: Recipe) -> None:
     """model.path must be a built-in alias or a folder with config.json (whose head
-    size vLLM on CPU must support).
+    size vLLM on CPU must support, and whose tied head takes no LoRA).
 
     Raises:
-        RecipeError: it is neither, or vLLM's CPU kernel lacks its head size.
+        RecipeError: it is neither, vLLM's CPU kernel lacks its head size, or
+            model.adapter targets `lm_head` of a model with tied embeddings.
     """
     from ..common.model_registry import KNOWN_ALIASES  # no torch import at module level
 
@@ -165,6 +167,13 @@ def _check_model_path(recipe: Recipe) -> None:
                 "give a local transformers model folder"
             )
         _check_vllm_cpu_head_dim(recipe, folder / "config.json")
+        try:
+            tied = json.loads((folder / "config.json").read_text()).get("tie_word_embeddings")
+        except (OSError, ValueError, AttributeError):
+            tied = None  # transformers names the problem when it loads the config
+        targets = recipe.model.adapter.target_modules  # type none: the default, no lm_head
+        if problem := tied_head_problem(targets, tied is True, recipe.model.path):
+            raise RecipeError(problem)
 
 
 # RoPE types whose `factor` vLLM 0.32 does not apply again to max_position_embeddings
