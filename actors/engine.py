@@ -13,6 +13,7 @@ on every engine.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import threading
 from abc import ABC, abstractmethod
@@ -106,6 +107,23 @@ def engine_seed(seed: int, rank: int) -> int:
     the same rank repeats its samples.
     """
     return (seed + rank * _SEED_STRIDE) % 2**32
+
+
+def request_seed(seed: int, index: int) -> int:
+    """The seed of prompt `index` of a generate call given `seed`, where each request
+    gets a seed of its own (vLLM on cuda): the first 62 bits of BLAKE2b-64 of
+    `(seed, index)`, in [0, 2^62).
+
+    vLLM seeds child k of a request with n samples `seed + k`
+    (v1/engine/parallel_sampling.py), so seeds in arithmetic steps collide: with
+    `seed + i`, prompt i's child k and prompt i + 1's child k - 1 shared a seed (the same
+    prompt twice in a call repeated n - 1 of its n samples), and the step seeds, which
+    differ by 1 from step to step, shifted whole steps onto each other. Hashed seeds are
+    about 2^62 apart, so two of a run's samples share one with odds near
+    (samples)^2 / 2^62; the same `(seed, index)` still repeats its samples (a resume).
+    """
+    digest = hashlib.blake2b(f"{seed}:{index}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") >> 2
 
 
 # Content of an assistant turn rendered to find the token that ends the turn.

@@ -45,7 +45,7 @@ from typing import Any
 
 import torch
 
-from .engine import InferenceEngine, Sample, check_sampling, stop_token_ids
+from .engine import InferenceEngine, Sample, check_sampling, request_seed, stop_token_ids
 from .rollout import SamplingSettings
 
 
@@ -108,9 +108,9 @@ def sampling_params(
 ) -> list[Any]:
     """vLLM `SamplingParams` for each of `n_prompts` prompts: the recipe's settings only
     (never the model folder's generation defaults), sampled-token logprobs, stop strings
-    kept in the text, per-request seeds `seed + i` where the device has them (else None:
-    the caller seeds the global generator). `extra`: more SamplingParams fields (the
-    asynchronous engine's output kind)."""
+    kept in the text, per-request seeds `request_seed(seed, i)` where the device has
+    them (else None: the caller seeds the global generator). `extra`: more
+    SamplingParams fields (the asynchronous engine's output kind)."""
     from vllm import SamplingParams
 
     return [
@@ -120,7 +120,7 @@ def sampling_params(
             top_p=sampling.top_p,
             max_tokens=sampling.max_new_tokens,
             logprobs=0,
-            seed=sampling.seed + i if per_request_seed else None,
+            seed=request_seed(sampling.seed, i) if per_request_seed else None,
             stop=list(sampling.stop) or None,
             include_stop_str_in_output=True,
             stop_token_ids=stop_ids,
