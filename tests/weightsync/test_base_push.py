@@ -16,12 +16,15 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from posttrain.actors.engine import EngineSettings
+from posttrain.actors.rollout import PromptRequest, SamplingSettings
 from posttrain.actors.worker import RolloutWorker
 from posttrain.common.net import free_port
 from posttrain.learner import adapters
 from posttrain.learner.adapters import AdapterSettings
+from posttrain.learner.logprobs import sequence_logprobs
 from posttrain.learner.worker import LearnerSettings, LearnerWorker
 from posttrain.weightsync import Delivery, DeliveryError, TransportSettings, check_delivery
+from tests.engine_host import requires_vllm
 from tests.tiny_model import build_tiny_model
 
 R, ALPHA = 4, 8.0
@@ -40,17 +43,23 @@ def identity_q(tmp_path_factory) -> str:
     return str(folder)
 
 
-def _learner(model: str, kind: str) -> LearnerWorker:
+def _learner(model: str, kind: str, targets: tuple[str, ...] = ("q_proj",)) -> LearnerWorker:
     s = LearnerSettings(
         model_path=model,
         compute_dtype="float32",
-        adapter=AdapterSettings(type=kind, r=R, alpha=ALPHA, target_modules=("q_proj",)),
+        adapter=AdapterSettings(type=kind, r=R, alpha=ALPHA, target_modules=targets),
         transport=TransportSettings("object_store", checksum=True, adapter_only=True),
     )
     w = LearnerWorker(0, 1, s, threads=1)
     w.setup(free_port())
     params = dict(w.policy.named_parameters())
     with torch.no_grad():  # a trained adapter (as at a resume or an engine replacement)
+        if targets != ("q_proj",):
+            g = torch.Generator().manual_seed(1)
+            for n, p in params.items():
+                if "lora_" in n:
+                    p.to_local().copy_(0.3 * torch.randn(p.shape, generator=g))
+            return w
         a = params[Q0 + ".lora_A.default.weight"].to_local()
         b = params[Q0 + ".lora_B.default.weight"].to_local()
         a.zero_()
@@ -107,4 +116,51 @@ def test_proof_fails_a_base_with_the_adapter_merged_in(ray_local, identity_q, mo
         with pytest.raises(DeliveryError, match="q_proj.weight.*not the learner's own base"):
             _push(w, _engine(identity_q), 0, full=True)
     finally:
+        w.close()
+
+
+def _reference_logprobs(model: str, weights: dict, r, temperature: float) -> torch.Tensor:
+    m = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32).eval()
+    m.load_state_dict(weights)
+    ids = torch.tensor([r.prompt_ids + r.response_ids])
+    with torch.no_grad():
+        lp = sequence_logprobs(m, ids, torch.ones_like(ids), len(r.prompt_ids), temperature)
+    return lp[0, len(r.prompt_ids) :]
+
+
+@pytest.mark.parametrize(
+    "kind", ["hf", pytest.param("vllm", marks=[pytest.mark.vllm, requires_vllm])]
+)
+def test_engine_samples_the_learners_policy_after_a_base_push(ray_local, tiny_model_vllm, kind):
+    """QLoRA with a trained adapter on every projection, through a Ray rollout worker of
+    each engine kind: base push, adapter push, then the engine's inference logprobs are
+    the learner's merged policy's (fp32, 1e-4); the base with the adapter merged in gave
+    the adapter twice."""
+    import ray
+
+    model = str(tiny_model_vllm)
+    w = _learner(model, "qlora", adapters.DEFAULT_TARGETS)
+    Worker = ray.remote(num_cpus=0)(RolloutWorker)
+    engine = Worker.remote(
+        0, EngineSettings(kind, model, "float32", lora_rank=R), "object_store", 1
+    )
+    try:
+        for version, full in ((0, True), (1, False)):
+            gen = w.publish_weights(version, full=full)
+            handle = next(gen)
+            assert ray.get(engine.update_weights.remote(handle, version - 1)) == version
+            sent = [d for d in gen if isinstance(d, Delivery)][-1]
+            check_delivery(sent, ray.get(engine.delivery.remote()), 0)
+        merged = w._full_state_dict()
+        req = PromptRequest("g", [{"role": "user", "content": "12+30="}])
+        s = SamplingSettings(n=3, max_new_tokens=12, temperature=0.7, seed=4)
+        for r in ray.get(engine.generate.remote([req], s, 1)):
+            torch.testing.assert_close(
+                torch.tensor(r.inference_logprobs),
+                _reference_logprobs(model, merged, r, 0.7),
+                rtol=0,
+                atol=1e-4,
+            )
+    finally:
+        ray.kill(engine)
         w.close()
