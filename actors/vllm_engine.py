@@ -287,7 +287,7 @@ class VLLMEngine(InferenceEngine):
         self.optional = {"lm_head.weight"}
         # Checkpoint names for the direct load (actors/vllm_direct.py); None: vLLM's reload.
         self.direct = sorted(self.expected | self.optional) if direct_load else None
-        self.lora = None  # the LoRARequest served, newest adapter version
+        self.lora, self.lora_version = None, None  # the LoRARequest served, its version
         self.broken: str | None = None  # set when a load failed part-way
         # Per-request seeds give each request a torch.Generator; vLLM rewinds its offset
         # when a chunked prefill discards a token, which CPU generators cannot do
@@ -360,9 +360,9 @@ class VLLMEngine(InferenceEngine):
     def load_adapter(
         self, weights: Iterable[tuple[str, torch.Tensor]], config: dict, version: int
     ) -> list[str]:
-        """Write the adapter in PEFT format under a per-engine folder in /dev/shm and
-        register it as a new vLLM LoRA (id = version + 1); the previous one is removed.
-        Requests from now on run base + this adapter."""
+        """Write the adapter in PEFT format in /dev/shm and serve it from now on as a vLLM
+        LoRA of a new id (vLLM keeps an id's first tensors: a version pushed again reused
+        them), removing the previous one."""
         from safetensors.torch import save_file
         from vllm.lora.request import LoRARequest
 
@@ -372,15 +372,16 @@ class VLLMEngine(InferenceEngine):
             # Made only when an adapter comes: an engine killed by Ray leaves it behind.
             shm = "/dev/shm" if os.path.isdir("/dev/shm") else None
             self._lora_root = Path(tempfile.mkdtemp(prefix="posttrain-lora-", dir=shm))
-        folder = self._lora_root / f"v{version}"
+        lora_id = 1 + (self.lora.lora_int_id if self.lora is not None else 0)
+        folder = self._lora_root / f"{lora_id}-v{version}"
         folder.mkdir(parents=True, exist_ok=True)
         tensors = {n: t.detach().contiguous().clone() for n, t in weights}
         save_file(tensors, str(folder / "adapter_model.safetensors"))
         (folder / "adapter_config.json").write_text(json.dumps(config))
-        new = LoRARequest(f"policy-v{version}", version + 1, str(folder))
+        new = LoRARequest(f"policy-v{version}-{lora_id}", lora_id, str(folder))
         if not self.llm.llm_engine.add_lora(new):
             raise ValueError(f"vLLM did not load the adapter of policy_version {version}")
-        old, self.lora = self.lora, new
+        old, self.lora, self.lora_version = self.lora, new, version
         if old is not None:
             self.llm.llm_engine.remove_lora(old.lora_int_id)
             shutil.rmtree(old.lora_path, ignore_errors=True)
@@ -388,11 +389,10 @@ class VLLMEngine(InferenceEngine):
         return list(tensors)
 
     def active_adapter(self) -> int | None:
-        """The adapter `generate` passes as its `lora_request`, when vLLM still has it
-        registered (its id is policy_version + 1)."""
+        """The version of the adapter `generate` passes, when vLLM still has it."""
         if self.lora is None or self.lora.lora_int_id not in self.llm.llm_engine.list_loras():
             return None
-        return self.lora.lora_int_id - 1
+        return self.lora_version
 
     def named_weights(self) -> dict[str, torch.Tensor]:
         """vLLM's own parameters (fused qkv / gate_up, possibly repacked on CPU): not the

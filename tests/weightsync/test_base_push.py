@@ -145,7 +145,9 @@ def test_engine_samples_the_learners_policy_after_a_base_push(ray_local, tiny_mo
         0, EngineSettings(kind, model, "float32", lora_rank=R), "object_store", 1
     )
     try:
-        for version, full in ((0, True), (1, False)):
+        # base, adapter; then both again (a replaced engine's push group gets the base
+        # again while serving the adapter)
+        for version, full in ((0, True), (1, False), (0, True), (1, False)):
             gen = w.publish_weights(version, full=full)
             handle = next(gen)
             assert ray.get(engine.update_weights.remote(handle, version - 1)) == version
