@@ -2,7 +2,7 @@
 state dict that checkpoints reuse. Every function here is a collective over the FSDP
 group: all ranks call it; rank 0 ends up with the tensors.
 
-Three sources:
+Four sources:
 - plain policy: the state dict without tied aliases, each shard cast to the engines'
   dtype *before* its all-gather (half the bytes in bf16), one parameter at a time,
   with a layout known before gathering (so a transport may stream it); with a
