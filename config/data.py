@@ -65,7 +65,8 @@ class _Source(_Strict):
         1.0,
         gt=0,
         description="Inside data.train.mixture: this source's share of the mixture, "
-        "weight / (sum of the weights); must be > 0. Not read elsewhere.",
+        "weight / (sum of the weights); must be > 0. When no source of the mixture "
+        "sets one, the weights are the sources' row counts. Not read elsewhere.",
     )
     data_source: str | None = Field(
         None,

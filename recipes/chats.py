@@ -137,14 +137,14 @@ def tool_chats(cfg: GeneratorData, system_prompt: str | None) -> list[ChatExampl
 
 def source_chats(block: Any, system_prompt: str | None, key: str = "data.train") -> list[Any]:
     """The conversations of a data block (a file, `tool_chats`, or a mixture of them)."""
-    from .sources import mix
+    from .sources import mix, mixture_weights
 
     if isinstance(block, MixtureData):
         parts = [
             source_chats(s, system_prompt, f"{key}.mixture.{i}")
             for i, s in enumerate(block.mixture)
         ]
-        return mix(parts, [s.weight for s in block.mixture], block.size, block.seed)
+        return mix(parts, mixture_weights(block), block.size, block.seed)
     if isinstance(block, GeneratorData):
         return tool_chats(block, system_prompt)
     if not isinstance(block, FileData):

@@ -5,7 +5,8 @@ training, and the check that every row has a reward component to score it.
 Mixture (`mix`): an epoch of `size` items (default: every source's rows once), source i
 giving round(size · w_i / Σw) of them (largest remainders make the sum exact), drawn
 from its rows in a seeded order, repeating them when its share is larger than its rows;
-items are renumbered 0..size-1 and shuffled once.
+items are renumbered 0..size-1 and shuffled once. When no source sets a `weight`, w_i is
+source i's row count, so without `size` every row is drawn exactly once.
 """
 
 from __future__ import annotations
@@ -133,7 +134,7 @@ def source_prompts(
         parts = [
             source_prompts(s, f"{key}.mixture.{i}", check) for i, s in enumerate(block.mixture)
         ]
-        return mix(parts, [s.weight for s in block.mixture], block.size, block.seed)
+        return mix(parts, mixture_weights(block), block.size, block.seed)
     items = _single_source_prompts(block, key)
     if check is not None:
         check(items, key, block)
@@ -176,9 +177,7 @@ def source_pairs(
                 "others as text; DPO and reward models tokenise one shape per run: give "
                 "every source's prompts in one shape"
             )
-        mixed = mix(
-            [p for p, _ in parts], [s.weight for s in block.mixture], block.size, block.seed
-        )
+        mixed = mix([p for p, _ in parts], mixture_weights(block), block.size, block.seed)
         return mixed, sum(n for _, n in parts)
     if not isinstance(block, FileData):
         raise RecipeError(f"{key}: preference pairs come from files; give {{path: pairs.jsonl}}")
@@ -217,11 +216,21 @@ def shares(weights: list[float], size: int) -> list[int]:
     return out
 
 
-def mix(parts: list[list[T]], weights: list[float], size: int | None, seed: int) -> list[T]:
-    """A mixture of `parts` (module docstring); ids renumbered in the mixed order."""
-    size = size or sum(len(p) for p in parts)
+def mixture_weights(block: MixtureData) -> list[float] | None:
+    """The `weight` of each source of a mixture; None when no source sets one (the
+    shares then follow the sources' row counts, `mix`)."""
+    if not any("weight" in s.model_fields_set for s in block.mixture):
+        return None
+    return [s.weight for s in block.mixture]
+
+
+def mix(parts: list[list[T]], weights: list[float] | None, size: int | None, seed: int) -> list[T]:
+    """A mixture of `parts` (module docstring); ids renumbered in the mixed order.
+    `weights` None: each part's share is its length (every row once without `size`)."""
+    lengths = [len(p) for p in parts]
+    size = size or sum(lengths)
     rng, chosen = random.Random(seed), []
-    for part, n in zip(parts, shares(weights, size), strict=True):
+    for part, n in zip(parts, shares(weights or lengths, size), strict=True):
         order = list(range(len(part)))
         rng.shuffle(order)
         chosen += [part[order[k % len(part)]] for k in range(n)]
