@@ -10,9 +10,10 @@ the python tool of `grpo_tool_arith.yaml` parses (recipes/episodes/tools.py).
 The assistant mask comes from the chat template:
 - a template with `{% generation %}` markers (TRL's assistant-only loss needs them): the
   tokenizer's `return_assistant_tokens_mask`;
-- otherwise, for every assistant message i: the tokens the rendering of messages[:i+1]
-  adds to the rendering of messages[:i] with its generation prompt (the reply and the
-  template's end of turn), checked to be a prefix of the whole conversation's rendering.
+- otherwise, for every assistant message i: the tokens of the rendering of messages[:i+1]
+  after the part it shares with the rendering of messages[:i] with its generation prompt
+  (the reply and the template's end of turn), checked to be a prefix of the whole
+  conversation's rendering.
 A template for which neither holds cannot mark assistant tokens and is refused.
 """
 
@@ -23,6 +24,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from ..common.chat_tokens import shared_start
 from ..config import FileData, GeneratorData, MixtureData, RecipeError
 from .items import Message, chat_messages
 from .rows import read_rows
@@ -196,9 +198,16 @@ def tokenize_chat(tokenizer: Any, messages: list[Message], where: str) -> Tokeni
     for i, m in enumerate(messages):
         if m["role"] != "assistant":
             continue
-        before = _render(tokenizer, messages[:i], True) if i else []
         upto = _render(tokenizer, messages[: i + 1], False)
-        if upto[: len(before)] != before or full[: len(upto)] != upto or len(upto) <= len(before):
+        # The turn starts where it leaves the generation prompt (which may open the reply
+        # with text the reply brings itself, a `<think>`), never before that prompt.
+        opened, prompt_start = 0, 0
+        if i:
+            gen = _render(tokenizer, messages[:i], True)
+            opened = shared_start([gen, upto])
+            prompt_start = shared_start([gen, _render(tokenizer, messages[:i], False)])
+        before = upto[:opened]
+        if opened < prompt_start or full[: len(upto)] != upto or len(upto) <= len(before):
             raise RecipeError(
                 f"{where}: the chat template cannot mark assistant tokens: rendering "
                 f"messages[:{i + 1}] (assistant turn {i}) is not the rendering of the turns "

@@ -17,11 +17,13 @@ Formats:
   two dialogues do not share that prompt are skipped and counted.
 
 Tokenisation (`tokenize_pairs_with_template`): chat-format pairs are rendered with
-the model's chat template exactly as rollouts render prompts (actors/engine.py
-`tokenize_chat`), each reply as the template renders an assistant turn, up to and
-including its end-of-turn token. Text pairs (`hh`, text `pairs`) stay raw text, with
-the tokenizer's BOS in front when it adds one to its own encodings. `tokenize_pairs`
-is the older plain-text-only tokenisation (no BOS), kept for existing callers.
+the model's chat template, prompt + reply being the template's rendering of the whole
+conversation up to and including the reply's end-of-turn token; the prompt is what the
+two renderings share with the generation prompt's (a `<think>` the generation prompt
+opens is not doubled, nor given to a reply without one). Text pairs (`hh`, text
+`pairs`) stay raw text, with the tokenizer's BOS in front when it adds one to its own
+encodings. `tokenize_pairs` is the older plain-text-only tokenisation (no BOS), kept for
+existing callers.
 
 One rendering everywhere (`render_pairs`): DPO, reward-model training and `posttrain
 eval` turn text pairs into chat pairs first (`as_chat`) when the model has a chat
@@ -38,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from ..common.chat_tokens import adds_bos as _adds_bos
-from ..common.chat_tokens import chat_reply as _chat_reply
+from ..common.chat_tokens import chat_turns as _chat_turns
 from ..common.chat_tokens import hh_messages
 from ..common.chat_tokens import one_bos as _one_bos
 from ..common.chat_tokens import stop_ids as _stop_ids
@@ -366,10 +368,10 @@ def tokenize_pairs_with_template(
 ) -> PairTokenization:
     """Token ids of every pair, prompts built as rollouts build them.
 
-    Chat-format pairs: prompt ids are `apply_chat_template(prompt,
-    add_generation_prompt=True, tokenize=True)` (with one BOS where the tokenizer
-    uses one, never two); each reply is the template's assistant turn up to and
-    including its end-of-turn token. Text pairs: raw text without special tokens,
+    Chat-format pairs: prompt + reply is the chat template's rendering of the
+    conversation up to and including the reply's end-of-turn token (one BOS where the
+    tokenizer uses one, never two); the prompt is the part both renderings share with
+    the generation prompt's (`chat_tokens.chat_turns`). Text pairs: raw text without special tokens,
     the tokenizer's BOS in front if it adds one to its encodings, replies + EOS.
     Pairs longer than `max_length` keep the BOS, the end of the prompt and the start
     of the replies (the prompt never shorter than half of `max_length`). A pair whose
@@ -429,15 +431,12 @@ def _template_kind(pairs: list[PreferencePair], tokenizer: Any) -> bool:
 def _chat_pair_ids(
     tokenizer: Any, p: PreferencePair, bos: int | None, adds_bos: bool, stops: set[int]
 ) -> tuple[list[int], list[list[int]]]:
-    """A chat-format pair's prompt ids (the chat template with the generation prompt,
-    one BOS at most) and its two replies (each the template's assistant turn up to
-    and including its end-of-turn token), before truncation."""
-    kw = {"add_generation_prompt": True}
-    enc = tokenizer.apply_chat_template(p.prompt, tokenize=True, return_dict=True, **kw)
-    prompt = _one_bos(list(enc["input_ids"]), bos, adds_bos)
-    text = tokenizer.apply_chat_template(p.prompt, tokenize=False, **kw)
-    replies = [_chat_reply(tokenizer, p.prompt, text, r, stops) for r in (p.chosen, p.rejected)]
-    return prompt, replies
+    """A chat-format pair's prompt ids and its two replies, before truncation: prompt +
+    reply is the chat template's rendering of the whole conversation up to and
+    including the reply's end-of-turn token, one BOS at most; the prompt is what the
+    renderings share with the generation prompt's (`chat_tokens.chat_turns`)."""
+    prompt, replies = _chat_turns(tokenizer, p.prompt, [p.chosen, p.rejected], stops)
+    return _one_bos(prompt, bos, adds_bos), replies
 
 
 def _template_id(chat: bool, bos: int | None, adds_bos: bool) -> tuple[str, str]:

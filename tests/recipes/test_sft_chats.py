@@ -77,6 +77,25 @@ def test_a_template_that_cannot_mark_assistant_tokens_is_refused(tiny_model):
         tokenize_chat(tok, CHAT, "data.jsonl:3")
 
 
+def test_a_generation_prompt_opening_think_masks_the_reply_as_rendered(tiny_model):
+    # issue 47's sibling: the generation prompt ends in `<think>`, so the reply's turn
+    # leaves it inside the generation prompt; the mask starts there (this was refused)
+    tok = AutoTokenizer.from_pretrained(tiny_model)
+    tok.chat_template = tok.chat_template.replace(
+        "<|im_start|>assistant\n{% endif %}", "<|im_start|>assistant\n<think>{% endif %}"
+    )
+    chat = [
+        {"role": "user", "content": "2+2?"},
+        {"role": "assistant", "content": "<think>add</think>4"},
+        {"role": "user", "content": "and 3+3?"},
+        {"role": "assistant", "content": "6"},
+    ]
+    t = tokenize_chat(tok, chat, "row 1")
+    assert t.ids == tok.apply_chat_template(chat, tokenize=True, return_dict=True)["input_ids"]
+    # the `<think>` the generation prompt writes is context (the policy never samples it)
+    assert _masked_text(tok, t) == ["add</think>4<|im_end|>\n", "6<|im_end|>\n"]
+
+
 def test_row_without_assistant_turn_names_file_row_and_key(tmp_path):
     f = tmp_path / "chats.jsonl"
     rows = [{"messages": CHAT}, {"messages": [{"role": "user", "content": "hi"}]}]
