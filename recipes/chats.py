@@ -26,7 +26,7 @@ from typing import Any
 
 from ..common.chat_tokens import shared_start
 from ..config import FileData, GeneratorData, MixtureData, RecipeError
-from .items import Message, chat_messages
+from .items import Message, chat_messages, message_extras
 from .rows import read_rows
 
 ROLES = ("system", "user", "assistant", "tool")
@@ -61,7 +61,8 @@ class TokenizedChat:
 
 def check_messages(value: Any, where: str, key: str = "messages") -> list[Message]:
     """A row's `messages`, checked: a list of `{role, content}` with known roles, string
-    contents and at least one assistant turn.
+    contents and at least one assistant turn, with the other keys chat templates read
+    (`items.MESSAGE_KEYS`: `reasoning_content`, `tool_calls`, ...; others refused).
 
     Raises:
         RecipeError: naming `where` (file and row) and the key.
@@ -77,7 +78,9 @@ def check_messages(value: Any, where: str, key: str = "messages") -> list[Messag
             )
         if not isinstance(m.get("content"), str):
             raise RecipeError(f"{where}: {key}[{i}].content must be text, got {m.get('content')!r}")
-        out.append({"role": m["role"], "content": m["content"]})
+        out.append(
+            {"role": m["role"], "content": m["content"], **message_extras(m, where, key, i + 1)}
+        )
     if not any(m["role"] == "assistant" for m in out):
         raise RecipeError(
             f"{where}: key {key!r} has no assistant turn, so nothing of it is trained on; "

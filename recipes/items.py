@@ -12,15 +12,17 @@ from typing import Any
 from ..config import RecipeError
 from .rows import jsonl_rows
 
-Message = dict[str, str]
+Message = dict[str, Any]
 
 __all__ = [
+    "MESSAGE_KEYS",
     "ROLES",
     "Message",
     "PromptItem",
     "chat_messages",
     "check_messages",
     "jsonl_rows",
+    "message_extras",
     "prompt_identity",
     "show",
 ]
@@ -84,8 +86,49 @@ def show(value: Any, width: int = 40) -> str:
     return json.dumps(value, default=repr)[:width]
 
 
+#: Keys of a message besides role and content that chat templates read (Qwen3 and
+#: DeepSeek-R1 `reasoning_content`, gpt-oss `thinking`, OpenAI-style tool calls), and
+#: the type each must have. They are kept; any other key is refused (a template may read
+#: it, a trainer may not: OpenAI's `weight`), a null value counts as absent (parquet
+#: structs fill keys a row lacks with null).
+MESSAGE_KEYS: dict[str, tuple[type, str]] = {
+    "reasoning_content": (str, "text"),
+    "thinking": (str, "text"),
+    "name": (str, "text"),
+    "tool_call_id": (str, "text"),
+    "tool_calls": (list, "a list of {type, function} mappings"),
+}
+
+
+def message_extras(m: dict[str, Any], where: str, key: str, j: int) -> dict[str, Any]:
+    """The keys of message `m` (number `j`, 1-based, of `key`) besides role and content
+    that chat templates read (`MESSAGE_KEYS`), checked; null values left out.
+
+    Raises:
+        RecipeError: an unknown key or a value of the wrong type; names `where` (file and
+            row), `key`, the message and the key.
+    """
+    out: dict[str, Any] = {}
+    for k, v in m.items():
+        if k in ("role", "content") or v is None:
+            continue
+        if k not in MESSAGE_KEYS:
+            raise RecipeError(
+                f"{where}: {key!r} message {j} has key {k!r}, which posttrain does not pass "
+                f"to the chat template; a message holds role, content and "
+                f"{', '.join(MESSAGE_KEYS)}: remove {k!r} or rename it"
+            )
+        kind, wanted = MESSAGE_KEYS[k]
+        bad = not isinstance(v, kind) or (kind is list and not all(isinstance(c, dict) for c in v))
+        if bad:
+            raise RecipeError(f"{where}: {key!r} message {j} key {k!r} is {show(v)}, not {wanted}")
+        out[k] = v
+    return out
+
+
 def check_messages(value: Any, where: str, key: str, prompt: bool = True) -> list[Message]:
-    """`value` as checked chat messages (each `{"role", "content"}`, other keys dropped).
+    """`value` as checked chat messages: each `{"role", "content"}` with the other keys
+    chat templates read (`MESSAGE_KEYS`, checked by `message_extras`).
 
     Order: an optional system message first, then user and assistant turns taking turns
     (tool results after an assistant turn or another tool result); with `prompt` the last
@@ -93,7 +136,7 @@ def check_messages(value: Any, where: str, key: str, prompt: bool = True) -> lis
     text.
 
     Raises:
-        RecipeError: not a list of `{role, content}` mappings, an unknown role, a
+        RecipeError: not a list of `{role, content}` mappings, an unknown role or key, a
             message out of order, content that is not text, or an empty prompt; names
             `where` (file and row), `key` and the message's position (1-based).
     """
@@ -126,7 +169,7 @@ def check_messages(value: Any, where: str, key: str, prompt: bool = True) -> lis
                 "order; a prompt is an optional system message, then user and assistant "
                 "turns in turn (tool results after the assistant)"
             )
-        out.append({"role": role, "content": content})
+        out.append({"role": role, "content": content, **message_extras(m, where, key, j)})
     if prompt and out[-1]["role"] not in ("user", "tool"):
         raise RecipeError(
             f"{where}: {key!r} ends with a{'n' if out[-1]['role'] == 'assistant' else ''} "

@@ -105,7 +105,7 @@ def _row_fields(
         if isinstance(v, str):
             replies.append(v)
         elif msgs is not None and len(msgs) == 1 and msgs[0]["role"] == "assistant" and chat:
-            replies.append(msgs[0]["content"])
+            replies.append(_reply_text(msgs[0], where, k))
         elif msgs is not None and chat:
             raise RecipeError(
                 f"{where}: key {k!r} must hold one assistant message, not "
@@ -174,8 +174,25 @@ def implicit_fields(
                 f"{where}: after the prompt {chosen_key!r} and {rejected_key!r} share, "
                 f"{k!r} must hold one assistant message, not {[m['role'] for m in rest]}"
             )
-        replies.append(rest[0]["content"])
+        replies.append(_reply_text(rest[0], where, k))
     return prompt, replies[0], replies[1]
+
+
+def _reply_text(m: dict, where: str, key: str) -> str:
+    """The content of a reply message, which must carry nothing else a chat template
+    reads (a pair's replies are text: `reasoning_content` or `tool_calls` would be lost).
+
+    Raises:
+        RecipeError: it does; names `where`, `key` and the keys.
+    """
+    extra = sorted(k for k, v in m.items() if k not in ("role", "content") and v is not None)
+    if extra:
+        raise RecipeError(
+            f"{where}: key {key!r} is an assistant message with {extra} besides its content; "
+            "a preference reply is text, so they would be lost: put them in the content "
+            "(e.g. <think>...</think> before the answer) or remove them"
+        )
+    return m["content"]
 
 
 def _bad_key(row: dict, key: str, where: str, wanted: str, block: str) -> None:

@@ -251,3 +251,33 @@ def test_multi_turn_prompts_render_as_rollouts_render_them(tmp_path, tiny_model)
         for m in want
     ]
     assert checked_prompt_tokens(recipe, prompts) == max(len(i) for i in ids)
+
+
+def test_prompt_messages_keep_the_keys_templates_read(tmp_path):
+    # issue 47's sibling: a multi-turn prompt's earlier assistant turn keeps its
+    # reasoning and tool calls for the chat template; other keys are refused
+    call = [{"type": "function", "function": {"name": "add", "arguments": "{}"}}]
+    turns = [
+        {"role": "user", "content": "2+2?"},
+        {"role": "assistant", "content": "4", "reasoning_content": "add", "tool_calls": call},
+        {"role": "user", "content": "and 3+3?"},
+    ]
+    f = tmp_path / "p.jsonl"
+    f.write_text(json.dumps({"prompt": turns, "answer": "6"}) + "\n")
+    [item] = _prompts(path=str(f))
+    assert item.messages[1] == turns[1]
+    turns[1]["weight"] = 0
+    f.write_text(json.dumps({"prompt": turns, "answer": "6"}) + "\n")
+    with pytest.raises(RecipeError, match=rf"{f}:1: 'prompt' message 2 has key 'weight'"):
+        _prompts(path=str(f))
+
+
+def test_a_pair_reply_with_reasoning_is_refused_not_cut(tmp_path):
+    from posttrain.recipes.preference import load_pairs
+
+    reply = [{"role": "assistant", "content": "4", "reasoning_content": "add"}]
+    row = {"prompt": _user("2+2?"), "chosen": reply, "rejected": "5"}
+    f = tmp_path / "pairs.jsonl"
+    f.write_text(json.dumps(row) + "\n")
+    with pytest.raises(RecipeError, match=rf"{f}:1: key 'chosen' is an assistant message with"):
+        load_pairs(f, "auto")

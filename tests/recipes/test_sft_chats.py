@@ -96,6 +96,49 @@ def test_a_generation_prompt_opening_think_masks_the_reply_as_rendered(tiny_mode
     assert _masked_text(tok, t) == ["add</think>4<|im_end|>\n", "6<|im_end|>\n"]
 
 
+# What a Qwen3 template does with an assistant turn: its `reasoning_content` in a think
+# block (an empty one without it), then the content.
+QWEN3_LIKE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{% if m['role'] == 'assistant' %}"
+    "<think>\n{{ m.reasoning_content if m.reasoning_content is defined else '' }}"
+    "\n</think>\n\n{% endif %}{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def test_reasoning_content_reaches_the_template(tiny_model, tmp_path):
+    # issue 47: check_messages kept role and content only, so this row trained
+    # `<think>\n\n</think>\n\n4` instead of `<think>\nadd\n</think>\n\n4`
+    f = tmp_path / "chats.jsonl"
+    turn = {"role": "assistant", "content": "4", "reasoning_content": "add", "tool_calls": None}
+    f.write_text(json.dumps({"messages": [{"role": "user", "content": "2+2?"}, turn]}) + "\n")
+    [chat] = file_chats(FileData(path=str(f)))
+    assert chat.messages[1] == {"role": "assistant", "content": "4", "reasoning_content": "add"}
+    tok = AutoTokenizer.from_pretrained(tiny_model)
+    tok.chat_template = QWEN3_LIKE
+    t = tokenize_chat(tok, chat.messages, chat.origin)
+    masked = [i for i, m in zip(t.ids, t.mask, strict=True) if m]
+    want = "<think>\nadd\n</think>\n\n4<|im_end|>\n"
+    # the tiny tokenizer has one token per character and reads "\n\n" as one <unk>
+    assert "".join(tok.convert_ids_to_tokens(masked)) == want.replace("\n\n", "<unk>")
+
+
+@pytest.mark.parametrize(
+    "extra,match",
+    [
+        ({"weight": 0}, r"message 2 has key 'weight', which posttrain does not pass"),
+        ({"reasoning_content": 5}, r"message 2 key 'reasoning_content' is 5, not text"),
+        ({"tool_calls": "x"}, r"message 2 key 'tool_calls' is \"x\", not a list"),
+    ],
+)
+def test_message_keys_a_template_cannot_take_are_refused(tmp_path, extra, match):
+    f = tmp_path / "chats.jsonl"
+    turn = {"role": "assistant", "content": "4", **extra}
+    f.write_text(json.dumps({"messages": [{"role": "user", "content": "2+2?"}, turn]}) + "\n")
+    with pytest.raises(RecipeError, match=rf"{f}:1: 'messages' {match}"):
+        file_chats(FileData(path=str(f)))
+
+
 def test_row_without_assistant_turn_names_file_row_and_key(tmp_path):
     f = tmp_path / "chats.jsonl"
     rows = [{"messages": CHAT}, {"messages": [{"role": "user", "content": "hi"}]}]
