@@ -12,7 +12,8 @@ The layout is read from row 1 (with `prompt_key: auto`):
 Every later row must have the same key. Ground truth (`answer_key: auto`): the first of
 `reward_model.ground_truth` (verl), `answer`, `ground_truth`, `solution`, `completion`
 row 1 has. The row's other keys travel as metadata to the reward services, with
-`data_source` (the row's own, else the source's `data_source`).
+`data_source` (the row's own, else the source's `data_source`) and `extra_info` a
+mapping (a null one becomes {}, as verl passes it).
 """
 
 from __future__ import annotations
@@ -194,6 +195,15 @@ def _metadata(cfg: FileData, lay: Layout, row: dict[str, Any], where: str) -> di
         json.dumps(meta)
     except (TypeError, ValueError):  # dates, bytes: the reward services get them as text
         meta = json.loads(json.dumps(meta, default=str))
+    # verl hands a reward function `extra_info` as a mapping, {} for a null one
+    if "extra_info" in meta and meta["extra_info"] is None:
+        meta["extra_info"] = {}
+    elif "extra_info" in meta and not isinstance(meta["extra_info"], dict):
+        raise RecipeError(
+            f"{where}: 'extra_info' is {show(meta['extra_info'])}; verl's layout and "
+            "python rewards read it as a mapping: give an object (or null), or rename "
+            "the column"
+        )
     source = meta.get("data_source")
     if source is None and cfg.data_source is not None:
         meta["data_source"] = cfg.data_source
