@@ -1,22 +1,19 @@
 """Token ids of a conversation and its next reply, rendered with the model's chat
 template: one rendering shared by the preference-pair tokenisation (DPO, reward-model
-training; recipes/preference.py, `chat_turns`) and the reward service's `reward_model`
+training; recipes/data/pair_tokens.py, `chat_turns`) and the reward service's `reward_model`
 component (rewards/reward_model.py), so a reward model scores what it was trained on.
 
 Prompt: `apply_chat_template(messages, add_generation_prompt=True)` with one BOS
 where the tokenizer uses one, never two. Reply: the text the template renders for the
 assistant turn after the generation prompt, up to and including its end-of-turn
-token. Also: HH-RLHF dialogue text split into chat messages (`hh_messages`).
+token.
 """
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
-Message = dict[str, str]
-
-_HH_TURN = re.compile(r"\n\n(Human|Assistant):")
+Message = dict[str, Any]
 
 
 def adds_bos(tokenizer: Any) -> bool:
@@ -137,18 +134,3 @@ def plain_ids(tokenizer: Any, prompt: str, reply: str) -> tuple[list[int], list[
         adds_bos(tokenizer),
     )
     return ids, tokenizer(reply, add_special_tokens=False)["input_ids"] + eos
-
-
-def hh_messages(prompt: str) -> list[Message]:
-    """An HH-RLHF prompt (`\\n\\nHuman: …\\n\\nAssistant: …\\n\\nHuman: …\\n\\nAssistant:`)
-    as chat messages (`user` / `assistant`, text stripped), the final empty assistant
-    turn left out. Text before the first turn marker is dropped."""
-    parts = _HH_TURN.split(prompt)
-    roles = {"Human": "user", "Assistant": "assistant"}
-    out = [
-        {"role": roles[who], "content": text.strip()}
-        for who, text in zip(parts[1::2], parts[2::2], strict=True)
-    ]
-    if out and out[-1]["role"] == "assistant" and not out[-1]["content"]:
-        out.pop()
-    return out

@@ -11,8 +11,9 @@ import json
 from pathlib import Path
 from typing import Any
 
+from ...common.model_folder import load_tokenizer
+from ...common.model_registry import readable_model_folder
 from ...config import Recipe, RecipeError
-from ..preflight import _readable_model_folder, _tokenizer
 
 
 def check_teacher_folder(recipe: Recipe) -> None:
@@ -57,8 +58,8 @@ def check_teacher_tokenizer(recipe: Recipe, convert: bool = False) -> bool:
     if not teacher:
         return False
     check_teacher_folder(recipe)
-    student_dir = _readable_model_folder(recipe.model.path, convert)
-    teacher_dir = _readable_model_folder(teacher, convert)
+    student_dir = readable_model_folder(recipe.model.path, convert)
+    teacher_dir = readable_model_folder(teacher, convert)
     if student_dir is None or teacher_dir is None:
         return False
     check_vocab_sizes(student_dir, teacher_dir)
@@ -110,7 +111,7 @@ def check_vocab_sizes(student: Path, teacher: Path) -> None:
 
 def _load(folder: Path, key: str) -> Any:
     try:
-        return _tokenizer(folder)
+        return load_tokenizer(folder)
     except (OSError, ValueError) as e:
         raise RecipeError(
             f"{key}: cannot load the tokenizer of {folder} ({e}); give a transformers "

@@ -1,7 +1,7 @@
-"""The controller's unit of training data, `PromptItem`, and how a prompt becomes the
-chat messages a rollout samples from (`chat_messages`, the one place that puts
-`model.system_prompt` in front). Imports nothing of the control plane, so the prompt
-and the preference readers both build on it without importing each other."""
+"""The controller's unit of training data, `PromptItem`; how a prompt becomes the chat
+messages a rollout samples from (`chat_messages`, the one place that puts
+`model.system_prompt` in front); and the one check of chat messages every reader uses
+(`check_messages`: prompts, preference pairs, SFT conversations)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..config import RecipeError
-from .rows import jsonl_rows
+from ...config import RecipeError
 
 Message = dict[str, Any]
 
@@ -21,7 +20,6 @@ __all__ = [
     "PromptItem",
     "chat_messages",
     "check_messages",
-    "jsonl_rows",
     "message_extras",
     "prompt_identity",
     "show",
@@ -126,50 +124,30 @@ def message_extras(m: dict[str, Any], where: str, key: str, j: int) -> dict[str,
     return out
 
 
-def check_messages(value: Any, where: str, key: str, prompt: bool = True) -> list[Message]:
+def check_messages(
+    value: Any, where: str, key: str, prompt: bool = True, trained: bool = False
+) -> list[Message]:
     """`value` as checked chat messages: each `{"role", "content"}` with the other keys
     chat templates read (`MESSAGE_KEYS`, checked by `message_extras`).
 
     Order: an optional system message first, then user and assistant turns taking turns
-    (tool results after an assistant turn or another tool result); with `prompt` the last
+    (tool results after an assistant turn or another tool result). With `prompt` the last
     message is a user or tool turn (the policy answers next) and some user message has
-    text.
+    text; with `trained` (an SFT conversation) some message is an assistant turn.
 
     Raises:
         RecipeError: not a list of `{role, content}` mappings, an unknown role or key, a
-            message out of order, content that is not text, or an empty prompt; names
-            `where` (file and row), `key` and the message's position (1-based).
+            message out of order, content that is not text, an empty prompt or no
+            assistant turn to train on; names `where` (file and row), `key` and the
+            message's position (1-based).
     """
     if not isinstance(value, list | tuple):
         raise RecipeError(
             f"{where}: {key!r} is {show(value)}; give text or a list of {{role, content}} messages"
         )
     if not value:
-        raise RecipeError(f"{where}: {key!r} is an empty list of messages (an empty prompt)")
-    out: list[Message] = []
-    for j, m in enumerate(value, start=1):
-        if not isinstance(m, dict) or "role" not in m or "content" not in m:
-            raise RecipeError(
-                f"{where}: {key!r} message {j} is {show(m)}, not a {{role, content}} mapping"
-            )
-        role, content = m["role"], m["content"]
-        if role not in ROLES:
-            raise RecipeError(
-                f"{where}: {key!r} message {j} has role {show(role)}; the roles are "
-                f"{', '.join(ROLES)}"
-            )
-        if not isinstance(content, str):
-            raise RecipeError(
-                f"{where}: {key!r} message {j} ({role}) has content {show(content)}, not text"
-            )
-        prev = out[-1]["role"] if out else None
-        if prev not in _FOLLOWS[role]:
-            raise RecipeError(
-                f"{where}: {key!r} message {j} ({role}) follows {prev or 'nothing'}: out of "
-                "order; a prompt is an optional system message, then user and assistant "
-                "turns in turn (tool results after the assistant)"
-            )
-        out.append({"role": role, "content": content, **message_extras(m, where, key, j)})
+        raise RecipeError(f"{where}: {key!r} is an empty list of messages")
+    out = [_message(m, j, out_prev, where, key) for j, m, out_prev in _numbered(value)]
     if prompt and out[-1]["role"] not in ("user", "tool"):
         raise RecipeError(
             f"{where}: {key!r} ends with a{'n' if out[-1]['role'] == 'assistant' else ''} "
@@ -178,4 +156,42 @@ def check_messages(value: Any, where: str, key: str, prompt: bool = True) -> lis
         )
     if prompt and not any(m["role"] == "user" and m["content"].strip() for m in out):
         raise RecipeError(f"{where}: {key!r} has no user message with text (an empty prompt)")
+    if trained and not any(m["role"] == "assistant" for m in out):
+        raise RecipeError(
+            f"{where}: {key!r} has no assistant turn, so nothing of it is trained on; "
+            "give every row at least one {role: assistant, content: ...} message, or drop "
+            "the row"
+        )
     return out
+
+
+def _numbered(value: list[Any]) -> Any:
+    """`(position from 1, message, role of the message before or None)`."""
+    prev = None
+    for j, m in enumerate(value, start=1):
+        yield j, m, prev
+        prev = m.get("role") if isinstance(m, dict) else None
+
+
+def _message(m: Any, j: int, prev: str | None, where: str, key: str) -> Message:
+    """Message `j` of `key`, checked (`check_messages`); `prev`: the role before it."""
+    if not isinstance(m, dict) or "role" not in m or "content" not in m:
+        raise RecipeError(
+            f"{where}: {key!r} message {j} is {show(m)}, not a {{role, content}} mapping"
+        )
+    role, content = m["role"], m["content"]
+    if role not in ROLES:
+        raise RecipeError(
+            f"{where}: {key!r} message {j} has role {show(role)}; the roles are {', '.join(ROLES)}"
+        )
+    if not isinstance(content, str):
+        raise RecipeError(
+            f"{where}: {key!r} message {j} ({role}) has content {show(content)}, not text"
+        )
+    if prev not in _FOLLOWS[role]:
+        raise RecipeError(
+            f"{where}: {key!r} message {j} ({role}) follows {prev or 'nothing'}: out of "
+            "order; messages are an optional system message, then user and assistant "
+            "turns in turn (tool results after the assistant)"
+        )
+    return {"role": role, "content": content, **message_extras(m, where, key, j)}

@@ -23,11 +23,11 @@ import gzip
 import json
 import os
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from ..config import RecipeError
+from ...config import RecipeError
 
 KINDS = (
     ".jsonl, .jsonl.gz, .json, .parquet, .csv, a folder of parquet shards or a folder "
@@ -194,6 +194,37 @@ def read_rows(
         yield from _dataset_rows(_load(builder, path), str(path))
     else:
         raise RecipeError(f"{path}: unknown kind of data file; give {KINDS}")
+
+
+#: What turns one row into an item: `reader(row, where, n)` with `n` the items so far;
+#: None skips the row (counted).
+RowReader = Callable[[dict[str, Any], str, int], Any]
+
+
+def read_items(
+    path: str | Path, split: str | None, key: str, reader: RowReader, limit: int | None
+) -> tuple[list[Any], int]:
+    """The items of a data file or folder: every row (`read_rows`) handed to `reader`, in
+    order, until `limit` items (None or 0: all); with how many rows it skipped. The one
+    loop over a file's rows for every kind of item (prompts, pairs, conversations).
+
+    Raises:
+        RecipeError: as `read_rows` and `reader`, or a row that is not a JSON object
+            (names the file and row).
+    """
+    items: list[Any] = []
+    skipped = 0
+    for where, row in read_rows(path, split, key):
+        if not isinstance(row, dict):
+            raise RecipeError(f"{where}: a row must be a JSON object, got {type(row).__name__}")
+        item = reader(row, where, len(items))
+        if item is None:
+            skipped += 1
+            continue
+        items.append(item)
+        if limit and len(items) >= limit:
+            break
+    return items, skipped
 
 
 def data_files(path: str | Path) -> list[Path]:

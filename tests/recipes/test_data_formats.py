@@ -14,7 +14,7 @@ import pytest
 from posttrain.config import Recipe, RecipeError
 from posttrain.config.data import DataConfig
 from posttrain.recipes.data import load_data, load_prompts
-from posttrain.recipes.items import chat_messages
+from posttrain.recipes.data.items import chat_messages
 
 SYS = {"role": "system", "content": "Answer with a number."}
 
@@ -273,7 +273,7 @@ def test_prompt_messages_keep_the_keys_templates_read(tmp_path):
 
 
 def test_a_pair_reply_with_reasoning_is_refused_not_cut(tmp_path):
-    from posttrain.recipes.preference import load_pairs
+    from posttrain.recipes.data.pairs import load_pairs
 
     reply = [{"role": "assistant", "content": "4", "reasoning_content": "add"}]
     row = {"prompt": _user("2+2?"), "chosen": reply, "rejected": "5"}

@@ -8,11 +8,11 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
+from posttrain.common.model_folder import load_tokenizer
 from posttrain.config import RecipeError
 from posttrain.recipes.algo.teacher import check_teacher_tokenizer, vocab_difference
 from posttrain.recipes.cli import app
 from posttrain.recipes.loading import load_recipe
-from posttrain.recipes.preflight import _tokenizer
 from tests.conftest import ROOT
 from tests.test_grpo_e2e import _grpo_recipe
 from tests.tiny_model import build_tiny_model
@@ -72,7 +72,7 @@ def test_teacher_with_another_tokenizer_exits_2_naming_key_and_both(tiny_model, 
         check_teacher_tokenizer(load_recipe(recipe_file))
     msg = str(e.value)
     assert msg.startswith("distill.teacher: the teacher's tokenizer")
-    kind = type(_tokenizer(tiny_model)).__name__  # transformers' fast-tokenizer class
+    kind = type(load_tokenizer(tiny_model)).__name__  # transformers' fast-tokenizer class
     assert f"{teacher} ({kind}, 101 tokens)" in msg
     assert f"(model.path) {tiny_model} ({kind}, 100 tokens)" in msg
     assert "the teacher has 1 tokens the student lacks, first '<tool>' (id 100)" in msg

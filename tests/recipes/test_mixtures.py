@@ -11,8 +11,8 @@ import pytest
 from posttrain.config import Recipe, RecipeError
 from posttrain.config.data import DataConfig
 from posttrain.recipes.data import load_data, load_eval_prompts, load_prompts
-from posttrain.recipes.items import prompt_identity
-from posttrain.recipes.sources import shares
+from posttrain.recipes.data.items import prompt_identity
+from posttrain.recipes.data.sources import shares
 
 
 def _jsonl(path, questions, source=None):

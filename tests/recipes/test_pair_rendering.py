@@ -14,12 +14,12 @@ import pytest
 import yaml
 from transformers import AutoTokenizer
 
-from posttrain.common.chat_tokens import chat_prompt, chat_reply, hh_messages, stop_ids
+from posttrain.common.chat_tokens import chat_prompt, chat_reply, stop_ids
 from posttrain.recipes.algo.dpo import DPO
 from posttrain.recipes.algo.reward_model import RewardModel
 from posttrain.recipes.assess.scoring import bootstrap_ci
+from posttrain.recipes.data.pairs import hh_messages, load_pairs
 from posttrain.recipes.loading import load_recipe
-from posttrain.recipes.preference import load_pairs
 
 HH = [
     {
@@ -96,7 +96,8 @@ THINK_TEMPLATE = (
 def test_a_generation_prompt_opening_think_is_neither_doubled_nor_added(tiny_model):
     # issue 47: prompt + chosen rendered `<think><think>2+2=4</think>...` and the
     # rejected reply gained a `<think>` it never had
-    from posttrain.recipes.preference import PreferencePair, tokenize_pairs_with_template
+    from posttrain.recipes.data.pair_tokens import tokenize_pairs_with_template
+    from posttrain.recipes.data.pairs import PreferencePair
 
     tok = AutoTokenizer.from_pretrained(tiny_model)
     tok.chat_template = THINK_TEMPLATE

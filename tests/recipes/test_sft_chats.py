@@ -13,8 +13,10 @@ from transformers import AutoTokenizer
 from typer.testing import CliRunner
 
 from posttrain.config import FileData, GeneratorData, RecipeError
-from posttrain.recipes.chats import file_chats, tokenize_chat, tool_chats
 from posttrain.recipes.cli import app
+from posttrain.recipes.data.chats import tokenize_chat
+from posttrain.recipes.data.generators import tool_chats
+from posttrain.recipes.data.sources import items_of
 from posttrain.recipes.episodes.tools import parse_tool_calls
 
 CHAT = [
@@ -112,7 +114,7 @@ def test_reasoning_content_reaches_the_template(tiny_model, tmp_path):
     f = tmp_path / "chats.jsonl"
     turn = {"role": "assistant", "content": "4", "reasoning_content": "add", "tool_calls": None}
     f.write_text(json.dumps({"messages": [{"role": "user", "content": "2+2?"}, turn]}) + "\n")
-    [chat] = file_chats(FileData(path=str(f)))
+    [chat] = items_of(FileData(path=str(f)), "chats")[0]
     assert chat.messages[1] == {"role": "assistant", "content": "4", "reasoning_content": "add"}
     tok = AutoTokenizer.from_pretrained(tiny_model)
     tok.chat_template = QWEN3_LIKE
@@ -136,21 +138,21 @@ def test_message_keys_a_template_cannot_take_are_refused(tmp_path, extra, match)
     turn = {"role": "assistant", "content": "4", **extra}
     f.write_text(json.dumps({"messages": [{"role": "user", "content": "2+2?"}, turn]}) + "\n")
     with pytest.raises(RecipeError, match=rf"{f}:1: 'messages' {match}"):
-        file_chats(FileData(path=str(f)))
+        items_of(FileData(path=str(f)), "chats")[0]
 
 
 def test_row_without_assistant_turn_names_file_row_and_key(tmp_path):
     f = tmp_path / "chats.jsonl"
     rows = [{"messages": CHAT}, {"messages": [{"role": "user", "content": "hi"}]}]
     f.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    with pytest.raises(RecipeError, match=rf"{f}:2: key 'messages' has no assistant turn"):
-        file_chats(FileData(path=str(f)))
+    with pytest.raises(RecipeError, match=rf"{f}:2: 'messages' has no assistant turn"):
+        items_of(FileData(path=str(f)), "chats")[0]
     f.write_text(json.dumps({"text": "hi"}) + "\n")
     with pytest.raises(RecipeError, match=rf"{f}:1: no key 'messages'"):
-        file_chats(FileData(path=str(f)))
+        items_of(FileData(path=str(f)), "chats")[0]
     f.write_text(json.dumps({"messages": [{"role": "bot", "content": "x"}]}) + "\n")
-    with pytest.raises(RecipeError, match=r"messages\[0\] must be"):
-        file_chats(FileData(path=str(f)))
+    with pytest.raises(RecipeError, match=r":1: 'messages' message 1 has role \"bot\""):
+        items_of(FileData(path=str(f)), "chats")[0]
 
 
 def test_parquet_rows_are_read(tmp_path):
@@ -158,7 +160,7 @@ def test_parquet_rows_are_read(tmp_path):
 
     folder = tmp_path / "ds"
     datasets.Dataset.from_list([{"messages": CHAT}, {"messages": CHAT[:3]}]).save_to_disk(folder)
-    got = file_chats(FileData(path=str(folder)))
+    got = items_of(FileData(path=str(folder)), "chats")[0]
     assert [len(c.messages) for c in got] == [7, 3]
 
 
@@ -199,7 +201,7 @@ def test_cli_exits_2_on_a_row_without_assistant_turn_and_on_a_bad_template(tiny_
     data.write_text(data.read_text() + json.dumps({"messages": CHAT[:2]}) + "\n")
     out = cli.invoke(app, ["validate", str(_recipe(tmp_path, tiny_model, data))])
     assert out.exit_code == 2
-    assert f"{data}:2: key 'messages' has no assistant turn" in out.output
+    assert f"{data}:2: 'messages' has no assistant turn" in out.output
     data.write_text(json.dumps({"messages": CHAT}) + "\n")
     broken = tmp_path / "model"
     shutil.copytree(tiny_model, broken)
