@@ -27,6 +27,7 @@ from ...common.chat_tokens import shared_start
 from ...common.model_registry import readable_model_folder
 from ...config import RecipeError
 from .items import Message, check_messages
+from .rows import RowReader
 
 _GENERATION = re.compile(r"\{%-?\s*generation\s*-?%\}")
 
@@ -57,7 +58,7 @@ class TokenizedChat:
     mask: list[int]
 
 
-class ChatRows:
+class ChatRows(RowReader):
     """The row reader of SFT conversations (`rows.read_items`): each row's `messages`
     (a list, or in a csv column its JSON text), checked (`items.check_messages`: at least
     one assistant turn), as a `ChatExample`."""
@@ -84,11 +85,6 @@ class ChatRows:
             except json.JSONDecodeError:
                 raise RecipeError(f"{where}: key 'messages' is text that is not JSON") from None
         return ChatExample(check_messages(value, where, "messages", False, True), where)
-
-    @staticmethod
-    def empty(path: str, skipped: int) -> RecipeError:
-        """The error for a file with no rows."""
-        return RecipeError(f"{path}: holds no rows")
 
 
 def has_generation_markers(tokenizer: Any) -> bool:

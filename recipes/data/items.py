@@ -1,11 +1,14 @@
 """The controller's unit of training data, `PromptItem`; how a prompt becomes the chat
 messages a rollout samples from (`chat_messages`, the one place that puts
 `model.system_prompt` in front); and the one check of chat messages every reader uses
-(`check_messages`: prompts, preference pairs, SFT conversations)."""
+(`check_messages`: prompts, preference pairs, SFT conversations); what makes two prompts
+the same (`prompt_identity`), by which held-out prompts leave training (`hold_out`,
+`without`)."""
 
 from __future__ import annotations
 
 import json
+import random
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,9 +23,11 @@ __all__ = [
     "PromptItem",
     "chat_messages",
     "check_messages",
+    "hold_out",
     "message_extras",
     "prompt_identity",
     "show",
+    "without",
 ]
 
 
@@ -195,3 +200,51 @@ def _message(m: Any, j: int, prev: str | None, where: str, key: str) -> Message:
             "turns in turn (tool results after the assistant)"
         )
     return {"role": role, "content": content, **message_extras(m, where, key, j)}
+
+
+def hold_out(
+    items: list[PromptItem], n: int, seed: int
+) -> tuple[list[PromptItem], list[PromptItem]]:
+    """`(training, held out)`: `n` distinct prompts drawn with `seed`, every training item
+    with one of those prompts moved out of training.
+
+    Raises:
+        RecipeError: fewer than n + 1 distinct prompts (nothing would be left to train on).
+    """
+    first: dict[str, PromptItem] = {}
+    for item in items:
+        first.setdefault(prompt_identity(item), item)
+    if n >= len(first):
+        raise RecipeError(
+            f"eval.holdout: {n} prompts held out of data.train, which has {len(first)} "
+            f"distinct prompts; hold out fewer than {len(first)}"
+        )
+    keys = sorted(first)
+    random.Random(seed).shuffle(keys)
+    held = set(keys[:n])
+    return [i for i in items if prompt_identity(i) not in held], [first[k] for k in keys[:n]]
+
+
+def without(items: list[Any], held: list[Any], key: str = "eval.prompts") -> list[Any]:
+    """`items` (prompts or pairs) less those whose prompt equals a held-out one's (`key`:
+    the held-out block's key path).
+
+    Raises:
+        RecipeError: none is left to train on.
+    """
+    if not held:
+        return items
+    keys = {_identity(h) for h in held}
+    kept = [i for i in items if _identity(i) not in keys]
+    if not kept:
+        what = "an evaluation prompt" if key == "eval.prompts" else f"a {key} item"
+        raise RecipeError(
+            f"{key}: every prompt of data.train is also {what}, so none is left to train "
+            "on; hold out other prompts"
+        )
+    return kept
+
+
+def _identity(item: Any) -> str:
+    """What makes two prompts (or two pairs' prompts) the same."""
+    return prompt_identity(item) if isinstance(item, PromptItem) else json.dumps(item.prompt)

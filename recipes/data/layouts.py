@@ -25,6 +25,7 @@ from typing import Any
 from ...config import FileData, RecipeError
 from .items import Message, PromptItem, check_messages, show
 from .pairs import implicit_fields
+from .rows import RowReader
 
 GROUND_TRUTH_KEYS = (
     "reward_model.ground_truth",
@@ -211,7 +212,7 @@ def _metadata(cfg: FileData, lay: Layout, row: dict[str, Any], where: str) -> di
     return meta
 
 
-class PromptRows:
+class PromptRows(RowReader):
     """The row reader of prompts (`rows.read_items`): each row of one file as a
     `PromptItem` in the file's layout, resolved from its first row (module docstring);
     `key` is the block's key path, named in errors."""
@@ -234,7 +235,7 @@ class PromptRows:
         answer = _answer(cfg, lay, row, where, reply, key)
         return PromptItem(n, text, answer, _metadata(cfg, lay, row, where), messages, where)
 
-    def empty(self, path: str, skipped: int) -> RecipeError:
+    def empty(self, path: Any, skipped: int) -> RecipeError:
         """The error for a file with no rows."""
         return RecipeError(
             f"{self.key}.path: {path} has no rows; give a file with at least one prompt"

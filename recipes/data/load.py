@@ -7,14 +7,12 @@ recipes ship their samples in recipes/datasets/.
 
 from __future__ import annotations
 
-import json
-import random
 from typing import Any, NamedTuple
 
-from ...config import Recipe, RecipeError
+from ...config import Recipe
 from ...config.data import DataConfig
 from .coverage import check_reward_coverage, check_reward_sources
-from .items import PromptItem, prompt_identity
+from .items import PromptItem, hold_out, without
 from .pairs import PreferencePair
 from .sources import KIND_OF_DATA, items_of
 
@@ -52,41 +50,46 @@ class LoadedData(NamedTuple):
 
 def load_data(recipe: Recipe) -> LoadedData:
     """A recipe's training data, checked, of the kind its algorithm trains on
-    (`recipe.facts.data`): conversations for SFT; preference pairs (those whose prompt
-    equals a `data.heldout` pair's left out and counted in `held_out`); else prompts with
-    the held-out ones (`eval.prompts`, or `eval.holdout` of data.train's) left out, every
-    prompt covered by a reward component that can score it (`check_reward_coverage`, on
-    each source's rows before a mixture draws from them).
+    (`KIND_OF_DATA[recipe.facts.data]`): conversations for SFT; preference pairs (those
+    whose prompt equals a `data.heldout` pair's left out and counted in `held_out`); else
+    prompts with the held-out ones (`eval.prompts`, its first `eval.limit`, or
+    `eval.holdout` of data.train's) left out, every prompt covered by a reward component
+    that can score it (`check_reward_coverage`, on each source's rows before a mixture
+    draws from them).
 
     Raises:
-        RecipeError: an unreadable file or a bad row (named), or a row no reward
-            component scores.
+        RecipeError: an unreadable file or a bad row (named), a row no reward component
+            scores, or nothing left to train on.
     """
     kind = KIND_OF_DATA[recipe.facts.data]
-    if kind == "chats":
-        chats = items_of(recipe.data.train, kind, system_prompt=recipe.model.system_prompt)[0]
-        return LoadedData(chats, 0, [], 0)
-    if kind == "pairs":
-        pairs, skipped = items_of(recipe.data.train, kind, margin_key=recipe.pair_margin_key)
-        held = {json.dumps(p.prompt) for p in load_heldout_pairs(recipe)}
-        kept = [p for p in pairs if json.dumps(p.prompt) not in held]
-        return LoadedData(kept, skipped, [], len(pairs) - len(kept))
+    opts: dict[str, Any] = {
+        "system_prompt": recipe.model.system_prompt,
+        "margin_key": recipe.pair_margin_key,
+        "check": _coverage(recipe) if kind == "prompts" else None,
+    }
+    train, skipped = items_of(recipe.data.train, kind, **opts)
+    e = recipe.eval if kind == "prompts" else None
+    if e is not None and e.holdout is not None:
+        kept, held = hold_out(train, e.holdout, recipe.data.shuffle_seed)
+        held = held[: e.limit]
+    else:
+        key = "data.heldout" if kind == "pairs" else "eval.prompts"
+        block = recipe.data.heldout if kind == "pairs" else e.prompts if e is not None else None
+        held = [] if block is None else items_of(block, kind, key, **opts)[0]
+        held = held[: e.limit] if e is not None else held
+        kept = without(train, held, key)
+    if kind == "prompts":
+        check_reward_sources(kept + held, recipe.rewards)
+    return LoadedData(kept, skipped, held if kind == "prompts" else [], len(train) - len(kept))
+
+
+def _coverage(recipe: Recipe) -> Any:
+    """The check `items_of` runs on each prompt source (`check_reward_coverage`)."""
 
     def covered(items: list[PromptItem], key: str, source: Any) -> None:
         check_reward_coverage(items, recipe.rewards, key, source)
 
-    e = recipe.eval
-    train, evals, dropped = items_of(recipe.data.train, kind, check=covered)[0], [], 0
-    if e is not None and e.holdout is not None:
-        kept, evals = hold_out(train, e.holdout, recipe.data.shuffle_seed)
-        train, dropped = kept, len(train) - len(kept)
-    elif e is not None:
-        evals = items_of(e.prompts, kind, "eval.prompts", check=covered)[0][: e.limit]
-        train, dropped = without(train, evals)
-    if e is not None:
-        evals = evals[: e.limit]
-    check_reward_sources(train + evals, recipe.rewards)
-    return LoadedData(train, 0, evals, dropped)
+    return covered
 
 
 def load_heldout_pairs(recipe: Recipe) -> list[PreferencePair]:
@@ -115,38 +118,3 @@ def load_eval_prompts(recipe: Recipe) -> list[PromptItem]:
     if e.holdout is not None:
         return load_data(recipe).eval
     return items_of(e.prompts, "prompts", "eval.prompts")[0][: e.limit]
-
-
-def hold_out(
-    items: list[PromptItem], n: int, seed: int
-) -> tuple[list[PromptItem], list[PromptItem]]:
-    """`(training, held out)`: `n` distinct prompts drawn with `seed`, every training item
-    with one of those prompts moved out of training.
-
-    Raises:
-        RecipeError: fewer than n + 1 distinct prompts (nothing would be left to train on).
-    """
-    first: dict[str, PromptItem] = {}
-    for item in items:
-        first.setdefault(prompt_identity(item), item)
-    if n >= len(first):
-        raise RecipeError(
-            f"eval.holdout: {n} prompts held out of data.train, which has {len(first)} "
-            f"distinct prompts; hold out fewer than {len(first)}"
-        )
-    keys = sorted(first)
-    random.Random(seed).shuffle(keys)
-    held = set(keys[:n])
-    return [i for i in items if prompt_identity(i) not in held], [first[k] for k in keys[:n]]
-
-
-def without(items: list[PromptItem], held: list[PromptItem]) -> tuple[list[PromptItem], int]:
-    """`items` less those whose prompt equals a held-out prompt, and how many left."""
-    keys = {prompt_identity(h) for h in held}
-    kept = [i for i in items if prompt_identity(i) not in keys]
-    if not kept:
-        raise RecipeError(
-            "eval.prompts: every prompt of data.train is also an evaluation prompt, so "
-            "none is left to train on; evaluate on other prompts"
-        )
-    return kept, len(items) - len(kept)

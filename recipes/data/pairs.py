@@ -28,9 +28,9 @@ from pathlib import Path
 from typing import Any
 
 from ...common.chat_tokens import shared_start
-from ...config import RecipeError
+from ...config import FileData, RecipeError
 from .items import Message, PromptItem, check_messages
-from .rows import read_items
+from .rows import RowReader, read_items
 
 HH_MARK = "\n\nAssistant:"
 _HH_TURN = re.compile(r"\n\n(Human|Assistant):")
@@ -188,7 +188,7 @@ def _hh_fields(
     return prompt, row[chosen_key][len(prompt) :], row[rejected_key][len(prompt) :]
 
 
-class PairRows:
+class PairRows(RowReader):
     """The row reader of preference pairs (`rows.read_items`): each row of one file as a
     `PreferencePair` (None: an hh row that does not split, skipped). `fmt`: 'auto' /
     'pairs' (TRL's layouts; `prompt_key` 'auto': 'prompt' when row 1 has it, else the
@@ -233,8 +233,13 @@ class PairRows:
         self.first = self.first or pair
         return pair
 
-    @staticmethod
-    def empty(path: str | Path, skipped: int) -> RecipeError:
+    @classmethod
+    def of(cls, block: FileData, key: str, margin_key: str | None = None) -> PairRows:
+        """The reader of a file block's pairs (its format and keys)."""
+        keys = (block.prompt_key, block.chosen_key, block.rejected_key)
+        return cls(block.format, *keys, margin_key, key)
+
+    def empty(self, path: str | Path, skipped: int) -> RecipeError:
         """The error for a file with no usable pair, with the count of hh rows skipped."""
         why = (
             f"; {skipped} hh rows skipped: no '\\n\\nAssistant:' turn shared by chosen and rejected"
@@ -263,10 +268,26 @@ def load_pairs(
             that mix text and message prompts, or no usable pair; names file, row, key.
     """
     reader = PairRows(fmt, prompt_key, chosen_key, rejected_key, margin_key, block)
-    pairs, skipped = read_items(path, split, block, reader, limit)
-    if not pairs:
-        raise PairRows.empty(path, skipped)
-    return pairs, skipped
+    return read_items(path, split, block, reader, limit)
+
+
+class HhPromptRows(PairRows):
+    """The row reader of the prompts of an hh file (GRPO / PPO): its pairs, read as
+    `load_pairs` reads them (the block's `limit` counts pairs), then their single-turn
+    prompts (`pair_prompts`) with the block's `data_source`."""
+
+    def __init__(self, block: FileData, key: str):
+        super().__init__("hh", "auto", block.chosen_key, block.rejected_key, None, key)
+        self.path = block.path
+        self.meta = {} if block.data_source is None else {"data_source": block.data_source}
+
+    def finish(self, items: list[Any]) -> list[Any]:
+        """Raises RecipeError: no pair is single-turn (`pair_prompts`)."""
+        prompts = pair_prompts(items, self.block)
+        return [
+            replace(p, metadata=dict(self.meta), origin=f"{self.path} pair {p.prompt_id}")
+            for p in prompts
+        ]
 
 
 def _pair_fields(

@@ -23,7 +23,7 @@ import gzip
 import json
 import os
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -196,21 +196,38 @@ def read_rows(
         raise RecipeError(f"{path}: unknown kind of data file; give {KINDS}")
 
 
-#: What turns one row into an item: `reader(row, where, n)` with `n` the items so far;
-#: None skips the row (counted).
-RowReader = Callable[[dict[str, Any], str, int], Any]
+class RowReader:
+    """What turns one file's rows into items (`read_items`), one reader per kind of item
+    (prompts: layouts.PromptRows; pairs: pairs.PairRows; conversations: chats.ChatRows).
+    A reader keeps what it learns from earlier rows (a file's layout, its prompt shape)."""
+
+    def __call__(self, row: dict[str, Any], where: str, n: int) -> Any:
+        """Row `where` (a JSON object) as item number `n`; None skips it (counted).
+
+        Raises:
+            RecipeError: a bad row; names the file, the row and the key.
+        """
+        raise NotImplementedError
+
+    def empty(self, path: str | Path, skipped: int) -> RecipeError:
+        """The error for a file that gave no item (`skipped` rows skipped)."""
+        return RecipeError(f"{path}: holds no rows")
+
+    def finish(self, items: list[Any]) -> list[Any]:
+        """The file's items once all are read (a reader may reshape them)."""
+        return items
 
 
 def read_items(
     path: str | Path, split: str | None, key: str, reader: RowReader, limit: int | None
 ) -> tuple[list[Any], int]:
     """The items of a data file or folder: every row (`read_rows`) handed to `reader`, in
-    order, until `limit` items (None or 0: all); with how many rows it skipped. The one
-    loop over a file's rows for every kind of item (prompts, pairs, conversations).
+    order, until `limit` items (None or 0: all), then `reader.finish`; with how many rows
+    it skipped. The one loop over a file's rows for every kind of item.
 
     Raises:
-        RecipeError: as `read_rows` and `reader`, or a row that is not a JSON object
-            (names the file and row).
+        RecipeError: as `read_rows` and `reader`, a row that is not a JSON object (names
+            the file and row), or no item at all (`reader.empty`).
     """
     items: list[Any] = []
     skipped = 0
@@ -224,7 +241,9 @@ def read_items(
         items.append(item)
         if limit and len(items) >= limit:
             break
-    return items, skipped
+    if not items:
+        raise reader.empty(path, skipped)
+    return reader.finish(items), skipped
 
 
 def data_files(path: str | Path) -> list[Path]:

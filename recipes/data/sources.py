@@ -1,8 +1,9 @@
 """From a data block to its items, in one dispatcher (`items_of(block, kind)`): the
 mixture recursion, the file reading and the generator lookup happen here once, for every
 kind of item an algorithm trains on (`KIND_OF_DATA`, from its facts): prompts
-(layouts.PromptRows), preference pairs (pairs.PairRows) or SFT conversations
-(chats.ChatRows); generated items come from one registry (generators.GENERATORS).
+(layouts.PromptRows; pairs.HhPromptRows for hh files), preference pairs (pairs.PairRows)
+or SFT conversations (chats.ChatRows), a registry of row readers (`ROW_READERS`);
+generated items come from one registry too (generators.GENERATORS).
 
 Mixture (`mix`): an epoch of `size` items (default: every source's rows once), source i
 giving round(size · w_i / Σw) of them (largest remainders make the sum exact), drawn
@@ -24,8 +25,8 @@ from .chats import ChatExample, ChatRows
 from .generators import generated
 from .items import PromptItem
 from .layouts import PromptRows
-from .pairs import PairRows, PreferencePair, pair_prompts
-from .rows import read_items
+from .pairs import HhPromptRows, PairRows, PreferencePair
+from .rows import RowReader, read_items
 
 T = TypeVar("T", PromptItem, PreferencePair, ChatExample)
 
@@ -91,30 +92,25 @@ def items_of(
     return items, skipped
 
 
+#: The row reader of each kind of item, made for one file block: `(block, key path,
+#: margin_key) -> reader` (rows.RowReader).
+ROW_READERS: dict[str, Callable[[FileData, str, str | None], RowReader]] = {
+    "prompts": lambda b, key, margin: (
+        HhPromptRows(b, key) if b.format == "hh" else PromptRows(b, key)
+    ),
+    "pairs": lambda b, key, margin: PairRows.of(b, key, margin),
+    "chats": lambda b, key, margin: ChatRows(key),
+}
+
+
 def _file_items(
     block: FileData, kind: str, key: str, margin_key: str | None
 ) -> tuple[list[Any], int]:
     """The items of one file or folder: its rows (`rows.read_items`) through the kind's
-    row reader; the prompts of an hh file are those of its single-turn pairs."""
+    row reader (`ROW_READERS`)."""
     _no_split_on_a_file(block, key)
-    hh_prompts = kind == "prompts" and block.format == "hh"
-    if kind == "pairs" or hh_prompts:
-        prompt_key = "auto" if hh_prompts else block.prompt_key
-        reader: Any = PairRows(
-            block.format, prompt_key, block.chosen_key, block.rejected_key, margin_key, key
-        )
-    else:
-        reader = PromptRows(block, key) if kind == "prompts" else ChatRows(key)
-    items, skipped = read_items(block.path, block.split, key, reader, block.limit)
-    if not items:
-        raise reader.empty(block.path, skipped)
-    if hh_prompts:
-        meta = {} if block.data_source is None else {"data_source": block.data_source}
-        prompts = pair_prompts(items, key)
-        return [
-            replace(p, metadata=meta, origin=f"{block.path} pair {p.prompt_id}") for p in prompts
-        ], 0
-    return items, skipped
+    reader = ROW_READERS[kind](block, key, margin_key)
+    return read_items(block.path, block.split, key, reader, block.limit)
 
 
 def _one_prompt_shape(parts: list[list[PreferencePair]], key: str) -> None:
