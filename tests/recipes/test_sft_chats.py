@@ -12,7 +12,7 @@ import yaml
 from transformers import AutoTokenizer
 from typer.testing import CliRunner
 
-from posttrain.config import FileData, GeneratorData, RecipeError
+from posttrain.config import FileData, GeneratorData, MixtureData, RecipeError
 from posttrain.recipes.cli import app
 from posttrain.recipes.data.chats import tokenize_chat
 from posttrain.recipes.data.generators import tool_chats
@@ -222,3 +222,11 @@ def test_the_run_summary_of_sft_names_its_losses(tmp_path, capsys):
     ]
     _summary(hist, tmp_path, 3.0)  # raised KeyError 'time/generate' before
     assert "loss 0.5000 → 0.1000   held-out loss 0.2000" in capsys.readouterr().out
+
+
+def test_a_generator_of_another_kind_is_refused():
+    # the old prompt loader answered tool_chats with arithmetic prompts, silently
+    with pytest.raises(RecipeError, match="data.train: tool_chats makes chats, and this"):
+        items_of(GeneratorData(generator="tool_chats", size=2), "prompts")
+    with pytest.raises(RecipeError, match="data.train.mixture.0: arithmetic makes prompts"):
+        items_of(MixtureData.model_validate({"mixture": [{"generator": "arithmetic"}]}), "chats")
