@@ -57,9 +57,9 @@ def main() -> None:
         model_dir = resolve_model_path("smollm2-135m-instruct")  # before the cache moves
     with tempfile.TemporaryDirectory() as tmp:
         os.environ["POSTTRAIN_CACHE"] = tmp  # a cold cache: the precompute really runs
+        from posttrain.recipes.data.pairs import load_pairs
         from posttrain.recipes.loading import load_recipe
         from posttrain.recipes.loop import run
-        from posttrain.recipes.preference import load_pairs
 
         results = {}
         for precompute in (True, False):

@@ -14,7 +14,7 @@ conversations per step, lr 1e-4 constant, AdamW, max length 1024.
    learner, FSDP2, packing on). TRL: `SFTTrainer.compute_loss` on its first batch
    (`assistant_only_loss=True`, no packing, `use_cpu`), the model's chat template with
    `{% generation %}` markers around each assistant reply and its `<|im_end|>\\n` (the
-   tokens posttrain's mask covers, recipes/chats.py).
+   tokens posttrain's mask covers, recipes/data/chats.py).
 2. Throughput: `--steps` training steps of `--batch` new conversations each, bf16
    compute on both (TRL: `bf16=True`, fp32 weights under autocast; posttrain: the
    recipe's FSDP2 mixed precision, 2 learner ranks x 1 thread), tokens/s = real
@@ -184,7 +184,7 @@ def _conversations(args: argparse.Namespace) -> tuple[Path, str]:
     batch first: the generator's first `--batch`) as a jsonl of `messages` rows, and the
     model folder."""
     from posttrain.common.model_registry import resolve_model_path
-    from posttrain.recipes.chats import tool_chats
+    from posttrain.recipes.data.generators import tool_chats
     from posttrain.recipes.loading import load_recipe
 
     r = load_recipe(RECIPE, _overrides(args, args.batch * args.steps, args.steps, "float32"))

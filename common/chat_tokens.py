@@ -1,22 +1,19 @@
 """Token ids of a conversation and its next reply, rendered with the model's chat
 template: one rendering shared by the preference-pair tokenisation (DPO, reward-model
-training; recipes/preference.py) and the reward service's `reward_model` component
-(rewards/reward_model.py), so a reward model scores exactly what it was trained on.
+training; recipes/data/pair_tokens.py, `chat_turns`) and the reward service's `reward_model`
+component (rewards/reward_model.py), so a reward model scores what it was trained on.
 
 Prompt: `apply_chat_template(messages, add_generation_prompt=True)` with one BOS
 where the tokenizer uses one, never two. Reply: the text the template renders for the
 assistant turn after the generation prompt, up to and including its end-of-turn
-token. Also: HH-RLHF dialogue text split into chat messages (`hh_messages`).
+token.
 """
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
-Message = dict[str, str]
-
-_HH_TURN = re.compile(r"\n\n(Human|Assistant):")
+Message = dict[str, Any]
 
 
 def adds_bos(tokenizer: Any) -> bool:
@@ -81,6 +78,52 @@ def chat_reply(
     return head + (tail[: stop + 1] if stop is not None else eos)
 
 
+def shared_start(seqs: list[Any]) -> int:
+    """How many leading items (tokens, characters) every sequence of `seqs` shares."""
+    n = min(len(x) for x in seqs)
+    for k in range(n):
+        if any(x[k] != seqs[0][k] for x in seqs[1:]):
+            return k
+    return n
+
+
+def chat_turns(
+    tokenizer: Any, messages: list[Message], replies: list[str], stops: set[int]
+) -> tuple[list[int], list[list[int]]]:
+    """`[P]` prompt ids and `[R_k]` ids of each reply such that P + R_k is the chat
+    template's rendering of `messages` + the assistant turn `replies[k]` up to and
+    including its end-of-turn token (the first special token after the reply; EOS
+    appended when there is none), one BOS at most.
+
+    P is the longest token prefix that the generation-prompt rendering and every
+    reply's rendering share, so a template whose generation prompt opens the reply (a
+    `<think>` it adds) neither doubles it for a reply that brings its own nor gives it
+    to a reply that has none.
+
+    Raises:
+        jinja2.TemplateError, ValueError: the template cannot render `messages`.
+    """
+    eos = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
+    gen_ids, gen_text = chat_prompt(tokenizer, messages)
+    bos, expected = tokenizer.bos_token_id, adds_bos(tokenizer)
+    turns = []
+    for reply in replies:
+        full = tokenizer.apply_chat_template(
+            messages + [{"role": "assistant", "content": reply}], tokenize=False
+        )
+        opened = shared_start([gen_text, full])  # where the reply's turn leaves the prompt
+        # The reply is the last text of its turn: rfind skips template text before it.
+        at = full.rfind(reply) if reply else -1
+        end = at + len(reply) if at >= opened else opened
+        head = tokenizer(full[:end], add_special_tokens=False)["input_ids"]
+        tail = tokenizer(full[end:], add_special_tokens=False)["input_ids"]
+        stop = next((i for i, t in enumerate(tail) if t in stops), None)
+        turn = head + (tail[: stop + 1] if stop is not None else eos)
+        turns.append(one_bos(turn, bos, expected))
+    n = shared_start([gen_ids, *turns])
+    return turns[0][:n], [t[n:] for t in turns]
+
+
 def plain_ids(tokenizer: Any, prompt: str, reply: str) -> tuple[list[int], list[int]]:
     """`[P]`, `[R]` ids of raw text without a chat template: the prompt with the
     tokenizer's BOS in front if it adds one to its encodings, the reply + EOS."""
@@ -91,18 +134,3 @@ def plain_ids(tokenizer: Any, prompt: str, reply: str) -> tuple[list[int], list[
         adds_bos(tokenizer),
     )
     return ids, tokenizer(reply, add_special_tokens=False)["input_ids"] + eos
-
-
-def hh_messages(prompt: str) -> list[Message]:
-    """An HH-RLHF prompt (`\\n\\nHuman: …\\n\\nAssistant: …\\n\\nHuman: …\\n\\nAssistant:`)
-    as chat messages (`user` / `assistant`, text stripped), the final empty assistant
-    turn left out. Text before the first turn marker is dropped."""
-    parts = _HH_TURN.split(prompt)
-    roles = {"Human": "user", "Assistant": "assistant"}
-    out = [
-        {"role": roles[who], "content": text.strip()}
-        for who, text in zip(parts[1::2], parts[2::2], strict=True)
-    ]
-    if out and out[-1]["role"] == "assistant" and not out[-1]["content"]:
-        out.pop()
-    return out

@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import zipfile
 from pathlib import Path
+from typing import Any
 
 SAFETENSORS = "model.safetensors"
 TORCH_BIN = "pytorch_model.bin"
@@ -146,3 +147,20 @@ def _tokenizer_problem(folder: Path) -> str | None:
         if (folder / name).is_file() and (problem := _json_problem(folder / name)):
             return problem
     return None
+
+
+def load_tokenizer(folder: Path) -> Any:
+    """The folder's tokenizer: from tokenizer.json through `PreTrainedTokenizerFast`,
+    which imports no torch (AutoTokenizer imports it: about 4 s of CPU here), else
+    AutoTokenizer.
+
+    Raises:
+        OSError, ValueError: as transformers' `from_pretrained`.
+    """
+    if (folder / "tokenizer.json").is_file():
+        from transformers import PreTrainedTokenizerFast
+
+        return PreTrainedTokenizerFast.from_pretrained(str(folder))
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(folder))

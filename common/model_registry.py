@@ -96,3 +96,21 @@ def _convert_gguf(alias: str, target: Path) -> None:
         tmp.rename(target)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def readable_model_folder(path: str, convert: bool = False) -> Path | None:
+    """The model folder of `path` (a folder, or a built-in alias converted), or None for
+    an alias not converted yet.
+
+    Converting an alias takes about 20 s and imports torch, so `validate` reads only an
+    alias already converted (`convert=False`); `run` converts it (`convert=True`), before
+    Ray starts, so the checks that need the folder always run before training."""
+    if path not in KNOWN_ALIASES:
+        return Path(path).expanduser()
+    if convert:
+        return resolve_model_path(path)
+    target = cache_dir() / "models" / path
+    # The same test resolve_model_path makes before it would convert.
+    if (target / "model.safetensors").is_file() and (target / "tokenizer.json").is_file():
+        return resolve_model_path(path)
+    return None

@@ -184,7 +184,7 @@ class DPOConfig(_Strict):
         True,
         description="Render every pair with the model's chat template, as the reward model "
         "trains and the reward service scores (hh dialogues split into user/assistant "
-        "turns, a text prompt as one user message; recipes/preference.py `render_pairs`); "
+        "turns, a text prompt as one user message; recipes/data/pair_tokens.py `render_pairs`); "
         "false: text pairs as raw text (+ EOS), as posttrain before 2026-12-01 did.",
     )
 

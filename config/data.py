@@ -6,7 +6,7 @@ uses (verl's RL parquet, TRL's prompt / prompt-completion / preference / message
 datasets, HH-RLHF dialogues, a plain column of prompts). `data.train` is one source or
 a weighted `mixture` of them. The variant is picked by its telltale key (`generator`,
 `reasoning_gym`, `mixture`, else `path`), so a mistake is reported against that variant
-alone. Reading the rows is recipes/rows.py and recipes/layouts.py.
+alone. Reading the rows is recipes/data/rows.py and recipes/data/layouts.py.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from pydantic import Discriminator, Field, Tag, ValidationInfo, field_validator,
 
 from .base import Strict as _Strict
 
-#: Distinct problems of `generator: python_functions` (recipes/tasks/functions.py; a
+#: Distinct problems of `generator: python_functions` (recipes/data/tasks/functions.py; a
 #: test checks the two agree: the schema imports no task code).
 PYTHON_FUNCTIONS = 408
 
@@ -65,7 +65,8 @@ class _Source(_Strict):
         1.0,
         gt=0,
         description="Inside data.train.mixture: this source's share of the mixture, "
-        "weight / (sum of the weights); must be > 0. Not read elsewhere.",
+        "weight / (sum of the weights); must be > 0. When no source of the mixture "
+        "sets one, the weights are the sources' row counts. Not read elsewhere.",
     )
     data_source: str | None = Field(
         None,
@@ -79,7 +80,7 @@ class GeneratorData(_Source):
     generator: Literal["arithmetic", "tool_chats", "python_functions"] = Field(
         description="Procedural task: 'arithmetic' uses reasoning-gym's basic_arithmetic. "
         "'python_functions': short Python functions to write (a signature and docstring; "
-        "scored by the code reward against five asserts; recipes/tasks/functions.py; "
+        "scored by the code reward against five asserts; recipes/data/tasks/functions.py; "
         "`size` and `seed` only). "
         "'tool_chats' (algorithm: sft only) turns the same problems into tool-use "
         "conversations: system prompt (model.system_prompt), question, a python "
@@ -166,7 +167,7 @@ class GeneratorData(_Source):
         if self.size > PYTHON_FUNCTIONS:
             raise ValueError(
                 f"size is {self.size}, but python_functions has {PYTHON_FUNCTIONS} distinct "
-                f"problems (recipes/tasks/functions.py); set size: {PYTHON_FUNCTIONS} or less "
+                f"problems (recipes/data/tasks/functions.py); set size: {PYTHON_FUNCTIONS} or less "
                 "(a held-out set made from it is left out of training)"
             )
         return self

@@ -57,7 +57,7 @@ class SFTConfig(Strict):
 
 
 #: The generator that makes chat rows (`data.train: {generator: tool_chats, ...}`): the
-#: arithmetic problems as tool-use conversations (recipes/chats.py).
+#: arithmetic problems as tool-use conversations (recipes/data/chats.py).
 CHAT_GENERATORS = ("tool_chats",)
 
 

@@ -20,7 +20,7 @@ import tinker
 from tinker import types
 
 from posttrain.config.data import GeneratorData
-from posttrain.recipes.sources import arithmetic
+from posttrain.recipes.data.generators import arithmetic
 from posttrain.rewards.math_verifier import score_math
 
 SYSTEM = "Reply with only the final number."

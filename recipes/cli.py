@@ -61,7 +61,7 @@ def _load_or_exit(
             )
         _eval_schedule_note(r)
         if r.facts.data == "chat" and lengths:  # the template marks every assistant turn
-            from .chats import check_chats
+            from .data.chats import check_chats
 
             check_chats(r, data.train, convert=convert)
         if not r.facts.uses_rollouts:  # pairs, conversations: no generation to fit

@@ -28,7 +28,7 @@ from ..weightsync import (
     WeightSyncError,
     push,
 )
-from .items import PromptItem, chat_messages
+from .data.items import PromptItem, chat_messages
 from .roles import (  # noqa: F401  (re-exported: the loop calls c.<name>)
     LocalServiceLaunch,
     Roles,

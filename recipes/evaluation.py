@@ -26,8 +26,8 @@ from ..config import Recipe
 from ..rewards.protocol import Score
 from . import controller as c
 from .data import load_eval_prompts  # noqa: F401  (re-exported: the loop imports it here)
+from .data.items import PromptItem
 from .episodes.step import add_environment_rewards, episodes_enabled, generate_episodes
-from .items import PromptItem
 
 
 def pass_at_k(n: int, c_: int, k: int) -> float:

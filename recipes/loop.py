@@ -30,9 +30,9 @@ from .algo import Algorithm, PairAlgorithm, RLAlgorithm, algorithm_for
 from .algo.grpo import apply_failure_policy, rollout_batch, rollout_metrics
 from .algo.teacher import check_teacher_tokenizer
 from .data import load_data, prompt_stream
+from .data.items import PromptItem
 from .empty_steps import EmptySteps, train_or_skip
 from .evaluation import due, evaluate, load_eval_prompts
-from .items import PromptItem
 from .monitoring.advisories import advisories, console_lines
 from .monitoring.dashboard import DashboardServer
 from .monitoring.log import StepLog

@@ -11,14 +11,16 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..common.model_folder import load_tokenizer
+from ..common.model_registry import readable_model_folder
 from ..config import FileData, MixtureData, Recipe, RecipeError
 from ..config import recipe as models  # vllm_installed looked up at call time (tests patch it)
 from ..config.adapter import tied_head_problem
-from .items import chat_messages
-from .rows import KINDS
+from .data.items import chat_messages
+from .data.rows import KINDS
 
 if TYPE_CHECKING:
-    from .items import PromptItem
+    from .data.items import PromptItem
 
 
 def data_blocks(recipe: Recipe) -> list[tuple[str, Any]]:
@@ -52,7 +54,7 @@ def reward_model_problem(i: int, path: str) -> str | None:
     )
 
 
-def _check_reward_runtime(i: int, c: Any) -> None:
+def check_reward_runtime(i: int, c: Any) -> None:
     """A python reward's module must be findable (the reward service runs from this
     folder with this PYTHONPATH) and a bwrap sandbox needs bwrap; found without
     importing anything."""
@@ -124,7 +126,7 @@ def check_runtime_inputs(recipe: Recipe) -> None:
     if recipe.weight_sync.type == "filesystem":
         _check_writable_folder(Path(recipe.weight_sync.directory))
     for i, c in enumerate(recipe.rewards):
-        _check_reward_runtime(i, c)
+        check_reward_runtime(i, c)
         if getattr(c, "token_env", None) and not os.environ.get(c.token_env):
             raise RecipeError(
                 f"rewards.{i}.token_env: environment variable {c.token_env} is not set; export "
@@ -210,39 +212,7 @@ def model_context(config_file: Path) -> int | None:
     return n
 
 
-def _readable_model_folder(path: str, convert: bool = False) -> Path | None:
-    """The recipe's model folder, or None for a built-in alias not converted yet.
-
-    Converting an alias takes about 20 s and imports torch, so `validate` reads only an
-    alias already converted (`convert=False`); `run` converts it here (`convert=True`),
-    before Ray starts, so the length checks always run before training."""
-    from ..common.model_registry import KNOWN_ALIASES, cache_dir, resolve_model_path
-
-    if path not in KNOWN_ALIASES:
-        return Path(path).expanduser()
-    if convert:
-        return resolve_model_path(path)
-    target = cache_dir() / "models" / path
-    # The same test resolve_model_path makes before it would convert.
-    if (target / "model.safetensors").is_file() and (target / "tokenizer.json").is_file():
-        return resolve_model_path(path)
-    return None
-
-
-def _tokenizer(folder: Path) -> Any:
-    """The folder's tokenizer: from tokenizer.json through `PreTrainedTokenizerFast`, which
-    imports no torch (AutoTokenizer imports it: about 4 s of CPU here), else
-    AutoTokenizer."""
-    if (folder / "tokenizer.json").is_file():
-        from transformers import PreTrainedTokenizerFast
-
-        return PreTrainedTokenizerFast.from_pretrained(str(folder))
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(str(folder))
-
-
-def _longest_prompt(
+def longest_prompt(
     folder: Path, recipe: Recipe, prompts: list[PromptItem]
 ) -> tuple[int, PromptItem]:
     """Tokens of the longest prompt as rollouts build it (`items.chat_messages`: the
@@ -251,7 +221,7 @@ def _longest_prompt(
     from jinja2 import TemplateError
 
     try:
-        tok = _tokenizer(folder)
+        tok = load_tokenizer(folder)
     except (OSError, ValueError) as e:
         raise RecipeError(
             f"model.path: cannot load the tokenizer of {folder} ({e}); give a "
@@ -309,12 +279,12 @@ def checked_prompt_tokens(
     """
     if not recipe.facts.uses_rollouts or not prompts:
         return 0
-    folder = _readable_model_folder(recipe.model.path, convert)
+    folder = readable_model_folder(recipe.model.path, convert)
     if folder is None:
         return None
     engine_len, context = _context_limits(recipe, folder)
     limit = engine_len or context
-    length, item = _longest_prompt(folder, recipe, prompts)
+    length, item = longest_prompt(folder, recipe, prompts)
     if limit is None:
         return length
     new = _sample_new_tokens(recipe)
@@ -336,7 +306,7 @@ def check_eval_lengths(recipe: Recipe, prompts: list[PromptItem], convert: bool 
     e = recipe.eval
     if e is None or not prompts or not recipe.facts.uses_rollouts or recipe.rollout.max_turns > 1:
         return
-    folder = _readable_model_folder(recipe.model.path, convert)
+    folder = readable_model_folder(recipe.model.path, convert)
     if folder is None:
         return
     engine_len, context = _context_limits(recipe, folder)
@@ -344,7 +314,7 @@ def check_eval_lengths(recipe: Recipe, prompts: list[PromptItem], convert: bool 
     if limit is None:
         return
     new = e.max_new_tokens or recipe.rollout.max_new_tokens
-    length, item = _longest_prompt(folder, recipe, prompts)
+    length, item = longest_prompt(folder, recipe, prompts)
     if length + new <= limit:
         return
     what = "rollout.vllm.max_model_len" if engine_len else "the model's context"

@@ -14,9 +14,10 @@ from posttrain.algorithms.dpo import dpo_loss
 from posttrain.learner.export import differing_model_files
 from posttrain.learner.logprobs import sequence_logprobs
 from posttrain.recipes.algo.dpo import cache_key, pair_batch
+from posttrain.recipes.data.pair_tokens import tokenize_pairs
+from posttrain.recipes.data.pairs import PreferencePair, load_pairs
 from posttrain.recipes.loading import load_recipe
 from posttrain.recipes.loop import run
-from posttrain.recipes.preference import PreferencePair, load_pairs, tokenize_pairs
 
 ROWS = [
     {"prompt": f"Q{i}: what is {i}+{i}?", "chosen": f" {2 * i}", "rejected": f" {i}{i}"}

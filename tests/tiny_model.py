@@ -29,6 +29,7 @@ def build_tiny_model(
     generation_config: dict[str, Any] | None = None,
     arch: str = "llama",
     tied: bool = True,
+    vocab_size: int | None = None,
 ) -> Path:
     """Write a transformers folder (config, safetensors, tokenizer) into `folder`.
 
@@ -46,6 +47,8 @@ def build_tiny_model(
             `save_pretrained` writes (e.g. `{"repetition_penalty": 5.0}`).
         arch: 'llama', 'qwen2' (biases on q, k, v) or 'qwen3' (q and k norms).
         tied: the output layer shares the input embedding.
+        vocab_size: rows of the embedding and the head (default: the tokenizer's
+            tokens); more pad it, as Qwen2.5-7B's 152064 rows pad its 151665 tokens.
     """
     import torch
     import transformers
@@ -70,7 +73,7 @@ def build_tiny_model(
     )
     tok.chat_template = CHAT_TEMPLATE
     config = Config(
-        vocab_size=len(vocab),
+        vocab_size=vocab_size or len(vocab),
         hidden_size=hidden,
         intermediate_size=2 * hidden,
         num_hidden_layers=layers,

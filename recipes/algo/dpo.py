@@ -26,12 +26,12 @@ from ...common.telemetry import Span, idle_fraction
 from ...config import Recipe
 from ...config.data import sources_of
 from ..controller import on_learners
-from ..preference import (
+from ..data.pair_tokens import (
     PLAIN_TEMPLATE_ID,
     TokenizedPair,
     render_pairs,
 )
-from ..rows import data_files
+from ..data.rows import data_files
 from .base import PairAlgorithm
 
 

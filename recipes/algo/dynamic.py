@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from ...actors.rollout import Rollout
 from ...rewards.protocol import Score
-from ..items import PromptItem
+from ..data.items import PromptItem
 
 
 @dataclass

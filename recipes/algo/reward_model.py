@@ -28,7 +28,8 @@ from ...common.telemetry import Span, idle_fraction
 from ...config import Recipe, RecipeError
 from ..controller import on_learners
 from ..data import load_heldout_pairs
-from ..preference import TokenizedPair, as_chat, render_pairs  # noqa: F401  (as_chat: re-export)
+from ..data.pair_tokens import TokenizedPair, render_pairs
+from ..data.pairs import as_chat  # noqa: F401  (re-exported)
 from .base import PairAlgorithm
 from .dpo import pair_batch
 

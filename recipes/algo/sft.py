@@ -1,7 +1,7 @@
 """`algorithm: sft` on the controller: supervised fine-tuning on conversations, no rollout
 engine, reward service, reference or weight push; only the learner group.
 
-The conversations (recipes/chats.py) are tokenised once with their assistant mask,
+The conversations (recipes/data/chats.py) are tokenised once with their assistant mask,
 shuffled once (`data.shuffle_seed`); the last `sft.eval_examples` of that order are held
 out and their loss measured every `eval_every` steps; step k trains on the next
 `train.prompts_per_step` conversations of the rest (the step is the position, so a
@@ -23,8 +23,8 @@ from ...algorithms.batch import TrainBatch, concat, pad_rows_to_multiple
 from ...algorithms.sft import SFTLoss, pack_examples
 from ...common.telemetry import Span, idle_fraction
 from ...config import Recipe, RecipeError
-from ..chats import TokenizedChat, tokenize_chats
 from ..controller import on_learners
+from ..data.chats import TokenizedChat, tokenize_chats
 from .base import PairAlgorithm
 
 

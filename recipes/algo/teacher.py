@@ -1,16 +1,19 @@
 """Checks of on-policy distillation's teacher (`distill.teacher`), run by `posttrain
 validate` and `run` before any process starts: the teacher is a built-in alias or a
-model folder, and its tokenizer equals the student's (the teacher scores the student's
-token ids, so one id must mean one string in both). Only tokenizers are loaded (no
+model folder, its tokenizer equals the student's (the teacher scores the student's
+token ids, so one id must mean one string in both) and it has a logit for every id the
+student can sample (vocab_size). Only tokenizers are loaded (no
 torch import for a folder with tokenizer.json)."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
+from ...common.model_folder import load_tokenizer
+from ...common.model_registry import readable_model_folder
 from ...config import Recipe, RecipeError
-from ..preflight import _readable_model_folder, _tokenizer
 
 
 def check_teacher_folder(recipe: Recipe) -> None:
@@ -47,17 +50,19 @@ def check_teacher_tokenizer(recipe: Recipe, convert: bool = False) -> bool:
         `convert`), True when it passed.
 
     Raises:
-        RecipeError: the tokenizers differ (names `distill.teacher`, both tokenizers
-            and the first token they disagree on), or one cannot be loaded.
+        RecipeError: the student has more vocabulary rows than the teacher
+            (`check_vocab_sizes`), the tokenizers differ (names `distill.teacher`, both
+            tokenizers and the first token they disagree on), or one cannot be loaded.
     """
     teacher = recipe.facts.teacher
     if not teacher:
         return False
     check_teacher_folder(recipe)
-    student_dir = _readable_model_folder(recipe.model.path, convert)
-    teacher_dir = _readable_model_folder(teacher, convert)
+    student_dir = readable_model_folder(recipe.model.path, convert)
+    teacher_dir = readable_model_folder(teacher, convert)
     if student_dir is None or teacher_dir is None:
         return False
+    check_vocab_sizes(student_dir, teacher_dir)
     student = _load(student_dir, "model.path")
     taught = _load(teacher_dir, "distill.teacher")
     difference = vocab_difference(student.get_vocab(), taught.get_vocab())
@@ -72,9 +77,41 @@ def check_teacher_tokenizer(recipe: Recipe, convert: bool = False) -> bool:
     return True
 
 
+def vocab_size(folder: Path) -> int | None:
+    """`vocab_size` of a model folder's config.json (or of its `text_config`): the rows
+    of its embedding and head; None when the file names none (transformers will name
+    the problem when it loads the model)."""
+    try:
+        cfg = json.loads((folder / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    n = cfg.get("vocab_size")
+    if n is None and isinstance(cfg.get("text_config"), dict):
+        n = cfg["text_config"].get("vocab_size")
+    return n if isinstance(n, int) and not isinstance(n, bool) else None
+
+
+def check_vocab_sizes(student: Path, teacher: Path) -> None:
+    """The student samples ids below its `vocab_size`, and the teacher scores each one
+    with its head: a student with more rows (Qwen2.5-7B's 152064 against a 151936 one)
+    samples ids the teacher has no logit for. A larger teacher is fine.
+
+    Raises:
+        RecipeError: the student's vocab_size is larger; names both folders and sizes.
+    """
+    s, t = vocab_size(student), vocab_size(teacher)
+    if s is not None and t is not None and s > t:
+        raise RecipeError(
+            f"distill.teacher: the student (model.path) {student} has vocab_size {s} and "
+            f"the teacher {teacher} has {t}; the student can sample ids {t} to {s - 1}, "
+            "which the teacher has no logit for. Distill into a student whose vocab_size "
+            "is at most the teacher's, or use a teacher with as many rows"
+        )
+
+
 def _load(folder: Path, key: str) -> Any:
     try:
-        return _tokenizer(folder)
+        return load_tokenizer(folder)
     except (OSError, ValueError) as e:
         raise RecipeError(
             f"{key}: cannot load the tokenizer of {folder} ({e}); give a transformers "

@@ -6,7 +6,7 @@ runs use.
   the in-training evaluation itself, on a one-off set of rollout workers and reward
   service: pass@1, pass@k, mean reward, mean response length.
 - A reward model (`reward_model_eval`): pairwise accuracy on held-out pairs, the pairs
-  rendered as training renders them (`preference.render_pairs`), scored as the learner
+  rendered as training renders them (`pair_tokens.render_pairs`), scored as the learner
   scores them (`common.score_head.sequence_scores`).
 - A DPO policy (`dpo_eval`): implicit-reward accuracy β·[(π_c − ref_c) − (π_r − ref_r)]
   > 0 and the mean margin, on held-out pairs, against the reference (the recipe's
@@ -32,7 +32,8 @@ from pathlib import Path
 from typing import Any
 
 from ...config import Recipe, RecipeError
-from ..preference import PreferencePair, render_pairs
+from ..data.pair_tokens import render_pairs
+from ..data.pairs import PreferencePair
 
 
 @dataclass

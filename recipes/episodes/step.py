@@ -22,7 +22,7 @@ from ...actors.engine import Sample
 from ...actors.rollout import PromptRequest, Rollout, SamplingSettings
 from ...config import Recipe
 from ...rewards.protocol import Score, is_finite_number
-from ..items import PromptItem, chat_messages
+from ..data.items import PromptItem, chat_messages
 from .multiturn import (
     Environment,
     Episode,

@@ -41,9 +41,10 @@ def inputs_or_exit(r: Recipe, prompts: list) -> tuple[Path, ModelShape, int]:
     context as `validate` does); exits 2 when the model's config.json is not here (a
     built-in alias not converted yet: nothing is downloaded or converted) or a prompt
     does not fit."""
-    from ..preflight import _readable_model_folder, checked_prompt_tokens
+    from ...common.model_registry import readable_model_folder
+    from ..preflight import checked_prompt_tokens
 
-    folder = _readable_model_folder(r.model.path, convert=False)
+    folder = readable_model_folder(r.model.path, convert=False)
     if folder is None:
         typer.echo(
             f"error: model.path {r.model.path!r} is a built-in alias not converted yet "

@@ -15,7 +15,8 @@ from posttrain.algorithms.reward_model import RewardModelLoss
 from posttrain.learner.adapters import AdapterSettings
 from posttrain.learner.worker import LearnerSettings, LearnerWorker
 from posttrain.recipes.algo.dpo import pair_batch
-from posttrain.recipes.preference import PreferencePair, tokenize_pairs_with_template
+from posttrain.recipes.data.pair_tokens import tokenize_pairs_with_template
+from posttrain.recipes.data.pairs import PreferencePair
 from tests.learner.ranks import run_ranks
 
 PAIRS = [

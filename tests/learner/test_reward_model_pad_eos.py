@@ -13,7 +13,7 @@ from transformers import AutoModelForSequenceClassification, AutoTokenizer
 from posttrain.algorithms.reward_model import RewardModelLoss
 from posttrain.learner.worker import LearnerSettings, LearnerWorker
 from posttrain.recipes.algo.dpo import pair_batch
-from posttrain.recipes.preference import tokenize_pairs_with_template
+from posttrain.recipes.data.pair_tokens import tokenize_pairs_with_template
 from tests.learner.ranks import run_ranks
 from tests.learner.test_reward_model_learner import PAIRS
 

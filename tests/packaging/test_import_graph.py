@@ -196,5 +196,20 @@ def test_no_role_imports_another_role_or_the_control_plane():
     assert bad == []
 
 
+def test_the_data_wing_imports_only_config_common_and_itself():
+    """recipes/data/ turns data blocks into items for every algorithm; it knows no role,
+    no loop and no other part of the control plane, so any of them may use it."""
+    wing = "posttrain.recipes.data"
+    allowed = ("posttrain.config", "posttrain.common", wing)
+    bad = [
+        f"{name} -> {t}"
+        for name, targets in _graph().items()
+        if name == wing or name.startswith(f"{wing}.")
+        for t in targets
+        if not any(t == a or t.startswith(f"{a}.") for a in allowed)
+    ]
+    assert bad == []
+
+
 def test_recipes_has_at_most_22_flat_modules():
     assert len(list((ROOT / "recipes").glob("*.py"))) <= 22

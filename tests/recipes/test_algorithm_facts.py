@@ -23,9 +23,9 @@ from posttrain.actors.rollout import Rollout
 from posttrain.config import Passes
 from posttrain.recipes.algo import algorithm_for
 from posttrain.recipes.algo.grpo import rollout_batch
+from posttrain.recipes.data.pair_tokens import TokenizedPair
 from posttrain.recipes.loading import load_recipe
 from posttrain.recipes.planning.planner import step_flops
-from posttrain.recipes.preference import TokenizedPair
 from tests.conftest import ROOT
 
 QUICKSTART = ROOT / "recipes" / "quickstart_grpo.yaml"
@@ -169,7 +169,7 @@ def test_step_flops_by_hand():
 @pytest.mark.parametrize("packing", ["true", "false"])
 def test_sft_step_passes_equal_the_facts(monkeypatch, tmp_path, packing):
     import posttrain.recipes.algo.sft as sft_mod
-    from posttrain.recipes.chats import TokenizedChat
+    from posttrain.recipes.data.chats import TokenizedChat
 
     (tmp_path / "chats.jsonl").write_text(
         '{"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]}\n'

@@ -14,7 +14,7 @@ import pytest
 from posttrain.config import Recipe, RecipeError
 from posttrain.config.data import DataConfig
 from posttrain.recipes.data import load_data, load_prompts
-from posttrain.recipes.items import chat_messages
+from posttrain.recipes.data.items import chat_messages
 
 SYS = {"role": "system", "content": "Answer with a number."}
 
@@ -251,3 +251,68 @@ def test_multi_turn_prompts_render_as_rollouts_render_them(tmp_path, tiny_model)
         for m in want
     ]
     assert checked_prompt_tokens(recipe, prompts) == max(len(i) for i in ids)
+
+
+def test_prompt_messages_keep_the_keys_templates_read(tmp_path):
+    # issue 47's sibling: a multi-turn prompt's earlier assistant turn keeps its
+    # reasoning and tool calls for the chat template; other keys are refused
+    call = [{"type": "function", "function": {"name": "add", "arguments": "{}"}}]
+    turns = [
+        {"role": "user", "content": "2+2?"},
+        {"role": "assistant", "content": "4", "reasoning_content": "add", "tool_calls": call},
+        {"role": "user", "content": "and 3+3?"},
+    ]
+    f = tmp_path / "p.jsonl"
+    f.write_text(json.dumps({"prompt": turns, "answer": "6"}) + "\n")
+    [item] = _prompts(path=str(f))
+    assert item.messages[1] == turns[1]
+    turns[1]["weight"] = 0
+    f.write_text(json.dumps({"prompt": turns, "answer": "6"}) + "\n")
+    with pytest.raises(RecipeError, match=rf"{f}:1: 'prompt' message 2 has key 'weight'"):
+        _prompts(path=str(f))
+
+
+def test_a_pair_reply_with_reasoning_is_refused_not_cut(tmp_path):
+    from posttrain.recipes.data.pairs import load_pairs
+
+    reply = [{"role": "assistant", "content": "4", "reasoning_content": "add"}]
+    row = {"prompt": _user("2+2?"), "chosen": reply, "rejected": "5"}
+    f = tmp_path / "pairs.jsonl"
+    f.write_text(json.dumps(row) + "\n")
+    with pytest.raises(RecipeError, match=rf"{f}:1: key 'chosen' is an assistant message with"):
+        load_pairs(f, "auto")
+
+
+@pytest.mark.parametrize("kind", ["parquet", "jsonl"])
+def test_null_extra_info_reaches_a_python_reward_as_verl_passes_it(tmp_path, kind):
+    # issue 47: `extra_info: null` reached a verl-style reward as None (verl passes {})
+    from posttrain.rewards.protocol import ScoreItem
+    from posttrain.rewards.python_reward import score_python
+
+    rows = verl_rows(2)
+    rows[1]["extra_info"] = None
+    f = tmp_path / f"train.{kind}"
+    if kind == "parquet":
+        datasets.Dataset.from_list(rows).to_parquet(str(f))
+    else:
+        f.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    items = _prompts(path=str(f))
+    assert [i.metadata["extra_info"] for i in items] == [{"split": "train", "index": 0}, {}]
+
+    def compute_score(data_source, solution_str, ground_truth, extra_info):
+        return float(extra_info.get("index", -1))
+
+    scored = [
+        score_python(compute_score, ScoreItem(uid="u", response="2", metadata=i.metadata))[0]
+        for i in items
+    ]
+    assert scored == [0.0, -1.0]
+
+
+def test_extra_info_that_is_not_a_mapping_is_refused(tmp_path):
+    rows = verl_rows(2)
+    rows[1]["extra_info"] = "index 1"
+    f = tmp_path / "train.jsonl"
+    f.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with pytest.raises(RecipeError, match=rf"{f}:2: 'extra_info' is \"index 1\"; verl's"):
+        _prompts(path=str(f))

@@ -8,11 +8,11 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
+from posttrain.common.model_folder import load_tokenizer
 from posttrain.config import RecipeError
 from posttrain.recipes.algo.teacher import check_teacher_tokenizer, vocab_difference
 from posttrain.recipes.cli import app
 from posttrain.recipes.loading import load_recipe
-from posttrain.recipes.preflight import _tokenizer
 from tests.conftest import ROOT
 from tests.test_grpo_e2e import _grpo_recipe
 from tests.tiny_model import build_tiny_model
@@ -72,7 +72,7 @@ def test_teacher_with_another_tokenizer_exits_2_naming_key_and_both(tiny_model, 
         check_teacher_tokenizer(load_recipe(recipe_file))
     msg = str(e.value)
     assert msg.startswith("distill.teacher: the teacher's tokenizer")
-    kind = type(_tokenizer(tiny_model)).__name__  # transformers' fast-tokenizer class
+    kind = type(load_tokenizer(tiny_model)).__name__  # transformers' fast-tokenizer class
     assert f"{teacher} ({kind}, 101 tokens)" in msg
     assert f"(model.path) {tiny_model} ({kind}, 100 tokens)" in msg
     assert "the teacher has 1 tokens the student lacks, first '<tool>' (id 100)" in msg
@@ -140,3 +140,21 @@ def test_step_trains_on_teacher_minus_engine_logprobs(monkeypatch):
     torch.testing.assert_close(sent["advantages"], want, rtol=0.0, atol=1e-6)
     # reverse KL: mean of (student − teacher) over 3 tokens = (−0.25 + 2 − 1) / 3
     assert abs(stats["distill/reverse_kl"] - 0.25) < 1e-6
+
+
+def test_student_with_more_vocabulary_rows_than_the_teacher_exits_2(tiny_model, tmp_path):
+    # issue 47: 152064 rows against 151936 validated, then an IndexError at the first
+    # sampled id past the teacher's rows; same tokenizer, rows padded (as Qwen2.5's)
+    student = build_tiny_model(tmp_path / "student", vocab_size=128)
+    teacher = build_tiny_model(tmp_path / "teacher", vocab_size=112)
+    recipe_file = _distill_file(tmp_path, student, teacher)
+    with pytest.raises(RecipeError) as e:
+        check_teacher_tokenizer(load_recipe(recipe_file))
+    assert str(e.value).startswith(
+        f"distill.teacher: the student (model.path) {student} has vocab_size 128 and the "
+        f"teacher {teacher} has 112;"
+    )
+    out = CliRunner().invoke(app, ["validate", str(recipe_file)])
+    assert out.exit_code == 2 and "vocab_size 128" in out.output, out.output
+    # a teacher with more rows scores every id the student samples
+    assert check_teacher_tokenizer(load_recipe(_distill_file(tmp_path, teacher, student)))

@@ -10,7 +10,7 @@ import pytest
 
 from posttrain.actors.rollout import Rollout
 from posttrain.recipes.algo.dynamic import has_signal, sample_with_signal
-from posttrain.recipes.items import PromptItem
+from posttrain.recipes.data.items import PromptItem
 from posttrain.recipes.loading import load_recipe
 from posttrain.recipes.loop import run
 from posttrain.rewards.protocol import Score

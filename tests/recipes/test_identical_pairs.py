@@ -12,7 +12,8 @@ from transformers import AutoTokenizer
 from posttrain.config import Recipe, RecipeError
 from posttrain.recipes.algo.dpo import DPO
 from posttrain.recipes.algo.reward_model import RewardModel
-from posttrain.recipes.preference import PreferencePair, tokenize_pairs_with_template
+from posttrain.recipes.data.pair_tokens import tokenize_pairs_with_template
+from posttrain.recipes.data.pairs import PreferencePair
 
 PROMPT = "abcdef"  # 6 tokens with the tiny character-level tokenizer
 

@@ -11,8 +11,8 @@ import pytest
 from posttrain.config import Recipe, RecipeError
 from posttrain.config.data import DataConfig
 from posttrain.recipes.data import load_data, load_eval_prompts, load_prompts
-from posttrain.recipes.items import prompt_identity
-from posttrain.recipes.sources import shares
+from posttrain.recipes.data.items import prompt_identity
+from posttrain.recipes.data.sources import shares
 
 
 def _jsonl(path, questions, source=None):
@@ -51,6 +51,25 @@ def test_mixture_by_weight_with_limits(tmp_path):
     assert [i.question for i in again] == [i.question for i in items]  # seeded
     whole = load_prompts(DataConfig.model_validate({"train": {**train, "size": None}}))
     assert len(whole) == 12  # default: every source's rows once (2 + 10)
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_mixture_without_weights_draws_every_row_once(tmp_path, seed):
+    # issue 47: sources of 3, 4 and 3 rows, no weights, no size: equal weights gave the
+    # 4-row source 3 places (one row lost, another source's row drawn twice), every seed
+    files = [
+        _jsonl(tmp_path / f"{name}.jsonl", [f"{name}{k}" for k in range(n)], source=name)
+        for name, n in (("a", 3), ("b", 4), ("c", 3))
+    ]
+    train = {"mixture": [{"path": f} for f in files], "seed": seed}
+    items = load_prompts(DataConfig.model_validate({"train": train}))
+    assert sorted(i.question for i in items) == sorted(
+        ["a0", "a1", "a2", "b0", "b1", "b2", "b3", "c0", "c1", "c2"]
+    )
+    assert [i.prompt_id for i in items] == list(range(10))
+    # with a size and no weights, the shares follow the row counts: 3/10, 4/10, 3/10 of 20
+    sized = load_prompts(DataConfig.model_validate({"train": {**train, "size": 20}}))
+    assert Counter(i.metadata["data_source"] for i in sized) == {"a": 6, "b": 8, "c": 6}
 
 
 def _grpo(tmp_path, train, eval_=None, rewards=None):

@@ -14,12 +14,12 @@ import pytest
 import yaml
 from transformers import AutoTokenizer
 
-from posttrain.common.chat_tokens import chat_prompt, chat_reply, hh_messages, stop_ids
+from posttrain.common.chat_tokens import chat_prompt, chat_reply, stop_ids
 from posttrain.recipes.algo.dpo import DPO
 from posttrain.recipes.algo.reward_model import RewardModel
 from posttrain.recipes.assess.scoring import bootstrap_ci
+from posttrain.recipes.data.pairs import hh_messages, load_pairs
 from posttrain.recipes.loading import load_recipe
-from posttrain.recipes.preference import load_pairs
 
 HH = [
     {
@@ -84,3 +84,31 @@ def test_bootstrap_interval_hand_values():
     )
     with pytest.raises(ValueError):
         bootstrap_ci([])
+
+
+# A generation prompt that opens the reply with `<think>` (DeepSeek-R1's, Qwen3's kind).
+THINK_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n<think>{% endif %}"
+)
+
+
+def test_a_generation_prompt_opening_think_is_neither_doubled_nor_added(tiny_model):
+    # issue 47: prompt + chosen rendered `<think><think>2+2=4</think>...` and the
+    # rejected reply gained a `<think>` it never had
+    from posttrain.recipes.data.pair_tokens import tokenize_pairs_with_template
+    from posttrain.recipes.data.pairs import PreferencePair
+
+    tok = AutoTokenizer.from_pretrained(tiny_model)
+    tok.chat_template = THINK_TEMPLATE
+    prompt = [{"role": "user", "content": "2+2?"}]
+    pair = PreferencePair(0, prompt, "<think>2+2=4</think>It is 4.", "It is 5.")
+    [t] = tokenize_pairs_with_template([pair], tok, max_length=256).pairs
+    assert tok.decode(t.prompt_ids) == "<|im_start|>user\n2+2?<|im_end|>\n<|im_start|>assistant\n"
+    assert tok.decode(t.chosen_ids) == "<think>2+2=4</think>It is 4.<|im_end|>"
+    assert tok.decode(t.rejected_ids) == "It is 5.<|im_end|>"
+    for reply, ids in ((pair.chosen, t.chosen_ids), (pair.rejected, t.rejected_ids)):
+        full = tok.apply_chat_template(
+            prompt + [{"role": "assistant", "content": reply}], tokenize=True, return_dict=True
+        )["input_ids"]
+        assert t.prompt_ids + ids == full[:-1]  # the whole conversation, less the last "\n"

@@ -276,14 +276,15 @@ def test_prompt_lengths_without_torch_match_autotokenizer(tiny_model):
     lengths are AutoTokenizer's, as the engines see them."""
     from transformers import AutoTokenizer
 
+    from posttrain.common.model_folder import load_tokenizer
     from posttrain.recipes.data import load_prompts
-    from posttrain.recipes.preflight import _longest_prompt, _tokenizer
+    from posttrain.recipes.preflight import longest_prompt
 
     r = load_recipe(
         QUICK, ["rollout.engine=hf", "rollout.max_new_tokens=24", f"model.path={tiny_model}"]
     )
     prompts = load_prompts(r.data)[:50]
-    length, item = _longest_prompt(tiny_model, r, prompts)
+    length, item = longest_prompt(tiny_model, r, prompts)
     auto = AutoTokenizer.from_pretrained(str(tiny_model))
     conv = [
         {"role": "system", "content": r.model.system_prompt},
@@ -293,7 +294,7 @@ def test_prompt_lengths_without_torch_match_autotokenizer(tiny_model):
         conv, add_generation_prompt=True, tokenize=True, return_dict=True
     )["input_ids"]
     assert length == len(ids)
-    fast = _tokenizer(tiny_model)
+    fast = load_tokenizer(tiny_model)
     for p in prompts[:5]:
         conv[1]["content"] = p.question
         assert (

@@ -11,16 +11,14 @@ from tokenizers import processors
 from transformers import AutoTokenizer
 
 from posttrain.config import RecipeError
-from posttrain.recipes.preference import (
+from posttrain.recipes.data.pair_tokens import (
     CHAT_TEMPLATE_ID,
-    HH_MARK,
     PLAIN_BOS_TEMPLATE_ID,
     PLAIN_TEMPLATE_ID,
-    PreferencePair,
-    load_pairs,
     tokenize_pairs,
     tokenize_pairs_with_template,
 )
+from posttrain.recipes.data.pairs import HH_MARK, PreferencePair, load_pairs
 from tests.tiny_model import CHAT_TEMPLATE
 
 

@@ -1,4 +1,4 @@
-"""`generator: python_functions` (recipes/tasks/functions.py): deterministic problems in
+"""`generator: python_functions` (recipes/data/tasks/functions.py): deterministic problems in
 HumanEval's layout whose tests pass the reference solution and fail a wrong one, scored by
 the code reward; held-out functions are kept out of training."""
 
@@ -7,8 +7,13 @@ from __future__ import annotations
 import pytest
 
 from posttrain.recipes.data import load_data
+from posttrain.recipes.data.tasks.functions import (
+    TEMPLATES,
+    problem,
+    problem_space,
+    python_functions,
+)
 from posttrain.recipes.loading import load_recipe
-from posttrain.recipes.tasks.functions import TEMPLATES, problem, problem_space, python_functions
 from posttrain.rewards.code_verifier import score_code
 from posttrain.rewards.protocol import ScoreItem
 from posttrain.rewards.sandbox import BwrapSandbox, Limits

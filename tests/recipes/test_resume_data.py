@@ -106,7 +106,7 @@ def test_resume_on_the_same_data_goes_on(run_dir, started):
 def test_fingerprint_hand_computed():
     import hashlib
 
-    from posttrain.recipes.items import PromptItem
+    from posttrain.recipes.data.items import PromptItem
 
     rows = [PromptItem(0, "1+1?", "2", origin="train.jsonl:1")]  # where it came from: not hashed
     line = (

@@ -7,10 +7,9 @@ import json
 
 import pytest
 
-from posttrain.common.chat_tokens import hh_messages
 from posttrain.config import Recipe, RecipeError
 from posttrain.recipes.algo.reward_model import as_chat, split_eval
-from posttrain.recipes.preference import PreferencePair, load_pairs, pair_prompts
+from posttrain.recipes.data.pairs import PreferencePair, hh_messages, load_pairs, pair_prompts
 
 BASE = {
     "name": "rm",

@@ -44,7 +44,7 @@ def test_shipped_recipe_validates(path, shared_data, tiny_model):
             }
         )
     check_runtime_inputs(recipe)
-    if recipe.algorithm not in ("dpo", "reward_model"):
+    if recipe.facts.uses_rollouts:  # pairs and conversations are not prompts
         check_lengths(recipe, load_prompts(recipe.data))
 
 

@@ -10,7 +10,8 @@ from fastapi.testclient import TestClient
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
 from posttrain.config.rewards import RewardModelReward
-from posttrain.recipes.preference import PreferencePair, tokenize_pairs_with_template
+from posttrain.recipes.data.pair_tokens import tokenize_pairs_with_template
+from posttrain.recipes.data.pairs import PreferencePair
 from posttrain.rewards.protocol import ScoreItem
 from posttrain.rewards.reward_model import RewardModelScorer, RunningStats
 from posttrain.rewards.service import create_app

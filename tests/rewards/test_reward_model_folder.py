@@ -16,7 +16,7 @@ from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
 from posttrain.config import RecipeError
 from posttrain.config.rewards import RewardModelReward
-from posttrain.recipes.preflight import _check_reward_runtime
+from posttrain.recipes.preflight import check_reward_runtime
 from posttrain.rewards.reward_model import RewardModelScorer
 from tests.conftest import ROOT
 
@@ -104,7 +104,7 @@ def test_preflight_names_the_recipe_key_and_the_problem(broken):
     folder, words = broken
     spec = RewardModelReward(name="rm", type="reward_model", path=str(folder))
     with pytest.raises(RecipeError, match=r"rewards\.3\.path") as got:
-        _check_reward_runtime(3, spec)
+        check_reward_runtime(3, spec)
     assert all(w in str(got.value) for w in words), got.value
 
 
@@ -120,7 +120,7 @@ def test_a_good_folder_passes_every_check(rm_folder):
     from posttrain.common.model_folder import model_folder_problem
 
     assert model_folder_problem(rm_folder) is None
-    _check_reward_runtime(0, RewardModelReward(name="rm", type="reward_model", path=str(rm_folder)))
+    check_reward_runtime(0, RewardModelReward(name="rm", type="reward_model", path=str(rm_folder)))
 
 
 def test_the_runs_local_service_exits_2_with_one_line(rm_folder, tmp_path):

@@ -27,7 +27,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from ..config import RecipeError
+from ...config import RecipeError
 
 KINDS = (
     ".jsonl, .jsonl.gz, .json, .parquet, .csv, a folder of parquet shards or a folder "
@@ -194,6 +194,56 @@ def read_rows(
         yield from _dataset_rows(_load(builder, path), str(path))
     else:
         raise RecipeError(f"{path}: unknown kind of data file; give {KINDS}")
+
+
+class RowReader:
+    """What turns one file's rows into items (`read_items`), one reader per kind of item
+    (prompts: layouts.PromptRows; pairs: pairs.PairRows; conversations: chats.ChatRows).
+    A reader keeps what it learns from earlier rows (a file's layout, its prompt shape)."""
+
+    def __call__(self, row: dict[str, Any], where: str, n: int) -> Any:
+        """Row `where` (a JSON object) as item number `n`; None skips it (counted).
+
+        Raises:
+            RecipeError: a bad row; names the file, the row and the key.
+        """
+        raise NotImplementedError
+
+    def empty(self, path: str | Path, skipped: int) -> RecipeError:
+        """The error for a file that gave no item (`skipped` rows skipped)."""
+        return RecipeError(f"{path}: holds no rows")
+
+    def finish(self, items: list[Any]) -> list[Any]:
+        """The file's items once all are read (a reader may reshape them)."""
+        return items
+
+
+def read_items(
+    path: str | Path, split: str | None, key: str, reader: RowReader, limit: int | None
+) -> tuple[list[Any], int]:
+    """The items of a data file or folder: every row (`read_rows`) handed to `reader`, in
+    order, until `limit` items (None or 0: all), then `reader.finish`; with how many rows
+    it skipped. The one loop over a file's rows for every kind of item.
+
+    Raises:
+        RecipeError: as `read_rows` and `reader`, a row that is not a JSON object (names
+            the file and row), or no item at all (`reader.empty`).
+    """
+    items: list[Any] = []
+    skipped = 0
+    for where, row in read_rows(path, split, key):
+        if not isinstance(row, dict):
+            raise RecipeError(f"{where}: a row must be a JSON object, got {type(row).__name__}")
+        item = reader(row, where, len(items))
+        if item is None:
+            skipped += 1
+            continue
+        items.append(item)
+        if limit and len(items) >= limit:
+            break
+    if not items:
+        raise reader.empty(path, skipped)
+    return reader.finish(items), skipped
 
 
 def data_files(path: str | Path) -> list[Path]:

@@ -1,18 +1,18 @@
-"""Conversations for supervised fine-tuning (`algorithm: sft`): read, checked, made in code,
-and tokenised with the mask of their assistant tokens.
+"""Conversations for supervised fine-tuning (`algorithm: sft`): the row reader that makes
+them (`ChatRows`) and their tokenisation with the mask of their assistant tokens.
 
-Sources: any file or folder recipes/rows.py reads (jsonl, json, parquet, csv, a
+Sources: any file or folder recipes/data/rows.py reads (jsonl, json, parquet, csv, a
 `save_to_disk` folder, parquet shards) whose rows hold a `messages` list of `{role,
 content}` (TRL's conversational layout; roles system, user, assistant, tool), and the
-generator `tool_chats`: the arithmetic problems as tool-use conversations in the format
-the python tool of `grpo_tool_arith.yaml` parses (recipes/episodes/tools.py).
+generator `tool_chats` (recipes/data/generators.py).
 
 The assistant mask comes from the chat template:
 - a template with `{% generation %}` markers (TRL's assistant-only loss needs them): the
   tokenizer's `return_assistant_tokens_mask`;
-- otherwise, for every assistant message i: the tokens the rendering of messages[:i+1]
-  adds to the rendering of messages[:i] with its generation prompt (the reply and the
-  template's end of turn), checked to be a prefix of the whole conversation's rendering.
+- otherwise, for every assistant message i: the tokens of the rendering of messages[:i+1]
+  after the part it shares with the rendering of messages[:i] with its generation prompt
+  (the reply and the template's end of turn), checked to be a prefix of the whole
+  conversation's rendering.
 A template for which neither holds cannot mark assistant tokens and is refused.
 """
 
@@ -23,11 +23,12 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from ..config import FileData, GeneratorData, MixtureData, RecipeError
-from .items import Message, chat_messages
-from .rows import read_rows
+from ...common.chat_tokens import shared_start
+from ...common.model_registry import readable_model_folder
+from ...config import RecipeError
+from .items import Message, check_messages
+from .rows import RowReader
 
-ROLES = ("system", "user", "assistant", "tool")
 _GENERATION = re.compile(r"\{%-?\s*generation\s*-?%\}")
 
 
@@ -57,43 +58,24 @@ class TokenizedChat:
     mask: list[int]
 
 
-def check_messages(value: Any, where: str, key: str = "messages") -> list[Message]:
-    """A row's `messages`, checked: a list of `{role, content}` with known roles, string
-    contents and at least one assistant turn.
+class ChatRows(RowReader):
+    """The row reader of SFT conversations (`rows.read_items`): each row's `messages`
+    (a list, or in a csv column its JSON text), checked (`items.check_messages`: at least
+    one assistant turn), as a `ChatExample`."""
 
-    Raises:
-        RecipeError: naming `where` (file and row) and the key.
-    """
-    if not isinstance(value, list) or not value:
-        raise RecipeError(f"{where}: key {key!r} must be a non-empty list of {{role, content}}")
-    out: list[Message] = []
-    for i, m in enumerate(value):
-        if not isinstance(m, dict) or m.get("role") not in ROLES:
+    def __init__(self, key: str = "data.train"):
+        self.key = key
+
+    def __call__(self, row: dict[str, Any], where: str, n: int) -> ChatExample:
+        """Row `where` as conversation number `n`.
+
+        Raises:
+            RecipeError: no `messages`, or messages `check_messages` refuses; names the
+                file, the row and the key.
+        """
+        if "messages" not in row:
             raise RecipeError(
-                f"{where}: {key}[{i}] must be {{role, content}} with role one of {list(ROLES)}, "
-                f"got {m!r:.80}"
-            )
-        if not isinstance(m.get("content"), str):
-            raise RecipeError(f"{where}: {key}[{i}].content must be text, got {m.get('content')!r}")
-        out.append({"role": m["role"], "content": m["content"]})
-    if not any(m["role"] == "assistant" for m in out):
-        raise RecipeError(
-            f"{where}: key {key!r} has no assistant turn, so nothing of it is trained on; "
-            "give every row at least one {role: assistant, content: ...} message, or drop "
-            "the row"
-        )
-    return out
-
-
-def file_chats(cfg: FileData, key: str = "data.train") -> list[ChatExample]:
-    """The conversations of a file or folder (`messages` per row; `cfg.limit` rows);
-    `key`: the block's key path, named in errors."""
-    out = []
-    for where, row in read_rows(cfg.path, cfg.split, key):
-        if not isinstance(row, dict) or "messages" not in row:
-            keys = sorted(row) if isinstance(row, dict) else type(row).__name__
-            raise RecipeError(
-                f"{where}: no key 'messages' (row keys: {keys}); SFT rows hold "
+                f"{where}: no key 'messages' (row keys: {sorted(row)}); SFT rows hold "
                 "messages: [{role, content}, ...]"
             )
         value = row["messages"]
@@ -102,54 +84,7 @@ def file_chats(cfg: FileData, key: str = "data.train") -> list[ChatExample]:
                 value = json.loads(value)
             except json.JSONDecodeError:
                 raise RecipeError(f"{where}: key 'messages' is text that is not JSON") from None
-        out.append(ChatExample(check_messages(value, where), where))
-        if cfg.limit is not None and len(out) == cfg.limit:
-            break
-    if not out:
-        raise RecipeError(f"{cfg.path}: holds no rows")
-    return out
-
-
-def tool_call_text(code: str) -> str:
-    """An assistant turn calling the python tool, exactly as recipes/episodes/tools.py
-    parses it and as grpo_tool_arith.yaml's system prompt shows it."""
-    call = {"name": "python", "arguments": {"code": code}}
-    return f"<tool_call>{json.dumps(call)}</tool_call>"
-
-
-def tool_chats(cfg: GeneratorData, system_prompt: str | None) -> list[ChatExample]:
-    """The arithmetic problems of `cfg` as tool-use conversations: the RL prompt (system
-    prompt, question) → `print(expression)` as a tool call → its output as a `tool`
-    message (what the sandbox prints: the value and a newline) → the number alone."""
-    from .sources import arithmetic
-
-    out = []
-    for item in arithmetic(cfg):
-        expr = item.metadata["expression"]
-        messages = chat_messages(item, system_prompt) + [
-            {"role": "assistant", "content": tool_call_text(f"print({expr})")},
-            {"role": "tool", "content": f"{item.ground_truth}\n"},
-            {"role": "assistant", "content": item.ground_truth},
-        ]
-        out.append(ChatExample(messages, f"tool_chats #{item.prompt_id}"))
-    return out
-
-
-def source_chats(block: Any, system_prompt: str | None, key: str = "data.train") -> list[Any]:
-    """The conversations of a data block (a file, `tool_chats`, or a mixture of them)."""
-    from .sources import mix
-
-    if isinstance(block, MixtureData):
-        parts = [
-            source_chats(s, system_prompt, f"{key}.mixture.{i}")
-            for i, s in enumerate(block.mixture)
-        ]
-        return mix(parts, [s.weight for s in block.mixture], block.size, block.seed)
-    if isinstance(block, GeneratorData):
-        return tool_chats(block, system_prompt)
-    if not isinstance(block, FileData):
-        raise RecipeError(f"{key}: SFT conversations come from files or generator: tool_chats")
-    return file_chats(block, key)
+        return ChatExample(check_messages(value, where, "messages", False, True), where)
 
 
 def has_generation_markers(tokenizer: Any) -> bool:
@@ -196,9 +131,16 @@ def tokenize_chat(tokenizer: Any, messages: list[Message], where: str) -> Tokeni
     for i, m in enumerate(messages):
         if m["role"] != "assistant":
             continue
-        before = _render(tokenizer, messages[:i], True) if i else []
         upto = _render(tokenizer, messages[: i + 1], False)
-        if upto[: len(before)] != before or full[: len(upto)] != upto or len(upto) <= len(before):
+        # The turn starts where it leaves the generation prompt (which may open the reply
+        # with text the reply brings itself, a `<think>`), never before that prompt.
+        opened, prompt_start = 0, 0
+        if i:
+            gen = _render(tokenizer, messages[:i], True)
+            opened = shared_start([gen, upto])
+            prompt_start = shared_start([gen, _render(tokenizer, messages[:i], False)])
+        before = upto[:opened]
+        if opened < prompt_start or full[: len(upto)] != upto or len(upto) <= len(before):
             raise RecipeError(
                 f"{where}: the chat template cannot mark assistant tokens: rendering "
                 f"messages[:{i + 1}] (assistant turn {i}) is not the rendering of the turns "
@@ -242,9 +184,7 @@ def check_chats(recipe: Any, examples: list[ChatExample], convert: bool = False)
     """
     from transformers import AutoTokenizer
 
-    from .preflight import _readable_model_folder
-
-    folder = _readable_model_folder(recipe.model.path, convert)
+    folder = readable_model_folder(recipe.model.path, convert)
     if folder is None:
         return False
     tokenize_chats(AutoTokenizer.from_pretrained(folder), examples, recipe.sft.max_length)

@@ -1,5 +1,5 @@
-"""How a file's rows become prompts (`file_prompts`): the layouts of verl, TRL and plain
-prompt files, read with no mapping.
+"""How a file's rows become prompts (`PromptRows`, the prompts' row reader): the layouts
+of verl, TRL and plain prompt files, read with no mapping.
 
 The layout is read from row 1 (with `prompt_key: auto`):
 - `prompt`: text, or chat messages (verl's RL parquet; TRL's prompt-only and
@@ -12,7 +12,8 @@ The layout is read from row 1 (with `prompt_key: auto`):
 Every later row must have the same key. Ground truth (`answer_key: auto`): the first of
 `reward_model.ground_truth` (verl), `answer`, `ground_truth`, `solution`, `completion`
 row 1 has. The row's other keys travel as metadata to the reward services, with
-`data_source` (the row's own, else the source's `data_source`).
+`data_source` (the row's own, else the source's `data_source`) and `extra_info` a
+mapping (a null one becomes {}, as verl passes it).
 """
 
 from __future__ import annotations
@@ -21,10 +22,10 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from ..config import FileData, RecipeError
+from ...config import FileData, RecipeError
 from .items import Message, PromptItem, check_messages, show
-from .preference import implicit_fields
-from .rows import read_rows
+from .pairs import implicit_fields
+from .rows import RowReader
 
 GROUND_TRUTH_KEYS = (
     "reward_model.ground_truth",
@@ -194,6 +195,15 @@ def _metadata(cfg: FileData, lay: Layout, row: dict[str, Any], where: str) -> di
         json.dumps(meta)
     except (TypeError, ValueError):  # dates, bytes: the reward services get them as text
         meta = json.loads(json.dumps(meta, default=str))
+    # verl hands a reward function `extra_info` as a mapping, {} for a null one
+    if "extra_info" in meta and meta["extra_info"] is None:
+        meta["extra_info"] = {}
+    elif "extra_info" in meta and not isinstance(meta["extra_info"], dict):
+        raise RecipeError(
+            f"{where}: 'extra_info' is {show(meta['extra_info'])}; verl's layout and "
+            "python rewards read it as a mapping: give an object (or null), or rename "
+            "the column"
+        )
     source = meta.get("data_source")
     if source is None and cfg.data_source is not None:
         meta["data_source"] = cfg.data_source
@@ -202,31 +212,31 @@ def _metadata(cfg: FileData, lay: Layout, row: dict[str, Any], where: str) -> di
     return meta
 
 
-def file_prompts(cfg: FileData, key: str = "data.train") -> list[PromptItem]:
-    """The prompts of a file or folder in any layout (module docstring), first
-    `cfg.limit` rows; `key` is the block's key path, named in errors.
+class PromptRows(RowReader):
+    """The row reader of prompts (`rows.read_items`): each row of one file as a
+    `PromptItem` in the file's layout, resolved from its first row (module docstring);
+    `key` is the block's key path, named in errors."""
 
-    Raises:
-        RecipeError: an unreadable file, a row that is not a mapping, a missing key, a
-            value of the wrong type, an empty prompt, messages out of order or with an
-            unknown role; names the file, the row and the key.
-    """
-    items: list[PromptItem] = []
-    lay: Layout | None = None
-    for where, row in read_rows(cfg.path, cfg.split, key):
-        if not isinstance(row, dict):
-            raise RecipeError(
-                f"{where}: a row must be a JSON object with a prompt, got {type(row).__name__}"
-            )
-        lay = lay or resolve_layout(cfg, row, where, key)
+    def __init__(self, cfg: FileData, key: str = "data.train"):
+        self.cfg, self.key = cfg, key
+        self.layout: Layout | None = None
+
+    def __call__(self, row: dict[str, Any], where: str, n: int) -> PromptItem:
+        """Row `where` as prompt number `n`.
+
+        Raises:
+            RecipeError: a missing key, a value of the wrong type, an empty prompt,
+                messages out of order or with an unknown role or key; names the file,
+                the row and the key.
+        """
+        cfg, key = self.cfg, self.key
+        lay = self.layout = self.layout or resolve_layout(cfg, row, where, key)
         text, messages, reply = _prompt(cfg, lay, row, where, key)
         answer = _answer(cfg, lay, row, where, reply, key)
-        meta = _metadata(cfg, lay, row, where)
-        items.append(PromptItem(len(items), text, answer, meta, messages, where))
-        if cfg.limit and len(items) >= cfg.limit:
-            break
-    if not items:
-        raise RecipeError(
-            f"{key}.path: {cfg.path} has no rows; give a file with at least one prompt"
+        return PromptItem(n, text, answer, _metadata(cfg, lay, row, where), messages, where)
+
+    def empty(self, path: Any, skipped: int) -> RecipeError:
+        """The error for a file with no rows."""
+        return RecipeError(
+            f"{self.key}.path: {path} has no rows; give a file with at least one prompt"
         )
-    return items
