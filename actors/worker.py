@@ -28,7 +28,6 @@ the Rollouts then carry the engine's per-token versions; without, no push overla
 
 from __future__ import annotations
 
-import hashlib
 import os
 import threading
 import time
@@ -49,6 +48,7 @@ from ..weightsync import (
     make_transport,
     state_checksum,
 )
+from .debug import DebugSettings
 from .engine import EngineSettings, Sample, check_prompt_lengths, engine_seed
 from .factory import make_engine
 from .openai_server import EpisodeRecorder, create_app
@@ -66,17 +66,10 @@ class RolloutWorker:
         engine: how to build the engine.
         transport: how new weights arrive (with a `group_address`, joined here).
         threads: torch threads (cores this worker owns while generating).
-        delay_s: test knob, extra busy seconds per generate (with partial rollouts spread
-            between its tokens, see `_generate_partial`).
-        fail_push: test knob, (worker_id, version): this worker refuses pushes of that
-            version (a WeightSyncError), keeping its old weights.
-        push_delay_s: test knob, extra seconds per `update_weights` (fault drills).
         partial: partial rollouts (`rollout.partial`): a push pauses `generate` between
             tokens and the requests resume under the new weights; the actor must then run
             with `max_concurrency` ≥ 2 so the push reaches it while it generates.
-        tail: test knob, (every, factor): a `generate` call holding a sample whose uid's
-            SHA-256 (first 4 bytes, big-endian) is 0 modulo
-            `every` sleeps `delay_s × factor` (`every` 0: off).
+        debug: test and benchmark knobs (actors/debug.py); None: all off.
     """
 
     def __init__(
@@ -85,11 +78,8 @@ class RolloutWorker:
         engine: EngineSettings,
         transport: TransportSettings | str,
         threads: int,
-        delay_s: float = 0.0,
-        fail_push: tuple[int, int] | None = None,
-        push_delay_s: float = 0.0,
         partial: bool = False,
-        tail: tuple[int, float] = (0, 1.0),
+        debug: DebugSettings | None = None,
     ):
         set_torch_threads(threads)
         quiet_libraries()
@@ -107,10 +97,7 @@ class RolloutWorker:
         self.adapter_version: int | None = None  # the adapter generate must run with
         self.spans = SpanRecorder("rollout", worker_id)
         self.started = time.time()
-        self.delay_s = delay_s
-        self.tail = tail
-        self.fail_push = fail_push
-        self.push_delay_s = push_delay_s
+        self.debug = debug if debug is not None else DebugSettings()
         self.engine_lock = threading.Lock()  # the OpenAI endpoint's threads share the engine
         self.recorder: EpisodeRecorder | None = None
         self.server = None
@@ -133,7 +120,7 @@ class RolloutWorker:
             prompt_ids = [self.engine.tokenize_chat(r.messages) for r in requests]
             check_prompt_lengths(prompt_ids, self.engine.context_tokens)
             groups = self.engine.generate(prompt_ids, self._own_seed(sampling))
-            time.sleep(self._delay(requests, sampling.n))
+            time.sleep(self.debug.generate_delay(requests, sampling.n))
             return [
                 self._rollout(
                     req,
@@ -157,7 +144,7 @@ class RolloutWorker:
         self, gate: PushGate, requests: list[PromptRequest], sampling: SamplingSettings, step: int
     ) -> list[Rollout]:
         """`generate` with partial rollouts: the engine lock is held per segment, so a
-        push may load between two (actors/partial.py). With the `delay_s` test knob the
+        push may load between two (actors/partial.py). With the `debug.delay_s` knob the
         call is paced as a simulated engine generating token by token: one token per
         segment, the call's delay spread between them outside the lock, so a push lands
         mid-sample and calls in flight on this worker overlap (continuous batching)."""
@@ -166,7 +153,7 @@ class RolloutWorker:
                 self._check_adapter()
             prompt_ids = [self.engine.tokenize_chat(r.messages) for r in requests]
             check_prompt_lengths(prompt_ids, self.engine.context_tokens)
-            delay = self._delay(requests, sampling.n)
+            delay = self.debug.generate_delay(requests, sampling.n)
             groups = generate_partial(
                 self.engine,
                 prompt_ids,
@@ -182,18 +169,6 @@ class RolloutWorker:
                 for req, ids, samples in zip(requests, prompt_ids, groups, strict=True)
                 for k, s in enumerate(samples)
             ]
-
-    def _delay(self, requests: list[PromptRequest], n: int) -> float:
-        """The test knobs' sleep after a `generate` call: `delay_s`, times the tail
-        factor when one of its samples (uid `{group_id}-{k}`) is long."""
-        every, factor = self.tail
-        long = every > 0 and any(
-            int.from_bytes(hashlib.sha256(f"{r.group_id}-{k}".encode()).digest()[:4], "big") % every
-            == 0
-            for r in requests
-            for k in range(n)
-        )
-        return self.delay_s * (factor if long else 1.0)
 
     def _rollout(
         self,
@@ -328,12 +303,8 @@ class RolloutWorker:
                 version, so the controller sees it is stale.
         """
         with self._push_gate(), self.spans.span("weight_sync", step), self.engine_lock:
-            if self.fail_push == (self.worker_id, handle.version):
-                raise WeightSyncError(
-                    f"rollout worker {self.worker_id}: debug.fail_weight_push "
-                    f"refused policy_version {handle.version}"
-                )
-            time.sleep(self.push_delay_s)
+            self.debug.check_push(self.worker_id, handle.version)
+            time.sleep(self.debug.push_delay_s)
             meta, verify = handle.meta, bool(handle.meta.get("verify"))
             adapter = meta.get("adapter_config")
             names = tuple(meta["delta"]["names"]) if "delta" in meta else handle.names
