@@ -16,7 +16,7 @@ def make_engine(s: EngineSettings) -> InferenceEngine:
     if s.kind == "hf":
         from .hf_engine import HFEngine
 
-        return HFEngine(s.model_path, dtype=s.dtype, device=s.device)
+        return HFEngine(s.model_path, dtype=s.dtype, device=s.device, max_adapters=s.max_adapters)
     if s.kind in ("vllm", "vllm_async"):
         if s.kind == "vllm":
             from .vllm_engine import VLLMEngine as cls
