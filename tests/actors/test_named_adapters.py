@@ -73,9 +73,23 @@ def prompts(tiny_model_vllm):
     ]
 
 
+class _Probe(RolloutWorker):
+    """Test-only: what the engine itself holds."""
+
+    def engine_adapters(self) -> int:
+        """Adapters in the engine's own store (peft's configs; vLLM's registered LoRAs,
+        each with its folder)."""
+        if hasattr(self.engine, "llm"):
+            loras = self.engine.llm.llm_engine.list_loras()
+            root = self.engine._named_root
+            assert root is not None and len(list(root.iterdir())) == len(loras)
+            return len(loras)
+        return len(self.engine.model.peft_config)
+
+
 def _worker(kind, model, max_adapters=2):
     settings = EngineSettings(kind, str(model), "float32", lora_rank=8, max_adapters=max_adapters)
-    return ray.remote(num_cpus=0)(RolloutWorker).remote(0, settings, "object_store", 1)
+    return ray.remote(num_cpus=0)(_Probe).remote(0, settings, "object_store", 1)
 
 
 def _push(worker, name, lora, version) -> Delivery:
@@ -155,6 +169,7 @@ def test_the_least_recently_used_adapter_is_evicted_and_named_when_asked_for(
         first, _ = _sample(w, prompts, "alice")  # alice used after bob: bob is the oldest
         _push(w, "carol", loras["bob"], 2)
         assert list(ray.get(w.adapters.remote())) == ["alice", "carol"]
+        assert ray.get(w.engine_adapters.remote()) == 2  # bob's memory released
         with pytest.raises(ValueError, match="'bob' was evicted .*2 adapters.*push it again"):
             _sample(w, prompts, "bob")
         with pytest.raises(ValueError, match="'dave' is not loaded on this engine"):
@@ -168,6 +183,7 @@ def test_the_least_recently_used_adapter_is_evicted_and_named_when_asked_for(
         _close(_sample(w, prompts, "alice")[0], _sample(w, prompts, "carol")[0])
         assert ray.get(w.drop_adapter.remote("alice")) is True
         assert ray.get(w.drop_adapter.remote("alice")) is False
+        assert ray.get(w.engine_adapters.remote()) == 1
         with pytest.raises(ValueError, match="'alice' is not loaded"):
             _sample(w, prompts, "alice")
         assert ray.get(w.delivery.remote("alice")).version == -1
@@ -182,6 +198,9 @@ def test_named_and_recipe_adapters_never_share_an_engine(ray_local, tiny_model_v
     w = _worker(kind, tiny_model_vllm)
     try:
         _push(w, "alice", loras["alice"], 1)
+        if kind == "vllm":  # ranks above the engine's lora_rank (8) are refused
+            with pytest.raises(WeightSyncError, match="'wide' has rank 16; .* up to 8"):
+                _push(w, "wide", _lora(tiny_model_vllm, 16, 3), 2)
         recipe = dataclasses.replace(t.send(tensors, version=1), meta={"adapter_config": config})
         with pytest.raises(WeightSyncError, match="holds named adapters \\['alice'\\]"):
             ray.get(w.update_weights.remote(recipe, 0))
