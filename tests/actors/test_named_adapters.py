@@ -206,3 +206,21 @@ def test_named_and_recipe_adapters_never_share_an_engine(ray_local, tiny_model_v
             ray.get(w.update_weights.remote(recipe, 0))
     finally:
         ray.kill(w)
+
+
+@pytest.mark.parametrize("pushed", [torch.float32, torch.bfloat16])
+def test_a_bf16_hf_engine_holds_an_adapter_in_the_dtype_it_was_pushed(tiny_model, pushed):
+    """The proof of delivery fingerprints dtype and bytes: peft made every adapter
+    float32, so a bf16 adapter (as pushed) read back as another tensor."""
+    from posttrain.actors.hf_engine import HFEngine
+    from posttrain.weightsync import fingerprints
+
+    tensors, config, _ = _lora(tiny_model, 4, 1, targets=["q_proj", "v_proj"])
+    sent = {k: v.to(pushed) for k, v in tensors.items()}
+    engine = HFEngine(str(tiny_model), dtype="bfloat16")
+    engine.load_named_adapter("a", iter(sent.items()), config, 1)
+    assert fingerprints(engine.held_named_tensors("a", list(sent)).items()) == fingerprints(
+        sent.items()
+    )
+    prompt = [[2, 10, 11, 12]]
+    engine.generate_named(prompt, SAMPLING, "a")  # a bf16 adapter samples on a bf16 base
