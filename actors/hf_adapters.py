@@ -19,6 +19,21 @@ from .engine import Sample
 from .rollout import SamplingSettings
 
 
+def hold_as_sent(model: Any, key: str, tensors: dict[str, torch.Tensor]) -> None:
+    """Make peft adapter `key`'s parameters the dtype its tensors were pushed in (peft
+    creates them in float32, or the model's dtype), so the engine holds the pushed bytes
+    exactly and its proof of delivery, which fingerprints the dtype, matches (peft casts
+    a layer's input to the adapter's dtype). Pushes of mixed dtypes are left as peft
+    made them."""
+    dtypes = {t.dtype for t in tensors.values()}
+    if len(dtypes) != 1:
+        return
+    dtype = dtypes.pop()
+    for n, p in model.named_parameters():
+        if f".{key}." in n and "lora_" in n and p.dtype != dtype:
+            p.data = p.data.to(dtype)
+
+
 class HFNamedAdapters(NamedAdapters):
     """Mixin of `HFEngine` (which sets `model`, `slots` and `adapter_version`)."""
 
@@ -46,7 +61,7 @@ class HFNamedAdapters(NamedAdapters):
             self.model = get_peft_model(self.model, cfg, adapter_name=key).eval()
         else:
             self.model.add_adapter(key, cfg)
-        self._hold_as_sent(key, tensors)
+        hold_as_sent(self.model, key, tensors)
         result = set_peft_model_state_dict(self.model, tensors, adapter_name=key)
         # peft initialises lora_A at random: a tensor not sent would sample noise
         unsent = [k for k in result.missing_keys if f".{key}." in k and "lora_" in k]
@@ -87,19 +102,6 @@ class HFNamedAdapters(NamedAdapters):
             return {}
         held = get_peft_model_state_dict(self.model, adapter_name=slot.key)
         return {n: held[n] for n in names if n in held}
-
-    def _hold_as_sent(self, key: str, tensors: dict[str, torch.Tensor]) -> None:
-        """Make adapter `key`'s parameters the dtype its tensors were pushed in (peft
-        creates them in float32, or the model's dtype), so the engine holds the pushed
-        bytes exactly and its proof of delivery matches (peft casts a layer's input to
-        the adapter's dtype)."""
-        dtypes = {t.dtype for t in tensors.values()}
-        if len(dtypes) != 1:
-            return
-        dtype = dtypes.pop()
-        for n, p in self.model.named_parameters():
-            if f".{key}." in n and "lora_" in n and p.dtype != dtype:
-                p.data = p.data.to(dtype)
 
     def _release(self, slot: Slot) -> None:
         """Delete `slot`'s peft adapter (its tensors are freed)."""

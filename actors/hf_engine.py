@@ -22,7 +22,7 @@ import torch
 
 from .adapter_slots import AdapterSlots
 from .engine import InferenceEngine, Sample, check_sampling, stop_token_ids
-from .hf_adapters import HFNamedAdapters
+from .hf_adapters import HFNamedAdapters, hold_as_sent
 from .rollout import SamplingSettings
 
 _DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
@@ -198,6 +198,7 @@ class HFEngine(HFNamedAdapters, InferenceEngine):
             cfg = LoraConfig(**{k: v for k, v in config.items() if k in fields})
             cfg.inference_mode = True
             self.model = get_peft_model(self.model, cfg).eval()
+        hold_as_sent(self.model, "default", tensors)  # peft's name for the one adapter
         result = set_peft_model_state_dict(self.model, tensors)
         if result.unexpected_keys:
             raise ValueError(
