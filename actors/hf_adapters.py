@@ -103,6 +103,13 @@ class HFNamedAdapters(NamedAdapters):
         held = get_peft_model_state_dict(self.model, adapter_name=slot.key)
         return {n: held[n] for n in names if n in held}
 
+    def named_adapter_version(self, name: str) -> int | None:
+        """The version of `name`'s adapter while peft still holds its slot key."""
+        slot = self.slots.peek(name)
+        if slot is None or slot.key not in getattr(self.model, "peft_config", {}):
+            return None
+        return slot.version
+
     def _release(self, slot: Slot) -> None:
         """Delete `slot`'s peft adapter (its tensors are freed)."""
         self.model.delete_adapter(slot.key)

@@ -86,6 +86,14 @@ class _Probe(RolloutWorker):
             return len(loras)
         return len(self.engine.model.peft_config)
 
+    def forget(self, name: str) -> None:
+        """Unload `name`'s adapter behind the slots' back (a fault the proof must see)."""
+        key = self.engine.slots.peek(name).key
+        if hasattr(self.engine, "llm"):
+            self.engine.llm.llm_engine.remove_lora(key.lora_int_id)
+        else:
+            self.engine.model.delete_adapter(key)
+
 
 def _worker(kind, model, max_adapters=2):
     settings = EngineSettings(kind, str(model), "float32", lora_rank=8, max_adapters=max_adapters)
@@ -154,6 +162,13 @@ def test_two_named_adapters_each_sample_what_it_alone_samples(
             check_delivery(sent_a, ray.get(w.delivery.remote("bob")), 0)
         assert ray.get(w.policy_version.remote()) == 0
         assert ray.get(w.adapters.remote()) == {"alice": 3, "bob": 7}
+        ray.get(w.forget.remote("bob"))
+        with pytest.raises(
+            DeliveryError,
+            match="adapter 'bob' of policy_version 7 was loaded but its next generate "
+            "request by that name would run with no adapter",
+        ):
+            check_delivery(sent_b, ray.get(w.delivery.remote("bob")), 0)
     finally:
         ray.kill(w)
 
