@@ -32,34 +32,6 @@ import torch
 from .engine import Sample
 from .rollout import SamplingSettings
 
-#: vLLM sizes its LoRA slots by one of these ranks (`MaxLoRARanks`); the next one up
-#: from the adapter's rank is taken.
-VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
-
-
-def vllm_lora_options(lora_rank: int, max_adapters: int) -> dict[str, Any]:
-    """vLLM `LLM` keyword arguments serving LoRA adapters of rank ≤ `lora_rank`,
-    `max_adapters` of them at once (`max_loras`; `max_cpu_loras` the same, so vLLM
-    never evicts one on its own: `AdapterSlots` does).
-
-    Raises:
-        ValueError: `lora_rank` above vLLM's largest (512), or `max_adapters` < 1.
-    """
-    if max_adapters < 1:
-        raise ValueError(f"rollout max_adapters must be at least 1, got {max_adapters}")
-    fit = next((r for r in VLLM_LORA_RANKS if r >= lora_rank), None)
-    if fit is None:
-        raise ValueError(
-            f"model.adapter.r {lora_rank} is above vLLM's largest LoRA rank 512; use "
-            "adapter_mode: merged"
-        )
-    return {
-        "enable_lora": True,
-        "max_lora_rank": fit,
-        "max_loras": max_adapters,
-        "max_cpu_loras": max_adapters,
-    }
-
 
 def lora_config_kwargs(config: dict) -> dict[str, Any]:
     """The keys of a pushed `peft.LoraConfig` dict that `LoraConfig` takes (a dict from

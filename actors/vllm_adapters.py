@@ -28,6 +28,34 @@ from .adapter_slots import AdapterSlots, NamedAdapters, Slot
 from .engine import Sample
 from .rollout import SamplingSettings
 
+#: vLLM sizes its LoRA slots by one of these ranks (`MaxLoRARanks`); the next one up
+#: from the adapter's rank is taken.
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+
+
+def vllm_lora_options(lora_rank: int, max_adapters: int) -> dict[str, Any]:
+    """vLLM `LLM` keyword arguments serving LoRA adapters of rank ≤ `lora_rank`,
+    `max_adapters` of them at once (`max_loras`; `max_cpu_loras` the same, so vLLM
+    never evicts one on its own: `AdapterSlots` does).
+
+    Raises:
+        ValueError: `lora_rank` above vLLM's largest (512), or `max_adapters` < 1.
+    """
+    if max_adapters < 1:
+        raise ValueError(f"rollout max_adapters must be at least 1, got {max_adapters}")
+    fit = next((r for r in VLLM_LORA_RANKS if r >= lora_rank), None)
+    if fit is None:
+        raise ValueError(
+            f"model.adapter.r {lora_rank} is above vLLM's largest LoRA rank 512; use "
+            "adapter_mode: merged"
+        )
+    return {
+        "enable_lora": True,
+        "max_lora_rank": fit,
+        "max_loras": max_adapters,
+        "max_cpu_loras": max_adapters,
+    }
+
 
 class VLLMNamedAdapters(NamedAdapters):
     """Mixin of `VLLMEngine`, which sets `llm`, `lora` (the recipe's adapter), `slots`
@@ -37,6 +65,11 @@ class VLLMNamedAdapters(NamedAdapters):
     lora: Any
     slots: AdapterSlots
     _named_root: Path | None
+
+    def init_named_adapters(self, max_adapters: int) -> None:
+        """Empty slots for `max_adapters` adapters (their folder is made at the first)."""
+        self.slots = AdapterSlots(max_adapters)
+        self._named_root = None
 
     def load_named_adapter(
         self, name: str, weights: Iterable[tuple[str, torch.Tensor]], config: dict, version: int

@@ -45,10 +45,9 @@ from typing import Any
 
 import torch
 
-from .adapter_slots import AdapterSlots, vllm_lora_options
 from .engine import InferenceEngine, Sample, check_sampling, stop_token_ids
 from .rollout import SamplingSettings
-from .vllm_adapters import VLLMNamedAdapters
+from .vllm_adapters import VLLMNamedAdapters, vllm_lora_options
 
 
 def checkpoint_names(model_path: str) -> set[str]:
@@ -258,8 +257,7 @@ class VLLMEngine(VLLMNamedAdapters, InferenceEngine):
         self.tp = tensor_parallel_size
         self.sleeps = sleep_between_steps
         self.asleep: set[str] = set()  # vLLM memory tags now released
-        if lora_rank is not None:
-            extra.update(vllm_lora_options(lora_rank, max_adapters))
+        extra.update(vllm_lora_options(lora_rank, max_adapters) if lora_rank is not None else {})
         self.llm = LLM(
             model=model_path,
             dtype=dtype,
@@ -295,8 +293,7 @@ class VLLMEngine(VLLMNamedAdapters, InferenceEngine):
         # threaded actor's) starts with the process default (1 under Ray).
         self.threads = torch.get_num_threads()
         self._lora_root: Path | None = None  # made at the first adapter push
-        self.slots = AdapterSlots(max_adapters)  # named adapters (actors/vllm_adapters.py)
-        self._named_root: Path | None = None
+        self.init_named_adapters(max_adapters)
 
     def generate(self, prompts: list[list[int]], sampling: SamplingSettings) -> list[list[Sample]]:
         if self.broken:

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from posttrain.actors.adapter_slots import AdapterSlots, vllm_lora_options
+from posttrain.actors.adapter_slots import AdapterSlots
+from posttrain.actors.vllm_adapters import vllm_lora_options
 
 
 def test_a_full_table_releases_the_least_recently_used():
