@@ -158,7 +158,7 @@ class PushReceiving:
             fps = tap.seen if held is None else fingerprints(held.items())
             at = "loaded" if held is None else "holds"
             active = engine.named_adapter_version(name)
-            self.named_delivered[name] = Delivery(v, fps, True, active, at, adapter_name=name)
+            self.named_delivered[name] = Delivery(v, fps, True, active, name, where=at)
         for gone in set(self.named_delivered) - set(engine.slots.names()):  # evicted
             del self.named_delivered[gone]
         return v
@@ -170,7 +170,7 @@ class PushReceiving:
         if got is None:
             return Delivery(-1, adapter=True, adapter_name=name)
         active = self._named_engine().named_adapter_version(name)
-        return Delivery(got.version, got.fingerprints, True, active, got.where, adapter_name=name)
+        return Delivery(got.version, got.fingerprints, True, active, name, where=got.where)
 
     def _generate_named(
         self, prompts: list[list[int]], sampling: SamplingSettings, name: str

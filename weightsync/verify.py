@@ -112,18 +112,18 @@ class Delivery:
         adapter: whether the push was an adapter (the engine must then serve it).
         active_adapter: engine side: the policy_version of the adapter its next
             generate request runs with (None: none active).
-        where: engine side: what was fingerprinted ('held' or 'loaded').
         adapter_name: a named adapter's name (`meta["adapter_name"]`, a service
             session's sampler weights); `active_adapter` is then the version a request
             by that name runs with. None: the recipe's weights or single adapter.
+        where: engine side: what was fingerprinted ('held' or 'loaded').
     """
 
     version: int
     fingerprints: dict[str, str] = field(default_factory=dict)
     adapter: bool = False
     active_adapter: int | None = None
-    where: str = "sent"
     adapter_name: str | None = None
+    where: str = "sent"
 
 
 class DeliveryError(WeightSyncError):
