@@ -70,6 +70,9 @@ class EngineSettings:
             or generate.
         direct_load: vLLM on CPU: load pushes straight into the layers' kernels
             (`rollout.vllm.direct_load`, actors/vllm_direct.py).
+        max_adapters: named LoRA adapters (the service's sessions) held at once, the
+            least recently used evicted beyond (vLLM: `max_loras` and `max_cpu_loras`;
+            actors/adapter_slots.py). vLLM serves ranks up to `lora_rank`.
     """
 
     kind: Literal["vllm", "vllm_async", "hf"]
@@ -85,6 +88,7 @@ class EngineSettings:
     tensor_parallel_size: int = 1
     sleep_between_steps: bool = False
     direct_load: bool = True
+    max_adapters: int = 1
 
 
 # An odd 64-bit constant (2^64 / golden ratio): rank r's seed is `seed + r * stride`, so
@@ -206,8 +210,10 @@ def check_sampling(sampling: SamplingSettings) -> None:
 
     Raises:
         ValueError: an empty stop string (every text contains it, so every sample
-            would end after its first token).
+            would end after its first token), or a negative stop token id.
     """
+    if bad := [t for t in sampling.stop_token_ids if t < 0]:
+        raise ValueError(f"stop token ids must be token ids (≥ 0); got {bad[:3]}")
     if any(s == "" for s in sampling.stop):
         raise ValueError(
             "stop strings must not be empty: every text contains '', so every "

@@ -20,7 +20,9 @@ from typing import Any
 
 import torch
 
+from .adapter_slots import AdapterSlots
 from .engine import InferenceEngine, Sample, check_sampling, stop_token_ids
+from .hf_adapters import HFNamedAdapters, hold_as_sent
 from .rollout import SamplingSettings
 
 _DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
@@ -40,12 +42,14 @@ def _Interrupt(event: threading.Event) -> Any:
     return Interrupt()
 
 
-class HFEngine(InferenceEngine):
+class HFEngine(HFNamedAdapters, InferenceEngine):
     """Batched sampling with `transformers.generate`; logprobs recomputed from the raw
-    logits it returns, under the sampling temperature.
+    logits it returns, under the sampling temperature. Serves named LoRA adapters too
+    (actors/hf_adapters.py).
 
     Args:
         device: 'cpu', or 'cuda' (the GPU Ray assigned the actor, `cuda:0` in it).
+        max_adapters: named LoRA adapters held at once (least recently used evicted).
     """
 
     def __init__(
@@ -54,6 +58,7 @@ class HFEngine(InferenceEngine):
         dtype: str = "bfloat16",
         max_batch_rows: int = 64,
         device: str = "cpu",
+        max_adapters: int = 1,
     ):
         from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
@@ -64,6 +69,7 @@ class HFEngine(InferenceEngine):
         self.model.to(self.device).eval()
         self.max_batch_rows = max_batch_rows
         self.adapter_version: int | None = None  # the policy_version of the loaded adapter
+        self.slots = AdapterSlots(max_adapters)  # named adapters (actors/hf_adapters.py)
         self.context_tokens = getattr(self.model.config, "max_position_embeddings", None)
         self.stop_ids = stop_token_ids(self.tokenizer, model_path)
         pad = self.tokenizer.pad_token_id
@@ -83,6 +89,7 @@ class HFEngine(InferenceEngine):
         from transformers import GenerationConfig, StoppingCriteriaList
 
         width = max(len(r) for r in rows)
+        ends = self.stop_ids + [t for t in sampling.stop_token_ids if t not in self.stop_ids]
         ids = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
         mask = torch.zeros((len(rows), width), dtype=torch.long)
         for i, r in enumerate(rows):
@@ -105,7 +112,7 @@ class HFEngine(InferenceEngine):
             min_length=0,
             max_new_tokens=sampling.max_new_tokens,
             pad_token_id=self.pad_id,
-            eos_token_id=self.stop_ids,
+            eos_token_id=ends,
             output_logits=True,
             return_dict_in_generate=True,
         )
@@ -125,7 +132,7 @@ class HFEngine(InferenceEngine):
         samples = []
         for i in range(len(rows)):
             tokens = new[i].tolist()
-            end = next((j for j, t in enumerate(tokens) if t in self.stop_ids), None)
+            end = next((j for j, t in enumerate(tokens) if t in ends), None)
             if sampling.stop:
                 hit = self._stop_string_end(tokens[: None if end is None else end], sampling.stop)
                 end = hit if hit is not None else end
@@ -191,6 +198,7 @@ class HFEngine(InferenceEngine):
             cfg = LoraConfig(**{k: v for k, v in config.items() if k in fields})
             cfg.inference_mode = True
             self.model = get_peft_model(self.model, cfg).eval()
+        hold_as_sent(self.model, "default", tensors)  # peft's name for the one adapter
         result = set_peft_model_state_dict(self.model, tensors)
         if result.unexpected_keys:
             raise ValueError(

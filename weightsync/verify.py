@@ -116,6 +116,9 @@ class Delivery:
         adapter: whether the push was an adapter (the engine must then serve it).
         active_adapter: engine side: the policy_version of the adapter its next
             generate request runs with (None: none active).
+        adapter_name: a named adapter's name (`meta["adapter_name"]`, a service
+            session's sampler weights); `active_adapter` is then the version a request
+            by that name runs with. None: the recipe's weights or single adapter.
         where: engine side: what was fingerprinted ('held' or 'loaded').
         expected: learner side: `{name: fingerprint}` the engine must hold, derived
             from the learner's own modules rather than from what was sent (the base
@@ -126,6 +129,7 @@ class Delivery:
     fingerprints: dict[str, str] = field(default_factory=dict)
     adapter: bool = False
     active_adapter: int | None = None
+    adapter_name: str | None = None
     where: str = "sent"
     expected: dict[str, str] = field(default_factory=dict)
 
@@ -145,10 +149,16 @@ def check_delivery(sent: Delivery, got: Delivery, engine: int) -> None:
             request.
     """
     v = sent.version
+    if got.adapter_name != sent.adapter_name:
+        raise DeliveryError(
+            f"rollout engine {engine}: its delivery report is for adapter "
+            f"{got.adapter_name!r}, not the pushed {sent.adapter_name!r}"
+        )
     if got.version != v:
         raise DeliveryError(
             f"rollout engine {engine}: its delivery report is for policy_version "
             f"{got.version}, not the pushed {v}"
+            + (f" of adapter {sent.adapter_name!r}" if sent.adapter_name else "")
         )
     if missing := sorted(set(sent.fingerprints) - set(got.fingerprints)):
         raise DeliveryError(
@@ -175,7 +185,10 @@ def check_delivery(sent: Delivery, got: Delivery, engine: int) -> None:
     if sent.adapter and got.active_adapter != v:
         active = got.active_adapter
         serves = "no adapter" if active is None else f"the adapter of policy_version {active}"
+        named = f" {sent.adapter_name!r}" if sent.adapter_name else ""
+        by = " by that name" if sent.adapter_name else ""
         raise DeliveryError(
-            f"rollout engine {engine}: the adapter of policy_version {v} was loaded but its "
-            f"next generate request would run with {serves} (base model or a stale adapter)"
+            f"rollout engine {engine}: the adapter{named} of policy_version {v} was loaded but "
+            f"its next generate request{by} would run with {serves} (base model or a stale "
+            "adapter)"
         )

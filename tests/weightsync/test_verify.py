@@ -232,6 +232,24 @@ def test_hf_adapter_loaded_but_not_applied_is_caught(tiny_model, tmp_path):
         w.generate([_REQ], _SAMPLING, 2)
 
 
+def test_hf_bf16_adapter_push_is_proven(tiny_model, tmp_path):
+    """The learner casts the adapter to the engine's dtype (learner/push.py); peft held
+    it in float32, so every push to a bf16 'hf' engine failed its proof (the
+    fingerprint covers the dtype)."""
+    settings = TransportSettings("filesystem", directory=str(tmp_path / "w"))
+    engine = EngineSettings("hf", str(tiny_model), "bfloat16", lora_rank=8)
+    w = RolloutWorker(0, engine, settings, 1)
+    adapter, config = _lora(tiny_model)
+    bf16 = {k: v.to(torch.bfloat16) for k, v in adapter.items()}
+    for version in (1, 2):
+        handle, sent = _learner_push(
+            make_transport(settings), bf16, version, {"adapter_config": config}
+        )
+        w.update_weights(handle)
+        check_delivery(sent, w.delivery(), 0)
+    w.generate([_REQ], _SAMPLING, 2)  # a bf16 adapter samples on the bf16 base
+
+
 @ray.remote(num_cpus=0)
 class _Learner:
     def publish_weights(self, version: int, full: bool = False, fresh: bool = False):
@@ -288,7 +306,7 @@ class _Planted(RolloutWorker):
     def flip_on_the_wire(self, name: str) -> None:
         _flip_on_the_wire(self, name)
 
-    def drop_adapter(self) -> None:
+    def unregister_adapter(self) -> None:
         self.engine.llm.llm_engine.remove_lora(self.engine.lora.lora_int_id)
 
 
@@ -314,7 +332,7 @@ def test_vllm_flip_on_the_wire_and_a_dropped_adapter_are_caught(
         handle, sent = _learner_push(sender, adapter, 2, {"adapter_config": config})
         ray.get(worker.update_weights.remote(handle))
         check_delivery(sent, ray.get(worker.delivery.remote()), 0)
-        ray.get(worker.drop_adapter.remote())
+        ray.get(worker.unregister_adapter.remote())
         with pytest.raises(
             WeightSyncError,
             match="adapter of policy_version 2 was pushed, but "
