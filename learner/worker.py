@@ -51,6 +51,7 @@ from .micro_batches import plan_rows, trim_right_padding
 from .models import DTYPES, critic_values, load_sharded, reward_scores
 from .optimizer import guarded_step
 from .push import full_state_dict, push_source, untied_state
+from .sessions import SessionVerbs
 from .settings import CriticSettings, LearnerSettings, lr_factor
 from .shm_gather import ShmGather
 
@@ -59,9 +60,10 @@ __all__ = ["CriticSettings", "LearnerSettings", "LearnerWorker"]
 Computed = Literal["old_logprobs", "ref_logprobs", "values", "scores"]
 
 
-class LearnerWorker:
+class LearnerWorker(SessionVerbs):
     """One FSDP2 rank holding a shard of the policy, its optimizer and, when asked, a
-    frozen reference and a critic."""
+    frozen reference and a critic; or, with `settings.sessions`, many LoRA sessions on
+    one base (learner/sessions.py)."""
 
     def __init__(self, rank: int, world_size: int, settings: LearnerSettings, threads: int):
         set_torch_threads(threads)
@@ -108,6 +110,10 @@ class LearnerWorker:
             backend_for(s.device), init_method=init, rank=self.rank, world_size=self.world
         )
         torch.manual_seed(s.seed)
+        if s.sessions is not None:  # many LoRA sessions on one base (learner/sessions.py)
+            report = self._setup_sessions()
+            self.transport = make_transport(s.transport, rank=0 if self.rank == 0 else None)
+            return report
         if s.adapter.enabled:
             adapters.check_targets(s.model_path, s.adapter.target_modules)
         kind = self.device.type
