@@ -3,7 +3,8 @@ CPU process). It does not know which algorithm runs: the loss is chosen at setup
 (`settings.algorithm`, see `posttrain.algorithms`) and `train_step` is one skeleton.
 
 Verbs (10): `rendezvous`, `setup`, `compute`, `train_step`, `publish_weights`,
-`join_push_group`, `save_checkpoint`, `free_reference`, `drain_spans`, `close`.
+`join_push_group`, `save_checkpoint`, `free_reference`, `drain_spans`, `close`; plus the
+session verbs of learner/sessions.py (`settings.sessions`).
 
 Models (learner/models.py): the policy (float32 master weights, compute dtype by
 FSDP2 mixed precision), optionally a frozen reference and a critic, all sharded by
