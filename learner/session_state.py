@@ -76,8 +76,13 @@ def adam_params(adam: dict) -> dict[str, float]:
 
 def tinker_logprobs(model: torch.nn.Module, mb: SessionBatch) -> torch.Tensor:
     """`[B, T]` float32 log p(target_tokens[t] | input_ids[: t + 1]); the LM head runs
-    in chunks (learner/logprobs.py) when it is a plain linear layer."""
-    mask = mb.attention_mask.long()
+    in chunks (learner/logprobs.py) when it is a plain linear layer. A row with no real
+    position (a rank's filler row) attends to its first token so its values stay finite
+    whatever the attention kernel (transformers 5.19's sdpa and eager already keep a
+    fully masked row finite; a kernel that gives NaN there would send NaN·0 = NaN
+    gradients to the adapter); the caller's mask zeroes its loss."""
+    mask = mb.attention_mask.long().clone()
+    mask[mask.sum(-1) == 0, 0] = 1
     kwargs = dict(
         input_ids=mb.input_ids,
         attention_mask=mask,

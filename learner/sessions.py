@@ -16,8 +16,10 @@ Losses: `algorithms.tinker` (Tinker's, summed over tokens); the gradient of the 
 summed over every rank's rows accumulates until `session_optim_step`.
 
 Concurrency: every verb is collective: all ranks call it at once, in the same order,
-with the same session and flags; `session_forward_backward` needs the same number of
-rows on every rank (pad with all-zero-mask rows), else every rank raises ValueError.
+with the same session and flags (a `backward` that differs between ranks raises
+ValueError on every rank). `session_forward_backward` takes at least one row per rank;
+ranks may hold different numbers of rows and columns. A rank with no datum gets a
+filler row (attention_mask all 0): its loss and gradient are exactly 0.
 
 Limits: one forward per `session_forward_backward` (no micro-batches: the caller sizes
 the shard); LoRA only (no full fine-tuning session); `save_session` folders must be
@@ -136,13 +138,19 @@ class SessionVerbs:
         """This rank's bytes of the session (`Session.memory`)."""
         return self._session(sid).memory()
 
-    def _same_on_every_rank(self, what: str, values: list[int]) -> None:
-        """Raise ValueError on every rank when `values` differ between ranks."""
-        t = torch.tensor([*values, *(-v for v in values)], dtype=torch.float64)
-        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    def _agree(self, verb: str, refused: ValueError | None, values: list[int]) -> None:
+        """One all-reduce: raise on every rank when any rank `refused` its input (that
+        error where it happened) or `values` differ between ranks."""
         n = len(values)
-        if (t[:n] != -t[n:]).any():
-            raise ValueError(f"{what}: ranks disagree ({values} here); pad every shard alike")
+        flags = [*values, *(-v for v in values), int(refused is not None)]
+        t = torch.tensor(flags, dtype=torch.float64)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        if refused is not None:
+            raise refused
+        if t[-1] > 0:
+            raise ValueError(f"{verb}: another learner rank refused its shard (see its error)")
+        if (t[:n] != -t[n : 2 * n]).any():
+            raise ValueError(f"{verb}: ranks disagree on {values}; call every rank alike")
 
     def session_forward_backward(
         self, sid: str, shard: SessionBatch, loss_fn: str, loss_config: dict, backward: bool
@@ -157,12 +165,16 @@ class SessionVerbs:
 
         Raises:
             UnknownSessionError; LossSpecError (a ValueError) for the loss; ValueError
-            for a malformed shard or ranks with different row counts.
+            for a malformed shard or a `backward` that differs between ranks.
         """
         sess = self._session(sid)
-        shard.check()
-        config = check_loss(loss_fn, loss_config, {"target_tokens", *shard.inputs})
-        self._same_on_every_rank("session_forward_backward rows", [len(shard), int(backward)])
+        refused: ValueError | None = None
+        try:
+            shard.check()
+            config = check_loss(loss_fn, loss_config, {"target_tokens", *shard.inputs})
+        except ValueError as e:  # every rank must learn of it, or the others would hang
+            refused = e
+        self._agree("session_forward_backward", refused, [int(backward)])
         slots_.load_into_slot(self.slots, sess.params, sess.rank)
         mb = shard.to(self.device)
         mask = mb.attention_mask.float()

@@ -179,6 +179,34 @@ def _memory(w: LearnerWorker, rank: int, world: int) -> dict:
     return out
 
 
+def _filler_and_refusal(w: LearnerWorker, rank: int, world: int, folder: Path) -> dict:
+    """One datum over the ranks (rank 1, if any, gets a filler row with no real
+    position): its grad norm; then a shard refused on the last rank only."""
+    w.open_session("g", 2, 4, True, True)
+    out = {"before": str(folder / "g_before")}
+    w.save_session("g", out["before"], optimizer=False)
+    one = shard(make_batch(50), 0, 4)  # row 0
+    if rank > 0:
+        one = SessionBatch(
+            torch.zeros(1, 5, dtype=torch.long),
+            torch.zeros(1, 5),
+            torch.zeros(1, 5, dtype=torch.long),
+            {"weights": torch.zeros(1, 5)},
+        )
+    got = w.session_forward_backward("g", one, "cross_entropy", {}, True)
+    out["logprobs_finite"] = bool(torch.isfinite(got["logprobs"]).all())
+    out["grad_norm"] = w.session_optim_step("g", ADAM)["grad_norm"]
+    bad = shard(make_batch(51), rank, world)
+    if rank == world - 1:
+        bad.inputs["weights"][0, 0] = float("nan")
+    try:
+        w.session_forward_backward("g", bad, "cross_entropy", {}, True)
+    except ValueError as e:
+        out["refused"] = str(e)
+    w.close_session("g")
+    return out
+
+
 def _rank_main(rank, world, model_path, folder, port, queue):
     folder = Path(folder)
     w = _worker(rank, world, str(model_path), str(folder / f"push_w{world}"))
@@ -188,6 +216,7 @@ def _rank_main(rank, world, model_path, folder, port, queue):
         "save_load": _save_load(w, rank, world, folder / f"w{world}"),
         "publish": _publish_and_parity(w, rank, world, folder / f"w{world}"),
         "memory": _memory(w, rank, world),
+        "filler": _filler_and_refusal(w, rank, world, folder / f"w{world}"),
     }
     if rank == 0:
         buf = io.BytesIO()
@@ -312,3 +341,30 @@ def test_each_session_costs_its_own_tensors_at_its_rank(run, tiny_model):
         "optimizer_bytes": 2 * adapter + 4 * tensors,
     }
     assert m["others"] == [m["open"][1]] * 3  # untouched by m0's training
+
+
+def test_gradient_is_the_summed_loss_and_a_filler_row_adds_nothing(run, tiny_model):
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    world, _, r = run
+    f = r["filler"]
+    base = AutoModelForCausalLM.from_pretrained(str(tiny_model), dtype=torch.float32)
+    model = PeftModel.from_pretrained(base, f["before"], is_trainable=True)
+    one = shard(make_batch(50), 0, 4)
+    logits = model(input_ids=one.input_ids, attention_mask=one.attention_mask.long()).logits
+    logp = token_logprobs(logits, one.target_tokens)
+    (-(one.inputs["weights"] * one.attention_mask * logp).sum()).backward()
+    grads = [p.grad for p in model.parameters() if p.requires_grad]
+    want = torch.sqrt(sum((g.double() ** 2).sum() for g in grads)).item()
+    assert f["logprobs_finite"]
+    assert f["grad_norm"] == pytest.approx(want, rel=1e-5)
+
+
+def test_a_shard_refused_on_one_rank_is_refused_on_every_rank(run):
+    world, _, r = run
+    msg = r["filler"]["refused"]  # rank 0's message
+    if world == 1:
+        assert "inputs.weights: holds NaN" in msg
+    else:
+        assert "another learner rank refused its shard" in msg
