@@ -31,6 +31,7 @@ from __future__ import annotations
 import hashlib
 import math
 from collections.abc import Iterator
+from contextlib import nullcontext
 from pathlib import Path
 
 import torch
@@ -51,6 +52,7 @@ from .session_state import (
     adamw_update,
     restore_adamw,
     session_targets,
+    stack_rows,
     tinker_logprobs,
 )
 
@@ -64,14 +66,15 @@ class SessionVerbs:
     def _setup_sessions(self) -> dict[str, int]:
         """Load the policy with the session slot (collective); the memory report."""
         s, ss = self.s, self.s.sessions
-        if ss.max_rank < 1 or ss.max_sessions < 1:
+        if min(ss.max_rank, ss.max_sessions, ss.batch_sessions) < 1:
             raise ValueError(
-                f"sessions: max_rank {ss.max_rank}, max_sessions "
-                f"{ss.max_sessions}; both must be ≥ 1"
+                f"sessions: max_rank {ss.max_rank}, max_sessions {ss.max_sessions}, "
+                f"batch_sessions {ss.batch_sessions}; each must be ≥ 1"
             )
         adapters.check_targets(s.model_path, ss.target_modules)
+        ranks = ss.max_rank * ss.batch_sessions  # K blocks of R (learner/session_slot.py)
         slot = AdapterSettings(
-            type="lora", r=ss.max_rank, alpha=float(ss.max_rank), target_modules=ss.target_modules
+            type="lora", r=ranks, alpha=float(ranks), target_modules=ss.target_modules
         )
         self.policy = load_sharded(
             s.model_path,
@@ -82,8 +85,11 @@ class SessionVerbs:
             checkpointing=s.gradient_checkpointing,
             device_type=self.device.type,
             compile_layers=s.compile,
+            lora_a_columns=True,
         )
-        self.slots: list[SlotParam] = slots_.slot_params(self.policy, self.rank, self.world)
+        self.slots: list[SlotParam] = slots_.slot_params(
+            self.policy, self.rank, self.world, ss.max_rank
+        )
         self.sessions: dict[str, Session] = {}
         return {**adapters.memory_report(self.policy, None), **cuda_memory(self.device)}
 
@@ -157,7 +163,7 @@ class SessionVerbs:
     ) -> dict:
         """Logprobs and Tinker's loss `loss_fn` on this rank's rows under session `sid`;
         with `backward`, the gradient of the loss summed over every rank's rows adds to
-        the session's buffers. Collective.
+        the session's buffers. Collective. `sessions_forward_backward` with one item.
 
         Returns:
             `logprobs` `[B, T]` float32 (0 off the mask), `elementwise_loss` `[B, T]`,
@@ -167,41 +173,92 @@ class SessionVerbs:
             UnknownSessionError; LossSpecError (a ValueError) for the loss; ValueError
             for a malformed shard or a `backward` that differs between ranks.
         """
-        sess = self._session(sid)
-        refused: ValueError | None = None
-        try:
-            shard.check()
-            config = check_loss(loss_fn, loss_config, {"target_tokens", *shard.inputs})
-        except ValueError as e:  # every rank must learn of it, or the others would hang
-            refused = e
-        self._agree("session_forward_backward", refused, [int(backward)])
-        slots_.load_into_slot(self.slots, sess.params, sess.rank)
-        mb = shard.to(self.device)
+        return self.sessions_forward_backward([(sid, shard, loss_fn, loss_config)], backward)[0]
+
+    def sessions_forward_backward(
+        self, items: list[tuple[str, SessionBatch, str, dict]], backward: bool
+    ) -> list[dict]:
+        """`session_forward_backward` of up to `sessions.batch_sessions` different
+        sessions in ONE forward (and backward): item k = (sid, this rank's shard,
+        loss_fn, loss_config) runs in slot block k (`session_slot.row_blocks`), so each
+        session's rows see only its adapter and its gradients go only to its buffers.
+        Returns one result per item, as `session_forward_backward`'s. Collective: every
+        rank passes the same sessions in the same order.
+
+        Raises:
+            as `session_forward_backward`; ValueError: more items than
+            `sessions.batch_sessions`, or a session twice.
+        """
+        sessions = [self._session(sid) for sid, *_ in items]
+        refused, configs = self._check_items(items)
+        self._agree("sessions_forward_backward", refused, [int(backward), len(items)])
+        slots_.load_into_slot(self.slots, [(s.params, s.rank) for s in sessions])
+        ids, attention, targets, blocks = stack_rows([shard for _, shard, *_ in items])
+        mb = SessionBatch(ids, attention, targets).to(self.device)
         mask = mb.attention_mask.float()
         self.policy.train(backward)
-        with torch.set_grad_enabled(backward), self.spans.span("forward", sess.step):
-            logprobs = tinker_logprobs(self.policy, mb) * mask
-            out = tinker_loss(loss_fn, logprobs, mb.inputs, mask, config)
-        if backward:
-            with self.spans.span("backward", sess.step):
-                (out.loss * self.world).backward()  # FSDP2 averages over ranks: sum them
-            self._take_grads(sess)
+        step = sessions[0].step
+        many = slots_.row_blocks(self.policy, self.slots, blocks.to(self.device))
+        with many if len(items) > 1 else nullcontext(), torch.set_grad_enabled(backward):
+            with self.spans.span("forward", step):
+                logprobs = tinker_logprobs(self.policy, mb) * mask
+                outs, start = [], 0
+                for (_, shard, loss_fn, _), config in zip(items, configs, strict=True):
+                    rows, width = slice(start, start + len(shard)), shard.input_ids.shape[1]
+                    inputs = {k: v.to(self.device) for k, v in shard.inputs.items()}
+                    lp, m = logprobs[rows, :width], mask[rows, :width]
+                    outs.append((lp, tinker_loss(loss_fn, lp, inputs, m, config)))
+                    start += len(shard)
+            if backward:
+                with self.spans.span("backward", step):
+                    total = sum(out.loss for _, out in outs)
+                    (total * self.world).backward()  # FSDP2 averages over ranks: sum them
+                for k, sess in enumerate(sessions):
+                    self._take_grads(sess, k)
+                for sl in self.slots:
+                    sl.param.grad = None
         self.policy.reshard()  # the root stays unsharded after a forward
-        return {
-            "logprobs": logprobs.detach().cpu(),
-            "elementwise_loss": out.elementwise.cpu(),
-            "metrics": out.metrics,
-        }
+        return [
+            {
+                "logprobs": lp.detach().cpu(),
+                "elementwise_loss": out.elementwise.cpu(),
+                "metrics": out.metrics,
+            }
+            for lp, out in outs
+        ]
 
-    def _take_grads(self, sess: Session) -> None:
-        """Move the slot's gradients (this rank's shard) into the session's buffers."""
+    def _check_items(
+        self, items: list[tuple[str, SessionBatch, str, dict]]
+    ) -> tuple[ValueError | None, list[dict]]:
+        """This rank's verdict on a forward_backward's items: (the error, or None; each
+        item's loss config with defaults)."""
+        limit = self.s.sessions.batch_sessions
+        sids = [sid for sid, *_ in items]
+        try:
+            if not 1 <= len(items) <= limit:
+                raise ValueError(
+                    f"sessions_forward_backward: {len(items)} sessions; 1 to "
+                    f"sessions.batch_sessions ({limit}) fit one forward"
+                )
+            if len(set(sids)) != len(sids):
+                raise ValueError(f"sessions_forward_backward: a session twice in {sids}")
+            configs = []
+            for _, shard, loss_fn, loss_config in items:
+                shard.check()
+                configs.append(check_loss(loss_fn, loss_config, {"target_tokens", *shard.inputs}))
+        except ValueError as e:  # every rank must learn of it, or the others would hang
+            return e, []
+        return None, configs
+
+    def _take_grads(self, sess: Session, block: int) -> None:
+        """Move the slot's gradients of `block` (this rank's shard) into the session's
+        buffers; the caller clears the slot's gradients after the last block."""
         for i, sl in enumerate(self.slots):
-            g, sl.param.grad = sl.param.grad, None
+            g = sl.param.grad
             if g is None or sess.params[i] is None:
                 continue
             local = g.to_local() if hasattr(g, "to_local") else g
-            rows, cols = sl.region(sess.rank)
-            part = local[rows, cols].float()
+            part = local[sl.region(sess.rank, block)].float()
             have = sess.grads[i]
             sess.grads[i] = part.clone() if have is None else have.add_(part)
         sess.pending += 1
