@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from ..algorithms.common import token_logprobs
-from ..algorithms.tinker import SessionBatch
+from ..algorithms.tinker import SessionBatch, check_loss
 from .logprobs import CHUNK_TOKENS, _head_returns_logprobs, _plain_head
 from .session_slot import ATTN, MLP
 
@@ -160,3 +160,27 @@ def stack_rows(
         blocks[start : start + n] = k
         start += n
     return ids, mask, targets, blocks
+
+
+def check_items(
+    items: list[tuple[str, SessionBatch, str, dict]], limit: int
+) -> tuple[ValueError | None, list[dict]]:
+    """This rank's verdict on a `sessions_forward_backward`'s items: (the error, or
+    None; each item's loss config with defaults). At most `limit` items, each session
+    once, each shard well formed and its loss served."""
+    sids = [sid for sid, *_ in items]
+    try:
+        if not 1 <= len(items) <= limit:
+            raise ValueError(
+                f"sessions_forward_backward: {len(items)} sessions; 1 to "
+                f"sessions.batch_sessions ({limit}) fit one forward"
+            )
+        if len(set(sids)) != len(sids):
+            raise ValueError(f"sessions_forward_backward: a session twice in {sids}")
+        configs = []
+        for _, shard, loss_fn, loss_config in items:
+            shard.check()
+            configs.append(check_loss(loss_fn, loss_config, {"target_tokens", *shard.inputs}))
+    except ValueError as e:  # every rank must learn of it, or the others would hang
+        return e, []
+    return None, configs

@@ -37,7 +37,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from ..algorithms.tinker import SessionBatch, check_loss, tinker_loss
+from ..algorithms.tinker import SessionBatch, tinker_loss
 from ..weightsync import Delivery, PushSource, WeightHandle, publish
 from . import adapters, session_files
 from . import session_slot as slots_
@@ -50,6 +50,7 @@ from .session_state import (
     UnknownSessionError,
     adam_params,
     adamw_update,
+    check_items,
     restore_adamw,
     session_targets,
     stack_rows,
@@ -190,7 +191,7 @@ class SessionVerbs:
             `sessions.batch_sessions`, or a session twice.
         """
         sessions = [self._session(sid) for sid, *_ in items]
-        refused, configs = self._check_items(items)
+        refused, configs = check_items(items, self.s.sessions.batch_sessions)
         self._agree("sessions_forward_backward", refused, [int(backward), len(items)])
         slots_.load_into_slot(self.slots, [(s.params, s.rank) for s in sessions])
         ids, attention, targets, blocks = stack_rows([shard for _, shard, *_ in items])
@@ -226,29 +227,6 @@ class SessionVerbs:
             }
             for lp, out in outs
         ]
-
-    def _check_items(
-        self, items: list[tuple[str, SessionBatch, str, dict]]
-    ) -> tuple[ValueError | None, list[dict]]:
-        """This rank's verdict on a forward_backward's items: (the error, or None; each
-        item's loss config with defaults)."""
-        limit = self.s.sessions.batch_sessions
-        sids = [sid for sid, *_ in items]
-        try:
-            if not 1 <= len(items) <= limit:
-                raise ValueError(
-                    f"sessions_forward_backward: {len(items)} sessions; 1 to "
-                    f"sessions.batch_sessions ({limit}) fit one forward"
-                )
-            if len(set(sids)) != len(sids):
-                raise ValueError(f"sessions_forward_backward: a session twice in {sids}")
-            configs = []
-            for _, shard, loss_fn, loss_config in items:
-                shard.check()
-                configs.append(check_loss(loss_fn, loss_config, {"target_tokens", *shard.inputs}))
-        except ValueError as e:  # every rank must learn of it, or the others would hang
-            return e, []
-        return None, configs
 
     def _take_grads(self, sess: Session, block: int) -> None:
         """Move the slot's gradients of `block` (this rank's shard) into the session's
@@ -364,26 +342,7 @@ class SessionVerbs:
                 f"{folder}: saved at rank {saved.rank} for {list(saved.targets)}; session "
                 f"{sid!r} is rank {sess.rank} for {list(sess.targets)}"
             )
-        r, params, state = sess.rank, [], []
-        for sl, mine in zip(self.slots, sess.params, strict=True):
-            if mine is None:
-                params.append(None)
-                state.append(None)
-                continue
-            params.append(
-                slots_.local_part(sl, session_files.need(saved.adapter, sl.peft_name, folder), r)
-            )
-            if saved.optimizer is not None:
-                got = {
-                    k: session_files.need(saved.optimizer, f"{sl.peft_name}.{k}", folder)
-                    for k in (*session_files.OPT_KEYS, "step")
-                }
-                state.append(
-                    {
-                        "step": got.pop("step").clone(),
-                        **{k: slots_.local_part(sl, v, r) for k, v in got.items()},
-                    }
-                )
+        params, state = session_files.parts(saved, self.slots, sess.params, sess.rank, folder)
         sess.params, sess.grads, sess.pending = params, [None] * len(params), 0
         sess.optimizer, sess.step = None, 0  # weights only: AdamW starts afresh
         if saved.optimizer is not None:
