@@ -176,6 +176,8 @@ def _memory(w: LearnerWorker, rank: int, world: int) -> dict:
     w.session_optim_step("m0", ADAM)
     out["after_step"] = w.session_memory("m0")
     out["others"] = [w.session_memory(f"m{i}") for i in range(1, 4)]
+    for sid in ["half", *(f"m{i}" for i in range(4))]:
+        w.close_session(sid)
     return out
 
 
@@ -207,6 +209,38 @@ def _filler_and_refusal(w: LearnerWorker, rank: int, world: int, folder: Path) -
     return out
 
 
+def _refusals(w: LearnerWorker, folder: Path) -> list[str]:
+    """The messages of verbs that must be refused (same on every rank, no collective
+    left half run)."""
+    from posttrain.learner.sessions import UnknownSessionError
+
+    calls = [
+        lambda: w.open_session("big", 5, 0, True, True),  # rank > max_rank 4
+        lambda: w.open_session("none", 2, 0, False, False),
+        lambda: w.session_optim_step("ghost", ADAM),
+        lambda: w.load_session("x", str(folder / "c_state"), optimizer=True),  # rank 2 != 3
+        lambda: w.session_optim_step("x", {"learning_rate": 1e-3}),
+    ]
+    w.open_session("x", 2, 0, True, True)
+    out = []
+    for call in calls:
+        try:
+            call()
+            out.append("accepted")
+        except (ValueError, UnknownSessionError) as e:
+            out.append(f"{type(e).__name__}: {e}")
+    for i in range(7):  # max_sessions 8, x is open
+        w.open_session(f"fill{i}", 1, 0, True, True)
+    try:
+        w.open_session("one_too_many", 1, 0, True, True)
+        out.append("accepted")
+    except ValueError as e:
+        out.append(str(e))
+    for sid in ["x", *(f"fill{i}" for i in range(7))]:
+        w.close_session(sid)
+    return out
+
+
 def _rank_main(rank, world, model_path, folder, port, queue):
     folder = Path(folder)
     w = _worker(rank, world, str(model_path), str(folder / f"push_w{world}"))
@@ -217,6 +251,7 @@ def _rank_main(rank, world, model_path, folder, port, queue):
         "publish": _publish_and_parity(w, rank, world, folder / f"w{world}"),
         "memory": _memory(w, rank, world),
         "filler": _filler_and_refusal(w, rank, world, folder / f"w{world}"),
+        "refusals": _refusals(w, folder / f"w{world}"),
     }
     if rank == 0:
         buf = io.BytesIO()
@@ -368,3 +403,14 @@ def test_a_shard_refused_on_one_rank_is_refused_on_every_rank(run):
         assert "inputs.weights: holds NaN" in msg
     else:
         assert "another learner rank refused its shard" in msg
+
+
+def test_bad_verbs_are_refused_naming_what_to_fix(run):
+    _, _, r = run
+    big, none, ghost, mismatch, adam, full = r["refusals"]
+    assert "LoRA rank 5 outside [1, sessions.max_rank 4]" in big
+    assert "train_attn and train_mlp are both off" in none
+    assert ghost.startswith("UnknownSessionError") and "'ghost' is not open" in ghost
+    assert "saved at rank 3" in mismatch and "'x' is rank 2" in mismatch
+    assert "adam lacks ['beta1'" in adam
+    assert "sessions.max_sessions is 8" in full
