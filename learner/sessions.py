@@ -194,6 +194,8 @@ class SessionVerbs:
         refused, configs = check_items(items, self.s.sessions.batch_sessions)
         self._agree("sessions_forward_backward", refused, [int(backward), len(items)])
         slots_.load_into_slot(self.slots, [(s.params, s.rank) for s in sessions])
+        for sl in self.slots:  # a call that failed midway must not leak its gradients
+            sl.param.grad = None
         ids, attention, targets, blocks = stack_rows([shard for _, shard, *_ in items])
         mb = SessionBatch(ids, attention, targets).to(self.device)
         mask = mb.attention_mask.float()

@@ -25,10 +25,11 @@ def _pair(w: LearnerWorker, suffix: str) -> None:
     w.open_session("b" + suffix, 4, 2, True, False)
 
 
-def _rank_main(rank, world, model_path, folder, port, queue):
+def _rank_main(rank, world, model_path, folder, checkpointing, port, queue):
     settings = LearnerSettings(
         model_path=str(model_path),
         compute_dtype="float32",
+        gradient_checkpointing=checkpointing,
         transport=TransportSettings(type="filesystem", directory=f"{folder}/push"),
         sessions=SessionSettings(max_rank=4, max_sessions=8, batch_sessions=2),
     )
@@ -67,10 +68,11 @@ def _rank_main(rank, world, model_path, folder, port, queue):
     w.close()
 
 
-@pytest.fixture(scope="module")
-def run(tiny_model, tmp_path_factory):
+@pytest.fixture(scope="module", params=[False, True], ids=["plain", "checkpointing"])
+def run(request, tiny_model, tmp_path_factory):
+    """Also under gradient checkpointing: the recomputed forward must see the masks."""
     folder = tmp_path_factory.mktemp("batched")
-    return folder, run_ranks(_rank_main, 2, tiny_model, str(folder))
+    return folder, run_ranks(_rank_main, 2, tiny_model, str(folder), request.param)
 
 
 def test_sessions_in_one_forward_equal_each_alone(run):
