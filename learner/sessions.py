@@ -3,14 +3,16 @@ train, save, load, publish and close a session (`SessionVerbs`, a mixin of
 `LearnerWorker`, used when `LearnerSettings.sessions` is set).
 
 Structure: `setup` loads the policy once, sharded by FSDP2 as a recipe's is, with one
-LoRA adapter slot of rank `sessions.max_rank` (learner/session_slot.py; no reference,
-critic or recipe optimizer). Each session is THIS rank's region of the slot: its
-adapter tensors, its gradient buffers and its own AdamW (created at its first
-`session_optim_step`), all plain local tensors at the session's true rank. A verb on a
-session writes its adapter into the slot (zeros elsewhere), runs, and takes the
-slot's gradients into the session's buffers, so sessions never mix: another session's
-`session_forward_backward` between two of this one's does not touch its gradients,
-and each session's result is bit for bit what it would be alone.
+LoRA adapter slot of `sessions.batch_sessions` blocks of `sessions.max_rank` ranks
+(learner/session_slot.py; no reference, critic or recipe optimizer). Each session is
+THIS rank's part of its adapter tensors, its gradient buffers and its own AdamW (created
+at its first `session_optim_step`), all plain local tensors at the session's true rank.
+A verb writes its sessions into slot blocks (zeros elsewhere), runs, and takes each
+block's gradients into its session's buffers, so sessions never mix: another session's
+`session_forward_backward` between two of this one's does not touch its gradients, and
+each session's result is bit for bit what it would be alone. `sessions_forward_backward`
+runs several sessions in one forward (each row masked to its session's block), equal to
+each alone to float32 rounding.
 
 Losses: `algorithms.tinker` (Tinker's, summed over tokens); the gradient of the loss
 summed over every rank's rows accumulates until `session_optim_step`.
@@ -21,9 +23,8 @@ ValueError on every rank). `session_forward_backward` takes at least one row per
 ranks may hold different numbers of rows and columns. A rank with no datum gets a
 filler row (attention_mask all 0): its loss and gradient are exactly 0.
 
-Limits: one forward per `session_forward_backward` (no micro-batches: the caller sizes
-the shard); LoRA only (no full fine-tuning session); `save_session` folders must be
-visible to every rank.
+Limits: one forward per call (no micro-batches: the caller sizes the shards); LoRA only
+(no full fine-tuning session); `save_session` folders must be visible to every rank.
 """
 
 from __future__ import annotations
