@@ -146,6 +146,21 @@ class SessionVerbs:
         """This rank's bytes of the session (`Session.memory`)."""
         return self._session(sid).memory()
 
+    def list_sessions(self) -> dict[str, dict]:
+        """Every open session: `rank`, `targets`, `step` (AdamW updates), `pending`
+        (forward_backward calls waiting for an optim step) and this rank's bytes (for a
+        status route; no communication)."""
+        return {
+            sid: {
+                "rank": s.rank,
+                "targets": list(s.targets),
+                "step": s.step,
+                "pending": s.pending,
+                **s.memory(),
+            }
+            for sid, s in self.sessions.items()
+        }
+
     def _agree(self, verb: str, refused: ValueError | None, values: list[int]) -> None:
         """One all-reduce: raise on every rank when any rank `refused` its input (that
         error where it happened) or `values` differ between ranks."""

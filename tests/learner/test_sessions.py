@@ -15,6 +15,7 @@ import torch
 
 from posttrain.algorithms.common import token_logprobs
 from posttrain.algorithms.tinker import SessionBatch
+from posttrain.learner.adapters import DEFAULT_TARGETS
 from posttrain.learner.settings import SessionSettings
 from posttrain.learner.worker import LearnerSettings, LearnerWorker
 from posttrain.weightsync import Delivery, TransportSettings
@@ -176,6 +177,7 @@ def _memory(w: LearnerWorker, rank: int, world: int) -> dict:
     w.session_optim_step("m0", ADAM)
     out["after_step"] = w.session_memory("m0")
     out["others"] = [w.session_memory(f"m{i}") for i in range(1, 4)]
+    out["listed"] = w.list_sessions()
     for sid in ["half", *(f"m{i}" for i in range(4))]:
         w.close_session(sid)
     return out
@@ -376,6 +378,11 @@ def test_each_session_costs_its_own_tensors_at_its_rank(run, tiny_model):
         "optimizer_bytes": 2 * adapter + 4 * tensors,
     }
     assert m["others"] == [m["open"][1]] * 3  # untouched by m0's training
+    listed = m["listed"]
+    assert sorted(listed) == ["half", "m0", "m1", "m2", "m3"]
+    assert listed["m0"] == {"rank": 4, "targets": list(DEFAULT_TARGETS), "step": 1, "pending": 0,
+                            **m["after_step"]}  # fmt: skip
+    assert listed["half"]["rank"] == 2 and listed["half"]["step"] == 0
 
 
 def test_gradient_is_the_summed_loss_and_a_filler_row_adds_nothing(run, tiny_model):
