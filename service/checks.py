@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from ..algorithms.tinker import check_loss
+from .losses import check_loss
 from .errors import UserError, check
 from .wire import WireDatum
 

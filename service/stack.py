@@ -206,7 +206,7 @@ class Stack:
         split over the learner ranks (padded with empty rows to a multiple of the ranks)."""
         import ray
 
-        from ..learner.sessions import SessionBatch
+        from ..algorithms.tinker import SessionBatch
 
         batch = pad_data(data)
         rows = len(data)
