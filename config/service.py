@@ -49,6 +49,13 @@ class SessionsConfig(Strict):
     micro_batch_size: int = Field(
         8, gt=0, description="Rows per forward/backward on each learner rank."
     )
+    idle_timeout_s: float = Field(
+        120.0,
+        gt=0,
+        description="A session not heard from (requests or the SDK's heartbeats) for this "
+        "long has its waiting requests cancelled, so a dead client does not keep the "
+        "roles busy; its models and saved states stay.",
+    )
     save_every_s: float = Field(
         0.0,
         ge=0,

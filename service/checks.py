@@ -7,8 +7,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from .losses import check_loss
 from .errors import UserError, check
+from .losses import check_loss
 from .wire import WireDatum
 
 # The SDK's AdamParams and their defaults (tinker 0.38.0 `types.AdamParams`).

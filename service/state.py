@@ -63,7 +63,13 @@ class ServiceState:
         if cfg.sessions.save_every_s > 0:
             st._saver = threading.Thread(target=st._save_on_cadence, daemon=True)
             st._saver.start()
+        threading.Thread(target=st._reap_on_cadence, daemon=True).start()
         return st
+
+    def _reap_on_cadence(self) -> None:
+        while True:
+            time.sleep(min(10.0, self.cfg.sessions.idle_timeout_s))
+            self.reap_idle()
 
     def stop(self) -> None:
         self.scheduler.shutdown()
@@ -97,7 +103,20 @@ class ServiceState:
     def model(self, mid: Any) -> ModelRecord:
         if mid not in self.registry.models:
             raise UserError("model_id", f"{mid!r} is not a live training model", 404)
-        return self.registry.models[mid]
+        rec = self.registry.models[mid]
+        self.last_seen[rec.session_id] = time.time()
+        return rec
+
+    def reap_idle(self, now: float | None = None) -> int:
+        """Cancel the waiting requests of sessions silent for `sessions.idle_timeout_s`
+        (a dead client); returns how many were cancelled."""
+        now = time.time() if now is None else now
+        limit = self.cfg.sessions.idle_timeout_s
+        dropped = 0
+        for sid, mids in list(self.registry.sessions.items()):
+            if now - self.last_seen.get(sid, now) > limit:
+                dropped += sum(self.scheduler.drop(m) for m in mids)
+        return dropped
 
     def sampler(self, key: Any) -> SamplerRecord:
         if key not in self.registry.samplers:

@@ -81,3 +81,23 @@ def test_request_ids_of_an_earlier_process_are_recognised() -> None:
     assert b.from_earlier_process(rid) and not a.from_earlier_process(rid)
     a.shutdown()
     b.shutdown()
+
+
+def test_a_silent_session_loses_its_waiting_requests(tmp_path) -> None:  # noqa: ANN001
+    """Issue 47: a dead client's queued requests kept the worker busy."""
+    from posttrain.config.service import ServiceConfig
+    from posttrain.service.registry import ModelRecord, Registry
+    from posttrain.service.state import ServiceState
+
+    reg = Registry(tmp_path)
+    reg.sessions = {"s1": ["m1"], "s2": ["m2"]}
+    reg.models = {m: ModelRecord(m, s, "b", 2) for s, m in (("s1", "m1"), ("s2", "m2"))}
+    st = ServiceState("tml-x", tmp_path, ServiceConfig(), None, reg)
+    gate = threading.Event()
+    st.scheduler.submit("learner", "busy", lambda: gate.wait(5))
+    rids = [st.scheduler.submit("learner", m, lambda: 1) for m in ("m1", "m1", "m2")]
+    st.last_seen = {"s1": 0.0, "s2": 1000.0}
+    assert st.reap_idle(now=1000.0 + 60) == 2  # s1 silent 1060 s, s2 60 s (limit 120)
+    gate.set()
+    assert [asyncio.run(st.scheduler.retrieve(r, 5))[1] for r in rids][2] == 1
+    st.scheduler.shutdown()
