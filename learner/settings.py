@@ -8,7 +8,7 @@ from typing import Any, Literal
 
 from ..algorithms.grpo import GRPOLoss
 from ..weightsync import TransportSettings
-from .adapters import AdapterSettings
+from .adapters import DEFAULT_TARGETS, AdapterSettings
 
 
 def lr_factor(step: int, warmup_steps: int) -> float:
@@ -29,6 +29,22 @@ class CriticSettings:
 
     path: str | None = None
     lr: float = 1e-5
+
+
+@dataclass(frozen=True)
+class SessionSettings:
+    """Many LoRA sessions on one base (`posttrain serve`; learner/sessions.py).
+
+    Attributes:
+        max_rank: rank of the one adapter slot; a session's rank is at most this.
+        target_modules: the linear layers the slot covers (a session trains all of them,
+            or only the attention or MLP ones).
+        max_sessions: how many sessions may be open at once on the learner.
+    """
+
+    max_rank: int = 32
+    target_modules: tuple[str, ...] = DEFAULT_TARGETS
+    max_sessions: int = 8
 
 
 @dataclass(frozen=True)
@@ -66,6 +82,9 @@ class LearnerSettings:
         gradient_checkpointing: recompute activations in backward (`train.`).
         compile: `torch.compile` the policy's and reference's decoder layers
             (`train.compile`).
+        sessions: host LoRA sessions (learner/sessions.py) instead of training one
+            policy: `adapter`, `algorithm`, `loss`, the reference, the critic and the
+            recipe's optimizer are then unused; None: a recipe's learner.
     """
 
     model_path: str
@@ -91,3 +110,4 @@ class LearnerSettings:
     device: str = "cpu"
     gradient_checkpointing: bool = False
     compile: bool = False
+    sessions: SessionSettings | None = None

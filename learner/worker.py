@@ -3,7 +3,8 @@ CPU process). It does not know which algorithm runs: the loss is chosen at setup
 (`settings.algorithm`, see `posttrain.algorithms`) and `train_step` is one skeleton.
 
 Verbs (10): `rendezvous`, `setup`, `compute`, `train_step`, `publish_weights`,
-`join_push_group`, `save_checkpoint`, `free_reference`, `drain_spans`, `close`.
+`join_push_group`, `save_checkpoint`, `free_reference`, `drain_spans`, `close`; plus the
+session verbs of learner/sessions.py (`settings.sessions`).
 
 Models (learner/models.py): the policy (float32 master weights, compute dtype by
 FSDP2 mixed precision), optionally a frozen reference and a critic, all sharded by
@@ -51,6 +52,7 @@ from .micro_batches import plan_rows, trim_right_padding
 from .models import DTYPES, critic_values, load_sharded, reward_scores
 from .optimizer import guarded_step
 from .push import full_state_dict, push_source, untied_state
+from .sessions import SessionVerbs
 from .settings import CriticSettings, LearnerSettings, lr_factor
 from .shm_gather import ShmGather
 
@@ -59,9 +61,10 @@ __all__ = ["CriticSettings", "LearnerSettings", "LearnerWorker"]
 Computed = Literal["old_logprobs", "ref_logprobs", "values", "scores"]
 
 
-class LearnerWorker:
+class LearnerWorker(SessionVerbs):
     """One FSDP2 rank holding a shard of the policy, its optimizer and, when asked, a
-    frozen reference and a critic."""
+    frozen reference and a critic; or, with `settings.sessions`, many LoRA sessions on
+    one base (learner/sessions.py)."""
 
     def __init__(self, rank: int, world_size: int, settings: LearnerSettings, threads: int):
         set_torch_threads(threads)
@@ -108,6 +111,10 @@ class LearnerWorker:
             backend_for(s.device), init_method=init, rank=self.rank, world_size=self.world
         )
         torch.manual_seed(s.seed)
+        if s.sessions is not None:  # many LoRA sessions on one base (learner/sessions.py)
+            report = self._setup_sessions()
+            self.transport = make_transport(s.transport, rank=0 if self.rank == 0 else None)
+            return report
         if s.adapter.enabled:
             adapters.check_targets(s.model_path, s.adapter.target_modules)
         kind = self.device.type

@@ -1,120 +1,19 @@
-"""The losses `forward_backward` serves, by the names the Tinker SDK sends, over its
-datum layout: per datum, `[N]` arrays `target_tokens` (int64), `weights`, `logprobs`
-(the sampler's) and `advantages` (float32), position t scoring `target_tokens[t]` after
-`model_input[: t + 1]`.
-
-Every loss is a sum over tokens (Tinker's convention: the caller chooses the
-normalisation through `weights` or `advantages`), built on posttrain's own loss terms in
-`algorithms/`:
-
-- `cross_entropy`: −Σ weights_t · logp_t.
-- `importance_sampling`: −Σ r_t · A_t, r_t = exp(logp_t − logprobs_t) (REINFORCE with
-  an off-policy correction; the ratio is not clipped).
-- `ppo`: Σ of `common.clipped_policy_loss` (PPO, Schulman et al. 2017, eq. 7) with the
-  ratio clipped to [clip_low_threshold, clip_high_threshold] (default 0.8, 1.2).
-- `cispo`: Σ of `policy_losses.cispo` (MiniMax-M1 2025, eqs. 4-5), same thresholds.
-- `gspo`: Σ over sequences of `policy_losses.gspo` (Zheng et al. 2025): one clipped
-  sequence ratio per datum, the geometric mean of the token ratios over
-  `sequence_ratio_mask` (default: the positions with a nonzero advantage, i.e. the
-  sampled tokens), thresholds default 1 − 3e-4 / 1 + 4e-4 (GSPO's paper values).
-
-Not served: `dro`, `stable_reinforce` (the cookbook's default; its server-side
-stability records have no public definition) and `custom`; asking for one is a 400.
-"""
+"""The served losses: the math lives in `algorithms/tinker.py` (both the service and the
+learner import it); here only its errors become the service's `UserError` (a 400 naming
+the field)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-import torch
-
-from ..algorithms.common import clipped_policy_loss
-from ..algorithms.policy_losses import cispo, gspo
+from ..algorithms import tinker
+from ..algorithms.tinker import LOSSES, OPTIONAL_INPUTS, RL_INPUTS, LossResult, tinker_loss
 from .errors import UserError
 
-# name → (required inputs, config keys with their defaults)
-RL_INPUTS = ("target_tokens", "logprobs", "advantages")
-LOSSES: dict[str, tuple[tuple[str, ...], dict[str, float]]] = {
-    "cross_entropy": (("target_tokens",), {}),
-    "importance_sampling": (RL_INPUTS, {}),
-    "ppo": (RL_INPUTS, {"clip_low_threshold": 0.8, "clip_high_threshold": 1.2}),
-    "cispo": (RL_INPUTS, {"clip_low_threshold": 0.8, "clip_high_threshold": 1.2}),
-    "gspo": (RL_INPUTS, {"clip_low_threshold": 1 - 3e-4, "clip_high_threshold": 1 + 4e-4}),
-}
-OPTIONAL_INPUTS = {"weights", "sequence_ratio_mask"}  # the second: gspo's only
+__all__ = ["LOSSES", "OPTIONAL_INPUTS", "RL_INPUTS", "LossResult", "check_loss", "tinker_loss"]
 
 
 def check_loss(name: str, config: dict[str, float], input_names: set[str]) -> dict[str, float]:
-    """Validate a loss name, its config and its datum's input names; return the config
-    with defaults filled. Raises `UserError` naming the field."""
-    if name not in LOSSES:
-        raise UserError(
-            "loss_fn", f"{name!r} is not served; choose one of {', '.join(sorted(LOSSES))}"
-        )
-    needed, defaults = LOSSES[name]
-    unknown = set(config) - set(defaults)
-    if unknown:
-        raise UserError(
-            f"loss_fn_config.{sorted(unknown)[0]}",
-            f"{name} takes {sorted(defaults) or 'no config'}",
-        )
-    missing = [k for k in needed if k not in input_names]
-    if missing:
-        raise UserError(f"loss_fn_inputs.{missing[0]}", f"{name} needs {list(needed)}")
-    optional = OPTIONAL_INPUTS if name == "gspo" else OPTIONAL_INPUTS - {"sequence_ratio_mask"}
-    extra = input_names - set(needed) - optional
-    if extra:
-        raise UserError(f"loss_fn_inputs.{sorted(extra)[0]}", f"{name} takes {list(needed)}")
-    full = {**defaults, **config}
-    for k, v in full.items():
-        if not torch.isfinite(torch.tensor(v)):
-            raise UserError(f"loss_fn_config.{k}", f"must be finite, got {v}")
-    return full
-
-
-@dataclass
-class LossResult:
-    """`loss`: the scalar to backpropagate; `elementwise`: `[B, T]` per-token terms
-    (zero on padding); `metrics`: per-batch sums the SDK adds across chunks."""
-
-    loss: torch.Tensor
-    elementwise: torch.Tensor
-    metrics: dict[str, float]
-
-
-def tinker_loss(
-    name: str,
-    logprobs: torch.Tensor,
-    inputs: dict[str, torch.Tensor],
-    mask: torch.Tensor,
-    config: dict[str, float],
-) -> LossResult:
-    """One of `LOSSES` over a padded batch.
-
-    Args:
-        name: a key of `LOSSES` (checked by `check_loss`).
-        logprobs: `[B, T]` the policy's logprobs of `target_tokens` (carry gradients).
-        inputs: `[B, T]` float tensors by input name (padding zero).
-        mask: `[B, T]` 1.0 on each datum's real positions.
-        config: the loss's config with defaults (`check_loss`).
-    """
-    if name == "cross_entropy":
-        w = inputs.get("weights", torch.ones_like(logprobs)) * mask
-        per = -w * logprobs
-        return LossResult(per.sum(), per.detach(), {"loss:sum": float(per.detach().sum())})
-    old, adv = inputs["logprobs"], inputs["advantages"]
-    if name == "importance_sampling":
-        ratio = torch.exp((logprobs - old).clamp(-20.0, 20.0))
-        per = -ratio * adv * mask
-    elif name == "ppo":
-        lo, hi = 1.0 - config["clip_low_threshold"], config["clip_high_threshold"] - 1.0
-        per = clipped_policy_loss(logprobs, old, adv, lo, hi).loss * mask
-    elif name == "cispo":
-        lo, hi = 1.0 - config["clip_low_threshold"], config["clip_high_threshold"] - 1.0
-        per = cispo(logprobs, old, adv, mask, lo, hi).loss * mask
-    else:  # gspo: one loss per sequence, spread evenly over its ratio's tokens
-        lo, hi = 1.0 - config["clip_low_threshold"], config["clip_high_threshold"] - 1.0
-        ratio_mask = inputs.get("sequence_ratio_mask", (adv != 0).float()) * mask
-        seq = gspo(logprobs, old, adv, ratio_mask, lo, hi).loss * ratio_mask
-        per = seq / ratio_mask.sum(-1, keepdim=True).clamp(min=1.0)
-    return LossResult(per.sum(), per.detach(), {"loss:sum": float(per.detach().sum())})
+    """`algorithms.tinker.check_loss`, raising `UserError` naming the field."""
+    try:
+        return tinker.check_loss(name, config, input_names)
+    except tinker.LossSpecError as e:
+        raise UserError(e.field, e.message) from e

@@ -1,0 +1,349 @@
+"""Many LoRA sessions on one base model (`posttrain serve`): the learner verbs that open,
+train, save, load, publish and close a session (`SessionVerbs`, a mixin of
+`LearnerWorker`, used when `LearnerSettings.sessions` is set).
+
+Structure: `setup` loads the policy once, sharded by FSDP2 as a recipe's is, with one
+LoRA adapter slot of rank `sessions.max_rank` (learner/session_slot.py; no reference,
+critic or recipe optimizer). Each session is THIS rank's region of the slot: its
+adapter tensors, its gradient buffers and its own AdamW (created at its first
+`session_optim_step`), all plain local tensors at the session's true rank. A verb on a
+session writes its adapter into the slot (zeros elsewhere), runs, and takes the
+slot's gradients into the session's buffers, so sessions never mix: another session's
+`session_forward_backward` between two of this one's does not touch its gradients,
+and each session's result is bit for bit what it would be alone.
+
+Losses: `algorithms.tinker` (Tinker's, summed over tokens); the gradient of the loss
+summed over every rank's rows accumulates until `session_optim_step`.
+
+Concurrency: every verb is collective: all ranks call it at once, in the same order,
+with the same session and flags; `session_forward_backward` needs the same number of
+rows on every rank (pad with all-zero-mask rows), else every rank raises ValueError.
+
+Limits: one forward per `session_forward_backward` (no micro-batches: the caller sizes
+the shard); LoRA only (no full fine-tuning session); `save_session` folders must be
+visible to every rank.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from ..algorithms.tinker import SessionBatch, check_loss, tinker_loss
+from ..weightsync import Delivery, PushSource, WeightHandle, publish
+from . import adapters, session_files
+from . import session_slot as slots_
+from .adapters import AdapterSettings
+from .distributed import cuda_memory
+from .models import DTYPES, load_sharded
+from .session_slot import SlotParam
+from .session_state import (
+    Session,
+    UnknownSessionError,
+    adam_params,
+    adamw_update,
+    restore_adamw,
+    session_targets,
+    tinker_logprobs,
+)
+
+__all__ = ["SessionVerbs", "UnknownSessionError"]
+
+
+class SessionVerbs:
+    """The session verbs of `LearnerWorker` (module docstring). Uses the worker's `s`,
+    `rank`, `world`, `device`, `spans` and `transport`."""
+
+    def _setup_sessions(self) -> dict[str, int]:
+        """Load the policy with the session slot (collective); the memory report."""
+        s, ss = self.s, self.s.sessions
+        if ss.max_rank < 1 or ss.max_sessions < 1:
+            raise ValueError(
+                f"sessions: max_rank {ss.max_rank}, max_sessions "
+                f"{ss.max_sessions}; both must be ≥ 1"
+            )
+        adapters.check_targets(s.model_path, ss.target_modules)
+        slot = AdapterSettings(
+            type="lora", r=ss.max_rank, alpha=float(ss.max_rank), target_modules=ss.target_modules
+        )
+        self.policy = load_sharded(
+            s.model_path,
+            self.world,
+            s.compute_dtype,
+            "policy",
+            slot,
+            checkpointing=s.gradient_checkpointing,
+            device_type=self.device.type,
+            compile_layers=s.compile,
+        )
+        self.slots: list[SlotParam] = slots_.slot_params(self.policy, self.rank, self.world)
+        self.sessions: dict[str, Session] = {}
+        return {**adapters.memory_report(self.policy, None), **cuda_memory(self.device)}
+
+    def _session(self, sid: str) -> Session:
+        if sid not in self.sessions:
+            raise UnknownSessionError(
+                f"session {sid!r} is not open on this learner (open: {sorted(self.sessions)})"
+            )
+        return self.sessions[sid]
+
+    def open_session(
+        self, sid: str, rank: int, seed: int, train_attn: bool = True, train_mlp: bool = True
+    ) -> dict[str, int]:
+        """A fresh session: peft's initial adapter (A kaiming-uniform drawn from `seed`,
+        B zeros) at LoRA rank `rank`; AdamW comes at its first optim step. Returns
+        `Session.memory()` (this rank's bytes). Collective only in agreement: no
+        communication.
+
+        Raises:
+            ValueError: `sid` already open, `sessions.max_sessions` reached, `rank`
+                outside [1, sessions.max_rank], or no layer left to train.
+        """
+        ss = self.s.sessions
+        if sid in self.sessions:
+            raise ValueError(f"session {sid!r} is already open on this learner")
+        if len(self.sessions) >= ss.max_sessions:
+            raise ValueError(
+                f"session {sid!r}: {len(self.sessions)} sessions open, sessions.max_sessions "
+                f"is {ss.max_sessions}; close one or raise sessions.max_sessions"
+            )
+        if not 1 <= rank <= ss.max_rank:
+            raise ValueError(
+                f"session {sid!r}: LoRA rank {rank} outside [1, sessions.max_rank "
+                f"{ss.max_rank}]; raise sessions.max_rank"
+            )
+        targets = session_targets(ss.target_modules, train_attn, train_mlp)
+        if not targets:
+            raise ValueError(f"session {sid!r}: train_attn and train_mlp are both off")
+        gen = torch.Generator().manual_seed(seed)
+        params = [
+            slots_.init_region(sl, rank, gen) if sl.module in targets else None for sl in self.slots
+        ]
+        sess = Session(sid, rank, targets, params, [None] * len(params))
+        self.sessions[sid] = sess
+        return sess.memory()
+
+    def close_session(self, sid: str) -> None:
+        """Drop a session and its tensors (no communication)."""
+        self.sessions.pop(sid, None)
+
+    def session_memory(self, sid: str) -> dict[str, int]:
+        """This rank's bytes of the session (`Session.memory`)."""
+        return self._session(sid).memory()
+
+    def _same_on_every_rank(self, what: str, values: list[int]) -> None:
+        """Raise ValueError on every rank when `values` differ between ranks."""
+        t = torch.tensor([*values, *(-v for v in values)], dtype=torch.float64)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        n = len(values)
+        if (t[:n] != -t[n:]).any():
+            raise ValueError(f"{what}: ranks disagree ({values} here); pad every shard alike")
+
+    def session_forward_backward(
+        self, sid: str, shard: SessionBatch, loss_fn: str, loss_config: dict, backward: bool
+    ) -> dict:
+        """Logprobs and Tinker's loss `loss_fn` on this rank's rows under session `sid`;
+        with `backward`, the gradient of the loss summed over every rank's rows adds to
+        the session's buffers. Collective.
+
+        Returns:
+            `logprobs` `[B, T]` float32 (0 off the mask), `elementwise_loss` `[B, T]`,
+            `metrics` (`loss:sum` over this rank's rows), on CPU.
+
+        Raises:
+            UnknownSessionError; LossSpecError (a ValueError) for the loss; ValueError
+            for a malformed shard or ranks with different row counts.
+        """
+        sess = self._session(sid)
+        shard.check()
+        config = check_loss(loss_fn, loss_config, {"target_tokens", *shard.inputs})
+        self._same_on_every_rank("session_forward_backward rows", [len(shard), int(backward)])
+        slots_.load_into_slot(self.slots, sess.params, sess.rank)
+        mb = shard.to(self.device)
+        mask = mb.attention_mask.float()
+        self.policy.train(backward)
+        with torch.set_grad_enabled(backward), self.spans.span("forward", sess.step):
+            logprobs = tinker_logprobs(self.policy, mb) * mask
+            out = tinker_loss(loss_fn, logprobs, mb.inputs, mask, config)
+        if backward:
+            with self.spans.span("backward", sess.step):
+                (out.loss * self.world).backward()  # FSDP2 averages over ranks: sum them
+            self._take_grads(sess)
+        self.policy.reshard()  # the root stays unsharded after a forward
+        return {
+            "logprobs": logprobs.detach().cpu(),
+            "elementwise_loss": out.elementwise.cpu(),
+            "metrics": out.metrics,
+        }
+
+    def _take_grads(self, sess: Session) -> None:
+        """Move the slot's gradients (this rank's shard) into the session's buffers."""
+        for i, sl in enumerate(self.slots):
+            g, sl.param.grad = sl.param.grad, None
+            if g is None or sess.params[i] is None:
+                continue
+            local = g.to_local() if hasattr(g, "to_local") else g
+            rows, cols = sl.region(sess.rank)
+            part = local[rows, cols].float()
+            have = sess.grads[i]
+            sess.grads[i] = part.clone() if have is None else have.add_(part)
+        sess.pending += 1
+
+    def session_optim_step(self, sid: str, adam: dict) -> dict[str, float | int | bool]:
+        """AdamW (decoupled weight decay) on the session's accumulated gradients, then
+        clear them. `adam`: `learning_rate`, `beta1`, `beta2`, `eps`, `weight_decay`,
+        `grad_clip_norm` (0: no clipping; else scale by min(1, clip / (norm + 1e-6)) as
+        `torch.nn.utils.clip_grad_norm_`). A non-finite grad norm skips the update.
+        Collective (the norm is global).
+
+        Returns:
+            `grad_norm` (global, before clipping), `step` (AdamW updates applied to
+            this session), `skipped` (True: not applied).
+        """
+        sess = self._session(sid)
+        hp = adam_params(adam)
+        pairs = [(p, g) for p, g in zip(sess.params, sess.grads, strict=True) if g is not None]
+        sq = torch.zeros((), dtype=torch.float64, device=self.device)
+        for _, g in pairs:
+            sq += g.double().pow(2).sum()
+        dist.all_reduce(sq)
+        norm = math.sqrt(sq.item())
+        applied = math.isfinite(norm)
+        with self.spans.span("optimizer", sess.step):
+            if applied:
+                adamw_update(sess, pairs, hp, norm)
+        sess.grads = [None] * len(sess.grads)
+        sess.pending = 0
+        return {"grad_norm": norm, "step": sess.step, "skipped": not applied}
+
+    # -- whole tensors: checksum, save, load, publish ---------------------------------
+    def _wholes(self, sess: Session, parts: list[torch.Tensor | None]) -> dict[str, torch.Tensor]:
+        """Whole rank-r tensors by PEFT name from per-slot regions (collective)."""
+        return {
+            sl.peft_name: slots_.full(sl, part, sess.rank)
+            for sl, part, mine in zip(self.slots, parts, sess.params, strict=True)
+            if mine is not None
+        }
+
+    def session_checksum(self, sid: str) -> str:
+        """sha256 (hex) of the session's whole adapter tensors, float32, in slot order;
+        equal on every rank. Collective."""
+        h = hashlib.sha256()
+        for t in self._wholes(self._session(sid), self._session(sid).params).values():
+            h.update(t.numpy().tobytes())
+        return h.hexdigest()
+
+    def _moments(self, sess: Session) -> dict[str, torch.Tensor]:
+        """AdamW's state as whole tensors by `NAME.key` (collective)."""
+        out: dict[str, torch.Tensor] = {}
+        state = sess.optimizer.state if sess.optimizer is not None else {}
+        for key in session_files.OPT_KEYS:
+            parts = []
+            for p in sess.params:
+                if p is None:
+                    parts.append(None)
+                else:  # no state yet (no step taken): zeros, as AdamW would start
+                    parts.append(state[p][key] if p in state else torch.zeros_like(p))
+            out.update({f"{k}.{key}": v for k, v in self._wholes(sess, parts).items()})
+        for sl, p in zip(self.slots, sess.params, strict=True):
+            if p is not None:
+                step = state[p]["step"] if p in state else torch.tensor(0.0)
+                out[f"{sl.peft_name}.step"] = step.detach().cpu().float().reshape(())
+        return out
+
+    def save_session(self, sid: str, path: str, optimizer: bool) -> str | None:
+        """Save the session into folder `path` (learner/session_files.py): adapter in
+        PEFT format and, with `optimizer`, AdamW's moments and step. Collective; rank 0
+        writes and returns `path`, the others None, once the folder is complete."""
+        sess = self._session(sid)
+        with self.spans.span("checkpoint", sess.step):
+            adapter = self._wholes(sess, sess.params)
+            opt = self._moments(sess) if optimizer else None
+            if self.rank == 0:
+                session_files.save(
+                    Path(path),
+                    adapter,
+                    opt,
+                    sess.rank,
+                    sess.targets,
+                    sess.step,
+                    self.s.model_path,
+                )
+            dist.barrier()  # every rank may read the folder once this returns
+        return path if self.rank == 0 else None
+
+    def load_session(self, sid: str, path: str, optimizer: bool) -> dict[str, int]:
+        """Replace session `sid`'s adapter by the one saved in `path` and clear its
+        gradients; with `optimizer` its AdamW moments and step come too, without it
+        AdamW starts afresh (moments zero, step 0). Returns {`step`}. Every rank reads.
+
+        Raises:
+            UnknownSessionError; FileNotFoundError: no saved session at `path`;
+            ValueError: saved at another rank or for other layers, or without the
+                optimizer state `optimizer` asks for.
+        """
+        sess = self._session(sid)
+        folder = Path(path)
+        saved = session_files.read(folder, optimizer)
+        if (saved.rank, saved.targets) != (sess.rank, sess.targets):
+            raise ValueError(
+                f"{folder}: saved at rank {saved.rank} for {list(saved.targets)}; session "
+                f"{sid!r} is rank {sess.rank} for {list(sess.targets)}"
+            )
+        r, params, state = sess.rank, [], []
+        for sl, mine in zip(self.slots, sess.params, strict=True):
+            if mine is None:
+                params.append(None)
+                state.append(None)
+                continue
+            params.append(
+                slots_.local_part(sl, session_files.need(saved.adapter, sl.peft_name, folder), r)
+            )
+            if saved.optimizer is not None:
+                got = {
+                    k: session_files.need(saved.optimizer, f"{sl.peft_name}.{k}", folder)
+                    for k in (*session_files.OPT_KEYS, "step")
+                }
+                state.append(
+                    {
+                        "step": got.pop("step").clone(),
+                        **{k: slots_.local_part(sl, v, r) for k, v in got.items()},
+                    }
+                )
+        sess.params, sess.grads, sess.pending = params, [None] * len(params), 0
+        sess.optimizer, sess.step = None, 0  # weights only: AdamW starts afresh
+        if saved.optimizer is not None:
+            restore_adamw(sess, state, saved.step)
+        return {"step": sess.step}
+
+    def publish_session(self, sid: str, version: int) -> Iterator[WeightHandle | Delivery | None]:
+        """Push the session's adapter as `version` through the weight transport, as
+        `publish_weights` does (a generator: rank 0's handle, then with verification its
+        `Delivery`): PEFT names at the session's true rank, cast to the compute dtype,
+        `meta["adapter_config"]` (LoraConfig(r, alpha=r, its layers)) and
+        `meta["adapter_name"] = sid`. Collective."""
+        sess = self._session(sid)
+        dtype = DTYPES[self.s.compute_dtype]
+
+        def tensors() -> Iterator[tuple[str, torch.Tensor]]:
+            wholes = self._wholes(sess, sess.params)  # gathered when the push runs
+            if self.rank == 0:
+                yield from ((k, v.to(dtype)) for k, v in wholes.items())
+
+        meta = {}
+        if self.rank == 0:
+            cfg = session_files.config_dict(sess.rank, sess.targets, self.s.model_path)
+            meta = {"adapter_config": cfg, "adapter_name": sid}
+        with self.spans.span("weight_sync", sess.step):
+            yield from publish(
+                self.transport,
+                PushSource(tensors(), None, meta),
+                version,
+                sender=self.rank == 0,
+                verify=self.s.transport.checksum,
+            )
