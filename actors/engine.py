@@ -69,6 +69,9 @@ class EngineSettings:
             or generate.
         direct_load: vLLM on CPU: load pushes straight into the layers' kernels
             (`rollout.vllm.direct_load`, actors/vllm_direct.py).
+        max_adapters: named LoRA adapters (the service's sessions) held at once, the
+            least recently used evicted beyond (vLLM: `max_loras` and `max_cpu_loras`;
+            actors/adapter_slots.py). vLLM serves ranks up to `lora_rank`.
     """
 
     kind: Literal["vllm", "vllm_async", "hf"]
@@ -84,6 +87,7 @@ class EngineSettings:
     tensor_parallel_size: int = 1
     sleep_between_steps: bool = False
     direct_load: bool = True
+    max_adapters: int = 1
 
 
 # An odd 64-bit constant (2^64 / golden ratio): rank r's seed is `seed + r * stride`, so

@@ -16,7 +16,7 @@ def make_engine(s: EngineSettings) -> InferenceEngine:
     if s.kind == "hf":
         from .hf_engine import HFEngine
 
-        return HFEngine(s.model_path, dtype=s.dtype, device=s.device)
+        return HFEngine(s.model_path, dtype=s.dtype, device=s.device, max_adapters=s.max_adapters)
     if s.kind in ("vllm", "vllm_async"):
         if s.kind == "vllm":
             from .vllm_engine import VLLMEngine as cls
@@ -36,6 +36,8 @@ def make_engine(s: EngineSettings) -> InferenceEngine:
             tensor_parallel_size=s.tensor_parallel_size,
             sleep_between_steps=s.sleep_between_steps,
             direct_load=s.direct_load,
+            # named adapters: the synchronous engine only (actors/vllm_adapters.py)
+            **({"max_adapters": s.max_adapters} if s.kind == "vllm" else {}),
         )
     raise ValueError(
         f"rollout.engine {s.kind!r} is not available; use 'vllm', 'vllm_async' or 'hf'"

@@ -20,7 +20,9 @@ from typing import Any
 
 import torch
 
+from .adapter_slots import AdapterSlots
 from .engine import InferenceEngine, Sample, check_sampling, stop_token_ids
+from .hf_adapters import HFNamedAdapters
 from .rollout import SamplingSettings
 
 _DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
@@ -40,12 +42,14 @@ def _Interrupt(event: threading.Event) -> Any:
     return Interrupt()
 
 
-class HFEngine(InferenceEngine):
+class HFEngine(HFNamedAdapters, InferenceEngine):
     """Batched sampling with `transformers.generate`; logprobs recomputed from the raw
-    logits it returns, under the sampling temperature.
+    logits it returns, under the sampling temperature. Serves named LoRA adapters too
+    (actors/hf_adapters.py).
 
     Args:
         device: 'cpu', or 'cuda' (the GPU Ray assigned the actor, `cuda:0` in it).
+        max_adapters: named LoRA adapters held at once (least recently used evicted).
     """
 
     def __init__(
@@ -54,6 +58,7 @@ class HFEngine(InferenceEngine):
         dtype: str = "bfloat16",
         max_batch_rows: int = 64,
         device: str = "cpu",
+        max_adapters: int = 1,
     ):
         from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
@@ -64,6 +69,7 @@ class HFEngine(InferenceEngine):
         self.model.to(self.device).eval()
         self.max_batch_rows = max_batch_rows
         self.adapter_version: int | None = None  # the policy_version of the loaded adapter
+        self.slots = AdapterSlots(max_adapters)  # named adapters (actors/hf_adapters.py)
         self.context_tokens = getattr(self.model.config, "max_position_embeddings", None)
         self.stop_ids = stop_token_ids(self.tokenizer, model_path)
         pad = self.tokenizer.pad_token_id

@@ -45,8 +45,10 @@ from typing import Any
 
 import torch
 
+from .adapter_slots import AdapterSlots, vllm_lora_options
 from .engine import InferenceEngine, Sample, check_sampling, stop_token_ids
 from .rollout import SamplingSettings
+from .vllm_adapters import VLLMNamedAdapters
 
 
 def checkpoint_names(model_path: str) -> set[str]:
@@ -195,8 +197,8 @@ def gpu_options(
     return out
 
 
-class VLLMEngine(InferenceEngine):
-    """Continuous-batching sampling with vLLM.
+class VLLMEngine(VLLMNamedAdapters, InferenceEngine):
+    """Continuous-batching sampling with vLLM; named LoRA adapters (actors/vllm_adapters.py).
 
     Args:
         model_path: transformers folder (config, safetensors, tokenizer).
@@ -213,6 +215,7 @@ class VLLMEngine(InferenceEngine):
         sleep_between_steps: cuda, colocated: sleep after each generate (see above).
         direct_load: on CPU, load pushes straight into the layers' kernels where the
             model allows (actors/vllm_direct.py); false: always vLLM's `reload_weights`.
+        max_adapters: LoRA adapters held at once (`max_loras`, `max_cpu_loras`).
 
     Raises:
         RuntimeError: vLLM is not installed (the message says how to install it).
@@ -232,6 +235,7 @@ class VLLMEngine(InferenceEngine):
         tensor_parallel_size: int = 1,
         sleep_between_steps: bool = False,
         direct_load: bool = True,
+        max_adapters: int = 1,
     ):
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # its per-engine warnings are noise
@@ -255,15 +259,7 @@ class VLLMEngine(InferenceEngine):
         self.sleeps = sleep_between_steps
         self.asleep: set[str] = set()  # vLLM memory tags now released
         if lora_rank is not None:
-            # vLLM sizes its LoRA slots by one of a few ranks; take the next one up.
-            ranks = (1, 8, 16, 32, 64, 128, 256, 320, 512)
-            fit = next((r for r in ranks if r >= lora_rank), None)
-            if fit is None:
-                raise ValueError(
-                    f"model.adapter.r {lora_rank} is above vLLM's largest LoRA "
-                    "rank 512; use adapter_mode: merged"
-                )
-            extra.update(enable_lora=True, max_lora_rank=fit, max_loras=1)
+            extra.update(vllm_lora_options(lora_rank, max_adapters))
         self.llm = LLM(
             model=model_path,
             dtype=dtype,
@@ -299,6 +295,8 @@ class VLLMEngine(InferenceEngine):
         # threaded actor's) starts with the process default (1 under Ray).
         self.threads = torch.get_num_threads()
         self._lora_root: Path | None = None  # made at the first adapter push
+        self.slots = AdapterSlots(max_adapters)  # named adapters (actors/vllm_adapters.py)
+        self._named_root: Path | None = None
 
     def generate(self, prompts: list[list[int]], sampling: SamplingSettings) -> list[list[Sample]]:
         if self.broken:

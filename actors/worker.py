@@ -1,13 +1,14 @@
 """`RolloutWorker`: a Ray actor wrapping one inference engine.
 
 Verbs: `generate`, `generate_ids` (token ids in, samples out: the turns of multi-turn
-episodes), `update_weights`, `join_push_group`, `policy_version`, `health`,
-`weights_checksum`, `drain_spans`, `close`; for black-box agents `serve_openai` (an
-OpenAI-compatible endpoint, actors/openai_server.py) and `pop_episode` (its recorded
-calls). With a group transport (`collective`) the worker joins the push group as rank
-`worker_id + 1` while it is constructed (when the settings carry a `group_address`), and
-again on `join_push_group` when the controller re-forms the group after a member was
-replaced.
+episodes), `update_weights`, `delivery`, `join_push_group`, `policy_version`, `health`,
+`weights_checksum`, `drain_spans`, `close`; for many LoRA sessions on one base, named
+adapters (`drop_adapter`, `adapters`; actors/worker_push.py); for black-box agents
+`serve_openai` (an OpenAI-compatible endpoint, actors/openai_server.py) and
+`pop_episode` (its recorded calls). With a group transport (`collective`) the worker
+joins the push group as rank `worker_id + 1` while it is constructed (when the settings
+carry a `group_address`), and again on `join_push_group` when the controller re-forms
+the group after a member was replaced.
 
 Concurrency: a worker runs one verb at a time (a plain Ray actor); the OpenAI
 endpoint's server thread shares the engine under `engine_lock`. The controller
@@ -28,7 +29,6 @@ the Rollouts then carry the engine's per-token versions; without, no push overla
 
 from __future__ import annotations
 
-import hashlib
 import os
 import threading
 import time
@@ -38,25 +38,24 @@ from dataclasses import replace
 from ..common.process import quiet_libraries, set_torch_threads
 from ..common.telemetry import Span, SpanRecorder
 from ..weightsync import (
-    ChecksumTap,
     Delivery,
     DeltaReceiver,
-    FingerprintTap,
     TransportSettings,
     WeightHandle,
     WeightSyncError,
-    fingerprints,
     make_transport,
     state_checksum,
 )
+from .debug import DebugSettings
 from .engine import EngineSettings, Sample, check_prompt_lengths, engine_seed
 from .factory import make_engine
 from .openai_server import EpisodeRecorder, create_app
 from .partial import PushGate, generate_partial
 from .rollout import FinishReason, PromptRequest, Rollout, SamplingSettings
+from .worker_push import PushReceiving
 
 
-class RolloutWorker:
+class RolloutWorker(PushReceiving):
     """One rollout engine and the policy_version of the weights it holds. The engine
     samples with seeds of its own: the engine seed and every sampling seed it is sent go
     through `engine_seed(seed, worker_id)`, so engines never repeat each other.
@@ -66,17 +65,10 @@ class RolloutWorker:
         engine: how to build the engine.
         transport: how new weights arrive (with a `group_address`, joined here).
         threads: torch threads (cores this worker owns while generating).
-        delay_s: test knob, extra busy seconds per generate (with partial rollouts spread
-            between its tokens, see `_generate_partial`).
-        fail_push: test knob, (worker_id, version): this worker refuses pushes of that
-            version (a WeightSyncError), keeping its old weights.
-        push_delay_s: test knob, extra seconds per `update_weights` (fault drills).
         partial: partial rollouts (`rollout.partial`): a push pauses `generate` between
             tokens and the requests resume under the new weights; the actor must then run
             with `max_concurrency` ≥ 2 so the push reaches it while it generates.
-        tail: test knob, (every, factor): a `generate` call holding a sample whose uid's
-            SHA-256 (first 4 bytes, big-endian) is 0 modulo
-            `every` sleeps `delay_s × factor` (`every` 0: off).
+        debug: test and benchmark knobs (actors/debug.py); None: all off.
     """
 
     def __init__(
@@ -85,11 +77,8 @@ class RolloutWorker:
         engine: EngineSettings,
         transport: TransportSettings | str,
         threads: int,
-        delay_s: float = 0.0,
-        fail_push: tuple[int, int] | None = None,
-        push_delay_s: float = 0.0,
         partial: bool = False,
-        tail: tuple[int, float] = (0, 1.0),
+        debug: DebugSettings | None = None,
     ):
         set_torch_threads(threads)
         quiet_libraries()
@@ -104,13 +93,11 @@ class RolloutWorker:
         # weight_sync.delta: the copy of the last push a delta is applied to
         self.delta = DeltaReceiver() if transport.delta else None
         self.delivered = Delivery(-1)  # the last verified push's account
+        self.named_delivered: dict[str, Delivery] = {}  # named adapters' (worker_push.py)
         self.adapter_version: int | None = None  # the adapter generate must run with
         self.spans = SpanRecorder("rollout", worker_id)
         self.started = time.time()
-        self.delay_s = delay_s
-        self.tail = tail
-        self.fail_push = fail_push
-        self.push_delay_s = push_delay_s
+        self.debug = debug if debug is not None else DebugSettings()
         self.engine_lock = threading.Lock()  # the OpenAI endpoint's threads share the engine
         self.recorder: EpisodeRecorder | None = None
         self.server = None
@@ -133,7 +120,7 @@ class RolloutWorker:
             prompt_ids = [self.engine.tokenize_chat(r.messages) for r in requests]
             check_prompt_lengths(prompt_ids, self.engine.context_tokens)
             groups = self.engine.generate(prompt_ids, self._own_seed(sampling))
-            time.sleep(self._delay(requests, sampling.n))
+            time.sleep(self.debug.generate_delay(requests, sampling.n))
             return [
                 self._rollout(
                     req,
@@ -157,7 +144,7 @@ class RolloutWorker:
         self, gate: PushGate, requests: list[PromptRequest], sampling: SamplingSettings, step: int
     ) -> list[Rollout]:
         """`generate` with partial rollouts: the engine lock is held per segment, so a
-        push may load between two (actors/partial.py). With the `delay_s` test knob the
+        push may load between two (actors/partial.py). With the `debug.delay_s` knob the
         call is paced as a simulated engine generating token by token: one token per
         segment, the call's delay spread between them outside the lock, so a push lands
         mid-sample and calls in flight on this worker overlap (continuous batching)."""
@@ -166,7 +153,7 @@ class RolloutWorker:
                 self._check_adapter()
             prompt_ids = [self.engine.tokenize_chat(r.messages) for r in requests]
             check_prompt_lengths(prompt_ids, self.engine.context_tokens)
-            delay = self._delay(requests, sampling.n)
+            delay = self.debug.generate_delay(requests, sampling.n)
             groups = generate_partial(
                 self.engine,
                 prompt_ids,
@@ -182,18 +169,6 @@ class RolloutWorker:
                 for req, ids, samples in zip(requests, prompt_ids, groups, strict=True)
                 for k, s in enumerate(samples)
             ]
-
-    def _delay(self, requests: list[PromptRequest], n: int) -> float:
-        """The test knobs' sleep after a `generate` call: `delay_s`, times the tail
-        factor when one of its samples (uid `{group_id}-{k}`) is long."""
-        every, factor = self.tail
-        long = every > 0 and any(
-            int.from_bytes(hashlib.sha256(f"{r.group_id}-{k}".encode()).digest()[:4], "big") % every
-            == 0
-            for r in requests
-            for k in range(n)
-        )
-        return self.delay_s * (factor if long else 1.0)
 
     def _rollout(
         self,
@@ -224,23 +199,33 @@ class RolloutWorker:
         )
 
     def generate_ids(
-        self, prompts: list[list[int]], sampling: SamplingSettings, step: int
+        self,
+        prompts: list[list[int]],
+        sampling: SamplingSettings,
+        step: int,
+        adapter: str | None = None,
     ) -> tuple[list[Sample], int]:
         """One sample per prompt `[N][P_i]` (token ids, already templated; `sampling.n`
-        must be 1) and the policy_version that sampled them.
+        must be 1) and the policy_version that sampled them. With `adapter`, sampled by
+        base + that named adapter (actors/worker_push.py), and the version is the
+        adapter's.
 
         Raises:
-            ValueError: `sampling.n` is not 1, or a prompt leaves no room in the
-                engine's context (checked before the engine).
+            ValueError: `sampling.n` is not 1, a prompt leaves no room in the engine's
+                context (checked before the engine), or `adapter` is not held (unknown,
+                dropped or evicted: the message names it).
         """
         if sampling.n != 1:
             raise ValueError(f"generate_ids samples one turn per prompt; got n={sampling.n}")
         check_prompt_lengths(prompts, self.engine.context_tokens)
         with self.spans.span("generate", step), self._sampling_lock():
-            self._check_adapter()
-            version = self.version
-            samples = [g[0] for g in self.engine.generate(prompts, self._own_seed(sampling))]
-        return samples, version
+            if adapter is not None:
+                groups, version = self._generate_named(prompts, self._own_seed(sampling), adapter)
+            else:
+                self._check_adapter()
+                version = self.version
+                groups = self.engine.generate(prompts, self._own_seed(sampling))
+        return [g[0] for g in groups], version
 
     def _check_adapter(self) -> None:
         """Refuse to sample without the adapter last pushed (adapter-only sync): a
@@ -318,6 +303,9 @@ class RolloutWorker:
     def update_weights(self, handle: WeightHandle, step: int = -1) -> int:
         """Load `handle`'s weights in place (or, when `handle.meta` carries an
         `adapter_config`, serve base + that adapter) and take its version; returns it.
+        With `meta["adapter_name"]` the adapter is held under that name instead (a
+        service session's sampler weights, actors/worker_adapters.py): the worker's
+        policy_version and the recipe's adapter stay as they were.
 
         With `handle.checksum`, the tensors are checksummed as they stream in and
         compared with the learner's.
@@ -327,70 +315,39 @@ class RolloutWorker:
                 this worker and the version. The worker then still reports its old
                 version, so the controller sees it is stale.
         """
-        with self._push_gate(), self.spans.span("weight_sync", step), self.engine_lock:
-            if self.fail_push == (self.worker_id, handle.version):
-                raise WeightSyncError(
-                    f"rollout worker {self.worker_id}: debug.fail_weight_push "
-                    f"refused policy_version {handle.version}"
-                )
-            time.sleep(self.push_delay_s)
-            meta, verify = handle.meta, bool(handle.meta.get("verify"))
+        name = handle.meta.get("adapter_name")
+        # a named adapter leaves the weights in use alone: no generation to interrupt
+        gate = self._push_gate() if name is None else nullcontext()
+        with gate, self.spans.span("weight_sync", step), self.engine_lock:
+            self.debug.check_push(self.worker_id, handle.version)
+            time.sleep(self.debug.push_delay_s)
+            if name is not None:
+                return self._load_named(handle, str(name))
+            meta = handle.meta
             adapter = meta.get("adapter_config")
             names = tuple(meta["delta"]["names"]) if "delta" in meta else handle.names
             try:
-                stream = self.transport.receive(handle)
-                if self.delta is not None:
-                    self.delta.check(meta, handle.version, self.worker_id)
-                    stream = self.delta.decode(stream, meta, handle.version)
-                # The whole-state SHA-256 only when the learner sent one: it reads every
-                # byte at ~1 GB/s (0.25 s per 269 MB), on the push's critical path.
-                summed = ChecksumTap(stream) if handle.checksum is not None else None
-                stream = summed if summed is not None else stream
-                # What the engine was handed, for engines that keep no plain copy.
-                tap = FingerprintTap(stream) if verify else stream
                 if adapter is not None:
-                    loaded = self.engine.load_adapter(tap, adapter, handle.version)
+                    self._refuse_recipe_adapter()
+                stream, summed, tap = self._receive(handle)
+                if adapter is not None:
+                    loaded = self.engine.load_adapter(stream, adapter, handle.version)
                 else:
                     if names:
                         self.engine.validate_names(names)
-                    loaded = self.engine.load_weights(tap, version=handle.version)
+                    loaded = self.engine.load_weights(stream, version=handle.version)
             except (ValueError, RuntimeError) as e:  # WeightSyncError is a RuntimeError
                 raise WeightSyncError(
                     f"rollout worker {self.worker_id}: loading policy_version {handle.version} "
                     f"failed: {e}"
                 ) from e
-            if summed is not None and (got := summed.checksum()) != handle.checksum:
-                raise WeightSyncError(
-                    f"rollout worker {self.worker_id}: checksum of policy_version "
-                    f"{handle.version} differs after loading ({got[:12]} != "
-                    f"{handle.checksum[:12]})"
-                )
-            if verify:
+            self._check_sum(handle, summed)
+            if tap is not None:
                 self.delivered = self._account(handle.version, tap, loaded, adapter is not None)
             if adapter is not None:
                 self.adapter_version = handle.version
             self.version = handle.version
         return self.version
-
-    def _account(
-        self, version: int, tap: FingerprintTap, loaded: list[str], adapter: bool
-    ) -> Delivery:
-        """This engine's `Delivery` of `version`: fingerprints of what it holds where
-        it keeps the checkpoint layout, else of what it handed to its loader."""
-        held = self.engine.held_tensors(loaded, adapter)
-        active = self.engine.active_adapter() if adapter else None
-        if held is None:
-            return Delivery(version, tap.seen, adapter, active, where="loaded")
-        return Delivery(version, fingerprints(held.items()), adapter, active, where="holds")
-
-    def delivery(self) -> Delivery:
-        """This engine's account of the last verified push (weightsync/verify.py): the
-        controller compares it with the learner's before the next generate."""
-        return self.delivered
-
-    def _push_gate(self) -> AbstractContextManager[None]:
-        """With partial rollouts, the gate that interrupts a generation in flight."""
-        return self.gate.push() if self.gate is not None else nullcontext()
 
     def join_push_group(self, address: str, world_size: int) -> None:
         """Leave the weight broadcast group and join a new one at `address` (a

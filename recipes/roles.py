@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 import ray
 import torch
 
+from ..actors.debug import DebugSettings
 from ..actors.engine import EngineSettings
 from ..actors.worker import RolloutWorker
 from ..common.net import free_port
@@ -62,11 +63,8 @@ class RolloutSpec:
     engine: EngineSettings
     transport: TransportSettings
     threads: int
-    delay_s: float
-    fail_push: tuple[int, int] | None = None
-    push_delay_s: float = 0.0
+    debug: DebugSettings = field(default_factory=DebugSettings)
     partial: bool = False
-    tail: tuple[int, float] = (0, 1.0)  # debug.rollout_tail_every, rollout_tail_factor
     window: int = 0  # partial rollouts: the producer's most groups in flight at once
     engines: int = 1  # rollout engines sharing the window
 
@@ -257,11 +255,13 @@ def rollout_spec(
         engine,
         transport,
         threads,
-        recipe.debug.rollout_delay_s,
-        recipe.debug.fail_weight_push,
-        recipe.debug.push_delay_s,
+        DebugSettings(
+            delay_s=recipe.debug.rollout_delay_s,
+            fail_push=recipe.debug.fail_weight_push,
+            push_delay_s=recipe.debug.push_delay_s,
+            tail=(recipe.debug.rollout_tail_every, recipe.debug.rollout_tail_factor),
+        ),
         partial=recipe.rollout.partial and recipe.train.max_staleness >= 1,
-        tail=(recipe.debug.rollout_tail_every, recipe.debug.rollout_tail_factor),
         window=producer_window(recipe),
         engines=recipe.resources.rollout.engines,
     )
@@ -294,11 +294,8 @@ def start_rollout_worker(spec: RolloutSpec, index: int, options: dict[str, Any])
         spec.engine,
         spec.transport,
         spec.threads,
-        spec.delay_s,
-        spec.fail_push,
-        spec.push_delay_s,
-        spec.partial,
-        spec.tail,
+        partial=spec.partial,
+        debug=spec.debug,
     )
 
 

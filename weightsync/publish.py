@@ -105,7 +105,8 @@ def publish(
     yield handle
     transport.finish(handle)
     if sent is not None:
-        yield Delivery(version, sent, adapter="adapter_config" in meta)
+        adapter, name = "adapter_config" in meta, meta.get("adapter_name")
+        yield Delivery(version, sent, adapter=adapter, adapter_name=name)
 
 
 def push(

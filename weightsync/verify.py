@@ -113,6 +113,9 @@ class Delivery:
         active_adapter: engine side: the policy_version of the adapter its next
             generate request runs with (None: none active).
         where: engine side: what was fingerprinted ('held' or 'loaded').
+        adapter_name: a named adapter's name (`meta["adapter_name"]`, a service
+            session's sampler weights); `active_adapter` is then the version a request
+            by that name runs with. None: the recipe's weights or single adapter.
     """
 
     version: int
@@ -120,6 +123,7 @@ class Delivery:
     adapter: bool = False
     active_adapter: int | None = None
     where: str = "sent"
+    adapter_name: str | None = None
 
 
 class DeliveryError(WeightSyncError):
@@ -136,10 +140,16 @@ def check_delivery(sent: Delivery, got: Delivery, engine: int) -> None:
             engine's next generate request.
     """
     v = sent.version
+    if got.adapter_name != sent.adapter_name:
+        raise DeliveryError(
+            f"rollout engine {engine}: its delivery report is for adapter "
+            f"{got.adapter_name!r}, not the pushed {sent.adapter_name!r}"
+        )
     if got.version != v:
         raise DeliveryError(
             f"rollout engine {engine}: its delivery report is for policy_version "
             f"{got.version}, not the pushed {v}"
+            + (f" of adapter {sent.adapter_name!r}" if sent.adapter_name else "")
         )
     if missing := sorted(set(sent.fingerprints) - set(got.fingerprints)):
         raise DeliveryError(
@@ -157,7 +167,10 @@ def check_delivery(sent: Delivery, got: Delivery, engine: int) -> None:
     if sent.adapter and got.active_adapter != v:
         active = got.active_adapter
         serves = "no adapter" if active is None else f"the adapter of policy_version {active}"
+        named = f" {sent.adapter_name!r}" if sent.adapter_name else ""
+        by = " by that name" if sent.adapter_name else ""
         raise DeliveryError(
-            f"rollout engine {engine}: the adapter of policy_version {v} was loaded but its "
-            f"next generate request would run with {serves} (base model or a stale adapter)"
+            f"rollout engine {engine}: the adapter{named} of policy_version {v} was loaded but "
+            f"its next generate request{by} would run with {serves} (base model or a stale "
+            "adapter)"
         )

@@ -237,5 +237,5 @@ def test_a_partial_worker_holds_its_share_of_the_window_and_no_more_than_256(
     1e9, before its bound) crashed the run with an OverflowError."""
     from posttrain.recipes.roles import RolloutSpec, rollout_concurrency
 
-    spec = RolloutSpec(None, None, 1, 0.0, partial=True, window=window, engines=engines)
+    spec = RolloutSpec(None, None, 1, partial=True, window=window, engines=engines)
     assert rollout_concurrency(spec) == expected

@@ -288,7 +288,7 @@ class _Planted(RolloutWorker):
     def flip_on_the_wire(self, name: str) -> None:
         _flip_on_the_wire(self, name)
 
-    def drop_adapter(self) -> None:
+    def unregister_adapter(self) -> None:
         self.engine.llm.llm_engine.remove_lora(self.engine.lora.lora_int_id)
 
 
@@ -314,7 +314,7 @@ def test_vllm_flip_on_the_wire_and_a_dropped_adapter_are_caught(
         handle, sent = _learner_push(sender, adapter, 2, {"adapter_config": config})
         ray.get(worker.update_weights.remote(handle))
         check_delivery(sent, ray.get(worker.delivery.remote()), 0)
-        ray.get(worker.drop_adapter.remote())
+        ray.get(worker.unregister_adapter.remote())
         with pytest.raises(
             WeightSyncError,
             match="adapter of policy_version 2 was pushed, but "
