@@ -294,7 +294,9 @@ class Stack:
 
         e = next(self._engine_turn) % len(self.roles.rollout)
         worker = self.roles.rollout[e]
-        one = replace(settings, n=1, stop_token_ids=tuple(stop_ids or ()))
+        one = replace(settings, n=1)
+        if stop_ids is not None:
+            one = replace(one, stop_token_ids=tuple(stop_ids))
         with self._engine_locks[e]:
             t0 = time.perf_counter()
             samples, _ = ray.get(

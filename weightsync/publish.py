@@ -178,7 +178,10 @@ def push(
             item = ray.get(ref)
             sent = item if isinstance(item, Delivery) else sent
     if sent is not None:  # proof of delivery: every engine's account against the learner's
-        reports = ray.get([w.delivery.remote() for w in engines], timeout=timeout_s)
+        # a named adapter (posttrain serve) is accounted for by its name
+        name = sent.adapter_name
+        asks = [w.delivery.remote(name) if name else w.delivery.remote() for w in engines]
+        reports = ray.get(asks, timeout=timeout_s)
         for i, got in enumerate(reports):
             check_delivery(sent, got, i)
     return handle
