@@ -16,6 +16,7 @@ from .errors import UserError, check
 from .registry import SamplerRecord
 from .routes_train import body_field, json_body
 from .sampling import sampling_request
+from .stack import AdapterMissing
 from .state import State
 from .wire import encode_sample_response
 
@@ -68,12 +69,21 @@ async def asample(request: Request, st: State) -> dict:
     )
     settings = replace(settings, max_new_tokens=min(settings.max_new_tokens, context - len(prompt)))
 
+    def put_back() -> None:
+        # an earlier process pushed it, or an engine's slots evicted it: push it again
+        # through the learner queue (the learner's verbs run one at a time)
+        queue = st.scheduler.queues["learner"]
+        queue.put(s.model_id or s.adapter, lambda: st.put_on_engines(s)).result()
+
     def run() -> bytes:
         if s.adapter is not None and s.adapter not in st.on_engines:
-            # an earlier process pushed it: put it back through the learner queue
-            queue = st.scheduler.queues["learner"]
-            queue.put(s.model_id or s.adapter, lambda: st.put_on_engines(s)).result()
-        seqs = st.stack.sample(s.adapter, prompt, settings, stop_ids)
+            put_back()
+        try:
+            seqs = st.stack.sample(s.adapter, prompt, settings, stop_ids)
+        except AdapterMissing:
+            st.on_engines.discard(s.adapter)
+            put_back()
+            seqs = st.stack.sample(s.adapter, prompt, settings, stop_ids)
         return encode_sample_response(seqs)
 
     lane = s.model_id or "base"

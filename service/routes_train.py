@@ -74,7 +74,8 @@ async def create_model(request: Request, st: State) -> dict:
     lora = body.get("lora_config")
     check(isinstance(lora, dict), "lora_config", "needed: every session is a LoRA adapter")
     rank = body_field(lora, "rank", int)
-    check(rank > 0, "lora_config.rank", f"must be > 0, got {rank}")
+    top = st.cfg.sessions.max_rank
+    check(0 < rank <= top, "lora_config.rank", f"must be 1..{top} (sessions.max_rank), got {rank}")
     attn, mlp = lora.get("train_attn", True), lora.get("train_mlp", True)
     check(attn or mlp, "lora_config.train_mlp", "enable train_attn and/or train_mlp")
     seed = lora.get("seed") or 0

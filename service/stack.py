@@ -27,9 +27,15 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..actors.adapter_slots import AdapterNotHeld
 from ..config.service import ServiceConfig
 from .errors import UserError
 from .wire import WireDatum
+
+
+class AdapterMissing(RuntimeError):
+    """An engine no longer holds this sampler's adapter (its slots evicted it): push it
+    again (`ServiceState.put_on_engines`) and retry."""
 
 
 @dataclass
@@ -299,10 +305,16 @@ class Stack:
             one = replace(one, stop_token_ids=tuple(stop_ids))
         with self._engine_locks[e]:
             t0 = time.perf_counter()
-            samples, _ = ray.get(
-                worker.generate_ids.remote([prompt] * settings.n, one, -1, adapter)
-            )
-            self.counts.engine_busy_s += time.perf_counter() - t0
+            try:
+                samples, _ = ray.get(
+                    worker.generate_ids.remote([prompt] * settings.n, one, -1, adapter)
+                )
+            except ray.exceptions.RayTaskError as err:
+                if isinstance(err.cause, AdapterNotHeld):
+                    raise AdapterMissing(adapter) from None
+                raise
+            finally:
+                self.counts.engine_busy_s += time.perf_counter() - t0
         self.counts.count(self.counts.engine_verbs, e, "sample")
         return [(s.token_ids, s.logprobs, s.finish_reason) for s in samples]
 

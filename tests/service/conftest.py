@@ -26,7 +26,7 @@ def service_config(model: Path, learners: int = 1, engines: int = 1, **sessions:
             "model": {"path": str(model), "name": "tiny", "dtype": "float32"},
             "rollout": {"engine": "hf"},
             "resources": {"learner": {"gpus": learners}, "rollout": {"gpus": engines}},
-            "sessions": {"max_rank": 8, **sessions},
+            "sessions": {"max_rank": 16, **sessions},
         }
     )
 
