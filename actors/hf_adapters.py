@@ -42,10 +42,14 @@ class HFNamedAdapters(NamedAdapters):
         for old in self.slots.make_room(name):
             self._release(old)
         key = f"slot{self.slots.new_id()}"
+        # the adapter in the engine's dtype, as sent: peft would upcast it to float32,
+        # so the engine would hold (and compute with) other bytes than the learner sent
         if not hasattr(self.model, "peft_config"):
-            self.model = get_peft_model(self.model, cfg, adapter_name=key).eval()
+            self.model = get_peft_model(
+                self.model, cfg, adapter_name=key, autocast_adapter_dtype=False
+            ).eval()
         else:
-            self.model.add_adapter(key, cfg)
+            self.model.add_adapter(key, cfg, autocast_adapter_dtype=False)
         result = set_peft_model_state_dict(self.model, tensors, adapter_name=key)
         # peft initialises lora_A at random: a tensor not sent would sample noise
         unsent = [k for k in result.missing_keys if f".{key}." in k and "lora_" in k]
