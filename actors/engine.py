@@ -192,8 +192,10 @@ def check_sampling(sampling: SamplingSettings) -> None:
 
     Raises:
         ValueError: an empty stop string (every text contains it, so every sample
-            would end after its first token).
+            would end after its first token), or a negative stop token id.
     """
+    if bad := [t for t in sampling.stop_token_ids if t < 0]:
+        raise ValueError(f"stop token ids must be token ids (≥ 0); got {bad[:3]}")
     if any(s == "" for s in sampling.stop):
         raise ValueError(
             "stop strings must not be empty: every text contains '', so every "

@@ -89,6 +89,7 @@ class HFEngine(HFNamedAdapters, InferenceEngine):
         from transformers import GenerationConfig, StoppingCriteriaList
 
         width = max(len(r) for r in rows)
+        ends = self.stop_ids + [t for t in sampling.stop_token_ids if t not in self.stop_ids]
         ids = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
         mask = torch.zeros((len(rows), width), dtype=torch.long)
         for i, r in enumerate(rows):
@@ -111,7 +112,7 @@ class HFEngine(HFNamedAdapters, InferenceEngine):
             min_length=0,
             max_new_tokens=sampling.max_new_tokens,
             pad_token_id=self.pad_id,
-            eos_token_id=self.stop_ids,
+            eos_token_id=ends,
             output_logits=True,
             return_dict_in_generate=True,
         )
@@ -131,7 +132,7 @@ class HFEngine(HFNamedAdapters, InferenceEngine):
         samples = []
         for i in range(len(rows)):
             tokens = new[i].tolist()
-            end = next((j for j, t in enumerate(tokens) if t in self.stop_ids), None)
+            end = next((j for j, t in enumerate(tokens) if t in ends), None)
             if sampling.stop:
                 hit = self._stop_string_end(tokens[: None if end is None else end], sampling.stop)
                 end = hit if hit is not None else end

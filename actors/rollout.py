@@ -40,6 +40,9 @@ class SamplingSettings:
     top_p: float = 1.0
     seed: int = 0
     stop: tuple[str, ...] = ()  # stop strings; the response keeps the one that ended it
+    # more token ids that end a sample, beside the model's own end tokens (the service's
+    # `stop` given as ids); the response keeps the one that ended it, as it keeps an EOS
+    stop_token_ids: tuple[int, ...] = ()
 
 
 @dataclass

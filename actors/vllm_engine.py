@@ -125,7 +125,7 @@ def sampling_params(
             seed=sampling.seed + i if per_request_seed else None,
             stop=list(sampling.stop) or None,
             include_stop_str_in_output=True,
-            stop_token_ids=stop_ids,
+            stop_token_ids=sorted(set(stop_ids) | set(sampling.stop_token_ids)),
             **extra,
         )
         for i in range(n_prompts)

@@ -117,6 +117,29 @@ def test_stop_string_ends_the_sample(engine, stop_ids):
     assert any(s.finish_reason == "stop" and s.token_ids[-1] not in ends for s in out)
 
 
+def test_stop_token_ids_end_the_sample_where_it_samples_one(engine):
+    """`SamplingSettings.stop_token_ids` (the service's `stop` as ids): the same seed
+    samples the same tokens up to the first stop id, which ends the sample and stays in
+    it, its logprob the same (one request: nothing else in the batch moves the seed)."""
+    p = [_prompt(engine, "go")]
+    for seed in range(10):
+        free = engine.generate(p, SamplingSettings(n=1, max_new_tokens=30, seed=seed))[0][0]
+        if len(free.token_ids) >= 4:
+            break
+    k = free.token_ids.index(free.token_ids[2])  # the first place its token is sampled
+    stopped = engine.generate(
+        p,
+        SamplingSettings(n=1, max_new_tokens=30, seed=seed, stop_token_ids=(free.token_ids[k],)),
+    )[0][0]
+    assert stopped.token_ids == free.token_ids[: k + 1]
+    assert stopped.finish_reason == "stop"
+    torch.testing.assert_close(
+        torch.tensor(stopped.logprobs), torch.tensor(free.logprobs[: k + 1]), rtol=0, atol=1e-6
+    )
+    with pytest.raises(ValueError, match="stop token ids must be token ids"):
+        engine.generate(p, SamplingSettings(n=1, max_new_tokens=4, stop_token_ids=(-1,)))
+
+
 def test_empty_stop_string_is_refused(engine):
     with pytest.raises(ValueError, match="stop strings must not be empty"):
         engine.generate(
