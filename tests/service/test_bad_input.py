@@ -164,3 +164,16 @@ def test_only_the_served_base_model_is_loaded(served: Any) -> None:
         )
         assert (r.status_code, r.json()["field"]) == (404, "base_model")
     assert "/" not in r.json()["detail"]  # no path of the server's for a plain name
+
+
+def test_stop_token_ids_end_samples_on_the_engine(served: Any, tc) -> None:  # noqa: ANN001
+    """`stop` as token ids reaches the engine: with every id but a few a stop, each sample
+    is one token long and ends with one of them."""
+    sampler = tc.save_weights_and_get_sampling_client().result()
+    stops = list(range(served.state.stack.vocab))[10:]
+    params = types.SamplingParams(max_tokens=8, stop=stops, seed=0)
+    out = sampler.sample(types.ModelInput.from_ints([4, 5]), 4, params).result()
+    ended = [s for s in out.sequences if s.tokens and s.tokens[-1] in stops]
+    assert all(len(s.tokens) <= 8 for s in out.sequences)
+    assert len(ended) >= 3  # ids 0-9 may run on; 10+ of vocab stop at once
+    assert all(len(s.tokens) == 1 + sum(t < 10 for t in s.tokens[:-1]) for s in ended)
