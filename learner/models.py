@@ -32,6 +32,7 @@ def load_sharded(
     device_type: str = "cpu",
     head: Literal["lm", "score"] = "lm",
     compile_layers: bool = False,
+    lora_a_columns: bool = False,
 ) -> torch.nn.Module:
     """A float32 model from `path`, sharded over the process group with FSDP2 on a
     `device_type` mesh ('cpu', or 'cuda': FSDP2 moves each shard to the current CUDA
@@ -52,6 +53,8 @@ def load_sharded(
             does, so FSDP2's all-gather hooks stay eager and the state-dict keys do not
             change. The first micro-batch of each new shape kind pays the compile
             (bench/compile.py measures it).
+        lora_a_columns: shard each `lora_A [r, in]` on its columns (dim 1) instead of
+            its rows, so every rank holds all r rows (learner/session_slot.py).
 
     Raises:
         ValueError: a QLoRA weight does not split into NF4 blocks over the ranks.
@@ -78,11 +81,14 @@ def load_sharded(
     mp = MixedPrecisionPolicy(param_dtype=DTYPES[dtype], reduce_dtype=torch.float32)
     ignored = adapters.fsdp_ignored_params(model, world)
     mesh = init_device_mesh(device_type, (world,))
+    place = _lora_a_columns(model) if lora_a_columns else None
     for layer in adapters.decoder_layers(model):
         if compile_layers:
             layer.forward = torch.compile(layer.forward)
-        fully_shard(layer, mesh=mesh, mp_policy=mp, ignored_params=ignored)
-    fully_shard(model, mesh=mesh, mp_policy=mp, ignored_params=ignored)
+        fully_shard(
+            layer, mesh=mesh, mp_policy=mp, ignored_params=ignored, shard_placement_fn=place
+        )
+    fully_shard(model, mesh=mesh, mp_policy=mp, ignored_params=ignored, shard_placement_fn=place)
     if lora:
         # FSDP2 fixes each group's reduce dtype from the parameters that require grad
         # at its first forward, and peft's disable_adapter() clears requires_grad: a
@@ -99,6 +105,14 @@ def load_sharded(
         model.requires_grad_(False)
         model.eval()
     return model
+
+
+def _lora_a_columns(model: torch.nn.Module):  # noqa: ANN202
+    """FSDP2's `shard_placement_fn`: `Shard(1)` for the LoRA A matrices, default else."""
+    from torch.distributed.tensor import Shard
+
+    columns = {id(p) for n, p in model.named_parameters() if ".lora_A." in n}
+    return lambda p: Shard(1) if id(p) in columns else None
 
 
 def critic_values(critic: torch.nn.Module, mb: TrainBatch) -> tuple[torch.Tensor, torch.Tensor]:

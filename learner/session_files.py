@@ -21,6 +21,8 @@ from pathlib import Path
 
 import torch
 
+from .session_slot import SlotParam, local_part
+
 OPT_KEYS = ("exp_avg", "exp_avg_sq")
 
 
@@ -121,3 +123,28 @@ def need(tensors: dict[str, torch.Tensor], name: str, folder: Path) -> torch.Ten
     if name not in tensors:
         raise ValueError(f"{folder}: no tensor {name} (saved by another model or targets?)")
     return tensors[name]
+
+
+def parts(
+    saved: Saved, slots: list[SlotParam], trained: list, r: int, folder: Path
+) -> tuple[list[torch.Tensor | None], list[dict[str, torch.Tensor] | None]]:
+    """This rank's parts of a saved session, per slot tensor (None where `trained[i]` is
+    None): the adapter, and AdamW's state (`step`, `exp_avg`, `exp_avg_sq`) when saved
+    with it (else an empty list).
+
+    Raises:
+        ValueError: a tensor is missing (names the folder) or has another shape.
+    """
+    params: list[torch.Tensor | None] = []
+    state: list[dict[str, torch.Tensor] | None] = []
+    for sl, mine in zip(slots, trained, strict=True):
+        if mine is None:
+            params.append(None)
+            state.append(None)
+            continue
+        params.append(local_part(sl, need(saved.adapter, sl.peft_name, folder), r))
+        if saved.optimizer is not None:
+            got = {k: need(saved.optimizer, f"{sl.peft_name}.{k}", folder) for k in OPT_KEYS}
+            step = need(saved.optimizer, f"{sl.peft_name}.step", folder).clone()
+            state.append({"step": step, **{k: local_part(sl, v, r) for k, v in got.items()}})
+    return params, state if saved.optimizer is not None else []

@@ -1,25 +1,31 @@
-"""The one LoRA adapter slot that every session of a learner rank trains through, and
-how a session's tensors map onto this rank's shard of it.
+"""The LoRA adapter slot that every session of a learner rank trains through, and how a
+session's tensors map onto this rank's shard of it.
 
-The slot is a peft LoRA adapter of rank R = `sessions.max_rank` with lora_alpha = R, so
-its scale alpha / r is 1, as Tinker's alpha = rank gives for every rank. A session of
-rank r ≤ R uses the first r rows of each `lora_A [R, in]` and the first r columns of
-each `lora_B [out, R]`; the rest of the slot holds zeros while it runs. That is exact:
-with B[:, j] = 0 and A[j] = 0 for j ≥ r, both gradients are 0 (∂A[j] = B[:, j]ᵀ g xᵀ,
-∂B[:, j] = g (A[j] x)ᵀ), AdamW leaves a zero with zero gradient at zero, and
-h = W0 x + B[:, :r] A[:r] x is the rank-r adapter's output. A session that trains only
-the attention (or only the MLP) projections leaves the others at zero the same way.
+The slot is a peft LoRA adapter of rank K·R (R = `sessions.max_rank`, K =
+`sessions.batch_sessions`) with lora_alpha = K·R, so its scale is 1, as Tinker's alpha =
+rank gives for every rank. It holds K blocks of R ranks; a session of rank r ≤ R placed
+in block k uses rows [kR, kR + r) of each `lora_A [KR, in]` and the same columns of each
+`lora_B [out, KR]`; the rest of the slot holds zeros while it runs. That is exact: with
+B[:, j] = 0 and A[j] = 0 outside the block, both gradients there are 0 (∂A[j] =
+B[:, j]ᵀ g xᵀ, ∂B[:, j] = g (A[j] x)ᵀ), and h = W0 x + B[:, blk] A[blk] x is the rank-r
+adapter's output. Several sessions in one forward (K > 1) each see only their block:
+`row_blocks` masks the A output of every row to its session's block, so rows and
+gradients of different sessions never meet. A session that trains only the attention (or
+only the MLP) projections leaves the others at zero the same way.
 
-FSDP2 shards every slot tensor on dim 0 in `torch.chunk` pieces: rank k holds rows
-[k·c, min((k + 1)·c, n)), c = ⌈n / world⌉. A session keeps only its region of this
-rank's shard (`Region`): for A the rows below r, for B the first r columns, so each
-session costs its true rank on every rank. `full` and `local_part` move between a
-region and the whole `[r, in]` / `[out, r]` tensor (`full` is a collective).
+FSDP2 shards `lora_A` on its columns (dim 1) and `lora_B` on its rows (dim 0), in
+`torch.chunk` pieces (rank j holds [j·c, min((j + 1)·c, n)), c = ⌈n / world⌉), so every
+rank holds all K·R ranks of its part and a block sits on every rank alike. A session
+keeps only its r ranks of this rank's part (`SlotParam.region`), the same whatever block
+it runs in, so it costs its true rank on every rank. `full` and `local_part` move
+between that part and the whole `[r, in]` / `[out, r]` tensor (`full` is a collective).
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -36,10 +42,12 @@ class SlotParam:
 
     Attributes:
         name: its live name (`...q_proj.lora_A.default.weight`).
-        param: the FSDP2 parameter (a DTensor sharded on dim 0, or a plain tensor).
+        param: the FSDP2 parameter (a DTensor; A sharded on dim 1, B on dim 0).
         module: the targeted layer's short name (`q_proj`).
-        is_a: True for `lora_A [R, in]`, False for `lora_B [out, R]`.
-        offset: the global row of this rank's first local row.
+        is_a: True for `lora_A [KR, in]` (sharded on dim 1), False for
+            `lora_B [out, KR]` (sharded on dim 0).
+        offset: the global index, on the sharded dim, of this rank's first one.
+        block: R, the ranks per block.
     """
 
     name: str
@@ -47,6 +55,7 @@ class SlotParam:
     module: str
     is_a: bool
     offset: int
+    block: int
 
     @property
     def local(self) -> torch.Tensor:
@@ -59,12 +68,10 @@ class SlotParam:
         """The name in a PEFT adapter file (`...q_proj.lora_A.weight`)."""
         return self.name.replace(f".{ADAPTER}.", ".")
 
-    def region(self, r: int) -> tuple[slice, slice]:
-        """The part of the local shard a rank-`r` session uses (may be empty)."""
-        if self.is_a:
-            rows = self.local.shape[0]
-            return slice(0, max(0, min(rows, r - self.offset))), slice(None)
-        return slice(None), slice(0, r)
+    def region(self, r: int, k: int = 0) -> tuple[slice, slice]:
+        """The part of the local shard a rank-`r` session in block `k` uses."""
+        ranks = slice(k * self.block, k * self.block + r)
+        return (ranks, slice(None)) if self.is_a else (slice(None), ranks)
 
     def full_shape(self, r: int) -> tuple[int, int]:
         """The whole tensor of a rank-`r` session: `[r, in]` (A) or `[out, r]` (B)."""
@@ -72,12 +79,13 @@ class SlotParam:
         return (r, inp) if self.is_a else (out, r)
 
 
-def slot_params(model: torch.nn.Module, rank: int, world: int) -> list[SlotParam]:
-    """The slot's trainable tensors in `named_parameters` order (the same on every rank).
+def slot_params(model: torch.nn.Module, rank: int, world: int, block: int) -> list[SlotParam]:
+    """The slot's trainable tensors in `named_parameters` order (the same on every rank);
+    `block`: R, ranks per block.
 
     Raises:
-        RuntimeError: FSDP2 sharded a tensor other than in `torch.chunk` pieces on dim 0
-            (the region arithmetic would then be wrong).
+        RuntimeError: FSDP2 sharded a tensor otherwise than A on dim 1 and B on dim 0 in
+            `torch.chunk` pieces (the region arithmetic would then be wrong).
     """
     out = []
     for name, p in model.named_parameters():
@@ -87,35 +95,33 @@ def slot_params(model: torch.nn.Module, rank: int, world: int) -> list[SlotParam
         kind = parts[-3]  # ... q_proj . lora_A . default . weight
         if kind not in ("lora_A", "lora_B"):
             raise RuntimeError(f"session slot: unexpected trainable tensor {name}")
-        rows = p.shape[0]
-        chunk = math.ceil(rows / world)
-        offset = min(rank * chunk, rows)
-        slot = SlotParam(name, p, parts[-4], kind == "lora_A", offset)
-        if slot.local.shape[0] != max(0, min(chunk, rows - offset)):
+        dim = 1 if kind == "lora_A" else 0
+        placements = getattr(p, "placements", None)
+        if placements is not None and getattr(placements[0], "dim", dim) != dim:
+            raise RuntimeError(f"session slot: {name} is sharded on {placements}, not dim {dim}")
+        size = p.shape[dim]
+        chunk = math.ceil(size / world)
+        offset = min(rank * chunk, size)
+        slot = SlotParam(name, p, parts[-4], kind == "lora_A", offset, block)
+        if slot.local.shape[dim] != max(0, min(chunk, size - offset)):
             raise RuntimeError(f"session slot: {name} is not sharded in torch.chunk pieces")
         out.append(slot)
     return out
 
 
-def uses(slot: SlotParam, targets: tuple[str, ...]) -> bool:
-    return slot.module in targets
-
-
 def init_region(slot: SlotParam, r: int, gen: torch.Generator) -> torch.Tensor:
-    """peft's initial value of this rank's region: A kaiming-uniform (a = √5, fan_in =
+    """peft's initial value of this rank's part: A kaiming-uniform (a = √5, fan_in =
     in, as `nn.Linear` and peft's `reset_lora_parameters`) drawn whole from `gen` on
     every rank, so the ranks agree; B zeros. float32 on the slot's device."""
+    whole = torch.zeros(slot.full_shape(r))
     if slot.is_a:
-        whole = torch.empty(slot.full_shape(r))
         torch.nn.init.kaiming_uniform_(whole, a=math.sqrt(5), generator=gen)
-        return local_part(slot, whole, r)
-    rows, cols = slot.region(r)
-    return torch.zeros_like(slot.local[rows, cols], dtype=torch.float32)
+    return local_part(slot, whole, r)
 
 
 def local_part(slot: SlotParam, whole: torch.Tensor, r: int) -> torch.Tensor:
-    """This rank's region of a whole `[r, in]` / `[out, r]` tensor (a copy, float32,
-    on the slot's device).
+    """This rank's part of a whole `[r, in]` / `[out, r]` tensor (a copy, float32, on
+    the slot's device).
 
     Raises:
         ValueError: `whole` is not a rank-`r` tensor of this slot.
@@ -124,18 +130,17 @@ def local_part(slot: SlotParam, whole: torch.Tensor, r: int) -> torch.Tensor:
         raise ValueError(
             f"{slot.peft_name}: shape {list(whole.shape)}, want {list(slot.full_shape(r))}"
         )
-    n = slot.local.shape[0]
-    rows, cols = slot.region(r)
-    part = whole[slot.offset : slot.offset + n]  # this rank's rows (dim 0 is sharded)
-    return part[rows, cols].to(slot.local.device, torch.float32, copy=True)
+    dim = 1 if slot.is_a else 0
+    n = slot.local.shape[dim]
+    part = whole.narrow(dim, slot.offset, n)
+    return part.to(slot.local.device, torch.float32, copy=True)
 
 
 def full(slot: SlotParam, part: torch.Tensor, r: int) -> torch.Tensor:
-    """The whole rank-`r` tensor from every rank's region `part`, float32 on CPU, on
-    every rank. Collective (an all-gather of the slot-sized tensor) when sharded."""
+    """The whole rank-`r` tensor from every rank's `part`, float32 on CPU, on every
+    rank. Collective (an all-gather of the slot-sized tensor) when sharded."""
     buf = torch.zeros_like(slot.local, dtype=torch.float32)
-    rows, cols = slot.region(r)
-    buf[rows, cols] = part
+    buf[slot.region(r)] = part
     p = slot.param
     if hasattr(p, "to_local"):
         from torch.distributed.tensor import DTensor
@@ -143,16 +148,49 @@ def full(slot: SlotParam, part: torch.Tensor, r: int) -> torch.Tensor:
         buf = DTensor.from_local(
             buf, p.device_mesh, p.placements, run_check=False, shape=p.shape, stride=p.stride()
         ).full_tensor()
-    return (buf[:r] if slot.is_a else buf[:, :r]).cpu()
+    return buf[slot.region(r)].cpu()
 
 
-def load_into_slot(slots: list[SlotParam], parts: list[torch.Tensor | None], r: int) -> None:
-    """Write a session's regions into the slot, zeros everywhere else (in place, on
-    the sharded storage FSDP2 gathers from)."""
+def load_into_slot(
+    slots: list[SlotParam], placed: list[tuple[list[torch.Tensor | None], int]]
+) -> None:
+    """Write sessions into the slot, block k taking `placed[k]` = (its parts, its rank),
+    zeros everywhere else (in place, on the sharded storage FSDP2 gathers from)."""
     with torch.no_grad():
-        for slot, part in zip(slots, parts, strict=True):
+        for i, slot in enumerate(slots):
             local = slot.local
             local.zero_()
-            if part is not None:
-                rows, cols = slot.region(r)
-                local[rows, cols].copy_(part)
+            for k, (parts, r) in enumerate(placed):
+                if parts[i] is not None:
+                    local[slot.region(r, k)].copy_(parts[i])
+
+
+@contextmanager
+def row_blocks(
+    model: torch.nn.Module, slots: list[SlotParam], blocks: torch.Tensor
+) -> Iterator[None]:
+    """While open (forward and backward, so a recomputed forward sees it too), each
+    row b's `lora_A` output is zero outside block `blocks[b]`: row b then runs its own
+    session's adapter only, and its gradients reach only that block.
+
+    Args:
+        blocks: `[B]` int64, each row's block index k < K.
+    """
+    size = slots[0].param.shape[0] if slots[0].is_a else slots[0].param.shape[1]
+    per = slots[0].block
+    cols = torch.arange(size, device=blocks.device) // per
+    mask = (blocks[:, None] == cols[None]).float()[:, None, :]  # [B, 1, KR]
+
+    def keep_block(_module: torch.nn.Module, _args: tuple, out: torch.Tensor) -> torch.Tensor:
+        return out * mask.to(out.dtype)
+
+    handles = [
+        model.get_submodule(sl.name.rsplit(".", 1)[0]).register_forward_hook(keep_block)
+        for sl in slots
+        if sl.is_a
+    ]
+    try:
+        yield
+    finally:
+        for h in handles:
+            h.remove()

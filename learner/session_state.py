@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from ..algorithms.common import token_logprobs
-from ..algorithms.tinker import SessionBatch
+from ..algorithms.tinker import SessionBatch, check_loss
 from .logprobs import CHUNK_TOKENS, _head_returns_logprobs, _plain_head
 from .session_slot import ATTN, MLP
 
@@ -76,8 +76,13 @@ def adam_params(adam: dict) -> dict[str, float]:
 
 def tinker_logprobs(model: torch.nn.Module, mb: SessionBatch) -> torch.Tensor:
     """`[B, T]` float32 log p(target_tokens[t] | input_ids[: t + 1]); the LM head runs
-    in chunks (learner/logprobs.py) when it is a plain linear layer."""
-    mask = mb.attention_mask.long()
+    in chunks (learner/logprobs.py) when it is a plain linear layer. A row with no real
+    position (a rank's filler row) attends to its first token so its values stay finite
+    whatever the attention kernel (transformers 5.19's sdpa and eager already keep a
+    fully masked row finite; a kernel that gives NaN there would send NaN·0 = NaN
+    gradients to the adapter); the caller's mask zeroes its loss."""
+    mask = mb.attention_mask.long().clone()
+    mask[mask.sum(-1) == 0, 0] = 1
     kwargs = dict(
         input_ids=mb.input_ids,
         attention_mask=mask,
@@ -132,3 +137,50 @@ def restore_adamw(sess: Session, state: list[dict[str, torch.Tensor] | None], st
         if p is not None and st is not None:
             sess.optimizer.state[p] = st
     sess.step = step
+
+
+def stack_rows(
+    shards: list[SessionBatch],
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The rows of several shards as one right-padded batch: `input_ids`,
+    `attention_mask`, `target_tokens` `[ΣB, max T]` (padding 0) and `[ΣB]` the index of
+    the shard each row came from."""
+    rows = sum(len(s) for s in shards)
+    width = max(s.input_ids.shape[1] for s in shards)
+    ids = torch.zeros(rows, width, dtype=torch.long)
+    mask = torch.zeros(rows, width)
+    targets = torch.zeros(rows, width, dtype=torch.long)
+    blocks = torch.zeros(rows, dtype=torch.long)
+    start = 0
+    for k, s in enumerate(shards):
+        n, t = s.input_ids.shape
+        ids[start : start + n, :t] = s.input_ids
+        mask[start : start + n, :t] = s.attention_mask
+        targets[start : start + n, :t] = s.target_tokens
+        blocks[start : start + n] = k
+        start += n
+    return ids, mask, targets, blocks
+
+
+def check_items(
+    items: list[tuple[str, SessionBatch, str, dict]], limit: int
+) -> tuple[ValueError | None, list[dict]]:
+    """This rank's verdict on a `sessions_forward_backward`'s items: (the error, or
+    None; each item's loss config with defaults). At most `limit` items, each session
+    once, each shard well formed and its loss served."""
+    sids = [sid for sid, *_ in items]
+    try:
+        if not 1 <= len(items) <= limit:
+            raise ValueError(
+                f"sessions_forward_backward: {len(items)} sessions; 1 to "
+                f"sessions.batch_sessions ({limit}) fit one forward"
+            )
+        if len(set(sids)) != len(sids):
+            raise ValueError(f"sessions_forward_backward: a session twice in {sids}")
+        configs = []
+        for _, shard, loss_fn, loss_config in items:
+            shard.check()
+            configs.append(check_loss(loss_fn, loss_config, {"target_tokens", *shard.inputs}))
+    except ValueError as e:  # every rank must learn of it, or the others would hang
+        return e, []
+    return None, configs

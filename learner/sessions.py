@@ -3,25 +3,28 @@ train, save, load, publish and close a session (`SessionVerbs`, a mixin of
 `LearnerWorker`, used when `LearnerSettings.sessions` is set).
 
 Structure: `setup` loads the policy once, sharded by FSDP2 as a recipe's is, with one
-LoRA adapter slot of rank `sessions.max_rank` (learner/session_slot.py; no reference,
-critic or recipe optimizer). Each session is THIS rank's region of the slot: its
-adapter tensors, its gradient buffers and its own AdamW (created at its first
-`session_optim_step`), all plain local tensors at the session's true rank. A verb on a
-session writes its adapter into the slot (zeros elsewhere), runs, and takes the
-slot's gradients into the session's buffers, so sessions never mix: another session's
-`session_forward_backward` between two of this one's does not touch its gradients,
-and each session's result is bit for bit what it would be alone.
+LoRA adapter slot of `sessions.batch_sessions` blocks of `sessions.max_rank` ranks
+(learner/session_slot.py; no reference, critic or recipe optimizer). Each session is
+THIS rank's part of its adapter tensors, its gradient buffers and its own AdamW (created
+at its first `session_optim_step`), all plain local tensors at the session's true rank.
+A verb writes its sessions into slot blocks (zeros elsewhere), runs, and takes each
+block's gradients into its session's buffers, so sessions never mix: another session's
+`session_forward_backward` between two of this one's does not touch its gradients, and
+each session's result is bit for bit what it would be alone. `sessions_forward_backward`
+runs several sessions in one forward (each row masked to its session's block), equal to
+each alone to float32 rounding.
 
 Losses: `algorithms.tinker` (Tinker's, summed over tokens); the gradient of the loss
 summed over every rank's rows accumulates until `session_optim_step`.
 
 Concurrency: every verb is collective: all ranks call it at once, in the same order,
-with the same session and flags; `session_forward_backward` needs the same number of
-rows on every rank (pad with all-zero-mask rows), else every rank raises ValueError.
+with the same session and flags (a `backward` that differs between ranks raises
+ValueError on every rank). `session_forward_backward` takes at least one row per rank;
+ranks may hold different numbers of rows and columns. A rank with no datum gets a
+filler row (attention_mask all 0): its loss and gradient are exactly 0.
 
-Limits: one forward per `session_forward_backward` (no micro-batches: the caller sizes
-the shard); LoRA only (no full fine-tuning session); `save_session` folders must be
-visible to every rank.
+Limits: one forward per call (no micro-batches: the caller sizes the shards); LoRA only
+(no full fine-tuning session); `save_session` folders must be visible to every rank.
 """
 
 from __future__ import annotations
@@ -29,12 +32,13 @@ from __future__ import annotations
 import hashlib
 import math
 from collections.abc import Iterator
+from contextlib import nullcontext
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
-from ..algorithms.tinker import SessionBatch, check_loss, tinker_loss
+from ..algorithms.tinker import SessionBatch, tinker_loss
 from ..weightsync import Delivery, PushSource, WeightHandle, publish
 from . import adapters, session_files
 from . import session_slot as slots_
@@ -47,8 +51,10 @@ from .session_state import (
     UnknownSessionError,
     adam_params,
     adamw_update,
+    check_items,
     restore_adamw,
     session_targets,
+    stack_rows,
     tinker_logprobs,
 )
 
@@ -62,14 +68,15 @@ class SessionVerbs:
     def _setup_sessions(self) -> dict[str, int]:
         """Load the policy with the session slot (collective); the memory report."""
         s, ss = self.s, self.s.sessions
-        if ss.max_rank < 1 or ss.max_sessions < 1:
+        if min(ss.max_rank, ss.max_sessions, ss.batch_sessions) < 1:
             raise ValueError(
-                f"sessions: max_rank {ss.max_rank}, max_sessions "
-                f"{ss.max_sessions}; both must be ≥ 1"
+                f"sessions: max_rank {ss.max_rank}, max_sessions {ss.max_sessions}, "
+                f"batch_sessions {ss.batch_sessions}; each must be ≥ 1"
             )
         adapters.check_targets(s.model_path, ss.target_modules)
+        ranks = ss.max_rank * ss.batch_sessions  # K blocks of R (learner/session_slot.py)
         slot = AdapterSettings(
-            type="lora", r=ss.max_rank, alpha=float(ss.max_rank), target_modules=ss.target_modules
+            type="lora", r=ranks, alpha=float(ranks), target_modules=ss.target_modules
         )
         self.policy = load_sharded(
             s.model_path,
@@ -80,8 +87,11 @@ class SessionVerbs:
             checkpointing=s.gradient_checkpointing,
             device_type=self.device.type,
             compile_layers=s.compile,
+            lora_a_columns=True,
         )
-        self.slots: list[SlotParam] = slots_.slot_params(self.policy, self.rank, self.world)
+        self.slots: list[SlotParam] = slots_.slot_params(
+            self.policy, self.rank, self.world, ss.max_rank
+        )
         self.sessions: dict[str, Session] = {}
         return {**adapters.memory_report(self.policy, None), **cuda_memory(self.device)}
 
@@ -136,20 +146,41 @@ class SessionVerbs:
         """This rank's bytes of the session (`Session.memory`)."""
         return self._session(sid).memory()
 
-    def _same_on_every_rank(self, what: str, values: list[int]) -> None:
-        """Raise ValueError on every rank when `values` differ between ranks."""
-        t = torch.tensor([*values, *(-v for v in values)], dtype=torch.float64)
-        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    def list_sessions(self) -> dict[str, dict]:
+        """Every open session: `rank`, `targets`, `step` (AdamW updates), `pending`
+        (forward_backward calls waiting for an optim step) and this rank's bytes (for a
+        status route; no communication)."""
+        return {
+            sid: {
+                "rank": s.rank,
+                "targets": list(s.targets),
+                "step": s.step,
+                "pending": s.pending,
+                **s.memory(),
+            }
+            for sid, s in self.sessions.items()
+        }
+
+    def _agree(self, verb: str, refused: ValueError | None, values: list[int]) -> None:
+        """One all-reduce: raise on every rank when any rank `refused` its input (that
+        error where it happened) or `values` differ between ranks."""
         n = len(values)
-        if (t[:n] != -t[n:]).any():
-            raise ValueError(f"{what}: ranks disagree ({values} here); pad every shard alike")
+        flags = [*values, *(-v for v in values), int(refused is not None)]
+        t = torch.tensor(flags, dtype=torch.float64)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        if refused is not None:
+            raise refused
+        if t[-1] > 0:
+            raise ValueError(f"{verb}: another learner rank refused its shard (see its error)")
+        if (t[:n] != -t[n : 2 * n]).any():
+            raise ValueError(f"{verb}: ranks disagree on {values}; call every rank alike")
 
     def session_forward_backward(
         self, sid: str, shard: SessionBatch, loss_fn: str, loss_config: dict, backward: bool
     ) -> dict:
         """Logprobs and Tinker's loss `loss_fn` on this rank's rows under session `sid`;
         with `backward`, the gradient of the loss summed over every rank's rows adds to
-        the session's buffers. Collective.
+        the session's buffers. Collective. `sessions_forward_backward` with one item.
 
         Returns:
             `logprobs` `[B, T]` float32 (0 off the mask), `elementwise_loss` `[B, T]`,
@@ -157,39 +188,73 @@ class SessionVerbs:
 
         Raises:
             UnknownSessionError; LossSpecError (a ValueError) for the loss; ValueError
-            for a malformed shard or ranks with different row counts.
+            for a malformed shard or a `backward` that differs between ranks.
         """
-        sess = self._session(sid)
-        shard.check()
-        config = check_loss(loss_fn, loss_config, {"target_tokens", *shard.inputs})
-        self._same_on_every_rank("session_forward_backward rows", [len(shard), int(backward)])
-        slots_.load_into_slot(self.slots, sess.params, sess.rank)
-        mb = shard.to(self.device)
+        return self.sessions_forward_backward([(sid, shard, loss_fn, loss_config)], backward)[0]
+
+    def sessions_forward_backward(
+        self, items: list[tuple[str, SessionBatch, str, dict]], backward: bool
+    ) -> list[dict]:
+        """`session_forward_backward` of up to `sessions.batch_sessions` different
+        sessions in ONE forward (and backward): item k = (sid, this rank's shard,
+        loss_fn, loss_config) runs in slot block k (`session_slot.row_blocks`), so each
+        session's rows see only its adapter and its gradients go only to its buffers.
+        Returns one result per item, as `session_forward_backward`'s. Collective: every
+        rank passes the same sessions in the same order.
+
+        Raises:
+            as `session_forward_backward`; ValueError: more items than
+            `sessions.batch_sessions`, or a session twice.
+        """
+        sessions = [self._session(sid) for sid, *_ in items]
+        refused, configs = check_items(items, self.s.sessions.batch_sessions)
+        self._agree("sessions_forward_backward", refused, [int(backward), len(items)])
+        slots_.load_into_slot(self.slots, [(s.params, s.rank) for s in sessions])
+        for sl in self.slots:  # a call that failed midway must not leak its gradients
+            sl.param.grad = None
+        ids, attention, targets, blocks = stack_rows([shard for _, shard, *_ in items])
+        mb = SessionBatch(ids, attention, targets).to(self.device)
         mask = mb.attention_mask.float()
         self.policy.train(backward)
-        with torch.set_grad_enabled(backward), self.spans.span("forward", sess.step):
-            logprobs = tinker_logprobs(self.policy, mb) * mask
-            out = tinker_loss(loss_fn, logprobs, mb.inputs, mask, config)
-        if backward:
-            with self.spans.span("backward", sess.step):
-                (out.loss * self.world).backward()  # FSDP2 averages over ranks: sum them
-            self._take_grads(sess)
+        step = sessions[0].step
+        many = slots_.row_blocks(self.policy, self.slots, blocks.to(self.device))
+        with many if len(items) > 1 else nullcontext(), torch.set_grad_enabled(backward):
+            with self.spans.span("forward", step):
+                logprobs = tinker_logprobs(self.policy, mb) * mask
+                outs, start = [], 0
+                for (_, shard, loss_fn, _), config in zip(items, configs, strict=True):
+                    rows, width = slice(start, start + len(shard)), shard.input_ids.shape[1]
+                    inputs = {k: v.to(self.device) for k, v in shard.inputs.items()}
+                    lp, m = logprobs[rows, :width], mask[rows, :width]
+                    outs.append((lp, tinker_loss(loss_fn, lp, inputs, m, config)))
+                    start += len(shard)
+            if backward:
+                with self.spans.span("backward", step):
+                    total = sum(out.loss for _, out in outs)
+                    (total * self.world).backward()  # FSDP2 averages over ranks: sum them
+                for k, sess in enumerate(sessions):
+                    self._take_grads(sess, k)
+                for sl in self.slots:
+                    sl.param.grad = None
         self.policy.reshard()  # the root stays unsharded after a forward
-        return {
-            "logprobs": logprobs.detach().cpu(),
-            "elementwise_loss": out.elementwise.cpu(),
-            "metrics": out.metrics,
-        }
+        return [
+            {
+                "logprobs": lp.detach().cpu(),
+                "elementwise_loss": out.elementwise.cpu(),
+                "metrics": out.metrics,
+            }
+            for lp, out in outs
+        ]
 
-    def _take_grads(self, sess: Session) -> None:
-        """Move the slot's gradients (this rank's shard) into the session's buffers."""
+    def _take_grads(self, sess: Session, block: int) -> None:
+        """Move the slot's gradients of `block` (this rank's shard) into the session's
+        buffers; the caller clears the slot's gradients after the last block."""
         for i, sl in enumerate(self.slots):
-            g, sl.param.grad = sl.param.grad, None
+            g = sl.param.grad
             if g is None or sess.params[i] is None:
                 continue
             local = g.to_local() if hasattr(g, "to_local") else g
-            rows, cols = sl.region(sess.rank)
-            part = local[rows, cols].float()
+            part = local[sl.region(sess.rank, block)].float()
             have = sess.grads[i]
             sess.grads[i] = part.clone() if have is None else have.add_(part)
         sess.pending += 1
@@ -295,26 +360,7 @@ class SessionVerbs:
                 f"{folder}: saved at rank {saved.rank} for {list(saved.targets)}; session "
                 f"{sid!r} is rank {sess.rank} for {list(sess.targets)}"
             )
-        r, params, state = sess.rank, [], []
-        for sl, mine in zip(self.slots, sess.params, strict=True):
-            if mine is None:
-                params.append(None)
-                state.append(None)
-                continue
-            params.append(
-                slots_.local_part(sl, session_files.need(saved.adapter, sl.peft_name, folder), r)
-            )
-            if saved.optimizer is not None:
-                got = {
-                    k: session_files.need(saved.optimizer, f"{sl.peft_name}.{k}", folder)
-                    for k in (*session_files.OPT_KEYS, "step")
-                }
-                state.append(
-                    {
-                        "step": got.pop("step").clone(),
-                        **{k: slots_.local_part(sl, v, r) for k, v in got.items()},
-                    }
-                )
+        params, state = session_files.parts(saved, self.slots, sess.params, sess.rank, folder)
         sess.params, sess.grads, sess.pending = params, [None] * len(params), 0
         sess.optimizer, sess.step = None, 0  # weights only: AdamW starts afresh
         if saved.optimizer is not None:

@@ -40,11 +40,15 @@ class SessionSettings:
         target_modules: the linear layers the slot covers (a session trains all of them,
             or only the attention or MLP ones).
         max_sessions: how many sessions may be open at once on the learner.
+        batch_sessions: how many sessions one forward may carry
+            (`sessions_forward_backward`); the slot's LoRA rank is
+            batch_sessions × max_rank.
     """
 
     max_rank: int = 32
     target_modules: tuple[str, ...] = DEFAULT_TARGETS
     max_sessions: int = 8
+    batch_sessions: int = 1
 
 
 @dataclass(frozen=True)

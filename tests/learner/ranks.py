@@ -6,7 +6,9 @@ from __future__ import annotations
 import io
 import multiprocessing as mp
 import os
+import time
 from collections.abc import Callable
+from queue import Empty
 from typing import Any
 
 import torch
@@ -27,6 +29,24 @@ def _run_then_exit(target: Callable[..., None], *args: Any) -> None:
     os._exit(0)
 
 
+def _first_result(queue: Any, procs: list[Any], timeout_s: float = 300.0) -> bytes:
+    """Rank 0's result; fails at once (killing the other ranks) when a rank died before
+    it came, instead of waiting out `timeout_s` for a result that cannot come."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            return queue.get(timeout=1.0)
+        except Empty:
+            dead = [p.exitcode for p in procs if p.exitcode not in (None, 0)]
+            if dead or time.monotonic() > deadline:
+                for p in procs:
+                    if p.is_alive():
+                        p.kill()
+                raise AssertionError(
+                    f"learner rank exited with {dead[0]}" if dead else "no result in time"
+                ) from None
+
+
 def run_ranks(target: Callable[..., None], world: int, *args: Any) -> Any:
     """`target(rank, world, *args, port, queue)` on every rank; rank 0's result.
 
@@ -41,7 +61,7 @@ def run_ranks(target: Callable[..., None], world: int, *args: Any) -> Any:
     ]
     for p in procs:
         p.start()
-    result = torch.load(io.BytesIO(queue.get(timeout=300)), weights_only=False)
+    result = torch.load(io.BytesIO(_first_result(queue, procs)), weights_only=False)
     for p in procs:
         p.join(timeout=60)
         assert p.exitcode == 0, f"learner rank exited with {p.exitcode}"

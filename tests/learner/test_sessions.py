@@ -15,6 +15,7 @@ import torch
 
 from posttrain.algorithms.common import token_logprobs
 from posttrain.algorithms.tinker import SessionBatch
+from posttrain.learner.adapters import DEFAULT_TARGETS
 from posttrain.learner.settings import SessionSettings
 from posttrain.learner.worker import LearnerSettings, LearnerWorker
 from posttrain.weightsync import Delivery, TransportSettings
@@ -176,6 +177,69 @@ def _memory(w: LearnerWorker, rank: int, world: int) -> dict:
     w.session_optim_step("m0", ADAM)
     out["after_step"] = w.session_memory("m0")
     out["others"] = [w.session_memory(f"m{i}") for i in range(1, 4)]
+    out["listed"] = w.list_sessions()
+    for sid in ["half", *(f"m{i}" for i in range(4))]:
+        w.close_session(sid)
+    return out
+
+
+def _filler_and_refusal(w: LearnerWorker, rank: int, world: int, folder: Path) -> dict:
+    """One datum over the ranks (rank 1, if any, gets a filler row with no real
+    position): its grad norm; then a shard refused on the last rank only."""
+    w.open_session("g", 2, 4, True, True)
+    out = {"before": str(folder / "g_before")}
+    w.save_session("g", out["before"], optimizer=False)
+    one = shard(make_batch(50), 0, 4)  # row 0
+    if rank > 0:
+        one = SessionBatch(
+            torch.zeros(1, 5, dtype=torch.long),
+            torch.zeros(1, 5),
+            torch.zeros(1, 5, dtype=torch.long),
+            {"weights": torch.zeros(1, 5)},
+        )
+    got = w.session_forward_backward("g", one, "cross_entropy", {}, True)
+    out["logprobs_finite"] = bool(torch.isfinite(got["logprobs"]).all())
+    out["grad_norm"] = w.session_optim_step("g", ADAM)["grad_norm"]
+    bad = shard(make_batch(51), rank, world)
+    if rank == world - 1:
+        bad.inputs["weights"][0, 0] = float("nan")
+    try:
+        w.session_forward_backward("g", bad, "cross_entropy", {}, True)
+    except ValueError as e:
+        out["refused"] = str(e)
+    w.close_session("g")
+    return out
+
+
+def _refusals(w: LearnerWorker, folder: Path) -> list[str]:
+    """The messages of verbs that must be refused (same on every rank, no collective
+    left half run)."""
+    from posttrain.learner.sessions import UnknownSessionError
+
+    calls = [
+        lambda: w.open_session("big", 5, 0, True, True),  # rank > max_rank 4
+        lambda: w.open_session("none", 2, 0, False, False),
+        lambda: w.session_optim_step("ghost", ADAM),
+        lambda: w.load_session("x", str(folder / "c_state"), optimizer=True),  # rank 2 != 3
+        lambda: w.session_optim_step("x", {"learning_rate": 1e-3}),
+    ]
+    w.open_session("x", 2, 0, True, True)
+    out = []
+    for call in calls:
+        try:
+            call()
+            out.append("accepted")
+        except (ValueError, UnknownSessionError) as e:
+            out.append(f"{type(e).__name__}: {e}")
+    for i in range(7):  # max_sessions 8, x is open
+        w.open_session(f"fill{i}", 1, 0, True, True)
+    try:
+        w.open_session("one_too_many", 1, 0, True, True)
+        out.append("accepted")
+    except ValueError as e:
+        out.append(str(e))
+    for sid in ["x", *(f"fill{i}" for i in range(7))]:
+        w.close_session(sid)
     return out
 
 
@@ -188,6 +252,8 @@ def _rank_main(rank, world, model_path, folder, port, queue):
         "save_load": _save_load(w, rank, world, folder / f"w{world}"),
         "publish": _publish_and_parity(w, rank, world, folder / f"w{world}"),
         "memory": _memory(w, rank, world),
+        "filler": _filler_and_refusal(w, rank, world, folder / f"w{world}"),
+        "refusals": _refusals(w, folder / f"w{world}"),
     }
     if rank == 0:
         buf = io.BytesIO()
@@ -312,3 +378,46 @@ def test_each_session_costs_its_own_tensors_at_its_rank(run, tiny_model):
         "optimizer_bytes": 2 * adapter + 4 * tensors,
     }
     assert m["others"] == [m["open"][1]] * 3  # untouched by m0's training
+    listed = m["listed"]
+    assert sorted(listed) == ["half", "m0", "m1", "m2", "m3"]
+    assert listed["m0"] == {"rank": 4, "targets": list(DEFAULT_TARGETS), "step": 1, "pending": 0,
+                            **m["after_step"]}  # fmt: skip
+    assert listed["half"]["rank"] == 2 and listed["half"]["step"] == 0
+
+
+def test_gradient_is_the_summed_loss_and_a_filler_row_adds_nothing(run, tiny_model):
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    world, _, r = run
+    f = r["filler"]
+    base = AutoModelForCausalLM.from_pretrained(str(tiny_model), dtype=torch.float32)
+    model = PeftModel.from_pretrained(base, f["before"], is_trainable=True)
+    one = shard(make_batch(50), 0, 4)
+    logits = model(input_ids=one.input_ids, attention_mask=one.attention_mask.long()).logits
+    logp = token_logprobs(logits, one.target_tokens)
+    (-(one.inputs["weights"] * one.attention_mask * logp).sum()).backward()
+    grads = [p.grad for p in model.parameters() if p.requires_grad]
+    want = torch.sqrt(sum((g.double() ** 2).sum() for g in grads)).item()
+    assert f["logprobs_finite"]
+    assert f["grad_norm"] == pytest.approx(want, rel=1e-5)
+
+
+def test_a_shard_refused_on_one_rank_is_refused_on_every_rank(run):
+    world, _, r = run
+    msg = r["filler"]["refused"]  # rank 0's message
+    if world == 1:
+        assert "inputs.weights: holds NaN" in msg
+    else:
+        assert "another learner rank refused its shard" in msg
+
+
+def test_bad_verbs_are_refused_naming_what_to_fix(run):
+    _, _, r = run
+    big, none, ghost, mismatch, adam, full = r["refusals"]
+    assert "LoRA rank 5 outside [1, sessions.max_rank 4]" in big
+    assert "train_attn and train_mlp are both off" in none
+    assert ghost.startswith("UnknownSessionError") and "'ghost' is not open" in ghost
+    assert "saved at rank 3" in mismatch and "'x' is rank 2" in mismatch
+    assert "adam lacks ['beta1'" in adam
+    assert "sessions.max_sessions is 8" in full
