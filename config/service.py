@@ -46,6 +46,15 @@ class SessionsConfig(Strict):
         description="Linear layers that carry a session's adapter (train_attn / train_mlp "
         "choose among them per session).",
     )
+    batch: int = Field(
+        1,
+        ge=1,
+        le=8,
+        description="forward / forward_backward requests of up to this many sessions that "
+        "wait together run as one learner pass, each session's rows with its own adapter "
+        "and gradients. The learner's adapter slot then has rank batch x max_rank, which "
+        "every row pays in LoRA compute; 1: one session per pass.",
+    )
     micro_batch_size: int = Field(
         8, gt=0, description="Rows per forward/backward on each learner rank."
     )

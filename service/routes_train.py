@@ -14,6 +14,7 @@ from fastapi import APIRouter, Request
 from .checks import adam_params, check_data
 from .errors import UserError, check
 from .registry import ModelRecord, SamplerRecord
+from .scheduler import Batchable
 from .state import ServiceState, State
 from .wire import decode_forward_backward, encode_forward_backward_output
 
@@ -111,13 +112,25 @@ async def forward_backward(request: Request, st: State) -> dict:
     rec = st.model(req.model_id)
     config = check_data(req.data, req.loss_fn, req.loss_fn_config, st.stack.vocab, st.stack.context)
 
+    backward = not req.forward_only
+
     def run() -> bytes:
         outputs, metrics = st.stack.forward_backward(
-            rec.model_id, req.data, req.loss_fn, config, not req.forward_only
+            rec.model_id, req.data, req.loss_fn, config, backward
         )
         return encode_forward_backward_output(outputs, metrics)
 
-    return st.submit("learner", rec.model_id, run, rec.model_id)
+    def run_many(items: list[tuple]) -> list[bytes]:
+        done = st.stack.forward_backward_many(items, backward)
+        return [encode_forward_backward_output(o, m) for o, m in done]
+
+    batch = Batchable(
+        ("forward_backward", backward),
+        (rec.model_id, req.data, req.loss_fn, config),
+        run_many,
+        st.cfg.sessions.batch,
+    )
+    return st.submit("learner", rec.model_id, run, rec.model_id, batch)
 
 
 @router.post("/optim_step")

@@ -7,6 +7,8 @@ collectives and run one at a time; `sampler`: sampling on the engines). Inside a
 each session (lane) keeps its requests in arrival order, so a `forward_backward` is
 applied before the `optim_step` sent after it (the SDK's contract); lanes are served
 round-robin, one request each in turn, so no session starves behind another's backlog.
+Batching: a call queued with a `Batchable` runs together with the waiting heads of other
+lanes of the same group (the learner: several sessions' forward_backward in one pass).
 A result is kept until it is retrieved, then dropped.
 
 Restarts: request ids carry this process's boot id, so a poll for a request of an
@@ -22,13 +24,32 @@ import logging
 import secrets
 import threading
 from collections import OrderedDict, deque
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from concurrent.futures import CancelledError, Future
+from dataclasses import dataclass
 from typing import Any
 
 from .errors import UserError
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Batchable:
+    """How a queued call may join others in one run: calls whose `group` is equal run as
+    `run([payload, ...]) -> [result, ...]` (in that order), at most `limit` at once."""
+
+    group: Hashable
+    payload: Any
+    run: Callable[[list[Any]], list[Any]]
+    limit: int = 1
+
+
+@dataclass
+class Call:
+    fut: Future
+    fn: Callable[[], Any]
+    batch: Batchable | None = None
 
 
 class RoundRobinQueue:
@@ -43,10 +64,12 @@ class RoundRobinQueue:
         self._thread = threading.Thread(target=self._run, name=f"serve-{name}", daemon=True)
         self._thread.start()
 
-    def put(self, lane: str, fn: Callable[[], Any]) -> Future:
+    def put(self, lane: str, fn: Callable[[], Any], batch: Batchable | None = None) -> Future:
+        """Queue `fn` in `lane`; with `batch`, it may run together with the waiting heads
+        of other lanes that carry a batchable of the same `group` (`Batchable.run`)."""
         fut: Future = Future()
         with self._cv:
-            self._lanes.setdefault(lane, deque()).append((fut, fn))
+            self._lanes.setdefault(lane, deque()).append(Call(fut, fn, batch))
             self._cv.notify()
         return fut
 
@@ -59,8 +82,8 @@ class RoundRobinQueue:
         """Cancel the calls `lane` still has waiting (a client gone); returns how many."""
         with self._cv:
             waiting = self._lanes.pop(lane, deque())
-        for fut, _ in waiting:
-            fut.cancel()
+        for call in waiting:
+            call.fut.cancel()
         return len(waiting)
 
     def close(self) -> None:
@@ -69,33 +92,56 @@ class RoundRobinQueue:
             lanes, self._lanes = self._lanes, OrderedDict()
             self._cv.notify_all()
         for q in lanes.values():
-            for fut, _ in q:
-                fut.cancel()
+            for call in q:
+                call.fut.cancel()
 
-    def _next(self) -> tuple[str, Future, Callable[[], Any]] | None:
+    def _next(self) -> tuple[str, list[Call]] | None:
+        """The next lane in turn and its head call, with the heads of later lanes that
+        batch with it (same `group`, up to its `limit`)."""
         with self._cv:
             while not self._closed and not any(self._lanes.values()):
                 self._cv.wait()
             if self._closed:
                 return None
             lane = next(k for k, q in self._lanes.items() if q)
-            fut, fn = self._lanes[lane].popleft()
-            if self._lanes[lane]:
-                self._lanes.move_to_end(lane)  # the others go first next time
-            else:
-                del self._lanes[lane]
-            return lane, fut, fn
+            calls = [self._pop(lane)]
+            b = calls[0].batch
+            if b is not None and b.limit > 1:
+                for other, q in list(self._lanes.items()):
+                    if len(calls) == b.limit:
+                        break
+                    head = q[0].batch if q else None
+                    if other != lane and head is not None and head.group == b.group:
+                        calls.append(self._pop(other))
+            return lane, calls
+
+    def _pop(self, lane: str) -> Call:
+        """`lane`'s head call; the lane goes last in turn (or away when empty)."""
+        call = self._lanes[lane].popleft()
+        if self._lanes[lane]:
+            self._lanes.move_to_end(lane)
+        else:
+            del self._lanes[lane]
+        return call
 
     def _run(self) -> None:
         while (item := self._next()) is not None:
-            lane, fut, fn = item
-            if not fut.set_running_or_notify_cancel():
+            lane, calls = item
+            calls = [c for c in calls if c.fut.set_running_or_notify_cancel()]
+            if not calls:
                 continue
             self.running = lane
             try:
-                fut.set_result(fn())
-            except BaseException as e:  # reported through the future, never lost
-                fut.set_exception(e)
+                if len(calls) == 1:
+                    results = [calls[0].fn()]
+                else:
+                    results = calls[0].batch.run([c.batch.payload for c in calls])
+                for c, r in zip(calls, results, strict=True):
+                    c.fut.set_result(r)
+            except BaseException as e:  # reported through every future, never lost
+                for c in calls:
+                    if not c.fut.done():
+                        c.fut.set_exception(e)
             finally:
                 self.running = None
 
@@ -112,10 +158,12 @@ class Scheduler:
         self._ids = itertools.count(1)
         self._lock = threading.Lock()
 
-    def submit(self, queue: str, lane: str, fn: Callable[[], Any]) -> str:
+    def submit(
+        self, queue: str, lane: str, fn: Callable[[], Any], batch: Batchable | None = None
+    ) -> str:
         with self._lock:
             rid = f"req-{self.boot}-{next(self._ids)}"
-            self._futures[rid] = self.queues[queue].put(lane, fn)
+            self._futures[rid] = self.queues[queue].put(lane, fn, batch)
         return rid
 
     def known(self, rid: str) -> bool:

@@ -157,6 +157,7 @@ class Stack:
             max_rank=s.max_rank,
             target_modules=tuple(s.target_modules),
             max_sessions=s.max_sessions,
+            batch_sessions=s.batch,
         )
         run_dir = root / "roles"
         run_dir.mkdir(parents=True, exist_ok=True)
@@ -208,44 +209,65 @@ class Stack:
         self, mid: str, data: list[WireDatum], loss_fn: str, config: dict, backward: bool
     ) -> tuple[list[dict[str, np.ndarray]], dict[str, float]]:
         """Per datum {`logprobs`, `elementwise_loss`} `[N]` float32 and the summed metrics;
-        with `backward` the summed loss's gradient accumulates in the session. Rows are
-        split over the learner ranks (padded with empty rows to a multiple of the ranks)."""
+        with `backward` the summed loss's gradient accumulates in the session."""
+        return self.forward_backward_many([(mid, data, loss_fn, config)], backward)[0]
+
+    def forward_backward_many(
+        self, items: list[tuple[str, list[WireDatum], str, dict]], backward: bool
+    ) -> list[tuple[list[dict[str, np.ndarray]], dict[str, float]]]:
+        """`forward_backward` of several sessions' requests (each `(model, data, loss_fn,
+        config)`, one session at most once) in ONE learner pass (the learner's
+        `sessions_forward_backward`: each session's rows see only its adapter, its
+        gradients go only to its buffers). Each request's rows are split over the learner
+        ranks (padded with empty rows to a multiple of the ranks)."""
         import ray
 
         from ..algorithms.tinker import SessionBatch
 
-        batch = pad_data(data)
-        rows = len(data)
         world = self.world
-        per = -(-rows // world)
-        shards = []
-        for r in range(world):
-            lo, hi = r * per, min((r + 1) * per, rows)
-            shards.append(_rows(batch, lo, hi, per))
+        batches = [pad_data(data) for _, data, _, _ in items]
+        per_rank: list[list[tuple]] = [[] for _ in range(world)]
+        for (mid, data, loss_fn, config), batch in zip(items, batches, strict=True):
+            per = -(-len(data) // world)
+            for r in range(world):
+                lo, hi = r * per, min((r + 1) * per, len(data))
+                shard = SessionBatch(**_rows(batch, lo, hi, per))
+                per_rank[r].append((mid, shard, loss_fn, config))
         t0 = time.perf_counter()
-        outs = ray.get(
-            [
-                lw.session_forward_backward.remote(
-                    mid, SessionBatch(**shard), loss_fn, config, backward
-                )
-                for lw, shard in zip(self.roles.learners, shards, strict=True)
+        if len(items) == 1:
+            refs = [
+                lw.session_forward_backward.remote(*mine[0], backward)
+                for lw, mine in zip(self.roles.learners, per_rank, strict=True)
             ]
-        )
+            outs = [[o] for o in ray.get(refs)]
+        else:
+            refs = [
+                lw.sessions_forward_backward.remote(mine, backward)
+                for lw, mine in zip(self.roles.learners, per_rank, strict=True)
+            ]
+            outs = ray.get(refs)
         self.counts.learner_busy_s += time.perf_counter() - t0
         verb = "forward_backward" if backward else "forward"
         for r in range(world):
             self.counts.count(self.counts.learner_verbs, r, verb)
-        logprobs = torch.cat([o["logprobs"] for o in outs])[:rows]
-        elementwise = torch.cat([o["elementwise_loss"] for o in outs])[:rows]
-        metrics: dict[str, float] = {}
-        for o in outs:
-            for k, v in o["metrics"].items():
-                metrics[k] = metrics.get(k, 0.0) + float(v)
-        outputs = [
-            {"logprobs": logprobs[i, :n].numpy(), "elementwise_loss": elementwise[i, :n].numpy()}
-            for i, n in enumerate(batch["lengths"])
-        ]
-        return outputs, metrics
+        results = []
+        for k, ((_, data, _, _), batch) in enumerate(zip(items, batches, strict=True)):
+            mine = [outs[r][k] for r in range(world)]
+            logprobs = torch.cat([o["logprobs"] for o in mine])[: len(data)]
+            elementwise = torch.cat([o["elementwise_loss"] for o in mine])[: len(data)]
+            metrics: dict[str, float] = {}
+            for o in mine:
+                for key, v in o["metrics"].items():
+                    metrics[key] = metrics.get(key, 0.0) + float(v)
+            outputs = [
+                {
+                    "logprobs": logprobs[i, :n].numpy(),
+                    "elementwise_loss": elementwise[i, :n].numpy(),
+                }
+                for i, n in enumerate(batch["lengths"])
+            ]
+            results.append((outputs, metrics))
+        return results
 
     def optim_step(self, mid: str, adam: dict[str, float]) -> dict[str, float]:
         return self._on_learners("session_optim_step", mid, adam)[0]

@@ -123,9 +123,18 @@ class ServiceState:
             raise UserError("sampling_session_id", f"{key!r} is not a sampling session", 404)
         return self.registry.samplers[key]
 
-    def submit(self, queue: str, lane: str, fn: Any, model_id: str | None = None, **extra: Any):
-        """Queue `fn` on `queue` in `lane`'s order; the SDK's future body."""
-        rid = self.scheduler.submit(queue, lane, fn)
+    def submit(
+        self,
+        queue: str,
+        lane: str,
+        fn: Any,
+        model_id: str | None = None,
+        batch: Any = None,
+        **extra: Any,
+    ) -> dict:
+        """Queue `fn` on `queue` in `lane`'s order (batchable with other lanes' calls
+        with `batch`, a `scheduler.Batchable`); the SDK's future body."""
+        rid = self.scheduler.submit(queue, lane, fn, batch)
         return {"request_id": rid, "model_id": model_id, **extra}
 
     # -- shared operations (run on the learner queue) ---------------------------------

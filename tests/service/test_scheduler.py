@@ -101,3 +101,36 @@ def test_a_silent_session_loses_its_waiting_requests(tmp_path) -> None:  # noqa:
     gate.set()
     assert [asyncio.run(st.scheduler.retrieve(r, 5))[1] for r in rids][2] == 1
     st.scheduler.shutdown()
+
+
+def test_ready_requests_of_several_sessions_run_as_one_batch() -> None:
+    """A holds the worker; B, C, D each queue a batchable call of one group and C a
+    second: the next run takes B's, C's and D's heads together (limit 3, lane order),
+    then C's second alone."""
+    from posttrain.service.scheduler import Batchable
+
+    q, gate, runs = RoundRobinQueue("t"), threading.Event(), []
+
+    def run(payloads: list[str]) -> list[str]:
+        runs.append(payloads)
+        return [p.upper() for p in payloads]
+
+    q.put("A", lambda: gate.wait(5))
+    for _ in range(500):
+        if q.running == "A":
+            break
+        threading.Event().wait(0.01)
+    futs = {}
+    for lane, name in [("B", "b1"), ("C", "c1"), ("C", "c2"), ("D", "d1")]:
+        futs[name] = q.put(lane, lambda n=name: run([n])[0], Batchable("fb", name, run, 3))
+    other = q.put("E", lambda: "e", Batchable("other", "e1", run, 3))
+    gate.set()
+    assert {k: f.result(timeout=5) for k, f in futs.items()} == {
+        "b1": "B1",
+        "c1": "C1",
+        "c2": "C2",
+        "d1": "D1",
+    }
+    assert other.result(timeout=5) == "e"
+    assert runs == [["b1", "c1", "d1"], ["c2"]]
+    q.close()

@@ -8,11 +8,13 @@ from __future__ import annotations
 from pathlib import Path
 
 import httpx
+import numpy as np
 import pytest
 
 tinker = pytest.importorskip("tinker")
 from tinker import types  # noqa: E402
 
+from posttrain.service.wire import WireDatum  # noqa: E402
 from tests.service.conftest import TOKEN, serve, service_config  # noqa: E402
 
 DATA = [
@@ -31,7 +33,7 @@ def _step(tc) -> None:  # noqa: ANN001
 
 
 def test_two_ranks_and_an_engine_serve_a_session(tiny_model: Path, tmp_path: Path) -> None:
-    s = serve(service_config(tiny_model, learners=2), tmp_path / "root")
+    s = serve(service_config(tiny_model, learners=2, batch=2), tmp_path / "root")
     try:
         client = tinker.ServiceClient(base_url=s.url, api_key=TOKEN)
         tc = client.create_lora_training_client(base_model="tiny", rank=4, seed=1).result()
@@ -49,8 +51,30 @@ def test_two_ranks_and_an_engine_serve_a_session(tiny_model: Path, tmp_path: Pat
         (delivered,) = roles["deliveries"].values()  # the proof passed for this adapter
         assert delivered["engines"] == 1
         assert st["models"][tc.model_id]["steps"] == 1
+        # two sessions' requests in one learner pass give what each gives alone
+        other = client.create_lora_training_client(base_model="tiny", rank=2, seed=5).result()
+        _step(other)
+        wire = [WireDatum(np.array(d.model_input.to_ints()), _inputs(d)) for d in DATA]
+        stack = s.state.stack
+        items = [
+            (tc.model_id, wire, "cross_entropy", {}),
+            (other.model_id, wire[:2], "cross_entropy", {}),
+        ]
+        together = stack.forward_backward_many(items, backward=False)
+        for item, (outputs, metrics) in zip(items, together, strict=True):
+            alone, alone_metrics = stack.forward_backward(*item, backward=False)
+            for a, b in zip(outputs, alone, strict=True):
+                np.testing.assert_allclose(a["logprobs"], b["logprobs"], atol=1e-5)
+            assert abs(metrics["loss:sum"] - alone_metrics["loss:sum"]) < 1e-4
     finally:
         s.stop()
+
+
+def _inputs(d) -> dict:  # noqa: ANN001
+    return {
+        k: np.asarray(v.tolist(), np.int64 if k == "target_tokens" else np.float32)
+        for k, v in d.loss_fn_inputs.items()
+    }
 
 
 def test_a_restart_continues_bit_for_bit(tiny_model: Path, tmp_path: Path) -> None:
