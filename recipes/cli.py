@@ -555,7 +555,13 @@ def status(
         ),
     ] = None,
 ) -> None:
-    """Print a table of a run's last steps and its totals."""
+    """Print a table of a run's last steps and its totals (a `posttrain serve` root: its
+    sessions, models and, while it runs, its roles and queues)."""
+    if (run_dir / "service.json").is_file():
+        from ..service.status_view import print_service_status
+
+        print_service_status(run_dir, typer.echo)
+        return
     from .monitoring.status import print_status
 
     rows = _run_dir_or_exit(run_dir)

@@ -29,6 +29,7 @@ def serve(
 
     from .app import create_app
     from .state import ServiceState
+    from .status_view import clear_endpoint, write_endpoint
 
     token = os.environ.get("POSTTRAIN_SERVE_TOKEN") or f"tml-{os.urandom(16).hex()}"
     if not token.startswith("tml-"):
@@ -54,7 +55,9 @@ def serve(
             f"{cfg.rollout.engine} engine(s); root {root}\n"
             f"  export TINKER_BASE_URL=http://{host}:{port} TINKER_API_KEY={token}"
         )
+        write_endpoint(root, f"http://{host}:{port}")
         uvicorn.run(create_app(state), host=host, port=port, log_level="warning")
     finally:
+        clear_endpoint(root)
         state.stop()
     return 0

@@ -103,3 +103,19 @@ def test_a_restart_continues_bit_for_bit(tiny_model: Path, tmp_path: Path) -> No
         assert s.state.stack.checksum(again.model_id) == expected
     finally:
         s.stop()
+
+
+def test_status_of_a_service_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`posttrain status ROOT` reads a service root's registry (no roles needed)."""
+    from typer.testing import CliRunner
+
+    from posttrain.recipes.cli import app
+    from posttrain.service.registry import ModelRecord, Registry
+
+    reg = Registry(tmp_path)
+    reg.sessions = {"s1": ["m1"]}
+    reg.models = {"m1": ModelRecord("m1", "s1", "tiny", 4, steps=7, saved="x", saved_steps=5)}
+    reg.save()
+    out = CliRunner().invoke(app, ["status", str(tmp_path)])
+    assert out.exit_code == 0, out.output
+    assert "| m1 | s1 | 4 | 7 | 5 |" in out.output and "not running" in out.output
