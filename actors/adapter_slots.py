@@ -42,6 +42,11 @@ def lora_config_kwargs(config: dict) -> dict[str, Any]:
     return {**{k: v for k, v in config.items() if k in fields}, "inference_mode": True}
 
 
+class AdapterNotHeld(ValueError):
+    """A named adapter this engine does not hold (never loaded, dropped or evicted):
+    the caller may push it again."""
+
+
 @dataclass(frozen=True)
 class Slot:
     """One named adapter an engine holds.
@@ -99,7 +104,7 @@ class AdapterSlots:
         """The slot of `name`, now the most recently used.
 
         Raises:
-            ValueError: `name` is not held (never loaded, dropped, or evicted: said so).
+            AdapterNotHeld: `name` is not held (never loaded, dropped, or evicted: said so).
         """
         slot = self._slots.get(name)
         if slot is None:
@@ -109,7 +114,7 @@ class AdapterSlots:
                 if name in self._evicted
                 else "is not loaded on this engine; push its weights first"
             )
-            raise ValueError(f"LoRA adapter {name!r} {why}")
+            raise AdapterNotHeld(f"LoRA adapter {name!r} {why}")
         self._slots.move_to_end(name)
         return slot
 

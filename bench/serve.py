@@ -1,20 +1,24 @@
-"""`posttrain serve`'s cost per training step, three ways alternated in one run:
+"""`posttrain serve` on the roles, measured side by side in one run:
 
-1. SDK round trip: forward_backward + optim_step through the official SDK (HTTP,
-   protobuf, futures) to the service;
-2. in process: the same step called on the service's model object (no HTTP): 1 / 2 is
-   the service's own overhead;
-3. recipe learner: the step as a recipe's learner takes it (learner/models.py
-   `load_sharded`: FSDP2 over one gloo rank, the same LoRA, `sequence_logprobs` per
-   micro-batch of `--micro-batch` rows, AdamW), on the same tokens.
+1. **Round trip vs recipe**: one session's forward_backward + optim_step through the SDK
+   (HTTP, protobuf, queue, the learner group's session verbs), alternated with the same
+   step as a recipe's learner takes it (learner/models.py `load_sharded`: FSDP2 on one
+   gloo rank in this process, the same LoRA rank, micro-batches, AdamW).
+2. **Sessions at once vs in turn**: `--sessions` sessions each sending forward_backward
+   on `--batch` sequences at the same time, against the same requests sent one session
+   after another; training tokens/s.
+3. **Memory per session**: resident memory (RSS) of the learner rank and of the engine
+   with 1 session and with `--sessions` sessions (each trained one step and its sampler
+   pushed).
+4. **Sampling on the engines**: `--samples` samples of one prompt on the service with
+   the `hf` engine (the engine the in-process service sampled with) and with `vllm`.
 
-    .venv/bin/python bench/serve.py [--repeats 5] [--batch 32] [--length 64]
-        [--dtype bfloat16] [--micro-batch 16] [--smoke]
+    .venv/bin/python bench/serve.py [--repeats 3] [--batch 8] [--length 64] [--sessions 4]
+        [--dtype bfloat16] [--smoke]
 
-The service runs in this process (uvicorn in a thread) on the real model; the batch is
-`--batch` random datums of `--length` tokens with the `importance_sampling` inputs.
-Medians over the repeats after a warm-up round. `--smoke`: the tiny random model,
-2 repeats (tests/bench/).
+The services run in this process (uvicorn in a thread) over an embedded Ray cluster with
+1 learner rank and 1 engine; medians over the repeats after a warm-up round. `--smoke`:
+the tiny random model, 1 repeat, `hf` only (tests/bench/).
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ import statistics
 import sys
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -67,98 +72,201 @@ def learner_step(path: Path, rank: int, dtype: str, micro: int):  # noqa: ANN201
     return step
 
 
-def serve(path: Path, dtype: str) -> tuple[str, object]:
-    """Base URL and state of a service on a free port serving `path` as 'm'."""
+def start(path: Path, engine: str, dtype: str, rank: int, micro: int):  # noqa: ANN201
+    """(url, state, stop) of a service on a free port serving `path` as 'm'."""
     import uvicorn
 
     from posttrain.common.net import listen_socket
+    from posttrain.config.service import ServiceConfig
     from posttrain.service.app import create_app
+    from posttrain.service.state import ServiceState
 
-    app = create_app(TOKEN, scratch(), {"m": path}, dtype)
+    cfg = ServiceConfig.model_validate(
+        {
+            "model": {"path": str(path), "name": "m", "dtype": dtype},
+            "rollout": {"engine": engine},
+            "sessions": {"max_rank": rank, "micro_batch_size": micro},
+        }
+    )
+    state = ServiceState.start(cfg, scratch(), TOKEN)
     sock = listen_socket("127.0.0.1", 0)
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
-    threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True).start()
+    server = uvicorn.Server(uvicorn.Config(create_app(state), log_level="warning"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
     time.sleep(1.0)
-    return f"http://127.0.0.1:{sock.getsockname()[1]}", app.state.service
+
+    def stop() -> None:
+        server.should_exit = True
+        thread.join(timeout=10)
+        state.stop()
+
+    return f"http://127.0.0.1:{sock.getsockname()[1]}", state, stop
 
 
-def main() -> None:
+def rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def actor_pid(actor) -> int:  # noqa: ANN001
+    import ray
+
+    return ray.get(actor.__ray_call__.remote(lambda self: os.getpid()))
+
+
+def main() -> None:  # noqa: PLR0915 (one table per phase, in order)
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default="smollm2-135m-instruct")
-    ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--length", type=int, default=64)
     ap.add_argument("--rank", type=int, default=32)
+    ap.add_argument("--sessions", type=int, default=4)
+    ap.add_argument("--samples", type=int, default=16)
     ap.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16"])
-    ap.add_argument("--micro-batch", type=int, default=16)
+    ap.add_argument("--micro-batch", type=int, default=8)
     ap.add_argument("--smoke", action="store_true", help=SMOKE_HELP)
     args = ap.parse_args()
     os.environ["TINKER_TELEMETRY"] = "0"
     import numpy as np
     import tinker
+    import torch
     from tinker import types
 
     from posttrain.common.model_registry import resolve_model_path
-    from posttrain.service.training import Adam
-    from posttrain.service.wire import WireDatum
 
     path = tiny_model() if args.smoke else resolve_model_path(args.model)
+    engines = ["hf"] if args.smoke else ["hf", "vllm"]
     if args.smoke:
-        args.repeats, args.batch, args.length, args.micro_batch = 2, 4, 16, 2
-    url, state = serve(path, args.dtype)
-    tc = (
-        tinker.ServiceClient(base_url=url, api_key=TOKEN)
-        .create_lora_training_client(base_model="m", rank=args.rank, seed=0)
-        .result()
-    )
-    model = state.models[tc.model_id]
+        args.repeats, args.batch, args.length, args.micro_batch = 1, 4, 16, 2
+        args.rank, args.sessions, args.samples = 4, 2, 4
     rng = np.random.default_rng(0)
-    rows = rng.integers(5, min(model.vocab, 5000), size=(args.batch, args.length + 1))
-    inputs = [
-        {
-            "target_tokens": r[1:],
-            "logprobs": np.full(args.length, -2.0, np.float32),
-            "advantages": rng.normal(size=args.length).astype(np.float32),
-        }
-        for r in rows
+    rows = rng.integers(5, 5000 if not args.smoke else 60, size=(args.batch, args.length + 1))
+    adv = rng.normal(size=(args.batch, args.length)).astype(np.float32)
+    data = [
+        types.Datum(
+            model_input=types.ModelInput.from_ints(r[:-1].tolist()),
+            loss_fn_inputs={
+                "target_tokens": r[1:],
+                "logprobs": np.full(args.length, -2.0, np.float32),
+                "advantages": a,
+            },
+        )
+        for r, a in zip(rows, adv, strict=True)
     ]
-    sdk_data = [
-        types.Datum(model_input=types.ModelInput.from_ints(r[:-1].tolist()), loss_fn_inputs=i)
-        for r, i in zip(rows, inputs, strict=True)
-    ]
-    wire = [WireDatum(r[:-1].astype(np.int64), i) for r, i in zip(rows, inputs, strict=True)]
     adam = types.AdamParams(learning_rate=1e-6)
-    import torch
+    url, state, stop = start(path, engines[0], args.dtype, args.rank, args.micro_batch)
+    tables: list[str] = []
+    try:
+        client = tinker.ServiceClient(base_url=url, api_key=TOKEN)
+        tcs = [
+            client.create_lora_training_client(base_model="m", rank=args.rank, seed=i).result()
+            for i in range(args.sessions)
+        ]
+        learner_pid = actor_pid(state.stack.roles.learners[0])
+        engine_pid = actor_pid(state.stack.roles.rollout[0])
 
-    recipe = learner_step(path, args.rank, args.dtype, args.micro_batch)
-    ids_t = torch.from_numpy(rows)
-    old_t = torch.full((args.batch, args.length), -2.0)
-    adv_t = torch.from_numpy(np.stack([i["advantages"] for i in inputs]))
-    times: dict[str, list[float]] = {"SDK round trip": [], "in process": [], "recipe learner": []}
-    for _ in range(args.repeats + 1):  # the first pair warms up and is dropped
-        t0 = time.perf_counter()
-        fb = tc.forward_backward(sdk_data, "importance_sampling")
-        op = tc.optim_step(adam)
-        fb.result()
-        op.result()
-        times["SDK round trip"].append(time.perf_counter() - t0)
-        t0 = time.perf_counter()
-        model.forward_backward(wire, "importance_sampling", {}, False)
-        model.optim_step(Adam(1e-6, 0.9, 0.95, 1e-12, 0.0, 0.0))
-        times["in process"].append(time.perf_counter() - t0)
-        t0 = time.perf_counter()
-        recipe(ids_t, old_t, adv_t)
-        times["recipe learner"].append(time.perf_counter() - t0)
+        def one_step(tc) -> None:  # noqa: ANN001
+            fb = tc.forward_backward(data, "importance_sampling")
+            op = tc.optim_step(adam)
+            fb.result()
+            op.result()
+
+        # 3. memory: one session trained and sampled, then all of them
+        one_step(tcs[0])
+        tcs[0].save_weights_and_get_sampling_client().result()
+        mem1 = (rss_mb(learner_pid), rss_mb(engine_pid))
+        for tc in tcs[1:]:
+            one_step(tc)
+            tc.save_weights_and_get_sampling_client().result()
+        memn = (rss_mb(learner_pid), rss_mb(engine_pid))
+        # 1. round trip vs recipe learner, alternated
+        recipe = learner_step(path, args.rank, args.dtype, args.micro_batch)
+        ids_t = torch.from_numpy(rows)
+        old_t = torch.full((args.batch, args.length), -2.0)
+        adv_t = torch.from_numpy(adv)
+        trip: dict[str, list[float]] = {"SDK round trip (service)": [], "recipe learner": []}
+        for _ in range(args.repeats + 1):  # the first round warms up and is dropped
+            t0 = time.perf_counter()
+            one_step(tcs[0])
+            trip["SDK round trip (service)"].append(time.perf_counter() - t0)
+            t0 = time.perf_counter()
+            recipe(ids_t, old_t, adv_t)
+            trip["recipe learner"].append(time.perf_counter() - t0)
+        base = statistics.median(trip["recipe learner"][1:])
+        t = ["| path | s/step (median) | vs recipe learner |", "|---|---|---|"]
+        for name, ts in trip.items():
+            med = statistics.median(ts[1:])
+            t.append(f"| {name} | {med:.3f} | {med / base:.2f}x |")
+        tables.append("\n".join(t))
+        # 2. sessions at once vs in turn
+        tokens = args.sessions * args.batch * args.length
+        both: dict[str, list[float]] = {"in turn": [], "at once": []}
+        for _ in range(args.repeats):
+            t0 = time.perf_counter()
+            for tc in tcs:
+                tc.forward_backward(data, "importance_sampling").result()
+            both["in turn"].append(time.perf_counter() - t0)
+            t0 = time.perf_counter()
+            with ThreadPoolExecutor(len(tcs)) as pool:
+                futs = [pool.submit(tc.forward_backward, data, "importance_sampling") for tc in tcs]
+                for f in futs:
+                    f.result().result()
+            both["at once"].append(time.perf_counter() - t0)
+        t = [
+            f"| {args.sessions} sessions x {args.batch} seqs | s (median) | train tokens/s "
+            "| vs in turn |",
+            "|---|---|---|---|",
+        ]
+        turn = statistics.median(both["in turn"])
+        for name, ts in both.items():
+            med = statistics.median(ts)
+            t.append(f"| {name} | {med:.3f} | {tokens / med:.0f} | {turn / med:.2f}x |")
+        tables.append("\n".join(t))
+        t = ["| RSS MiB | 1 session | " + f"{args.sessions} sessions | per added session |"]
+        t.append("|---|---|---|---|")
+        for i, who in enumerate(("learner rank 0", "engine 0")):
+            per = (memn[i] - mem1[i]) / max(args.sessions - 1, 1)
+            t.append(f"| {who} | {mem1[i]:.0f} | {memn[i]:.0f} | {per:.1f} |")
+        tables.append("\n".join(t))
+        sample_rows = {engines[0]: sample_rate(tcs[0], args, types)}
+    finally:
+        stop()
+    for engine in engines[1:]:
+        url, state, stop = start(path, engine, args.dtype, args.rank, args.micro_batch)
+        try:
+            client = tinker.ServiceClient(base_url=url, api_key=TOKEN)
+            tc = client.create_lora_training_client(base_model="m", rank=args.rank).result()
+            sample_rows[engine] = sample_rate(tc, args, types)
+        finally:
+            stop()
+    t = ["| engine | sampled tokens/s | vs hf |", "|---|---|---|"]
+    for engine, rate in sample_rows.items():
+        t.append(f"| {engine} | {rate:.1f} | {rate / sample_rows['hf']:.2f}x |")
+    tables.append("\n".join(t))
     print(header())
     print(
         f"# model {path.name}, LoRA r{args.rank}, {args.dtype} compute, batch {args.batch} x "
-        f"{args.length} tokens (recipe learner: micro-batches of {args.micro_batch} rows)"
+        f"{args.length} tokens, 1 learner rank, 1 engine"
     )
-    base = statistics.median(times["recipe learner"][1:])
-    print("| path | s/step (median) | vs recipe learner |\n|---|---|---|")
-    for name, ts in times.items():
-        med = statistics.median(ts[1:])
-        print(f"| {name} | {med:.3f} | {med / base:.2f}x |")
+    print("\n\n".join(tables))
+
+
+def sample_rate(tc, args, types) -> float:  # noqa: ANN001
+    """Sampled tokens per second of `--samples` samples of one prompt, median of repeats
+    after a warm-up."""
+    sampler = tc.save_weights_and_get_sampling_client().result()
+    prompt = types.ModelInput.from_ints(list(range(5, 21)))
+    params = types.SamplingParams(max_tokens=32, temperature=1.0, seed=0)
+    rates = []
+    for _ in range(args.repeats + 1):
+        t0 = time.perf_counter()
+        out = sampler.sample(prompt, args.samples, params).result()
+        n = sum(len(s.tokens) for s in out.sequences)
+        rates.append(n / (time.perf_counter() - t0))
+    return statistics.median(rates[1:])
 
 
 if __name__ == "__main__":

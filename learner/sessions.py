@@ -367,12 +367,15 @@ class SessionVerbs:
             restore_adamw(sess, state, saved.step)
         return {"step": sess.step}
 
-    def publish_session(self, sid: str, version: int) -> Iterator[WeightHandle | Delivery | None]:
+    def publish_session(
+        self, sid: str, version: int, name: str | None = None
+    ) -> Iterator[WeightHandle | Delivery | None]:
         """Push the session's adapter as `version` through the weight transport, as
         `publish_weights` does (a generator: rank 0's handle, then with verification its
         `Delivery`): PEFT names at the session's true rank, cast to the compute dtype,
         `meta["adapter_config"]` (LoraConfig(r, alpha=r, its layers)) and
-        `meta["adapter_name"] = sid`. Collective."""
+        `meta["adapter_name"]`: `name`, else `sid` (the service names each sampler's
+        adapter, so older samplers stay servable). Collective."""
         sess = self._session(sid)
         dtype = DTYPES[self.s.compute_dtype]
 
@@ -384,7 +387,7 @@ class SessionVerbs:
         meta = {}
         if self.rank == 0:
             cfg = session_files.config_dict(sess.rank, sess.targets, self.s.model_path)
-            meta = {"adapter_config": cfg, "adapter_name": sid}
+            meta = {"adapter_config": cfg, "adapter_name": name or sid}
         with self.spans.span("weight_sync", sess.step):
             yield from publish(
                 self.transport,

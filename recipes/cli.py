@@ -555,7 +555,13 @@ def status(
         ),
     ] = None,
 ) -> None:
-    """Print a table of a run's last steps and its totals."""
+    """Print a table of a run's last steps and its totals (a `posttrain serve` root: its
+    sessions, models and, while it runs, its roles and queues)."""
+    if (run_dir / "service.json").is_file():
+        from ..service.status_view import print_service_status
+
+        print_service_status(run_dir, typer.echo)
+        return
     from .monitoring.status import print_status
 
     rows = _run_dir_or_exit(run_dir)
@@ -626,45 +632,39 @@ def _summary(history: list[dict[str, float]], run_dir: Path, wall: float) -> Non
 
 @app.command()
 def serve(
-    model: Annotated[
-        list[str] | None,
-        typer.Option(help="A base model to serve: built-in alias or model folder (repeatable)."),
+    config: Annotated[
+        Path | None,
+        typer.Option(
+            help="Service configuration YAML (model, rollout, resources, "
+            "weight_sync, sessions); see recipes/serve.yaml."
+        ),
     ] = None,
+    model: Annotated[
+        str | None, typer.Option(help="The base model: built-in alias or model folder.")
+    ] = None,
+    engine: Annotated[str | None, typer.Option(help="Rollout engine: vllm or hf.")] = None,
     host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Port to listen on.")] = 8000,
-    root: Annotated[Path, typer.Option(help="Folder for save_state checkpoints.")] = Path(
-        "runs/serve"
-    ),
-    dtype: Annotated[
-        str,
-        typer.Option(help="Compute dtype: float32, or bfloat16 (float32 master weights)."),
-    ] = "float32",
+    root: Annotated[
+        Path, typer.Option(help="Folder of the service's sessions, states and samplers.")
+    ] = Path("runs/serve"),
+    address: Annotated[
+        str | None, typer.Option(help="Ray cluster to join (as `posttrain run --address`).")
+    ] = None,
 ) -> None:
-    """Start a Tinker-compatible training service (docs/service.md). The key clients
-    send is $POSTTRAIN_SERVE_TOKEN (it must start with 'tml-'), else a new one, printed."""
-    import uvicorn
+    """Start a Tinker-compatible training service on the learner group and rollout
+    engines (docs/service.md). The key clients send is $POSTTRAIN_SERVE_TOKEN (it must
+    start with 'tml-'), else a new one, printed."""
+    from ..service.cli import serve as serve_main
 
-    from ..common.model_registry import resolve_model_path
-    from ..service.app import create_app
-
-    token = os.environ.get("POSTTRAIN_SERVE_TOKEN") or f"tml-{os.urandom(16).hex()}"
-    if not token.startswith("tml-"):
-        typer.echo("error: POSTTRAIN_SERVE_TOKEN must start with 'tml-' (the SDK's rule)", err=True)
-        raise typer.Exit(code=2)
-    if dtype not in ("float32", "bfloat16"):
-        typer.echo(f"error: --dtype {dtype!r}: use float32 or bfloat16", err=True)
-        raise typer.Exit(code=2)
-    names = model or ["smollm2-135m-instruct"]
-    try:
-        served = {n: resolve_model_path(n) for n in names}
-    except FileNotFoundError as e:
-        typer.echo(f"error: --model: {e}", err=True)
-        raise typer.Exit(code=2) from None
-    typer.echo(
-        f"posttrain serve: http://{host}:{port} models {', '.join(served)}\n"
-        f"  export TINKER_BASE_URL=http://{host}:{port} TINKER_API_KEY={token}"
-    )
-    uvicorn.run(create_app(token, root, served, dtype), host=host, port=port, log_level="warning")
+    overrides: dict = {}
+    if model is not None:
+        overrides["model"] = {"path": model}
+    if engine is not None:
+        overrides["rollout"] = {"engine": engine}
+    code = serve_main(config, overrides, root, host, port, address, typer.echo)
+    if code:
+        raise typer.Exit(code=code)
 
 
 def main() -> None:

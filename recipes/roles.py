@@ -127,13 +127,20 @@ class Roles:
 
 
 def start_roles(
-    recipe: Recipe, algo: Algorithm, model_path: str, run_dir: Path, resume_from: str | None = None
+    recipe: Recipe,
+    algo: Algorithm,
+    model_path: str,
+    run_dir: Path,
+    resume_from: str | None = None,
+    adapter_slots: int = 1,
 ) -> Roles:
     """Start the learner group and, when the algorithm samples (`algo.uses_rollouts`),
     the reward service, the rollout workers and their push group. `resume_from`: the
     learners' training state to load (a checkpoint's `learner/` folder). When one role
     fails to start, every role started before it is stopped (`stop_roles`) before the
     error is raised, so a failed start leaves no reward service or worker running.
+    `adapter_slots`: named LoRA adapters each engine serves at once (`posttrain serve`'s
+    sessions; a recipe's engines serve one).
 
     Raises:
         RecipeError: an adapter target that names no layer of the model.
@@ -141,7 +148,7 @@ def start_roles(
     """
     roles = Roles(learners=[], placement=place(recipe.resources, rollout=algo.uses_rollouts))
     try:
-        _start_roles(roles, recipe, algo, model_path, run_dir, resume_from)
+        _start_roles(roles, recipe, algo, model_path, run_dir, resume_from, adapter_slots)
     except BaseException:
         stop_roles(roles)
         raise
@@ -155,6 +162,7 @@ def _start_roles(
     model_path: str,
     run_dir: Path,
     resume_from: str | None,
+    adapter_slots: int = 1,
 ) -> None:
     """`start_roles` into `roles` (each handle set as soon as its role runs)."""
     res = recipe.resources
@@ -178,6 +186,8 @@ def _start_roles(
                 transport, group_address=roles.group.address, group_world=roles.group.world_size
             )
         worker_spec = rollout_spec(recipe, model_path, threads_r, transport)
+        if adapter_slots > 1:
+            worker_spec.engine = replace(worker_spec.engine, max_adapters=adapter_slots)
         roles.rollout = start_rollout(worker_spec, placement)
     roles.specs = RelaunchSpecs(
         reward=reward_launch,
@@ -410,6 +420,7 @@ def start_learners(
         device=recipe.resources.device,
         gradient_checkpointing=t.gradient_checkpointing,
         compile=t.compile,
+        sessions=getattr(algo, "sessions", None),  # posttrain serve: LoRA sessions
     )
     worker = ray.remote(num_cpus=0)(LearnerWorker)
     learners = [

@@ -60,8 +60,10 @@ def sampling_request(
         strings = tuple(stop)
     elif isinstance(stop, list) and stop and all(isinstance(s, int) for s in stop):
         stop_ids = list(stop)
+    elif stop == []:  # the SDK's documented "no stop sequences": the model's EOS only
+        pass
     elif stop is not None:
-        raise UserError("sampling_params.stop", "must be strings or token ids (not empty)")
+        raise UserError("sampling_params.stop", "must be strings or token ids")
     check(all(strings), "sampling_params.stop", "stop strings must not be empty")
     seed = p.get("seed")
     settings = SamplingSettings(

@@ -21,7 +21,7 @@ elements are known only once a tensor is gathered).
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from datetime import timedelta
 from typing import Any
 
@@ -118,6 +118,7 @@ def push(
     timeout_s: float,
     full: bool = False,
     fresh: bool = False,
+    publisher: Callable[[Any], Any] | None = None,
 ) -> WeightHandle:
     """Controller side of one push: learners publish `version`, every engine applies
     the handle, and all acknowledge within `timeout_s` seconds. Returns rank 0's handle.
@@ -129,6 +130,9 @@ def push(
         full: push full weights even under adapter-only sync (QLoRA's base, version 0).
         fresh: no delta: every engine gets whole tensors (the first push of a run, a
             resume, an engine replacement; `weightsync.delta`).
+        publisher: `learner → streaming generator ref` of another publishing verb than
+            `publish_weights(version, full, fresh)` (posttrain serve: a session's adapter,
+            `publish_session`); the same order and checks apply.
 
     Raises:
         WeightSyncError: an engine failed to load, died, did not answer in time,
@@ -138,10 +142,12 @@ def push(
     """
     import ray
 
-    gens = [
-        lw.publish_weights.options(num_returns="streaming").remote(version, full, fresh)
-        for lw in learners
-    ]
+    if publisher is None:
+
+        def publisher(lw: Any) -> Any:
+            return lw.publish_weights.options(num_returns="streaming").remote(version, full, fresh)
+
+    gens = [publisher(lw) for lw in learners]
     ready, _ = ray.wait([gens[0]], timeout=timeout_s)  # ready: its next item exists
     if not ready:
         raise WeightSyncError(
@@ -174,7 +180,10 @@ def push(
             item = ray.get(ref)
             sent = item if isinstance(item, Delivery) else sent
     if sent is not None:  # proof of delivery: every engine's account against the learner's
-        reports = ray.get([w.delivery.remote() for w in engines], timeout=timeout_s)
+        # a named adapter (posttrain serve) is accounted for by its name
+        name = sent.adapter_name
+        asks = [w.delivery.remote(name) if name else w.delivery.remote() for w in engines]
+        reports = ray.get(asks, timeout=timeout_s)
         for i, got in enumerate(reports):
             check_delivery(sent, got, i)
     return handle

@@ -46,7 +46,7 @@ BENCHES: dict[str, tuple[list[pytest.MarkDecorator], list[str]]] = {
         vllm,
         ["| engine | startup s | generate s (median) |", "| vllm async, 4 callers |"],
     ),
-    "serve": ([], ["| path | s/step (median) | vs recipe learner |", "| SDK round trip |"]),
+    "serve": ([], ["| SDK round trip (service) |", "| at once |", "| engine 0 |", "| hf |"]),
     "token_budget": (slow, ["| micro-batches | train s | step s |", "| budget 64 tokens |"]),
     "vs_trl": ([], ["| system | s/step (median) |", "| posttrain ("]),
     "weight_load": (

@@ -118,3 +118,62 @@ def test_bearer_token_capabilities_and_health(served: Any) -> None:
     r = httpx.get(served.url + "/api/v1/get_server_capabilities", headers=wrong)
     assert (r.status_code, r.json()["field"]) == (401, "X-API-Key")
     assert httpx.get(served.url + "/api/v1/healthz").json() == {"status": "ok"}
+
+
+@pytest.mark.parametrize(
+    ("params", "field"),
+    [
+        ({"learning_rate": 1e-3, "beta1": 5.0}, "adam_params.beta1"),  # wrecked the model
+        ({"learning_rate": 1e-3, "beta2": 1.5}, "adam_params.beta2"),  # was a 500
+        ({"learning_rate": 1e-3, "eps": 0.0}, "adam_params.eps"),  # gave NaN
+        ({"learning_rate": 1e-3, "betas": [0.9, 0.9]}, "adam_params.betas"),  # was ignored
+        ({"learning_rate": True}, "adam_params.learning_rate"),
+    ],
+)
+def test_adam_parameters_are_checked(served: Any, tc, params: dict, field: str) -> None:  # noqa: ANN001
+    """Issue 47: AdamParams were checked only as finite and ≥ 0, unknown keys ignored."""
+    r = httpx.post(
+        served.url + "/api/v1/optim_step",
+        json={"model_id": tc.model_id, "adam_params": params},
+        headers=H,
+    )
+    assert (r.status_code, r.json()["field"]) == (400, field), r.json()
+
+
+def test_stop_empty_is_served_and_prompt_logprobs_are_refused(tc) -> None:  # noqa: ANN001
+    """Issue 47: `stop=[]` (documented by the SDK) was refused; prompt logprobs came back
+    as None instead of a refusal."""
+    sampler = tc.save_weights_and_get_sampling_client().result()
+    prompt = types.ModelInput.from_ints([4, 5])
+    out = sampler.sample(prompt, 1, types.SamplingParams(max_tokens=2, stop=[])).result()
+    assert len(out.sequences) == 1
+    with pytest.raises(tinker.BadRequestError) as e:
+        sampler.compute_logprobs(prompt).result()
+    assert e.value.body["field"] == "prompt_logprobs"
+
+
+def test_only_the_served_base_model_is_loaded(served: Any) -> None:
+    """Issue 47: create_model loaded any folder with a config.json, and an unknown
+    model's 404 showed the server's absolute path."""
+    post = lambda path, body: httpx.post(served.url + path, json=body, headers=H)  # noqa: E731
+    sid = post("/api/v1/create_session", {}).json()["session_id"]
+    for name in (str(served.state.stack.model_path), "/etc", "no-such-model"):
+        r = post(
+            "/api/v1/create_model",
+            {"session_id": sid, "base_model": name, "model_seq_id": 9, "lora_config": {"rank": 2}},
+        )
+        assert (r.status_code, r.json()["field"]) == (404, "base_model")
+    assert "/" not in r.json()["detail"]  # no path of the server's for a plain name
+
+
+def test_stop_token_ids_end_samples_on_the_engine(served: Any, tc) -> None:  # noqa: ANN001
+    """`stop` as token ids reaches the engine: with every id but a few a stop, each sample
+    is one token long and ends with one of them."""
+    sampler = tc.save_weights_and_get_sampling_client().result()
+    stops = list(range(served.state.stack.vocab))[10:]
+    params = types.SamplingParams(max_tokens=8, stop=stops, seed=0)
+    out = sampler.sample(types.ModelInput.from_ints([4, 5]), 4, params).result()
+    ended = [s for s in out.sequences if s.tokens and s.tokens[-1] in stops]
+    assert all(len(s.tokens) <= 8 for s in out.sequences)
+    assert len(ended) >= 3  # ids 0-9 may run on; 10+ of vocab stop at once
+    assert all(len(s.tokens) == 1 + sum(t < 10 for t in s.tokens[:-1]) for s in ended)
