@@ -106,9 +106,7 @@ def publish(
     transport.finish(handle)
     if sent is not None:
         adapter, name = "adapter_config" in meta, meta.get("adapter_name")
-        yield Delivery(
-            version, sent, adapter=adapter, adapter_name=name, expected=source.expected
-        )
+        yield Delivery(version, sent, adapter=adapter, adapter_name=name, expected=source.expected)
 
 
 def push(
