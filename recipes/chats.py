@@ -240,12 +240,10 @@ def check_chats(recipe: Any, examples: list[ChatExample], convert: bool = False)
     Raises:
         RecipeError: as `tokenize_chats`.
     """
-    from transformers import AutoTokenizer
-
-    from .preflight import _readable_model_folder
+    from .preflight import _readable_model_folder, _tokenizer  # no torch for tokenizer.json
 
     folder = _readable_model_folder(recipe.model.path, convert)
     if folder is None:
         return False
-    tokenize_chats(AutoTokenizer.from_pretrained(folder), examples, recipe.sft.max_length)
+    tokenize_chats(_tokenizer(folder), examples, recipe.sft.max_length)
     return True

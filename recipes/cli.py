@@ -7,7 +7,6 @@ any model starts); 1 a failure during training.
 from __future__ import annotations
 
 import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -18,10 +17,16 @@ import typer
 from ..common.net import listen_socket
 from ..common.process import bf16_note
 from ..config import Recipe, RecipeError
-from .algo.teacher import check_teacher_tokenizer
-from .data import load_data
-from .loading import load_recipe
-from .preflight import check_eval_lengths, check_lengths, check_runtime_inputs
+from .cli_checks import (
+    check_new_run_or_exit,
+    load_or_exit,
+    lock_or_exit,
+    new_run_dir,
+    port_or_exit,
+    reward_server_or_exit,
+    run_dir_or_exit,
+    serve_inputs_or_exit,
+)
 
 app = typer.Typer(
     add_completion=False,
@@ -37,68 +42,10 @@ SetOpt = Annotated[
 ]
 
 
-def _load_or_exit(
-    recipe: Path, overrides: list[str] | None, convert: bool = True, lengths: bool = True
-) -> tuple[Recipe, list]:
-    """The validated recipe and its training data: GRPO / PPO prompts, or DPO and
-    reward-model pairs (every data row checked); prompt lengths too unless `lengths` is
-    False (`plan` checks them itself, tokenizing once)."""
-    try:
-        r = load_recipe(recipe, overrides or [])
-        check_runtime_inputs(r)
-        check_teacher_tokenizer(r, convert=convert)
-        data = load_data(r)
-        if data.skipped:
-            typer.echo(
-                f"data: {data.skipped} rows skipped (their dialogues do not share a prompt)",
-                err=True,
-            )
-        if data.held_out:
-            typer.echo(
-                f"data: {data.held_out} training prompts equal an evaluation prompt and are "
-                "left out of training",
-                err=True,
-            )
-        _eval_schedule_note(r)
-        if r.facts.data == "chat" and lengths:  # the template marks every assistant turn
-            from .chats import check_chats
-
-            check_chats(r, data.train, convert=convert)
-        if not r.facts.uses_rollouts:  # pairs, conversations: no generation to fit
-            return r, data.train
-        # GRPO / PPO: the longest prompt + max_new_tokens fits (`run` converts a built-in
-        # model first, so the check never waits for the first training run)
-        if lengths and not check_lengths(r, data.train, convert=convert):
-            typer.echo(
-                f"note: prompt lengths not checked yet: model.path {r.model.path!r} is "
-                "converted on the first `posttrain run`, which checks them before "
-                "training",
-                err=True,
-            )
-        if lengths:  # after training's, which names rollout.max_new_tokens first
-            check_eval_lengths(r, data.eval, convert=convert)
-        return r, data.train
-    except RecipeError as e:
-        typer.echo(f"error: {e}", err=True)
-        raise typer.Exit(code=2) from None
-
-
-def _eval_schedule_note(r: Recipe) -> None:
-    """Say when `eval.every_steps` is past `train.steps`: only the final policy (and, with
-    before_train, the initial one) is evaluated (recipes/evaluation.py `due`)."""
-    if r.eval is not None and r.eval.every_steps > r.train.steps:
-        typer.echo(
-            f"note: eval.every_steps ({r.eval.every_steps}) is past train.steps "
-            f"({r.train.steps}): the policy is evaluated after the last step only"
-            f"{' (and before the first)' if r.eval.before_train else ''}",
-            err=True,
-        )
-
-
 @app.command()
 def validate(recipe: Path, set_: SetOpt = None) -> None:
     """Check a recipe (schema, data rows, model path) without starting anything."""
-    r, prompts = _load_or_exit(recipe, set_, convert=False)
+    r, prompts = load_or_exit(recipe, set_, convert=False)
     what = {"pairs": "pairs", "chat": "conversations"}.get(r.facts.data, "prompts")
     typer.echo(
         f"ok: {recipe} ({r.algorithm}, {r.train.steps} steps, {len(prompts)} {what}, "
@@ -145,53 +92,34 @@ def run(
         ),
     ] = False,
 ) -> None:
-    """Train a recipe end to end, or continue a run with --resume RUN_DIR."""
-    if resume is not None:
-        run_dir, checkpoint = resume, _checkpoint_or_exit(resume)
-        r, prompts = _load_or_exit(recipe or checkpoint / "recipe.yaml", set_)
-        _check_resume_or_exit(r, checkpoint)
-        _check_data_or_exit(r, checkpoint, prompts, accept_data_change)
-    else:
-        r, prompts, run_dir = _new_run_or_exit(recipe, set_, out)
-        checkpoint = None
-    r = _port_or_exit(r)
-    typer.echo(f"posttrain: {r.name} ({r.algorithm}) → {run_dir}")
-    if (note := bf16_note(r.resources.device, r.model.dtype)) is not None:
-        typer.echo(note)
-    _train_or_exit(r, run_dir, address, prompts, checkpoint)
-
-
-def _new_run_or_exit(
-    recipe: Path | None, set_: list[str] | None, out: Path | None
-) -> tuple[Recipe, list, Path]:
-    """The recipe, its data and a run folder that holds no run yet (exit 2 otherwise)."""
-    from . import checkpoints
-
-    if recipe is None:
+    """Train a recipe end to end, or continue a run with --resume RUN_DIR. One run at a
+    time holds the run folder (`lock_or_exit`)."""
+    if recipe is None and resume is None:
         typer.echo(
             "error: give a recipe (posttrain run RECIPE) or a run to continue "
             "(posttrain run --resume RUN_DIR)",
             err=True,
         )
         raise typer.Exit(code=2)
-    r, prompts = _load_or_exit(recipe, set_)
-    run_dir = out or Path("runs") / f"{r.name}-{time.strftime('%Y%m%d-%H%M%S')}"
-    if (last := checkpoints.latest(run_dir)) is not None:
-        typer.echo(
-            f"error: --out {run_dir} holds a run with a checkpoint ({last.name}); "
-            f"continue it with: posttrain run --resume {run_dir} (add --set "
-            "train.steps=N to run longer), or give a new folder",
-            err=True,
-        )
-        raise typer.Exit(code=2)
-    if (run_dir / "metrics.jsonl").exists():
-        typer.echo(
-            f"error: --out {run_dir} already holds a run (metrics.jsonl); give a "
-            "new folder or remove that one",
-            err=True,
-        )
-        raise typer.Exit(code=2)
-    return r, prompts, run_dir
+    if resume is not None:
+        from . import resume as resuming  # imports torch: after the cheap checks
+
+        run_dir, checkpoint = resume, resuming.checkpoint_or_exit(resume)
+        r, prompts = load_or_exit(recipe or checkpoint / "recipe.yaml", set_)
+    else:
+        r, prompts = load_or_exit(recipe, set_)
+        run_dir, checkpoint = new_run_dir(r, out), None
+    with lock_or_exit(run_dir):  # before the folder's checks: a run in progress is named
+        if checkpoint is not None:
+            resuming.check_resume_or_exit(r, checkpoint)
+            resuming.check_data_or_exit(r, checkpoint, prompts, accept_data_change)
+        else:
+            check_new_run_or_exit(run_dir)
+        r = port_or_exit(r)
+        typer.echo(f"posttrain: {r.name} ({r.algorithm}) → {run_dir}")
+        if (note := bf16_note(r.resources.device, r.model.dtype)) is not None:
+            typer.echo(note)
+        _train_or_exit(r, run_dir, address, prompts, checkpoint)
 
 
 def _train_or_exit(
@@ -217,127 +145,9 @@ def _train_or_exit(
     except (PushFailed, LearnerDied, NothingToTrain) as e:
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(code=1) from None
-    _summary(history, run_dir, time.time() - t0)
+    from .monitoring.summary import print_summary
 
-
-def _port_or_exit(r: Recipe) -> Recipe:
-    """The recipe with a dashboard port it can take, checked now, not after Ray and the
-    models: the default port (8765) taken by another run gives way to any free port (the
-    dashboard prints the one it got); a port the recipe or --set names must be free, else
-    exit 2 naming the key and the fix."""
-    port = r.monitor.dashboard_port
-    if not port:
-        return r
-    try:
-        listen_socket("127.0.0.1", port).close()
-        return r
-    except OSError:
-        if "dashboard_port" not in r.monitor.model_fields_set:
-            typer.echo(f"dashboard: 127.0.0.1:{port} is in use (another run?); taking a free port")
-            monitor = r.monitor.model_copy(update={"dashboard_port": 0})
-            return r.model_copy(update={"monitor": monitor})
-        typer.echo(
-            f"error: monitor.dashboard_port: 127.0.0.1:{port} is in use (another "
-            "run?); --set monitor.dashboard_port=0 takes any free port, null "
-            "turns the dashboard off",
-            err=True,
-        )
-        raise typer.Exit(code=2) from None
-
-
-def _checkpoint_or_exit(run_dir: Path) -> Path:
-    """The newest complete checkpoint of `run_dir`."""
-    from . import checkpoints
-
-    if not run_dir.is_dir() or not (run_dir / "recipe.yaml").is_file():
-        what = "is not a folder" if not run_dir.is_dir() else "has no recipe.yaml"
-        typer.echo(
-            f"error: --resume {run_dir}: {what}, so it is not a run folder; give the "
-            "RUN_DIR a `posttrain run` made (it prints it; the default is "
-            "runs/NAME-TIME)",
-            err=True,
-        )
-        raise typer.Exit(code=2)
-    last = checkpoints.latest(run_dir)
-    if last is None:
-        typer.echo(
-            f"error: --resume {run_dir}: no complete checkpoint in "
-            f"{run_dir / checkpoints.FOLDER} (train.checkpoint_every writes them); "
-            f"start over with: posttrain run {run_dir / 'recipe.yaml'} --out NEW_DIR",
-            err=True,
-        )
-        raise typer.Exit(code=2)
-    _verify_or_exit(run_dir, last)
-    return last
-
-
-def _verify_or_exit(run_dir: Path, checkpoint: Path) -> None:
-    """A checkpoint whose files differ from its manifest: exit 2 naming the file and
-    offering the newest whole checkpoint before it (nothing has started yet)."""
-    from . import checkpoints
-
-    try:
-        if not checkpoints.verify(checkpoint):
-            typer.echo(f"note: {checkpoint.name} has no manifest (an older posttrain wrote it)")
-        return
-    except checkpoints.CheckpointDamaged as e:
-        damaged = e
-    aside = checkpoint.parent / f"damaged-{checkpoint.name}"
-    previous = checkpoints.whole_before(checkpoint)
-    offer = (
-        f"The previous checkpoint {previous.name} is whole; to resume from it, move the "
-        f"damaged one aside: mv {checkpoint} {aside} && posttrain run --resume {run_dir}"
-        if previous is not None
-        else "no earlier checkpoint is whole; start over with: posttrain run "
-        f"{run_dir / 'recipe.yaml'} --out NEW_DIR"
-    )
-    typer.echo(
-        f"error: --resume {run_dir}: checkpoint {checkpoint.name} is damaged: {damaged}. {offer}",
-        err=True,
-    )
-    raise typer.Exit(code=2)
-
-
-def _check_data_or_exit(r: Recipe, checkpoint: Path, data: list, accept: bool) -> None:
-    """Refuse (exit 2) training data that differs from the checkpoint's, unless
-    `--accept-data-change`."""
-    from . import checkpoints
-
-    change = checkpoints.data_change(checkpoint, r, data)
-    if change is None:
-        return
-    if accept:
-        typer.echo(f"warning: --resume: {change}; continuing (--accept-data-change)", err=True)
-        return
-    typer.echo(
-        f"error: --resume: {change}. Put the original data back, or continue on this "
-        "data anyway with --accept-data-change",
-        err=True,
-    )
-    raise typer.Exit(code=2)
-
-
-def _check_resume_or_exit(r: Recipe, checkpoint: Path) -> None:
-    """Refuse a recipe that changes what a resume cannot; print what it changes."""
-    from . import checkpoints
-
-    try:
-        changes = checkpoints.resume_changes(load_recipe(checkpoint / "recipe.yaml"), r)
-    except RecipeError as e:
-        typer.echo(f"error: --resume: {e}", err=True)
-        raise typer.Exit(code=2) from None
-    done = checkpoints.read_state(checkpoint)["step"]
-    if r.train.steps <= done:
-        typer.echo(
-            f"error: --resume: the checkpoint {checkpoint.name} already holds "
-            f"{done} steps and train.steps is {r.train.steps}; run further with "
-            f"--set train.steps={done + r.train.steps}",
-            err=True,
-        )
-        raise typer.Exit(code=2)
-    for line in changes:
-        typer.echo(f"resume changes {line}")
-    typer.echo(f"resuming from {checkpoint} (step {done} of {r.train.steps})")
+    print_summary(history, run_dir, time.time() - t0)
 
 
 @app.command()
@@ -384,7 +194,7 @@ def plan(
     if (nodes is None) != (gpus_per_node is None):
         typer.echo("error: give --nodes and --gpus-per-node together", err=True)
         raise typer.Exit(code=2)
-    r, prompts = _load_or_exit(recipe, set_, convert=False, lengths=False)
+    r, prompts = load_or_exit(recipe, set_, convert=False, lengths=False)
     if gpu == "cpu" and (note := bf16_note(r.resources.device, r.model.dtype)) is not None:
         typer.echo(note)
     from .planning import view as plan_view
@@ -402,30 +212,7 @@ def serve_rewards(
 
     Run it on a verifier host; recipes elsewhere point a `type: http` reward at it.
     """
-    import yaml
-    from pydantic import ValidationError
-
-    from ..config.rewards import RewardServerConfig
-    from .loading import format_errors
-
-    try:
-        cfg = RewardServerConfig.model_validate(yaml.safe_load(config.read_text()))
-    except (OSError, yaml.YAMLError) as e:
-        typer.echo(f"error: {config}: {e}", err=True)
-        raise typer.Exit(code=2) from None
-    except ValidationError as e:
-        typer.echo(f"error: {format_errors(e, str(config))}", err=True)
-        raise typer.Exit(code=2) from None
-    token = os.environ.get(cfg.token_env) if cfg.token_env else None
-    if cfg.token_env and not token:
-        typer.echo(f"error: {config}: token_env {cfg.token_env} is not set", err=True)
-        raise typer.Exit(code=2)
-    from .preflight import reward_model_problem
-
-    for i, c in enumerate(cfg.rewards):  # before torch loads anything
-        if c.type == "reward_model" and (problem := reward_model_problem(i, c.path)):
-            typer.echo(f"error: {config}: {problem}", err=True)
-            raise typer.Exit(code=2)
+    cfg, token = reward_server_or_exit(config)
     import uvicorn
 
     from ..rewards.service import create_app
@@ -520,23 +307,6 @@ def eval_(
         typer.echo(f"  report: {json_out}")
 
 
-def _run_dir_or_exit(run_dir: Path) -> list[dict]:
-    from .monitoring.log import METRICS_FILE, read_jsonl
-
-    if not run_dir.is_dir():
-        typer.echo(
-            f"error: {run_dir} does not exist; give a run folder (runs/<name>-<time>)", err=True
-        )
-        raise typer.Exit(code=2)
-    rows = read_jsonl(run_dir / METRICS_FILE)
-    if not rows and not (run_dir / "recipe.yaml").is_file():
-        typer.echo(
-            f"error: {run_dir} is not a run folder (no metrics.jsonl or recipe.yaml)", err=True
-        )
-        raise typer.Exit(code=2)
-    return rows
-
-
 @app.command()
 def status(
     run_dir: Path,
@@ -558,7 +328,7 @@ def status(
     """Print a table of a run's last steps and its totals."""
     from .monitoring.status import print_status
 
-    rows = _run_dir_or_exit(run_dir)
+    rows = run_dir_or_exit(run_dir)
     print_status(run_dir, rows, last)
     if advise:
         from .monitoring.advice import advise_run
@@ -573,7 +343,7 @@ def dashboard(
     port: Annotated[int, typer.Option(help="Port on 127.0.0.1 (0: any free port).")] = 8765,
 ) -> None:
     """Serve the dashboard of a run folder (finished or still running)."""
-    _run_dir_or_exit(run_dir)
+    run_dir_or_exit(run_dir)
     from .monitoring.dashboard import DashboardServer
 
     server = DashboardServer(run_dir, port)
@@ -582,46 +352,6 @@ def dashboard(
         server.thread.join()
     except KeyboardInterrupt:
         server.stop()
-
-
-def _summary(history: list[dict[str, float]], run_dir: Path, wall: float) -> None:
-    if not history:
-        return
-    if "sft/assistant_tokens" in history[0]:  # SFT: no rollout timings or rewards
-        evals = [h["eval/loss"] for h in history if "eval/loss" in h]
-        held = f"   held-out loss {evals[-1]:.4f}" if evals else ""
-        typer.echo(
-            f"done: {len(history)} steps in {wall:.0f} s\n"
-            f"  loss {history[0]['loss']:.4f} → {history[-1]['loss']:.4f}{held}\n"
-            f"  metrics: {run_dir / 'metrics.jsonl'}   final policy: {run_dir / 'final'}"
-        )
-        return
-    if "rewards/accuracy" in history[0]:  # DPO
-        first, last = history[0], history[-1]
-        typer.echo(
-            f"done: {len(history)} steps in {wall:.0f} s\n"
-            f"  loss {first['loss']:.4f} → {last['loss']:.4f}   reward accuracy "
-            f"{first['rewards/accuracy']:.2f} → {last['rewards/accuracy']:.2f}   margin "
-            f"{first['rewards/margin']:.3f} → {last['rewards/margin']:.3f}\n"
-            f"  metrics: {run_dir / 'metrics.jsonl'}   final policy: {run_dir / 'final'}"
-        )
-        return
-    first, last = history[: min(3, len(history))], history[-min(3, len(history)) :]
-
-    def mean(rows: list[dict[str, float]], key: str) -> float:
-        return sum(h[key] for h in rows) / len(rows)
-
-    keys = ["generate", "score", "logprobs", "train", "weight_sync"]
-    split = "  ".join(f"{k} {mean(history, 'time/' + k):.1f}s" for k in keys)
-    typer.echo(
-        f"done: {len(history)} steps in {wall:.0f} s\n"
-        f"  reward mean, first {len(first)} steps: {mean(first, 'reward_mean'):.3f}   "
-        f"last {len(last)}: {mean(last, 'reward_mean'):.3f}\n"
-        f"  step time {mean(history, 'time/step'):.1f}s = {split}\n"
-        f"  idle fraction: rollout {mean(history, 'rollout_idle_fraction'):.2f}  "
-        f"learner {mean(history, 'learner_idle_fraction'):.2f}\n"
-        f"  metrics: {run_dir / 'metrics.jsonl'}   final policy: {run_dir / 'final'}"
-    )
 
 
 @app.command()
@@ -644,22 +374,9 @@ def serve(
     send is $POSTTRAIN_SERVE_TOKEN (it must start with 'tml-'), else a new one, printed."""
     import uvicorn
 
-    from ..common.model_registry import resolve_model_path
     from ..service.app import create_app
 
-    token = os.environ.get("POSTTRAIN_SERVE_TOKEN") or f"tml-{os.urandom(16).hex()}"
-    if not token.startswith("tml-"):
-        typer.echo("error: POSTTRAIN_SERVE_TOKEN must start with 'tml-' (the SDK's rule)", err=True)
-        raise typer.Exit(code=2)
-    if dtype not in ("float32", "bfloat16"):
-        typer.echo(f"error: --dtype {dtype!r}: use float32 or bfloat16", err=True)
-        raise typer.Exit(code=2)
-    names = model or ["smollm2-135m-instruct"]
-    try:
-        served = {n: resolve_model_path(n) for n in names}
-    except FileNotFoundError as e:
-        typer.echo(f"error: --model: {e}", err=True)
-        raise typer.Exit(code=2) from None
+    token, served = serve_inputs_or_exit(model, dtype)
     typer.echo(
         f"posttrain serve: http://{host}:{port} models {', '.join(served)}\n"
         f"  export TINKER_BASE_URL=http://{host}:{port} TINKER_API_KEY={token}"
