@@ -53,6 +53,9 @@ def format_errors(err: ValidationError, source: str) -> str:
             )
         elif e["type"] == "extra_forbidden":
             msg = "unknown key; remove it or fix its spelling (see `posttrain schema`)"
+        elif e["type"] == "bool_for_number":  # raised by the block: name the key itself
+            loc = ".".join(filter(None, (loc, e["ctx"]["key"]))) + e["ctx"]["where"]
+            msg = msg.partition(": ")[2]
         elif e["type"] == "missing":
             msg = "required key is missing; add it (see `posttrain schema`)"
         elif "input" in e and not isinstance(e["input"], dict | list):
