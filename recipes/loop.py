@@ -22,7 +22,7 @@ from ..common.model_registry import resolve_model_path
 from ..common.process import quiet_libraries
 from ..common.telemetry import Span
 from ..config import Recipe
-from ..rewards.protocol import Score
+from ..rewards.protocol import Score, is_finite_number
 from ..weightsync import WeightSyncError
 from . import checkpoints
 from . import controller as c
@@ -354,10 +354,11 @@ def _quality(recipe: Recipe, rollouts: list[Rollout], scores: list[Score], step:
     accuracy_of = next((r.name for r in recipe.rewards if r.type == "math"), None)
     quality = rollout_metrics(rollouts, scores, accuracy_of)
     if quality["failed_scores"]:
-        first = next(s for s in scores if s.reward is None)
+        first = next(s for s in scores if not is_finite_number(s.reward))
+        why = first.error or f"reward {first.reward!r} is not finite in float32"
         tqdm.write(
             f"step {step}: {quality['failed_scores']:.0f} rollouts could not be scored "
-            f"({first.error}); on_reward_failure={recipe.on_reward_failure}"
+            f"({why}); on_reward_failure={recipe.on_reward_failure}"
         )
     return quality
 
