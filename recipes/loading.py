@@ -155,7 +155,10 @@ def _resolve_data_paths(tree: dict[str, Any], folder: Path) -> None:
         if isinstance(block, dict) and isinstance(block.get("path"), str):
             p = Path(block["path"]).expanduser()
             if not p.is_absolute():
-                block["path"] = str((folder / p).resolve())
+                try:
+                    block["path"] = str((folder / p).resolve())
+                except (OSError, RuntimeError):  # a symlink loop: preflight names it
+                    block["path"] = str((folder / p).absolute())
 
 
 def dump_recipe(recipe: Recipe) -> str:

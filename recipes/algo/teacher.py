@@ -9,6 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from ...common.model_folder import model_folder_problem
 from ...config import Recipe, RecipeError
 from ..preflight import _readable_model_folder, _tokenizer
 
@@ -33,6 +34,8 @@ def check_teacher_folder(recipe: Recipe) -> None:
             "the policy a run saved in RUN_DIR/final (posttrain run "
             "recipes/quickstart_grpo.yaml --out runs/quickstart-grpo)"
         )
+    if problem := model_folder_problem(Path(teacher).expanduser()):  # truncated weights
+        raise RecipeError(f"distill.teacher: {problem}; save or download the teacher again")
 
 
 def check_teacher_tokenizer(recipe: Recipe, convert: bool = False) -> bool:

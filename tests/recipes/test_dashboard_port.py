@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import typer
 
-from posttrain.recipes import cli_checks
+from posttrain.recipes.cli import checks as cli_checks
 from posttrain.recipes.loading import load_recipe
 
 QUICK = Path(__file__).resolve().parents[2] / "recipes" / "quickstart_grpo.yaml"

@@ -2,7 +2,7 @@
 folder (a second run on the same --out exits 2 naming the folder and the holder's pid;
 it ran and interleaved its metrics, rollouts and checkpoints), a run folder that cannot
 be written exits 2 with one line (it was a PermissionError traceback), and `validate`
-imports neither torch nor Ray (it took 5-12 s through recipes/cli.py)."""
+imports neither torch nor Ray (it took 5-12 s through the CLI's imports)."""
 
 from __future__ import annotations
 
@@ -14,8 +14,9 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from posttrain.recipes import cli_checks, loop
+from posttrain.recipes import loop
 from posttrain.recipes.cli import app
+from posttrain.recipes.cli import checks as cli_checks
 from tests.test_grpo_e2e import _grpo_recipe
 
 REPO = Path(__file__).resolve().parents[2]

@@ -1,4 +1,5 @@
-"""What `posttrain` checks before Ray or any model starts (recipes/cli.py calls these):
+"""What `posttrain` checks before Ray or any model starts (the commands in
+recipes/cli/__init__.py call these):
 the recipe and its data (`load_or_exit`), the dashboard port, and the run folder: a new
 run's folder holds no run and can be written, and one run at a time holds it
 (`lock_or_exit`).
@@ -19,12 +20,12 @@ from typing import IO, Any
 
 import typer
 
-from ..common.net import listen_socket
-from ..config import Recipe, RecipeError
-from .algo.teacher import check_teacher_tokenizer
-from .data import load_data
-from .loading import load_recipe
-from .preflight import check_eval_lengths, check_lengths, check_runtime_inputs
+from ...common.net import listen_socket
+from ...config import Recipe, RecipeError
+from ..algo.teacher import check_teacher_tokenizer
+from ..data import load_data
+from ..loading import load_recipe
+from ..preflight import check_eval_lengths, check_lengths, check_runtime_inputs
 
 LOCK_FILE = ".posttrain.lock"
 
@@ -53,7 +54,7 @@ def load_or_exit(
             )
         _eval_schedule_note(r)
         if r.facts.data == "chat" and lengths:  # the template marks every assistant turn
-            from .chats import check_chats
+            from ..chats import check_chats
 
             check_chats(r, data.train, convert=convert)
         if not r.facts.uses_rollouts:  # pairs, conversations: no generation to fit
@@ -120,7 +121,7 @@ def new_run_dir(r: Recipe, out: Path | None) -> Path:
 def check_new_run_or_exit(run_dir: Path) -> None:
     """A new run's folder holds no run yet (no checkpoint, no metrics.jsonl); exit 2
     naming the resume command otherwise."""
-    from . import checkpoints  # imports torch: `run` only
+    from .. import checkpoints  # imports torch: `run` only
 
     if (last := checkpoints.latest(run_dir)) is not None:
         typer.echo(
@@ -185,8 +186,8 @@ def reward_server_or_exit(config: Path) -> tuple[Any, str | None]:
     import yaml
     from pydantic import ValidationError
 
-    from ..config.rewards import RewardServerConfig
-    from .loading import format_errors
+    from ...config.rewards import RewardServerConfig
+    from ..loading import format_errors
 
     try:
         cfg = RewardServerConfig.model_validate(yaml.safe_load(config.read_text()))
@@ -200,7 +201,7 @@ def reward_server_or_exit(config: Path) -> tuple[Any, str | None]:
     if cfg.token_env and not token:
         typer.echo(f"error: {config}: token_env {cfg.token_env} is not set", err=True)
         raise typer.Exit(code=2)
-    from .preflight import reward_model_problem
+    from ..preflight import reward_model_problem
 
     for i, c in enumerate(cfg.rewards):  # before torch loads anything
         if c.type == "reward_model" and (problem := reward_model_problem(i, c.path)):
@@ -211,7 +212,7 @@ def reward_server_or_exit(config: Path) -> tuple[Any, str | None]:
 
 def run_dir_or_exit(run_dir: Path) -> list[dict]:
     """The metrics rows of a run folder (`status`, `dashboard`); exit 2 when it is not one."""
-    from .monitoring.log import METRICS_FILE, read_jsonl
+    from ..monitoring.log import METRICS_FILE, read_jsonl
 
     if not run_dir.is_dir():
         typer.echo(
@@ -231,7 +232,7 @@ def serve_inputs_or_exit(model: list[str] | None, dtype: str) -> tuple[str, dict
     """`posttrain serve`: the clients' key ($POSTTRAIN_SERVE_TOKEN, else a new one) and
     the served models by name (default the built-in alias); exit 2 on a key without the
     SDK's `tml-` prefix, an unknown dtype or a model that does not resolve."""
-    from ..common.model_registry import resolve_model_path
+    from ...common.model_registry import resolve_model_path
 
     token = os.environ.get("POSTTRAIN_SERVE_TOKEN") or f"tml-{os.urandom(16).hex()}"
     if not token.startswith("tml-"):

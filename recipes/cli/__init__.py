@@ -14,10 +14,10 @@ from typing import Annotated
 
 import typer
 
-from ..common.net import listen_socket
-from ..common.process import bf16_note
-from ..config import Recipe, RecipeError
-from .cli_checks import (
+from ...common.net import listen_socket
+from ...common.process import bf16_note
+from ...config import Recipe, RecipeError
+from .checks import (
     check_new_run_or_exit,
     load_or_exit,
     lock_or_exit,
@@ -127,11 +127,11 @@ def _train_or_exit(
 ) -> None:
     """Run the loop, then print its summary; a documented stop exits with its code
     (2: bad input, 128 + signal: stopped by a signal, 1: a role failed after a
-    checkpoint) and its message."""
-    from .empty_steps import NothingToTrain
-    from .loop import PushFailed, RunStopped
-    from .loop import run as run_loop  # heavy imports only after validation
-    from .recovery import LearnerDied
+    checkpoint, or a checkpoint could not be written) and its message."""
+    from ..checkpoints import CheckpointFailed
+    from ..empty_steps import NothingToTrain
+    from ..loop import run as run_loop  # heavy imports only after validation
+    from ..recovery import LearnerDied, PushFailed, RunStopped
 
     t0 = time.time()
     try:
@@ -142,10 +142,10 @@ def _train_or_exit(
     except RunStopped as e:
         typer.echo(str(e), err=True)
         raise typer.Exit(code=128 + e.signum) from None
-    except (PushFailed, LearnerDied, NothingToTrain) as e:
+    except (PushFailed, LearnerDied, NothingToTrain, CheckpointFailed) as e:
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(code=1) from None
-    from .monitoring.summary import print_summary
+    from ..monitoring.summary import print_summary
 
     print_summary(history, run_dir, time.time() - t0)
 
@@ -179,7 +179,7 @@ def plan(
     """Predict memory per device, step time, idle fractions and the best rollout:learner
     split of a recipe on GPUs (or, with --gpu cpu, the step on this machine's cores),
     before anything starts."""
-    from .planning.formulas import HARDWARE
+    from ..planning.formulas import HARDWARE
 
     if gpu not in (*HARDWARE, "cpu"):
         typer.echo(f"error: --gpu {gpu!r}: give one of {', '.join(HARDWARE)}, cpu", err=True)
@@ -197,7 +197,7 @@ def plan(
     r, prompts = load_or_exit(recipe, set_, convert=False, lengths=False)
     if gpu == "cpu" and (note := bf16_note(r.resources.device, r.model.dtype)) is not None:
         typer.echo(note)
-    from .planning import view as plan_view
+    from ..planning import view as plan_view
 
     plan_view.main(r, prompts, gpu, mfu, nodes, gpus_per_node, recalibrate)
 
@@ -215,7 +215,7 @@ def serve_rewards(
     cfg, token = reward_server_or_exit(config)
     import uvicorn
 
-    from ..rewards.service import create_app
+    from ...rewards.service import create_app
 
     try:
         app = create_app([c.model_dump() for c in cfg.rewards], token, cfg.workers)
@@ -288,7 +288,7 @@ def eval_(
     """Evaluate a trained model on its recipe's held-out set: pass@1, pass@k, mean reward
     and length (GRPO / PPO); pairwise accuracy (reward model); implicit-reward accuracy
     and margin (DPO)."""
-    from .assess.command import evaluate_target
+    from ..assess.command import evaluate_target
 
     try:
         report = evaluate_target(
@@ -326,12 +326,12 @@ def status(
     ] = None,
 ) -> None:
     """Print a table of a run's last steps and its totals."""
-    from .monitoring.status import print_status
+    from ..monitoring.status import print_status
 
     rows = run_dir_or_exit(run_dir)
     print_status(run_dir, rows, last)
     if advise:
-        from .monitoring.advice import advise_run
+        from ..monitoring.advice import advise_run
 
         for line in advise_run(run_dir, rows, mtbf).lines:
             typer.echo(line)
@@ -344,7 +344,7 @@ def dashboard(
 ) -> None:
     """Serve the dashboard of a run folder (finished or still running)."""
     run_dir_or_exit(run_dir)
-    from .monitoring.dashboard import DashboardServer
+    from ..monitoring.dashboard import DashboardServer
 
     server = DashboardServer(run_dir, port)
     typer.echo(f"dashboard: {server.start()}  (Ctrl-C to stop)")
@@ -374,7 +374,7 @@ def serve(
     send is $POSTTRAIN_SERVE_TOKEN (it must start with 'tml-'), else a new one, printed."""
     import uvicorn
 
-    from ..service.app import create_app
+    from ...service.app import create_app
 
     token, served = serve_inputs_or_exit(model, dtype)
     typer.echo(
@@ -387,7 +387,3 @@ def serve(
 def main() -> None:
     """Console entry point (`posttrain`)."""
     sys.exit(app())
-
-
-if __name__ == "__main__":
-    main()

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import typer
 
-from ..config import Recipe, RecipeError
-from . import checkpoints
-from .loading import load_recipe
+from ...config import Recipe, RecipeError
+from .. import checkpoints
+from ..loading import load_recipe
 
 
 def checkpoint_or_exit(run_dir: Path) -> Path:
