@@ -15,7 +15,7 @@ from typing import Annotated
 import typer
 
 from ...common.net import listen_socket
-from ...common.process import bf16_note
+from ...common.process import bf16_note, quiet_logs
 from ...config import Recipe, RecipeError
 from .checks import (
     check_new_run_or_exit,
@@ -386,4 +386,5 @@ def serve(
 
 def main() -> None:
     """Console entry point (`posttrain`)."""
+    quiet_logs()
     sys.exit(app())

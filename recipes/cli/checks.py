@@ -21,6 +21,7 @@ from typing import IO, Any
 import typer
 
 from ...common.net import listen_socket
+from ...common.process import quiet_logs
 from ...config import Recipe, RecipeError
 from ..algo.teacher import check_teacher_tokenizer
 from ..data import load_data
@@ -36,6 +37,7 @@ def load_or_exit(
     """The validated recipe and its training data: GRPO / PPO prompts, or DPO and
     reward-model pairs (every data row checked); prompt lengths too unless `lengths` is
     False (`plan` checks them itself, tokenizing once). Exit 2 on a RecipeError."""
+    quiet_logs()  # before a built-in model's conversion imports torchao
     try:
         r = load_recipe(recipe, overrides or [])
         check_runtime_inputs(r)
