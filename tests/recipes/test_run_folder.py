@@ -137,17 +137,24 @@ def test_a_run_folder_that_cannot_be_written_exits_2_in_one_line(
     assert started == []
 
 
-@pytest.mark.parametrize("recipe", ["quickstart_grpo.yaml", "sft_tool_arith.yaml", "dpo_hh.yaml"])
+SHIPPED = sorted(p.name for p in (REPO / "recipes").rglob("*.yaml"))
+
+
+@pytest.mark.parametrize("recipe", SHIPPED)
 def test_validate_imports_neither_torch_nor_ray(recipe):
+    """Every shipped recipe; two need a run's output first (a teacher, a reward model)
+    and exit 2 saying so, without importing either."""
     code = (
         "import sys\n"
         "from posttrain.recipes.cli import app\n"
-        f"app(['validate', 'recipes/{recipe}'], standalone_mode=False)\n"
-        "print(sorted(m for m in ('torch', 'ray', 'vllm') if m in sys.modules))\n"
+        f"code = app(['validate', 'recipes/{recipe}'], standalone_mode=False)\n"
+        "print(code or 0, sorted(m for m in ('torch', 'ray', 'vllm') if m in sys.modules))\n"
     )
     got = subprocess.run(
         [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300
     )
     assert got.returncode == 0, got.stderr
-    assert got.stdout.splitlines()[0].startswith(f"ok: recipes/{recipe}")
-    assert got.stdout.splitlines()[-1] == "[]"
+    *_, last = got.stdout.splitlines()
+    assert last in ("0 []", "2 []"), got.stdout + got.stderr
+    if last == "0 []":
+        assert got.stdout.startswith(f"ok: recipes/{recipe}"), got.stdout
