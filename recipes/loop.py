@@ -34,10 +34,10 @@ from .items import PromptItem
 from .monitoring.advisories import advisories, console_lines
 from .monitoring.dashboard import DashboardServer
 from .monitoring.log import StepLog
-from .recovery import (  # noqa: F401  (PushFailed re-exported: the CLI catches it)
+from .recovery import (
     STEP_ERRORS,
     LearnerRecovery,
-    PushFailed,
+    PushFailed,  # noqa: F401 (re-exported: callers catch loop.PushFailed)
     RunStopped,
     StopOnSignal,
     stop_after_failed_push,
