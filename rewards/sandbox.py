@@ -145,7 +145,7 @@ class _CappedReader(threading.Thread):
                 if len(chunk) > room:
                     self.cut = True
                 self.kept += chunk[: max(room, 0)]
-        except OSError:  # closed under us after the deadline
+        except OSError:  # a read error ends the stream like its end
             pass
 
     def text(self) -> str:
@@ -157,7 +157,7 @@ def _feed(stream: IO[bytes], data: bytes) -> None:
     its stdin first is not an error."""
     try:
         stream.write(data)
-    except (BrokenPipeError, OSError):
+    except OSError:  # BrokenPipeError: the program is gone or closed its stdin
         pass
     finally:
         try:
@@ -223,8 +223,8 @@ def _run(
         proc.wait()
     for t in readers:  # a process that escaped the group may hold a pipe: do not wait on it
         t.join(timeout=5.0)
-    for s in (proc.stdout, proc.stderr):
-        s.close()
+        if not t.is_alive():  # one still reading keeps its pipe (closing it under a
+            t.stream.close()  # blocked read could hand the fd's number to another file)
     out, err = readers
     return RunResult(
         proc.returncode,
