@@ -190,9 +190,9 @@ def _train(run: Run, algo: Algorithm, log: StepLog, start: int) -> list[dict[str
             try:
                 metrics, spans = step_fn(run, algo, step)
             except WeightSyncError as e:  # the step trained if it got to its push: log it
-                if (trained := getattr(e, "metrics", None)) is not None:
+                if isinstance(e, c.StepPushFailed):
                     restarts = run.roles.counters.learner_restarts
-                    metrics = {"step": step, **trained, **evaluated, "learner_restarts": restarts}
+                    metrics = {"step": step, **e.metrics, **evaluated, "learner_restarts": restarts}
                     log.record(step, {**metrics, "weight_push_failed": 1}, [])
                 raise stop_after_failed_push(run, algo, step, e) from e
             except STEP_ERRORS as e:  # a dead learner rank: restart the group or stop
