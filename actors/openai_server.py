@@ -47,7 +47,6 @@ e.g. Hermes `<tool_call>` blocks), no authentication: bind it to a private addre
 from __future__ import annotations
 
 import hashlib
-import math
 import threading
 import time
 import uuid
@@ -56,6 +55,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from ..common.numbers import finite32
 from .chat import TemplateMismatch, chat_ids, message_delta
 from .engine import Sample, end_of_turn_token_id
 from .openai_protocol import (
@@ -299,7 +299,7 @@ class ChatEndpoint:
                 "with the id they used",
                 "episode_id",
             )
-        if not math.isfinite(value):
+        if not finite32(value):
             log.reward = None
             log.reward_error = (
                 f"agent reward for episode {episode_id} is {value!r}, not a finite number"

@@ -9,6 +9,8 @@ has a JSON header and as many bytes as that header describes, `pytorch_model.bin
 its shards) opens as a zip archive; a tokenizer file exists and `tokenizer.json` /
 `tokenizer_config.json`, when present, are JSON.
 
+`model_context` reads the context length a folder's config.json gives (as vLLM reads it).
+
 Limits: this reads each safetensors header and each `.bin`'s zip directory, not the
 tensors; weights whose bytes are all there but wrong (NaN, a different architecture)
 pass here and fail (or score NaN) later. Legacy `.bin` pickles (not zip) are not
@@ -164,3 +166,37 @@ def load_tokenizer(folder: Path) -> Any:
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(str(folder))
+
+
+# RoPE types whose `factor` vLLM 0.32 does not apply again to max_position_embeddings
+# (config/model.py `_get_and_verify_max_len`); other types' factor scales the context.
+_ROPE_ALREADY_SCALED = {
+    "default",
+    "su",
+    "longrope",
+    "llama3",
+    "yarn",
+    "deepseek_yarn",
+    "deepseek_llama_scaling",
+}
+
+
+def model_context(config_file: Path) -> int | None:
+    """The model's context in tokens: `max_position_embeddings` of config.json (or of
+    its `text_config`), times a RoPE scaling factor where vLLM applies one; None when
+    the file names no length."""
+    try:
+        cfg = json.loads(config_file.read_text())
+    except (OSError, ValueError):
+        return None  # transformers will name the problem when it loads the config
+    if "max_position_embeddings" not in cfg and isinstance(cfg.get("text_config"), dict):
+        cfg = cfg["text_config"]
+    n = cfg.get("max_position_embeddings")
+    if not isinstance(n, int) or isinstance(n, bool) or n <= 0:
+        return None
+    rope = cfg.get("rope_scaling") or cfg.get("rope_parameters") or {}
+    factor = rope.get("factor") if isinstance(rope, dict) else None
+    kind = rope.get("rope_type", rope.get("type")) if isinstance(rope, dict) else None
+    if isinstance(factor, int | float) and kind not in _ROPE_ALREADY_SCALED:
+        n = int(n * factor)
+    return n

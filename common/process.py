@@ -31,15 +31,33 @@ def default_threads(workers_at_once: int) -> int:
     return max(1, (os.cpu_count() or 1) // max(1, workers_at_once))
 
 
-def quiet_libraries() -> None:
-    """Turn off per-load progress bars of transformers (one per worker per load) so the
-    console shows the training progress bar and real warnings only. Also silences what
-    torchao logs when transformers imports it: one warning per CUDA kernel library it
-    cannot load on a CPU machine, and torch's notes on its enum registrations."""
+#: Loggers whose warnings are known to be harmless here, and why; `quiet_logs` keeps
+#: their errors only.
+QUIET_LOGGERS = {
+    # when transformers imports it: one line per CUDA kernel library (.so) this machine
+    # cannot load (every CPU machine; we use torchao's NF4 only, pure torch)
+    "torchao": "kernel libraries it cannot load",
+    # torch's deprecation note on torchao registering its Enums (one line per Enum)
+    "torch.utils._pytree": "register_constant() on Enum subclasses is deprecated",
+    # the embedded local cluster turning on token authentication, its secure default
+    "ray._private.authentication.authentication_token_setup": "token authentication",
+}
+
+
+def quiet_logs() -> None:
+    """Keep only the errors of `QUIET_LOGGERS` (no import: the CLI calls it first, and
+    every Ray worker process at its start, `worker_process_setup_hook` in
+    recipes/roles.py `init_ray`, before the worker imports torch)."""
     import logging
 
-    logging.getLogger("torchao").setLevel(logging.ERROR)
-    logging.getLogger("torch.utils._pytree").setLevel(logging.ERROR)
+    for name in QUIET_LOGGERS:
+        logging.getLogger(name).setLevel(logging.ERROR)
+
+
+def quiet_libraries() -> None:
+    """Turn off per-load progress bars of transformers (one per worker per load) so the
+    console shows the training progress bar and real warnings only, and `quiet_logs`."""
+    quiet_logs()
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()

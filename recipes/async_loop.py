@@ -512,9 +512,12 @@ def async_step(run: Any, algo: Any, step: int) -> tuple[dict[str, float], list[S
     batch = rollout_batch(rollouts, rewards, roles.pad_id)
     stats = train_or_skip(algo, roles.learners, batch, rollouts, rewards, scores, step)
     t_trained = time.time()
+    accuracy_of = next((r.name for r in recipe.rewards if r.type == "math"), None)
+    quality = rollout_metrics(rollouts, scores, accuracy_of)
+    trained = {"policy_version": step + 1, **quality, **stats}  # the line of a failed push
     with run.stream.paused(push=True):
         t_push = time.time()
-        sync_s = c.push_weights(roles, recipe, version=step + 1)
+        sync_s = c.push_after_training(roles, recipe, step + 1, trained)
     t_end = time.time()
     telemetry, spans = _telemetry(run, t0, t_end)
     dropped = sum(len(g.rollouts) for g in stale)
@@ -523,12 +526,11 @@ def async_step(run: Any, algo: Any, step: int) -> tuple[dict[str, float], list[S
         rollouts, step, bound, counts, dropped + sum(len(g.rollouts) for g in flat)
     )
     tokens = sum(len(r.response_ids) for r in rollouts)
-    accuracy_of = next((r.name for r in recipe.rewards if r.type == "math"), None)
     return {
         "policy_version": step + 1,
         "rollout_restarts": roles.counters.rollout_restarts,
         "reward_restarts": roles.counters.reward_restarts,
-        **rollout_metrics(rollouts, scores, accuracy_of),
+        **quality,
         **stats,
         **accounting,
         "dropped_stale": float(dropped),

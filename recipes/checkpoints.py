@@ -114,14 +114,62 @@ def save(
     """Write the checkpoint after `steps_done` steps (see the module docstring) and
     remove the oldest beyond `train.keep_checkpoints`; returns its folder. The state
     file records the save's wall time (`seconds`, for `posttrain status --advise`) and
-    `data`, the training data's `data_fingerprint`."""
-    import time
+    `data`, the training data's `data_fingerprint`.
 
-    import ray
+    Raises:
+        CheckpointFailed: a file could not be written (e.g. the disk is full); the
+            partial checkpoint is removed, the previous ones are kept.
+    """
+    import time
 
     t0 = time.time()
     root = Path(run_dir) / FOLDER
     final, tmp = root / f"step_{steps_done:05d}", root / f".tmp-step_{steps_done:05d}"
+    try:
+        _write(tmp, recipe, learners, steps_done, data_state, algo_state, data, t0)
+    except OSError as e:  # a learner's own OSError comes back as a RayTaskError that is one
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise CheckpointFailed(run_dir, final, e) from e
+    if final.exists():  # the same step again (a resume that stopped at once)
+        shutil.rmtree(final)
+    tmp.rename(final)
+    for old in complete(run_dir)[: -recipe.train.keep_checkpoints]:
+        shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+class CheckpointFailed(RuntimeError):
+    """A checkpoint could not be written (a full disk, a folder no longer writable); its
+    partial files are removed and the previous checkpoint is kept. The message names the
+    folder, the OS's reason and how to resume."""
+
+    def __init__(self, run_dir: Path, folder: Path, error: OSError):
+        cause = getattr(error, "cause", None) or error  # a learner's, through Ray
+        reason = getattr(cause, "strerror", None) or str(cause).splitlines()[-1]
+        before = [p.name for p in complete(run_dir) if p != folder]
+        kept = f"the previous checkpoint {before[-1]} is kept" if before else "no checkpoint yet"
+        super().__init__(
+            f"checkpoint {folder} could not be written ({reason}); {kept}. Free space "
+            f"there (or lower train.keep_checkpoints), then resume with: posttrain run "
+            f"--resume {run_dir}"
+        )
+
+
+def _write(
+    tmp: Path,
+    recipe: Recipe,
+    learners: list[Any],
+    steps_done: int,
+    data_state: dict[str, Any] | None,
+    algo_state: dict[str, Any],
+    data: dict[str, Any] | None,
+    t0: float,
+) -> None:
+    """The checkpoint's files in `tmp` (`save` renames it once whole)."""
+    import time
+
+    import ray
+
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     ray.get(
@@ -149,12 +197,6 @@ def save(
         )
     )
     write_manifest(tmp)
-    if final.exists():  # the same step again (a resume that stopped at once)
-        shutil.rmtree(final)
-    tmp.rename(final)
-    for old in complete(run_dir)[: -recipe.train.keep_checkpoints]:
-        shutil.rmtree(old, ignore_errors=True)
-    return final
 
 
 _fingerprint: tuple[Any, dict[str, Any]] | None = None  # (the data, its fingerprint)

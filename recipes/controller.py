@@ -280,6 +280,29 @@ def push_weights(roles: Roles, recipe: Recipe, version: int) -> float:
     return time.time() - t0
 
 
+class StepPushFailed(WeightSyncError):
+    """A step trained, then its weight push failed twice (`push_after_training`);
+    `metrics`: what the step measured up to the push, written as its line before the run
+    stops (the checkpoint that follows holds the step's training)."""
+
+    def __init__(self, error: WeightSyncError, metrics: dict[str, Any]):
+        super().__init__(str(error))
+        self.metrics = metrics
+
+
+def push_after_training(roles: Roles, recipe: Recipe, version: int, trained: dict) -> float:
+    """`push_weights` after a training step; seconds.
+
+    Raises:
+        StepPushFailed: the push failed twice; carries `trained`, the step's metrics so
+            far, so the loop still writes the step's metrics line.
+    """
+    try:
+        return push_weights(roles, recipe, version)
+    except WeightSyncError as e:
+        raise StepPushFailed(e, trained) from e
+
+
 def served_versions(roles: Roles, timeout_s: float = 10.0) -> list[int | None]:
     """The policy_version each engine holds (None: dead, or no answer within
     `timeout_s`)."""

@@ -53,6 +53,9 @@ def format_errors(err: ValidationError, source: str) -> str:
             )
         elif e["type"] == "extra_forbidden":
             msg = "unknown key; remove it or fix its spelling (see `posttrain schema`)"
+        elif e["type"] == "bool_for_number":  # raised by the block: name the key itself
+            loc = ".".join(filter(None, (loc, e["ctx"]["key"]))) + e["ctx"]["where"]
+            msg = msg.partition(": ")[2]
         elif e["type"] == "missing":
             msg = "required key is missing; add it (see `posttrain schema`)"
         elif "input" in e and not isinstance(e["input"], dict | list):
@@ -152,7 +155,10 @@ def _resolve_data_paths(tree: dict[str, Any], folder: Path) -> None:
         if isinstance(block, dict) and isinstance(block.get("path"), str):
             p = Path(block["path"]).expanduser()
             if not p.is_absolute():
-                block["path"] = str((folder / p).resolve())
+                try:
+                    block["path"] = str((folder / p).resolve())
+                except (OSError, RuntimeError):  # a symlink loop: preflight names it
+                    block["path"] = str((folder / p).absolute())
 
 
 def dump_recipe(recipe: Recipe) -> str:

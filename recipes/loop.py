@@ -5,8 +5,6 @@ named calls.
 
 from __future__ import annotations
 
-import signal
-import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import nullcontext
@@ -22,7 +20,7 @@ from ..common.model_registry import resolve_model_path
 from ..common.process import quiet_libraries
 from ..common.telemetry import Span
 from ..config import Recipe
-from ..rewards.protocol import Score
+from ..rewards.protocol import Score, is_finite_number
 from ..weightsync import WeightSyncError
 from . import checkpoints
 from . import controller as c
@@ -36,7 +34,14 @@ from .evaluation import due, evaluate, load_eval_prompts
 from .monitoring.advisories import advisories, console_lines
 from .monitoring.dashboard import DashboardServer
 from .monitoring.log import StepLog
-from .recovery import STEP_ERRORS, LearnerRecovery
+from .recovery import (
+    STEP_ERRORS,
+    LearnerRecovery,
+    PushFailed,  # noqa: F401 (re-exported: callers catch loop.PushFailed)
+    RunStopped,
+    StopOnSignal,
+    stop_after_failed_push,
+)
 from .samplers import Sampled, Sampler, pick_sampler
 
 
@@ -184,8 +189,12 @@ def _train(run: Run, algo: Algorithm, log: StepLog, start: int) -> list[dict[str
             evaluated = _eval_if_due(run, step)
             try:
                 metrics, spans = step_fn(run, algo, step)
-            except WeightSyncError as e:
-                raise _stop_after_failed_push(run, algo, step, e) from e
+            except WeightSyncError as e:  # the step trained if it got to its push: log it
+                if isinstance(e, c.StepPushFailed):
+                    restarts = run.roles.counters.learner_restarts
+                    metrics = {"step": step, **e.metrics, **evaluated, "learner_restarts": restarts}
+                    log.record(step, {**metrics, "weight_push_failed": 1}, [])
+                raise stop_after_failed_push(run, algo, step, e) from e
             except STEP_ERRORS as e:  # a dead learner rank: restart the group or stop
                 step = bar.n = recovery.after_error(step, e)
                 history[:] = [m for m in history if m["step"] < step]
@@ -207,47 +216,6 @@ def _train(run: Run, algo: Algorithm, log: StepLog, start: int) -> list[dict[str
     return history
 
 
-class RunStopped(RuntimeError):
-    """SIGTERM or Ctrl-C stopped the run after a step and its checkpoint."""
-
-    def __init__(self, run_dir: Path, steps_done: int, signum: int):
-        self.run_dir, self.steps_done, self.signum = run_dir, steps_done, signum
-        super().__init__(
-            f"stopped by {signal.Signals(signum).name} after step "
-            f"{steps_done - 1}; checkpoint {run_dir / checkpoints.FOLDER}/"
-            f"step_{steps_done:05d}. Resume with: posttrain run --resume {run_dir}"
-        )
-
-
-class StopOnSignal:
-    """While active (main thread only), the first SIGTERM or SIGINT is recorded in
-    `signum` so the loop can finish its step and checkpoint; a second SIGINT stops at
-    once (KeyboardInterrupt)."""
-
-    def __init__(self) -> None:
-        self.signum: int | None = None
-        self.old: dict[int, Any] = {}
-
-    def _handle(self, signum: int, frame: Any) -> None:
-        if self.signum is not None and signum == signal.SIGINT:
-            raise KeyboardInterrupt
-        self.signum = signum
-        tqdm.write(
-            f"{signal.Signals(signum).name}: finishing this step, then a checkpoint "
-            "(Ctrl-C again stops at once, without one)"
-        )
-
-    def __enter__(self) -> StopOnSignal:
-        if threading.current_thread() is threading.main_thread():
-            for sig in (signal.SIGTERM, signal.SIGINT):
-                self.old[sig] = signal.signal(sig, self._handle)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        for sig, handler in self.old.items():
-            signal.signal(sig, handler)
-
-
 def _checkpoint_if_due(run: Run, algo: Algorithm, done: int, signum: int | None) -> None:
     """A checkpoint after `done` steps when one is due (every `train.checkpoint_every`,
     the last step, or a signal); raises RunStopped after it on a signal."""
@@ -261,24 +229,6 @@ def _checkpoint_if_due(run: Run, algo: Algorithm, done: int, signum: int | None)
         tqdm.write(f"checkpoint: {folder}")
     if signum is not None and done < t.steps:
         raise RunStopped(run.run_dir, done, signum)
-
-
-class PushFailed(RuntimeError):
-    """A weight push failed twice; the run stopped after a checkpoint."""
-
-
-def _stop_after_failed_push(
-    run: Run, algo: Algorithm, step: int, error: WeightSyncError
-) -> PushFailed:
-    """Recovers what a twice-failed weight push leaves: the learners trained step `step`
-    but the engines still serve the old policy. A checkpoint after `step + 1` steps
-    keeps that training (a resume pushes its policy to every engine first); the step's
-    metrics line is not written."""
-    folder = checkpoints.save_run(run, algo, step + 1)
-    return PushFailed(
-        f"step {step}: {error}. Checkpoint {folder}; once the engine is "
-        f"fixed, resume with: posttrain run --resume {run.run_dir}"
-    )
 
 
 def _resume(run: Run, algo: Algorithm, checkpoint: Path, version: int) -> None:
@@ -323,17 +273,14 @@ def rl_step(run: Run, algo: RLAlgorithm, step: int) -> tuple[dict[str, float], l
     rewards = apply_failure_policy(got.scores, got.rollouts, recipe.on_reward_failure)
     batch = rollout_batch(got.rollouts, rewards, roles.pad_id)
     stats = train_or_skip(algo, roles.learners, batch, got.rollouts, rewards, got.scores, step)
-    sync_s = c.push_weights(roles, recipe, version=step + 1)
+    quality = _quality(recipe, got.rollouts, got.scores, step)
+    trained = {"policy_version": step + 1, **_restarts(roles), **quality, **got.metrics, **stats}
+    sync_s = c.push_after_training(roles, recipe, step + 1, trained)
     t_end = time.time()
     score_span = Span("reward", 0, "score", got.t_generated, got.t_scored, step)
     telemetry, spans = c.step_telemetry(roles, got.t_start, t_end, [score_span])
-    quality = _quality(recipe, got.rollouts, got.scores, step)
     return {
-        "policy_version": step + 1,
-        **_restarts(roles),
-        **quality,
-        **got.metrics,
-        **stats,
+        **trained,
         **_step_times(got, sync_s, t_end),
         "weight_sync_bytes": roles.counters.last_push_bytes,
         "weight_sync_changed_fraction": roles.counters.last_push_changed,
@@ -354,10 +301,11 @@ def _quality(recipe: Recipe, rollouts: list[Rollout], scores: list[Score], step:
     accuracy_of = next((r.name for r in recipe.rewards if r.type == "math"), None)
     quality = rollout_metrics(rollouts, scores, accuracy_of)
     if quality["failed_scores"]:
-        first = next(s for s in scores if s.reward is None)
+        first = next(s for s in scores if not is_finite_number(s.reward))
+        why = first.error or f"reward {first.reward!r} is not finite in float32"
         tqdm.write(
             f"step {step}: {quality['failed_scores']:.0f} rollouts could not be scored "
-            f"({first.error}); on_reward_failure={recipe.on_reward_failure}"
+            f"({why}); on_reward_failure={recipe.on_reward_failure}"
         )
     return quality
 

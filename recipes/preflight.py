@@ -11,8 +11,9 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..common.model_folder import load_tokenizer
+from ..common.model_folder import load_tokenizer, model_context, model_folder_problem
 from ..common.model_registry import readable_model_folder
+from ..common.paths import data_path_problem
 from ..config import FileData, MixtureData, Recipe, RecipeError
 from ..config import recipe as models  # vllm_installed looked up at call time (tests patch it)
 from ..config.adapter import tied_head_problem
@@ -106,17 +107,13 @@ def check_runtime_inputs(recipe: Recipe) -> None:
             transformers folder.
     """
     for key, block in data_blocks(recipe):
-        if isinstance(block, FileData) and not Path(block.path).exists():
-            raise RecipeError(
-                f"{key}.path: {block.path} does not exist; give {KINDS} (relative paths "
-                "are read from the recipe's folder)"
-            )
+        if isinstance(block, FileData) and (problem := data_path_problem(block.path)):
+            if not os.path.lexists(block.path):
+                problem += f"; give {KINDS} (relative paths: from the recipe's folder)"
+            raise RecipeError(f"{key}.path: {problem}")
     critic = recipe.ppo.critic_path
-    if recipe.facts.critic and critic and not (Path(critic) / "config.json").is_file():
-        raise RecipeError(
-            f"ppo.critic_path: {critic} is not a transformers folder (no "
-            "config.json); remove it to start the critic from the policy"
-        )
+    if recipe.facts.critic and critic and (problem := model_folder_problem(critic, False)):
+        raise RecipeError(f"ppo.critic_path: {problem}; remove it to start from the policy")
     rollouts_on_vllm = recipe.facts.uses_rollouts and recipe.rollout.engine == "vllm"
     if rollouts_on_vllm and not models.vllm_installed():
         raise RecipeError(
@@ -168,6 +165,11 @@ def _check_model_path(recipe: Recipe) -> None:
                 f"({', '.join(sorted(KNOWN_ALIASES))}) nor a folder with config.json; "
                 "give a local transformers model folder"
             )
+        if problem := model_folder_problem(folder):  # truncated weights: one line, not 224
+            raise RecipeError(
+                f"model.path: {problem}; download or save the model again (a "
+                "transformers folder with config.json, whole weights and a tokenizer)"
+            )
         _check_vllm_cpu_head_dim(recipe, folder / "config.json")
         try:
             tied = json.loads((folder / "config.json").read_text()).get("tie_word_embeddings")
@@ -176,40 +178,6 @@ def _check_model_path(recipe: Recipe) -> None:
         targets = recipe.model.adapter.target_modules  # type none: the default, no lm_head
         if problem := tied_head_problem(targets, tied is True, recipe.model.path):
             raise RecipeError(problem)
-
-
-# RoPE types whose `factor` vLLM 0.32 does not apply again to max_position_embeddings
-# (config/model.py `_get_and_verify_max_len`); other types' factor scales the context.
-_ROPE_ALREADY_SCALED = {
-    "default",
-    "su",
-    "longrope",
-    "llama3",
-    "yarn",
-    "deepseek_yarn",
-    "deepseek_llama_scaling",
-}
-
-
-def model_context(config_file: Path) -> int | None:
-    """The model's context in tokens: `max_position_embeddings` of config.json (or of
-    its `text_config`), times a RoPE scaling factor where vLLM applies one; None when
-    the file names no length."""
-    try:
-        cfg = json.loads(config_file.read_text())
-    except (OSError, ValueError):
-        return None  # transformers will name the problem when it loads the config
-    if "max_position_embeddings" not in cfg and isinstance(cfg.get("text_config"), dict):
-        cfg = cfg["text_config"]
-    n = cfg.get("max_position_embeddings")
-    if not isinstance(n, int) or isinstance(n, bool) or n <= 0:
-        return None
-    rope = cfg.get("rope_scaling") or cfg.get("rope_parameters") or {}
-    factor = rope.get("factor") if isinstance(rope, dict) else None
-    kind = rope.get("rope_type", rope.get("type")) if isinstance(rope, dict) else None
-    if isinstance(factor, int | float) and kind not in _ROPE_ALREADY_SCALED:
-        n = int(n * factor)
-    return n
 
 
 def longest_prompt(

@@ -1,5 +1,7 @@
 """Recovering a run from a dead learner rank (recipes/loop.py calls it when a step
-fails with a Ray actor or task error).
+fails with a Ray actor or task error), and stopping one cleanly: after a twice-failed
+weight push (`stop_after_failed_push`) or a signal (`StopOnSignal`, `RunStopped`), each
+after a checkpoint.
 
 A learner rank that dies (`kill -9`, out of memory, a crashed node) leaves its FSDP
 group broken: the other ranks' collectives fail, and a gloo or NCCL group cannot take a
@@ -27,6 +29,8 @@ Not thread-safe: the controller's thread alone calls it, between steps.
 from __future__ import annotations
 
 import random
+import signal
+import threading
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -166,3 +170,60 @@ class LearnerRecovery:
             f"(policy_version {start})"
         )
         return start
+
+
+class PushFailed(RuntimeError):
+    """A weight push failed twice; the run stopped after a checkpoint."""
+
+
+def stop_after_failed_push(run: Any, algo: Any, step: int, error: BaseException) -> PushFailed:
+    """Recovers what a twice-failed weight push leaves: the learners trained step `step`
+    but the engines still serve the old policy. A checkpoint after `step + 1` steps
+    keeps that training (a resume pushes its policy to every engine first); the step's
+    metrics line was written (`weight_push_failed: 1`) when it got to its push."""
+    folder = checkpoints.save_run(run, algo, step + 1)
+    return PushFailed(
+        f"step {step}: {error}. Checkpoint {folder}; once the engine is "
+        f"fixed, resume with: posttrain run --resume {run.run_dir}"
+    )
+
+
+class RunStopped(RuntimeError):
+    """SIGTERM or Ctrl-C stopped the run after a step and its checkpoint."""
+
+    def __init__(self, run_dir: Path, steps_done: int, signum: int):
+        self.run_dir, self.steps_done, self.signum = run_dir, steps_done, signum
+        super().__init__(
+            f"stopped by {signal.Signals(signum).name} after step "
+            f"{steps_done - 1}; checkpoint {run_dir / checkpoints.FOLDER}/"
+            f"step_{steps_done:05d}. Resume with: posttrain run --resume {run_dir}"
+        )
+
+
+class StopOnSignal:
+    """While active (main thread only), the first SIGTERM or SIGINT is recorded in
+    `signum` so the loop can finish its step and checkpoint; a second SIGINT stops at
+    once (KeyboardInterrupt)."""
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+        self.old: dict[int, Any] = {}
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        if self.signum is not None and signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        self.signum = signum
+        tqdm.write(
+            f"{signal.Signals(signum).name}: finishing this step, then a checkpoint "
+            "(Ctrl-C again stops at once, without one)"
+        )
+
+    def __enter__(self) -> StopOnSignal:
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                self.old[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for sig, handler in self.old.items():
+            signal.signal(sig, handler)

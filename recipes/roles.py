@@ -545,8 +545,9 @@ def init_ray(recipe: Recipe, address: str | None, rollout: bool = True) -> None:
         RecipeError: device cuda on a machine without (enough) CUDA GPUs.
     """
     address = address or os.environ.get("RAY_ADDRESS")
+    quiet = "posttrain.common.process.quiet_logs"  # in every worker, before its imports
     if address:
-        ray.init(address=address, log_to_driver=True)
+        ray.init(address=address, runtime_env={"worker_process_setup_hook": quiet})
         return
     cuda = recipe.resources.device == "cuda"
     if cuda:
@@ -558,7 +559,10 @@ def init_ray(recipe: Recipe, address: str | None, rollout: bool = True) -> None:
         num_gpus=None if cuda else gpus_needed(recipe.resources, rollout=rollout),
         include_dashboard=False,
         log_to_driver=True,
-        runtime_env={"env_vars": {"TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1"}},
+        runtime_env={
+            "env_vars": {"TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1"},
+            "worker_process_setup_hook": quiet,
+        },
     )
 
 

@@ -19,7 +19,6 @@ in unchanged.
 
 from __future__ import annotations
 
-import math
 import os
 import subprocess
 import sys
@@ -32,7 +31,7 @@ import httpx
 from pydantic import ValidationError
 
 from ..common.http import DeadlineClient
-from .protocol import Score, ScoreItem, ScoreRequest, ScoreResponse, checked
+from .protocol import Score, ScoreItem, ScoreRequest, ScoreResponse, checked, is_finite_number
 
 
 class RewardClient:
@@ -217,7 +216,7 @@ class RewardSet:
             if not scored:
                 source = item.metadata.get("data_source")
                 errors.append(f"no reward component applies to data_source {source!r}")
-            if not errors and not math.isfinite(total):
+            if not errors and not is_finite_number(total):
                 errors.append(f"the weighted sum of the rewards is {total!r}; lower the weights")
             out.append(
                 Score(

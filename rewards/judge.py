@@ -30,6 +30,7 @@ from typing import Any
 import httpx
 
 from ..common.http import DeadlineClient
+from ..common.numbers import finite32
 from ..config.rewards import JudgeReward
 from .protocol import ScoreItem
 
@@ -63,7 +64,7 @@ def parse_score(text: str, pattern: str, score_range: tuple[float, float] | None
         value = float(text)
     except ValueError:
         value = math.nan
-    if not math.isfinite(value):
+    if not finite32(value):
         raise JudgeError(f"the judge's score {text[:40]!r} is not a finite number")
     if score_range is None:
         return value

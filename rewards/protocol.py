@@ -5,8 +5,9 @@ score per item, in the request's order, each carrying the item's `uid`. Scoring 
 idempotent by `uid`: the same item scored twice gives the same result, so a client
 may retry a whole batch.
 
-Numbers: a reward must be finite. `NaN`, `Infinity` or an overflowing literal such as
-`1e400` (JSON parsers read these as floats) is never a reward: `checked` turns it into a
+Numbers: a reward must be finite in float32, the dtype it trains in. `NaN`, `Infinity`,
+an overflowing literal such as `1e400` (JSON parsers read these as floats) or a value
+past float32's range such as `1e39` is never a reward: `checked` turns it into a
 failed score naming its source, which the recipe's `on_reward_failure` then handles. A
 non-finite number among `details` is kept as its text (`"nan"`), so one stray value
 neither fails the item nor makes the response unserialisable.
@@ -18,6 +19,8 @@ import math
 from typing import Any
 
 from pydantic import BaseModel, Field
+
+from ..common.numbers import FLOAT32_MAX, finite32
 
 
 class ScoreItem(BaseModel):
@@ -61,8 +64,9 @@ class ScoreResponse(BaseModel):
 
 
 def is_finite_number(x: Any) -> bool:
-    """Whether `x` is an int or float (not a bool) with a finite value."""
-    return isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x)
+    """Whether `x` is an int or float (not a bool) that is finite in float32, the dtype
+    rewards train in (`common.numbers.finite32`: 1e39 is not)."""
+    return finite32(x)
 
 
 def finite_details(details: dict[str, Any]) -> dict[str, Any]:
@@ -78,12 +82,12 @@ def checked(score: Score, source: str) -> Score:
     naming `source` and the value when the reward is NaN or infinite. Non-finite
     details become text either way (see the module docstring)."""
     details = finite_details(score.details)
-    if score.reward is None or math.isfinite(score.reward):
+    if score.reward is None or finite32(score.reward):
         return score.model_copy(update={"details": details}) if details != score.details else score
     return Score(
         uid=score.uid,
         reward=None,
         error=f"{source} gave a non-finite reward ({score.reward!r}) for {score.uid}; "
-        "a reward must be a finite number",
+        f"a reward must be a finite number (|r| ≤ {FLOAT32_MAX:.7g}, float32's range)",
         details=details,
     )

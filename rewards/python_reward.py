@@ -12,10 +12,10 @@ trusted user code.
 from __future__ import annotations
 
 import importlib
-import math
 from collections.abc import Callable
 from typing import Any
 
+from ..common.numbers import finite32
 from .protocol import ScoreItem
 
 
@@ -54,9 +54,9 @@ def score_python(fn: Callable[..., Any], item: ScoreItem) -> tuple[float, dict[s
     if isinstance(out, dict):
         details = {k: v for k, v in out.items() if k != "score"}
         out = out.get("score")
-    if isinstance(out, bool) or not isinstance(out, int | float) or not math.isfinite(out):
+    if not finite32(out):
         raise ValueError(
-            f"compute_score returned {out!r}; return a finite float or "
-            "a dict with a numeric 'score'"
+            f"compute_score returned {out!r}; return a finite float (within float32's "
+            "range, |x| ≤ 3.4e38) or a dict with a numeric 'score'"
         )
     return float(out), details

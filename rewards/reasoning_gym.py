@@ -19,9 +19,10 @@ whose scorer hangs on some answer is cut off at the component's `timeout_s`.
 from __future__ import annotations
 
 import json
-import math
 from functools import lru_cache
 from typing import Any
+
+from ..common.numbers import finite32
 
 _REF_KEYS = ("dataset", "seed", "size", "config", "index")
 
@@ -56,6 +57,6 @@ def score_reasoning_gym(
     entry = ds[ref["index"]]
     answer = extract_answer(response, tag_name=answer_tag) if answer_tag else response.strip()
     score = ds.score_answer(answer, entry)
-    if isinstance(score, bool) or not isinstance(score, int | float) or not math.isfinite(score):
+    if not finite32(score):
         raise ValueError(f"reasoning-gym's {ref['dataset']} scored {score!r}, not a finite number")
     return float(score), {"answer_found": float(answer is not None)}

@@ -29,6 +29,7 @@ from typing import Any
 
 from ..common.chat_tokens import chat_prompt, chat_reply, plain_ids, stop_ids
 from ..common.model_folder import model_folder_problem
+from ..common.numbers import finite32
 from ..config.rewards import RewardModelReward
 from .protocol import ScoreItem
 
@@ -144,7 +145,7 @@ class RewardModelScorer:
         broken or overflowing model) gets a `ValueError` in its place, and stays out of
         the running statistics."""
         raw = self.raw_scores(items)
-        finite = [r for r in raw if math.isfinite(r)]
+        finite = [r for r in raw if finite32(r)]
         s = self.spec
         if s.normalize == "fixed":
             mean, std = s.mean, s.std
@@ -154,7 +155,7 @@ class RewardModelScorer:
                 mean, std = self.stats.mean, self.stats.std
         out: list[tuple[float, dict[str, Any]] | Exception] = []
         for r in raw:
-            if not math.isfinite(r):
+            if not finite32(r):
                 out.append(ValueError(f"{s.path} gave the score {r!r}, not a finite number"))
             elif s.normalize == "none":
                 out.append((r, {}))

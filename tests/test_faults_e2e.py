@@ -16,6 +16,7 @@ import yaml
 from posttrain.recipes import roles
 from posttrain.recipes.loading import load_recipe
 from posttrain.recipes.loop import run
+from posttrain.recipes.monitoring.log import read_jsonl
 
 
 def _recipe(tmp_path: Path, model_path: Path, **blocks) -> Path:
@@ -106,10 +107,16 @@ def test_failed_weight_push_is_retried_then_stops_with_a_checkpoint(tiny_model, 
     assert "posttrain run --resume" in message
     ckpt = checkpoints.latest(run_dir)
     assert ckpt is not None and checkpoints.read_state(ckpt)["policy_version"] == 2
+    # step 1 trained (the checkpoint holds it), so its line is written: it was lost, and
+    # the metrics read steps [0, 2] after the resume
+    logged = read_jsonl(run_dir / "metrics.jsonl")
+    assert [m["step"] for m in logged] == [0, 1] and logged[1]["weight_push_failed"] == 1
+    assert logged[1]["policy_version"] == 2 and "loss" in logged[1]
 
     good = bad.model_copy(update={"debug": bad.debug.model_copy(update={"fail_weight_push": None})})
     history = run(good, run_dir, resume=ckpt)  # the resume pushes version 2 to both
     assert [m["step"] for m in history] == [2] and history[0]["policy_version"] == 3
+    assert [m["step"] for m in read_jsonl(run_dir / "metrics.jsonl")] == [0, 1, 2]
     saved = [json.loads(x) for x in (run_dir / "rollouts" / "step_00002.jsonl").open()]
     assert len(saved) == 8 and all(r["policy_version"] == 2 for r in saved)
 
@@ -196,6 +203,8 @@ def test_engine_killed_in_an_async_push_stops_with_a_checkpoint(tiny_model, tmp_
     ckpt = checkpoints.latest(run_dir)
     assert ckpt.name == "step_00002" and checkpoints.read_state(ckpt)["policy_version"] == 2
     assert checkpoints.verify(ckpt)
+    logged = read_jsonl(run_dir / "metrics.jsonl")  # step 1 trained: its line is kept
+    assert [m["step"] for m in logged] == [0, 1] and logged[1]["weight_push_failed"] == 1
 
 
 def test_reward_service_down_trains_nothing_and_stops(tiny_model, tmp_path):

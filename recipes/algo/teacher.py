@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from ...common.model_folder import load_tokenizer
+from ...common.model_folder import load_tokenizer, model_folder_problem
 from ...common.model_registry import readable_model_folder
 from ...config import Recipe, RecipeError
 
@@ -36,6 +36,8 @@ def check_teacher_folder(recipe: Recipe) -> None:
             "the policy a run saved in RUN_DIR/final (posttrain run "
             "recipes/quickstart_grpo.yaml --out runs/quickstart-grpo)"
         )
+    if problem := model_folder_problem(Path(teacher).expanduser()):  # truncated weights
+        raise RecipeError(f"distill.teacher: {problem}; save or download the teacher again")
 
 
 def check_teacher_tokenizer(recipe: Recipe, convert: bool = False) -> bool:

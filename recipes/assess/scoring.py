@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ...common.numbers import finite32
 from ...config import Recipe, RecipeError
 from ..data.pair_tokens import render_pairs
 from ..data.pairs import PreferencePair
@@ -240,7 +241,7 @@ def _rm_score_result(
     for r, s in zip(rollouts, scores, strict=True):
         raw = s.details.get(f"{name}.raw", s.reward)
         groups.setdefault(r.group_id, [])
-        if isinstance(raw, int | float) and math.isfinite(raw):
+        if finite32(raw):
             groups[r.group_id].append(float(raw))
     every = [v for vals in groups.values() for v in vals]
     items = [statistics.fmean(v) if v else 0.0 for v in groups.values()]

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ...common.chat_tokens import shared_start
+from ...common.model_folder import load_tokenizer
 from ...common.model_registry import readable_model_folder
 from ...config import RecipeError
 from .items import Message, check_messages
@@ -182,10 +183,8 @@ def check_chats(recipe: Any, examples: list[ChatExample], convert: bool = False)
     Raises:
         RecipeError: as `tokenize_chats`.
     """
-    from transformers import AutoTokenizer
-
     folder = readable_model_folder(recipe.model.path, convert)
     if folder is None:
         return False
-    tokenize_chats(AutoTokenizer.from_pretrained(folder), examples, recipe.sft.max_length)
+    tokenize_chats(load_tokenizer(folder), examples, recipe.sft.max_length)
     return True

@@ -27,6 +27,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from ...common.paths import data_path_problem
 from ...config import RecipeError
 
 KINDS = (
@@ -180,6 +181,8 @@ def read_rows(
     """
     path = Path(path)
     name = path.name.lower()
+    if os.path.lexists(path) and (problem := data_path_problem(path)):  # a FIFO would hang
+        raise RecipeError(f"{key}: {problem}")
     if path.is_dir():
         yield from _folder_rows(path, split, key)
     elif not path.exists():

@@ -89,7 +89,7 @@ def test_a_300k_character_prompt_is_refused_before_the_engine(http, worker):
     assert worker.pop_episode("long") is None  # nothing recorded
 
 
-@pytest.mark.parametrize("literal", ["NaN", "Infinity", "-Infinity", "1e400"])
+@pytest.mark.parametrize("literal", ["NaN", "Infinity", "-Infinity", "1e400", "1e39"])
 def test_non_finite_reward_is_refused_and_fails_the_episode(http, worker, literal):
     episode = f"nf-{literal}"
     assert _chat(http, episode=episode).status_code == 200

@@ -125,16 +125,21 @@ def test_console_prints_a_start_once_and_the_range_when_it_ends():
         [f"step 0: advisory {TR}"],
         [],
         [f"step 2: advisory {FR}"],
-        ["advisory truncated: steps 0–2", "advisory failed_rewards: step 2"],
+        ["advisory truncated: steps 0–2"],  # failed_rewards' one step: said at its start
         [f"step 4: advisory {TR}"],
     ]
-    assert console_lines(run, run_ends=True) == [
-        f"step 4: advisory {TR}",
-        "advisory truncated: step 4",
-    ]
+    assert console_lines(run, run_ends=True) == [f"step 4: advisory {TR}"]
     twenty = rows_with(*[[TR]] * 20)
     assert console_lines(twenty, run_ends=True) == ["advisory truncated: steps 0–19"]
     assert console_lines([], run_ends=True) == []
+
+
+def test_an_advisory_of_the_last_step_prints_once():
+    """The quickstart's console printed "step 6: advisory no_variance: ..." and then
+    "advisory no_variance: step 6": one line per advisory range."""
+    nv = "no_variance: every group of step 6 has one reward; nothing to learn from"
+    run = rows_with([], [], [], [], [], [], [nv])
+    assert console_lines(run, run_ends=True) == [f"step 6: advisory {nv}"]
 
 
 def test_status_prints_the_shown_steps_advisories(tmp_path):

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import typer
 
-from posttrain.recipes import cli
+from posttrain.recipes.cli import checks as cli_checks
 from posttrain.recipes.loading import load_recipe
 
 QUICK = Path(__file__).resolve().parents[2] / "recipes" / "quickstart_grpo.yaml"
@@ -30,7 +30,7 @@ def port_8765_taken():
 def test_the_default_port_in_use_gives_way_to_a_free_one(port_8765_taken, capsys):
     r = load_recipe(QUICK)
     assert r.monitor.dashboard_port == 8765 and "dashboard_port" not in r.monitor.model_fields_set
-    got = cli._port_or_exit(r)
+    got = cli_checks.port_or_exit(r)
     assert got.monitor.dashboard_port == 0 and got.train == r.train
     assert "8765 is in use" in capsys.readouterr().out
 
@@ -38,7 +38,7 @@ def test_the_default_port_in_use_gives_way_to_a_free_one(port_8765_taken, capsys
 def test_a_named_port_in_use_exits_2(port_8765_taken, capsys):
     r = load_recipe(QUICK, ["monitor.dashboard_port=8765"])
     with pytest.raises(typer.Exit) as e:
-        cli._port_or_exit(r)
+        cli_checks.port_or_exit(r)
     assert e.value.exit_code == 2
     assert "monitor.dashboard_port: 127.0.0.1:8765 is in use" in capsys.readouterr().err
 
@@ -46,7 +46,7 @@ def test_a_named_port_in_use_exits_2(port_8765_taken, capsys):
 def test_off_and_any_port_pass_through():
     for value in ("null", "0"):
         r = load_recipe(QUICK, [f"monitor.dashboard_port={value}"])
-        assert cli._port_or_exit(r) is r
+        assert cli_checks.port_or_exit(r) is r
 
 
 def test_true_is_not_a_port():

@@ -129,7 +129,14 @@ def test_python_class_environment(tok):
 
 # --- hostile environments ------------------------------------------------------------
 
-NON_FINITE = ["NaN", "Infinity", "-Infinity", "1e400"]
+NON_FINITE = [
+    "NaN",
+    "Infinity",
+    "-Infinity",
+    "1e400",
+    "1e39",
+    "-3.5e38",
+]  # the last two: inf in float32
 
 
 def _step_body(reward: str) -> str:
@@ -153,13 +160,14 @@ def test_http_environment_non_finite_reward_fails_that_sample(tok, literal):
 
 
 class NonFiniteGame:
-    """A Python environment whose step rewards are 1e308 twice (a sum that overflows)."""
+    """A Python environment whose step rewards are 3e38 twice (each finite in float32,
+    their sum not)."""
 
     def reset(self, request):
         return list(request.messages)
 
     def step(self, message):
-        return {"messages": [{"role": "user", "content": "again"}], "reward": 1e308}
+        return {"messages": [{"role": "user", "content": "again"}], "reward": 3e38}
 
 
 def test_python_environment_reward_sum_overflow_fails_that_sample(tok):
@@ -169,7 +177,7 @@ def test_python_environment_reward_sum_overflow_fails_that_sample(tok):
     e = _play(tok, lambda uid: make_environment(cfg, uid), "37", max_turns=3)
     r = to_rollout(e, "")
     (s,) = add_environment_rewards([r], [Score(uid=r.uid, reward=0.0)])
-    assert s.reward is None and "NonFiniteGame" in s.error and "inf" in s.error, s
+    assert s.reward is None and "NonFiniteGame" in s.error and "sum to 6e+38" in s.error, s
 
 
 def test_agent_sum_that_overflows_fails_the_sample():

@@ -85,8 +85,8 @@ ARITHMETIC = {
         ["data.train.operators=['*']", "data.train.max_terms=100", "data.train.max_digits=100"],
         "max_terms × max_digits is 10000 with operator '*'",
     ),
-    "size true": (["data.train.size=true"], "data.train.size: Input should be a valid integer"),
-    "k true": (["eval.k=true"], "eval.k: Input should be a valid integer"),
+    "size true": (["data.train.size=true"], "data.train.size: a boolean (true/false)"),
+    "k true": (["eval.k=true"], "eval.k: a boolean (true/false) where a number"),
 }
 
 

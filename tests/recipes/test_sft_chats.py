@@ -214,7 +214,7 @@ def test_cli_exits_2_on_a_row_without_assistant_turn_and_on_a_bad_template(tiny_
 
 
 def test_the_run_summary_of_sft_names_its_losses(tmp_path, capsys):
-    from posttrain.recipes.cli import _summary
+    from posttrain.recipes.monitoring.summary import print_summary as _summary
 
     hist = [
         {"loss": 0.5, "sft/assistant_tokens": 10.0},

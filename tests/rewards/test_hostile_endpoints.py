@@ -22,7 +22,13 @@ from posttrain.rewards.protocol import Score, ScoreItem
 from posttrain.rewards.service import create_app
 from tests.hostile_servers import SlowDrip
 
-NON_FINITE = {"nan": "NaN", "infinity": "Infinity", "1e400": "1e400", "-infinity": "-Infinity"}
+NON_FINITE = {
+    "nan": "NaN",
+    "infinity": "Infinity",
+    "1e400": "1e400",
+    "-infinity": "-Infinity",
+    "1e39": "1e39",  # finite as a float64, inf in float32: NaN advantages
+}
 ITEMS = [ScoreItem(uid=u, response="r") for u in ("a", "b")]
 
 
@@ -61,12 +67,12 @@ def test_non_finite_detail_of_an_endpoint_is_kept_as_text():
 
 
 def test_reward_set_names_the_component_and_catches_an_overflowing_sum():
-    body = '{"scores": [{"uid": "a", "reward": 1e308}, {"uid": "b", "reward": NaN}]}'
+    body = '{"scores": [{"uid": "a", "reward": 1e38}, {"uid": "b", "reward": NaN}]}'
     with SlowDrip(body, interval_s=0) as url:
         rs = RewardSet(None, [("remote", 10.0, _client(f"{url}/score"))])
         a, b = rs.score(ITEMS)
         rs.close()
-    assert a.reward is None and "weighted sum" in a.error, a  # 10 × 1e308 overflows
+    assert a.reward is None and "weighted sum" in a.error, a  # 10 × 1e38 is past float32
     assert b.reward is None and b.error.startswith("remote: ") and "non-finite" in b.error
 
 
@@ -117,7 +123,9 @@ def test_parse_score_refuses_non_finite():
         parse_score("Score: nan", r"Score: (\S+)", None)
 
 
-@pytest.mark.parametrize("reply", ["Score: " + "9" * 400, "Score: inf", "Score: NaN"])
+@pytest.mark.parametrize(
+    "reply", ["Score: " + "9" * 400, "Score: inf", "Score: NaN", "Score: 1e39"]
+)
 def test_judge_non_finite_score_fails_the_item_through_the_service(reply):
     with SlowDrip(_judge_reply(reply), interval_s=0) as url:
         comp = {
@@ -141,7 +149,7 @@ def test_judge_non_finite_score_fails_the_item_through_the_service(reply):
 PY = {"name": "user", "type": "python", "function": "tests.rewards.user_rewards:echo_number"}
 
 
-@pytest.mark.parametrize("text", ["nan", "inf", "-inf", "1e400"])
+@pytest.mark.parametrize("text", ["nan", "inf", "-inf", "1e400", "1e39"])
 def test_python_function_non_finite_fails_the_item(text):
     with TestClient(create_app([PY], workers=1)) as client:
         (s,) = client.post("/score", json={"items": [{"uid": "a", "response": text}]}).json()[

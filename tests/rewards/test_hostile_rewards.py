@@ -243,13 +243,13 @@ def test_non_finite_results_fail_their_items_over_the_real_service(tmp_path):
     client = RewardClient(f"http://127.0.0.1:{port}/score", token="t", retries=0)
     try:
         client.wait_ready(timeout_s=TIMEOUT, proc=proc)
-        texts = ["nan", "inf", "1e400", "details", "2"]
+        texts = ["nan", "inf", "1e400", "1e39", "details", "2"]
         scores = client.score([ScoreItem(uid=t, response=t) for t in texts])
     finally:
         client.close()
         proc.kill()
         proc.wait(timeout=30)
-    for s in scores[:3]:
+    for s in scores[:4]:
         assert s.reward is None and s.error.startswith("user: "), s
-    assert scores[3].reward == 0.5 and scores[3].details["user.ratio"] == "nan"
-    assert scores[4].reward == 2.0
+    assert scores[4].reward == 0.5 and scores[4].details["user.ratio"] == "nan"
+    assert scores[5].reward == 2.0

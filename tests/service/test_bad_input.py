@@ -55,6 +55,11 @@ RL = {"target_tokens": [5, 6, 7], "logprobs": [0.0] * 3, "advantages": [1.0] * 3
             "importance_sampling",
             "data[0].loss_fn_inputs.advantages",
         ),
+        (  # finite as a Python float, inf in the float32 the wire carries
+            _datum([4, 5, 6], **{**RL, "advantages": [1e39, 0.0, 0.0]}),
+            "importance_sampling",
+            "data[0].loss_fn_inputs.advantages",
+        ),
     ],
 )
 def test_bad_forward_backward_names_the_field(tc, datum, loss: str, field: str) -> None:  # noqa: ANN001

@@ -1,0 +1,5 @@
+"""`python -m posttrain.recipes.cli`: the `posttrain` command."""
+
+from . import main
+
+main()
