@@ -5,8 +5,9 @@
    step as a recipe's learner takes it (learner/models.py `load_sharded`: FSDP2 on one
    gloo rank in this process, the same LoRA rank, micro-batches, AdamW).
 2. **Sessions at once vs in turn**: `--sessions` sessions each sending forward_backward
-   on `--batch` sequences at the same time, against the same requests sent one session
-   after another; training tokens/s.
+   on `--batch` sequences at the same time (on a service with `sessions.batch` =
+   `--sessions`, which runs the requests that wait together as one learner pass),
+   against the same requests sent one session after another; training tokens/s.
 3. **Memory per session**: resident memory (RSS) of the learner rank and of the engine
    with 1 session and with `--sessions` sessions (each trained one step and its sampler
    pushed).
@@ -29,7 +30,6 @@ import statistics
 import sys
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -72,7 +72,7 @@ def learner_step(path: Path, rank: int, dtype: str, micro: int):  # noqa: ANN201
     return step
 
 
-def start(path: Path, engine: str, dtype: str, rank: int, micro: int):  # noqa: ANN201
+def start(path: Path, engine: str, dtype: str, rank: int, micro: int, batch: int = 1):  # noqa: ANN201
     """(url, state, stop) of a service on a free port serving `path` as 'm'."""
     import uvicorn
 
@@ -85,7 +85,7 @@ def start(path: Path, engine: str, dtype: str, rank: int, micro: int):  # noqa: 
         {
             "model": {"path": str(path), "name": "m", "dtype": dtype},
             "rollout": {"engine": engine},
-            "sessions": {"max_rank": rank, "micro_batch_size": micro},
+            "sessions": {"max_rank": rank, "micro_batch_size": micro, "batch": batch},
         }
     )
     state = ServiceState.start(cfg, scratch(), TOKEN)
@@ -201,30 +201,6 @@ def main() -> None:  # noqa: PLR0915 (one table per phase, in order)
             med = statistics.median(ts[1:])
             t.append(f"| {name} | {med:.3f} | {med / base:.2f}x |")
         tables.append("\n".join(t))
-        # 2. sessions at once vs in turn
-        tokens = args.sessions * args.batch * args.length
-        both: dict[str, list[float]] = {"in turn": [], "at once": []}
-        for _ in range(args.repeats):
-            t0 = time.perf_counter()
-            for tc in tcs:
-                tc.forward_backward(data, "importance_sampling").result()
-            both["in turn"].append(time.perf_counter() - t0)
-            t0 = time.perf_counter()
-            with ThreadPoolExecutor(len(tcs)) as pool:
-                futs = [pool.submit(tc.forward_backward, data, "importance_sampling") for tc in tcs]
-                for f in futs:
-                    f.result().result()
-            both["at once"].append(time.perf_counter() - t0)
-        t = [
-            f"| {args.sessions} sessions x {args.batch} seqs | s (median) | train tokens/s "
-            "| vs in turn |",
-            "|---|---|---|---|",
-        ]
-        turn = statistics.median(both["in turn"])
-        for name, ts in both.items():
-            med = statistics.median(ts)
-            t.append(f"| {name} | {med:.3f} | {tokens / med:.0f} | {turn / med:.2f}x |")
-        tables.append("\n".join(t))
         t = ["| RSS MiB | 1 session | " + f"{args.sessions} sessions | per added session |"]
         t.append("|---|---|---|---|")
         for i, who in enumerate(("learner rank 0", "engine 0")):
@@ -232,6 +208,17 @@ def main() -> None:  # noqa: PLR0915 (one table per phase, in order)
             t.append(f"| {who} | {mem1[i]:.0f} | {memn[i]:.0f} | {per:.1f} |")
         tables.append("\n".join(t))
         sample_rows = {engines[0]: sample_rate(tcs[0], args, types)}
+    finally:
+        stop()
+    # 2. sessions at once vs in turn, on a service batching up to --sessions of them
+    url, state, stop = start(path, "hf", args.dtype, args.rank, args.micro_batch, args.sessions)
+    try:
+        client = tinker.ServiceClient(base_url=url, api_key=TOKEN)
+        tcs = [
+            client.create_lora_training_client(base_model="m", rank=args.rank, seed=i).result()
+            for i in range(args.sessions)
+        ]
+        tables.insert(1, at_once_table(tcs, data, args))
     finally:
         stop()
     for engine in engines[1:]:
@@ -252,6 +239,33 @@ def main() -> None:  # noqa: PLR0915 (one table per phase, in order)
         f"{args.length} tokens, 1 learner rank, 1 engine"
     )
     print("\n\n".join(tables))
+
+
+def at_once_table(tcs, data, args) -> str:  # noqa: ANN001
+    """`--sessions` sessions' forward_backward sent one after another, then all at once
+    (the service batches those that wait together), alternated; training tokens/s."""
+    tokens = args.sessions * args.batch * args.length
+    both: dict[str, list[float]] = {"in turn": [], "at once": []}
+    for _ in range(args.repeats + 1):  # the first round warms up and is dropped
+        t0 = time.perf_counter()
+        for tc in tcs:
+            tc.forward_backward(data, "importance_sampling").result()
+        both["in turn"].append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        futs = [tc.forward_backward(data, "importance_sampling") for tc in tcs]
+        for f in futs:
+            f.result()
+        both["at once"].append(time.perf_counter() - t0)
+    t = [
+        f"| {args.sessions} sessions x {args.batch} seqs (sessions.batch {args.sessions}) "
+        "| s (median) | train tokens/s | vs in turn |",
+        "|---|---|---|---|",
+    ]
+    turn = statistics.median(both["in turn"][1:])
+    for name, ts in both.items():
+        med = statistics.median(ts[1:])
+        t.append(f"| {name} | {med:.3f} | {tokens / med:.0f} | {turn / med:.2f}x |")
+    return "\n".join(t)
 
 
 def sample_rate(tc, args, types) -> float:  # noqa: ANN001
