@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..config import FileData, MixtureData, Recipe, RecipeError
-from ..config import recipe as models  # vllm_installed looked up at call time (tests patch it)
+from ..config import rollout as models  # vllm_installed looked up at call time (tests patch it)
 from .items import chat_messages
 from .rows import KINDS
 
