@@ -52,7 +52,7 @@ class Run:
     data: list[Any]
     prompts: Iterator[list[PromptItem]] | None = None
     eval_prompts: list[PromptItem] | None = None
-    stream: Any = None  # train.max_staleness ≥ 1: the RolloutStream (recipes/async_loop.py)
+    stream: Any = None  # train.max_staleness ≥ 1: the RolloutStream (recipes/async_loop/)
     sampler: Sampler | None = None  # synchronous RL steps: chosen once (recipes/samplers.py)
 
 

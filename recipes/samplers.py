@@ -6,7 +6,7 @@ sample → batch → train → push.
 
 Concurrency: a sampler runs on the controller's thread between two weight pushes; the
 engines hold `policy_version = step` throughout (the asynchronous loop,
-recipes/async_loop.py, samples through its own `RolloutStream` instead).
+recipes/async_loop/, samples through its own `RolloutStream` instead).
 """
 
 from __future__ import annotations

@@ -23,7 +23,6 @@ FILE_CEILINGS: dict[str, int] = {
     "actors/worker.py": 438,
     "learner/logprobs.py": 462,
     "learner/worker.py": 460,
-    "recipes/async_loop.py": 563,
     "recipes/cli.py": 676,
     "recipes/loop.py": 421,
     "recipes/planning/calibrate.py": 410,
