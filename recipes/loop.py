@@ -27,7 +27,7 @@ from ..weightsync import WeightSyncError
 from . import checkpoints
 from . import controller as c
 from .algo import Algorithm, PairAlgorithm, RLAlgorithm, algorithm_for
-from .algo.grpo import apply_failure_policy, rollout_batch, rollout_metrics
+from .algo.rollouts import apply_failure_policy, rollout_batch, rollout_metrics
 from .algo.teacher import check_teacher_tokenizer
 from .data import load_data, prompt_stream
 from .empty_steps import EmptySteps, train_or_skip

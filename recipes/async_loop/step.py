@@ -8,7 +8,7 @@ from typing import Any
 
 from ...common.telemetry import Span
 from .. import controller as c
-from ..algo.grpo import apply_failure_policy, rollout_batch, rollout_metrics
+from ..algo.rollouts import apply_failure_policy, rollout_batch, rollout_metrics
 from ..empty_steps import train_or_skip
 from ..monitoring.offpolicy import offpolicy_metrics
 from .groups import Group

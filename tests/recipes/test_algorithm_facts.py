@@ -22,7 +22,7 @@ import posttrain.recipes.algo.reward_model as rm_mod
 from posttrain.actors.rollout import Rollout
 from posttrain.config import Passes
 from posttrain.recipes.algo import algorithm_for
-from posttrain.recipes.algo.grpo import rollout_batch
+from posttrain.recipes.algo.rollouts import rollout_batch
 from posttrain.recipes.loading import load_recipe
 from posttrain.recipes.planning.planner import step_flops
 from posttrain.recipes.preference import TokenizedPair
