@@ -8,9 +8,8 @@ from __future__ import annotations
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from contextlib import nullcontext
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -32,28 +31,12 @@ from .algo.teacher import check_teacher_tokenizer
 from .data import load_data, prompt_stream
 from .empty_steps import EmptySteps, train_or_skip
 from .evaluation import due, evaluate, load_eval_prompts
-from .items import PromptItem
 from .monitoring.advisories import advisories, console_lines
 from .monitoring.dashboard import DashboardServer
 from .monitoring.log import StepLog
 from .recovery import STEP_ERRORS, LearnerRecovery
-from .samplers import Sampled, Sampler, pick_sampler
-
-
-@dataclass
-class Run:
-    """What a step may use: the recipe, the run folder, the resolved model folder, the
-    running roles and the training data (prompts, or preference pairs for DPO)."""
-
-    recipe: Recipe
-    run_dir: Path
-    model_path: str
-    roles: c.Roles
-    data: list[Any]
-    prompts: Iterator[list[PromptItem]] | None = None
-    eval_prompts: list[PromptItem] | None = None
-    stream: Any = None  # train.max_staleness ≥ 1: the RolloutStream (recipes/async_loop/)
-    sampler: Sampler | None = None  # synchronous RL steps: chosen once (recipes/samplers.py)
+from .samplers import Sampled, pick_sampler
+from .state import Run
 
 
 def run(

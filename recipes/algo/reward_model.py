@@ -29,6 +29,7 @@ from ...config import Recipe, RecipeError
 from ..controller import on_learners
 from ..data import load_heldout_pairs
 from ..preference import TokenizedPair, as_chat, render_pairs  # noqa: F401  (as_chat: re-export)
+from ..state import Run
 from .base import PairAlgorithm
 from .dpo import pair_batch
 
@@ -59,7 +60,7 @@ class RewardModel(PairAlgorithm):
         self.loss = RewardModelLoss(margin=recipe.reward_model.margin)
         self.temperature = 1.0
 
-    def prepare(self, run: Any) -> None:
+    def prepare(self, run: Run) -> None:
         """Render and tokenise the pairs, shuffle them once and split off the eval pairs."""
         from transformers import AutoTokenizer
 
@@ -94,7 +95,7 @@ class RewardModel(PairAlgorithm):
         batch.margins = torch.tensor(margins + [0.0] * (len(batch) - len(margins)))
         return batch
 
-    def step(self, run: Any, step: int) -> tuple[dict[str, float], list[Span]]:
+    def step(self, run: Run, step: int) -> tuple[dict[str, float], list[Span]]:
         learners, per_step = run.roles.learners, self.recipe.train.prompts_per_step
         t0 = time.time()
         idx = [self.order[(step * per_step + k) % len(self.order)] for k in range(per_step)]

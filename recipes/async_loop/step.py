@@ -4,15 +4,19 @@ push with the producer paused); the producer is recipes/async_loop/stream.py."""
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ...common.telemetry import Span
 from .. import controller as c
 from ..algo.rollouts import apply_failure_policy, rollout_batch, rollout_metrics
 from ..empty_steps import train_or_skip
 from ..monitoring.offpolicy import offpolicy_metrics
+from ..state import Run
 from .groups import Group
 from .stream import RolloutStream
+
+if TYPE_CHECKING:
+    from ..algo.base import RLAlgorithm
 
 
 class StreamPosition:
@@ -26,7 +30,7 @@ class StreamPosition:
         return self.stream.data_state()
 
 
-def async_step(run: Any, algo: Any, step: int) -> tuple[dict[str, float], list[Span]]:
+def async_step(run: Run, algo: RLAlgorithm, step: int) -> tuple[dict[str, float], list[Span]]:
     """One step of the asynchronous loop: take fresh groups → save → train → push (with
     the producer paused). Metrics as `rl_step`'s, plus the off-policy accounting of
     recipes/monitoring/offpolicy.py (`staleness_mean`, `staleness_max`, `staleness_frac/{d}`,
@@ -96,7 +100,7 @@ def _sampler_metrics(stream: RolloutStream, flat: list[Group]) -> dict[str, floa
     return out
 
 
-def _telemetry(run: Any, start: float, end: float) -> tuple[dict[str, float], list[Span]]:
+def _telemetry(run: Run, start: float, end: float) -> tuple[dict[str, float], list[Span]]:
     """Idle fractions and busy seconds of both sides in [start, end], from the workers'
     own spans and the controller's view of each generation request."""
     return c.step_telemetry(run.roles, start, end, [], counted=run.stream.drain_spans(end))

@@ -21,6 +21,7 @@ from .. import controller as c
 from ..algo.dynamic import has_signal
 from ..episodes.step import add_environment_rewards, episodes_enabled, requests_for
 from ..monitoring.offpolicy import SampleCounts
+from ..state import Run
 from .groups import Group, take_fresh
 
 
@@ -28,14 +29,14 @@ class RolloutStream:
     """Generates and scores ahead of the learner (the order: recipes/async_loop/__init__.py).
 
     Args:
-        run: the `recipes.loop.Run` (recipe, roles, prompt stream).
+        run: the running job (recipes/state.py: recipe, roles, prompt stream).
         start_version: the policy_version the engines hold now (the first step).
 
     Raises (from `take`): RuntimeError naming the producer's failure (a dead rollout
     worker, a reward service that did not answer).
     """
 
-    def __init__(self, run: Any, start_version: int):
+    def __init__(self, run: Run, start_version: int):
         self.run, self.recipe, self.roles = run, run.recipe, run.roles
         self.k = self.recipe.train.max_staleness
         self.episodes = episodes_enabled(self.recipe)
