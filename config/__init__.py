@@ -25,7 +25,7 @@ from .data import (
 )
 from .facts import AlgorithmFacts, Passes
 from .monitor import AdvisoriesConfig
-from .recipe import Recipe
+from .recipe import Recipe, default_facts
 from .resources import ResourcesConfig
 from .rewards import LOCAL_TYPES, RewardServerConfig, RewardSpec
 from .rollout import RolloutConfig, vllm_installed
@@ -55,6 +55,7 @@ __all__ = [
     "RolloutConfig",
     "Strict",
     "WeightSyncConfig",
+    "default_facts",
     "continuous_producer",
     "producer_window",
     "vllm_installed",

@@ -16,7 +16,7 @@ live in `recipes/loading.py`, checks that need the file system in
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, get_args
 
 from pydantic import Field, model_validator
 
@@ -341,3 +341,14 @@ class Recipe(_Strict):
                 "model.adapter.type: none"
             )
         return self
+
+
+def default_facts(algorithm: object) -> AlgorithmFacts | None:
+    """What `algorithm` asks of a run under its block's defaults, for a recipe not yet
+    validated (`posttrain assess` choosing its overrides from the raw YAML); None for
+    anything that names no algorithm (validation then says so). Of the facts, `data` and
+    `head` never depend on a block's settings."""
+    if algorithm not in get_args(Recipe.model_fields["algorithm"].annotation):
+        return None
+    block = Recipe.model_fields[str(algorithm)].default_factory
+    return block().facts() if block is not None else None

@@ -44,18 +44,18 @@ class Algorithm(ABC):
             or None: the policy's starting weights.
         critic: the learner's `CriticSettings`, or None.
         temperature: logits are divided by it on the learner.
-        head: the learner's policy head: 'lm' (a causal LM) or 'score' (a scalar-head
-            reward model).
+        head: the learner's policy head (`facts.head`): 'lm' (a causal LM) or 'score'
+            (a scalar-head reward model).
     """
 
     name: str
     critic: Any = None
-    head: str = "lm"
 
     def __init__(self, recipe: Recipe):
         self.recipe = recipe
         self.facts = recipe.facts
         self.load_reference = self.facts.reference
+        self.head = self.facts.head
         self.temperature = recipe.rollout.temperature
 
     @property

@@ -53,7 +53,6 @@ class RewardModel(PairAlgorithm):
     """`algorithm: reward_model` (see `algorithms.reward_model`)."""
 
     name = "reward_model"
-    head = "score"
 
     def __init__(self, recipe: Recipe):
         super().__init__(recipe)
