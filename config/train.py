@@ -105,7 +105,7 @@ class TrainConfig(_Strict):
         ge=0,
         description="0: synchronous, on-policy steps (generate, score, train, push). k >= 1: "
         "rollouts for the next k steps are generated and scored while the learner trains "
-        "(recipes/async_loop.py); a sample made by policy_version v trains at step s only if "
+        "(recipes/async_loop/); a sample made by policy_version v trains at step s only if "
         "s - v <= k, older ones are dropped (dropped_stale). GRPO and PPO, with "
         "grpo.dynamic_sampling, multi-turn episodes and agents, and train.max_restarts. "
         "A checkpoint holds the prompts generating or waiting, so after --resume each "
