@@ -31,7 +31,7 @@ from .algo.teacher import check_teacher_tokenizer
 from .data import load_data, prompt_stream
 from .empty_steps import EmptySteps, train_or_skip
 from .evaluation import due, evaluate, load_eval_prompts
-from .monitoring.advisories import advisories, console_lines
+from .monitoring.advisories import advise
 from .monitoring.dashboard import DashboardServer
 from .monitoring.log import StepLog
 from .recovery import STEP_ERRORS, LearnerRecovery
@@ -175,7 +175,7 @@ def _train(run: Run, algo: Algorithm, log: StepLog, start: int) -> list[dict[str
                 continue
             restarts = run.roles.counters.learner_restarts
             metrics = {"step": step, **metrics, **evaluated, "learner_restarts": restarts}
-            _advise(history, metrics, recipe)
+            advise(history, metrics, recipe)
             history.append(metrics)
             log.record(step, metrics, spans)
             _report(bar, metrics)
@@ -378,17 +378,6 @@ def _eval_if_due(run: Run, version: int) -> dict[str, Any]:
         f"({m['eval/prompts']:.0f} prompts, {m['time/eval']:.1f} s)"
     )
     return m
-
-
-def _advise(history: list[dict[str, Any]], metrics: dict[str, Any], recipe: Recipe) -> None:
-    """Puts the step's health advisories into `metrics` and prints those that started at
-    this step, and the step range of those that ended (all of them at the last step)."""
-    metrics["advisories"] = advisories(
-        [*history, metrics], recipe.monitor.advisories, recipe.facts.reward_drives_advantage
-    )
-    run_ends = metrics["step"] == recipe.train.steps - 1
-    for line in console_lines([*history, metrics], run_ends):
-        tqdm.write(line)
 
 
 def _report(bar: tqdm, m: dict[str, Any]) -> None:
