@@ -24,8 +24,6 @@ FILE_CEILINGS: dict[str, int] = {
     "learner/logprobs.py": 462,
     "learner/worker.py": 460,
     "recipes/cli.py": 676,
-    "recipes/planning/calibrate.py": 410,
-    "recipes/planning/planner.py": 440,
     "recipes/preference.py": 545,
     "recipes/preflight.py": 411,
     "service/app.py": 444,
