@@ -21,7 +21,6 @@ MAX_FUNCTION_LINES = 80
 # path -> the most lines it may have; only lower these numbers.
 FILE_CEILINGS: dict[str, int] = {
     "actors/worker.py": 438,
-    "learner/logprobs.py": 462,
     "learner/worker.py": 460,
     "recipes/cli.py": 676,
     "recipes/preference.py": 545,
