@@ -34,7 +34,6 @@ FUNCTION_CEILINGS: dict[str, int] = {
     "actors/openai_server.py::create_app": 86,
     "actors/vllm_engine.py::VLLMEngine.__init__": 81,
     "learner/worker.py::LearnerWorker.setup": 88,
-    "rewards/service.py::create_app": 120,
     "service/app.py::create_app": 329,
 }
 
