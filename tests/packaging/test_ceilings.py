@@ -21,7 +21,7 @@ MAX_FUNCTION_LINES = 80
 # path -> the most lines it may have; only lower these numbers.
 FILE_CEILINGS: dict[str, int] = {
     "actors/worker.py": 438,
-    "learner/worker.py": 460,
+    "learner/worker.py": 417,
     "recipes/cli.py": 676,
     "recipes/preference.py": 545,
     "recipes/preflight.py": 411,
@@ -33,7 +33,6 @@ FILE_CEILINGS: dict[str, int] = {
 FUNCTION_CEILINGS: dict[str, int] = {
     "actors/openai_server.py::create_app": 86,
     "actors/vllm_engine.py::VLLMEngine.__init__": 81,
-    "learner/worker.py::LearnerWorker.setup": 88,
     "service/app.py::create_app": 329,
 }
 
