@@ -92,9 +92,12 @@ NOT_QUICK: tuple[str, ...] = (
     "tests/recipes/test_data.py::test_dpo_data_errors_name_real_key_paths",
     "tests/recipes/test_data.py::test_validate_reads_rows_and_run_refuses_used_folder",
     "tests/recipes/test_environments.py::test_a_one_million_token_reset_fails_its_episode",
+    "tests/recipes/test_telemetry.py::test_slowing_one_side_moves_idle_to_the_other",
     "tests/learner/test_logprobs.py::test_compiled_layers_match_eager",
     "tests/learner/test_logprobs.py::test_packed_prompts_under_fsdp2_match_full_logits",
     "tests/learner/test_logprobs.py::test_chunked_head_under_fsdp2_matches_full_logits",
+    "tests/learner/test_micro_batches.py::test_token_budget_does_not_change_the_step",
+    "tests/learner/test_micro_batches.py::test_entropy_under_the_sampling_temperature",
     "tests/learner/test_checkpoint_state.py",
     "tests/learner/test_devices_learner.py",
     "tests/learner/test_fsdp.py",
@@ -104,6 +107,7 @@ NOT_QUICK: tuple[str, ...] = (
     "tests/learner/test_shm_gather.py",
     "tests/learner/test_teacher_reference.py",
     "tests/weightsync/test_object_store.py",
+    "tests/weightsync/test_transports.py::test_a_broadcast_still_running_after_finish_blocks",
     "tests/service/test_cli_serve.py",
 )
 
