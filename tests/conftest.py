@@ -61,10 +61,10 @@ def shared_data() -> Path:
 
 
 #: The quick tier (`pytest -m quick`, docs/contributing.md): the default run's tests
-#: except those that start Ray (the `ray_local` fixture) or vLLM (`tiny_model_vllm`) and
-#: these, by node id prefix: training runs, CLI and service processes started per test,
-#: spawned learner ranks, compiles. Chosen from per-test times of the default run on 2
-#: cores; a test that grows past a few seconds joins the list.
+#: except those using a `NOT_QUICK_FIXTURES` fixture (Ray, vLLM, a module's training
+#: runs) and these, by node id prefix: training runs, CLI and service processes started
+#: per test, spawned learner ranks, compiles. Chosen from per-test times of the default
+#: run on 2 cores; a test that grows past a few seconds joins the list.
 NOT_QUICK: tuple[str, ...] = (
     "tests/test_",  # end-to-end runs (top-level modules)
     "tests/bench/",  # each bench's smoke mode, a process per bench
@@ -92,7 +92,6 @@ NOT_QUICK: tuple[str, ...] = (
     "tests/recipes/test_data.py::test_dpo_data_errors_name_real_key_paths",
     "tests/recipes/test_data.py::test_validate_reads_rows_and_run_refuses_used_folder",
     "tests/recipes/test_environments.py::test_a_one_million_token_reset_fails_its_episode",
-    "tests/recipes/test_telemetry.py::test_slowing_one_side_moves_idle_to_the_other",
     "tests/learner/test_logprobs.py::test_compiled_layers_match_eager",
     "tests/learner/test_logprobs.py::test_packed_prompts_under_fsdp2_match_full_logits",
     "tests/learner/test_logprobs.py::test_chunked_head_under_fsdp2_matches_full_logits",
@@ -123,7 +122,8 @@ QUICK_SMOKES: dict[str, str] = {
     ),
     "run": "tests/test_grpo_e2e.py::test_two_grpo_steps[split]",
 }
-NOT_QUICK_FIXTURES = ("ray_local", "tiny_model_vllm")
+#: Fixtures that start Ray, vLLM or a training run: a test using one is not quick.
+NOT_QUICK_FIXTURES = ("ray_local", "tiny_model_vllm", "slowed_runs")
 
 
 def is_quick(item: pytest.Item) -> bool:
