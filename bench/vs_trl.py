@@ -1,6 +1,6 @@
 """GRPO throughput: TRL's GRPOTrainer against posttrain on one workload, side by side.
 
-    .venv/bin/python bench/vs_trl.py [--steps 6] [--data /work/shared/data/gsm8k/train.jsonl]
+    .venv/bin/python bench/vs_trl.py [--steps 6] [--data GSM8K_TRAIN_JSONL]
     # or in parts (each part fits one hold of a shared machine's lock):
     .venv/bin/python bench/vs_trl.py --only trl --save /tmp/vs_trl.json
     .venv/bin/python bench/vs_trl.py --only posttrain --save /tmp/vs_trl.json  # prints both
@@ -50,7 +50,11 @@ from _smoke import SMOKE_HELP, tiny_model, tiny_run
 from _trl import run_trl_worker, trl_python
 
 ROOT = Path(__file__).resolve().parents[1]
-DATA = Path("/work/shared/data/gsm8k/train.jsonl")
+#: GSM8K's train split beside the repo (../shared/data, where the machine has it), else
+#: the 400 rows the grpo_gsm8k recipe ships (8 prompts x 50 steps).
+SHARED_GSM8K = ROOT.parent / "shared" / "data" / "gsm8k" / "train.jsonl"
+SAMPLE_GSM8K = ROOT / "recipes" / "datasets" / "gsm8k" / "train.jsonl"
+DATA = SHARED_GSM8K if SHARED_GSM8K.is_file() else SAMPLE_GSM8K
 #: Two workloads (`--shape`): issue 15's GSM8K one, and the quickstart's (one-digit
 #: addition, 4 prompts x 8 samples, <= 24 new tokens, its system prompt and lr).
 SHAPES = {
@@ -312,7 +316,12 @@ def main() -> None:
         return
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=6, help="steps per system, first is warm-up")
-    ap.add_argument("--data", default=str(DATA), help="GSM8K train jsonl (question, answer)")
+    ap.add_argument(
+        "--data",
+        default=str(DATA),
+        help="GSM8K train jsonl (question, answer); default: ../shared/data/gsm8k/ beside "
+        "the repo, else the recipe's shipped sample",
+    )
     ap.add_argument("--only", choices=["trl", "posttrain"], help="run one system")
     ap.add_argument("--save", type=Path, help="JSON of runs so far (with --only: merged)")
     ap.add_argument("--set", action="append", default=[], help="extra posttrain override")

@@ -1,8 +1,9 @@
 """posttrain's configuration: the recipe schema as pydantic models (no torch, no ML
 stack), importable by every role, the CLI and a reward host alike.
 
-Each block lives in its own module: `recipe` (the whole `Recipe` and its small
-blocks), `data`, `rewards`, `algorithms`, `adapter`, `resources`, `monitor` (monitor and
+Each block lives in its own module: `recipe` (the whole `Recipe` and the rules that
+span blocks), `model`, `rollout` (with `rollout.vllm`), `train` (with `reward_service`),
+`weight_sync`, `data`, `rewards`, `algorithms`, `adapter`, `resources`, `monitor` (monitor and
 debug), `evaluation`, `facts` (what each algorithm asks of a run), `episodes`
 (multi-turn keys) and `asynchrony` (rules of `train.max_staleness` / `train.correction`,
 and the producer's window);
@@ -23,15 +24,12 @@ from .data import (
     ReasoningGymData,
 )
 from .facts import AlgorithmFacts, Passes
-from .recipe import (
-    AdvisoriesConfig,
-    Recipe,
-    ResourcesConfig,
-    RolloutConfig,
-    WeightSyncConfig,
-    vllm_installed,
-)
+from .monitor import AdvisoriesConfig
+from .recipe import Recipe, default_facts
+from .resources import ResourcesConfig
 from .rewards import LOCAL_TYPES, RewardServerConfig, RewardSpec
+from .rollout import RolloutConfig, vllm_installed
+from .weight_sync import WeightSyncConfig
 
 __all__ = [
     "LOCAL_TYPES",
@@ -57,6 +55,7 @@ __all__ = [
     "RolloutConfig",
     "Strict",
     "WeightSyncConfig",
+    "default_facts",
     "continuous_producer",
     "producer_window",
     "vllm_installed",

@@ -258,7 +258,8 @@ class RewardModelConfig(_Strict):
     )
 
     def facts(self) -> AlgorithmFacts:
-        """A reward model: preference pairs, no reference, one update per step."""
+        """A reward model: preference pairs, no reference, one update per step, a
+        scalar head."""
         return AlgorithmFacts(
             data="pairs",
             reference=False,
@@ -266,4 +267,5 @@ class RewardModelConfig(_Strict):
             updates_per_step=1,
             old_logprob_pass=False,
             passes=Passes(),
+            head="score",
         )

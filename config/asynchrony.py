@@ -45,7 +45,7 @@ def check_async_and_correction(recipe: Any) -> None:
 
 def continuous_producer(recipe: Any) -> bool:
     """Whether the asynchronous producer sends each group as its own request as a slot
-    frees (recipes/async_loop.py) instead of a round at a time: partial rollouts,
+    frees (recipes/async_loop/) instead of a round at a time: partial rollouts,
     single-turn, on an engine that batches concurrent calls and pauses them for a push
     (vLLM's AsyncLLM; the 'hf' engine, segment by segment). vLLM's synchronous LLM runs
     one call at a time, so it keeps rounds (one batched call per engine)."""

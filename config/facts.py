@@ -60,6 +60,8 @@ class AlgorithmFacts:
             group with no reward variance teaches nothing; False where another signal
             drives the update (distillation: the teacher's logprobs) and rewards are
             only measured.
+        head: the policy's output head: 'lm' (a causal LM, token logprobs) or 'score'
+            (a scalar per sequence: a reward model).
     """
 
     data: Literal["rollouts", "pairs", "chat"]
@@ -70,6 +72,7 @@ class AlgorithmFacts:
     passes: Passes
     teacher: str | None = None
     reward_drives_advantage: bool = True
+    head: Literal["lm", "score"] = "lm"
 
     @property
     def uses_rollouts(self) -> bool:

@@ -10,6 +10,8 @@ step is below bf16's spacing.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from functools import partial
 from typing import Literal
 
 import torch
@@ -18,6 +20,7 @@ from ..algorithms.batch import TrainBatch
 from ..common.score_head import pooling_pad_id, sequence_scores
 from . import adapters
 from .adapters import AdapterSettings
+from .settings import LearnerSettings, lr_factor
 
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
 
@@ -161,3 +164,67 @@ def reward_scores(model: torch.nn.Module, mb: TrainBatch) -> torch.Tensor:
     row's last attended token (`common.score_head.sequence_scores`, which the reward
     service reads too), whatever the pad id; positions count real tokens only."""
     return sequence_scores(model, mb.input_ids, mb.attention_mask)
+
+
+@dataclass
+class LearnerModels:
+    """One rank's sharded models and what trains them (`load_models`)."""
+
+    policy: torch.nn.Module
+    reference: torch.nn.Module | None
+    critic: torch.nn.Module | None
+    optimizers: list[torch.optim.Optimizer]  # the policy's, then the critic's
+    scheduler: torch.optim.lr_scheduler.LambdaLR  # the policy's learning rate
+
+
+def load_models(s: LearnerSettings, world: int, device_type: str) -> LearnerModels:
+    """The policy (with its adapter), the frozen reference when the algorithm asks for one,
+    the critic when it has one, each sharded over `world` ranks on `device_type`, with
+    their AdamW optimizers and the policy's warmup schedule (`lr_factor`).
+
+    Raises:
+        ValueError: a QLoRA weight does not split into NF4 blocks over the ranks.
+    """
+    policy = load_sharded(
+        s.model_path,
+        world,
+        s.compute_dtype,
+        "policy",
+        s.adapter,
+        checkpointing=s.gradient_checkpointing,
+        device_type=device_type,
+        head=s.head,
+        compile_layers=s.compile,
+    )
+    # With an adapter the reference is the policy with its adapter off, unless it
+    # has its own folder (a distillation teacher).
+    own = s.reference_path is not None
+    load_ref = s.load_reference and (own or not s.adapter.enabled)
+    reference = (
+        load_sharded(
+            s.reference_path or s.model_path,
+            world,
+            s.compute_dtype,
+            "reference",
+            device_type=device_type,
+            compile_layers=s.compile,
+        )
+        if load_ref
+        else None
+    )
+    trainable = [p for p in policy.parameters() if p.requires_grad]
+    optimizers = [torch.optim.AdamW(trainable, lr=s.lr, betas=s.betas, weight_decay=s.weight_decay)]
+    critic = None
+    if s.critic is not None:
+        critic = load_sharded(
+            s.critic.path or s.model_path,
+            world,
+            s.compute_dtype,
+            "critic",
+            device_type=device_type,
+        )
+        optimizers.append(torch.optim.AdamW(critic.parameters(), lr=s.critic.lr, betas=s.betas))
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizers[0], partial(lr_factor, warmup_steps=s.warmup_steps)
+    )
+    return LearnerModels(policy, reference, critic, optimizers, scheduler)

@@ -29,7 +29,6 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
 from dataclasses import replace
-from functools import partial
 from typing import Literal
 
 import torch
@@ -49,11 +48,11 @@ from .distributed import (
 )
 from .logprobs import sequence_logprobs, sequence_logprobs_and_entropy
 from .micro_batches import plan_rows, trim_right_padding
-from .models import DTYPES, critic_values, load_sharded, reward_scores
+from .models import DTYPES, critic_values, load_models, reward_scores
 from .optimizer import guarded_step
 from .push import full_state_dict, push_kind, push_source, untied_state
 from .sessions import SessionVerbs
-from .settings import CriticSettings, LearnerSettings, lr_factor
+from .settings import CriticSettings, LearnerSettings
 from .shm_gather import ShmGather
 
 __all__ = ["CriticSettings", "LearnerSettings", "LearnerWorker"]
@@ -118,51 +117,9 @@ class LearnerWorker(SessionVerbs):
         if s.adapter.enabled:
             adapters.check_targets(s.model_path, s.adapter.target_modules)
         kind = self.device.type
-        self.policy = load_sharded(
-            s.model_path,
-            self.world,
-            s.compute_dtype,
-            "policy",
-            s.adapter,
-            checkpointing=s.gradient_checkpointing,
-            device_type=kind,
-            head=s.head,
-            compile_layers=s.compile,
-        )
-        # With an adapter the reference is the policy with its adapter off, unless it
-        # has its own folder (a distillation teacher).
-        own = s.reference_path is not None
-        load_ref = s.load_reference and (own or not s.adapter.enabled)
-        self.reference = (
-            load_sharded(
-                s.reference_path or s.model_path,
-                self.world,
-                s.compute_dtype,
-                "reference",
-                device_type=kind,
-                compile_layers=s.compile,
-            )
-            if load_ref
-            else None
-        )
-        trainable = [p for p in self.policy.parameters() if p.requires_grad]
-        self.optimizers = [
-            torch.optim.AdamW(trainable, lr=s.lr, betas=s.betas, weight_decay=s.weight_decay)
-        ]
-        if s.critic is not None:
-            self.critic = load_sharded(
-                s.critic.path or s.model_path,
-                self.world,
-                s.compute_dtype,
-                "critic",
-                device_type=kind,
-            )
-            self.optimizers.append(
-                torch.optim.AdamW(self.critic.parameters(), lr=s.critic.lr, betas=s.betas)
-            )
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizers[0], partial(lr_factor, warmup_steps=s.warmup_steps)
-        )
+        m = load_models(s, self.world, kind)
+        self.policy, self.reference, self.critic = m.policy, m.reference, m.critic
+        self.optimizers, self.scheduler = m.optimizers, m.scheduler
         if resume_from is not None:
             self.optimizer_steps = checkpoint.load_state(
                 self._trained(), self.scheduler, self.rank, resume_from

@@ -39,13 +39,17 @@ import re
 import shutil
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
 from ..config import Recipe, RecipeError
 from .loading import dump_recipe
+from .state import Run
+
+if TYPE_CHECKING:
+    from .algo.base import Algorithm
 
 FOLDER, STATE_FILE, MANIFEST = "checkpoints", "trainer_state.json", "manifest.json"
 _NAME = re.compile(r"step_(\d{5,})")
@@ -88,8 +92,8 @@ def read_state(checkpoint: Path) -> dict[str, Any]:
     return json.loads((Path(checkpoint) / STATE_FILE).read_text())
 
 
-def save_run(run: Any, algo: Any, steps_done: int) -> Path:
-    """`save` of a running `recipes.loop.Run` after `steps_done` steps: its learners,
+def save_run(run: Run, algo: Algorithm, steps_done: int) -> Path:
+    """`save` of a running `Run` (recipes/state.py) after `steps_done` steps: its learners,
     data position, algorithm state and data fingerprint; returns the folder."""
     return save(
         run.run_dir,

@@ -1,6 +1,6 @@
 """The controller's named calls a step is made of (`generate`, `score`, `on_learners`,
 `push_weights`, telemetry, the rollout files), with the recovery from a dead rollout
-worker or reward service; starting and stopping the roles is recipes/roles.py (its names
+worker or reward service; starting and stopping the roles is recipes/roles/ (its names
 are re-exported here). The loop itself is recipes/loop.py; what an algorithm does with a
 step is recipes/algo/base.py.
 

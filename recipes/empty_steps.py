@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tqdm import tqdm
 
@@ -33,6 +33,10 @@ from ..actors.rollout import Rollout
 from ..algorithms.batch import TrainBatch
 from ..rewards.protocol import Score
 from . import checkpoints
+from .state import Run
+
+if TYPE_CHECKING:
+    from .algo.base import Algorithm, RLAlgorithm
 
 
 class NothingToTrain(RuntimeError):
@@ -60,7 +64,7 @@ def empty_cause(
 
 
 def train_or_skip(
-    algo: Any,
+    algo: RLAlgorithm,
     learners: list[Any],
     batch: TrainBatch,
     rollouts: list[Rollout],
@@ -98,7 +102,7 @@ class EmptySteps:
         self.limit = limit
         self.in_a_row: list[int] = []
 
-    def after_step(self, run: Any, algo: Any, step: int, metrics: dict[str, Any]) -> None:
+    def after_step(self, run: Run, algo: Algorithm, step: int, metrics: dict[str, Any]) -> None:
         """Note step `step` (its metrics as logged, `step + 1` steps done, any due
         checkpoint written).
 

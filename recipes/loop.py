@@ -6,9 +6,8 @@ named calls.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from contextlib import nullcontext
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -25,13 +24,12 @@ from ..weightsync import WeightSyncError
 from . import checkpoints
 from . import controller as c
 from .algo import Algorithm, PairAlgorithm, RLAlgorithm, algorithm_for
-from .algo.grpo import apply_failure_policy, rollout_batch, rollout_metrics
+from .algo.rollouts import apply_failure_policy, rollout_batch, rollout_metrics
 from .algo.teacher import check_teacher_tokenizer
 from .data import load_data, prompt_stream
-from .data.items import PromptItem
 from .empty_steps import EmptySteps, train_or_skip
 from .evaluation import due, evaluate, load_eval_prompts
-from .monitoring.advisories import advisories, console_lines
+from .monitoring.advisories import advise
 from .monitoring.dashboard import DashboardServer
 from .monitoring.log import StepLog
 from .recovery import (
@@ -42,23 +40,8 @@ from .recovery import (
     StopOnSignal,
     stop_after_failed_push,
 )
-from .samplers import Sampled, Sampler, pick_sampler
-
-
-@dataclass
-class Run:
-    """What a step may use: the recipe, the run folder, the resolved model folder, the
-    running roles and the training data (prompts, or preference pairs for DPO)."""
-
-    recipe: Recipe
-    run_dir: Path
-    model_path: str
-    roles: c.Roles
-    data: list[Any]
-    prompts: Iterator[list[PromptItem]] | None = None
-    eval_prompts: list[PromptItem] | None = None
-    stream: Any = None  # train.max_staleness ≥ 1: the RolloutStream (recipes/async_loop.py)
-    sampler: Sampler | None = None  # synchronous RL steps: chosen once (recipes/samplers.py)
+from .samplers import Sampled, pick_sampler
+from .state import Run
 
 
 def run(
@@ -201,7 +184,7 @@ def _train(run: Run, algo: Algorithm, log: StepLog, start: int) -> list[dict[str
                 continue
             restarts = run.roles.counters.learner_restarts
             metrics = {"step": step, **metrics, **evaluated, "learner_restarts": restarts}
-            _advise(history, metrics, recipe)
+            advise(history, metrics, recipe)
             history.append(metrics)
             log.record(step, metrics, spans)
             _report(bar, metrics)
@@ -343,17 +326,6 @@ def _eval_if_due(run: Run, version: int) -> dict[str, Any]:
         f"({m['eval/prompts']:.0f} prompts, {m['time/eval']:.1f} s)"
     )
     return m
-
-
-def _advise(history: list[dict[str, Any]], metrics: dict[str, Any], recipe: Recipe) -> None:
-    """Puts the step's health advisories into `metrics` and prints those that started at
-    this step, and the step range of those that ended (all of them at the last step)."""
-    metrics["advisories"] = advisories(
-        [*history, metrics], recipe.monitor.advisories, recipe.facts.reward_drives_advantage
-    )
-    run_ends = metrics["step"] == recipe.train.steps - 1
-    for line in console_lines([*history, metrics], run_ends):
-        tqdm.write(line)
 
 
 def _report(bar: tqdm, m: dict[str, Any]) -> None:

@@ -15,7 +15,7 @@ from ..common.model_folder import load_tokenizer, model_context, model_folder_pr
 from ..common.model_registry import readable_model_folder
 from ..common.paths import data_path_problem
 from ..config import FileData, MixtureData, Recipe, RecipeError
-from ..config import recipe as models  # vllm_installed looked up at call time (tests patch it)
+from ..config import rollout as models  # vllm_installed looked up at call time (tests patch it)
 from ..config.adapter import tied_head_problem
 from .data.items import chat_messages
 from .data.rows import KINDS

@@ -33,7 +33,7 @@ import signal
 import threading
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import ray
@@ -44,6 +44,10 @@ from . import checkpoints
 from . import controller as c
 from .data import prompt_stream
 from .monitoring.log import StepLog
+from .state import Run
+
+if TYPE_CHECKING:
+    from .algo.base import Algorithm
 
 # Errors a step can end with when a learner rank died: the dead actor's own call
 # (RayActorError) or a surviving rank's collective that lost its peer (RayTaskError).
@@ -87,11 +91,11 @@ def last_good(run_dir: Path, step: int) -> Path | None:
 
 
 class LearnerRecovery:
-    """Restarts the learner group of a running `recipes.loop.Run` (see the module
+    """Restarts the learner group of a running `Run` (recipes/state.py) (see the module
     docstring). Make it before the first step: it keeps the controller's RNG state of
     that moment, for a restart from step 0."""
 
-    def __init__(self, run: Any, algo: Any, log: StepLog):
+    def __init__(self, run: Run, algo: Algorithm, log: StepLog):
         self.run, self.algo, self.log = run, algo, log
         self.rng0 = (torch.get_rng_state(), random.getstate(), np.random.get_state())
 

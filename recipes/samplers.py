@@ -6,14 +6,14 @@ sample → batch → train → push.
 
 Concurrency: a sampler runs on the controller's thread between two weight pushes; the
 engines hold `policy_version = step` throughout (the asynchronous loop,
-recipes/async_loop.py, samples through its own `RolloutStream` instead).
+recipes/async_loop/, samples through its own `RolloutStream` instead).
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 from ..actors.rollout import Rollout
 from ..config import Recipe
@@ -21,9 +21,7 @@ from ..rewards.protocol import Score
 from . import controller as c
 from .algo.dynamic import sample_with_signal
 from .episodes.step import add_environment_rewards, episodes_enabled, generate_episodes
-
-if TYPE_CHECKING:
-    from .loop import Run
+from .state import Run
 
 
 @dataclass

@@ -23,6 +23,9 @@ scores the whole request in batches before the threads start (rewards/reward_mod
 its model loads when the service starts); a `judge` calls its endpoint from the thread
 (rewards/judge.py).
 
+Structure: the routes are module-level (`router`) and reach the service's state, a
+`Scoring` (scorers, pools, token, metrics) built by `create_app`, through a dependency.
+
 Started by the controller as a child process on 127.0.0.1 (`python -m
 rewards.service`), or by `posttrain serve-rewards CONFIG.yaml` on any host. When a
 bearer token is configured, requests without it get 401.
@@ -45,9 +48,9 @@ import time
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import Depends, FastAPI, Header, HTTPException
+from fastapi import APIRouter, Depends, FastAPI, Header, HTTPException, Request
 from fastapi.responses import PlainTextResponse
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from pydantic import TypeAdapter
@@ -156,6 +159,165 @@ def parse_components(components: list[dict[str, Any]]) -> list[Any]:
     return TypeAdapter(list[RewardSpec]).validate_python(components)
 
 
+class Scoring:
+    """What one service holds: its components' scorers, the threads and worker processes
+    that run them, its bearer token and its Prometheus metrics. One per app
+    (`app.state.scoring`); the routes reach it through the `scoring` dependency.
+
+    Args:
+        components: recipe reward entries as dicts.
+        token: the bearer token requests must carry; None: no auth.
+        workers: items scored at once (threads, and worker processes).
+
+    Raises:
+        ValueError, SandboxUnavailable, pydantic.ValidationError: see `make_scorer`.
+    """
+
+    def __init__(self, components: list[dict[str, Any]], token: str | None, workers: int):
+        self.specs = parse_components(components)
+        self.token = token
+        bounded = [
+            s
+            for s in self.specs
+            if isinstance(s, MathReward | FormatReward | PythonReward | ReasoningGymReward)
+        ]
+        self.uses_processes = bool(bounded)
+        self.processes = BoundedPool(workers, max((s.memory_mb for s in bounded), default=2048))
+        self.scorers = [
+            (s.name, s.weight, make_scorer(s, self.processes), s.sources) for s in self.specs
+        ]
+        # Scored per request in batches, before the per-item threads (reward models).
+        self.batched = [
+            (name, sc, src) for name, _, sc, src in self.scorers if hasattr(sc, "score_batch")
+        ]
+        self.threads = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="score")
+        self.registry = CollectorRegistry()
+        self.items_total = Counter(
+            "posttrain_reward_items",
+            "Items scored, by component and outcome",
+            ["component", "outcome"],
+            registry=self.registry,
+        )
+        self.latency = Histogram(
+            "posttrain_reward_request_seconds",
+            "POST /score latency, seconds",
+            registry=self.registry,
+        )
+        self.in_flight = Gauge(
+            "posttrain_reward_items_in_flight", "Items being scored now", registry=self.registry
+        )
+
+    def score(self, items: list[ScoreItem]) -> list[Score]:
+        """One score per item, in order: the batched components first, then each item on
+        the threads."""
+        t0 = time.perf_counter()
+        scores = list(self.threads.map(self.score_one, items, self.score_batches(items)))
+        self.latency.observe(time.perf_counter() - t0)
+        return scores
+
+    def score_batches(self, items: list[ScoreItem]) -> list[dict[str, Any]]:
+        """Per item, each batched component's `(value, extra)` or the exception it raised
+        for the whole batch."""
+        out: list[dict[str, Any]] = [{} for _ in items]
+        for name, scorer, sources in self.batched:
+            mine = [k for k, item in enumerate(items) if applies(sources, item)]
+            try:
+                results = scorer.score_batch([items[k] for k in mine]) if mine else []
+            except Exception as e:  # a failed batch fails its items only, not the service
+                results = [e] * len(mine)
+            for k, r in zip(mine, results, strict=True):
+                out[k][name] = r
+        return out
+
+    def score_one(self, item: ScoreItem, pre: dict[str, Any]) -> Score:
+        """`item`'s weighted sum over the components that apply to it (`pre`: the batched
+        components' results); a failing component fails the item, named."""
+        with self.in_flight.track_inprogress():
+            mine = [s for s in self.scorers if applies(s[3], item)]
+            if not mine:
+                source = item.metadata.get("data_source")
+                return Score(
+                    uid=item.uid,
+                    reward=None,
+                    error=f"no component applies to data_source {source!r} "
+                    f"(sources: {[s.sources for s in self.specs]})",
+                )
+            total, details = 0.0, {}
+            for name, weight, scorer, _ in mine:
+                try:
+                    if name in pre and isinstance(pre[name], Exception):
+                        raise pre[name]
+                    value, extra = pre[name] if name in pre else scorer(item)
+                    if not is_finite_number(value):
+                        raise ValueError(f"gave {value!r}, not a finite number")
+                except Exception as e:  # a verifier or user-function error fails this item
+                    timed_out = isinstance(e, VerifierTimeout)
+                    self.items_total.labels(name, "timeout" if timed_out else "error").inc()
+                    log.warning("reward %s failed on %s: %s", name, item.uid, e)
+                    return Score(uid=item.uid, reward=None, error=f"{name}: {e}", details=details)
+                self.items_total.labels(name, "ok").inc()
+                details[name] = value
+                details.update({f"{name}.{k}": v for k, v in finite_details(extra).items()})
+                total += weight * value
+            if not is_finite_number(total):
+                error = f"the weighted sum of the components is {total!r}; lower the weights"
+                return Score(uid=item.uid, reward=None, error=error, details=details)
+            return Score(uid=item.uid, reward=total, details=details)
+
+    def close(self) -> None:
+        """Kill the worker processes and drop the queued items."""
+        self.processes.close()
+        self.threads.shutdown(wait=False, cancel_futures=True)
+
+
+def scoring(request: Request) -> Scoring:
+    """The app's `Scoring` (a route dependency)."""
+    return request.app.state.scoring
+
+
+State = Annotated[Scoring, Depends(scoring)]
+
+
+def auth(state: State, authorization: Annotated[str | None, Header()] = None) -> None:
+    """Requests carry the service's bearer token, when it has one.
+
+    Raises:
+        HTTPException: 401, a missing or wrong token.
+    """
+    if state.token and authorization != f"Bearer {state.token}":
+        raise HTTPException(status_code=401, detail="missing or wrong bearer token")
+
+
+router = APIRouter()
+
+
+@router.get("/metrics", response_class=PlainTextResponse)
+def metrics(state: State) -> str:
+    return generate_latest(state.registry).decode()
+
+
+@router.get("/health")
+def health(state: State) -> dict[str, Any]:
+    return {"status": "ok", "components": [s.name for s in state.specs]}
+
+
+@router.post("/score", dependencies=[Depends(auth)])
+def score(req: ScoreRequest, state: State) -> ScoreResponse:
+    uids = [i.uid for i in req.items]
+    if len(set(uids)) != len(uids):
+        raise HTTPException(status_code=422, detail="uids in one request must be unique")
+    return ScoreResponse(scores=state.score(req.items))
+
+
+@asynccontextmanager
+async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
+    state: Scoring = app.state.scoring
+    if state.uses_processes:
+        state.processes.warm()  # before serving: the first batch does not wait for imports
+    yield
+    state.close()
+
+
 def create_app(
     components: list[dict[str, Any]], token: str | None = None, workers: int = 2
 ) -> FastAPI:
@@ -167,114 +329,13 @@ def create_app(
     Raises:
         ValueError, SandboxUnavailable, pydantic.ValidationError: see `make_scorer`.
     """
-    specs = parse_components(components)
-    bounded = [
-        s
-        for s in specs
-        if isinstance(s, MathReward | FormatReward | PythonReward | ReasoningGymReward)
-    ]
-    processes = BoundedPool(workers, max((s.memory_mb for s in bounded), default=2048))
-    scorers = [(s.name, s.weight, make_scorer(s, processes), s.sources) for s in specs]
-    # Scored per request in batches, before the per-item threads (reward models).
-    batched = [(name, sc, src) for name, _, sc, src in scorers if hasattr(sc, "score_batch")]
-    threads = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="score")
-    registry = CollectorRegistry()
-    items_total = Counter(
-        "posttrain_reward_items",
-        "Items scored, by component and outcome",
-        ["component", "outcome"],
-        registry=registry,
-    )
-    latency = Histogram(
-        "posttrain_reward_request_seconds", "POST /score latency, seconds", registry=registry
-    )
-    in_flight = Gauge(
-        "posttrain_reward_items_in_flight", "Items being scored now", registry=registry
-    )
-
-    def score_batches(items: list[ScoreItem]) -> list[dict[str, Any]]:
-        """Per item, each batched component's `(value, extra)` or the exception it raised
-        for the whole batch."""
-        out: list[dict[str, Any]] = [{} for _ in items]
-        for name, scorer, sources in batched:
-            mine = [k for k, item in enumerate(items) if applies(sources, item)]
-            try:
-                results = scorer.score_batch([items[k] for k in mine]) if mine else []
-            except Exception as e:  # a failed batch fails its items only, not the service
-                results = [e] * len(mine)
-            for k, r in zip(mine, results, strict=True):
-                out[k][name] = r
-        return out
-
-    @in_flight.track_inprogress()
-    def score_one(item: ScoreItem, pre: dict[str, Any]) -> Score:
-        total, details = 0.0, {}
-        mine = [s for s in scorers if applies(s[3], item)]
-        if not mine:
-            source = item.metadata.get("data_source")
-            return Score(
-                uid=item.uid,
-                reward=None,
-                error=f"no component applies to data_source {source!r} "
-                f"(sources: {[s.sources for s in specs]})",
-            )
-        for name, weight, scorer, _ in mine:
-            try:
-                if name in pre and isinstance(pre[name], Exception):
-                    raise pre[name]
-                value, extra = pre[name] if name in pre else scorer(item)
-                if not is_finite_number(value):
-                    raise ValueError(f"gave {value!r}, not a finite number")
-            except Exception as e:  # a verifier or user-function error fails this item only
-                timed_out = isinstance(e, VerifierTimeout)
-                items_total.labels(name, "timeout" if timed_out else "error").inc()
-                log.warning("reward %s failed on %s: %s", name, item.uid, e)
-                return Score(uid=item.uid, reward=None, error=f"{name}: {e}", details=details)
-            items_total.labels(name, "ok").inc()
-            details[name] = value
-            details.update({f"{name}.{k}": v for k, v in finite_details(extra).items()})
-            total += weight * value
-        if not is_finite_number(total):
-            error = f"the weighted sum of the components is {total!r}; lower the weights"
-            return Score(uid=item.uid, reward=None, error=error, details=details)
-        return Score(uid=item.uid, reward=total, details=details)
-
-    @asynccontextmanager
-    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
-        if bounded:
-            processes.warm()  # before serving: the first batch does not wait for imports
-        yield
-        processes.close()
-        threads.shutdown(wait=False, cancel_futures=True)
-
     app = FastAPI(
         title="posttrain reward service",
-        lifespan=lifespan,
+        lifespan=_lifespan,
         description="Scores rollouts; protocol in rewards/protocol.py.",
     )
-
-    @app.get("/metrics", response_class=PlainTextResponse)
-    def metrics() -> str:
-        return generate_latest(registry).decode()
-
-    def auth(authorization: str | None = Header(None)) -> None:
-        if token and authorization != f"Bearer {token}":
-            raise HTTPException(status_code=401, detail="missing or wrong bearer token")
-
-    @app.get("/health")
-    def health() -> dict[str, Any]:
-        return {"status": "ok", "components": [s.name for s in specs]}
-
-    @app.post("/score", dependencies=[Depends(auth)])
-    def score(req: ScoreRequest) -> ScoreResponse:
-        uids = [i.uid for i in req.items]
-        if len(set(uids)) != len(uids):
-            raise HTTPException(status_code=422, detail="uids in one request must be unique")
-        t0 = time.perf_counter()
-        scores = list(threads.map(score_one, req.items, score_batches(req.items)))
-        latency.observe(time.perf_counter() - t0)
-        return ScoreResponse(scores=scores)
-
+    app.state.scoring = Scoring(components, token, workers)
+    app.include_router(router)
     return app
 
 

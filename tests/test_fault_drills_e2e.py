@@ -22,11 +22,12 @@ import pytest
 import ray
 from safetensors.torch import load_file
 
-from posttrain.recipes import checkpoints, controller, roles
+from posttrain.recipes import checkpoints, controller
 from posttrain.recipes.algo import base as algorithm
 from posttrain.recipes.loading import load_recipe
 from posttrain.recipes.loop import RunStopped, run
 from posttrain.recipes.recovery import LearnerDied
+from posttrain.recipes.roles import start as role_start
 from tests.test_faults_e2e import _recipe as _fault_recipe
 
 KEYS = ("loss", "reward_mean", "lr", "grad_norm", "policy_version")
@@ -241,13 +242,13 @@ def test_learner_killed_before_any_checkpoint_restarts_from_step_0(
 
 def test_rollout_worker_killed_with_collective_push(tiny_model, tmp_path, monkeypatch):
     workers: list = []
-    start = roles.start_rollout
+    start = role_start.start_rollout
 
     def start_and_keep(spec, placement):
         workers.extend(start(spec, placement))
         return list(workers)
 
-    monkeypatch.setattr(roles, "start_rollout", start_and_keep)
+    monkeypatch.setattr(role_start, "start_rollout", start_and_keep)
     run_dir = tmp_path / "run"
 
     def kill_in_step_1() -> None:

@@ -13,10 +13,11 @@ from pathlib import Path
 import ray
 import yaml
 
-from posttrain.recipes import roles
 from posttrain.recipes.loading import load_recipe
 from posttrain.recipes.loop import run
 from posttrain.recipes.monitoring.log import read_jsonl
+from posttrain.recipes.roles import handles as role_handles
+from posttrain.recipes.roles import start as role_start
 
 
 def _recipe(tmp_path: Path, model_path: Path, **blocks) -> Path:
@@ -57,14 +58,14 @@ def _kill_when(pids: list[int], index: int, ready: Path, delay_s: float) -> thre
 
 def test_rollout_worker_killed_mid_generate(tiny_model, tmp_path, monkeypatch):
     pids: list[int] = []
-    start = roles.start_rollout
+    start = role_start.start_rollout
 
     def start_and_note_pids(spec, placement):
         workers = start(spec, placement)
         pids.extend(h["pid"] for h in ray.get([w.health.remote() for w in workers]))
         return workers
 
-    monkeypatch.setattr(roles, "start_rollout", start_and_note_pids)
+    monkeypatch.setattr(role_start, "start_rollout", start_and_note_pids)
     run_dir = tmp_path / "run"
     # generate sleeps 3 s after sampling: worker 1 dies 1 s into step 1's generate
     killer = _kill_when(pids, 1, run_dir / "metrics.jsonl", delay_s=1.0)
@@ -123,13 +124,13 @@ def test_failed_weight_push_is_retried_then_stops_with_a_checkpoint(tiny_model, 
 
 def test_reward_service_killed_mid_request(tiny_model, tmp_path, monkeypatch):
     procs = []
-    start = roles.start_local_service
+    start = role_handles.start_local_service
 
     def start_and_note(*args, **kwargs):
         procs.append(start(*args, **kwargs))
         return procs[-1]
 
-    monkeypatch.setattr(roles, "start_local_service", start_and_note)
+    monkeypatch.setattr(role_handles, "start_local_service", start_and_note)
     mark = tmp_path / "scoring_began"
     monkeypatch.setenv("POSTTRAIN_TEST_SCORING_MARK", str(mark))
 

@@ -72,7 +72,7 @@ def test_two_grpo_steps(tiny_model, tmp_path, colocate):
 
 def test_unscorable_step_fails_loudly_and_keeps_rollouts(tiny_model, tmp_path):
     from posttrain.common.net import free_port
-    from posttrain.recipes.algo.grpo import RewardFailure
+    from posttrain.recipes.algo.rollouts import RewardFailure
 
     recipe_file = tmp_path / "dead.yaml"
     recipe_file.write_text(

@@ -203,8 +203,9 @@ def test_a_damaged_checkpoint_deletes_nothing_and_stops_every_role(model_dir, mo
     of the same size (exit 2 naming it)."""
     from typer.testing import CliRunner
 
-    from posttrain.recipes import loop, roles
+    from posttrain.recipes import loop
     from posttrain.recipes.cli import app
+    from posttrain.recipes.roles import handles as role_handles
 
     work = model_dir / "w"
     work.mkdir()
@@ -229,13 +230,13 @@ def test_a_damaged_checkpoint_deletes_nothing_and_stops_every_role(model_dir, mo
     shards[0].write_bytes(whole[0][: len(whole[0]) // 2])
 
     procs = []
-    start_service = roles.start_local_service
+    start_service = role_handles.start_local_service
 
     def start_and_note(*args, **kwargs):
         procs.append(start_service(*args, **kwargs))
         return procs[-1]
 
-    monkeypatch.setattr(roles, "start_local_service", start_and_note)
+    monkeypatch.setattr(role_handles, "start_local_service", start_and_note)
     with pytest.raises(Exception):  # noqa: B017  (the learner's own loading error)
         run(recipe, run_dir, resume=first)  # the Python API does not verify first
     monkeypatch.undo()

@@ -26,6 +26,7 @@ from ...common.model_registry import resolve_model_path
 from ...common.telemetry import Span
 from ...config import Recipe
 from ..controller import on_learners
+from ..state import Run
 
 
 class Algorithm(ABC):
@@ -43,18 +44,18 @@ class Algorithm(ABC):
             or None: the policy's starting weights.
         critic: the learner's `CriticSettings`, or None.
         temperature: logits are divided by it on the learner.
-        head: the learner's policy head: 'lm' (a causal LM) or 'score' (a scalar-head
-            reward model).
+        head: the learner's policy head (`facts.head`): 'lm' (a causal LM) or 'score'
+            (a scalar-head reward model).
     """
 
     name: str
     critic: Any = None
-    head: str = "lm"
 
     def __init__(self, recipe: Recipe):
         self.recipe = recipe
         self.facts = recipe.facts
         self.load_reference = self.facts.reference
+        self.head = self.facts.head
         self.temperature = recipe.rollout.temperature
 
     @property
@@ -68,7 +69,7 @@ class Algorithm(ABC):
         teacher = self.facts.teacher
         return str(resolve_model_path(teacher)) if teacher else None
 
-    def prepare(self, run: Any) -> None:
+    def prepare(self, run: Run) -> None:
         """Work before the first step, once the roles run (DPO: reference precompute)."""
         return None
 
@@ -106,8 +107,8 @@ class PairAlgorithm(Algorithm):
     conversations)."""
 
     @abstractmethod
-    def step(self, run: Any, step: int) -> tuple[dict[str, float], list[Span]]:
-        """One training step of `run` (a `recipes.loop.Run`); returns its metrics and
+    def step(self, run: Run, step: int) -> tuple[dict[str, float], list[Span]]:
+        """One training step of `run` (recipes/state.py); returns its metrics and
         every worker's busy spans of the step."""
 
 

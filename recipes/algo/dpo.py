@@ -32,6 +32,7 @@ from ..data.pair_tokens import (
     render_pairs,
 )
 from ..data.rows import data_files
+from ..state import Run
 from .base import PairAlgorithm
 
 
@@ -124,7 +125,7 @@ class DPO(PairAlgorithm):
         self.temperature = 1.0
         self.ref_all: torch.Tensor | None = None
 
-    def prepare(self, run: Any) -> None:
+    def prepare(self, run: Run) -> None:
         """Tokenise the pairs with the prompt template their format calls for, then load
         or precompute the reference sums (freeing the reference on every rank)."""
         from transformers import AutoTokenizer
@@ -139,7 +140,7 @@ class DPO(PairAlgorithm):
         if self.recipe.dpo.precompute_ref_logprobs:
             self.ref_all = self.load_or_precompute(run)
 
-    def load_or_precompute(self, run: Any) -> torch.Tensor:
+    def load_or_precompute(self, run: Run) -> torch.Tensor:
         """Reference sums from the disk cache, or computed once and cached; frees the
         reference on every rank either way. Records what happened in precompute.json."""
         from safetensors.torch import load_file, save_file
@@ -182,7 +183,7 @@ class DPO(PairAlgorithm):
             "pairs": len(self.order),
         }
 
-    def step(self, run: Any, step: int) -> tuple[dict[str, float], list[Span]]:
+    def step(self, run: Run, step: int) -> tuple[dict[str, float], list[Span]]:
         learners, per_step = run.roles.learners, self.recipe.train.prompts_per_step
         t0 = time.time()
         idx = [self.order[(step * per_step + k) % len(self.order)] for k in range(per_step)]

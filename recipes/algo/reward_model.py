@@ -30,6 +30,7 @@ from ..controller import on_learners
 from ..data import load_heldout_pairs
 from ..data.pair_tokens import TokenizedPair, render_pairs
 from ..data.pairs import as_chat  # noqa: F401  (re-exported)
+from ..state import Run
 from .base import PairAlgorithm
 from .dpo import pair_batch
 
@@ -53,14 +54,13 @@ class RewardModel(PairAlgorithm):
     """`algorithm: reward_model` (see `algorithms.reward_model`)."""
 
     name = "reward_model"
-    head = "score"
 
     def __init__(self, recipe: Recipe):
         super().__init__(recipe)
         self.loss = RewardModelLoss(margin=recipe.reward_model.margin)
         self.temperature = 1.0
 
-    def prepare(self, run: Any) -> None:
+    def prepare(self, run: Run) -> None:
         """Render and tokenise the pairs, shuffle them once and split off the eval pairs."""
         from transformers import AutoTokenizer
 
@@ -95,7 +95,7 @@ class RewardModel(PairAlgorithm):
         batch.margins = torch.tensor(margins + [0.0] * (len(batch) - len(margins)))
         return batch
 
-    def step(self, run: Any, step: int) -> tuple[dict[str, float], list[Span]]:
+    def step(self, run: Run, step: int) -> tuple[dict[str, float], list[Span]]:
         learners, per_step = run.roles.learners, self.recipe.train.prompts_per_step
         t0 = time.time()
         idx = [self.order[(step * per_step + k) % len(self.order)] for k in range(per_step)]

@@ -25,6 +25,7 @@ from ...common.telemetry import Span, idle_fraction
 from ...config import Recipe, RecipeError
 from ..controller import on_learners
 from ..data.chats import TokenizedChat, tokenize_chats
+from ..state import Run
 from .base import PairAlgorithm
 
 
@@ -64,7 +65,7 @@ class SFT(PairAlgorithm):
         self.loss = SFTLoss()
         self.temperature = 1.0
 
-    def prepare(self, run: Any) -> None:
+    def prepare(self, run: Run) -> None:
         """Tokenise every conversation with its assistant mask, shuffle once and split
         off the held-out ones."""
         from transformers import AutoTokenizer
@@ -90,7 +91,7 @@ class SFT(PairAlgorithm):
             "eval_examples": len(self.eval_order),
         }
 
-    def step(self, run: Any, step: int) -> tuple[dict[str, float], list[Span]]:
+    def step(self, run: Run, step: int) -> tuple[dict[str, float], list[Span]]:
         learners, per_step, cfg = (
             run.roles.learners,
             self.recipe.train.prompts_per_step,

@@ -24,7 +24,7 @@ from typing import Any
 import yaml
 
 from ...common.model_registry import resolve_model_path
-from ...config import Recipe, RecipeError
+from ...config import Recipe, RecipeError, default_facts
 from ..loading import load_recipe
 from .scoring import EvalResult, dpo_eval, reward_model_eval, sample_eval
 from .targets import Target, materialize, resolve_target
@@ -52,7 +52,8 @@ def _overrides(
                 "recipe's rewards: block holds (- {name: correct, type: math})"
             )
         out.append(f"rewards={json.dumps(components)}")
-    pairs = tree.get("algorithm") in ("dpo", "reward_model")
+    facts = default_facts(tree.get("algorithm"))
+    pairs = facts is not None and facts.data == "pairs"
     if prompts is not None:
         if not prompts.exists():
             raise RecipeError(f"--prompts {prompts}: no such file or folder")
@@ -125,7 +126,7 @@ def evaluate_target(
     with tempfile.TemporaryDirectory(prefix="posttrain-eval-") as tmp:
         work = out or Path(tmp)
         base = str(resolve_model_path(recipe.model.path))
-        if recipe.algorithm == "dpo" and target.base is not None:
+        if _against_reference(recipe) and target.base is not None:
             # An adapter (a run's final/ too) merged into the base it is scored against:
             # a QLoRA run's merged/ holds the NF4-dequantised base plus the adapter, whose
             # quantisation error would otherwise count as the policy's change.
@@ -149,12 +150,12 @@ def _dispatch(
 ) -> tuple[str, EvalResult, dict[str, float]]:
     """Run the evaluation `target` and `recipe` call for (see the module docstring)."""
     assert target.model is not None  # materialize set it
-    if target.head == "score" or recipe.algorithm == "reward_model":
+    if target.head == "score" or recipe.facts.head == "score":
         pairs = _heldout_or_exit(recipe)
         fresh = None if target.head == "score" else recipe.train.seed
         kind = "reward model" if fresh is None else "reward model (untrained score head)"
         return kind, reward_model_eval(target.model, pairs, recipe, fresh_head_seed=fresh), {}
-    if recipe.algorithm == "dpo":
+    if _against_reference(recipe):
         pairs = _heldout_or_exit(recipe)
         result = dpo_eval(target.model, base, pairs, recipe)
         extra = {}
@@ -162,6 +163,12 @@ def _dispatch(
             extra = win_rate(recipe, str(target.model), base, reward_model_dir, work)
         return "dpo", result, extra
     return "sampling", sample_eval(recipe, target.model, work), {}
+
+
+def _against_reference(recipe: Recipe) -> bool:
+    """DPO's evaluation: held-out pairs scored by the policy's implicit reward, its
+    logprob ratio to the reference (the recipe's facts: pairs and a reference)."""
+    return recipe.facts.data == "pairs" and recipe.facts.reference
 
 
 def _heldout_or_exit(recipe: Recipe) -> list[Any]:

@@ -20,7 +20,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ...config import AdvisoriesConfig
+from tqdm import tqdm
+
+from ...config import AdvisoriesConfig, Recipe
 
 CODES = (
     "no_variance",
@@ -184,3 +186,14 @@ def console_lines(rows: Sequence[dict[str, Any]], run_ends: bool) -> list[str]:
         if ended and r.first < r.last:
             lines.append(f"advisory {r.code}: {r.steps}")
     return lines
+
+
+def advise(history: list[dict[str, Any]], metrics: dict[str, Any], recipe: Recipe) -> None:
+    """Puts the step's health advisories into `metrics` and prints those that started at
+    this step, and the step range of those that ended (all of them at the last step)."""
+    metrics["advisories"] = advisories(
+        [*history, metrics], recipe.monitor.advisories, recipe.facts.reward_drives_advantage
+    )
+    run_ends = metrics["step"] == recipe.train.steps - 1
+    for line in console_lines([*history, metrics], run_ends):
+        tqdm.write(line)

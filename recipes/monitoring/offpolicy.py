@@ -54,7 +54,7 @@ def offpolicy_metrics(
         `staleness_newest_mean`, `staleness_newest_max` (step − newest version of each
         sample; the same without partial rollouts; may exceed `train.max_staleness`
         where a group's samples ended at different versions, since the bound is on the
-        group's newest token, recipes/async_loop.py `take_fresh`),
+        group's newest token, recipes/async_loop/groups.py `take_fresh`),
         `staleness_frac/{d}` for d = 0..k (share of samples at staleness d; they sum to
         1), `staleness_token_mean` (step − version of each response token),
         `versions_spanned_mean`, `versions_spanned_max` (distinct versions per sample),

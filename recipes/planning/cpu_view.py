@@ -21,7 +21,7 @@ def cpu_prediction(
     """Calibrate at the recipe's engine, thread counts and batch (or read the cached
     calibration of the same machine and shape), then predict its step. The third value
     is the cache file the calibration came from (None: measured now)."""
-    from .calibrate import cached_calibration
+    from .calibration_cache import cached_calibration
 
     cal, cached = cached_calibration(r, folder, prompt_tokens, shape, recalibrate)
     a = r.model.adapter

@@ -1,9 +1,9 @@
 """`posttrain plan`'s model of one recipe on one kind of GPU: memory per device, step
 time and the rollout:learner split, from recipes/planning/formulas.py's formulas.
 
-Structure: `ModelShape` reads a Llama-style config.json (decoder layers of attention with
-grouped KV heads and a gated MLP); `plan_recipe` returns a `RecipePlan` of plain numbers
-and flags; the CLI prints it. Nothing here imports torch.
+Structure: `ModelShape` (recipes/planning/shape.py) reads a Llama-style config.json;
+`plan_recipe` returns a `RecipePlan` of plain numbers and flags; the CLI prints it.
+Nothing here imports torch.
 
 The step model is synchronous on-policy, as `posttrain run` is: decode, then train, then
 push weights, one after the other. Rollout idles while the learner trains, the learner
@@ -19,80 +19,13 @@ all sit on one node, else over the inter-node NIC (the hardware table's two link
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from ...common.packing import packing_pays
 from ...config import Recipe
 from . import formulas as plan
 from .formulas import GB, Hardware
-
-
-@dataclass(frozen=True)
-class ModelShape:
-    """The sizes of a decoder-only Llama-style model (config.json names)."""
-
-    layers: int
-    hidden: int
-    heads: int
-    kv_heads: int
-    head_dim: int
-    intermediate: int
-    vocab: int
-    tied: bool
-
-    @classmethod
-    def from_config(cls, path: Path) -> ModelShape:
-        """Read `config.json` (or its `text_config`); KeyError names a missing key."""
-        cfg = json.loads(path.read_text())
-        if "num_hidden_layers" not in cfg and isinstance(cfg.get("text_config"), dict):
-            cfg = cfg["text_config"]
-        heads = cfg["num_attention_heads"]
-        return cls(
-            layers=cfg["num_hidden_layers"],
-            hidden=cfg["hidden_size"],
-            heads=heads,
-            kv_heads=cfg.get("num_key_value_heads") or heads,
-            head_dim=cfg.get("head_dim") or cfg["hidden_size"] // heads,
-            intermediate=cfg["intermediate_size"],
-            vocab=cfg["vocab_size"],
-            tied=bool(cfg.get("tie_word_embeddings", False)),
-        )
-
-    def linear_shapes(self) -> dict[str, tuple[int, int]]:
-        """(in, out) of each linear layer of one decoder layer, by module name."""
-        h, q, kv, i = (
-            self.hidden,
-            self.heads * self.head_dim,
-            self.kv_heads * self.head_dim,
-            self.intermediate,
-        )
-        return {
-            "q_proj": (h, q),
-            "k_proj": (h, kv),
-            "v_proj": (h, kv),
-            "o_proj": (q, h),
-            "gate_proj": (h, i),
-            "up_proj": (h, i),
-            "down_proj": (i, h),
-        }
-
-    @property
-    def params(self) -> int:
-        """Parameters: embeddings (twice unless tied), linear layers, RMSNorm weights."""
-        per_layer = sum(a * b for a, b in self.linear_shapes().values()) + 2 * self.hidden
-        embed = self.vocab * self.hidden * (1 if self.tied else 2)
-        return embed + self.layers * per_layer + self.hidden
-
-    def lora_params(self, r: int, targets: list[str]) -> int:
-        """LoRA parameters: r·(in + out) per targeted linear layer (Hu et al. 2021, §4)."""
-        shapes = self.linear_shapes()
-        return self.layers * sum(r * sum(shapes[t]) for t in targets if t in shapes)
-
-    def kv_bytes_per_token(self) -> float:
-        """KV cache bytes per token in bf16."""
-        return plan.kv_cache_bytes(self.layers, self.kv_heads, self.head_dim, 1)
+from .shape import ModelShape
 
 
 @dataclass(frozen=True)

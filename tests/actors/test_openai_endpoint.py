@@ -12,7 +12,7 @@ from transformers import AutoModelForCausalLM
 from posttrain.actors.engine import EngineSettings
 from posttrain.actors.worker import RolloutWorker
 from posttrain.learner.logprobs import sequence_logprobs
-from posttrain.recipes.algo.grpo import rollout_batch
+from posttrain.recipes.algo.rollouts import rollout_batch
 from posttrain.recipes.episodes.agent import AgentEpisodeError, agent_rollout
 from tests.tiny_model import build_tiny_model
 

@@ -15,7 +15,8 @@ from posttrain.algorithms.sft import (
     pack_examples,
     token_mean_nll,
 )
-from posttrain.learner.logprobs import segment_attention, sequence_logprobs
+from posttrain.learner.logprobs import sequence_logprobs
+from posttrain.learner.packing import segment_attention
 
 
 def test_token_mean_nll_by_hand():

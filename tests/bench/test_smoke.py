@@ -13,6 +13,7 @@ without vLLM.
 
 from __future__ import annotations
 
+import ast
 import os
 import subprocess
 import sys
@@ -98,3 +99,39 @@ def test_smoke_mode_runs_and_prints_its_table(name: str) -> None:
 def test_every_bench_has_a_smoke_test() -> None:
     scripts = {p.stem for p in (ROOT / "bench").glob("*.py") if not p.stem.startswith("_")}
     assert scripts == set(BENCHES)
+
+
+def _absolute_paths(source: str) -> list[str]:
+    """String constants outside docstrings that are absolute paths to a machine's own
+    folders (a bench must find its data from the repo, on any clone)."""
+    tree = ast.parse(source)
+    docs = {
+        id(node.body[0].value)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Module | ast.FunctionDef | ast.ClassDef)
+        and node.body
+        and isinstance(node.body[0], ast.Expr)
+        and isinstance(node.body[0].value, ast.Constant)
+    }
+    return [
+        node.value
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Constant)
+        and isinstance(node.value, str)
+        and id(node) not in docs
+        and node.value.startswith(("/work/", "/home/", "/root/"))
+    ]
+
+
+def test_no_bench_reads_an_absolute_path() -> None:
+    """bench/vs_trl.py once read GSM8K from /work/shared/data: now ../shared beside the
+    repo, else the recipe's shipped sample."""
+    assert _absolute_paths('"""Doc /work/x."""\nA = "/work/shared/a"\nB = "/dev/shm"\n') == [
+        "/work/shared/a"
+    ]
+    found = {
+        p.name: _absolute_paths(p.read_text())
+        for p in sorted((ROOT / "bench").glob("*.py"))
+        if _absolute_paths(p.read_text())
+    }
+    assert found == {}

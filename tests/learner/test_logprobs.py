@@ -6,7 +6,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from posttrain.learner.logprobs import _packed, sequence_logprobs, shared_prompts
+from posttrain.learner.logprobs import sequence_logprobs
+from posttrain.learner.packing import packed_prompts, shared_prompts
 
 
 @pytest.fixture(scope="module")
@@ -157,7 +158,7 @@ def test_shared_prompts_match_one_pass_on_a_model(tiny_model, temperature):
     weights = torch.randn(7, 13)
     probe = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32)
     positions = (mask.cumsum(-1) - 1).clamp(min=0)
-    assert _packed(probe, ids, mask, positions, 10) is not None  # the packed path is taken
+    assert packed_prompts(probe, ids, mask, positions, 10) is not None  # the packed path is taken
     runs = []
     for share in (False, True):
         m = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32)
@@ -193,7 +194,7 @@ def _fsdp_rank(rank, world, model_path, port, queue, packed=False):
 
     import torch.distributed as dist
 
-    from posttrain.learner.logprobs import _packed, _plain_head
+    from posttrain.learner.logprobs import _plain_head
     from posttrain.learner.models import load_sharded
 
     dist.init_process_group(
@@ -209,7 +210,7 @@ def _fsdp_rank(rank, world, model_path, port, queue, packed=False):
     positions = (mask.cumsum(-1) - 1).clamp(min=0)
     out = {
         "chunked_head": _plain_head(model) is not None,
-        "packed": _packed(model, ids, mask, positions, start) is not None,
+        "packed": packed_prompts(model, ids, mask, positions, start) is not None,
     }
     for chunk in (None, 4):
         lp = sequence_logprobs(model, ids, mask, response_start=start, chunk_tokens=chunk)
@@ -346,7 +347,7 @@ def test_entropy_of_packed_prompts_matches_row_by_row(tiny_model):
     ids[5, :10], mask[5, :10] = ids[4, :10], mask[4, :10]
     m = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32).eval()
     positions = (mask.cumsum(-1) - 1).clamp(min=0)
-    assert _packed(m, ids, mask, positions, 10) is not None
+    assert packed_prompts(m, ids, mask, positions, 10) is not None
     with torch.no_grad():
         runs = [
             sequence_logprobs_and_entropy(m, ids, mask, 10, 0.8, 4, share_prompts=share)[1]

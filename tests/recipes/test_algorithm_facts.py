@@ -7,6 +7,7 @@ and never multiplied by `ppo.epochs`)."""
 
 from __future__ import annotations
 
+import ast
 from collections import Counter
 from types import SimpleNamespace
 
@@ -20,9 +21,9 @@ import posttrain.recipes.algo.grpo as grpo_mod
 import posttrain.recipes.algo.ppo as ppo_mod
 import posttrain.recipes.algo.reward_model as rm_mod
 from posttrain.actors.rollout import Rollout
-from posttrain.config import Passes
+from posttrain.config import Passes, default_facts
 from posttrain.recipes.algo import algorithm_for
-from posttrain.recipes.algo.grpo import rollout_batch
+from posttrain.recipes.algo.rollouts import rollout_batch
 from posttrain.recipes.data.pair_tokens import TokenizedPair
 from posttrain.recipes.loading import load_recipe
 from posttrain.recipes.planning.planner import step_flops
@@ -195,3 +196,80 @@ def test_sft_step_passes_equal_the_facts(monkeypatch, tmp_path, packing):
     rows = 1 if packing == "true" else per_step  # packed: 4 x 3 tokens fit one row
     assert _counted(stand_in, rows) == recipe.facts.passes
     assert not algo.load_reference and not algo.uses_rollouts
+
+
+SHIPPED = sorted((ROOT / "recipes").rglob("*.yaml"))
+
+
+@pytest.mark.parametrize("path", SHIPPED, ids=lambda p: p.name)
+def test_default_facts_agree_with_the_loaded_recipe(path):
+    """`default_facts` (for a recipe not yet validated) gives the data kind and head the
+    validated recipe's own facts give, and its algorithm object's head is the fact's."""
+    recipe = load_recipe(path)
+    got = default_facts(recipe.algorithm)
+    assert (got.data, got.head) == (recipe.facts.data, recipe.facts.head)
+    assert algorithm_for(recipe).head == recipe.facts.head
+
+
+def test_default_facts_of_names_that_are_no_algorithm():
+    assert default_facts(None) is None
+    assert default_facts("model") is None  # a recipe key, not an algorithm
+    assert default_facts("ddpo") is None
+    assert (default_facts("reward_model").data, default_facts("reward_model").head) == (
+        "pairs",
+        "score",
+    )
+    assert (default_facts("dpo").data, default_facts("dpo").head) == ("pairs", "lm")
+
+
+def _name_comparisons(tree: ast.AST) -> list[int]:
+    """Lines comparing a recipe's algorithm (`x.algorithm`, `x.get("algorithm")`,
+    `x["algorithm"]`) to a name or a tuple of names."""
+
+    def is_algorithm(node: ast.AST) -> bool:
+        key = ast.dump(ast.Constant("algorithm"))
+        if isinstance(node, ast.Attribute):
+            return node.attr == "algorithm"
+        if isinstance(node, ast.Subscript):
+            return ast.dump(node.slice) == key
+        return (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr == "get"
+            and bool(node.args)
+            and ast.dump(node.args[0]) == key
+        )
+
+    def is_name(node: ast.AST) -> bool:
+        if isinstance(node, ast.Tuple | ast.List | ast.Set):
+            return bool(node.elts) and all(is_name(e) for e in node.elts)
+        return isinstance(node, ast.Constant) and isinstance(node.value, str)
+
+    return [
+        node.lineno
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Compare)
+        and any(is_algorithm(x) for x in [node.left, *node.comparators])
+        and any(is_name(x) for x in [node.left, *node.comparators])
+    ]
+
+
+def test_the_comparison_finder():
+    src = (
+        'a = r.algorithm == "dpo"\nb = t.get("algorithm") in ("dpo", "rm")\n'
+        'c = t["algorithm"] != "grpo"\nd = r.facts.data == "pairs"\ne = r.algorithm == x\n'
+    )
+    assert _name_comparisons(ast.parse(src)) == [1, 2, 3]
+
+
+def test_consumers_read_the_facts_not_algorithm_names():
+    """Outside the schema (config/, where each block states its facts and the validators
+    name the algorithm they check), no module compares `algorithm` to a name: it reads
+    `recipe.facts` (or `default_facts` before validation)."""
+    found = []
+    for top in ["actors", "algorithms", "common", "learner", "recipes", "rewards", "service"]:
+        for f in sorted((ROOT / top).rglob("*.py")):
+            found += [
+                f"{f.relative_to(ROOT)}:{n}" for n in _name_comparisons(ast.parse(f.read_text()))
+            ]
+    assert found == []

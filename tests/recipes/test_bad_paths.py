@@ -21,8 +21,8 @@ from typer.testing import CliRunner
 from posttrain.config import RecipeError
 from posttrain.recipes import checkpoints, loop
 from posttrain.recipes.cli import app
+from posttrain.recipes.data.rows import read_rows
 from posttrain.recipes.loading import load_recipe
-from posttrain.recipes.rows import read_rows
 from tests.recipes.test_checkpoint_manifest import FakeLearner
 from tests.test_grpo_e2e import _grpo_recipe
 

@@ -109,7 +109,7 @@ def test_step_trains_on_teacher_minus_engine_logprobs(monkeypatch):
     import posttrain.recipes.algo.distill as distill_mod
     from posttrain.actors.rollout import Rollout
     from posttrain.recipes.algo import algorithm_for
-    from posttrain.recipes.algo.grpo import rollout_batch
+    from posttrain.recipes.algo.rollouts import rollout_batch
 
     # two samples of one prompt: prompt [1, 2], responses of 2 and 1 tokens
     rollouts = [

@@ -14,7 +14,7 @@ from posttrain.actors.rollout import Rollout
 from posttrain.config import RecipeError
 from posttrain.recipes import checkpoints, empty_steps
 from posttrain.recipes.algo import base
-from posttrain.recipes.algo.grpo import apply_failure_policy, rollout_batch
+from posttrain.recipes.algo.rollouts import apply_failure_policy, rollout_batch
 from posttrain.recipes.empty_steps import EmptySteps, NothingToTrain, train_or_skip
 from posttrain.recipes.loading import load_recipe
 from posttrain.rewards.protocol import Score

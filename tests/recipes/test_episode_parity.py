@@ -12,7 +12,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from posttrain.actors.engine import EngineSettings
 from posttrain.actors.rollout import PromptRequest, SamplingSettings
 from posttrain.learner.logprobs import sequence_logprobs
-from posttrain.recipes.algo.grpo import rollout_batch
+from posttrain.recipes.algo.rollouts import rollout_batch
 from posttrain.recipes.episodes.multiturn import (
     StepResult,
     run_episodes,

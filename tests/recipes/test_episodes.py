@@ -16,7 +16,7 @@ from posttrain.algorithms.batch import pack_rows
 from posttrain.algorithms.common import loss_denominator
 from posttrain.algorithms.grpo import GRPOLoss, loss
 from posttrain.config.episodes import PythonTool
-from posttrain.recipes.algo.grpo import rollout_batch
+from posttrain.recipes.algo.rollouts import rollout_batch
 from posttrain.recipes.episodes.multiturn import (
     TemplateMismatch,
     chat_ids,

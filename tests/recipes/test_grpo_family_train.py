@@ -9,7 +9,8 @@ import torch
 
 import posttrain.recipes.algo.base as algorithm
 from posttrain.actors.rollout import Rollout
-from posttrain.recipes.algo.grpo import GRPO, rollout_batch
+from posttrain.recipes.algo.grpo import GRPO
+from posttrain.recipes.algo.rollouts import rollout_batch
 from posttrain.recipes.loading import load_recipe
 from tests.conftest import ROOT
 

@@ -170,7 +170,7 @@ def test_probes_measure_positive_rates():
 def test_calibration_is_cached_per_machine_and_shape(tiny_model, monkeypatch, tmp_path):
     """The second plan reads the file the first wrote (same values); another step shape
     or --recalibrate measures again."""
-    from posttrain.recipes.planning import calibrate
+    from posttrain.recipes.planning import calibration_cache as calibrate
     from posttrain.recipes.planning.planner import ModelShape
 
     monkeypatch.setenv("POSTTRAIN_CACHE", str(tmp_path))

@@ -15,6 +15,8 @@ from posttrain.recipes import roles
 from posttrain.recipes.algo import algorithm_for
 from posttrain.recipes.loading import load_recipe
 from posttrain.recipes.placement import Placement
+from posttrain.recipes.roles import handles as role_handles
+from posttrain.recipes.roles import start as role_start
 from tests.test_faults_e2e import _recipe
 
 
@@ -38,7 +40,7 @@ class FakeActor:
 def test_learner_setup_failure_stops_the_roles_started_before(tiny_model, tmp_path, monkeypatch):
     recipe = load_recipe(_recipe(tmp_path, tiny_model))  # a local `length` reward, 2 engines
     procs, log = [], []
-    start_service = roles.start_local_service
+    start_service = role_handles.start_local_service
 
     def start_and_note(*args, **kwargs):
         procs.append(start_service(*args, **kwargs))
@@ -47,12 +49,14 @@ def test_learner_setup_failure_stops_the_roles_started_before(tiny_model, tmp_pa
     def learners_fail(*args, **kwargs):
         raise RuntimeError("learner rank 0: loading checkpoints/step_00004/learner failed")
 
-    monkeypatch.setattr(roles, "start_local_service", start_and_note)
-    monkeypatch.setattr(roles, "place", lambda res, rollout: Placement([{}, {}], [{}]))
+    monkeypatch.setattr(role_handles, "start_local_service", start_and_note)
+    monkeypatch.setattr(role_start, "place", lambda res, rollout: Placement([{}, {}], [{}]))
     monkeypatch.setattr(
-        roles, "start_rollout", lambda spec, placement: [FakeActor(log, "e0"), FakeActor(log, "e1")]
+        role_start,
+        "start_rollout",
+        lambda spec, placement: [FakeActor(log, "e0"), FakeActor(log, "e1")],
     )
-    monkeypatch.setattr(roles, "_launch_learners", learners_fail)
+    monkeypatch.setattr(role_start, "_launch_learners", learners_fail)
     monkeypatch.setattr(ray, "wait", lambda refs, **kw: (list(refs), []))
     monkeypatch.setattr(ray, "kill", lambda actor, **kw: log.append(f"kill {actor.name}"))
 

@@ -147,7 +147,7 @@ def test_cli_exit_codes():
 
 
 def test_engine_defaults_to_vllm_where_installed(monkeypatch):
-    import posttrain.config.recipe as schema
+    import posttrain.config.rollout as schema
 
     path = ROOT / "recipes" / "ppo_gsm8k.yaml"  # sets engine: hf explicitly
     assert load_recipe(path).rollout.engine == "hf"
@@ -158,7 +158,7 @@ def test_engine_defaults_to_vllm_where_installed(monkeypatch):
 
 
 def test_vllm_engine_checks_before_starting(monkeypatch, tiny_model, tiny_model_vllm, tmp_path):
-    import posttrain.config.recipe as schema
+    import posttrain.config.rollout as schema
 
     quick = ROOT / "recipes" / "quickstart_grpo.yaml"
     r = load_recipe(quick, [f"model.path={tiny_model}", "rollout.engine=vllm"])

@@ -34,7 +34,7 @@ def test_warmup_up_to_the_optimizer_steps_is_accepted():
 
 
 def test_schedule_matches_the_schema_text():
-    from posttrain.config.recipe import TrainConfig
+    from posttrain.config.train import TrainConfig
     from posttrain.learner.settings import lr_factor
 
     # warmup 4: steps 0, 1, 2, 3 use lr/4, 2lr/4, 3lr/4, lr; never 0

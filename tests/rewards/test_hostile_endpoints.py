@@ -15,7 +15,7 @@ from fastapi.testclient import TestClient
 
 from posttrain.actors.rollout import Rollout
 from posttrain.config.rewards import JudgeReward
-from posttrain.recipes.algo.grpo import apply_failure_policy, rollout_metrics
+from posttrain.recipes.algo.rollouts import apply_failure_policy, rollout_metrics
 from posttrain.rewards.client import RewardClient, RewardSet
 from posttrain.rewards.judge import JudgeError, JudgeScorer, parse_score
 from posttrain.rewards.protocol import Score, ScoreItem

@@ -18,7 +18,7 @@ from fastapi.responses import PlainTextResponse
 from fastapi.testclient import TestClient
 
 from posttrain.common.net import free_port
-from posttrain.recipes.algo.grpo import RewardFailure, apply_failure_policy
+from posttrain.recipes.algo.rollouts import RewardFailure, apply_failure_policy
 from posttrain.rewards.client import RewardClient, RewardSet
 from posttrain.rewards.protocol import Score, ScoreItem
 from posttrain.rewards.service import create_app

@@ -1,6 +1,7 @@
 """Starting and stopping the roles of one run: the learner group, the rollout workers
 and their push group, the reward service; the embedded Ray cluster and the run folder's
-manifest. The named calls a step is made of are in recipes/controller.py.
+manifest. The named calls a step is made of are in recipes/controller.py; the settings
+each role is started with, in recipes/roles/settings.py.
 """
 
 from __future__ import annotations
@@ -10,8 +11,7 @@ import os
 import secrets
 import subprocess
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -19,111 +19,26 @@ from typing import TYPE_CHECKING, Any
 import ray
 import torch
 
-from ..actors.debug import DebugSettings
-from ..actors.engine import EngineSettings
-from ..actors.worker import RolloutWorker
-from ..common.net import free_port
-from ..common.process import default_threads, split_cores
-from ..config import LOCAL_TYPES, Recipe, RecipeError, producer_window
-from ..rewards.client import RewardClient, RewardSet, start_local_service
-from ..weightsync import (
-    GroupStore,
-    TransportSettings,
-    make_transport,
-    push,
+from ...actors.worker import RolloutWorker
+from ...common.net import free_port
+from ...common.process import default_threads, split_cores
+from ...config import LOCAL_TYPES, Recipe, RecipeError
+from ...rewards.client import RewardClient, RewardSet
+from ...weightsync import GroupStore, TransportSettings, make_transport, push
+from ..loading import dump_recipe
+from ..placement import Placement, gpus_needed, place, release
+from .handles import LocalServiceLaunch, RelaunchSpecs, Roles
+from .settings import (
+    RolloutSpec,
+    adapter_sync,
+    learner_settings,
+    rollout_concurrency,
+    rollout_spec,
+    transport_settings,
 )
-from .loading import dump_recipe
-from .placement import Placement, gpus_needed, place, release
 
 if TYPE_CHECKING:
-    from .algo.base import Algorithm
-
-
-@dataclass
-class LocalServiceLaunch:
-    """Arguments of `start_local_service`, kept to restart a dead service on the same
-    port with the same token (so the run's client keeps working)."""
-
-    components_json: str
-    port: int
-    token: str
-    log_path: Path
-    workers: int
-
-    def start(self) -> subprocess.Popen:
-        return start_local_service(
-            self.components_json, self.port, self.token, self.log_path, workers=self.workers
-        )
-
-
-@dataclass
-class RolloutSpec:
-    """What starting one rollout worker takes, kept to replace a dead one."""
-
-    engine: EngineSettings
-    transport: TransportSettings
-    threads: int
-    debug: DebugSettings = field(default_factory=DebugSettings)
-    partial: bool = False
-    window: int = 0  # partial rollouts: the producer's most groups in flight at once
-    engines: int = 1  # rollout engines sharing the window
-
-
-@dataclass(frozen=True)
-class RelaunchSpecs:
-    """How to start each role again, fixed once the roles run; recovery reads them.
-
-    Attributes:
-        reward: the local reward service's launch (same port and token), or None.
-        rollout: how to start one rollout worker, or None (no rollout side).
-        learners: `(transport, resume_from) -> learner actors`: the whole learner group.
-        transport: the weight transport the roles were given.
-    """
-
-    reward: LocalServiceLaunch | None = None
-    rollout: RolloutSpec | None = None
-    learners: Callable[[TransportSettings, str | None], list[Any]] | None = None
-    transport: TransportSettings | None = None
-
-
-@dataclass
-class RunCounters:
-    """What a run counts about its roles. Only the controller (a push, a replaced rollout
-    worker or reward service) and the learner recovery change these.
-
-    Attributes:
-        reward_restarts: local reward service restarts so far.
-        rollout_restarts: rollout workers replaced so far.
-        learner_restarts: learner groups restarted so far.
-        policy_version: what every engine holds (the newest push).
-        last_push_bytes: tensor bytes of the newest weight push (a delta's encoded bytes
-            with `weight_sync.delta`).
-        last_push_changed: share of the pushed elements that changed since the previous
-            push (1.0 for a full push without `weight_sync.delta`).
-    """
-
-    reward_restarts: int = 0
-    rollout_restarts: int = 0
-    learner_restarts: int = 0
-    policy_version: int = 0
-    last_push_bytes: int = 0
-    last_push_changed: float = 1.0
-
-
-@dataclass
-class Roles:
-    """Handles of every running role of one job (no rollout side for DPO), with how to
-    start each again (`specs`) and what the run counts of them (`counters`)."""
-
-    learners: list[Any]
-    placement: Placement
-    pad_id: int = 0
-    rollout: list[Any] = field(default_factory=list)
-    reward: RewardSet | None = None
-    reward_proc: subprocess.Popen | None = None
-    group: GroupStore | None = None  # the push group's rendezvous (collective transport)
-    specs: RelaunchSpecs = field(default_factory=RelaunchSpecs)
-    counters: RunCounters = field(default_factory=RunCounters)
+    from ..algo.base import Algorithm
 
 
 def start_roles(
@@ -220,65 +135,10 @@ def _start_roles(
     roles.pad_id = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
 
 
-def engine_settings(recipe: Recipe, model_path: str) -> EngineSettings:
-    """The recipe's inference engine (`rollout.engine`, `rollout.vllm`, the model's dtype)
-    as the rollout workers build it; `plan --gpu cpu` times the same engine."""
-    v = recipe.rollout.vllm
-    kind = recipe.rollout.engine
-    return EngineSettings(
-        kind="vllm_async" if kind == "vllm" and v.async_engine else kind,
-        model_path=model_path,
-        dtype=recipe.model.dtype,
-        seed=recipe.train.seed,
-        kv_cache_gb=v.kv_cache_gb,
-        max_model_len=v.max_model_len,
-        enforce_eager=v.enforce_eager,
-        device=recipe.resources.device,
-        lora_rank=recipe.model.adapter.r if adapter_sync(recipe) else None,
-        gpu_memory_utilization=v.gpu_memory_utilization,
-        tensor_parallel_size=recipe.resources.rollout.gpus_per_engine,
-        sleep_between_steps=(
-            recipe.resources.colocate
-            and recipe.resources.device == "cuda"
-            and recipe.rollout.engine == "vllm"
-        ),
-        direct_load=v.direct_load,
-    )
-
-
-def rollout_spec(
-    recipe: Recipe, model_path: str, threads: int, transport: TransportSettings
-) -> RolloutSpec:
-    """The recipe's engine, transport and debug settings for a rollout worker."""
-    engine = engine_settings(recipe, model_path)
-    return RolloutSpec(
-        engine,
-        transport,
-        threads,
-        DebugSettings(
-            delay_s=recipe.debug.rollout_delay_s,
-            fail_push=recipe.debug.fail_weight_push,
-            push_delay_s=recipe.debug.push_delay_s,
-            tail=(recipe.debug.rollout_tail_every, recipe.debug.rollout_tail_factor),
-        ),
-        partial=recipe.rollout.partial and recipe.train.max_staleness >= 1,
-        window=producer_window(recipe),
-        engines=recipe.resources.rollout.engines,
-    )
-
-
 def start_rollout(spec: RolloutSpec, placement: Placement) -> list[Any]:
     """One rollout worker per engine placement (not waited for; each joins the push
     group while it is constructed)."""
     return [start_rollout_worker(spec, i, opts) for i, opts in enumerate(placement.rollout)]
-
-
-def rollout_concurrency(spec: RolloutSpec) -> int:
-    """A partial-rollout worker's Ray `max_concurrency`: its share of the producer's
-    window, ceil(window / engines), capped at 256 (vLLM's default batch limit; calls
-    beyond wait in Ray's queue, no thread each), plus 4 for pushes and health calls."""
-    share = -(-spec.window // max(spec.engines, 1))
-    return 4 + min(share, 256)
 
 
 def start_rollout_worker(spec: RolloutSpec, index: int, options: dict[str, Any]) -> Any:
@@ -317,29 +177,6 @@ def reform_push_group(roles: Roles, recipe: Recipe) -> None:
     )
     if old is not None:
         old.close()
-
-
-def adapter_sync(recipe: Recipe) -> bool:
-    """Whether engines receive only the adapter each step (`weight_sync.adapter_mode`)."""
-    return recipe.model.adapter.type != "none" and recipe.weight_sync.adapter_mode == "adapter"
-
-
-def transport_settings(recipe: Recipe, run_dir: Path) -> TransportSettings:
-    """The recipe's `weight_sync` as plain values; a filesystem transport gets a folder
-    of its own under `weight_sync.directory`."""
-    ws = recipe.weight_sync
-    return TransportSettings(
-        type=ws.type,
-        bucket_mb=ws.bucket_mb,
-        timeout_s=ws.timeout_s,
-        backend="nccl" if recipe.resources.device == "cuda" else "gloo",
-        directory=str(Path(ws.directory) / f"{run_dir.name}-{os.getpid()}"),
-        checksum=ws.verify_checksum,
-        delta=ws.delta,
-        adapter_only=adapter_sync(recipe),
-        shm_gather=ws.shm_gather,
-        shm_broadcast=ws.shm_broadcast,
-    )
 
 
 def _launch_learners(
@@ -381,11 +218,10 @@ def start_learners(
             or a learner node cannot see `run_dir`.
         RuntimeError: a watched rollout worker died while starting (named).
     """
-    from ..learner.adapters import AdapterSettings, check_targets, format_memory_report
-    from ..learner.distributed import format_cuda_memory
-    from ..learner.settings import LearnerSettings
-    from ..learner.worker import LearnerWorker
-    from .cluster import check_shared_run_dir, learner_places, record_places
+    from ...learner.adapters import check_targets, format_memory_report
+    from ...learner.distributed import format_cuda_memory
+    from ...learner.worker import LearnerWorker
+    from ..cluster import check_shared_run_dir, learner_places, record_places
 
     adapter = recipe.model.adapter
     if adapter.type != "none":  # a meta-device model: no weights read
@@ -393,35 +229,7 @@ def start_learners(
             check_targets(model_path, tuple(adapter.target_modules))
         except ValueError as e:
             raise RecipeError(str(e)) from None
-    t = recipe.train
-    settings = LearnerSettings(
-        model_path=model_path,
-        compute_dtype=recipe.model.dtype,
-        lr=t.lr,
-        betas=t.betas,
-        weight_decay=t.weight_decay,
-        warmup_steps=t.warmup_steps,
-        max_grad_norm=t.max_grad_norm,
-        micro_batch_size=t.micro_batch_size,
-        max_tokens_per_micro_batch=t.max_tokens_per_micro_batch,
-        temperature=algo.temperature,
-        seed=t.seed,
-        algorithm=algo.name,
-        loss=algo.loss,
-        head=algo.head,
-        load_reference=algo.load_reference,
-        reference_path=algo.reference_path,
-        critic=algo.critic,
-        transport=transport,
-        adapter=AdapterSettings(
-            **{**adapter.model_dump(), "target_modules": tuple(adapter.target_modules)}
-        ),
-        delay_s=recipe.debug.learner_delay_s,
-        device=recipe.resources.device,
-        gradient_checkpointing=t.gradient_checkpointing,
-        compile=t.compile,
-        sessions=getattr(algo, "sessions", None),  # posttrain serve: LoRA sessions
-    )
+    settings = learner_settings(recipe, algo, model_path, transport)
     worker = ray.remote(num_cpus=0)(LearnerWorker)
     learners = [
         worker.options(**opts).remote(r, len(placement.learner), settings, threads)
@@ -551,7 +359,7 @@ def init_ray(recipe: Recipe, address: str | None, rollout: bool = True) -> None:
         return
     cuda = recipe.resources.device == "cuda"
     if cuda:
-        from .cluster import check_local_cuda
+        from ..cluster import check_local_cuda
 
         check_local_cuda(recipe.resources, rollout)
     ray.init(

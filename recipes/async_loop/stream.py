@@ -1,69 +1,6 @@
-"""Asynchronous GRPO/PPO steps (`train.max_staleness: k ≥ 1`): rollouts for the next k
-steps are generated and scored while the learner trains, with bounded staleness.
-
-Structure:
-
-- `RolloutStream` runs one producer thread on the controller. It takes
-  `train.prompts_per_step` prompts at a time, sends each rollout worker its share
-  (`generate`, one Ray call per worker) and, as each worker's share comes back, hands
-  it to a scoring thread; every scored group (the samples of one prompt) goes to a
-  ready list. The learner's batch is filled from finished groups in the order they
-  finished (streaming: a slow engine does not hold the others' groups back).
-  With partial rollouts (`rollout.partial`) on an engine that takes concurrent calls
-  (`continuous_producer`: vLLM's AsyncLLM, which batches them continuously, or the 'hf'
-  engine) there are no rounds: each group is its own request, sent to the worker with
-  the fewest in flight as soon as the window has room and scored as soon as it
-  returns, so a long sample holds one slot, not a round. vLLM's synchronous LLM keeps
-  rounds (one batched call per engine).
-  Multi-turn episodes and agents (`rollout.max_turns`, `rollout.agent`): a round is a
-  batch of episodes (recipes/episodes/step.py), scored with the environment's rewards.
-  Dynamic sampling (`grpo.dynamic_sampling`): a group whose rewards are all equal is
-  set aside (its room goes back at once) and dropped at the next `take`, unless the
-  step's budget of `grpo.max_rounds × prompts_per_step` scored groups runs out first
-  (the step then trains on what it has, as recipes/algo/dynamic.py does).
-- `async_step` is one step: take `prompts_per_step` fresh groups, write them to
-  `rollouts/step_NNNNN.jsonl` (each sample with its `policy_version`), train, and push
-  the new policy.
-
-Staleness. A sample made by policy_version v trains at step s only if s − v ≤ k. The
-producer keeps at most k × prompts_per_step groups generating, scoring or waiting (the
-window, `producer_window`), which by itself bounds s − v by k; any group found older at
-`take` (a slow tail, a resume) is dropped and counted in `dropped_stale`, never used.
-With partial rollouts a sample's v is its oldest token's. `rollout.oversample` widens
-the window (APRIL's over-sampling, Zhou et al. 2025: the first groups to finish fill a
-step, the long ones finish later under newer weights), and `train.max_token_staleness`
-m ≥ k then decides which of those train: a group is fresh at step s when
-s − (its newest token's version) ≤ k and s − (its oldest token's) ≤ m.
-
-Concurrency (the order, written down):
-1. The producer starts a generation round only when no push is waiting and the window
-   holds a round more; the round's Ray calls all go out at once and the round ends when
-   every engine has answered. With partial rollouts it sends one group at a time on the
-   same conditions, and "generating" means any request in flight.
-2. A push (`paused()`) first stops new rounds and waits for the round in flight to end,
-   so a push lands between generation requests: an engine never mixes two policy
-   versions inside one sample. With partial rollouts (`rollout.partial`) it stops new
-   rounds only: the push reaches the engines while they generate, each pauses between
-   tokens, loads and resumes (actors/partial.py), and its samples record the version
-   of every token; a group's staleness counts from its oldest token.
-3. An evaluation (`eval:`) pauses the same way and also waits for the scorer to go
-   idle, so it samples exactly the policy version it names and scores on the reward
-   client alone.
-4. Only the main thread trains, pushes, evaluates and checkpoints; the producer only
-   generates and scores. A dead rollout worker stops the run (resume from the last checkpoint)
-   rather than being replaced under a concurrent push.
-
-Checkpoints and resume (each prompt trains once): the data position saved carries, as
-`pending`, the data positions of every prompt drawn and neither trained on nor dropped
-(generating, scoring or ready); a resume, or a learner restart (recipes/recovery.py,
-which closes this stream), generates those first under the checkpoint's policy, then
-continues from the position. Groups ready but unused when the run stops are discarded.
-
-Telemetry: the controller sees when each engine's request went out and came back;
-those intervals (and the in-flight part of a request still running at the end of a
-step) are the rollout side's `generate` spans, so idle fractions stay right while both
-sides run at once.
-"""
+"""The producer of the asynchronous loop: `RolloutStream` generates and scores ahead
+of the learner on its own threads. Its order with pushes, evaluations and checkpoints
+is written down in recipes/async_loop/__init__.py."""
 
 from __future__ import annotations
 
@@ -72,79 +9,34 @@ import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 import ray
 
-from ..actors.rollout import Rollout
-from ..common.telemetry import Span
-from ..config import continuous_producer, producer_window
-from ..rewards.protocol import Score
-from . import controller as c
-from .algo.dynamic import has_signal
-from .algo.grpo import apply_failure_policy, rollout_batch, rollout_metrics
-from .empty_steps import train_or_skip
-from .episodes.step import add_environment_rewards, episodes_enabled, requests_for
-from .monitoring.offpolicy import SampleCounts, offpolicy_metrics
-
-
-@dataclass
-class Group:
-    """The scored samples of one prompt, from generation round `round_`."""
-
-    rollouts: list[Rollout]
-    scores: list[Score]
-    round_: int
-
-    @property
-    def version(self) -> int:
-        """The oldest policy_version among its samples' tokens (all equal without partial
-        rollouts)."""
-        return min(r.policy_version for r in self.rollouts)
-
-    @property
-    def newest(self) -> int:
-        """The newest policy_version among its samples' tokens (the version that finished
-        the group; `version` without partial rollouts)."""
-        return max(max(r.policy_versions or [r.policy_version]) for r in self.rollouts)
-
-
-def take_fresh(
-    groups: list[Group], step: int, k: int, count: int, token_k: int | None = None
-) -> tuple[list[Group], list[Group], list[Group]]:
-    """Split ready `groups` (in the order they finished) for training step `step`: up to
-    `count` within bounds, those too old (dropped), and the rest (kept for later steps).
-
-    A group is within bounds when `step − newest ≤ k` and `step − version ≤ token_k`
-    (its oldest token; `token_k` None: `k`, i.e. staleness counts from the oldest token).
-    Of those, the `count` closest to going stale are taken (earliest deadline
-    `min(newest + k, version + token_k)` first; ties in the order given), so a group
-    left waiting is not dropped while younger ones train. Pure; each list keeps the
-    order of `groups`."""
-    token_k = k if token_k is None else token_k
-    stale, within = [], []
-    for g in groups:
-        (stale if step - g.newest > k or step - g.version > token_k else within).append(g)
-    by_deadline = sorted(within, key=lambda g: min(g.newest + k, g.version + token_k))
-    chosen = {id(g) for g in by_deadline[:count]}
-    fresh = [g for g in within if id(g) in chosen]
-    rest = [g for g in within if id(g) not in chosen]
-    return fresh, stale, rest
+from ...actors.rollout import Rollout
+from ...common.telemetry import Span
+from ...config import continuous_producer, producer_window
+from .. import controller as c
+from ..algo.dynamic import has_signal
+from ..episodes.step import add_environment_rewards, episodes_enabled, requests_for
+from ..monitoring.offpolicy import SampleCounts
+from ..state import Run
+from .groups import Group, take_fresh
 
 
 class RolloutStream:
-    """Generates and scores ahead of the learner (see the module docstring).
+    """Generates and scores ahead of the learner (the order: recipes/async_loop/__init__.py).
 
     Args:
-        run: the `recipes.loop.Run` (recipe, roles, prompt stream).
+        run: the running job (recipes/state.py: recipe, roles, prompt stream).
         start_version: the policy_version the engines hold now (the first step).
 
     Raises (from `take`): RuntimeError naming the producer's failure (a dead rollout
     worker, a reward service that did not answer).
     """
 
-    def __init__(self, run: Any, start_version: int):
+    def __init__(self, run: Run, start_version: int):
         self.run, self.recipe, self.roles = run, run.recipe, run.roles
         self.k = self.recipe.train.max_staleness
         self.episodes = episodes_enabled(self.recipe)
@@ -301,7 +193,7 @@ class RolloutStream:
         """One round of multi-turn or agent episodes (recipes/episodes/): every turn of
         every episode under the policy the engines hold (no push lands inside the round),
         then scored with the environment's rewards. Each worker's span is the round's."""
-        from .episodes.step import generate_episodes
+        from ..episodes.step import generate_episodes
 
         sent = time.time()
         workers = range(
@@ -474,92 +366,3 @@ class RolloutStream:
             self.cond.notify_all()
         self.thread.join(timeout=5.0)
         self.scorer.shutdown(wait=False, cancel_futures=True)
-
-
-class StreamPosition:
-    """Stands in for the run's prompt stream once the producer owns it: `state()` is the
-    position a checkpoint must save (`RolloutStream.data_state`)."""
-
-    def __init__(self, stream: RolloutStream):
-        self.stream = stream
-
-    def state(self) -> dict[str, Any] | None:
-        return self.stream.data_state()
-
-
-def async_step(run: Any, algo: Any, step: int) -> tuple[dict[str, float], list[Span]]:
-    """One step of the asynchronous loop: take fresh groups → save → train → push (with
-    the producer paused). Metrics as `rl_step`'s, plus the off-policy accounting of
-    recipes/monitoring/offpolicy.py (`staleness_mean`, `staleness_max`, `staleness_frac/{d}`,
-    versions spanned per sample, sample counts that add up), `dropped_stale`
-    (samples), `time/wait_rollouts` (the learner
-    waiting for fresh groups) and `time/wait_push` (waiting for a round in flight).
-    `time/generate` is the wait for fresh groups and `time/score` 0: generation and
-    scoring overlap training, only the wait is on the step's critical path."""
-    recipe, roles = run.recipe, run.roles
-    if run.stream is None:
-        run.stream = RolloutStream(run, start_version=step)
-        run.prompts = StreamPosition(run.stream)
-    t0 = time.time()
-    groups, stale, flat = run.stream.take(step)
-    counts = run.stream.sample_counts()
-    t1 = time.time()
-    rollouts = [r for g in groups for r in g.rollouts]
-    scores = [s for g in groups for s in g.scores]
-    if recipe.monitor.save_rollouts:
-        c.save_rollouts(run.run_dir, step, rollouts, scores)
-    rewards = apply_failure_policy(scores, rollouts, recipe.on_reward_failure)
-    batch = rollout_batch(rollouts, rewards, roles.pad_id)
-    stats = train_or_skip(algo, roles.learners, batch, rollouts, rewards, scores, step)
-    t_trained = time.time()
-    accuracy_of = next((r.name for r in recipe.rewards if r.type == "math"), None)
-    quality = rollout_metrics(rollouts, scores, accuracy_of)
-    trained = {"policy_version": step + 1, **quality, **stats}  # the line of a failed push
-    with run.stream.paused(push=True):
-        t_push = time.time()
-        sync_s = c.push_after_training(roles, recipe, step + 1, trained)
-    t_end = time.time()
-    telemetry, spans = _telemetry(run, t0, t_end)
-    dropped = sum(len(g.rollouts) for g in stale)
-    bound = max(run.stream.k, run.stream.token_k or 0)
-    accounting = offpolicy_metrics(
-        rollouts, step, bound, counts, dropped + sum(len(g.rollouts) for g in flat)
-    )
-    tokens = sum(len(r.response_ids) for r in rollouts)
-    return {
-        "policy_version": step + 1,
-        "rollout_restarts": roles.counters.rollout_restarts,
-        "reward_restarts": roles.counters.reward_restarts,
-        **quality,
-        **stats,
-        **accounting,
-        "dropped_stale": float(dropped),
-        **_sampler_metrics(run.stream, flat),
-        "time/wait_rollouts": t1 - t0,
-        "time/wait_push": t_push - t_trained,
-        # the step's critical path: generation and scoring run behind training
-        "time/generate": t1 - t0,
-        "time/score": 0.0,
-        "time/weight_sync": sync_s,
-        "time/step": t_end - t0,
-        "weight_sync_bytes": roles.counters.last_push_bytes,
-        "weight_sync_changed_fraction": roles.counters.last_push_changed,
-        "rollout_tokens_per_s": tokens / (t_end - t0),
-        "weight_sync_fraction": sync_s / (t_end - t0),
-        **telemetry,
-    }, spans
-
-
-def _sampler_metrics(stream: RolloutStream, flat: list[Group]) -> dict[str, float]:
-    """Dynamic sampling's dropped groups (no signal) at this step; the episode metrics
-    of the last episode round scored."""
-    out = dict(stream.episode_metrics)
-    if stream.dynamic:
-        out["dynamic/dropped_groups"] = float(len(flat))
-    return out
-
-
-def _telemetry(run: Any, start: float, end: float) -> tuple[dict[str, float], list[Span]]:
-    """Idle fractions and busy seconds of both sides in [start, end], from the workers'
-    own spans and the controller's view of each generation request."""
-    return c.step_telemetry(run.roles, start, end, [], counted=run.stream.drain_spans(end))
