@@ -25,6 +25,25 @@ from .settings import LearnerSettings, lr_factor
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
 
 
+def _load_float32(
+    path: str, kind: Literal["policy", "reference", "critic"], head: Literal["lm", "score"]
+) -> torch.nn.Module:
+    """The float32 transformers model `load_sharded` shards (no KV cache): a critic's
+    token-classification head, a reward model's score head, else the causal LM."""
+    from transformers import AutoModelForCausalLM, AutoModelForTokenClassification
+
+    if kind == "critic":
+        model = AutoModelForTokenClassification.from_pretrained(
+            path, num_labels=1, dtype=torch.float32
+        )
+    elif kind == "policy" and head == "score":
+        model = load_score_model(path)
+    else:
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    model.config.use_cache = False
+    return model
+
+
 def load_sharded(
     path: str,
     world: int,
@@ -64,17 +83,8 @@ def load_sharded(
     """
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-    from transformers import AutoModelForCausalLM, AutoModelForTokenClassification
 
-    if kind == "critic":
-        model = AutoModelForTokenClassification.from_pretrained(
-            path, num_labels=1, dtype=torch.float32
-        )
-    elif kind == "policy" and head == "score":
-        model = load_score_model(path)
-    else:
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
-    model.config.use_cache = False
+    model = _load_float32(path, kind, head)
     if checkpointing and kind != "reference":
         # Non-reentrant: works under FSDP2 and with frozen inputs (LoRA's base).
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
@@ -98,11 +108,8 @@ def load_sharded(
         # reference pass first would leave bf16 gradients that fail to reduce into
         # float32 ones. One tiny forward now, adapter on, settles it.
         with torch.no_grad():
-            model(
-                input_ids=torch.zeros(
-                    1, 1, dtype=torch.long, device=next(model.parameters()).device
-                )
-            )
+            dev = next(model.parameters()).device
+            model(input_ids=torch.zeros(1, 1, dtype=torch.long, device=dev))
         model.reshard()  # the root stays unsharded after a forward
     if kind == "reference":
         model.requires_grad_(False)

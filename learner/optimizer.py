@@ -15,6 +15,7 @@ global DTensor norms), so all ranks decide alike.
 from __future__ import annotations
 
 import math
+import sys
 from dataclasses import dataclass
 
 import torch
@@ -68,3 +69,15 @@ def guarded_step(
     if applied:
         scheduler.step()
     return StepResult(applied, total.item(), norms, lr)
+
+
+def warn_skipped(step: int, done: StepResult) -> None:
+    """Tell the console (stderr) that step `step`'s update was skipped, and why."""
+    print(
+        f"warning: step {step}: loss {done.loss} / grad_norm {done.grad_norms} "
+        "is not finite; this optimizer update is skipped (weights, AdamW state "
+        "and LR schedule unchanged; see skipped_updates). Check the rewards and "
+        "advantages for NaN/inf, or lower train.lr.",
+        file=sys.stderr,
+        flush=True,
+    )

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import gc
 import resource
-import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
@@ -49,7 +48,7 @@ from .distributed import (
 from .logprobs import sequence_logprobs, sequence_logprobs_and_entropy
 from .micro_batches import plan_rows, trim_right_padding
 from .models import DTYPES, critic_values, load_models, reward_scores
-from .optimizer import guarded_step
+from .optimizer import guarded_step, warn_skipped
 from .push import full_state_dict, push_kind, push_source, untied_state
 from .sessions import SessionVerbs
 from .settings import CriticSettings, LearnerSettings
@@ -311,14 +310,7 @@ class LearnerWorker(SessionVerbs):
             if done.applied:
                 self.optimizer_steps += 1
             elif self.rank == 0:
-                print(
-                    f"warning: step {step}: loss {done.loss} / grad_norm {done.grad_norms} "
-                    "is not finite; this optimizer update is skipped (weights, AdamW state "
-                    "and LR schedule unchanged; see skipped_updates). Check the rewards and "
-                    "advantages for NaN/inf, or lower train.lr.",
-                    file=sys.stderr,
-                    flush=True,
-                )
+                warn_skipped(step, done)
             time.sleep(self.s.delay_s)
         peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
         stats = {

@@ -11,6 +11,16 @@ from ..config.base import RecipeError
 from ..config.service import load_service_config
 
 
+def flag_overrides(model: str | None, engine: str | None) -> dict:
+    """`--model` and `--engine` as blocks over the configuration file's."""
+    out: dict = {}
+    if model is not None:
+        out["model"] = {"path": model}
+    if engine is not None:
+        out["rollout"] = {"engine": engine}
+    return out
+
+
 def serve(
     config: Path | None,
     overrides: dict,

@@ -362,11 +362,7 @@ def dashboard(
 @app.command()
 def serve(
     config: Annotated[
-        Path | None,
-        typer.Option(
-            help="Service configuration YAML (model, rollout, resources, weight_sync, "
-            "sessions); see examples/serve.yaml."
-        ),
+        Path | None, typer.Option(help="Service configuration YAML (examples/serve.yaml).")
     ] = None,
     model: Annotated[
         str | None, typer.Option(help="The base model: built-in alias or model folder.")
@@ -384,13 +380,10 @@ def serve(
     """Start a Tinker-compatible training service on the learner group and rollout
     engines (docs/service.md). The key clients send is $POSTTRAIN_SERVE_TOKEN (it must
     start with 'tml-'), else a new one, printed."""
+    from ...service.cli import flag_overrides
     from ...service.cli import serve as serve_main
 
-    overrides: dict = {}
-    if model is not None:
-        overrides["model"] = {"path": model}
-    if engine is not None:
-        overrides["rollout"] = {"engine": engine}
+    overrides = flag_overrides(model, engine)
     code = serve_main(config, overrides, root, host, port, address, typer.echo)
     if code:
         raise typer.Exit(code=code)

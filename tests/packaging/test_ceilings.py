@@ -20,20 +20,13 @@ MAX_FUNCTION_LINES = 80
 
 # path -> the most lines it may have; only lower these numbers.
 FILE_CEILINGS: dict[str, int] = {
-    "actors/worker.py": 438,
-    "learner/worker.py": 417,
-    "recipes/cli.py": 676,
-    "recipes/preference.py": 545,
-    "recipes/preflight.py": 411,
-    "service/app.py": 444,
+    "learner/worker.py": 416,
     "weightsync/collective.py": 476,
 }
 
 # path::qualified name -> the most lines it may have; only lower these numbers.
 FUNCTION_CEILINGS: dict[str, int] = {
     "actors/openai_server.py::create_app": 86,
-    "actors/vllm_engine.py::VLLMEngine.__init__": 81,
-    "service/app.py::create_app": 329,
 }
 
 
