@@ -13,7 +13,7 @@ import torch
 from posttrain.actors.rollout import Rollout
 from posttrain.algorithms.grpo import group_advantages
 from posttrain.common.numbers import FLOAT32_MAX, finite32
-from posttrain.recipes.algo.grpo import apply_failure_policy, rollout_batch, rollout_metrics
+from posttrain.recipes.algo.rollouts import apply_failure_policy, rollout_batch, rollout_metrics
 from posttrain.rewards.protocol import Score, ScoreItem, checked
 from posttrain.rewards.python_reward import score_python
 
