@@ -156,4 +156,7 @@ def load_service_config(path: Path | None, overrides: dict | None = None) -> Ser
         where = f"{path}: " if path else ""
         first = e.errors()[0]
         key = ".".join(str(x) for x in first["loc"])
-        raise RecipeError(f"{where}{key}: {first['msg']}") from None
+        msg = first["msg"].removeprefix("Value error, ")
+        if first["type"] == "extra_forbidden":
+            msg = "unknown key; remove it or fix its spelling (every key: config/service.py)"
+        raise RecipeError(f"{where}{key}: {msg}") from None

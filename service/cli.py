@@ -50,8 +50,15 @@ def serve(
     except RecipeError as e:
         echo(f"error: {e}")
         return 2
-    from ..common.model_registry import resolve_model_path
+    from ..common.model_registry import KNOWN_ALIASES, resolve_model_path
 
+    path = Path(cfg.model.path).expanduser()
+    if cfg.model.path not in KNOWN_ALIASES and not path.exists():
+        echo(
+            f"error: model.path (--model): {path} does not exist; give a built-in alias "
+            f"({', '.join(sorted(KNOWN_ALIASES))}) or a transformers model folder"
+        )
+        return 2
     try:
         resolve_model_path(cfg.model.path)
     except FileNotFoundError as e:
