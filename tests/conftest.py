@@ -108,6 +108,15 @@ NOT_QUICK: tuple[str, ...] = (
     "tests/weightsync/test_object_store.py",
     "tests/weightsync/test_transports.py::test_a_broadcast_still_running_after_finish_blocks",
     "tests/service/test_cli_serve.py",
+    "tests/service_roles/",  # services on real roles, started per test
+    "tests/learner/test_sessions.py",  # spawned ranks and Ray learners
+    "tests/learner/test_sessions_batched.py",  # spawned ranks and Ray learners
+    "tests/learner/test_sessions_ray.py",  # spawned ranks and Ray learners
+    "tests/learner/test_tied_head_lora.py",
+    "tests/weightsync/test_base_push.py",
+    "tests/actors/test_named_adapters.py",
+    "tests/actors/test_request_seeds.py",
+    "tests/rewards/test_sandbox_memory.py",
 )
 
 #: One end-to-end smoke per role, quick although NOT_QUICK or its fixtures would leave
@@ -123,7 +132,7 @@ QUICK_SMOKES: dict[str, str] = {
     "run": "tests/test_grpo_e2e.py::test_two_grpo_steps[split]",
 }
 #: Fixtures that start Ray, vLLM or a training run: a test using one is not quick.
-NOT_QUICK_FIXTURES = ("ray_local", "tiny_model_vllm", "slowed_runs")
+NOT_QUICK_FIXTURES = ("ray_local", "tiny_model_vllm", "slowed_runs", "served")
 
 
 def is_quick(item: pytest.Item) -> bool:
