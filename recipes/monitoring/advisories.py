@@ -3,10 +3,9 @@
 `advisories(history, thresholds)` is a pure function of the steps logged so far (the
 rows of metrics.jsonl) and `monitor.advisories`; each advisory is one string,
 "code: message". The loop writes the step's list to metrics.jsonl as `advisories` and
-prints an advisory when it starts, and, for one that lasted several steps, its step
-range ("advisory truncated: steps 0–19") when it ends or the run does
-(`console_lines`). `advisory_ranges` groups consecutive steps that raise the same code
-into one range, for `posttrain status` and the dashboard.
+prints an advisory once, at the step it starts (`console_lines`). `advisory_ranges`
+groups consecutive steps that raise the same code into one range, for `posttrain status`
+and the dashboard.
 
 Limits: it sees only the numbers a step logs, so it cannot tell *why* (a reward with no
 variance may be a too-easy or a too-hard dataset); a metric a step did not log (DPO has
@@ -169,31 +168,22 @@ def advisory_ranges(rows: Sequence[dict[str, Any]]) -> list[AdvisoryRange]:
     return sorted(done, key=lambda r: (r.first, order.get(r.code, len(CODES))))
 
 
-def console_lines(rows: Sequence[dict[str, Any]], run_ends: bool) -> list[str]:
-    """What the loop prints after logging the last of `rows`: each advisory that starts
-    at this step ("step 3: advisory truncated: 62% of ..."), and the step range of each
-    one over several steps that ended at the step before ("advisory truncated: steps
-    0–2"); with `run_ends` (this is the run's last step), also the ranges still open. A
-    one-step range prints its start line only (its range line repeated it: "step 6:
-    advisory no_variance: ..." then "advisory no_variance: step 6")."""
+def console_lines(rows: Sequence[dict[str, Any]]) -> list[str]:
+    """What the loop prints after logging the last of `rows`: one line per advisory range,
+    at the step it starts ("step 3: advisory truncated: 62% of ..."). A range's end is not
+    printed (a closing "advisory truncated: steps 0–2" repeated every advisory on the
+    console); `posttrain status` and the dashboard show each range's steps."""
     if not rows:
         return []
     step = int(rows[-1]["step"])
-    ranges = advisory_ranges(rows)
-    lines = [f"step {step}: advisory {r.message}" for r in ranges if r.first == step]
-    for r in ranges:
-        ended = r.last == step - 1 or (run_ends and r.last == step)
-        if ended and r.first < r.last:
-            lines.append(f"advisory {r.code}: {r.steps}")
-    return lines
+    return [f"step {step}: advisory {r.message}" for r in advisory_ranges(rows) if r.first == step]
 
 
 def advise(history: list[dict[str, Any]], metrics: dict[str, Any], recipe: Recipe) -> None:
     """Puts the step's health advisories into `metrics` and prints those that started at
-    this step, and the step range of those that ended (all of them at the last step)."""
+    this step."""
     metrics["advisories"] = advisories(
         [*history, metrics], recipe.monitor.advisories, recipe.facts.reward_drives_advantage
     )
-    run_ends = metrics["step"] == recipe.train.steps - 1
-    for line in console_lines([*history, metrics], run_ends):
+    for line in console_lines([*history, metrics]):
         tqdm.write(line)

@@ -118,28 +118,26 @@ def test_ranges_order_a_steps_codes_as_advisories_raises_them():
     assert [r.code for r in advisory_ranges(both)] == ["truncated", "failed_rewards"]
 
 
-def test_console_prints_a_start_once_and_the_range_when_it_ends():
+def test_console_prints_one_line_per_range_at_its_start():
+    """The quickstart's console printed "step 6: advisory no_variance: ..." and then
+    "advisory no_variance: step 6" (or "steps 0–19" for a longer range): each advisory
+    twice. One line per range, at its start."""
     run = rows_with([TR], [TR], [TR, FR], [], [TR])
-    printed = [console_lines(run[: i + 1], run_ends=False) for i in range(len(run))]
+    printed = [console_lines(run[: i + 1]) for i in range(len(run))]
     assert printed == [
         [f"step 0: advisory {TR}"],
         [],
         [f"step 2: advisory {FR}"],
-        ["advisory truncated: steps 0–2"],  # failed_rewards' one step: said at its start
-        [f"step 4: advisory {TR}"],
+        [],  # truncated's range 0–2 ended: not printed again
+        [f"step 4: advisory {TR}"],  # a new range
     ]
-    assert console_lines(run, run_ends=True) == [f"step 4: advisory {TR}"]
     twenty = rows_with(*[[TR]] * 20)
-    assert console_lines(twenty, run_ends=True) == ["advisory truncated: steps 0–19"]
-    assert console_lines([], run_ends=True) == []
-
-
-def test_an_advisory_of_the_last_step_prints_once():
-    """The quickstart's console printed "step 6: advisory no_variance: ..." and then
-    "advisory no_variance: step 6": one line per advisory range."""
+    assert [console_lines(twenty[: i + 1]) for i in range(20)] == [[f"step 0: advisory {TR}"]] + [
+        []
+    ] * 19
+    assert console_lines([]) == []
     nv = "no_variance: every group of step 6 has one reward; nothing to learn from"
-    run = rows_with([], [], [], [], [], [], [nv])
-    assert console_lines(run, run_ends=True) == [f"step 6: advisory {nv}"]
+    assert console_lines(rows_with([], [], [], [], [], [], [nv])) == [f"step 6: advisory {nv}"]
 
 
 def test_status_prints_the_shown_steps_advisories(tmp_path):
