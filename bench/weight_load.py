@@ -36,6 +36,7 @@ def main() -> None:
     import torch
     from transformers import AutoModelForCausalLM
 
+    from posttrain.actors.engine import EngineSettings
     from posttrain.actors.vllm_engine import VLLMEngine
     from posttrain.common.model_registry import resolve_model_path
     from posttrain.learner.push import untied
@@ -59,7 +60,7 @@ def main() -> None:
         return time.perf_counter() - t0
 
     memcpy = statistics.median(timed(lambda: dst.copy_(src)) for _ in range(5))
-    engine = VLLMEngine(path, "bfloat16", kv_cache_gb=1, max_model_len=512)
+    engine = VLLMEngine(EngineSettings("vllm", path, "bfloat16", kv_cache_gb=1, max_model_len=512))
     items = list(weights.items())
     direct = engine.direct
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .base import (
-    ChecksumTap,
     PushSource,
     WeightHandle,
     WeightSyncError,
@@ -107,7 +106,6 @@ def _build(s: TransportSettings) -> WeightTransport:
 
 __all__ = [
     "TRANSPORTS",
-    "ChecksumTap",
     "DeltaReceiver",
     "DeltaSender",
     "Delivery",

@@ -35,7 +35,6 @@ class WeightHandle:
         payload: transport-specific reference (a list holding one Ray ObjectRef, a file
             path, or the bucket layout of a broadcast).
         num_bytes: bytes of tensor data sent.
-        checksum: `state_checksum` of the sent tensors, or None when not requested.
         names: every tensor name sent, so an engine can refuse a push that would leave
             part of its model stale before loading anything.
     """
@@ -43,7 +42,6 @@ class WeightHandle:
     version: int
     payload: Any
     num_bytes: int
-    checksum: str | None = None
     names: tuple[str, ...] = ()
     meta: dict[str, Any] = field(default_factory=dict)
 
@@ -68,26 +66,10 @@ def state_checksum(named: Iterable[tuple[str, torch.Tensor]]) -> str:
     """Checksum over names, dtypes, shapes and raw bytes, independent of order.
 
     Learner and engine compute it over tensors of the same dtype, so equal weights
-    give equal checksums bit for bit; a receiver can compute it while streaming.
+    give equal checksums bit for bit. For comparing whole states (tests, the service's
+    session isolation); the proof of each push is per tensor (weightsync/verify.py).
     """
     return combine_digests(tensor_digest(n, t) for n, t in named)
-
-
-class ChecksumTap:
-    """Wraps a `(name, tensor)` stream and checksums it on the way through, so an
-    engine that repacks weights (vLLM on CPU) can still prove what it was given."""
-
-    def __init__(self, stream: Iterable[tuple[str, torch.Tensor]]):
-        self._stream = stream
-        self._digests: list[bytes] = []
-
-    def __iter__(self) -> Iterator[tuple[str, torch.Tensor]]:
-        for name, t in self._stream:
-            self._digests.append(tensor_digest(name, t))
-            yield name, t
-
-    def checksum(self) -> str:
-        return combine_digests(self._digests)
 
 
 @dataclass
@@ -131,9 +113,7 @@ class WeightTransport(ABC):
     fingerprints_sent: bool = False
 
     @abstractmethod
-    def send(
-        self, weights: dict[str, torch.Tensor], version: int, checksum: bool = False
-    ) -> WeightHandle:
+    def send(self, weights: dict[str, torch.Tensor], version: int) -> WeightHandle:
         """Publish `weights` (already cast to the engine dtype) as `version`.
 
         Called on learner rank 0 only. Returns at once; engines fetch later.

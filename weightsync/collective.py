@@ -47,7 +47,7 @@ from datetime import timedelta
 
 import torch
 
-from .base import WeightHandle, WeightSyncError, WeightTransport, state_checksum
+from .base import WeightHandle, WeightSyncError, WeightTransport
 from .verify import copy_fingerprint
 
 _MiB = 1 << 20
@@ -261,7 +261,6 @@ class CollectiveTransport(WeightTransport):
         self,
         weights: dict[str, torch.Tensor],
         version: int,
-        checksum: bool = False,
         seen: dict[str, str] | None = None,
     ) -> WeightHandle:
         self._require_group()
@@ -272,12 +271,10 @@ class CollectiveTransport(WeightTransport):
                 "after finish's timeout blocks every later push)"
             )
         layout = self._shm_assign(bucket_layout(weights, self.bucket_bytes))
-        digest = state_checksum(weights.items()) if checksum else None
         handle = WeightHandle(
             version=version,
             payload=layout,
             num_bytes=sum(b["size"] for b in layout),
-            checksum=digest,
             names=tuple(weights),
         )
         self._error = None

@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from .base import WeightHandle, WeightSyncError, WeightTransport, state_checksum
+from .base import WeightHandle, WeightSyncError, WeightTransport
 
 # Position of `storage_device` in rebuild_cuda_tensor's arguments (torch 2.x).
 _DEVICE_ARG = 6
@@ -78,9 +78,7 @@ class CudaIpcTransport(WeightTransport):
     def __init__(self) -> None:
         self._kept: dict[str, torch.Tensor] | None = None
 
-    def send(
-        self, weights: dict[str, torch.Tensor], version: int, checksum: bool = False
-    ) -> WeightHandle:
+    def send(self, weights: dict[str, torch.Tensor], version: int) -> WeightHandle:
         """Collective over the learner group: every rank shares its tensors; returns
         the handle with every GPU's entries (rank 0's is the one pushed).
 
@@ -104,12 +102,10 @@ class CudaIpcTransport(WeightTransport):
             dist.all_gather_object(every, mine)
         else:
             every = [mine]
-        digest = state_checksum(weights.items()) if checksum else None
         return WeightHandle(
             version=version,
             payload=dict(every),
             num_bytes=sum(t.numel() * t.element_size() for t in weights.values()),
-            checksum=digest,
             names=tuple(weights),
         )
 

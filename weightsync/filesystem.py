@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from .base import WeightHandle, WeightSyncError, WeightTransport, state_checksum
+from .base import WeightHandle, WeightSyncError, WeightTransport
 
 
 class FilesystemTransport(WeightTransport):
@@ -28,9 +28,7 @@ class FilesystemTransport(WeightTransport):
     def __init__(self, directory: str):
         self.dir = Path(directory)
 
-    def send(
-        self, weights: dict[str, torch.Tensor], version: int, checksum: bool = False
-    ) -> WeightHandle:
+    def send(self, weights: dict[str, torch.Tensor], version: int) -> WeightHandle:
         from safetensors.torch import save_file
 
         self.dir.mkdir(parents=True, exist_ok=True)
@@ -56,7 +54,6 @@ class FilesystemTransport(WeightTransport):
             version=version,
             payload=str(path),
             num_bytes=sum(t.numel() * t.element_size() for t in weights.values()),
-            checksum=state_checksum(weights.items()) if checksum else None,
             names=tuple(weights),
         )
 

@@ -17,7 +17,7 @@ from collections.abc import Iterator
 import numpy as np
 import torch
 
-from .base import WeightHandle, WeightSyncError, WeightTransport, state_checksum
+from .base import WeightHandle, WeightSyncError, WeightTransport
 
 # dtypes numpy cannot hold are sent as same-width integers and viewed back.
 _VIEW_AS = {torch.bfloat16: torch.int16}
@@ -36,9 +36,7 @@ class ObjectStoreTransport(WeightTransport):
     def __init__(self) -> None:
         self._last: WeightHandle | None = None
 
-    def send(
-        self, weights: dict[str, torch.Tensor], version: int, checksum: bool = False
-    ) -> WeightHandle:
+    def send(self, weights: dict[str, torch.Tensor], version: int) -> WeightHandle:
         import ray
 
         arrays, dtypes, total = {}, {}, 0
@@ -46,10 +44,9 @@ class ObjectStoreTransport(WeightTransport):
             arrays[name], dtypes[name] = _to_numpy(t)
             total += arrays[name].nbytes
         ref = ray.put({"arrays": arrays, "dtypes": dtypes})
-        digest = state_checksum(weights.items()) if checksum else None
         # A list keeps Ray from resolving the ref when the handle is passed as an argument.
         self._last = WeightHandle(
-            version=version, payload=[ref], num_bytes=total, checksum=digest, names=tuple(weights)
+            version=version, payload=[ref], num_bytes=total, names=tuple(weights)
         )
         return self._last
 

@@ -13,8 +13,7 @@ One push of policy_version v:
      with the fingerprints it sent, and `push` compares them with every engine's
      `delivery()` before the next generate.
 Streamed or gathered is rank 0's choice here: streamed when the transport can stream,
-the layout is known before gathering, no whole-state checksum is asked (it needs every
-tensor before the handle leaves) and no delta is sent (weightsync/delta.py: changed
+the layout is known before gathering and no delta is sent (weightsync/delta.py: changed
 elements are known only once a tensor is gathered).
 """
 
@@ -36,7 +35,6 @@ def publish(
     version: int,
     *,
     sender: bool,
-    checksum: bool = False,
     verify: bool = False,
     delta: DeltaSender | None = None,
 ) -> Iterator[WeightHandle | Delivery | None]:
@@ -48,8 +46,6 @@ def publish(
     is a collective over the learner group.
 
     Args:
-        checksum: the transport's whole-state `handle.checksum` (checked by each engine
-            itself; needs every tensor before the handle leaves, so no streaming).
         verify: fingerprint every tensor as it is sent (`weightsync.verify`); the
             controller compares them with each engine's account.
         delta: rank 0's delta encoder (`weightsync.delta`): send only changed elements.
@@ -66,7 +62,7 @@ def publish(
     tensors = tap if tap is not None else source.tensors
     sent = seen if fused else (tap.seen if tap is not None else None)
     streams = transport.can_stream and source.layout is not None and delta is None
-    if streams and not checksum:
+    if streams:
         handle = transport.stream_handle(source.layout, version) if sender else None
         if handle is not None and verify:
             handle = dataclasses.replace(handle, meta={**handle.meta, "verify": True})
@@ -81,7 +77,7 @@ def publish(
         return
     weights = dict(tensors)
     if transport.every_rank_sends:  # a collective send; rank 0's handle goes out
-        handle = transport.send(weights, version, checksum=checksum and sender)
+        handle = transport.send(weights, version)
         if sender and verify:
             handle = dataclasses.replace(handle, meta={**handle.meta, "verify": True})
         yield handle if sender else None
@@ -99,7 +95,7 @@ def publish(
         meta["changed_fraction"] = delta.last.changed_fraction
     if verify:
         meta["verify"] = True
-    handle = transport.send(weights, version, checksum=checksum and delta is None, **extra)
+    handle = transport.send(weights, version, **extra)
     if meta:
         handle = dataclasses.replace(handle, meta={**handle.meta, **meta})
     yield handle

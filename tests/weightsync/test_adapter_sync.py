@@ -88,13 +88,13 @@ def test_adapter_push_matches_merged_push(ray_local, tiny_model_vllm, trained_lo
     t = make_transport("object_store")
     by_adapter, by_merged = _worker(kind, tiny_model_vllm, RANK), _worker(kind, tiny_model_vllm)
     try:
-        h = t.send(adapter, version=1, checksum=True)
+        h = t.send(adapter, version=1)
         h = dataclasses.replace(h, meta={"adapter_config": config})
         assert ray.get(by_adapter.update_weights.remote(h, 0)) == 1
         assert (
             ray.get(
                 by_merged.update_weights.remote(
-                    make_transport("object_store").send(merged, version=1, checksum=True), 0
+                    make_transport("object_store").send(merged, version=1), 0
                 )
             )
             == 1
