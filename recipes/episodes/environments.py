@@ -15,11 +15,14 @@ HTTP protocol (controller → environment; JSON; `Authorization: Bearer <token>`
 Episode ids are unique per run (`{uid}@{step}`); an environment keeps its per-episode
 state under them. Failures: a request that fails (connection error, timeout, 5xx, 408,
 429, a malformed body) is retried with exponential backoff like the reward client;
-another 4xx is not. `timeout_s` bounds each whole request, however slowly the
-environment sends its answer (common/http.py). After the last try `EnvironmentFailed`
-stops the step (an episode without its environment cannot go on). A step reward that is
-not a finite number (`NaN`, `Infinity`, `1e400`) and a first prompt too long for the
-engine fail that episode's sample only (recipes/episodes/multiturn.py).
+another 4xx is not, nor an answer over `max_message_bytes`. `timeout_s` bounds each
+whole request, however slowly the environment sends its answer (common/http.py). After
+the last try `EnvironmentFailed` fails that episode only: its sample keeps what was
+sampled and its score fails with the error (recipes/episodes/multiturn.py), as do a step
+reward that is not a finite number (`NaN`, `Infinity`, `1e400`), a first prompt too long
+for the engine, and an answer of the wrong shape.
+
+OpenEnv servers (`type: openenv`): recipes/episodes/openenv.py, on the same rules.
 
 The Python form: `class_path: "module:Class"`; `Class()` is built per episode and must
 have `reset(request: PromptRequest) -> list[message]` and `step(message: str) ->
@@ -38,7 +41,7 @@ from pydantic import BaseModel, ValidationError
 
 from ...actors.rollout import PromptRequest
 from ...common.http import DeadlineClient
-from ...config.episodes import HttpEnvironment, PythonEnvironment
+from ...config.episodes import HttpEnvironment, OpenEnvEnvironment, PythonEnvironment
 from .multiturn import StepResult
 
 
@@ -65,37 +68,73 @@ class StepResponse(BaseModel):
     done: bool = False
 
 
+def bearer_headers(config: HttpEnvironment | OpenEnvEnvironment) -> dict[str, str]:
+    """`Authorization: Bearer <token>` from `config.token_env`, or no headers.
+
+    Raises:
+        EnvironmentFailed: `token_env` names an empty variable.
+    """
+    token = os.environ.get(config.token_env) if config.token_env else None
+    if config.token_env and not token:
+        raise EnvironmentFailed(
+            f"rollout.environment.token_env: ${config.token_env} is "
+            "empty; export the token or remove token_env"
+        )
+    return {"Authorization": f"Bearer {token}"} if token else {}
+
+
+def request_json(
+    http: DeadlineClient,
+    config: HttpEnvironment | OpenEnvEnvironment,
+    method: str,
+    url: str,
+    body: dict[str, Any] | None,
+    model: type[BaseModel],
+    who: str,
+    backoff_s: float = 0.5,
+) -> Any:
+    """One request to an environment, its JSON answer validated as `model`: retried with
+    exponential backoff (`backoff_s * 2**attempt`) on connection errors, timeouts, 5xx,
+    408, 429 and malformed bodies, `config.retries` times; an answer over
+    `config.max_message_bytes` and any other 4xx are not retried.
+
+    Raises:
+        EnvironmentFailed: after the last try, naming `url`, `who` and the last error.
+    """
+    last = ""
+    for attempt in range(config.retries + 1):
+        try:
+            resp = http.request(method, url, json=body)
+            resp.raise_for_status()
+            if len(resp.content) > config.max_message_bytes:
+                last = (
+                    f"an answer of {len(resp.content):,} bytes, over max_message_bytes "
+                    f"{config.max_message_bytes:,}"
+                )
+                break
+            return model.model_validate(resp.json())
+        except (httpx.HTTPError, ValidationError, ValueError) as e:
+            last = f"{type(e).__name__}: {e}"
+            status = e.response.status_code if isinstance(e, httpx.HTTPStatusError) else 0
+            if 400 <= status < 500 and status not in (408, 429):
+                break
+            if attempt < config.retries:
+                time.sleep(backoff_s * 2**attempt)
+    raise EnvironmentFailed(f"environment {url} failed for {who}: {last}")
+
+
 class HttpEnvironmentClient:
     """One episode's view of an HTTP environment (see the module docstring)."""
 
     def __init__(self, config: HttpEnvironment, episode_id: str, backoff_s: float = 0.5):
-        token = os.environ.get(config.token_env) if config.token_env else None
-        if config.token_env and not token:
-            raise EnvironmentFailed(
-                f"rollout.environment.token_env: ${config.token_env} is "
-                "empty; export the token or remove token_env"
-            )
-        headers = {"Authorization": f"Bearer {token}"} if token else {}
         self.config, self.episode_id, self.backoff_s = config, episode_id, backoff_s
         self.source = f"environment {config.url} (episode {episode_id})"
-        self.http = DeadlineClient(config.timeout_s, headers)
+        self.http = DeadlineClient(config.timeout_s, bearer_headers(config))
 
     def _post(self, route: str, body: dict[str, Any], model: type[BaseModel]) -> Any:
         url = f"{self.config.url.rstrip('/')}/{route}"
-        last = ""
-        for attempt in range(self.config.retries + 1):
-            try:
-                resp = self.http.post(url, json=body)
-                resp.raise_for_status()
-                return model.model_validate(resp.json())
-            except (httpx.HTTPError, ValidationError, ValueError) as e:
-                last = f"{type(e).__name__}: {e}"
-                status = e.response.status_code if isinstance(e, httpx.HTTPStatusError) else 0
-                if 400 <= status < 500 and status not in (408, 429):
-                    break
-                if attempt < self.config.retries:
-                    time.sleep(self.backoff_s * 2**attempt)
-        raise EnvironmentFailed(f"environment {url} failed for episode {self.episode_id}: {last}")
+        who = f"episode {self.episode_id}"
+        return request_json(self.http, self.config, "POST", url, body, model, who, self.backoff_s)
 
     def reset(self, request: PromptRequest) -> list[dict[str, str]]:
         item = {
@@ -153,8 +192,14 @@ class PythonEnvironmentAdapter:
         )
 
 
-def make_environment(config: HttpEnvironment | PythonEnvironment, episode_id: str) -> Any:
+def make_environment(
+    config: HttpEnvironment | OpenEnvEnvironment | PythonEnvironment, episode_id: str
+) -> Any:
     """One episode's environment for the recipe's `rollout.environment`."""
     if isinstance(config, HttpEnvironment):
         return HttpEnvironmentClient(config, episode_id)
+    if isinstance(config, OpenEnvEnvironment):
+        from .openenv import OpenEnvClient
+
+        return OpenEnvClient(config, episode_id)
     return PythonEnvironmentAdapter(config)

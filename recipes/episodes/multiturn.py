@@ -21,12 +21,15 @@ Who drives what: this module knows an engine only as a `GenerateFn` and an envir
 only as an `Environment`; the controller (recipes/episodes/step.py) wires the rollout
 workers and the tools or user environments to it.
 
-Failed samples: an episode whose first messages (the environment's `reset`) do not fit
-the engine with the episode's token budget is never sent to the engine: it ends at once
-with `error` set and becomes a sample without response tokens. A step reward that is
-not a finite number (`NaN`, `Infinity`, `1e400`), or a sum of step rewards that
-overflows, sets `error` too (the trajectory is kept). Either way the sample's score fails
-(recipes/episodes/step.py `add_environment_rewards`) and the recipe's
+Failed samples: an environment that raises (an HTTP environment after its retries), or
+answers with the wrong types, fails its own episode only: a failing `reset` ends the
+episode before it runs, a failing `step` ends it after the turns already sampled (kept).
+So does a first prompt (the environment's `reset`) that does not fit the engine with the
+episode's token budget: it is never sent to the engine and becomes a sample without
+response tokens. A step reward that is not a finite number (`NaN`, `Infinity`,
+`1e400`), or a sum of step rewards that overflows, sets `error` too (the trajectory is
+kept). Either way the sample's score fails with `error`, which names the episode and the
+environment (recipes/episodes/step.py `add_environment_rewards`), and the recipe's
 `on_reward_failure` decides; the other episodes go on.
 
 Limits: a turn cut by `max_new_tokens` (or by the budget) ends its episode (truncated);
@@ -54,6 +57,7 @@ __all__ = [
     "TemplateMismatch",
     "Turn",
     "chat_ids",
+    "checked_messages",
     "message_delta",
     "run_episodes",
     "start_episodes",
@@ -165,18 +169,25 @@ def start_episodes(
         for k in range(n):
             uid = f"{req.group_id}-{k}"
             env = new_env(uid)
-            messages = list(env.reset(req))
+            source = getattr(env, "source", type(env).__name__)
+            try:
+                messages = checked_messages(env.reset(req), "reset")
+            except Exception as exc:  # a user's environment: any failure is its episode's
+                messages = list(req.messages)
+                error = f"episode {uid}: {source} failed at reset: {type(exc).__name__}: {exc}"
+            else:
+                error = None
             ids = chat_ids(tokenizer, messages, True)
-            e = Episode(uid, req, env, ids, messages)
-            if max_prompt_tokens is not None and len(ids) > max_prompt_tokens:
-                source = getattr(env, "source", type(env).__name__)
+            e = Episode(uid, req, env, ids, messages, error=error)
+            if error is None and max_prompt_tokens is not None and len(ids) > max_prompt_tokens:
                 e.error = (
                     f"episode {uid}: {source} reset it to a prompt of {len(ids)} tokens, "
                     f"over the {max_prompt_tokens} the engine takes ({limit_reason}); "
                     "the episode was not run"
                 )
                 e.prompt_ids = chat_ids(tokenizer, req.messages, True)[:max_prompt_tokens]
-                e.messages, e.done = list(req.messages), True
+                e.messages = list(req.messages)
+            e.done = e.error is not None
             episodes.append(e)
     return episodes
 
@@ -215,10 +226,50 @@ def run_episodes(
                 for e, sample in zip(group, samples, strict=True):
                     _add_model_turn(tokenizer, e, sample, version)
             stepping = [e for e in running if not e.done]
-            results = list(pool.map(lambda e: e.env.step(e.messages[-1]["content"]), stepping))
+            results = list(pool.map(_step, stepping))
             for e, res in zip(stepping, results, strict=True):
-                _add_env_turn(tokenizer, e, res, eot, turn + 1 == max_turns, max_episode_tokens)
+                if res is not None:
+                    _add_env_turn(tokenizer, e, res, eot, turn + 1 == max_turns, max_episode_tokens)
     return episodes
+
+
+def checked_messages(got: Any, what: str) -> list[dict[str, str]]:
+    """An environment's messages, checked: a list of `{"role": str, "content": str}`.
+
+    Raises:
+        TypeError: anything else, naming `what` and the first bad element.
+    """
+    if not isinstance(got, list | tuple):
+        raise TypeError(f"{what} returned {type(got).__name__}, not a list of messages")
+    for m in got:
+        if not (
+            isinstance(m, dict)
+            and isinstance(m.get("role"), str)
+            and isinstance(m.get("content"), str)
+        ):
+            raise TypeError(
+                f"{what} returned the message {m!r:.200}, not {{role: str, content: str}}"
+            )
+    return [{"role": m["role"], "content": m["content"]} for m in got]
+
+
+def _step(e: Episode) -> StepResult | None:
+    """The environment's answer to the model's last turn; None (the episode ends, failed,
+    its turns kept) when it raised or answered with the wrong types."""
+    try:
+        res = e.env.step(e.messages[-1]["content"])
+        if not isinstance(res, StepResult):
+            raise TypeError(f"step returned {type(res).__name__}, not a StepResult")
+        res.messages = checked_messages(res.messages, "step")
+        return res
+    except Exception as exc:  # a user's environment: any failure is its episode's
+        source = getattr(e.env, "source", type(e.env).__name__)
+        e.error = e.error or (
+            f"episode {e.uid}: {source} failed after model turn {e.model_turns}: "
+            f"{type(exc).__name__}: {exc}"
+        )
+        e.done = True
+        return None
 
 
 def _ids(e: Episode) -> list[int]:

@@ -189,7 +189,8 @@ def close_all(envs: list[Environment]) -> None:
 
 def episode_metrics(episodes: list[Episode]) -> dict[str, float]:
     """Turns per episode (model turns), tool calls / errors / seconds per step, the share
-    of truncated episodes, and the share of response tokens that are the model's."""
+    of truncated episodes, the share of response tokens that are the model's, and the
+    episodes failed by their environment (each named in its failed score's error)."""
     model = sum(t.mask * len(t.ids) for e in episodes for t in e.turns)
     total = sum(e.response_len for e in episodes)
     return {
@@ -202,6 +203,7 @@ def episode_metrics(episodes: list[Episode]) -> dict[str, float]:
         "episode/truncated_fraction": sum(e.truncated for e in episodes) / len(episodes),
         "episode/episodes_with_tool_call": float(sum(e.stats.tool_calls > 0 for e in episodes)),
         "episode/model_token_fraction": model / max(total, 1),
+        "episode/environment_errors": float(sum(e.error is not None for e in episodes)),
     }
 
 
