@@ -46,8 +46,8 @@ from pydantic import BaseModel, ValidationError
 from ...actors.rollout import PromptRequest
 from ...common.http import DeadlineClient
 from ...config.episodes import OpenEnvEnvironment
-from .environments import EnvironmentFailed, bearer_headers, request_json
 from .multiturn import StepResult
+from .remote import EnvironmentFailed, bearer_headers, request_json
 
 
 class OpenEnvResult(BaseModel):
