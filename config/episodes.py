@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from .base import Strict
 
@@ -114,6 +114,44 @@ class OpenEnvEnvironment(_RemoteEnvironment):
     )
 
 
+class VerifiersEnvironment(Strict):
+    """A Prime Intellect `verifiers` environment (its classic `MultiTurnEnv` contract;
+    docs/multi-turn.md): `load_environment(**args)` of an installed environment `name`
+    or an importable `module`; its dataset gives the prompts (`data.train: {environment:
+    train}`), its `env_response` / `is_completed` the episode, its rubric the reward."""
+
+    type: Literal["verifiers"] = Field(description="A verifiers environment.")
+    name: str | None = Field(
+        None, description="Installed environment id, loaded by verifiers.load_environment."
+    )
+    module: str | None = Field(
+        None, description="Importable module with a `load_environment(**args)` function."
+    )
+    args: dict[str, Any] = Field(
+        default_factory=dict, description="Keyword arguments of load_environment."
+    )
+    timeout_s: float = Field(
+        60.0,
+        gt=0,
+        description="Deadline of each call into the environment (env_response, "
+        "is_completed, the rubric), seconds; over it the episode fails.",
+    )
+
+    @model_validator(mode="after")
+    def _one_source(self) -> VerifiersEnvironment:
+        if (self.name is None) == (self.module is None):
+            raise ValueError(
+                "rollout.environment (type verifiers): give exactly one of name (an "
+                "installed environment id) or module (an importable module)"
+            )
+        return self
+
+    @property
+    def label(self) -> str:
+        """The environment's name or module, for messages and `data_source`."""
+        return self.name or self.module or ""
+
+
 class PythonEnvironment(Strict):
     """A user's environment as a Python class `module:Class` (constructed with no
     arguments per episode) with `reset(item) -> list[message]` and
@@ -159,9 +197,9 @@ class EpisodeFields(Strict):
         "environment tokens); default max_turns × max_new_tokens.",
     )
     tools: list[PythonTool] = Field(default_factory=list, description="Tools the model may call.")
-    environment: HttpEnvironment | OpenEnvEnvironment | PythonEnvironment | None = Field(
-        None, discriminator="type", description="A user's environment answering each turn."
-    )
+    environment: (
+        HttpEnvironment | OpenEnvEnvironment | PythonEnvironment | VerifiersEnvironment | None
+    ) = Field(None, discriminator="type", description="A user's environment answering each turn.")
     agent: AgentProgram | None = Field(
         None, description="A black-box agent program calling an OpenAI-compatible endpoint."
     )

@@ -38,7 +38,12 @@ from pydantic import BaseModel, ValidationError
 
 from ...actors.rollout import PromptRequest
 from ...common.http import DeadlineClient
-from ...config.episodes import HttpEnvironment, OpenEnvEnvironment, PythonEnvironment
+from ...config.episodes import (
+    HttpEnvironment,
+    OpenEnvEnvironment,
+    PythonEnvironment,
+    VerifiersEnvironment,
+)
 from .multiturn import StepResult
 from .remote import EnvironmentFailed, bearer_headers, request_json
 
@@ -138,9 +143,7 @@ class PythonEnvironmentAdapter:
         )
 
 
-def make_environment(
-    config: HttpEnvironment | OpenEnvEnvironment | PythonEnvironment, episode_id: str
-) -> Any:
+def make_environment(config: Any, episode_id: str) -> Any:
     """One episode's environment for the recipe's `rollout.environment`."""
     if isinstance(config, HttpEnvironment):
         return HttpEnvironmentClient(config, episode_id)
@@ -148,4 +151,8 @@ def make_environment(
         from .openenv import OpenEnvClient
 
         return OpenEnvClient(config, episode_id)
+    if isinstance(config, VerifiersEnvironment):
+        from .verifiers import VerifiersEpisode
+
+        return VerifiersEpisode(config, episode_id)
     return PythonEnvironmentAdapter(config)

@@ -58,6 +58,7 @@ __all__ = [
     "Turn",
     "chat_ids",
     "checked_messages",
+    "finish_episodes",
     "message_delta",
     "run_episodes",
     "start_episodes",
@@ -135,6 +136,7 @@ class Episode:
     env_reward: float | None = None
     stats: StepResult = field(default_factory=StepResult)
     error: str | None = None  # why this episode's sample fails (module docstring)
+    components: dict[str, float] = field(default_factory=dict)  # finish()'s, by name
 
     @property
     def response_len(self) -> int:
@@ -272,6 +274,23 @@ def _step(e: Episode) -> StepResult | None:
         return None
 
 
+def finish_episodes(episodes: list[Episode]) -> None:
+    """Let environments with `finish(messages) -> (reward, {name: value})` score their
+    ended episodes (a verifiers rubric): the reward is added as a step reward, the
+    values become reward components; a failure fails that episode only."""
+    for e in episodes:
+        finish = getattr(e.env, "finish", None)
+        if finish is None or e.error is not None:
+            continue
+        try:
+            reward, e.components = finish(e.messages)
+        except Exception as exc:  # a user's environment: any failure is its episode's
+            source = getattr(e.env, "source", type(e.env).__name__)
+            e.error = f"episode {e.uid}: {source} failed to score: {type(exc).__name__}: {exc}"
+        else:
+            _add_step_reward(e, reward)
+
+
 def _ids(e: Episode) -> list[int]:
     return [i for t in e.turns for i in t.ids]
 
@@ -357,6 +376,8 @@ def to_rollout(e: Episode, prompt_text: str, policy_version: int = 0) -> Rollout
         metadata["environment_reward"] = e.env_reward
     if e.error is not None:
         metadata["episode_error"] = e.error
+    if e.components:
+        metadata["environment_components"] = dict(e.components)
     last = next((t.text for t in reversed(e.turns) if t.mask), "")
     return Rollout(
         uid=e.uid,
