@@ -300,3 +300,11 @@ def test_a_faulty_python_environment_fails_only_its_episode(tok):
     assert "badreset-0" in badreset.error and "at reset" in badreset.error and not badreset.turns
     assert "badstep-0" in badstep.error and "Faulty.step" in badstep.error
     assert episode_metrics(eps)["episode/environment_errors"] == 3.0
+
+
+def test_an_http_answer_over_max_message_bytes_fails_its_episode(tok):
+    huge = '{"messages": [{"role": "user", "content": "' + "x" * 300_000 + '"}]}'
+    with SlowDrip(huge, interval_s=0) as url:
+        cfg = HttpEnvironment(type="http", url=url, retries=2, max_message_bytes=100_000)
+        e = _play(tok, lambda uid: make_environment(cfg, uid), "37")
+    assert e.done and not e.turns and "max_message_bytes 100,000" in e.error, e.error
