@@ -225,7 +225,7 @@ def add_environment_rewards(rollouts: list[Rollout], scores: list[Score]) -> lis
             total = s.reward + env
             if is_finite_number(total):
                 parts = r.metadata.get("environment_components") or {}
-                details = {**s.details, **parts, "environment": env}
+                details = {**parts, **s.details, "environment": env}  # recipe's names win
                 out.append(s.model_copy(update={"reward": total, "details": details}))
                 continue
             error = f"episode {r.uid}: reward {s.reward!r} + environment reward {env!r} = {total!r}"

@@ -14,10 +14,12 @@ Per episode (the contract: recipes/data/environment.py):
   episode's `environment` reward, each function's value a reward component named after
   it (in the rollout's reward details and the `reward/<name>` metrics).
 
-Async methods run on the calling thread's own event loop under `timeout_s`; a call that
-raises, runs past it, or returns the wrong types fails that episode only (multiturn.py).
-Limits: the deadline cannot interrupt a coroutine that blocks without awaiting; the
-rubric's class objects other than `parser` are passed as the rubric keeps them.
+Async methods run to completion on a fresh event loop per call (`asyncio.run`, on the
+calling thread) under `timeout_s`; a call that raises, runs past it, or returns the
+wrong types fails that episode only (multiturn.py). Limits: the deadline cannot
+interrupt a coroutine that blocks without awaiting; an environment that keeps asyncio
+objects (sessions, locks) across calls sees a different loop each call; the rubric's
+class objects other than `parser` are passed as the rubric keeps them.
 """
 
 from __future__ import annotations
