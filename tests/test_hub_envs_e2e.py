@@ -97,3 +97,15 @@ def test_an_openenv_server_trains(tiny_model, tmp_path, monkeypatch):
     saved = [json.loads(x) for x in (run_dir / "rollouts" / "step_00000.jsonl").open()]
     assert len(saved) == 4 and any("environment" in r["reward_details"] for r in saved)
     _trajectories_are_consistent(saved)
+
+
+def test_the_example_recipes_validate(monkeypatch):
+    from typer.testing import CliRunner
+
+    from posttrain.recipes.cli import app
+
+    monkeypatch.syspath_prepend(str(ROOT / "tests" / "stand_ins"))
+    monkeypatch.syspath_prepend(str(ROOT / "examples"))
+    for name in ("vf_calc_game.yaml", "openenv_game.yaml"):
+        got = CliRunner().invoke(app, ["validate", str(ROOT / "examples" / name)])
+        assert got.exit_code == 0 and "ok:" in got.output, got.output
