@@ -21,16 +21,12 @@ Who drives what: this module knows an engine only as a `GenerateFn` and an envir
 only as an `Environment`; the controller (recipes/episodes/step.py) wires the rollout
 workers and the tools or user environments to it.
 
-Failed samples: an environment that raises (an HTTP environment after its retries), or
-answers with the wrong types, fails its own episode only: a failing `reset` ends the
-episode before it runs, a failing `step` ends it after the turns already sampled (kept).
-So does a first prompt (the environment's `reset`) that does not fit the engine with the
-episode's token budget: it is never sent to the engine and becomes a sample without
-response tokens. A step reward that is not a finite number (`NaN`, `Infinity`,
-`1e400`), or a sum of step rewards that overflows, sets `error` too (the trajectory is
-kept). Either way the sample's score fails with `error`, which names the episode and the
-environment (recipes/episodes/step.py `add_environment_rewards`), and the recipe's
-`on_reward_failure` decides; the other episodes go on.
+Failed samples (`error` set; the other episodes go on): an environment that raises or
+answers with the wrong types (at `reset`: the episode never runs; at `step`: it ends,
+its sampled turns kept); a first prompt too long for the engine with the episode's
+budget (never sent: a sample without response tokens); a non-finite step reward or sum
+(`NaN`, `1e400`). The sample's score fails with `error`, naming episode and environment
+(step.py `add_environment_rewards`), and `on_reward_failure` decides.
 
 Limits: a turn cut by `max_new_tokens` (or by the budget) ends its episode (truncated);
 environment steps of one turn run on a few threads, model turns of all running episodes
@@ -154,9 +150,10 @@ def start_episodes(
     new_env: Callable[[str], Environment],
     max_prompt_tokens: int | None = None,
     limit_reason: str = "",
+    threads: int = 4,
 ) -> list[Episode]:
-    """`n` episodes per request (a group), each with its own environment; uid
-    `{group_id}-{k}` as for single-turn rollouts.
+    """`n` episodes per request (a group), each with its own environment (reset on
+    `threads` threads); uid `{group_id}-{k}` as for single-turn rollouts.
 
     Args:
         max_prompt_tokens: the most tokens the first messages may come to (the engine's
@@ -166,32 +163,38 @@ def start_episodes(
             limit.
         limit_reason: how `max_prompt_tokens` was reached, for the error message.
     """
+    slots = [(req, f"{req.group_id}-{k}") for req in requests for k in range(n)]
+    envs = [new_env(uid) for _, uid in slots]
+    with ThreadPoolExecutor(max_workers=threads) as pool:  # resets are network calls
+        firsts = list(pool.map(_reset, envs, [req for req, _ in slots], [u for _, u in slots]))
     episodes = []
-    for req in requests:
-        for k in range(n):
-            uid = f"{req.group_id}-{k}"
-            env = new_env(uid)
+    for (req, uid), env, (messages, error) in zip(slots, envs, firsts, strict=True):
+        ids = chat_ids(tokenizer, messages, True)
+        e = Episode(uid, req, env, ids, messages, error=error)
+        if error is None and max_prompt_tokens is not None and len(ids) > max_prompt_tokens:
             source = getattr(env, "source", type(env).__name__)
-            try:
-                messages = checked_messages(env.reset(req), "reset")
-            except Exception as exc:  # a user's environment: any failure is its episode's
-                messages = list(req.messages)
-                error = f"episode {uid}: {source} failed at reset: {type(exc).__name__}: {exc}"
-            else:
-                error = None
-            ids = chat_ids(tokenizer, messages, True)
-            e = Episode(uid, req, env, ids, messages, error=error)
-            if error is None and max_prompt_tokens is not None and len(ids) > max_prompt_tokens:
-                e.error = (
-                    f"episode {uid}: {source} reset it to a prompt of {len(ids)} tokens, "
-                    f"over the {max_prompt_tokens} the engine takes ({limit_reason}); "
-                    "the episode was not run"
-                )
-                e.prompt_ids = chat_ids(tokenizer, req.messages, True)[:max_prompt_tokens]
-                e.messages = list(req.messages)
-            e.done = e.error is not None
-            episodes.append(e)
+            e.error = (
+                f"episode {uid}: {source} reset it to a prompt of {len(ids)} tokens, "
+                f"over the {max_prompt_tokens} the engine takes ({limit_reason}); "
+                "the episode was not run"
+            )
+            e.prompt_ids = chat_ids(tokenizer, req.messages, True)[:max_prompt_tokens]
+            e.messages = list(req.messages)
+        e.done = e.error is not None
+        episodes.append(e)
     return episodes
+
+
+def _reset(env: Environment, req: PromptRequest, uid: str) -> tuple[list[dict], str | None]:
+    """The environment's first messages, or the request's own and the error when its
+    `reset` raised or answered with the wrong types."""
+    try:
+        return checked_messages(env.reset(req), "reset"), None
+    except Exception as exc:  # a user's environment: any failure is its episode's
+        source = getattr(env, "source", type(env).__name__)
+        return list(
+            req.messages
+        ), f"episode {uid}: {source} failed at reset: {type(exc).__name__}: {exc}"
 
 
 def run_episodes(
