@@ -195,7 +195,10 @@ def _item(
     messages = check_messages(prompt, where, "prompt")
     info = row.get("info") or {}
     if isinstance(info, str):
-        info = json.loads(info)
+        try:
+            info = json.loads(info)
+        except ValueError as e:
+            raise RecipeError(f"{where}: 'info' is text but not JSON ({e}); {key}") from e
     question = next(m["content"] for m in reversed(messages) if m["role"] == "user")
     metadata = {"data_source": source, "info": info, "task": row.get("task")}
     return PromptItem(i, question, str(row.get("answer", "")), metadata, messages, where)
