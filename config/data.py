@@ -16,6 +16,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Discriminator, Field, Tag, ValidationInfo, field_validator, model_validator
 
 from .base import Strict as _Strict
+from .env_data import EnvironmentData
 
 #: Distinct problems of `generator: python_functions` (recipes/data/tasks/functions.py; a
 #: test checks the two agree: the schema imports no task code).
@@ -266,7 +267,7 @@ PreferenceData = FileData
 def _data_kind(v: Any) -> str:
     # Pick the variant by its telltale key, so errors speak about one variant only.
     if isinstance(v, dict):
-        for key in ("generator", "reasoning_gym", "mixture"):
+        for key in ("generator", "reasoning_gym", "mixture", "environment"):
             if key in v:
                 return key
         return "file"
@@ -274,13 +275,15 @@ def _data_kind(v: Any) -> str:
         GeneratorData: "generator",
         ReasoningGymData: "reasoning_gym",
         MixtureData: "mixture",
+        EnvironmentData: "environment",
     }.get(type(v), "file")
 
 
 Source = Annotated[
     Annotated[GeneratorData, Tag("generator")]
     | Annotated[ReasoningGymData, Tag("reasoning_gym")]
-    | Annotated[FileData, Tag("file")],
+    | Annotated[FileData, Tag("file")]
+    | Annotated[EnvironmentData, Tag("environment")],
     Discriminator(_data_kind),
 ]
 
@@ -309,7 +312,7 @@ class MixtureData(_Strict):
 
     @model_validator(mode="after")
     def _generated(self) -> MixtureData:
-        made = sum(s.size for s in self.mixture if not isinstance(s, FileData))
+        made = sum(getattr(s, "size", 0) for s in self.mixture if not isinstance(s, FileData))
         if made > MAX_GENERATED:
             raise ValueError(
                 f"the mixture's generated sources make {made:,} problems together, more "
@@ -324,7 +327,8 @@ TrainSource = Annotated[
     Annotated[GeneratorData, Tag("generator")]
     | Annotated[ReasoningGymData, Tag("reasoning_gym")]
     | Annotated[FileData, Tag("file")]
-    | Annotated[MixtureData, Tag("mixture")],
+    | Annotated[MixtureData, Tag("mixture")]
+    | Annotated[EnvironmentData, Tag("environment")],
     Discriminator(_data_kind),
 ]
 

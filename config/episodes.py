@@ -9,9 +9,9 @@ single-turn sample it always was.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from .base import Strict
 
@@ -43,13 +43,11 @@ class PythonTool(Strict):
     )
 
 
-class HttpEnvironment(Strict):
-    """A user's environment over HTTP (README, 'Multi-turn and tools'): `POST /reset`
-    with the data item returns the first messages, `POST /step` with the model's message
-    returns new messages, an optional reward and `done`."""
+class _RemoteEnvironment(Strict):
+    """What every environment reached over the network shares: where, the token, the
+    deadline and retries of each request, and the most bytes one answer may carry."""
 
-    type: Literal["http"] = Field(description="An environment served over HTTP.")
-    url: str = Field(description="Base URL; the controller posts to {url}/reset and {url}/step.")
+    url: str = Field(description="Base URL of the environment server.")
     token_env: str | None = Field(
         None,
         description="Environment variable holding a bearer token sent as "
@@ -62,6 +60,96 @@ class HttpEnvironment(Strict):
         "complete response, however slowly it arrives; then retried.",
     )
     retries: int = Field(2, ge=0, description="Retries of a failed or timed-out request.")
+    max_message_bytes: int = Field(
+        1_000_000,
+        gt=0,
+        description="Most bytes of one answer (a reset or step response); a bigger "
+        "one fails its episode.",
+    )
+
+
+class HttpEnvironment(_RemoteEnvironment):
+    """A user's environment over HTTP (README, 'Multi-turn and tools'): `POST /reset`
+    with the data item returns the first messages, `POST /step` with the model's message
+    returns new messages, an optional reward and `done`."""
+
+    type: Literal["http"] = Field(description="An environment served over HTTP.")
+
+
+class OpenEnvEnvironment(_RemoteEnvironment):
+    """An OpenEnv environment server (Meta's `openenv-core` wire protocol; docs/multi-turn.md):
+    `reset` / `step` / `state` over its WebSocket `/ws` (one session per episode) or its
+    HTTP routes. The model's text goes into the action as `action_key`; the observation's
+    `observation_key` (or the whole observation as JSON) comes back as a message."""
+
+    type: Literal["openenv"] = Field(description="An OpenEnv environment server.")
+    transport: Literal["websocket", "http"] = Field(
+        "websocket",
+        description="'websocket': a session per episode on {url}/ws (OpenEnv's stateful "
+        "transport); 'http': POST {url}/reset and {url}/step (OpenEnv serves each HTTP "
+        "request from a fresh environment: only for servers that keep their own state).",
+    )
+    action_key: str = Field(
+        "message", min_length=1, description="Action field that carries the model's text."
+    )
+    action_args: dict[str, Any] = Field(
+        default_factory=dict, description="Fixed fields added to every action."
+    )
+    reset_args: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Fields added to every reset (after episode_id and seed).",
+    )
+    observation_key: str | None = Field(
+        None,
+        description="Observation field whose text becomes the environment's message; "
+        "None: the whole observation as JSON (sorted keys).",
+    )
+    prompt: Literal["item", "observation"] = Field(
+        "item",
+        description="What the model starts from: 'item' (the data item's messages) or "
+        "'observation' (the system prompt, then the reset observation as the user message).",
+    )
+    message_role: Literal["user", "tool"] = Field(
+        "user", description="Role of the observation messages in the conversation."
+    )
+
+
+class VerifiersEnvironment(Strict):
+    """A Prime Intellect `verifiers` environment (its classic `MultiTurnEnv` contract;
+    docs/multi-turn.md): `load_environment(**args)` of an installed environment `name`
+    or an importable `module`; its dataset gives the prompts (`data.train: {environment:
+    train}`), its `env_response` / `is_completed` the episode, its rubric the reward."""
+
+    type: Literal["verifiers"] = Field(description="A verifiers environment.")
+    name: str | None = Field(
+        None, description="Installed environment id, loaded by verifiers.load_environment."
+    )
+    module: str | None = Field(
+        None, description="Importable module with a `load_environment(**args)` function."
+    )
+    args: dict[str, Any] = Field(
+        default_factory=dict, description="Keyword arguments of load_environment."
+    )
+    timeout_s: float = Field(
+        60.0,
+        gt=0,
+        description="Deadline of each call into the environment (env_response, "
+        "is_completed, the rubric), seconds; over it the episode fails.",
+    )
+
+    @model_validator(mode="after")
+    def _one_source(self) -> VerifiersEnvironment:
+        if (self.name is None) == (self.module is None):
+            raise ValueError(
+                "rollout.environment (type verifiers): give exactly one of name (an "
+                "installed environment id) or module (an importable module)"
+            )
+        return self
+
+    @property
+    def label(self) -> str:
+        """The environment's name or module, for messages and `data_source`."""
+        return self.name or self.module or ""
 
 
 class PythonEnvironment(Strict):
@@ -109,9 +197,9 @@ class EpisodeFields(Strict):
         "environment tokens); default max_turns × max_new_tokens.",
     )
     tools: list[PythonTool] = Field(default_factory=list, description="Tools the model may call.")
-    environment: HttpEnvironment | PythonEnvironment | None = Field(
-        None, discriminator="type", description="A user's environment answering each turn."
-    )
+    environment: (
+        HttpEnvironment | OpenEnvEnvironment | PythonEnvironment | VerifiersEnvironment | None
+    ) = Field(None, discriminator="type", description="A user's environment answering each turn.")
     agent: AgentProgram | None = Field(
         None, description="A black-box agent program calling an OpenAI-compatible endpoint."
     )

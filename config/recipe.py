@@ -131,7 +131,7 @@ class Recipe(_Strict):
                 "(data.heldout: a file of its own, disjoint from data.train)"
             )
         generated = [
-            s.generator if isinstance(s, GeneratorData) else s.reasoning_gym
+            s.generator if isinstance(s, GeneratorData) else getattr(s, "reasoning_gym", "env")
             for s in sources_of(self.data.train)
             + (sources_of(self.data.heldout) if self.data.heldout else [])
             if not isinstance(s, FileData)

@@ -92,6 +92,7 @@ NOT_QUICK: tuple[str, ...] = (
     "tests/recipes/test_data.py::test_dpo_data_errors_name_real_key_paths",
     "tests/recipes/test_data.py::test_validate_reads_rows_and_run_refuses_used_folder",
     "tests/recipes/test_environments.py::test_a_one_million_token_reset_fails_its_episode",
+    "tests/recipes/test_openenv.py::test_a_faulty_openenv_server_fails_only_its_episodes",
     "tests/learner/test_logprobs.py::test_compiled_layers_match_eager",
     "tests/learner/test_logprobs.py::test_packed_prompts_under_fsdp2_match_full_logits",
     "tests/learner/test_logprobs.py::test_chunked_head_under_fsdp2_matches_full_logits",

@@ -1,4 +1,5 @@
-"""Hostile HTTP servers for boundary tests, on 127.0.0.1 only.
+"""Hostile HTTP servers for boundary tests, on 127.0.0.1 only; `serve_app` serves any
+ASGI app (a test's own environment server) in this process.
 
 `SlowDrip` answers every request with one complete, valid HTTP response, but sends it
 one byte every `interval_s` seconds: each read of the client gets data well inside a
@@ -9,10 +10,12 @@ writing as soon as the client goes away.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import socket
 import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 
 
@@ -114,3 +117,30 @@ class SlowDrip:
             if not chunk:
                 return
             body += chunk
+
+
+@contextlib.contextmanager
+def serve_app(app: Any) -> Iterator[str]:
+    """`with serve_app(app) as url:` an ASGI app (FastAPI) served by uvicorn on a thread
+    of this process at 127.0.0.1 (HTTP and WebSocket), stopped on exit."""
+    import httpx
+    import uvicorn
+
+    from posttrain.common.net import free_port
+
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="error"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    url = f"http://127.0.0.1:{port}"
+    for _ in range(200):  # bounded: 10 s for the server to listen
+        try:
+            httpx.get(url)
+            break
+        except httpx.TransportError:
+            time.sleep(0.05)
+    try:
+        yield url
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)

@@ -66,6 +66,7 @@ def load_data(recipe: Recipe) -> LoadedData:
         "system_prompt": recipe.model.system_prompt,
         "margin_key": recipe.pair_margin_key,
         "check": _coverage(recipe) if kind == "prompts" else None,
+        "environment": recipe.rollout.environment,
     }
     train, skipped = items_of(recipe.data.train, kind, **opts)
     e = recipe.eval if kind == "prompts" else None
@@ -117,4 +118,5 @@ def load_eval_prompts(recipe: Recipe) -> list[PromptItem]:
         return []
     if e.holdout is not None:
         return load_data(recipe).eval
-    return items_of(e.prompts, "prompts", "eval.prompts")[0][: e.limit]
+    env = recipe.rollout.environment
+    return items_of(e.prompts, "prompts", "eval.prompts", environment=env)[0][: e.limit]

@@ -21,7 +21,9 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from ...config import FileData, GeneratorData, MixtureData, ReasoningGymData, RecipeError
+from ...config.env_data import EnvironmentData
 from .chats import ChatExample, ChatRows
+from .environment import environment_items
 from .generators import generated
 from .items import PromptItem
 from .layouts import PromptRows
@@ -46,6 +48,7 @@ def items_of(
     system_prompt: str | None = None,
     margin_key: str | None = None,
     check: SourceCheck | None = None,
+    environment: Any = None,
 ) -> tuple[list[Any], int]:
     """The items of a data block (a source or a mixture of them) and how many rows were
     skipped (hh rows that do not split into a pair).
@@ -57,6 +60,7 @@ def items_of(
         system_prompt: `model.system_prompt`, which generated chats (tool_chats) begin with.
         margin_key: pairs: each row's key holding the pair's reward-model margin.
         check: called with every single source's items (a mixture's before mixing).
+        environment: `rollout.environment`, whose dataset `{environment: ...}` reads.
 
     Raises:
         RecipeError: an unreadable file or a bad row (named: file, row, key), a source
@@ -72,6 +76,7 @@ def items_of(
                 system_prompt=system_prompt,
                 margin_key=margin_key,
                 check=check,
+                environment=environment,
             )
             for i, s in enumerate(block.mixture)
         ]
@@ -79,7 +84,14 @@ def items_of(
             _one_prompt_shape([p for p, _ in parts], key)
         mixed = mix([p for p, _ in parts], mixture_weights(block), block.size, block.seed)
         return mixed, sum(n for _, n in parts)
-    if isinstance(block, GeneratorData | ReasoningGymData):
+    if isinstance(block, EnvironmentData):
+        if kind != "prompts":
+            raise RecipeError(f"{key}: {{environment: ...}} gives prompts, not {kind}")
+        items, skipped = (
+            environment_items(environment, block.environment, key, block.limit, block.data_source),
+            0,
+        )
+    elif isinstance(block, GeneratorData | ReasoningGymData):
         if kind == "pairs":
             raise RecipeError(
                 f"{key}: preference pairs come from files; give {{path: pairs.jsonl}}"

@@ -15,11 +15,14 @@ HTTP protocol (controller → environment; JSON; `Authorization: Bearer <token>`
 Episode ids are unique per run (`{uid}@{step}`); an environment keeps its per-episode
 state under them. Failures: a request that fails (connection error, timeout, 5xx, 408,
 429, a malformed body) is retried with exponential backoff like the reward client;
-another 4xx is not. `timeout_s` bounds each whole request, however slowly the
-environment sends its answer (common/http.py). After the last try `EnvironmentFailed`
-stops the step (an episode without its environment cannot go on). A step reward that is
-not a finite number (`NaN`, `Infinity`, `1e400`) and a first prompt too long for the
-engine fail that episode's sample only (recipes/episodes/multiturn.py).
+another 4xx is not, nor an answer over `max_message_bytes`. `timeout_s` bounds each
+whole request, however slowly the environment sends its answer (common/http.py). After
+the last try `EnvironmentFailed` fails that episode only: its sample keeps what was
+sampled and its score fails with the error (recipes/episodes/multiturn.py), as do a step
+reward that is not a finite number (`NaN`, `Infinity`, `1e400`), a first prompt too long
+for the engine, and an answer of the wrong shape.
+
+OpenEnv servers (`type: openenv`): recipes/episodes/openenv.py, on the same rules.
 
 The Python form: `class_path: "module:Class"`; `Class()` is built per episode and must
 have `reset(request: PromptRequest) -> list[message]` and `step(message: str) ->
@@ -29,21 +32,27 @@ StepResult | dict` (the dict as the `/step` response above).
 from __future__ import annotations
 
 import importlib
-import os
-import time
 from typing import Any
 
-import httpx
 from pydantic import BaseModel, ValidationError
 
 from ...actors.rollout import PromptRequest
 from ...common.http import DeadlineClient
-from ...config.episodes import HttpEnvironment, PythonEnvironment
+from ...config.episodes import (
+    HttpEnvironment,
+    OpenEnvEnvironment,
+    PythonEnvironment,
+    VerifiersEnvironment,
+)
 from .multiturn import StepResult
+from .remote import EnvironmentFailed, bearer_headers, request_json
 
-
-class EnvironmentFailed(RuntimeError):
-    """A user's environment failed after its retries; names the URL or class."""
+__all__ = [
+    "EnvironmentFailed",
+    "HttpEnvironmentClient",
+    "PythonEnvironmentAdapter",
+    "make_environment",
+]
 
 
 class _Message(BaseModel):
@@ -69,33 +78,14 @@ class HttpEnvironmentClient:
     """One episode's view of an HTTP environment (see the module docstring)."""
 
     def __init__(self, config: HttpEnvironment, episode_id: str, backoff_s: float = 0.5):
-        token = os.environ.get(config.token_env) if config.token_env else None
-        if config.token_env and not token:
-            raise EnvironmentFailed(
-                f"rollout.environment.token_env: ${config.token_env} is "
-                "empty; export the token or remove token_env"
-            )
-        headers = {"Authorization": f"Bearer {token}"} if token else {}
         self.config, self.episode_id, self.backoff_s = config, episode_id, backoff_s
         self.source = f"environment {config.url} (episode {episode_id})"
-        self.http = DeadlineClient(config.timeout_s, headers)
+        self.http = DeadlineClient(config.timeout_s, bearer_headers(config))
 
     def _post(self, route: str, body: dict[str, Any], model: type[BaseModel]) -> Any:
         url = f"{self.config.url.rstrip('/')}/{route}"
-        last = ""
-        for attempt in range(self.config.retries + 1):
-            try:
-                resp = self.http.post(url, json=body)
-                resp.raise_for_status()
-                return model.model_validate(resp.json())
-            except (httpx.HTTPError, ValidationError, ValueError) as e:
-                last = f"{type(e).__name__}: {e}"
-                status = e.response.status_code if isinstance(e, httpx.HTTPStatusError) else 0
-                if 400 <= status < 500 and status not in (408, 429):
-                    break
-                if attempt < self.config.retries:
-                    time.sleep(self.backoff_s * 2**attempt)
-        raise EnvironmentFailed(f"environment {url} failed for episode {self.episode_id}: {last}")
+        who = f"episode {self.episode_id}"
+        return request_json(self.http, self.config, "POST", url, body, model, who, self.backoff_s)
 
     def reset(self, request: PromptRequest) -> list[dict[str, str]]:
         item = {
@@ -153,8 +143,16 @@ class PythonEnvironmentAdapter:
         )
 
 
-def make_environment(config: HttpEnvironment | PythonEnvironment, episode_id: str) -> Any:
+def make_environment(config: Any, episode_id: str) -> Any:
     """One episode's environment for the recipe's `rollout.environment`."""
     if isinstance(config, HttpEnvironment):
         return HttpEnvironmentClient(config, episode_id)
+    if isinstance(config, OpenEnvEnvironment):
+        from .openenv import OpenEnvClient
+
+        return OpenEnvClient(config, episode_id)
+    if isinstance(config, VerifiersEnvironment):
+        from .verifiers import VerifiersEpisode
+
+        return VerifiersEpisode(config, episode_id)
     return PythonEnvironmentAdapter(config)

@@ -21,13 +21,12 @@ Who drives what: this module knows an engine only as a `GenerateFn` and an envir
 only as an `Environment`; the controller (recipes/episodes/step.py) wires the rollout
 workers and the tools or user environments to it.
 
-Failed samples: an episode whose first messages (the environment's `reset`) do not fit
-the engine with the episode's token budget is never sent to the engine: it ends at once
-with `error` set and becomes a sample without response tokens. A step reward that is
-not a finite number (`NaN`, `Infinity`, `1e400`), or a sum of step rewards that
-overflows, sets `error` too (the trajectory is kept). Either way the sample's score fails
-(recipes/episodes/step.py `add_environment_rewards`) and the recipe's
-`on_reward_failure` decides; the other episodes go on.
+Failed samples (`error` set; the other episodes go on): an environment that raises or
+answers with the wrong types (at `reset`: the episode never runs; at `step`: it ends,
+its sampled turns kept); a first prompt too long for the engine with the episode's
+budget (never sent: a sample without response tokens); a non-finite step reward or sum
+(`NaN`, `1e400`). The sample's score fails with `error`, naming episode and environment
+(step.py `add_environment_rewards`), and `on_reward_failure` decides.
 
 Limits: a turn cut by `max_new_tokens` (or by the budget) ends its episode (truncated);
 environment steps of one turn run on a few threads, model turns of all running episodes
@@ -54,6 +53,8 @@ __all__ = [
     "TemplateMismatch",
     "Turn",
     "chat_ids",
+    "checked_messages",
+    "finish_episodes",
     "message_delta",
     "run_episodes",
     "start_episodes",
@@ -131,6 +132,7 @@ class Episode:
     env_reward: float | None = None
     stats: StepResult = field(default_factory=StepResult)
     error: str | None = None  # why this episode's sample fails (module docstring)
+    components: dict[str, float] = field(default_factory=dict)  # finish()'s, by name
 
     @property
     def response_len(self) -> int:
@@ -148,9 +150,10 @@ def start_episodes(
     new_env: Callable[[str], Environment],
     max_prompt_tokens: int | None = None,
     limit_reason: str = "",
+    threads: int = 4,
 ) -> list[Episode]:
-    """`n` episodes per request (a group), each with its own environment; uid
-    `{group_id}-{k}` as for single-turn rollouts.
+    """`n` episodes per request (a group), each with its own environment (reset on
+    `threads` threads); uid `{group_id}-{k}` as for single-turn rollouts.
 
     Args:
         max_prompt_tokens: the most tokens the first messages may come to (the engine's
@@ -160,25 +163,38 @@ def start_episodes(
             limit.
         limit_reason: how `max_prompt_tokens` was reached, for the error message.
     """
+    slots = [(req, f"{req.group_id}-{k}") for req in requests for k in range(n)]
+    envs = [new_env(uid) for _, uid in slots]
+    with ThreadPoolExecutor(max_workers=threads) as pool:  # resets are network calls
+        firsts = list(pool.map(_reset, envs, [req for req, _ in slots], [u for _, u in slots]))
     episodes = []
-    for req in requests:
-        for k in range(n):
-            uid = f"{req.group_id}-{k}"
-            env = new_env(uid)
-            messages = list(env.reset(req))
-            ids = chat_ids(tokenizer, messages, True)
-            e = Episode(uid, req, env, ids, messages)
-            if max_prompt_tokens is not None and len(ids) > max_prompt_tokens:
-                source = getattr(env, "source", type(env).__name__)
-                e.error = (
-                    f"episode {uid}: {source} reset it to a prompt of {len(ids)} tokens, "
-                    f"over the {max_prompt_tokens} the engine takes ({limit_reason}); "
-                    "the episode was not run"
-                )
-                e.prompt_ids = chat_ids(tokenizer, req.messages, True)[:max_prompt_tokens]
-                e.messages, e.done = list(req.messages), True
-            episodes.append(e)
+    for (req, uid), env, (messages, error) in zip(slots, envs, firsts, strict=True):
+        ids = chat_ids(tokenizer, messages, True)
+        e = Episode(uid, req, env, ids, messages, error=error)
+        if error is None and max_prompt_tokens is not None and len(ids) > max_prompt_tokens:
+            source = getattr(env, "source", type(env).__name__)
+            e.error = (
+                f"episode {uid}: {source} reset it to a prompt of {len(ids)} tokens, "
+                f"over the {max_prompt_tokens} the engine takes ({limit_reason}); "
+                "the episode was not run"
+            )
+            e.prompt_ids = chat_ids(tokenizer, req.messages, True)[:max_prompt_tokens]
+            e.messages = list(req.messages)
+        e.done = e.error is not None
+        episodes.append(e)
     return episodes
+
+
+def _reset(env: Environment, req: PromptRequest, uid: str) -> tuple[list[dict], str | None]:
+    """The environment's first messages, or the request's own and the error when its
+    `reset` raised or answered with the wrong types."""
+    try:
+        return checked_messages(env.reset(req), "reset"), None
+    except Exception as exc:  # a user's environment: any failure is its episode's
+        source = getattr(env, "source", type(env).__name__)
+        return list(
+            req.messages
+        ), f"episode {uid}: {source} failed at reset: {type(exc).__name__}: {exc}"
 
 
 def run_episodes(
@@ -215,10 +231,67 @@ def run_episodes(
                 for e, sample in zip(group, samples, strict=True):
                     _add_model_turn(tokenizer, e, sample, version)
             stepping = [e for e in running if not e.done]
-            results = list(pool.map(lambda e: e.env.step(e.messages[-1]["content"]), stepping))
+            results = list(pool.map(_step, stepping))
             for e, res in zip(stepping, results, strict=True):
-                _add_env_turn(tokenizer, e, res, eot, turn + 1 == max_turns, max_episode_tokens)
+                if res is not None:
+                    _add_env_turn(tokenizer, e, res, eot, turn + 1 == max_turns, max_episode_tokens)
     return episodes
+
+
+def checked_messages(got: Any, what: str) -> list[dict[str, str]]:
+    """An environment's messages, checked: a list of `{"role": str, "content": str}`.
+
+    Raises:
+        TypeError: anything else, naming `what` and the first bad element.
+    """
+    if not isinstance(got, list | tuple):
+        raise TypeError(f"{what} returned {type(got).__name__}, not a list of messages")
+    for m in got:
+        if not (
+            isinstance(m, dict)
+            and isinstance(m.get("role"), str)
+            and isinstance(m.get("content"), str)
+        ):
+            raise TypeError(
+                f"{what} returned the message {m!r:.200}, not {{role: str, content: str}}"
+            )
+    return [{"role": m["role"], "content": m["content"]} for m in got]
+
+
+def _step(e: Episode) -> StepResult | None:
+    """The environment's answer to the model's last turn; None (the episode ends, failed,
+    its turns kept) when it raised or answered with the wrong types."""
+    try:
+        res = e.env.step(e.messages[-1]["content"])
+        if not isinstance(res, StepResult):
+            raise TypeError(f"step returned {type(res).__name__}, not a StepResult")
+        res.messages = checked_messages(res.messages, "step")
+        return res
+    except Exception as exc:  # a user's environment: any failure is its episode's
+        source = getattr(e.env, "source", type(e.env).__name__)
+        e.error = e.error or (
+            f"episode {e.uid}: {source} failed after model turn {e.model_turns}: "
+            f"{type(exc).__name__}: {exc}"
+        )
+        e.done = True
+        return None
+
+
+def finish_episodes(episodes: list[Episode]) -> None:
+    """Let environments with `finish(messages) -> (reward, {name: value})` score their
+    ended episodes (a verifiers rubric): the reward is added as a step reward, the
+    values become reward components; a failure fails that episode only."""
+    for e in episodes:
+        finish = getattr(e.env, "finish", None)
+        if finish is None or e.error is not None:
+            continue
+        try:
+            reward, e.components = finish(e.messages)
+        except Exception as exc:  # a user's environment: any failure is its episode's
+            source = getattr(e.env, "source", type(e.env).__name__)
+            e.error = f"episode {e.uid}: {source} failed to score: {type(exc).__name__}: {exc}"
+        else:
+            _add_step_reward(e, reward)
 
 
 def _ids(e: Episode) -> list[int]:
@@ -306,6 +379,8 @@ def to_rollout(e: Episode, prompt_text: str, policy_version: int = 0) -> Rollout
         metadata["environment_reward"] = e.env_reward
     if e.error is not None:
         metadata["episode_error"] = e.error
+    if e.components:
+        metadata["environment_components"] = dict(e.components)
     last = next((t.text for t in reversed(e.turns) if t.mask), "")
     return Rollout(
         uid=e.uid,

@@ -26,6 +26,7 @@ from ..data.items import PromptItem, chat_messages
 from .multiturn import (
     Environment,
     Episode,
+    finish_episodes,
     run_episodes,
     start_episodes,
     to_rollout,
@@ -158,6 +159,7 @@ def generate_episodes(
         f"{where} minus the episode budget of {budget} tokens (rollout.max_episode_tokens)",
     )
     run_episodes(worker_generate(roles, step), tok, episodes, turn, r.max_turns, budget)
+    finish_episodes(episodes)
     close_all([e.env for e in episodes])
     texts = {id(e.prompt_ids): tok.decode(e.prompt_ids, skip_special_tokens=True) for e in episodes}
     version = min((t.policy_version for e in episodes for t in e.turns if t.mask), default=step)
@@ -189,7 +191,8 @@ def close_all(envs: list[Environment]) -> None:
 
 def episode_metrics(episodes: list[Episode]) -> dict[str, float]:
     """Turns per episode (model turns), tool calls / errors / seconds per step, the share
-    of truncated episodes, and the share of response tokens that are the model's."""
+    of truncated episodes, the share of response tokens that are the model's, and the
+    episodes failed by their environment (each named in its failed score's error)."""
     model = sum(t.mask * len(t.ids) for e in episodes for t in e.turns)
     total = sum(e.response_len for e in episodes)
     return {
@@ -202,15 +205,18 @@ def episode_metrics(episodes: list[Episode]) -> dict[str, float]:
         "episode/truncated_fraction": sum(e.truncated for e in episodes) / len(episodes),
         "episode/episodes_with_tool_call": float(sum(e.stats.tool_calls > 0 for e in episodes)),
         "episode/model_token_fraction": model / max(total, 1),
+        "episode/environment_errors": float(sum(e.error is not None for e in episodes)),
     }
 
 
 def add_environment_rewards(rollouts: list[Rollout], scores: list[Score]) -> list[Score]:
     """Scores with each episode's environment reward (`metadata['environment_reward']`,
     the sum of its `/step` rewards, or the agent's posted reward) added as the
-    `environment` component (weight 1). A failed score (reward None) stays failed; a
-    failed episode (`metadata['episode_error']`: never run, or a non-finite environment
-    reward) fails its score with that error, as does a sum that is not finite."""
+    `environment` component (weight 1), with its parts (a verifiers rubric's
+    functions, `metadata['environment_components']`) beside it. A failed score (reward
+    None) stays failed; a failed episode (`metadata['episode_error']`: never run, a
+    failing environment, or a non-finite environment reward) fails its score with that
+    error, as does a sum that is not finite."""
     out = []
     for r, s in zip(rollouts, scores, strict=True):
         env = r.metadata.get("environment_reward")
@@ -218,7 +224,8 @@ def add_environment_rewards(rollouts: list[Rollout], scores: list[Score]) -> lis
         if error is None and env is not None and s.reward is not None:
             total = s.reward + env
             if is_finite_number(total):
-                details = {**s.details, "environment": env}
+                parts = r.metadata.get("environment_components") or {}
+                details = {**parts, **s.details, "environment": env}  # recipe's names win
                 out.append(s.model_copy(update={"reward": total, "details": details}))
                 continue
             error = f"episode {r.uid}: reward {s.reward!r} + environment reward {env!r} = {total!r}"

@@ -34,6 +34,7 @@ BENCHES: dict[str, tuple[list[pytest.MarkDecorator], list[str]]] = {
     "async": (slow, ["| setup | k | steps | steps/s |", "| sim 2:1, "]),
     "compile": ([], ["| variant | first call s (CPU s) |", "| compiled layers |"]),
     "dpo": ([], ["step s  tokens/s vs in-loop", "reference in the loop"]),
+    "episodes": ([], ["| environment | ms per episode (median) |", "| openenv, websocket |"]),
     "learning": (slow, ["| recipe | metric | before | after | change (95% CI) |", "| rm_hh |"]),
     "learner_layout": ([], ["| layout | s/step | vs first |", "| 2 ranks x 1 thread |"]),
     "logprobs": ([], ["| logprobs | train fwd+bwd s (CPU s) |", "| chunked (4) |"]),

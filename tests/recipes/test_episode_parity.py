@@ -1,9 +1,14 @@
 """Parity of multi-turn trajectories on both engines: after a weight push, the learner's
 logprobs of the whole packed trajectory (prompt, model turns, environment messages
 between them) reproduce the engine's `inference_logprobs` on every model token (fp32,
-atol 1e-4), and the train batch masks exactly the environment tokens."""
+atol 1e-4), and the train batch masks exactly the environment tokens; with a Python
+environment, an OpenEnv server (the example game, over WebSocket) and a verifiers
+environment (the example calculator game)."""
 
 from __future__ import annotations
+
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -11,8 +16,10 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from posttrain.actors.engine import EngineSettings
 from posttrain.actors.rollout import PromptRequest, SamplingSettings
+from posttrain.config.episodes import OpenEnvEnvironment, VerifiersEnvironment
 from posttrain.learner.logprobs import sequence_logprobs
 from posttrain.recipes.algo.rollouts import rollout_batch
+from posttrain.recipes.episodes.environments import make_environment
 from posttrain.recipes.episodes.multiturn import (
     StepResult,
     run_episodes,
@@ -20,9 +27,19 @@ from posttrain.recipes.episodes.multiturn import (
     to_rollout,
 )
 from tests.engine_host import RemoteEngine, requires_vllm
+from tests.hostile_servers import serve_app
 from tests.tiny_model import build_tiny_model
 
-KINDS = ["hf", pytest.param("vllm", marks=[pytest.mark.vllm, requires_vllm])]
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "examples"))
+import openenv_game  # noqa: E402
+
+KINDS = [
+    ("hf", "python"),
+    ("hf", "openenv"),
+    ("hf", "verifiers"),
+    pytest.param("vllm", "python", marks=[pytest.mark.vllm, requires_vllm]),
+]
 TEMPERATURE = 0.7
 # Turns end on any of these characters (stop strings), so most turns end well before
 # max_new_tokens and episodes run several turns even with random weights.
@@ -51,9 +68,24 @@ def folders(tmp_path_factory):
     return start, pushed
 
 
-@pytest.mark.parametrize("kind", KINDS)
-def test_learner_reproduces_multi_turn_inference_logprobs(kind, ray_local, folders):
+@pytest.mark.parametrize("kind, env", KINDS)
+def test_learner_reproduces_multi_turn_inference_logprobs(
+    kind, env, ray_local, folders, monkeypatch
+):
     start, pushed = folders
+    if env == "openenv":
+        with serve_app(openenv_game.create_app()) as url:
+            cfg = OpenEnvEnvironment(type="openenv", url=url, observation_key="feedback")
+            _check_parity(kind, start, pushed, lambda uid: make_environment(cfg, uid))
+    elif env == "verifiers":
+        monkeypatch.syspath_prepend(str(ROOT / "tests" / "stand_ins"))  # verifiers' shape
+        cfg = VerifiersEnvironment(type="verifiers", module="vf_calc_game", args={"size": 2})
+        _check_parity(kind, start, pushed, lambda uid: make_environment(cfg, uid))
+    else:
+        _check_parity(kind, start, pushed, lambda uid: Feedback())
+
+
+def _check_parity(kind, start, pushed, new_env):
     engine = RemoteEngine(EngineSettings(kind=kind, model_path=str(start), dtype="float32"))
     try:
         learner = AutoModelForCausalLM.from_pretrained(pushed, dtype=torch.float32).eval()
@@ -63,7 +95,7 @@ def test_learner_reproduces_multi_turn_inference_logprobs(kind, ray_local, folde
             PromptRequest(f"g{i}", [{"role": "user", "content": q}])
             for i, q in enumerate(["7+8", "12*3"])
         ]
-        episodes = start_episodes(tok, reqs, 2, lambda uid: Feedback())
+        episodes = start_episodes(tok, reqs, 2, new_env)
         sampling = SamplingSettings(
             n=1, max_new_tokens=24, temperature=TEMPERATURE, seed=4, stop=STOPS
         )
@@ -72,6 +104,7 @@ def test_learner_reproduces_multi_turn_inference_logprobs(kind, ray_local, folde
             return [g[0] for g in engine.generate(prompts, s)], 1
 
         run_episodes(generate, tok, episodes, sampling, max_turns=3, max_episode_tokens=400)
+        assert not [e.error for e in episodes if e.error]
         rollouts = [to_rollout(e, "") for e in episodes]
         assert sum(e.model_turns for e in episodes) >= 8  # not vacuous: multi-turn happened
         batch = rollout_batch(rollouts, [1.0] * len(rollouts), pad_id=tok.pad_token_id)

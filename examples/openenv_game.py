@@ -1,0 +1,127 @@
+"""An example OpenEnv environment: the number-guessing game of `guess_env.py` served with
+OpenEnv's wire protocol (`rollout.environment: {type: openenv, url:
+"http://127.0.0.1:9200", observation_key: feedback}`; docs/multi-turn.md).
+
+`GuessEnvironment` has the shape of an `openenv-core` environment: `reset(seed,
+episode_id)` and `step(action)` return an observation (`prompt`, `feedback`, `done`,
+`reward`), `state` gives `episode_id` and `step_count`. With `openenv-core` installed
+you could serve it with its `create_app`; `create_app()` here serves the same protocol
+with FastAPI alone, so it runs on a fresh clone without Docker:
+
+- WebSocket `/ws`, one session (one environment) per connection: `{"type": "reset" |
+  "step" | "state" | "close", "data": {...}}` → `{"type": "observation", "data":
+  {"observation": {...}, "reward", "done"}}` or `{"type": "state", "data": {...}}`;
+  a failure → `{"type": "error", "data": {"message", "code"}}`;
+- HTTP `POST /reset`, `POST /step` `{"action": {...}}` (one shared environment: HTTP
+  has no sessions), `GET /state`, `GET /health`.
+
+The secret number comes from the reset's `seed` (the same for a prompt's samples), in
+[1, 100]. Run it: `python examples/openenv_game.py --port 9200`.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+from fastapi import FastAPI, WebSocket, WebSocketDisconnect
+
+_NUMBER = re.compile(r"-?\d+")
+PROMPT = "I am thinking of a number from 1 to 100. Guess it: answer with one number."
+
+
+class GuessEnvironment:
+    """One game (an OpenEnv `Environment`): actions `{"message": str}`."""
+
+    def __init__(self) -> None:
+        self.secret, self.episode_id, self.step_count = 0, None, 0
+
+    def reset(self, seed: int | None = None, episode_id: str | None = None) -> dict[str, Any]:
+        self.secret = (seed or 0) % 100 + 1
+        self.episode_id, self.step_count = episode_id, 0
+        return {"observation": {"prompt": PROMPT, "feedback": ""}, "reward": None, "done": False}
+
+    def step(self, action: dict[str, Any]) -> dict[str, Any]:
+        message = action.get("message")
+        if not isinstance(message, str):
+            raise ValueError(f"action {action!r} has no text 'message'")
+        self.step_count += 1
+        found = _NUMBER.findall(message)
+        if not found:
+            feedback, reward, done = "Answer with one number.", 0.0, False
+        elif int(found[-1]) == self.secret:
+            feedback, reward, done = "Right!", 1.0, True
+        else:
+            hint = "higher" if int(found[-1]) < self.secret else "lower"
+            feedback, reward, done = f"{found[-1]} is wrong: go {hint}.", 0.0, False
+        obs = {"prompt": PROMPT, "feedback": feedback}
+        return {"observation": obs, "reward": reward, "done": done}
+
+    @property
+    def state(self) -> dict[str, Any]:
+        return {"episode_id": self.episode_id, "step_count": self.step_count}
+
+
+def _answer(env: GuessEnvironment, kind: str, data: dict[str, Any]) -> dict[str, Any]:
+    if kind == "reset":
+        got = env.reset(data.get("seed"), data.get("episode_id"))
+        return {"type": "observation", "data": got}
+    if kind == "step":
+        return {"type": "observation", "data": env.step(data)}
+    if kind == "state":
+        return {"type": "state", "data": env.state}
+    return {"type": "error", "data": {"message": f"unknown type {kind!r}", "code": "UNKNOWN_TYPE"}}
+
+
+def create_app(make_env: Any = GuessEnvironment):
+    """The server: a FastAPI app of OpenEnv's routes over `make_env()` environments."""
+    app = FastAPI(title="guessing game (OpenEnv protocol)")
+    shared = make_env()
+
+    @app.websocket("/ws")
+    async def session(ws: WebSocket) -> None:
+        await ws.accept()
+        env = make_env()
+        try:
+            while True:
+                msg = json.loads(await ws.receive_text())
+                if msg.get("type") == "close":
+                    break
+                try:
+                    out = _answer(env, msg.get("type"), msg.get("data") or {})
+                except (ValueError, TypeError, KeyError) as e:
+                    out = {"type": "error", "data": {"message": str(e), "code": "EXECUTION_ERROR"}}
+                await ws.send_text(json.dumps(out))
+        except WebSocketDisconnect:
+            return
+        await ws.close()
+
+    @app.post("/reset")
+    def reset(body: dict[str, Any] | None = None) -> dict[str, Any]:
+        return _answer(shared, "reset", body or {})["data"]
+
+    @app.post("/step")
+    def step(body: dict[str, Any]) -> dict[str, Any]:
+        return _answer(shared, "step", body["action"])["data"]
+
+    @app.get("/state")
+    def state() -> dict[str, Any]:
+        return shared.state
+
+    @app.get("/health")
+    def health() -> dict[str, str]:
+        return {"status": "healthy"}
+
+    return app
+
+
+if __name__ == "__main__":
+    import argparse
+
+    import uvicorn
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--port", type=int, default=9200)
+    args = parser.parse_args()
+    uvicorn.run(create_app(), host="127.0.0.1", port=args.port)

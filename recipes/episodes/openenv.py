@@ -1,0 +1,197 @@
+"""A client of OpenEnv environment servers (`rollout.environment: {type: openenv}`), one
+per episode, speaking the wire protocol of Meta's `openenv-core` (its `EnvClient` and
+`HTTPEnvServer`), written against that documented protocol: no OpenEnv package is needed.
+
+WebSocket transport (`transport: websocket`, the default; OpenEnv's stateful one): one
+connection to `{url}/ws` per episode (a server session), JSON text messages:
+
+- `{"type": "reset", "data": {"episode_id", "seed", **reset_args}}` and
+  `{"type": "step", "data": {action_key: text, **action_args}}` → `{"type":
+  "observation", "data": {"observation": {...}, "reward": float | null, "done": bool}}`;
+- `{"type": "state"}` → `{"type": "state", "data": {...}}`; `{"type": "close"}` ends the
+  session; a failing call → `{"type": "error", "data": {"message", "code"}}`.
+
+HTTP transport (`transport: http`): `POST {url}/reset` with the reset data, `POST
+{url}/step` `{"action": {...}}` (same answers, without the envelope), `GET {url}/state`.
+OpenEnv's own server builds a fresh environment for every HTTP request, so this suits
+only servers that keep their state themselves.
+
+The model's turn text becomes the action field `action_key`; the observation's field
+`observation_key` (a string), or the whole observation as sorted JSON, becomes one
+`message_role` message. `seed` is a hash of the episode's group id (the GRPO group: all
+samples of a prompt get the same seed), below 2**31.
+
+Rules (as for `type: http`, recipes/episodes/environments.py): each request or message
+has the deadline `timeout_s` (a server that drips its answer is cut); connecting and the
+HTTP requests are retried `retries` times with backoff; a WebSocket that closes or fails
+mid-episode is not retried (the server's session, the episode's state, is gone); an
+answer over `max_message_bytes`, an `error` answer, an answer of the wrong shape fail
+the episode (`EnvironmentFailed`), as does a non-finite reward (multiturn.py). The other
+episodes go on.
+
+Not supported: OpenEnv's MCP tool calls (`/mcp`, `{"type": "mcp"}`), images or other
+non-text observations (give `observation_key` of a text field), and Docker or Hub
+launching (start the server yourself; `examples/openenv_game.py` is a Python server).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+
+from ...actors.rollout import PromptRequest
+from ...common.http import DeadlineClient
+from ...config.episodes import OpenEnvEnvironment
+from .multiturn import StepResult
+from .remote import EnvironmentFailed, bearer_headers, request_json
+
+
+class OpenEnvResult(BaseModel):
+    """A reset or step answer (environment → controller): OpenEnv's `StepResponse`."""
+
+    observation: dict[str, Any]
+    reward: float | None = None
+    done: bool = False
+
+
+def episode_seed(group_id: str) -> int:
+    """The reset `seed` of a group's episodes: sha256 of the group id, mod 2**31."""
+    return int(hashlib.sha256(group_id.encode()).hexdigest(), 16) % 2**31
+
+
+class OpenEnvClient:
+    """One episode's session with an OpenEnv server (see the module docstring).
+
+    Concurrency: one instance per episode; `reset`, `step`, `state`, `close` are called
+    from one thread at a time (run_episodes' pool steps each episode on one thread).
+    """
+
+    def __init__(self, config: OpenEnvEnvironment, episode_id: str, backoff_s: float = 0.5):
+        self.config, self.episode_id, self.backoff_s = config, episode_id, backoff_s
+        self.source = f"openenv {config.url} (episode {episode_id})"
+        self.headers = bearer_headers(config)
+        self.base = config.url.rstrip("/")
+        self.http = DeadlineClient(config.timeout_s, self.headers)
+        self.ws: Any = None
+
+    # --- transport ---------------------------------------------------------------------
+
+    def _connect(self) -> Any:
+        """Open `{url}/ws` (http → ws), retried with backoff."""
+        from websockets.exceptions import WebSocketException
+        from websockets.sync.client import connect
+
+        url = "ws" + self.base[4:] if self.base.startswith("http") else self.base
+        last = ""
+        for attempt in range(self.config.retries + 1):
+            try:
+                return connect(
+                    f"{url}/ws",
+                    open_timeout=self.config.timeout_s,
+                    close_timeout=1,
+                    max_size=self.config.max_message_bytes,
+                    additional_headers=self.headers,
+                )
+            except (OSError, TimeoutError, WebSocketException) as e:
+                last = f"{type(e).__name__}: {e}"
+                if attempt < self.config.retries:
+                    time.sleep(self.backoff_s * 2**attempt)
+        raise EnvironmentFailed(f"openenv {url}/ws: cannot connect for {self.episode_id}: {last}")
+
+    def _ws_call(self, message: dict[str, Any]) -> dict[str, Any]:
+        """Send one message, return the answer's `data`; `type: error` or any transport
+        failure raises."""
+        from websockets.exceptions import WebSocketException
+
+        if self.ws is None:
+            self.ws = self._connect()
+        try:
+            self.ws.send(json.dumps(message))
+            raw = self.ws.recv(timeout=self.config.timeout_s)
+        except TimeoutError:
+            raise EnvironmentFailed(
+                f"{self.source}: no answer to {message['type']} within "
+                f"{self.config.timeout_s:g} s (timeout_s)"
+            ) from None
+        except WebSocketException as e:
+            raise EnvironmentFailed(
+                f"{self.source}: the connection failed at {message['type']}: "
+                f"{type(e).__name__}: {e}"
+            ) from e
+        answer = json.loads(raw)
+        if not isinstance(answer, dict) or not isinstance(answer.get("data"), dict):
+            raise EnvironmentFailed(f"{self.source}: answer {raw!r:.200} has no data object")
+        if answer.get("type") == "error":
+            raise EnvironmentFailed(f"{self.source}: {message['type']} failed: {answer['data']}")
+        return answer["data"]
+
+    def _call(self, kind: str, data: dict[str, Any]) -> OpenEnvResult:
+        """A reset or step through the configured transport, validated."""
+        if self.config.transport == "http":
+            body = data if kind == "reset" else {"action": data}
+            url, who = f"{self.base}/{kind}", f"episode {self.episode_id}"
+            return request_json(
+                self.http, self.config, "POST", url, body, OpenEnvResult, who, self.backoff_s
+            )
+        got = self._ws_call({"type": kind, "data": data})
+        try:
+            return OpenEnvResult.model_validate(got)
+        except ValidationError as e:
+            raise EnvironmentFailed(f"{self.source}: {kind} answered {got!r:.200}: {e}") from e
+
+    # --- the Environment protocol --------------------------------------------------------
+
+    def _text(self, observation: dict[str, Any]) -> str:
+        key = self.config.observation_key
+        if key is None:
+            return json.dumps(observation, sort_keys=True)
+        value = observation.get(key)
+        if not isinstance(value, str):
+            raise EnvironmentFailed(
+                f"{self.source}: observation field {key!r} is {value!r:.100}, not text; "
+                f"set rollout.environment.observation_key to one of {sorted(observation)}"
+            )
+        return value
+
+    def reset(self, request: PromptRequest) -> list[dict[str, str]]:
+        data = {
+            "episode_id": self.episode_id,
+            "seed": episode_seed(request.group_id),
+            **self.config.reset_args,
+        }
+        got = self._call("reset", data)
+        if self.config.prompt == "item":
+            return list(request.messages)
+        system = [m for m in request.messages if m["role"] == "system"]
+        return [*system, {"role": "user", "content": self._text(got.observation)}]
+
+    def step(self, message: str) -> StepResult:
+        got = self._call("step", {self.config.action_key: message, **self.config.action_args})
+        text = self._text(got.observation)
+        msgs = [] if got.done else [{"role": self.config.message_role, "content": text}]
+        return StepResult(messages=msgs, reward=got.reward, done=got.done)
+
+    def state(self) -> dict[str, Any]:
+        """The server's state of this episode (`episode_id`, `step_count`, ...)."""
+        if self.config.transport == "http":
+            resp = self.http.get(f"{self.base}/state")
+            resp.raise_for_status()
+            return resp.json()
+        return self._ws_call({"type": "state"})
+
+    def close(self) -> None:
+        """End the session (idempotent; a server already gone is fine)."""
+        from websockets.exceptions import WebSocketException
+
+        ws, self.ws = self.ws, None
+        if ws is not None:
+            try:
+                ws.send(json.dumps({"type": "close"}))
+            except (OSError, WebSocketException):
+                pass  # the server closed first: nothing to end
+            ws.close()
+        self.http.close()
