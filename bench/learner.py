@@ -16,6 +16,9 @@ Workloads (the same code path as a recipe's step: `LearnerWorker.train_step`):
 - grpo: 32 rows x (160 prompt + 64 response) random tokens, on-policy (one pass),
   micro_batch_size 16 (bench/learner_layout.py's GSM8K shape).
 - dpo: 8 pairs x (96 + 64) tokens, reference sums precomputed, micro_batch_size 4.
+- "sft, foreach AdamW": sft again with torch's default AdamW (foreach, several
+  weight-sized temporaries per step) in place of the learner's fused one
+  (learner/optimizer.py `adamw`): the before and after of that change in one run.
 
 Columns: s/step and tokens/s (real tokens of the step, all ranks): medians over
 `--steps` steps after a warm-up step. GFLOP/s: the counted FLOPs of bench/_learner_work.py
@@ -54,6 +57,7 @@ from _smoke import SMOKE_HELP, tiny_model  # noqa: E402
 from posttrain.common.model_registry import resolve_model_path  # noqa: E402
 
 WORKLOADS = ("sft", "grpo", "dpo")
+FOREACH = "sft, foreach AdamW"
 COLLECTIVES = ("all_gather", "reduce_scatter", "allreduce", "all_reduce", "gloo:")
 
 
@@ -151,6 +155,19 @@ def _rank(rank: int, world: int, a: dict, port: int, queue) -> None:  # noqa: AN
             "flops": flops,
             "six_nt": six_nt,
         }
+    if a["foreach"]:  # the same SFT step with the AdamW the learner had before (foreach)
+        batch, algo, loss, mbs = _workload("sft", a, world)
+        w.algo, w.s = loss_module(algo), replace(s, algorithm=algo, loss=loss, micro_batch_size=mbs)
+        w.optimizers[0] = torch.optim.AdamW(
+            [p for p in w.policy.parameters() if p.requires_grad], lr=s.lr, foreach=True
+        )
+        flops, six_nt = step_flops(batch, Shape.of(a["config"]), n_body, n_all)
+        results[FOREACH] = {
+            "steps": _measure(w, batch.shard(rank, world), a["steps"]),
+            "tokens": float(batch.attention_mask.sum()),
+            "flops": flops,
+            "six_nt": six_nt,
+        }
     w.close()
     if rank == 0:
         buf = io.BytesIO()
@@ -196,10 +213,16 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--layouts", default="", help="e.g. 1x2,2x1 (default: 1xC,Cx1)")
     ap.add_argument("--workloads", default=",".join(WORKLOADS))
+    ap.add_argument(
+        "--no-foreach",
+        action="store_true",
+        help="skip the SFT row with torch's default (foreach) AdamW, the learner's before",
+    )
     ap.add_argument("--smoke", action="store_true", help=SMOKE_HELP)
     args = ap.parse_args()
     cores = os.cpu_count() or 1
     a = {"steps": args.steps, "workloads": args.workloads.split(","), "conversations": 16}
+    a["foreach"] = "sft" in a["workloads"] and not args.no_foreach
     a |= {"rows": 32, "prompt": 160, "response": 64, "grpo_micro_batch": 16}
     a |= {"pairs": 8, "dpo_prompt": 96}
     if args.smoke:
@@ -232,7 +255,7 @@ def main() -> None:
         "| % peak | forward | backward | optimizer | collectives | other |"
     )
     print("|---" * 13 + "|")
-    for name in a["workloads"]:
+    for name in [*a["workloads"], *([FOREACH] if a["foreach"] else [])]:
         for lay, res in runs.items():
             print(_row(name, f"{lay.replace('x', ' rank(s) x ')} thread(s)", res[name], peak))
     print(f"\nload average after: {' '.join(Path('/proc/loadavg').read_text().split()[:3])}")
