@@ -16,6 +16,9 @@ Workloads (the same code path as a recipe's step: `LearnerWorker.train_step`):
 - grpo: 32 rows x (160 prompt + 64 response) random tokens, on-policy (one pass),
   micro_batch_size 16 (bench/learner_layout.py's GSM8K shape).
 - dpo: 8 pairs x (96 + 64) tokens, reference sums precomputed, micro_batch_size 4.
+- "sft, weights kept forward->backward": sft again with FSDP2 not resharding the
+  layers' weights after forward (`set_reshard_after_forward(False)`: no second
+  all-gather in backward, the unsharded bf16 weights held meanwhile).
 - "sft, foreach AdamW": sft again with torch's default AdamW (foreach, several
   weight-sized temporaries per step) in place of the learner's fused one
   (learner/optimizer.py `adamw`): the before and after of that change in one run.
@@ -58,6 +61,7 @@ from posttrain.common.model_registry import resolve_model_path  # noqa: E402
 
 WORKLOADS = ("sft", "grpo", "dpo")
 FOREACH = "sft, foreach AdamW"
+KEPT = "sft, weights kept forward->backward"
 COLLECTIVES = ("all_gather", "reduce_scatter", "allreduce", "all_reduce", "gloo:")
 
 
@@ -155,19 +159,24 @@ def _rank(rank: int, world: int, a: dict, port: int, queue) -> None:  # noqa: AN
             "flops": flops,
             "six_nt": six_nt,
         }
-    if a["foreach"]:  # the same SFT step with the AdamW the learner had before (foreach)
+    if a["foreach"]:  # the SFT step again: FSDP2 keeping the layers' weights from
+        # forward to backward, then with the AdamW the learner had before (foreach)
         batch, algo, loss, mbs = _workload("sft", a, world)
         w.algo, w.s = loss_module(algo), replace(s, algorithm=algo, loss=loss, micro_batch_size=mbs)
-        w.optimizers[0] = torch.optim.AdamW(
-            [p for p in w.policy.parameters() if p.requires_grad], lr=s.lr, foreach=True
-        )
         flops, six_nt = step_flops(batch, Shape.of(a["config"]), n_body, n_all)
-        results[FOREACH] = {
-            "steps": _measure(w, batch.shard(rank, world), a["steps"]),
-            "tokens": float(batch.attention_mask.sum()),
-            "flops": flops,
-            "six_nt": six_nt,
-        }
+        for name in (KEPT, FOREACH):
+            if name == FOREACH:
+                w.policy.set_reshard_after_forward(True)  # back to the learner's setting
+                trained = [p for p in w.policy.parameters() if p.requires_grad]
+                w.optimizers[0] = torch.optim.AdamW(trained, lr=s.lr, foreach=True)
+            else:
+                w.policy.set_reshard_after_forward(False)
+            results[name] = {
+                "steps": _measure(w, batch.shard(rank, world), a["steps"]),
+                "tokens": float(batch.attention_mask.sum()),
+                "flops": flops,
+                "six_nt": six_nt,
+            }
     w.close()
     if rank == 0:
         buf = io.BytesIO()
@@ -255,7 +264,7 @@ def main() -> None:
         "| % peak | forward | backward | optimizer | collectives | other |"
     )
     print("|---" * 13 + "|")
-    for name in [*a["workloads"], *([FOREACH] if a["foreach"] else [])]:
+    for name in [*a["workloads"], *([KEPT, FOREACH] if a["foreach"] else [])]:
         for lay, res in runs.items():
             print(_row(name, f"{lay.replace('x', ' rank(s) x ')} thread(s)", res[name], peak))
     print(f"\nload average after: {' '.join(Path('/proc/loadavg').read_text().split()[:3])}")
