@@ -250,10 +250,6 @@ def main() -> None:
     peak = _peak_table(shape, rows, cores, secs)
     from tests.learner.ranks import run_ranks
 
-    runs = {}
-    for lay in layouts:
-        world, threads = (int(x) for x in lay.split("x"))
-        runs[lay] = run_ranks(_rank, world, {**a, "threads": threads})
     print(
         f"\n{label} learner, bf16 compute; medians of {a['steps']} step(s) after a warm-up; "
         f"% peak: counted GFLOP/s over the bf16 model-mix matmul rate at {cores} threads "
@@ -263,10 +259,12 @@ def main() -> None:
         "| workload | layout | s/step | tokens/step | tokens/s | GFLOP/s counted | GFLOP/s 6NT "
         "| % peak | forward | backward | optimizer | collectives | other |"
     )
-    print("|---" * 13 + "|")
-    for name in [*a["workloads"], *([KEPT, FOREACH] if a["foreach"] else [])]:
-        for lay, res in runs.items():
-            print(_row(name, f"{lay.replace('x', ' rank(s) x ')} thread(s)", res[name], peak))
+    print("|---" * 13 + "|", flush=True)
+    for lay in layouts:  # each layout's rows as soon as it ran
+        world, threads = (int(x) for x in lay.split("x"))
+        res = run_ranks(_rank, world, {**a, "threads": threads})
+        for name in [*a["workloads"], *([KEPT, FOREACH] if a["foreach"] else [])]:
+            print(_row(name, f"{world} rank(s) x {threads} thread(s)", res[name], peak), flush=True)
     print(f"\nload average after: {' '.join(Path('/proc/loadavg').read_text().split()[:3])}")
 
 
