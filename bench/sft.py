@@ -17,11 +17,11 @@ conversations per step, lr 1e-4 constant, AdamW, max length 1024.
    tokens posttrain's mask covers, recipes/data/chats.py).
 2. Throughput: `--steps` training steps of `--batch` new conversations each, bf16
    compute on both (TRL: `bf16=True`, fp32 weights under autocast; posttrain: the
-   recipe's FSDP2 mixed precision, 2 learner ranks x 1 thread), tokens/s = real
-   (non-padding) tokens of a step / its training time, median of steps 2..N. TRL runs in
-   its own virtualenv (`.bench-venv/trl`, made on first use as bench/vs_trl.py makes it)
-   in one process with every core as torch threads, padding each batch to its longest
-   conversation (its default, `packing=False`).
+   recipe's FSDP2 mixed precision, 2 learner ranks x 1 thread, or each of `--layouts`),
+   tokens/s = real (non-padding) tokens of a step / its training time, median of steps
+   2..N. TRL runs in its own virtualenv (`.bench-venv/trl`, made on first use as
+   bench/vs_trl.py makes it) in one process with every core as torch threads, padding
+   each batch to its longest conversation (its default, `packing=False`).
 
 `--smoke`: a tiny random model, 2 steps of 2 conversations; TRL only when
 `.bench-venv/trl` already exists (a smoke run installs nothing). It checks the bench runs
@@ -164,15 +164,21 @@ def _overrides(args: argparse.Namespace, size: int, steps: int, dtype: str) -> l
     return base
 
 
-def _posttrain(args: argparse.Namespace) -> dict:
+def _posttrain(args: argparse.Namespace, layout: str) -> dict:
+    """posttrain's fixed-batch loss and steps; `layout` 'RxT' sets R learner ranks of T
+    threads ('' keeps the recipe's)."""
     from posttrain.recipes.loading import load_recipe
     from posttrain.recipes.loop import run
 
+    sets = []
+    if layout:
+        ranks, threads = layout.split("x")
+        sets = [f"resources.learner.gpus={ranks}", f"resources.threads_per_worker={threads}"]
     with tempfile.TemporaryDirectory() as tmp:
-        fixed = load_recipe(RECIPE, _overrides(args, args.batch, 1, "float32"))
+        fixed = load_recipe(RECIPE, _overrides(args, args.batch, 1, "float32") + sets)
         loss = run(fixed, Path(tmp) / "fixed")[0]["loss"]
-        r = load_recipe(RECIPE, _overrides(args, args.batch * args.steps, args.steps, "bfloat16"))
-        hist = run(r, Path(tmp) / "speed")
+        sets_speed = _overrides(args, args.batch * args.steps, args.steps, "bfloat16") + sets
+        hist = run(load_recipe(RECIPE, sets_speed), Path(tmp) / "speed")
     return {
         "loss": loss,
         "steps": [{"train": h["time/train"], "tokens": h["tokens"]} for h in hist],
@@ -213,18 +219,25 @@ def _table(runs: dict[str, dict], args: argparse.Namespace) -> None:
             f"| {name} | {res['loss']:.6f} | {statistics.median(s['train'] for s in steps):.2f} "
             f"| {statistics.median(s['tokens'] for s in steps):.0f} | {tps[name]:.0f} |"
         )
-    if len(runs) == 2:
-        (trl, ours) = runs["TRL SFTTrainer"], runs["posttrain"]
-        print(f"\n|loss posttrain - loss TRL| = {abs(ours['loss'] - trl['loss']):.2e}")
+    if "TRL SFTTrainer" not in runs:
+        return
+    trl = runs["TRL SFTTrainer"]
+    for name in (n for n in runs if n.startswith("posttrain")):
         print(
-            f"posttrain / TRL, training tokens/s: {tps['posttrain'] / tps['TRL SFTTrainer']:.2f}x"
+            f"\n{name}: |loss posttrain - loss TRL| = {abs(runs[name]['loss'] - trl['loss']):.2e}"
         )
+        print(f"{name} / TRL, training tokens/s: {tps[name] / tps['TRL SFTTrainer']:.2f}x")
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--steps", type=int, default=6)
     p.add_argument("--batch", type=int, default=16)
+    p.add_argument(
+        "--layouts",
+        default="",
+        help="posttrain's learner layouts, e.g. 2x1,1x2 (R ranks x T threads)",
+    )
     p.add_argument("--data", default="")
     p.add_argument("--save", default="")
     p.add_argument("--trl-worker", default=None, help=argparse.SUPPRESS)
@@ -244,7 +257,12 @@ def main() -> None:
     trl = _trl(args, model_path, data)
     if trl is not None:
         runs["TRL SFTTrainer"] = trl
-    runs["posttrain"] = _posttrain(args)
+    layouts = args.layouts.split(",") if args.layouts and not args.smoke else [""]
+    for layout in layouts:
+        name = (
+            f"posttrain ({layout.replace('x', ' rank(s) x ')} thread(s))" if layout else "posttrain"
+        )
+        runs[name] = _posttrain(args, layout)
     _table(runs, args)
 
 

@@ -20,6 +20,7 @@ from ..algorithms.batch import TrainBatch
 from ..common.score_head import pooling_pad_id, sequence_scores
 from . import adapters
 from .adapters import AdapterSettings
+from .optimizer import adamw
 from .settings import LearnerSettings, lr_factor
 
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
@@ -220,7 +221,7 @@ def load_models(s: LearnerSettings, world: int, device_type: str) -> LearnerMode
         else None
     )
     trainable = [p for p in policy.parameters() if p.requires_grad]
-    optimizers = [torch.optim.AdamW(trainable, lr=s.lr, betas=s.betas, weight_decay=s.weight_decay)]
+    optimizers = [adamw(trainable, lr=s.lr, betas=s.betas, weight_decay=s.weight_decay)]
     critic = None
     if s.critic is not None:
         critic = load_sharded(
@@ -230,7 +231,7 @@ def load_models(s: LearnerSettings, world: int, device_type: str) -> LearnerMode
             "critic",
             device_type=device_type,
         )
-        optimizers.append(torch.optim.AdamW(critic.parameters(), lr=s.critic.lr, betas=s.betas))
+        optimizers.append(adamw(list(critic.parameters()), lr=s.critic.lr, betas=s.betas))
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizers[0], partial(lr_factor, warmup_steps=s.warmup_steps)
     )

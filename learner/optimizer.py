@@ -22,6 +22,17 @@ import torch
 import torch.distributed as dist
 
 
+def adamw(params: list[torch.nn.Parameter], **kwargs: object) -> torch.optim.AdamW:
+    """AdamW with torch's fused kernel (one pass over each parameter, its gradient and
+    both moments; CPU and CUDA, DTensor shards included) in place of the default
+    `foreach` one, which makes several temporaries the size of the weights per step:
+    on a 2-core CPU the 135M model's optimizer step took 0.17 s against 0.30 s
+    (bench/learner.py, docs/benchmarks.md). Same update rule (Loshchilov & Hutter
+    2019, torch.optim.AdamW's documented algorithm). `kwargs`: AdamW's (lr, betas,
+    weight_decay)."""
+    return torch.optim.AdamW(params, fused=True, **kwargs)
+
+
 @dataclass(frozen=True)
 class StepResult:
     """What one guarded step did.

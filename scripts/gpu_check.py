@@ -7,12 +7,15 @@ FastAPI) and builds its model from a config (no download).
 
 Rows:
   1. learner: `LearnerWorker` world size 1 (FSDP2, NCCL + gloo group, bf16 compute, fp32
-     master weights, AdamW), a TinyLlama-shaped ~1.1B Llama, sequences of 2,048 and 8,192
-     tokens, with and without gradient checkpointing: step time (mean of the timed steps
+     master weights, AdamW), a TinyLlama-shaped ~1.1B Llama, sequences of 2,048, 4,096 and
+     8,192 tokens, with and without gradient checkpointing: step time (mean of the timed steps
      after one warm-up step, the GRPO loss' forward + backward + optimizer), tokens/s,
      MFU = 6·N·tokens/s / peak, N the parameter count (attention's s² FLOPs not counted,
      so MFU is a lower bound), peak = 989 TFLOPS, the H200's dense BF16 Tensor Core
-     peak (NVIDIA H200 datasheet: 1,979 TFLOPS with 2:4 sparsity, half of it dense);
+     peak (NVIDIA H200 datasheet: 1,979 TFLOPS with 2:4 sparsity, half of it dense), and
+     beside it MFU over the measured peak of row 0;
+  0. bf16 matmul peak, measured: `F.linear` at the model's MLP shape (16,384 tokens x
+     2,048 -> 5,632), TFLOP/s (bench/learner.py's CPU peak, on the GPU);
   2. HF engine (`actors/hf_engine.HFEngine`) sampling tokens/s on the same model;
   3. CUDA-IPC hand-off of the model's bf16 weights to another process on the same GPU
      (`weightsync/cuda_ipc`: share, open, copy into the receiver's own tensors) against a
@@ -102,7 +105,27 @@ def _batch(rows: int, seq: int, prompt: int = 128):
     )
 
 
-def learner_rows(model: Path, n_params: int, steps: int) -> list[list[str]]:
+def matmul_row() -> tuple[list[str], float]:
+    """Row 0 and the measured bf16 matmul rate, FLOP/s (mean of 20 calls after 3)."""
+    import torch
+    import torch.nn.functional as F
+
+    x = torch.randn(16384, 2048, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(5632, 2048, device="cuda", dtype=torch.bfloat16)
+    for _ in range(3):
+        F.linear(x, w)
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(20):
+        F.linear(x, w)
+    torch.cuda.synchronize()
+    secs = (time.perf_counter() - t0) / 20
+    rate = 2 * 16384 * 2048 * 5632 / secs
+    row = ["bf16 matmul peak (measured)", f"{secs * 1e3:.2f} ms", f"{rate / 1e12:.0f} TFLOP/s"]
+    return [*row, f"{100 * rate / (PEAK_TFLOPS * 1e12):.0f}% of datasheet"], rate
+
+
+def learner_rows(model: Path, n_params: int, steps: int, measured: float) -> list[list[str]]:
     import torch
 
     from posttrain.common.net import free_port
@@ -124,8 +147,8 @@ def learner_rows(model: Path, n_params: int, steps: int) -> list[list[str]]:
             threads=4,
         )
         w.setup(free_port())
-        for seq in (2048, 8192):
-            batch = _batch(4 if seq == 2048 else 2, seq)
+        for seq in (2048, 4096, 8192):
+            batch = _batch(4 if seq < 8192 else 2, seq)
             batch.old_logprobs = w.compute(batch, 0, "old_logprobs")
             torch.cuda.reset_peak_memory_stats()
             times = []
@@ -144,7 +167,8 @@ def learner_rows(model: Path, n_params: int, steps: int) -> list[list[str]]:
                     f"learner seq {seq}{' +ckpt' if ckpt else ''}",
                     f"{step_s:.3f} s/step",
                     f"{tps:,.0f} tok/s",
-                    f"MFU {100 * mfu:.1f}%, peak {peak:.1f} GiB",
+                    f"MFU {100 * mfu:.1f}% ({100 * mfu * PEAK_TFLOPS * 1e12 / measured:.1f}%"
+                    f" of measured), peak {peak:.1f} GiB",
                 ]
             )
         w.close()
@@ -276,8 +300,11 @@ def main() -> int:
             folder = Path(d) / "model"
             n = build_model(folder)
             print(f"model: {n / 1e9:.2f}B parameters, built from its config", flush=True)
+            row, measured = matmul_row()
+            rows.append(row)
+            print(row, flush=True)
             for part in (
-                lambda: learner_rows(folder, n, args.steps),
+                lambda: learner_rows(folder, n, args.steps, measured),
                 lambda: [engine_row(folder)],
                 lambda: [ipc_row(folder)],
             ):
@@ -292,7 +319,8 @@ def main() -> int:
         rows += [
             [name, "skipped", "-", "no CUDA device"]
             for name in (
-                "learner (FSDP2+NCCL, ~1.1B, seq 2048/8192, +/- ckpt)",
+                "bf16 matmul peak (measured)",
+                "learner (FSDP2+NCCL, ~1.1B, seq 2048/4096/8192, +/- ckpt)",
                 "HF engine generate",
                 "CUDA-IPC hand-off",
             )

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The GPU check: posttrain's learner (FSDP2 + NCCL, ~1.1B Llama built from its config,
-# seq 2048 / 8192, with and without gradient checkpointing: step time, tokens/s, MFU),
+# seq 2048 / 4096 / 8192, with and without gradient checkpointing: step time, tokens/s, MFU
+# over the datasheet and the measured bf16 matmul peak),
 # the HF engine's tokens/s, the CUDA-IPC weight hand-off vs a device-to-device copy, and
 # `pytest -m gpu`; one table at the end. About 3-5 minutes on one H200 (budget: < 8).
 #

@@ -266,3 +266,93 @@ def _push_time(r: Recipe, weights: float, cal: CpuCalibration) -> float:
         share * weights / cal.loopback_bytes_per_s
     )
     return gather + weights / cal.loopback_bytes_per_s + pp.load_s * weights / pp.load_bytes
+
+
+@dataclass(frozen=True)
+class LayoutChoice:
+    """The CPU learner's layout: `ranks` processes of `threads` torch threads.
+
+    Attributes:
+        seconds: predicted learner seconds of one step per `(ranks, threads)` layout
+            (`learner_seconds`); a layout the calibration cannot predict is absent.
+        pinned: the recipe sets `resources.learner.gpus` itself.
+        reason: one console line: what each layout is predicted to take and why this
+            one.
+    """
+
+    ranks: int
+    threads: int
+    seconds: dict[tuple[int, int], float]
+    pinned: bool
+    reason: str
+
+
+def learner_seconds(
+    r: Recipe,
+    params: float,
+    trainable: float,
+    prompt_tokens: int,
+    cal: CpuCalibration,
+    ranks: int,
+    hidden: int | None = None,
+    intermediate: int | None = None,
+) -> float | None:
+    """Predicted learner seconds of one step of `r` with `ranks` learner ranks of
+    `cal.cores // ranks` threads: forward/backward of a rank's tokens at the train
+    probe's rate scaled by the matmul rate at those threads over the probe's
+    (`rate(t) = probe · matmul[t] / matmul[probe threads]`), AdamW on a rank's share,
+    and FSDP2's traffic (`_fsdp_comm`, none on one rank). None when `cal.matmul_flops`
+    has no rate at either thread count."""
+    threads = max(1, cal.cores // ranks)
+    rates = cal.matmul_flops
+    if threads not in rates or cal.train.threads not in rates:
+        return None
+    res = r.resources.model_copy(
+        update={"learner": r.resources.learner.model_copy(update={"gpus": ranks})}
+    )
+    rr = r.model_copy(update={"resources": res})
+    probe = 6 * params * cal.train.tokens / cal.train.seconds
+    rate = probe * rates[threads] / rates[cal.train.threads]
+    tokens = learner_tokens(rr, prompt_tokens, hidden, intermediate)
+    compute = train_flops_per_token(rr, params) * tokens / rate
+    optimizer = cal.adamw_s_per_param * trainable / ranks
+    return compute + optimizer + _fsdp_comm(rr, params, weight_bytes(rr), cal)
+
+
+def choose_learner_layout(
+    r: Recipe, seconds: dict[tuple[int, int], float], cores: int
+) -> LayoutChoice:
+    """The faster of the predicted layouts (`seconds`: `(ranks, threads)` -> learner
+    seconds of a step), unless the recipe pins `resources.learner.gpus`; a tie keeps
+    fewer ranks (no collectives). With no prediction the recipe's layout stays."""
+    pinned = "gpus" in r.resources.learner.model_fields_set
+    mine = (r.resources.learner.gpus, max(1, cores // r.resources.learner.gpus))
+    told = ", ".join(f"{n} rank(s) x {t} thread(s) {s:.2f} s" for (n, t), s in seconds.items())
+    if not seconds:
+        why = "learner layout: none predicted (no matmul rate at its threads); the recipe's stays"
+        return LayoutChoice(*mine, {}, pinned, why)
+    best = min(seconds, key=lambda k: (seconds[k], k[0]))
+    if pinned:
+        why = f"the recipe pins resources.learner.gpus: {mine[0]}"
+        if best != mine:
+            why += f" (predicted faster: {best[0]} rank(s) x {best[1]} thread(s))"
+        return LayoutChoice(*mine, seconds, True, f"learner layout predicted {told}; {why}")
+    return LayoutChoice(*best, seconds, False, f"learner layout predicted {told}; takes the faster")
+
+
+def learner_layouts(
+    r: Recipe,
+    params: float,
+    trainable: float,
+    prompt_tokens: int,
+    cal: CpuCalibration,
+    hidden: int | None = None,
+    intermediate: int | None = None,
+) -> LayoutChoice:
+    """`choose_learner_layout` over one rank with every core and one rank per core."""
+    seconds = {}
+    for ranks in sorted({1, cal.cores}):
+        s = learner_seconds(r, params, trainable, prompt_tokens, cal, ranks, hidden, intermediate)
+        if s is not None:
+            seconds[(ranks, max(1, cal.cores // ranks))] = s
+    return choose_learner_layout(r, seconds, cal.cores)

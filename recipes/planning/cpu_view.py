@@ -10,7 +10,7 @@ from rich.console import Console
 from rich.table import Table
 
 from ...config import Recipe
-from .cpu import CpuCalibration, CpuStep, predict
+from .cpu import CpuCalibration, CpuStep, learner_layouts, predict
 from .formulas import GB, Hardware
 from .planner import ModelShape, plan_recipe
 
@@ -45,6 +45,12 @@ def plan_cpu_or_exit(
         raise typer.Exit(code=2)
     cal, step, cached = cpu_prediction(r, folder, shape, prompt_tokens, recalibrate)
     print_cpu_plan(r, shape, prompt_tokens, cal, step, cached)
+    a = r.model.adapter
+    trainable = shape.lora_params(a.r, a.target_modules) if a.type != "none" else shape.params
+    layout = learner_layouts(
+        r, shape.params, trainable, prompt_tokens, cal, shape.hidden, shape.intermediate
+    )
+    print(layout.reason)
 
 
 def print_cpu_plan(

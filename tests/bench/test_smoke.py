@@ -36,6 +36,7 @@ BENCHES: dict[str, tuple[list[pytest.MarkDecorator], list[str]]] = {
     "dpo": ([], ["step s  tokens/s vs in-loop", "reference in the loop"]),
     "episodes": ([], ["| environment | ms per episode (median) |", "| openenv, websocket |"]),
     "learning": (slow, ["| recipe | metric | before | after | change (95% CI) |", "| rm_hh |"]),
+    "learner": ([], ["| workload | layout | s/step |", "| dpo | 2 rank(s) x 1 thread(s) |"]),
     "learner_layout": ([], ["| layout | s/step | vs first |", "| 2 ranks x 1 thread |"]),
     "logprobs": ([], ["| logprobs | train fwd+bwd s (CPU s) |", "| chunked (4) |"]),
     "old_logprobs": (slow, ["| old_logprob_pass | step s |", "| auto |"]),

@@ -3,6 +3,7 @@ and the command on a tiny model; `plan` on every shipped recipe."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -15,6 +16,8 @@ from posttrain.recipes.planning.cpu import (
     DecodeProbe,
     PushProbe,
     TrainProbe,
+    learner_layouts,
+    learner_seconds,
     learner_tokens,
     predict,
     worker_threads,
@@ -213,6 +216,7 @@ def test_plan_cpu_cli_on_a_tiny_model(tiny_model, monkeypatch, tmp_path):
         "step time on this CPU",
         "rollout idle",
         "memory: 2 learner ranks",
+        "learner layout",
     ):
         assert needle in out.output
     again = CliRunner().invoke(
@@ -305,3 +309,43 @@ def test_prompt_lengths_without_torch_match_autotokenizer(tiny_model):
                 conv, add_generation_prompt=True, tokenize=True, return_dict=True
             )["input_ids"]
         )
+
+
+def _unpinned(r):
+    """`r` with `resources.learner` as if the recipe had not set it (1 rank by default)."""
+    from posttrain.config.resources import LearnerResources
+
+    return r.model_copy(
+        update={"resources": r.resources.model_copy(update={"learner": LearnerResources()})}
+    )
+
+
+def test_learner_layouts_by_hand():
+    r = load_recipe(QUICK, ["rollout.engine=hf", "rollout.max_new_tokens=24"])
+    # 32 x 55 = 1760 tokens at 6e8 FLOP; the probe: 33 GFLOP/s at 1 thread (50 GFLOP/s
+    # matmul), so 66 GFLOP/s at 2 threads (100 GFLOP/s matmul)
+    two = learner_seconds(r, 1e8, 1e8, 31, CAL, ranks=2)
+    assert two == pytest.approx(6e8 * 880 / 33e9 + 5e-9 * 1e8 / 2 + 0.5 * 8 * 1e8 / 1e9)
+    one = learner_seconds(r, 1e8, 1e8, 31, CAL, ranks=1)
+    assert one == pytest.approx(6e8 * 1760 / 66e9 + 5e-9 * 1e8)  # no FSDP2 traffic
+    pinned = learner_layouts(r, 1e8, 1e8, 31, CAL)  # the quickstart sets gpus: 2
+    assert (pinned.ranks, pinned.threads, pinned.pinned) == (2, 1, True)
+    assert pinned.seconds == {(1, 2): pytest.approx(one), (2, 1): pytest.approx(two)}
+    assert "pins resources.learner.gpus: 2" in pinned.reason
+    assert "predicted faster: 1 rank(s) x 2 thread(s)" in pinned.reason
+    free = learner_layouts(_unpinned(r), 1e8, 1e8, 31, CAL)
+    assert (free.ranks, free.threads, free.pinned) == (1, 2, False)
+    assert "takes the faster" in free.reason
+
+
+def test_learner_layouts_pick_ranks_when_threads_do_not_scale():
+    r = _unpinned(load_recipe(QUICK, ["rollout.engine=hf", "rollout.max_new_tokens=24"]))
+    cal = dataclasses.replace(CAL, matmul_flops={1: 50e9, 2: 60e9})
+    choice = learner_layouts(r, 1e8, 1e8, 31, cal)
+    # 1 rank: 6e8·1760 / (33e9·60/50) + 0.5 = 27.17 s; 2 ranks: 16 + 0.25 + 0.4 = 16.65 s
+    assert choice.seconds[(1, 2)] == pytest.approx(6e8 * 1760 / 39.6e9 + 0.5)
+    assert choice.seconds[(2, 1)] == pytest.approx(16.65)
+    assert (choice.ranks, choice.threads) == (2, 1)
+    no_rate = dataclasses.replace(CAL, matmul_flops={2: 100e9}, train=TrainProbe(2, 2, 110, 2.0))
+    only = learner_layouts(r, 1e8, 1e8, 31, no_rate)
+    assert set(only.seconds) == {(1, 2)} and (only.ranks, only.threads) == (1, 2)
