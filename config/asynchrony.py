@@ -30,6 +30,7 @@ def check_async_and_correction(recipe: Any) -> None:
         )
     _check_partial_window(recipe)
     _check_decoupled(recipe)
+    _check_budget(recipe)
     if t.correction.mode != "none" and recipe.rollout.top_p < 1.0:
         # The engines disagree on what they report under top-p (vLLM's processed
         # logprobs are renormalised over the nucleus, transformers' are not), so a weight
@@ -104,6 +105,38 @@ def _check_partial_window(recipe: Any) -> None:
             f"train.max_token_staleness {m} trains tokens up to {m} versions old, and "
             "train.correction.mode is none: they would train with the on-policy gradient; "
             "set train.correction.mode: tis (or mis, or decoupled)"
+        )
+
+
+def _check_budget(recipe: Any) -> None:
+    """`train.staleness_policy: budget` bounds generation instead of dropping: it needs
+    k >= 1, leaves no drop rule to set, and trains samples that may be older than k, so
+    they must be weighed.
+
+    Raises:
+        ValueError: names the key and what to set.
+    """
+    t = recipe.train
+    if t.staleness_policy != "budget":
+        return
+    if t.max_staleness < 1:
+        raise ValueError(
+            "train.staleness_policy is budget, which bounds how far generation runs ahead "
+            "of training, and train.max_staleness is 0 (synchronous: nothing runs ahead); "
+            "set train.max_staleness >= 1, or train.staleness_policy: drop"
+        )
+    if t.max_token_staleness is not None:
+        raise ValueError(
+            f"train.max_token_staleness is {t.max_token_staleness}, a rule for dropping "
+            "samples, and train.staleness_policy is budget, which drops none; set "
+            "train.max_token_staleness: null, or train.staleness_policy: drop"
+        )
+    if t.correction.mode == "none":
+        raise ValueError(
+            "train.staleness_policy is budget, which trains a sample continued across pushes "
+            "or kept waiting when it is more than train.max_staleness versions old, and "
+            "train.correction.mode is none: it would train with the on-policy gradient; set "
+            "train.correction.mode: decoupled (or tis, mis)"
         )
 
 
