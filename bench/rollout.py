@@ -8,8 +8,9 @@ settings, in one run.
 Rows: each engine with the whole batch in one `generate` call; 'vllm async, 4 callers'
 splits the same prompts over 4 threads calling `generate` at once (as episode turns and
 agent calls reach the engine), which AsyncLLM batches together. `--async-threads N` adds
-an AsyncLLM row whose engine core gets N threads instead of `--threads` (AsyncLLM's core
-is a child process beside the calling one: on a machine with few cores the two compete).
+an AsyncLLM row whose worker gets N threads instead of `--threads` (AsyncLLM's core is a
+child process beside the calling one and gets `vllm_async.core_threads(N)` = N − 1, at
+least 1, leaving a core to the caller's output processing; before `9440ac7` it got N).
 
 SmolLM2-135M-Instruct, quickstart-style prompts (one-digit addition, the quickstart's
 system prompt). Each engine lives in its own process with `--threads` torch threads
@@ -83,7 +84,7 @@ def main() -> None:
     ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument(
-        "--async-threads", type=int, default=0, help="also AsyncLLM with N core threads"
+        "--async-threads", type=int, default=0, help="also AsyncLLM on a worker of N threads"
     )
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--compiled", action="store_true", help="also vLLM with torch.compile")
@@ -117,7 +118,7 @@ def main() -> None:
     ]
     threads = {name: args.threads for name, _ in engines}
     if args.async_threads:
-        name = f"vllm async (eager), core {args.async_threads} thread(s)"
+        name = f"vllm async (eager), worker {args.async_threads} thread(s)"
         engines.append((name, EngineSettings("vllm_async", path, args.dtype)))
         threads[name] = args.async_threads
     if args.compiled:
