@@ -81,6 +81,17 @@ def span_versions(spans: list[Any] | None, n_tokens: int, fallback: int) -> list
     return out
 
 
+def core_threads(worker_threads: int) -> int:
+    """OpenMP threads of the engine core on CPU: one fewer than the worker owns (at least
+    one). The core is a child process; while it runs a step's forward, this process
+    takes the previous step's outputs off the socket and detokenizes them on its loop
+    thread. With every core given to the forward, that work preempts one of its OpenMP
+    threads and the whole step waits at the next barrier: on 2 cores the core at 2
+    threads generated 0.46x the synchronous engine's tokens/s, at 1 thread 2.30x
+    (docs/benchmarks.md, machine H)."""
+    return max(1, worker_threads - 1)
+
+
 class AsyncVLLMEngine(InferenceEngine):
     """Continuous batching across concurrent callers, weights updated in flight.
 
@@ -102,8 +113,8 @@ class AsyncVLLMEngine(InferenceEngine):
                 "(colocate on cuda); set rollout.vllm.async_engine: false for those"
             )
         if s.device == "cpu":
-            # the engine core is a child process: give it the cores this worker owns
-            os.environ["OMP_NUM_THREADS"] = str(torch.get_num_threads())
+            # the engine core is a child process: one thread fewer than this worker owns
+            os.environ["OMP_NUM_THREADS"] = str(core_threads(torch.get_num_threads()))
         args = vllm_args(s)
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM

@@ -9,7 +9,7 @@ clipped ratio exp(logprobs − old_logprobs) does not see that gap; an importanc
 
     w = π_old(y) / π_inference(y) = exp(old_logprobs − inference_logprobs)
 
-does. Two ways to keep its variance bounded (`train.correction`):
+does. Three ways to use it with bounded variance (`train.correction`):
 
 - TIS, truncated importance sampling (Yao et al. 2025, "Your Efficient RL Framework
   Secretly Brings You Off-Policy RL Training"): the policy loss of each token is
@@ -18,15 +18,34 @@ does. Two ways to keep its variance bounded (`train.correction`):
   Ling team 2025): tokens whose w lies outside [1/C, C] are left out of the loss
   (weight 0); the others keep weight 1. The step's loss denominator is unchanged, as
   in IcePop's objective, so a masked token counts as a zero-gradient token.
+- Decoupled PPO (`mode: decoupled`; Fu et al. 2025, "AReaL: A Large-Scale
+  Asynchronous Reinforcement Learning System for Language Reasoning", §5.2, eq. 5):
+  three policies, π_behav that sampled each token (`inference_logprobs`), the proximal
+  π_prox the trust region is drawn around (`old_logprobs`: the learner's policy at
+  the step's start, from its no-grad pass, or with one update per step the update's
+  own forward, detached) and π_θ being trained:
 
-`level: sequence` uses one weight per response, w = exp(Σ_t (old − inference)) over its
-response tokens (the product of token weights), broadcast to its tokens; MIS then
-masks the whole response. With stale samples (max_staleness ≥ 1) this is the
-decoupled PPO objective of AReaL (Fu et al. 2025): the clip acts around the proximal
-policy (`old_logprobs`), the weight corrects from the behaviour policy to it. With
-partial rollouts (`rollout.partial`) one response holds tokens of several policy
-versions; `inference_logprobs[t]` is then the logprob under the version that sampled
-token t (actors/partial.py), so the behaviour policy of each token is its own.
+      J(θ) = E_{a_t ~ π_behav} [ Σ_t w_t · min( u_t·A_t, clip(u_t, 1 − ε_low, 1 + ε_high)·A_t ) ]
+      w_t = π_prox(a_t) / π_behav(a_t) = exp(old_logprobs_t − inference_logprobs_t)
+      u_t = π_θ(a_t) / π_prox(a_t)     = exp(logprobs_t − old_logprobs_t)
+
+  w_t is a constant (no gradient), not truncated; a token whose w_t exceeds C leaves
+  the loss (weight 0; AReaL's `behav_imp_weight_cap`, one-sided), so a token the
+  behaviour policy found far likelier than the proximal one cannot dominate. The clip
+  is the policy loss's own (`grpo.clip_*`, `ppo.clip_eps`), around π_prox, so how far
+  one step moves the policy does not depend on how stale the sample is. Token level
+  only: with partial rollouts (`rollout.partial`) one response holds tokens of several
+  policy versions and `inference_logprobs[t]` is the logprob under the version that
+  sampled token t (`policy_versions[t]`, actors/partial.py), so each token's behaviour
+  policy is its own.
+
+TIS at token level differs from decoupled PPO only in what it does with a large w:
+TIS truncates it to C (the token still trains, at weight C), decoupled PPO drops the
+token. MIS also drops w < 1/C.
+
+`level: sequence` (TIS and MIS) uses one weight per response, w = exp(Σ_t (old −
+inference)) over its response tokens (the product of token weights), broadcast to its
+tokens; MIS then masks the whole response.
 
 Shapes: B sequences, T token columns, `mask [B, T]` = 1 on the loss's tokens.
 """
@@ -40,7 +59,7 @@ import torch
 
 from .common import kl_k3
 
-Mode = Literal["none", "tis", "mis"]
+Mode = Literal["none", "tis", "mis", "decoupled"]
 Level = Literal["token", "sequence"]
 
 
@@ -49,9 +68,10 @@ class Correction:
     """Plain settings of the correction (from the recipe's `train.correction`).
 
     Attributes:
-        mode: 'none' (the loss is unchanged), 'tis' or 'mis'.
-        level: 'token' or 'sequence'.
-        cap: C > 1; TIS truncates at C, MIS keeps weights in [1/C, C].
+        mode: 'none' (the loss is unchanged), 'tis', 'mis' or 'decoupled'.
+        level: 'token' or 'sequence' ('decoupled': token only).
+        cap: C > 1; TIS truncates at C, MIS keeps weights in [1/C, C], decoupled
+            keeps weights ≤ C.
     """
 
     mode: Mode = "none"
@@ -65,10 +85,10 @@ class CorrectionTerms:
 
     Attributes:
         factor: multiplies each token's policy loss (TIS: min(w, C); MIS: 1 kept, 0
-            masked; 0 off the mask).
+            masked; decoupled: w kept, 0 masked; 0 off the mask).
         weight: the raw importance weight w of each token (its sequence's at sequence
             level), before truncation or masking.
-        corrected: 1.0 where TIS truncated or MIS masked.
+        corrected: 1.0 where TIS truncated or MIS or decoupled masked.
     """
 
     factor: torch.Tensor
@@ -104,6 +124,12 @@ def mis_mask(weights: torch.Tensor, cap: float) -> torch.Tensor:
     return ((weights >= 1.0 / cap) & (weights <= cap)).to(torch.float32)
 
 
+def decoupled_factor(weights: torch.Tensor, cap: float) -> torch.Tensor:
+    """Decoupled PPO's behaviour weight (AReaL, Fu et al. 2025, eq. 5, with its
+    `behav_imp_weight_cap`): w where w ≤ C, else 0.0. Any shape."""
+    return torch.where(weights <= cap, weights, torch.zeros_like(weights))
+
+
 def correction_terms(
     old_logprobs: torch.Tensor,
     inference_logprobs: torch.Tensor,
@@ -116,13 +142,20 @@ def correction_terms(
         old_logprobs: `[B, T]` the learner's logprobs of the policy trained from.
         inference_logprobs: `[B, T]` the engine's logprobs of the same tokens.
         mask: `[B, T]` response mask.
-        cfg: mode 'tis' or 'mis' (mode 'none' never calls this), level and cap.
+        cfg: mode 'tis', 'mis' or 'decoupled' (mode 'none' never calls this), level and
+            cap.
 
     Raises:
-        ValueError: mode 'none' or an unknown mode, or cap ≤ 1.
+        ValueError: mode 'none' or an unknown mode, cap ≤ 1, or 'decoupled' at
+            sequence level.
     """
     if cfg.cap <= 1.0:
         raise ValueError(f"correction cap must be > 1, got {cfg.cap}")
+    if cfg.mode == "decoupled" and cfg.level != "token":
+        raise ValueError(
+            "correction mode 'decoupled' weighs each token by its own behaviour policy; "
+            f"level must be 'token', got {cfg.level!r}"
+        )
     w = torch.exp(log_weights(old_logprobs, inference_logprobs, mask, cfg.level))
     if cfg.mode == "tis":
         factor = tis_factor(w, cfg.cap)
@@ -130,8 +163,11 @@ def correction_terms(
     elif cfg.mode == "mis":
         factor = mis_mask(w, cfg.cap)
         corrected = 1.0 - factor
+    elif cfg.mode == "decoupled":
+        factor = decoupled_factor(w, cfg.cap)
+        corrected = (w > cfg.cap).to(torch.float32)
     else:
-        raise ValueError(f"correction mode {cfg.mode!r} has no terms; use tis or mis")
+        raise ValueError(f"correction mode {cfg.mode!r} has no terms; use tis, mis or decoupled")
     return CorrectionTerms(factor=factor * mask, weight=w, corrected=corrected * mask)
 
 

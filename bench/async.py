@@ -22,13 +22,15 @@ Two setups, each at several k, every run from the same seed:
 `--ks`: the rows, a k each; `Kp` is k with partial rollouts (`rollout.partial`: one
 request per group, sent as a slot frees; the simulated engines are paced token by token,
 so a push lands mid-sample); `Kp:O:M` adds `rollout.oversample: O` and
-`train.max_token_staleness: M` (e.g. `1p:1.5:4`).
+`train.max_token_staleness: M` (e.g. `1p:1.5:4`); a `b` after the k (`1pb:2`) runs
+`train.staleness_policy: budget` (no sample dropped for staleness; M must then be
+left out) with `train.correction.mode: decoupled`.
 
 Columns: steady-state means over the steps after `--warmup` (default 1): steps/s,
 response tokens/s, both idle fractions, the mean staleness, the reward of the last step
 and the steps/s ratio to k = 0 of the same setup. Quote `cat /proc/loadavg` with it.
 
-`--smoke`: k = 0, 1, 1p:2:2 of the sim (with `--tail 8` unless given) on 2 engines : 1 rank
+`--smoke`: k = 0, 1, 1p:2:2, 1pb:2 of the sim (with `--tail 8` unless given) on 2 engines : 1 rank
 with 0.05 s delays, 2 steps each
 (the quickstart setup is skipped unless `--smoke-quickstart`, which runs it on a tiny
 random model): checks the bench runs (tests/bench/).
@@ -55,22 +57,25 @@ from posttrain.recipes.loop import run  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _parse(spec: str) -> tuple[int, bool, float, int | None]:
-    """A row spec `K`, `Kp` or `Kp:O:M`: (k, partial, oversample, max_token_staleness)."""
+def _parse(spec: str) -> tuple[int, bool, float, int | None, bool]:
+    """A row spec `K`, `Kp`, `Kpb` or `Kp:O:M`: (k, partial, oversample,
+    max_token_staleness, budget)."""
     kk, *extra = spec.split(":")
     oversample = float(extra[0]) if extra else 1.0
     token_k = int(extra[1]) if len(extra) > 1 else None
-    return int(kk.rstrip("p")), kk.endswith("p"), oversample, token_k
+    return int(kk.rstrip("pb")), "p" in kk, oversample, token_k, kk.endswith("b")
 
 
 def _row_sets(spec: str) -> list[str]:
     """A row spec as recipe overrides."""
-    k, partial, oversample, token_k = _parse(spec)
+    k, partial, oversample, token_k, budget = _parse(spec)
     sets = [f"train.max_staleness={k}", f"rollout.partial={str(partial).lower()}"]
     if oversample != 1.0:
         sets.append(f"rollout.oversample={oversample}")
     if token_k is not None:
         sets.append(f"train.max_token_staleness={token_k}")
+    if budget:
+        sets += ["train.staleness_policy=budget", "train.correction.mode=decoupled"]
     return sets
 
 
@@ -102,8 +107,10 @@ def _sim(
     tail: tuple[int, float] = (0, 8.0),
     oversample: float = 1.0,
     token_k: int | None = None,
+    budget: bool = False,
 ) -> list[dict]:
     recipe_file = model.parent / "sim.yaml"
+    budget_correction = ", correction: {mode: decoupled}" if budget else ""
     recipe_file.write_text(f"""
 name: sim-async
 algorithm: grpo
@@ -113,7 +120,8 @@ rollout: {{engine: hf, samples_per_prompt: 4, max_new_tokens: 8, partial: {str(p
           oversample: {oversample}}}
 rewards: [{{name: correct, type: math}}]
 train: {{steps: {steps}, prompts_per_step: 8, micro_batch_size: 8, lr: 1.0e-4,
-        max_staleness: {k}, max_token_staleness: {"null" if token_k is None else token_k}}}
+        max_staleness: {k}, max_token_staleness: {"null" if token_k is None else token_k},
+        staleness_policy: {"budget" if budget else "drop"}{budget_correction}}}
 resources: {{rollout: {{gpus: {engines}}}, learner: {{gpus: {ranks}}}, device: cpu,
             threads_per_worker: 1}}
 weight_sync: {{type: object_store}}
@@ -147,12 +155,14 @@ def _row(setup: str, k: str, history: list[dict], warmup: int, rows_per_step: in
 
 def _label(spec: str) -> str:
     """A row's spec as the table shows it: `1p:1.5:4` → `1 + partial, oversample 1.5, m 4`."""
-    k, partial, oversample, token_k = _parse(spec)
+    k, partial, oversample, token_k, budget = _parse(spec)
     out = f"{k}" + (" + partial" if partial else "")
     if oversample != 1.0:
         out += f", oversample {oversample:g}"
     if token_k is not None:
         out += f", m {token_k}"
+    if budget:
+        out += ", budget"
     return out
 
 
@@ -175,7 +185,7 @@ def main() -> None:
     args = ap.parse_args()
     smoke_sets = []
     if args.smoke:
-        args.ks, args.sim_steps, args.quickstart_steps, args.warmup = "0,1,1p:2:2", 2, 2, 1
+        args.ks, args.sim_steps, args.quickstart_steps, args.warmup = "0,1,1p:2:2,1pb:2", 2, 2, 1
         args.tail = args.tail or 8
         args.sim_gen = args.sim_train = 0.05
         args.sim_engines, args.sim_ranks = 2, 1
@@ -190,7 +200,7 @@ def main() -> None:
         with tempfile.TemporaryDirectory() as tmp:
             model = build_tiny_model(Path(tmp) / "model")
             for k in ks:
-                kk, partial, oversample, token_k = _parse(k)
+                kk, partial, oversample, token_k, budget = _parse(k)
                 rows.append(
                     _row(
                         f"sim {args.sim_engines}:{args.sim_ranks}, gen {args.sim_gen}s "
@@ -209,6 +219,7 @@ def main() -> None:
                             tail=tail,
                             oversample=oversample,
                             token_k=token_k,
+                            budget=budget,
                         ),
                         args.warmup,
                         32,

@@ -7,7 +7,10 @@ settings, in one run.
 
 Rows: each engine with the whole batch in one `generate` call; 'vllm async, 4 callers'
 splits the same prompts over 4 threads calling `generate` at once (as episode turns and
-agent calls reach the engine), which AsyncLLM batches together.
+agent calls reach the engine), which AsyncLLM batches together. `--async-threads N` adds
+an AsyncLLM row whose worker gets N threads instead of `--threads` (AsyncLLM's core is a
+child process beside the calling one and gets `vllm_async.core_threads(N)` = N − 1, at
+least 1, leaving a core to the caller's output processing; before `9440ac7` it got N).
 
 SmolLM2-135M-Instruct, quickstart-style prompts (one-digit addition, the quickstart's
 system prompt). Each engine lives in its own process with `--threads` torch threads
@@ -80,6 +83,9 @@ def main() -> None:
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument(
+        "--async-threads", type=int, default=0, help="also AsyncLLM on a worker of N threads"
+    )
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--compiled", action="store_true", help="also vLLM with torch.compile")
     ap.add_argument("--no-hf", action="store_true", help="skip the transformers engine")
@@ -110,6 +116,11 @@ def main() -> None:
         ("vllm (eager)", EngineSettings("vllm", path, args.dtype)),
         ("vllm async (eager)", EngineSettings("vllm_async", path, args.dtype)),
     ]
+    threads = {name: args.threads for name, _ in engines}
+    if args.async_threads:
+        name = f"vllm async (eager), worker {args.async_threads} thread(s)"
+        engines.append((name, EngineSettings("vllm_async", path, args.dtype)))
+        threads[name] = args.async_threads
     if args.compiled:
         engines.append(
             ("vllm (compiled)", EngineSettings("vllm", path, args.dtype, enforce_eager=False))
@@ -120,8 +131,8 @@ def main() -> None:
     plan.insert(ai + 1, ("vllm async, 4 callers", ai, 4))
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     actors, startup = [], []
-    for _, settings in engines:  # one at a time, so each startup is timed alone
-        actors.append(ray.remote(num_cpus=0)(Bench).remote(settings, args.threads))
+    for name, settings in engines:  # one at a time, so each startup is timed alone
+        actors.append(ray.remote(num_cpus=0)(Bench).remote(settings, threads[name]))
         startup.append(ray.get(actors[-1].warm.remote(messages, sampling)))
     times: dict[str, list[float]] = {name: [] for name, _, _ in plan}
     tokens: dict[str, list[int]] = {name: [] for name, _, _ in plan}

@@ -207,13 +207,17 @@ class CorrectionConfig(_Strict):
     that sampled (`inference_logprobs`) and the learner's `old_logprobs`
     (algorithms/correction.py)."""
 
-    mode: Literal["none", "tis", "mis"] = Field(
+    mode: Literal["none", "tis", "mis", "decoupled"] = Field(
         "none",
         description="none: the loss as without correction. tis: each token's policy loss "
         "times min(w, cap), w = exp(old_logprobs - inference_logprobs) (truncated importance "
         "sampling, Yao et al. 2025). mis: tokens (or whole responses) with w outside "
         "[1/cap, cap] leave the loss (masked importance sampling; verl rollout correction, "
-        "IcePop). Default: none with train.max_staleness 0; tis with train.max_staleness >= 1, "
+        "IcePop). decoupled: AReaL's decoupled PPO (Fu et al. 2025): the clip acts around "
+        "the proximal policy (old_logprobs, the learner's at the step's start) and each "
+        "token's loss is weighted by w, untruncated, tokens with w > cap leaving the loss; "
+        "token level, with a trust-region loss (grpo.loss ppo_clip or gspo, ppo, distill). "
+        "Default: none with train.max_staleness 0; tis with train.max_staleness >= 1, "
         "where a sample from an older policy would otherwise train with the on-policy "
         "gradient; set none explicitly to train stale samples uncorrected.",
     )
@@ -222,7 +226,12 @@ class CorrectionConfig(_Strict):
         description="token: one weight per token; sequence: one per response, "
         "exp of the sum of its token log-ratios, on every token of it.",
     )
-    cap: float = Field(2.0, gt=1, description="C: TIS truncates at C; MIS keeps [1/C, C].")
+    cap: float = Field(
+        2.0,
+        gt=1,
+        description="C: TIS truncates at C; MIS keeps [1/C, C]; decoupled keeps w <= C "
+        "(AReaL's behav_imp_weight_cap).",
+    )
 
 
 class RewardModelConfig(_Strict):

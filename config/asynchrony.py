@@ -29,6 +29,8 @@ def check_async_and_correction(recipe: Any) -> None:
             "samples none; remove train.correction or use algorithm grpo or ppo"
         )
     _check_partial_window(recipe)
+    _check_decoupled(recipe)
+    _check_budget(recipe)
     if t.correction.mode != "none" and recipe.rollout.top_p < 1.0:
         # The engines disagree on what they report under top-p (vLLM's processed
         # logprobs are renormalised over the nucleus, transformers' are not), so a weight
@@ -102,7 +104,65 @@ def _check_partial_window(recipe: Any) -> None:
         raise ValueError(
             f"train.max_token_staleness {m} trains tokens up to {m} versions old, and "
             "train.correction.mode is none: they would train with the on-policy gradient; "
-            "set train.correction.mode: tis (or mis)"
+            "set train.correction.mode: tis (or mis, or decoupled)"
+        )
+
+
+def _check_budget(recipe: Any) -> None:
+    """`train.staleness_policy: budget` bounds generation instead of dropping: it needs
+    k >= 1, leaves no drop rule to set, and trains samples that may be older than k, so
+    they must be weighed.
+
+    Raises:
+        ValueError: names the key and what to set.
+    """
+    t = recipe.train
+    if t.staleness_policy != "budget":
+        return
+    if t.max_staleness < 1:
+        raise ValueError(
+            "train.staleness_policy is budget, which bounds how far generation runs ahead "
+            "of training, and train.max_staleness is 0 (synchronous: nothing runs ahead); "
+            "set train.max_staleness >= 1, or train.staleness_policy: drop"
+        )
+    if t.max_token_staleness is not None:
+        raise ValueError(
+            f"train.max_token_staleness is {t.max_token_staleness}, a rule for dropping "
+            "samples, and train.staleness_policy is budget, which drops none; set "
+            "train.max_token_staleness: null, or train.staleness_policy: drop"
+        )
+    if t.correction.mode == "none":
+        raise ValueError(
+            "train.staleness_policy is budget, which trains a sample continued across pushes "
+            "or kept waiting when it is more than train.max_staleness versions old, and "
+            "train.correction.mode is none: it would train with the on-policy gradient; set "
+            "train.correction.mode: decoupled (or tis, mis)"
+        )
+
+
+def _check_decoupled(recipe: Any) -> None:
+    """`train.correction.mode: decoupled` needs a per-token weight and a trust region
+    around the proximal policy (algorithms/correction.py).
+
+    Raises:
+        ValueError: names the key and what to set.
+    """
+    c = recipe.train.correction
+    if c.mode != "decoupled":
+        return
+    if c.level != "token":
+        raise ValueError(
+            f"train.correction.mode is decoupled and train.correction.level is {c.level}: "
+            "decoupled PPO weighs each token by the policy that sampled it (with partial "
+            "rollouts, tokens of one response come from several versions); set "
+            "train.correction.level: token, or mode tis or mis for a sequence weight"
+        )
+    if recipe.algorithm == "grpo" and recipe.grpo.loss == "cispo":
+        raise ValueError(
+            "train.correction.mode is decoupled and grpo.loss is cispo: decoupled PPO clips "
+            "pi_theta/pi_prox as a trust region around the proximal policy, and CISPO has no "
+            "such clip (it clips a detached weight); set grpo.loss: ppo_clip (or gspo), or "
+            "train.correction.mode: tis"
         )
 
 

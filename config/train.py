@@ -4,7 +4,7 @@ no ML imports)."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
@@ -122,6 +122,18 @@ class TrainConfig(_Strict):
         "max_staleness, never older than this); a long sample continued across pushes "
         "then trains instead of being dropped, each token weighted by train.correction "
         "against the policy that sampled it (its own inference_logprobs).",
+    )
+    staleness_policy: Literal["drop", "budget"] = Field(
+        "drop",
+        description="What the asynchronous loop does with a sample past the staleness "
+        "bounds (train.max_staleness >= 1). drop: it is dropped and counted "
+        "(dropped_stale), never trained. budget: no sample is dropped for staleness; the "
+        "bound is on generation instead (AReaL's staleness budget): the producer keeps at "
+        "most k x prompts_per_step groups (x rollout.oversample with partial rollouts) "
+        "generating, scored or waiting, pauses while that buffer is full, and each step "
+        "trains the oldest groups first, so a long sample continued across pushes trains "
+        "when it finishes, weighed by train.correction (staleness_max shows how old). "
+        "Needs a correction other than none; train.max_token_staleness stays null.",
     )
     correction: CorrectionConfig = Field(default_factory=CorrectionConfig)
 

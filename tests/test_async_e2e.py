@@ -161,6 +161,43 @@ def test_oversampled_partial_rollouts_keep_both_bounds_and_lose_no_sample(tiny_m
     check_counts_and_versions(history, run_dir, samples_per_step=4, newest_k=1, oldest_k=2)
 
 
+@pytest.mark.slow
+def test_budget_drops_no_sample_on_a_long_tail(tiny_model, tmp_path):
+    """`train.staleness_policy: budget` on the paced long tail of the test above, with
+    no max_token_staleness: the producer pauses while its buffer of 4 groups is full,
+    every step trains 2 groups, no sample is dropped for staleness, and generated =
+    trained + 0 + waiting at every step. (Slow: a minute of Ray and the paced engine;
+    tests/recipes/test_async_stream.py checks `take` and the counts in seconds.)"""
+    recipe_file = _grpo_recipe(
+        tmp_path,
+        tiny_model,
+        rollout={
+            "engine": "hf",
+            "samples_per_prompt": 2,
+            "max_new_tokens": 8,
+            "partial": True,
+            "oversample": 2.0,
+        },
+        train={
+            **FOUR_STEPS_K1,
+            "staleness_policy": "budget",
+            "correction": {"mode": "decoupled"},
+        },
+        resources={"rollout": {"gpus": 2}, "learner": {"gpus": 1}, "threads_per_worker": 1},
+        debug={"rollout_delay_s": 0.2, "rollout_tail_every": 3, "rollout_tail_factor": 6.0},
+    )
+    run_dir = tmp_path / "run"
+    history = run(load_recipe(recipe_file), run_dir)
+
+    assert [m["policy_version"] for m in history] == [1, 2, 3, 4]
+    for m in history:
+        assert m["dropped_stale"] == 0 and m["samples_dropped_total"] == 0
+        assert sum(v for key, v in m.items() if key.startswith("staleness_frac/")) == (
+            pytest.approx(1.0)
+        )
+    check_counts_and_versions(history, run_dir, samples_per_step=4, newest_k=4, oldest_k=4)
+
+
 def _trained_prompt_ids(run_dir, steps):
     """The prompt id (`-p<id>-` of each group id) of every group trained at each step."""
     out = []

@@ -34,6 +34,11 @@ the window (APRIL's over-sampling, Zhou et al. 2025: the first groups to finish 
 step, the long ones finish later under newer weights), and `train.max_token_staleness`
 m ≥ k then decides which of those train: a group is fresh at step s when
 s − (its newest token's version) ≤ k and s − (its oldest token's) ≤ m.
+`train.staleness_policy: budget` drops nothing for staleness (AReaL's staleness budget,
+Fu et al. 2025): the window alone bounds how far generation runs ahead (the producer
+pauses while it is full), every group trains, the most overdue first, and one past the
+bounds (a long sample continued across pushes, a group left waiting) is weighed by
+`train.correction`; `staleness_max` reports how old.
 
 Concurrency (the order, written down):
 1. The producer starts a generation round only when no push is waiting and the window

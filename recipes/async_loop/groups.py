@@ -31,7 +31,12 @@ class Group:
 
 
 def take_fresh(
-    groups: list[Group], step: int, k: int, count: int, token_k: int | None = None
+    groups: list[Group],
+    step: int,
+    k: int,
+    count: int,
+    token_k: int | None = None,
+    drop: bool = True,
 ) -> tuple[list[Group], list[Group], list[Group]]:
     """Split ready `groups` (in the order they finished) for training step `step`: up to
     `count` within bounds, those too old (dropped), and the rest (kept for later steps).
@@ -40,12 +45,14 @@ def take_fresh(
     (its oldest token; `token_k` None: `k`, i.e. staleness counts from the oldest token).
     Of those, the `count` closest to going stale are taken (earliest deadline
     `min(newest + k, version + token_k)` first; ties in the order given), so a group
-    left waiting is not dropped while younger ones train. Pure; each list keeps the
-    order of `groups`."""
+    left waiting is not dropped while younger ones train. With `drop` False
+    (`train.staleness_policy: budget`) no group is too old: one past its deadline is
+    taken first, the most overdue first. Pure; each list keeps the order of `groups`."""
     token_k = k if token_k is None else token_k
     stale, within = [], []
     for g in groups:
-        (stale if step - g.newest > k or step - g.version > token_k else within).append(g)
+        old = step - g.newest > k or step - g.version > token_k
+        (stale if old and drop else within).append(g)
     by_deadline = sorted(within, key=lambda g: min(g.newest + k, g.version + token_k))
     chosen = {id(g) for g in by_deadline[:count]}
     fresh = [g for g in within if id(g) in chosen]

@@ -31,17 +31,21 @@ class RolloutStream:
     Args:
         run: the running job (recipes/state.py: recipe, roles, prompt stream).
         start_version: the policy_version the engines hold now (the first step).
+        produce: start the producer thread; False only in tests that fill `ready`
+            themselves to check `take` and the accounting without engines.
 
     Raises (from `take`): RuntimeError naming the producer's failure (a dead rollout
     worker, a reward service that did not answer).
     """
 
-    def __init__(self, run: Run, start_version: int):
+    def __init__(self, run: Run, start_version: int, produce: bool = True):
         self.run, self.recipe, self.roles = run, run.recipe, run.roles
         self.k = self.recipe.train.max_staleness
         self.episodes = episodes_enabled(self.recipe)
         self.partial = self.recipe.rollout.partial and not self.episodes
         self.token_k = self.recipe.train.max_token_staleness
+        # budget: nothing is dropped for staleness; the window alone bounds generation
+        self.drop_stale = self.recipe.train.staleness_policy == "drop"
         # one request per group, sent as a slot frees (no rounds)
         self.refill = continuous_producer(self.recipe)
         self.window = producer_window(self.recipe)
@@ -67,7 +71,8 @@ class RolloutStream:
         self.counts = SampleCounts()
         self.scorer = ThreadPoolExecutor(1, thread_name_prefix="score")
         self.thread = threading.Thread(target=self._produce, name="rollout-stream", daemon=True)
-        self.thread.start()
+        if produce:
+            self.thread.start()
 
     # -- producer side --------------------------------------------------------------------
     def _may_start(self, groups: int) -> bool:
@@ -269,7 +274,7 @@ class RolloutStream:
                         f"generating rollouts ahead failed: {self.error}"
                     ) from self.error
                 fresh, stale, rest = take_fresh(
-                    self.ready, step, self.k, self.per_step, self.token_k
+                    self.ready, step, self.k, self.per_step, self.token_k, self.drop_stale
                 )
                 if stale:  # never trained on; their room goes back to the producer
                     dropped += stale
@@ -288,7 +293,8 @@ class RolloutStream:
             return None
         if len(fresh) + self.flat_since_take < self.recipe.grpo.max_rounds * self.per_step:
             return None
-        return fresh or take_fresh(self.flat, step, self.k, self.per_step, self.token_k)[0] or None
+        flat = take_fresh(self.flat, step, self.k, self.per_step, self.token_k, self.drop_stale)
+        return fresh or flat[0] or None
 
     def _taken(self, batch: list[Group]) -> list[Group]:
         """Move `batch` out of the stream as trained, drop every other flat group (lock
@@ -364,5 +370,6 @@ class RolloutStream:
         with self.cond:
             self.stopped = True
             self.cond.notify_all()
-        self.thread.join(timeout=5.0)
+        if self.thread.ident is not None:  # started
+            self.thread.join(timeout=5.0)
         self.scorer.shutdown(wait=False, cancel_futures=True)

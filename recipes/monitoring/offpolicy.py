@@ -55,8 +55,9 @@ def offpolicy_metrics(
         sample; the same without partial rollouts; may exceed `train.max_staleness`
         where a group's samples ended at different versions, since the bound is on the
         group's newest token, recipes/async_loop/groups.py `take_fresh`),
-        `staleness_frac/{d}` for d = 0..k (share of samples at staleness d; they sum to
-        1), `staleness_token_mean` (step − version of each response token),
+        `staleness_frac/{d}` for d = 0..max(k, staleness_max) (share of samples at
+        staleness d; they sum to 1; past k only with `train.staleness_policy: budget`),
+        `staleness_token_mean` (step − version of each response token),
         `versions_spanned_mean`, `versions_spanned_max` (distinct versions per sample),
         `samples_trained`, `samples_dropped` (this step), and the run's totals
         `samples_generated_total`, `samples_trained_total`, `samples_dropped_total`,
@@ -88,6 +89,6 @@ def offpolicy_metrics(
         "samples_dropped_flat_total": float(counts.flat),
         "samples_waiting": float(counts.waiting),
     }
-    for d in range(k + 1):
+    for d in range(max(k, *lag) + 1):  # past k with train.staleness_policy: budget
         out[f"staleness_frac/{d}"] = sum(x == d for x in lag) / len(lag)
     return out

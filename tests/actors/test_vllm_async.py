@@ -21,7 +21,7 @@ from transformers import AutoModelForCausalLM
 from posttrain.actors.engine import EngineSettings
 from posttrain.actors.partial import version_spans
 from posttrain.actors.rollout import PromptRequest, SamplingSettings
-from posttrain.actors.vllm_async import span_versions
+from posttrain.actors.vllm_async import core_threads, span_versions
 from posttrain.actors.worker import RolloutWorker
 from posttrain.weightsync import TransportSettings
 from posttrain.weightsync.filesystem import FilesystemTransport
@@ -30,6 +30,10 @@ from tests.engine_host import requires_vllm
 
 def _span(version: str, start: int, end: int) -> SimpleNamespace:
     return SimpleNamespace(version=version, start=start, end=end)
+
+
+def test_the_engine_core_leaves_one_core_to_the_caller():
+    assert [core_threads(n) for n in (1, 2, 4, 16)] == [1, 1, 3, 15]
 
 
 def test_span_versions_hand_computed():

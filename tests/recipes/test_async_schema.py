@@ -26,6 +26,30 @@ def test_defaults_are_synchronous_and_uncorrected():
     [
         (["rollout.top_p=0.9", "train.correction.mode=tis"], ["rollout.top_p", "train.correction"]),
         (["train.correction.cap=1.0"], ["cap"]),
+        (
+            ["train.correction.mode=decoupled", "train.correction.level=sequence"],
+            ["train.correction.level: token"],
+        ),
+        (["train.correction.mode=decoupled", "grpo.loss=cispo"], ["grpo.loss: ppo_clip"]),
+        (["train.staleness_policy=budget"], ["train.max_staleness >= 1"]),
+        (
+            [
+                "train.staleness_policy=budget",
+                "train.max_staleness=1",
+                "train.correction.mode=none",
+            ],
+            ["train.correction.mode: decoupled"],
+        ),
+        (
+            [
+                "train.staleness_policy=budget",
+                "train.max_staleness=1",
+                "rollout.engine=hf",
+                "rollout.partial=true",
+                "train.max_token_staleness=3",
+            ],
+            ["train.max_token_staleness: null"],
+        ),
     ],
 )
 def test_refused_combinations_exit_2_naming_the_keys(sets, named):
@@ -104,6 +128,33 @@ def test_staleness_keeps_an_explicit_choice():
     assert capped.train.correction.mode == "tis" and capped.train.correction.cap == 1.5
     mis = load_recipe(QUICKSTART, ["train.max_staleness=1", "train.correction.mode=mis"])
     assert mis.train.correction.mode == "mis"
+
+
+@pytest.mark.parametrize(
+    "sets",
+    [
+        [],
+        ["grpo.loss=gspo"],
+        ["rollout.partial=true", "rollout.engine=hf", "train.max_token_staleness=4"],
+    ],
+)
+def test_decoupled_accepted_with_a_trust_region_loss(sets):
+    r = load_recipe(QUICKSTART, ["train.max_staleness=2", "train.correction.mode=decoupled", *sets])
+    assert r.train.correction.mode == "decoupled" and r.train.correction.level == "token"
+
+
+def test_budget_accepted_and_drop_is_the_default():
+    assert load_recipe(QUICKSTART, ["train.max_staleness=1"]).train.staleness_policy == "drop"
+    r = load_recipe(QUICKSTART, ["train.max_staleness=2", "train.staleness_policy=budget"])
+    assert r.train.staleness_policy == "budget" and r.train.correction.mode == "tis"
+
+
+def test_decoupled_refused_without_rollouts():
+    sft = ROOT / "recipes" / "sft_tool_arith.yaml"
+    from posttrain.config import RecipeError
+
+    with pytest.raises(RecipeError, match="algorithm sft samples none"):
+        load_recipe(sft, ["train.correction.mode=decoupled"])
 
 
 def test_staleness_with_top_p_says_the_correction_is_the_default():
