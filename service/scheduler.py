@@ -12,8 +12,8 @@ lanes of the same group (the learner: several sessions' forward_backward in one 
 A result is kept until it is retrieved, then dropped.
 
 Restarts: request ids carry this process's boot id, so a poll for a request of an
-earlier process (in flight when the service was killed) is answered with a failed
-future of category `server` saying to send it again, never with another's result.
+earlier process (in flight when the service was killed) is answered 410 Gone saying to
+send it again (the SDK's retryable "promise expired"), never with another's result.
 """
 
 from __future__ import annotations
