@@ -20,6 +20,8 @@ from __future__ import annotations
 import itertools
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,7 +31,6 @@ import torch
 
 from ..actors.adapter_slots import AdapterNotHeld
 from ..config.service import ServiceConfig
-from .errors import UserError
 from .wire import WireDatum
 
 
@@ -183,23 +184,26 @@ class Stack:
         self.context = int(getattr(conf, "max_position_embeddings", 0) or 1 << 30)
 
     # -- learner verbs (one caller at a time: the learner queue) ------------------------
+    @contextmanager
+    def _learner_busy(self, verb: str) -> Iterator[None]:
+        """Time the learner group's call of `verb` and count it on every rank."""
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.counts.learner_busy_s += time.perf_counter() - t0
+        for r in range(self.world):
+            self.counts.count(self.counts.learner_verbs, r, verb)
+
     def _on_learners(self, verb: str, *args: Any) -> list[Any]:
         import ray
 
-        t0 = time.perf_counter()
-        out = ray.get([getattr(lw, verb).remote(*args) for lw in self.roles.learners])
-        self.counts.learner_busy_s += time.perf_counter() - t0
-        for r in range(self.world):
-            self.counts.count(self.counts.learner_verbs, r, verb)
-        return out
+        with self._learner_busy(verb):
+            return ray.get([getattr(lw, verb).remote(*args) for lw in self.roles.learners])
 
     def open(self, mid: str, rank: int, seed: int, attn: bool, mlp: bool) -> dict:
-        """A new LoRA session `mid` on every learner rank (its adapter from `seed`)."""
-        if rank > self.cfg.sessions.max_rank:
-            raise UserError(
-                "lora_config.rank",
-                f"{rank} is above this service's sessions.max_rank {self.cfg.sessions.max_rank}",
-            )
+        """A new LoRA session `mid` on every learner rank (its adapter from `seed`; its
+        rank checked by the route, `routes_train.create_model`)."""
         return self._on_learners("open_session", mid, rank, seed, attn, mlp)[0]
 
     def close(self, mid: str) -> None:
@@ -233,23 +237,19 @@ class Stack:
                 lo, hi = r * per, min((r + 1) * per, len(data))
                 shard = SessionBatch(**_rows(batch, lo, hi, per))
                 per_rank[r].append((mid, shard, loss_fn, config))
-        t0 = time.perf_counter()
-        if len(items) == 1:
-            refs = [
-                lw.session_forward_backward.remote(*mine[0], backward)
-                for lw, mine in zip(self.roles.learners, per_rank, strict=True)
-            ]
-            outs = [[o] for o in ray.get(refs)]
-        else:
-            refs = [
-                lw.sessions_forward_backward.remote(mine, backward)
-                for lw, mine in zip(self.roles.learners, per_rank, strict=True)
-            ]
-            outs = ray.get(refs)
-        self.counts.learner_busy_s += time.perf_counter() - t0
-        verb = "forward_backward" if backward else "forward"
-        for r in range(world):
-            self.counts.count(self.counts.learner_verbs, r, verb)
+        with self._learner_busy("forward_backward" if backward else "forward"):
+            if len(items) == 1:
+                refs = [
+                    lw.session_forward_backward.remote(*mine[0], backward)
+                    for lw, mine in zip(self.roles.learners, per_rank, strict=True)
+                ]
+                outs = [[o] for o in ray.get(refs)]
+            else:
+                refs = [
+                    lw.sessions_forward_backward.remote(mine, backward)
+                    for lw, mine in zip(self.roles.learners, per_rank, strict=True)
+                ]
+                outs = ray.get(refs)
         results = []
         for k, ((_, data, _, _), batch) in enumerate(zip(items, batches, strict=True)):
             mine = [outs[r][k] for r in range(world)]
@@ -293,19 +293,16 @@ class Stack:
         """
         from ..weightsync import push
 
-        t0 = time.perf_counter()
-        push(
-            self.roles.learners,
-            self.roles.rollout,
-            version,
-            self.cfg.weight_sync.timeout_s,
-            publisher=lambda lw: lw.publish_session.options(num_returns="streaming").remote(
-                mid, version, name
-            ),
-        )
-        self.counts.learner_busy_s += time.perf_counter() - t0
-        for r in range(self.world):
-            self.counts.count(self.counts.learner_verbs, r, "publish_session")
+        with self._learner_busy("publish_session"):
+            push(
+                self.roles.learners,
+                self.roles.rollout,
+                version,
+                self.cfg.weight_sync.timeout_s,
+                publisher=lambda lw: lw.publish_session.options(num_returns="streaming").remote(
+                    mid, version, name
+                ),
+            )
         for e in range(len(self.roles.rollout)):
             self.counts.count(self.counts.engine_verbs, e, "update_weights")
         self.counts.deliveries[name] = {"version": version, "engines": len(self.roles.rollout)}
@@ -322,15 +319,12 @@ class Stack:
 
         e = next(self._engine_turn) % len(self.roles.rollout)
         worker = self.roles.rollout[e]
-        one = replace(settings, n=1)
         if stop_ids is not None:
-            one = replace(one, stop_token_ids=tuple(stop_ids))
+            settings = replace(settings, stop_token_ids=tuple(stop_ids))
         with self._engine_locks[e]:
             t0 = time.perf_counter()
-            try:
-                samples, _ = ray.get(
-                    worker.generate_ids.remote([prompt] * settings.n, one, -1, adapter)
-                )
+            try:  # one request of n samples (vLLM: one prefill, children seeded apart)
+                samples, _ = ray.get(worker.generate_ids.remote([prompt], settings, -1, adapter))
             except ray.exceptions.RayTaskError as err:
                 if isinstance(err.cause, AdapterNotHeld):
                     raise AdapterMissing(adapter) from None
