@@ -134,3 +134,24 @@ def test_ready_requests_of_several_sessions_run_as_one_batch() -> None:
     assert other.result(timeout=5) == "e"
     assert runs == [["b1", "c1", "d1"], ["c2"]]
     q.close()
+
+
+def test_a_batch_waits_for_requests_that_arrive_just_after_it() -> None:
+    """Requests sent at once arrive milliseconds apart: with `batch_wait_s` the first
+    waits for the others and all run as one batch (without it, it ran alone)."""
+    from posttrain.service.scheduler import Batchable
+
+    runs: list[list[str]] = []
+
+    def run(payloads: list[str]) -> list[str]:
+        runs.append(payloads)
+        return payloads
+
+    q = RoundRobinQueue("t", batch_wait_s=5.0)
+    futs = []
+    for lane in ("a", "b", "c"):
+        futs.append(q.put(lane, lambda n=lane: run([n])[0], Batchable("fb", lane, run, 3)))
+        threading.Event().wait(0.05)  # the worker holds "a" meanwhile
+    assert [f.result(timeout=10) for f in futs] == ["a", "b", "c"]
+    assert runs == [["a", "b", "c"]]  # full at 3: no need to wait the 5 s out
+    q.close()
