@@ -20,24 +20,11 @@ import torch
 from safetensors.torch import load_file
 
 tinker = pytest.importorskip("tinker")
-from tinker import types  # noqa: E402
 
 from tests.service.conftest import TOKEN  # noqa: E402
+from tests.service_roles.steps import step  # noqa: E402
 
-DATA = [
-    types.Datum(
-        model_input=types.ModelInput.from_ints([4, 5, 6, 7, 8][: n + 2]),
-        loss_fn_inputs={"target_tokens": [5, 6, 7, 8, 9][: n + 2], "weights": [1.0] * (n + 2)},
-    )
-    for n in range(3)
-]
 HEADERS = {"X-API-Key": TOKEN}
-
-
-def _step(tc) -> None:  # noqa: ANN001
-    fb = tc.forward_backward(DATA, "cross_entropy")
-    tc.optim_step(types.AdamParams(learning_rate=1e-2)).result()
-    fb.result()
 
 
 def _start(config: Path, root: Path, log: Path, port: int = 0) -> tuple[subprocess.Popen, str]:
@@ -114,11 +101,11 @@ def test_a_service_killed_after_step_5_continues_bit_for_bit(
         client = tinker.ServiceClient(base_url=url, api_key=TOKEN)
         whole = client.create_lora_training_client(base_model="tiny", rank=4, seed=2).result()
         for _ in range(10):
-            _step(whole)
+            step(whole)
         expected = whole.save_state("step-10").result().path
         part = client.create_lora_training_client(base_model="tiny", rank=4, seed=2).result()
         for _ in range(5):
-            _step(part)
+            step(part)
         part.save_state("step-5").result()
         # sent, never polled: its answer dies with the process
         body = {"model_id": part.model_id, "adam_params": {"learning_rate": 1e-2}}
@@ -140,7 +127,7 @@ def test_a_service_killed_after_step_5_continues_bit_for_bit(
         status = httpx.get(f"{url}/api/v1/status", headers=HEADERS).json()
         assert status["models"][part.model_id]["steps"] == 5  # listed, at its saved step
         for _ in range(5):
-            _step(part)
+            step(part)
         got = _saved(root, part.save_state("step-10").result().path)
         want = _saved(root, expected)
         assert got.keys() == want.keys()

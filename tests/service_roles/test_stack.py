@@ -16,20 +16,7 @@ from tinker import types  # noqa: E402
 
 from posttrain.service.wire import WireDatum  # noqa: E402
 from tests.service.conftest import TOKEN, serve, service_config  # noqa: E402
-
-DATA = [
-    types.Datum(
-        model_input=types.ModelInput.from_ints([4, 5, 6, 7, 8][: n + 2]),
-        loss_fn_inputs={"target_tokens": [5, 6, 7, 8, 9][: n + 2], "weights": [1.0] * (n + 2)},
-    )
-    for n in range(3)
-]
-
-
-def _step(tc) -> None:  # noqa: ANN001
-    fb = tc.forward_backward(DATA, "cross_entropy")
-    tc.optim_step(types.AdamParams(learning_rate=1e-2)).result()
-    fb.result()
+from tests.service_roles.steps import DATA, step  # noqa: E402
 
 
 def test_two_ranks_and_an_engine_serve_a_session(tiny_model: Path, tmp_path: Path) -> None:
@@ -37,7 +24,7 @@ def test_two_ranks_and_an_engine_serve_a_session(tiny_model: Path, tmp_path: Pat
     try:
         client = tinker.ServiceClient(base_url=s.url, api_key=TOKEN)
         tc = client.create_lora_training_client(base_model="tiny", rank=4, seed=1).result()
-        _step(tc)
+        step(tc)
         sampler = tc.save_weights_and_get_sampling_client().result()
         out = sampler.sample(DATA[0].model_input, 2, types.SamplingParams(max_tokens=3)).result()
         assert len(out.sequences) == 2
@@ -53,7 +40,7 @@ def test_two_ranks_and_an_engine_serve_a_session(tiny_model: Path, tmp_path: Pat
         assert st["models"][tc.model_id]["steps"] == 1
         # two sessions' requests in one learner pass give what each gives alone
         other = client.create_lora_training_client(base_model="tiny", rank=2, seed=5).result()
-        _step(other)
+        step(other)
         wire = [WireDatum(np.array(d.model_input.to_ints()), _inputs(d)) for d in DATA]
         stack = s.state.stack
         items = [
