@@ -251,45 +251,66 @@ def sessions_at_once(path: Path, data: list, args: argparse.Namespace) -> str:
             client.create_lora_training_client(base_model="m", rank=args.rank, seed=i).result()
             for i in range(args.sessions)
         ]
-        return at_once_table(tcs, data, args, state.stack.counts)
+        return at_once_table(tcs, data, args, state.stack)
     finally:
         stop()
 
 
-def at_once_table(tcs, data, args, counts) -> str:  # noqa: ANN001
+def at_once_table(tcs, data, args, stack) -> str:  # noqa: ANN001
     """`--sessions` sessions' forward_backward sent one after another, then all at once
-    (the service batches those that wait together), alternated; training tokens/s and
-    learner passes per round (`counts`: the stack's `RoleCounts`)."""
+    (the service batches those that wait together), alternated; training tokens/s, the
+    learner passes per round and where a round's time went: learner rank 0's `forward`
+    and `backward` spans, the rest (HTTP, queue, Ray, slot copies, loss) by difference."""
+    import ray
+
     tokens = args.sessions * args.batch * args.length
-    both: dict[str, list[float]] = {"in turn": [], "at once": []}
-    passes: dict[str, list[int]] = {"in turn": [], "at once": []}
+    modes = ("in turn", "at once")
+    wall: dict[str, list[float]] = {m: [] for m in modes}
+    passes: dict[str, list[int]] = {m: [] for m in modes}
+    spans: dict[str, list[tuple[float, float]]] = {m: [] for m in modes}
+    learner = stack.roles.learners[0]
 
     def ran() -> int:
-        return counts.learner_verbs.get(0, {}).get("forward_backward", 0)
+        return stack.counts.learner_verbs.get(0, {}).get("forward_backward", 0)
 
-    for _ in range(args.repeats + 1):  # the first round warms up and is dropped
+    def timed(mode: str, send) -> None:  # noqa: ANN001
+        ray.get(learner.drain_spans.remote())
         t0, n0 = time.perf_counter(), ran()
+        send()
+        wall[mode].append(time.perf_counter() - t0)
+        passes[mode].append(ran() - n0)
+        got = ray.get(learner.drain_spans.remote())
+        fwd, bwd = (
+            sum(s.end - s.start for s in got if s.kind == k) for k in ("forward", "backward")
+        )
+        spans[mode].append((fwd, bwd))
+
+    def in_turn() -> None:
         for tc in tcs:
             tc.forward_backward(data, "importance_sampling").result()
-        both["in turn"].append(time.perf_counter() - t0)
-        passes["in turn"].append(ran() - n0)
-        t0, n0 = time.perf_counter(), ran()
-        futs = [tc.forward_backward(data, "importance_sampling") for tc in tcs]
-        for f in futs:
+
+    def at_once() -> None:
+        for f in [tc.forward_backward(data, "importance_sampling") for tc in tcs]:
             f.result()
-        both["at once"].append(time.perf_counter() - t0)
-        passes["at once"].append(ran() - n0)
+
+    for _ in range(args.repeats + 1):  # the first round warms up and is dropped
+        timed("in turn", in_turn)
+        timed("at once", at_once)
     t = [
         f"| {args.sessions} sessions x {args.batch} seqs (sessions.batch {args.sessions}) "
-        "| s (median) | train tokens/s | vs in turn | learner passes per round |",
-        "|---|---|---|---|---|",
+        "| s (median) | train tokens/s | vs in turn | learner passes per round "
+        "| forward s | backward s | rest s |",
+        "|---|---|---|---|---|---|---|---|",
     ]
-    turn = statistics.median(both["in turn"][1:])
-    for name, ts in both.items():
-        med = statistics.median(ts[1:])
+    turn = statistics.median(wall["in turn"][1:])
+    for mode in modes:
+        med = statistics.median(wall[mode][1:])
+        fwd = statistics.median(f for f, _ in spans[mode][1:])
+        bwd = statistics.median(b for _, b in spans[mode][1:])
         t.append(
-            f"| {name} | {med:.3f} | {tokens / med:.0f} | {turn / med:.2f}x "
-            f"| {'/'.join(str(n) for n in passes[name][1:])} |"
+            f"| {mode} | {med:.3f} | {tokens / med:.0f} | {turn / med:.2f}x "
+            f"| {'/'.join(str(n) for n in passes[mode][1:])} | {fwd:.3f} | {bwd:.3f} "
+            f"| {med - fwd - bwd:.3f} |"
         )
     return "\n".join(t)
 
