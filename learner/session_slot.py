@@ -5,14 +5,12 @@ The slot is a peft LoRA adapter of rank K·R (R = `sessions.max_rank`, K =
 `sessions.batch_sessions`) with lora_alpha = K·R, so its scale is 1, as Tinker's alpha =
 rank gives for every rank. It holds K blocks of R ranks; a session of rank r ≤ R placed
 in block k uses rows [kR, kR + r) of each `lora_A [KR, in]` and the same columns of each
-`lora_B [out, KR]`; the rest of the slot holds zeros while it runs. That is exact: with
-B[:, j] = 0 and A[j] = 0 outside the block, both gradients there are 0 (∂A[j] =
-B[:, j]ᵀ g xᵀ, ∂B[:, j] = g (A[j] x)ᵀ), and h = W0 x + B[:, blk] A[blk] x is the rank-r
-adapter's output. Every pass computes the LoRA term per session (`block_lora`): each
-session's rows run only its block's first r ranks, so a row pays its session's rank,
-not K·R, and several sessions in one forward (K > 1) never meet in rows or gradients.
-A session that trains only the attention (or only the MLP) projections leaves the
-others at zero the same way.
+`lora_B [out, KR]`. Every pass computes the LoRA term per session (`block_lora`): each
+session's rows run only its block's first r ranks, h = W0 x + B[:, blk] A[blk] x, the
+rank-r adapter's output, so a row pays its session's rank, not K·R, several sessions in
+one forward (K > 1) never meet in rows or gradients, and the rest of the slot is never
+read (it keeps whatever an earlier pass left there). A session that trains only the
+attention (or only the MLP) projections has zeros in its region of the others.
 
 FSDP2 shards `lora_A` on its columns (dim 1) and `lora_B` on its rows (dim 0), in
 `torch.chunk` pieces (rank j holds [j·c, min((j + 1)·c, n)), c = ⌈n / world⌉), so every
@@ -156,13 +154,16 @@ def load_into_slot(
     slots: list[SlotParam], placed: list[tuple[list[torch.Tensor | None], int]]
 ) -> None:
     """Write sessions into the slot, block k taking `placed[k]` = (its parts, its rank),
-    zeros everywhere else (in place, on the sharded storage FSDP2 gathers from)."""
+    zeros in its region of a layer it does not train (in place, on the sharded storage
+    FSDP2 gathers from). The rest of the slot is left as it is: `block_lora` never reads
+    it (zeroing the whole slot cost a pass a write of K·R ranks of every layer)."""
     with torch.no_grad():
         for i, slot in enumerate(slots):
             local = slot.local
-            local.zero_()
             for k, (parts, r) in enumerate(placed):
-                if parts[i] is not None:
+                if parts[i] is None:
+                    local[slot.region(r, k)].zero_()
+                else:
                     local[slot.region(r, k)].copy_(parts[i])
 
 
