@@ -205,18 +205,16 @@ class RolloutWorker(PushReceiving):
         step: int,
         adapter: str | None = None,
     ) -> tuple[list[Sample], int]:
-        """One sample per prompt `[N][P_i]` (token ids, already templated; `sampling.n`
-        must be 1) and the policy_version that sampled them. With `adapter`, sampled by
-        base + that named adapter (actors/worker_push.py), and the version is the
-        adapter's.
+        """`sampling.n` samples per prompt `[N][P_i]` (token ids, already templated),
+        prompt-major (`[N * n]`: prompt 0's n, then prompt 1's, ...), and the
+        policy_version that sampled them. With `adapter`, sampled by base + that named
+        adapter (actors/worker_push.py), and the version is the adapter's.
 
         Raises:
-            ValueError: `sampling.n` is not 1, a prompt leaves no room in the engine's
-                context (checked before the engine), or `adapter` is not held (unknown,
-                dropped or evicted: the message names it).
+            ValueError: a prompt leaves no room in the engine's context (checked before
+                the engine), or `adapter` is not held (unknown, dropped or evicted: the
+                message names it).
         """
-        if sampling.n != 1:
-            raise ValueError(f"generate_ids samples one turn per prompt; got n={sampling.n}")
         check_prompt_lengths(prompts, self.engine.context_tokens)
         with self.spans.span("generate", step), self._sampling_lock():
             if adapter is not None:
@@ -225,7 +223,7 @@ class RolloutWorker(PushReceiving):
                 self._check_adapter()
                 version = self.version
                 groups = self.engine.generate(prompts, self._own_seed(sampling))
-        return [g[0] for g in groups], version
+        return [sample for g in groups for sample in g], version
 
     def _check_adapter(self) -> None:
         """Refuse to sample without the adapter last pushed (adapter-only sync): a

@@ -187,3 +187,37 @@ class SessionBatch:
             self.target_tokens.to(device),
             {k: v.to(device) for k, v in self.inputs.items()},
         )
+
+
+def stack_batches(
+    batches: list[SessionBatch], rows: int = 0, names: tuple[str, ...] = ()
+) -> SessionBatch:
+    """The rows of `batches`, in order, as one right-padded batch `[max(ΣB, rows),
+    max T]` (the service: a rank's shard of a request's data; the learner: several
+    sessions' shards in one forward). Its inputs: `names` and every input a batch has,
+    zero where a batch lacks it. Rows past ΣB are filler rows: attention on their first
+    position only (an all-masked row gives NaN attention) and every loss input zero
+    (`names` must hold the loss's inputs when `batches` may be empty), so they add
+    nothing to any loss or gradient."""
+    total = sum(len(b) for b in batches)
+    n = max(total, rows)
+    width = max((b.input_ids.shape[1] for b in batches), default=1)
+    names = sorted({k for b in batches for k in b.inputs} | set(names))
+    out = SessionBatch(
+        torch.zeros(n, width, dtype=torch.long),
+        torch.zeros(n, width),
+        torch.zeros(n, width, dtype=torch.long),
+        {k: torch.zeros(n, width) for k in names},
+    )
+    start = 0
+    for b in batches:
+        here, t = b.input_ids.shape
+        block = slice(start, start + here)
+        out.input_ids[block, :t] = b.input_ids
+        out.attention_mask[block, :t] = b.attention_mask
+        out.target_tokens[block, :t] = b.target_tokens
+        for k, v in b.inputs.items():
+            out.inputs[k][block, :t] = v
+        start += here
+    out.attention_mask[total:, 0] = 1.0
+    return out

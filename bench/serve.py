@@ -128,6 +128,9 @@ def main() -> None:  # noqa: PLR0915 (one table per phase, in order)
     ap.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16"])
     ap.add_argument("--micro-batch", type=int, default=8)
     ap.add_argument("--smoke", action="store_true", help=SMOKE_HELP)
+    ap.add_argument(
+        "--only-at-once", action="store_true", help="measure only 2. (sessions at once vs in turn)"
+    )
     args = ap.parse_args()
     os.environ["TINKER_TELEMETRY"] = "0"
     import numpy as np
@@ -157,8 +160,14 @@ def main() -> None:  # noqa: PLR0915 (one table per phase, in order)
         for r, a in zip(rows, adv, strict=True)
     ]
     adam = types.AdamParams(learning_rate=1e-6)
-    url, state, stop = start(path, engines[0], args.dtype, args.rank, args.micro_batch)
     tables: list[str] = []
+    if args.only_at_once:
+        tables.append(sessions_at_once(path, data, args))
+        print(header())
+        print(f"# model {path.name}, LoRA r{args.rank}, {args.dtype} compute, 1 learner rank")
+        print("\n\n".join(tables))
+        return
+    url, state, stop = start(path, engines[0], args.dtype, args.rank, args.micro_batch)
     try:
         client = tinker.ServiceClient(base_url=url, api_key=TOKEN)
         tcs = [
@@ -210,17 +219,7 @@ def main() -> None:  # noqa: PLR0915 (one table per phase, in order)
         sample_rows = {engines[0]: sample_rate(tcs[0], args, types)}
     finally:
         stop()
-    # 2. sessions at once vs in turn, on a service batching up to --sessions of them
-    url, state, stop = start(path, "hf", args.dtype, args.rank, args.micro_batch, args.sessions)
-    try:
-        client = tinker.ServiceClient(base_url=url, api_key=TOKEN)
-        tcs = [
-            client.create_lora_training_client(base_model="m", rank=args.rank, seed=i).result()
-            for i in range(args.sessions)
-        ]
-        tables.insert(1, at_once_table(tcs, data, args))
-    finally:
-        stop()
+    tables.insert(1, sessions_at_once(path, data, args))
     for engine in engines[1:]:
         url, state, stop = start(path, engine, args.dtype, args.rank, args.micro_batch)
         try:
@@ -241,30 +240,78 @@ def main() -> None:  # noqa: PLR0915 (one table per phase, in order)
     print("\n\n".join(tables))
 
 
-def at_once_table(tcs, data, args) -> str:  # noqa: ANN001
+def sessions_at_once(path: Path, data: list, args: argparse.Namespace) -> str:
+    """2.: on a service batching up to `--sessions` sessions' requests."""
+    import tinker
+
+    url, state, stop = start(path, "hf", args.dtype, args.rank, args.micro_batch, args.sessions)
+    try:
+        client = tinker.ServiceClient(base_url=url, api_key=TOKEN)
+        tcs = [
+            client.create_lora_training_client(base_model="m", rank=args.rank, seed=i).result()
+            for i in range(args.sessions)
+        ]
+        return at_once_table(tcs, data, args, state.stack)
+    finally:
+        stop()
+
+
+def at_once_table(tcs, data, args, stack) -> str:  # noqa: ANN001
     """`--sessions` sessions' forward_backward sent one after another, then all at once
-    (the service batches those that wait together), alternated; training tokens/s."""
+    (the service batches those that wait together), alternated; training tokens/s, the
+    learner passes per round and where a round's time went: learner rank 0's `forward`
+    and `backward` spans, the rest (HTTP, queue, Ray, slot copies, loss) by difference."""
+    import ray
+
     tokens = args.sessions * args.batch * args.length
-    both: dict[str, list[float]] = {"in turn": [], "at once": []}
-    for _ in range(args.repeats + 1):  # the first round warms up and is dropped
-        t0 = time.perf_counter()
+    modes = ("in turn", "at once")
+    wall: dict[str, list[float]] = {m: [] for m in modes}
+    passes: dict[str, list[int]] = {m: [] for m in modes}
+    spans: dict[str, list[tuple[float, float]]] = {m: [] for m in modes}
+    learner = stack.roles.learners[0]
+
+    def ran() -> int:
+        return stack.counts.learner_verbs.get(0, {}).get("forward_backward", 0)
+
+    def timed(mode: str, send) -> None:  # noqa: ANN001
+        ray.get(learner.drain_spans.remote())
+        t0, n0 = time.perf_counter(), ran()
+        send()
+        wall[mode].append(time.perf_counter() - t0)
+        passes[mode].append(ran() - n0)
+        got = ray.get(learner.drain_spans.remote())
+        fwd, bwd = (
+            sum(s.end - s.start for s in got if s.kind == k) for k in ("forward", "backward")
+        )
+        spans[mode].append((fwd, bwd))
+
+    def in_turn() -> None:
         for tc in tcs:
             tc.forward_backward(data, "importance_sampling").result()
-        both["in turn"].append(time.perf_counter() - t0)
-        t0 = time.perf_counter()
-        futs = [tc.forward_backward(data, "importance_sampling") for tc in tcs]
-        for f in futs:
+
+    def at_once() -> None:
+        for f in [tc.forward_backward(data, "importance_sampling") for tc in tcs]:
             f.result()
-        both["at once"].append(time.perf_counter() - t0)
+
+    for _ in range(args.repeats + 1):  # the first round warms up and is dropped
+        timed("in turn", in_turn)
+        timed("at once", at_once)
     t = [
         f"| {args.sessions} sessions x {args.batch} seqs (sessions.batch {args.sessions}) "
-        "| s (median) | train tokens/s | vs in turn |",
-        "|---|---|---|---|",
+        "| s (median) | train tokens/s | vs in turn | learner passes per round "
+        "| forward s | backward s | rest s |",
+        "|---|---|---|---|---|---|---|---|",
     ]
-    turn = statistics.median(both["in turn"][1:])
-    for name, ts in both.items():
-        med = statistics.median(ts[1:])
-        t.append(f"| {name} | {med:.3f} | {tokens / med:.0f} | {turn / med:.2f}x |")
+    turn = statistics.median(wall["in turn"][1:])
+    for mode in modes:
+        med = statistics.median(wall[mode][1:])
+        fwd = statistics.median(f for f, _ in spans[mode][1:])
+        bwd = statistics.median(b for _, b in spans[mode][1:])
+        t.append(
+            f"| {mode} | {med:.3f} | {tokens / med:.0f} | {turn / med:.2f}x "
+            f"| {'/'.join(str(n) for n in passes[mode][1:])} | {fwd:.3f} | {bwd:.3f} "
+            f"| {med - fwd - bwd:.3f} |"
+        )
     return "\n".join(t)
 
 

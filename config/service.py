@@ -52,8 +52,16 @@ class SessionsConfig(Strict):
         le=8,
         description="forward / forward_backward requests of up to this many sessions that "
         "wait together run as one learner pass, each session's rows with its own adapter "
-        "and gradients. The learner's adapter slot then has rank batch x max_rank, which "
-        "every row pays in LoRA compute; 1: one session per pass.",
+        "and gradients (each row computes only its session's rank). The learner's adapter "
+        "slot then holds batch x max_rank ranks; 1: one session per pass.",
+    )
+    batch_wait_s: float = Field(
+        0.05,
+        ge=0,
+        le=10,
+        description="With batch > 1: how long a forward / forward_backward request waits "
+        "for other sessions' requests to join its learner pass (requests sent at once "
+        "arrive milliseconds apart; without a wait the first runs alone).",
     )
     micro_batch_size: int = Field(
         8, gt=0, description="Rows per forward/backward on each learner rank."

@@ -5,13 +5,12 @@ The slot is a peft LoRA adapter of rank K·R (R = `sessions.max_rank`, K =
 `sessions.batch_sessions`) with lora_alpha = K·R, so its scale is 1, as Tinker's alpha =
 rank gives for every rank. It holds K blocks of R ranks; a session of rank r ≤ R placed
 in block k uses rows [kR, kR + r) of each `lora_A [KR, in]` and the same columns of each
-`lora_B [out, KR]`; the rest of the slot holds zeros while it runs. That is exact: with
-B[:, j] = 0 and A[j] = 0 outside the block, both gradients there are 0 (∂A[j] =
-B[:, j]ᵀ g xᵀ, ∂B[:, j] = g (A[j] x)ᵀ), and h = W0 x + B[:, blk] A[blk] x is the rank-r
-adapter's output. Several sessions in one forward (K > 1) each see only their block:
-`row_blocks` masks the A output of every row to its session's block, so rows and
-gradients of different sessions never meet. A session that trains only the attention (or
-only the MLP) projections leaves the others at zero the same way.
+`lora_B [out, KR]`. Every pass computes the LoRA term per session (`block_lora`): each
+session's rows run only its block's first r ranks, h = W0 x + B[:, blk] A[blk] x, the
+rank-r adapter's output, so a row pays its session's rank, not K·R, several sessions in
+one forward (K > 1) never meet in rows or gradients, and the rest of the slot is never
+read (it keeps whatever an earlier pass left there). A session that trains only the
+attention (or only the MLP) projections has zeros in its region of the others.
 
 FSDP2 shards `lora_A` on its columns (dim 1) and `lora_B` on its rows (dim 0), in
 `torch.chunk` pieces (rank j holds [j·c, min((j + 1)·c, n)), c = ⌈n / world⌉), so every
@@ -155,42 +154,61 @@ def load_into_slot(
     slots: list[SlotParam], placed: list[tuple[list[torch.Tensor | None], int]]
 ) -> None:
     """Write sessions into the slot, block k taking `placed[k]` = (its parts, its rank),
-    zeros everywhere else (in place, on the sharded storage FSDP2 gathers from)."""
+    zeros in its region of a layer it does not train (in place, on the sharded storage
+    FSDP2 gathers from). The rest of the slot is left as it is: `block_lora` never reads
+    it (zeroing the whole slot cost a pass a write of K·R ranks of every layer)."""
     with torch.no_grad():
         for i, slot in enumerate(slots):
             local = slot.local
-            local.zero_()
             for k, (parts, r) in enumerate(placed):
-                if parts[i] is not None:
+                if parts[i] is None:
+                    local[slot.region(r, k)].zero_()
+                else:
                     local[slot.region(r, k)].copy_(parts[i])
 
 
 @contextmanager
-def row_blocks(
-    model: torch.nn.Module, slots: list[SlotParam], blocks: torch.Tensor
+def block_lora(
+    model: torch.nn.Module, slots: list[SlotParam], rows: list[tuple[int, int]]
 ) -> Iterator[None]:
     """While open (forward and backward, so a recomputed forward sees it too), each
-    row b's `lora_A` output is zero outside block `blocks[b]`: row b then runs its own
-    session's adapter only, and its gradients reach only that block.
+    targeted layer adds its LoRA term per session instead of peft's whole-slot term:
+    session k = `rows[k]` = (n_k, r_k) owns the batch's next n_k rows, which get block
+    k's first r_k ranks, h = W0 x + s · B[:, kR : kR + r_k] A[kR : kR + r_k] x (s:
+    peft's scaling, 1). Each row
+    then pays its session's rank r in LoRA compute, not the slot's K·R, and its
+    gradients reach only its block. Equal to peft's term over the zero-padded slot up to
+    float rounding (the sums skip only zero terms).
 
     Args:
-        blocks: `[B]` int64, each row's block index k < K.
+        rows: per session, in row order, (its rows, its LoRA rank); the rows add up to
+            the batch's.
     """
-    size = slots[0].param.shape[0] if slots[0].is_a else slots[0].param.shape[1]
+    from torch.nn.functional import linear
+
+    layers = {model.get_submodule(sl.name.rsplit(".", 3)[0]) for sl in slots}
     per = slots[0].block
-    cols = torch.arange(size, device=blocks.device) // per
-    mask = (blocks[:, None] == cols[None]).float()[:, None, :]  # [B, 1, KR]
+    groups, start = [], 0  # (first row, end row, block, rank)
+    for k, (n, r) in enumerate(rows):
+        groups.append((start, start + n, k, r))
+        start += n
 
-    def keep_block(_module: torch.nn.Module, _args: tuple, out: torch.Tensor) -> torch.Tensor:
-        return out * mask.to(out.dtype)
+    def add_lora(layer: torch.nn.Module, args: tuple, out: torch.Tensor) -> torch.Tensor:
+        a, b = layer.lora_A[ADAPTER].weight, layer.lora_B[ADAPTER].weight  # unsharded now
+        x = layer.lora_dropout[ADAPTER](args[0].to(a.dtype))
+        parts = []
+        for lo, hi, k, r in groups:
+            ranks = slice(k * per, k * per + r)
+            parts.append(linear(linear(x[lo:hi], a[ranks]), b[:, ranks]))
+        return out + (torch.cat(parts) * layer.scaling[ADAPTER]).to(out.dtype)
 
-    handles = [
-        model.get_submodule(sl.name.rsplit(".", 1)[0]).register_forward_hook(keep_block)
-        for sl in slots
-        if sl.is_a
-    ]
+    handles = [layer.register_forward_hook(add_lora) for layer in layers]
+    for layer in layers:
+        layer._disable_adapters = True  # peft's forward: the base layer only
     try:
         yield
     finally:
+        for layer in layers:
+            layer._disable_adapters = False
         for h in handles:
             h.remove()

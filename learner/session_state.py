@@ -139,29 +139,6 @@ def restore_adamw(sess: Session, state: list[dict[str, torch.Tensor] | None], st
     sess.step = step
 
 
-def stack_rows(
-    shards: list[SessionBatch],
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The rows of several shards as one right-padded batch: `input_ids`,
-    `attention_mask`, `target_tokens` `[ΣB, max T]` (padding 0) and `[ΣB]` the index of
-    the shard each row came from."""
-    rows = sum(len(s) for s in shards)
-    width = max(s.input_ids.shape[1] for s in shards)
-    ids = torch.zeros(rows, width, dtype=torch.long)
-    mask = torch.zeros(rows, width)
-    targets = torch.zeros(rows, width, dtype=torch.long)
-    blocks = torch.zeros(rows, dtype=torch.long)
-    start = 0
-    for k, s in enumerate(shards):
-        n, t = s.input_ids.shape
-        ids[start : start + n, :t] = s.input_ids
-        mask[start : start + n, :t] = s.attention_mask
-        targets[start : start + n, :t] = s.target_tokens
-        blocks[start : start + n] = k
-        start += n
-    return ids, mask, targets, blocks
-
-
 def check_items(
     items: list[tuple[str, SessionBatch, str, dict]], limit: int
 ) -> tuple[ValueError | None, list[dict]]:

@@ -32,13 +32,12 @@ from __future__ import annotations
 import hashlib
 import math
 from collections.abc import Iterator
-from contextlib import nullcontext
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
-from ..algorithms.tinker import SessionBatch, tinker_loss
+from ..algorithms.tinker import SessionBatch, stack_batches, tinker_loss
 from ..weightsync import Delivery, PushSource, WeightHandle, publish
 from . import adapters, session_files
 from . import session_slot as slots_
@@ -54,7 +53,6 @@ from .session_state import (
     check_items,
     restore_adamw,
     session_targets,
-    stack_rows,
     tinker_logprobs,
 )
 
@@ -197,7 +195,7 @@ class SessionVerbs:
     ) -> list[dict]:
         """`session_forward_backward` of up to `sessions.batch_sessions` different
         sessions in ONE forward (and backward): item k = (sid, this rank's shard,
-        loss_fn, loss_config) runs in slot block k (`session_slot.row_blocks`), so each
+        loss_fn, loss_config) runs in slot block k (`session_slot.block_lora`), so each
         session's rows see only its adapter and its gradients go only to its buffers.
         Returns one result per item, as `session_forward_backward`'s. Collective: every
         rank passes the same sessions in the same order.
@@ -212,19 +210,19 @@ class SessionVerbs:
         slots_.load_into_slot(self.slots, [(s.params, s.rank) for s in sessions])
         for sl in self.slots:  # a call that failed midway must not leak its gradients
             sl.param.grad = None
-        ids, attention, targets, blocks = stack_rows([shard for _, shard, *_ in items])
-        mb = SessionBatch(ids, attention, targets).to(self.device)
+        shards = [shard for _, shard, *_ in items]
+        mb = stack_batches(shards).to(self.device)
         mask = mb.attention_mask.float()
         self.policy.train(backward)
         step = sessions[0].step
-        many = slots_.row_blocks(self.policy, self.slots, blocks.to(self.device))
-        with many if len(items) > 1 else nullcontext(), torch.set_grad_enabled(backward):
+        rows = [(len(shard), sess.rank) for shard, sess in zip(shards, sessions, strict=True)]
+        with slots_.block_lora(self.policy, self.slots, rows), torch.set_grad_enabled(backward):
             with self.spans.span("forward", step):
                 logprobs = tinker_logprobs(self.policy, mb) * mask
                 outs, start = [], 0
                 for (_, shard, loss_fn, _), config in zip(items, configs, strict=True):
                     rows, width = slice(start, start + len(shard)), shard.input_ids.shape[1]
-                    inputs = {k: v.to(self.device) for k, v in shard.inputs.items()}
+                    inputs = {k: mb.inputs[k][rows, :width] for k in shard.inputs}
                     lp, m = logprobs[rows, :width], mask[rows, :width]
                     outs.append((lp, tinker_loss(loss_fn, lp, inputs, m, config)))
                     start += len(shard)

@@ -30,7 +30,8 @@ def serve(
     address: str | None,
     echo=print,  # noqa: ANN001 (typer.echo or print)
 ) -> int:
-    """Run the service; returns the exit code (2: a bad configuration or token, named).
+    """Run the service; returns the exit code (2: a bad configuration, token or port,
+    named). `port` 0 takes a free port; the address printed is the one listened on.
 
     Raises:
         RuntimeError: a role failed to start (the roles started before it are stopped).
@@ -64,8 +65,17 @@ def serve(
     except FileNotFoundError as e:
         echo(f"error: model.path (--model): {e}")
         return 2
+    from ..common.net import listen_socket
+
+    try:  # bound before the roles start: a taken port costs no start-up
+        sock = listen_socket(host, port)
+    except OSError as e:
+        echo(f"error: cannot listen on {host}:{port}: {e}")
+        return 2
+    port = sock.getsockname()[1]  # --port 0: the free port taken
     state = ServiceState.start(cfg, root, token, address)
     try:
+        sock.listen(2048)  # from now on clients queue until uvicorn serves them
         echo(
             f"posttrain serve: http://{host}:{port} model {cfg.base_name} on "
             f"{state.stack.world} learner rank(s) and {len(state.stack.roles.rollout)} "
@@ -73,7 +83,8 @@ def serve(
             f"  export TINKER_BASE_URL=http://{host}:{port} TINKER_API_KEY={token}"
         )
         write_endpoint(root, f"http://{host}:{port}")
-        uvicorn.run(create_app(state), host=host, port=port, log_level="warning")
+        server = uvicorn.Server(uvicorn.Config(create_app(state), log_level="warning"))
+        server.run(sockets=[sock])
     finally:
         clear_endpoint(root)
         state.stop()

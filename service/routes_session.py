@@ -100,12 +100,15 @@ async def status(st: State) -> dict:
 async def retrieve_future(request: Request, st: State) -> Response:
     rid = (await json_body(request)).get("request_id")
     if isinstance(rid, str) and st.scheduler.from_earlier_process(rid):
+        # 410 Gone: the SDK raises `RetryableException` ("promise expired"), which its
+        # sampling client re-sends by itself; never another request's result
         return JSONResponse(
             {
-                "error": f"request {rid} was in flight when the service restarted; it did "
+                "detail": f"request {rid} was in flight when the service restarted; it did "
                 "not complete: send it again",
-                "category": "server",
-            }
+                "field": "request_id",
+            },
+            status_code=410,
         )
     if not isinstance(rid, str) or not st.scheduler.known(rid):
         raise UserError("request_id", f"{rid!r} is not a pending request", 404)

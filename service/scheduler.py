@@ -12,8 +12,8 @@ lanes of the same group (the learner: several sessions' forward_backward in one 
 A result is kept until it is retrieved, then dropped.
 
 Restarts: request ids carry this process's boot id, so a poll for a request of an
-earlier process (in flight when the service was killed) is answered with a failed
-future of category `server` saying to send it again, never with another's result.
+earlier process (in flight when the service was killed) is answered 410 Gone saying to
+send it again (the SDK's retryable "promise expired"), never with another's result.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ import itertools
 import logging
 import secrets
 import threading
+import time
 from collections import OrderedDict, deque
 from collections.abc import Callable, Hashable
 from concurrent.futures import CancelledError, Future
@@ -53,10 +54,16 @@ class Call:
 
 
 class RoundRobinQueue:
-    """One worker thread running queued calls: per lane in arrival order, lanes in turn."""
+    """One worker thread running queued calls: per lane in arrival order, lanes in turn.
 
-    def __init__(self, name: str) -> None:
+    `batch_wait_s`: how long a batchable head call waits for the heads of other lanes
+    to join it (up to its `limit`) before it runs: requests sent at once by several
+    clients arrive milliseconds apart, and without a wait the first would run alone.
+    """
+
+    def __init__(self, name: str, batch_wait_s: float = 0.0) -> None:
         self.name = name
+        self.batch_wait_s = batch_wait_s
         self._lanes: OrderedDict[str, deque[tuple[Future, Callable[[], Any]]]] = OrderedDict()
         self._cv = threading.Condition()
         self._closed = False
@@ -106,14 +113,32 @@ class RoundRobinQueue:
             lane = next(k for k, q in self._lanes.items() if q)
             calls = [self._pop(lane)]
             b = calls[0].batch
-            if b is not None and b.limit > 1:
-                for other, q in list(self._lanes.items()):
-                    if len(calls) == b.limit:
-                        break
-                    head = q[0].batch if q else None
-                    if other != lane and head is not None and head.group == b.group:
-                        calls.append(self._pop(other))
+            if b is None or b.limit == 1:
+                return lane, calls
+            deadline, taken = time.monotonic() + self.batch_wait_s, {lane}
+            while True:
+                self._join(calls, taken)
+                left = deadline - time.monotonic()
+                if len(calls) == b.limit or left <= 0 or self._closed:
+                    break
+                self._cv.wait(left)
+            if self._closed:  # closed while waiting: these were taken off their lanes
+                for call in calls:
+                    call.fut.cancel()
+                return None
             return lane, calls
+
+    def _join(self, calls: list[Call], lanes: set[str]) -> None:
+        """Add to `calls` the waiting heads of other lanes that batch with its first
+        (same `group`, up to its `limit`); `lanes`: those taken from (one call each)."""
+        b = calls[0].batch
+        for other, q in list(self._lanes.items()):
+            if len(calls) == b.limit:
+                break
+            head = q[0].batch if q else None
+            if other not in lanes and head is not None and head.group == b.group:
+                calls.append(self._pop(other))
+                lanes.add(other)
 
     def _pop(self, lane: str) -> Call:
         """`lane`'s head call; the lane goes last in turn (or away when empty)."""
@@ -151,9 +176,9 @@ class Scheduler:
 
     QUEUES = ("learner", "sampler")
 
-    def __init__(self) -> None:
+    def __init__(self, batch_wait_s: float = 0.0) -> None:
         self.boot = secrets.token_hex(4)
-        self.queues = {q: RoundRobinQueue(q) for q in self.QUEUES}
+        self.queues = {q: RoundRobinQueue(q, batch_wait_s) for q in self.QUEUES}
         self._futures: dict[str, Future] = {}
         self._ids = itertools.count(1)
         self._lock = threading.Lock()

@@ -20,6 +20,8 @@ from __future__ import annotations
 import itertools
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,8 +30,8 @@ import numpy as np
 import torch
 
 from ..actors.adapter_slots import AdapterNotHeld
+from ..algorithms.tinker import SessionBatch, stack_batches
 from ..config.service import ServiceConfig
-from .errors import UserError
 from .wire import WireDatum
 
 
@@ -102,34 +104,22 @@ def role_recipe(cfg: ServiceConfig) -> Any:
     )
 
 
-def pad_data(data: list[WireDatum]) -> dict[str, Any]:
-    """A `forward_backward` body's data as padded tensors: `input_ids`, `target_tokens`
-    `[B, T]` long, `attention_mask [B, T]`, `inputs` {name: `[B, T]` float32} (every
-    loss input but `target_tokens`), and `lengths` (each datum's N)."""
-    lengths = [d.tokens.size for d in data]
-    width = max(lengths)
-    ids = torch.zeros(len(data), width, dtype=torch.long)
-    mask = torch.zeros(len(data), width)
-    targets = torch.zeros(len(data), width, dtype=torch.long)
-    names = sorted({k for d in data for k in d.inputs if k != "target_tokens"} | {"weights"})
-    floats = {k: torch.zeros(len(data), width) for k in names}
-    for i, d in enumerate(data):
-        n = lengths[i]
-        ids[i, :n] = torch.from_numpy(d.tokens.astype(np.int64))
-        mask[i, :n] = 1.0
-        targets[i, :n] = torch.from_numpy(d.inputs["target_tokens"].astype(np.int64))
-        for k in names:
-            if k in d.inputs:
-                floats[k][i, :n] = torch.from_numpy(d.inputs[k].astype(np.float32))
-            elif k == "weights":  # the losses' default: every position counts
-                floats[k][i, :n] = 1.0
-    return {
-        "input_ids": ids,
-        "attention_mask": mask,
-        "target_tokens": targets,
-        "inputs": floats,
-        "lengths": lengths,
+def datum_batch(d: WireDatum) -> SessionBatch:
+    """One datum as a one-row `SessionBatch` (`[1, N]`); `weights` 1 on every position
+    when not sent (the losses' default: every position counts)."""
+    n = d.tokens.size
+    inputs = {
+        k: torch.from_numpy(v.astype(np.float32))[None]
+        for k, v in d.inputs.items()
+        if k != "target_tokens"
     }
+    inputs.setdefault("weights", torch.ones(1, n))
+    return SessionBatch(
+        torch.from_numpy(d.tokens.astype(np.int64))[None],
+        torch.ones(1, n),
+        torch.from_numpy(d.inputs["target_tokens"].astype(np.int64))[None],
+        inputs,
+    )
 
 
 class Stack:
@@ -183,23 +173,26 @@ class Stack:
         self.context = int(getattr(conf, "max_position_embeddings", 0) or 1 << 30)
 
     # -- learner verbs (one caller at a time: the learner queue) ------------------------
+    @contextmanager
+    def _learner_busy(self, verb: str) -> Iterator[None]:
+        """Time the learner group's call of `verb` and count it on every rank."""
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.counts.learner_busy_s += time.perf_counter() - t0
+        for r in range(self.world):
+            self.counts.count(self.counts.learner_verbs, r, verb)
+
     def _on_learners(self, verb: str, *args: Any) -> list[Any]:
         import ray
 
-        t0 = time.perf_counter()
-        out = ray.get([getattr(lw, verb).remote(*args) for lw in self.roles.learners])
-        self.counts.learner_busy_s += time.perf_counter() - t0
-        for r in range(self.world):
-            self.counts.count(self.counts.learner_verbs, r, verb)
-        return out
+        with self._learner_busy(verb):
+            return ray.get([getattr(lw, verb).remote(*args) for lw in self.roles.learners])
 
     def open(self, mid: str, rank: int, seed: int, attn: bool, mlp: bool) -> dict:
-        """A new LoRA session `mid` on every learner rank (its adapter from `seed`)."""
-        if rank > self.cfg.sessions.max_rank:
-            raise UserError(
-                "lora_config.rank",
-                f"{rank} is above this service's sessions.max_rank {self.cfg.sessions.max_rank}",
-            )
+        """A new LoRA session `mid` on every learner rank (its adapter from `seed`; its
+        rank checked by the route, `routes_train.create_model`)."""
         return self._on_learners("open_session", mid, rank, seed, attn, mlp)[0]
 
     def close(self, mid: str) -> None:
@@ -222,50 +215,45 @@ class Stack:
         ranks (padded with empty rows to a multiple of the ranks)."""
         import ray
 
-        from ..algorithms.tinker import SessionBatch
-
         world = self.world
-        batches = [pad_data(data) for _, data, _, _ in items]
         per_rank: list[list[tuple]] = [[] for _ in range(world)]
-        for (mid, data, loss_fn, config), batch in zip(items, batches, strict=True):
+        for mid, data, loss_fn, config in items:
+            rows = [datum_batch(d) for d in data]
+            names = tuple(sorted({k for row in rows for k in row.inputs}))
             per = -(-len(data) // world)
-            for r in range(world):
-                lo, hi = r * per, min((r + 1) * per, len(data))
-                shard = SessionBatch(**_rows(batch, lo, hi, per))
+            for r in range(world):  # a rank past the data gets filler rows only
+                shard = stack_batches(rows[r * per : (r + 1) * per], per, names)
                 per_rank[r].append((mid, shard, loss_fn, config))
-        t0 = time.perf_counter()
-        if len(items) == 1:
-            refs = [
-                lw.session_forward_backward.remote(*mine[0], backward)
-                for lw, mine in zip(self.roles.learners, per_rank, strict=True)
-            ]
-            outs = [[o] for o in ray.get(refs)]
-        else:
-            refs = [
-                lw.sessions_forward_backward.remote(mine, backward)
-                for lw, mine in zip(self.roles.learners, per_rank, strict=True)
-            ]
-            outs = ray.get(refs)
-        self.counts.learner_busy_s += time.perf_counter() - t0
-        verb = "forward_backward" if backward else "forward"
-        for r in range(world):
-            self.counts.count(self.counts.learner_verbs, r, verb)
+        with self._learner_busy("forward_backward" if backward else "forward"):
+            if len(items) == 1:
+                refs = [
+                    lw.session_forward_backward.remote(*mine[0], backward)
+                    for lw, mine in zip(self.roles.learners, per_rank, strict=True)
+                ]
+                outs = [[o] for o in ray.get(refs)]
+            else:
+                refs = [
+                    lw.sessions_forward_backward.remote(mine, backward)
+                    for lw, mine in zip(self.roles.learners, per_rank, strict=True)
+                ]
+                outs = ray.get(refs)
         results = []
-        for k, ((_, data, _, _), batch) in enumerate(zip(items, batches, strict=True)):
+        for k, (_, data, _, _) in enumerate(items):
             mine = [outs[r][k] for r in range(world)]
-            logprobs = torch.cat([o["logprobs"] for o in mine])[: len(data)]
-            elementwise = torch.cat([o["elementwise_loss"] for o in mine])[: len(data)]
             metrics: dict[str, float] = {}
             for o in mine:
                 for key, v in o["metrics"].items():
                     metrics[key] = metrics.get(key, 0.0) + float(v)
-            outputs = [
-                {
-                    "logprobs": logprobs[i, :n].numpy(),
-                    "elementwise_loss": elementwise[i, :n].numpy(),
-                }
-                for i, n in enumerate(batch["lengths"])
-            ]
+            per = -(-len(data) // world)  # datum i is row i % per of rank i // per
+            outputs = []
+            for i, d in enumerate(data):
+                o, row, n = mine[i // per], i % per, d.tokens.size
+                outputs.append(
+                    {
+                        "logprobs": o["logprobs"][row, :n].numpy(),
+                        "elementwise_loss": o["elementwise_loss"][row, :n].numpy(),
+                    }
+                )
             results.append((outputs, metrics))
         return results
 
@@ -293,19 +281,16 @@ class Stack:
         """
         from ..weightsync import push
 
-        t0 = time.perf_counter()
-        push(
-            self.roles.learners,
-            self.roles.rollout,
-            version,
-            self.cfg.weight_sync.timeout_s,
-            publisher=lambda lw: lw.publish_session.options(num_returns="streaming").remote(
-                mid, version, name
-            ),
-        )
-        self.counts.learner_busy_s += time.perf_counter() - t0
-        for r in range(self.world):
-            self.counts.count(self.counts.learner_verbs, r, "publish_session")
+        with self._learner_busy("publish_session"):
+            push(
+                self.roles.learners,
+                self.roles.rollout,
+                version,
+                self.cfg.weight_sync.timeout_s,
+                publisher=lambda lw: lw.publish_session.options(num_returns="streaming").remote(
+                    mid, version, name
+                ),
+            )
         for e in range(len(self.roles.rollout)):
             self.counts.count(self.counts.engine_verbs, e, "update_weights")
         self.counts.deliveries[name] = {"version": version, "engines": len(self.roles.rollout)}
@@ -322,15 +307,12 @@ class Stack:
 
         e = next(self._engine_turn) % len(self.roles.rollout)
         worker = self.roles.rollout[e]
-        one = replace(settings, n=1)
         if stop_ids is not None:
-            one = replace(one, stop_token_ids=tuple(stop_ids))
+            settings = replace(settings, stop_token_ids=tuple(stop_ids))
         with self._engine_locks[e]:
             t0 = time.perf_counter()
-            try:
-                samples, _ = ray.get(
-                    worker.generate_ids.remote([prompt] * settings.n, one, -1, adapter)
-                )
+            try:  # one request of n samples (vLLM: one prefill, children seeded apart)
+                samples, _ = ray.get(worker.generate_ids.remote([prompt], settings, -1, adapter))
             except ray.exceptions.RayTaskError as err:
                 if isinstance(err.cause, AdapterNotHeld):
                     raise AdapterMissing(adapter) from None
@@ -365,25 +347,3 @@ class Stack:
         stop_roles(self.roles)
         if self._own_ray and ray.is_initialized():
             ray.shutdown()
-
-
-def _rows(batch: dict[str, Any], lo: int, hi: int, per: int) -> dict[str, Any]:
-    """Rows lo:hi of a padded batch, padded with empty rows (mask 0) to `per` rows."""
-
-    def take(t: torch.Tensor) -> torch.Tensor:
-        part = t[lo:hi]
-        if part.shape[0] < per:
-            pad = torch.zeros((per - part.shape[0], *t.shape[1:]), dtype=t.dtype)
-            part = torch.cat([part, pad])
-        return part
-
-    mask = take(batch["attention_mask"])
-    # An empty row attends to one token (an all-masked row would give NaN attention);
-    # its weights and advantages are 0, so it adds nothing to any loss or gradient.
-    mask[max(hi - lo, 0) :, 0] = 1.0
-    return {
-        "input_ids": take(batch["input_ids"]),
-        "attention_mask": mask,
-        "target_tokens": take(batch["target_tokens"]),
-        "inputs": {k: take(v) for k, v in batch["inputs"].items()},
-    }

@@ -49,7 +49,8 @@ class ServiceState:
         root.mkdir(parents=True, exist_ok=True)
         registry = Registry.load(root)
         stack = Stack(cfg, root, address)
-        st = cls(token=token, root=root, cfg=cfg, stack=stack, registry=registry)
+        wait = cfg.sessions.batch_wait_s if cfg.sessions.batch > 1 else 0.0
+        st = cls(token, root, cfg, stack, registry, Scheduler(wait))
         try:
             for rec in registry.models.values():
                 stack.open(rec.model_id, rec.rank, rec.seed, rec.train_attn, rec.train_mlp)

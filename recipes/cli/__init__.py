@@ -369,7 +369,7 @@ def serve(
     ] = None,
     engine: Annotated[str | None, typer.Option(help="Rollout engine: vllm or hf.")] = None,
     host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
-    port: Annotated[int, typer.Option(help="Port to listen on.")] = 8000,
+    port: Annotated[int, typer.Option(help="Port to listen on (0: any free one).")] = 8000,
     root: Annotated[
         Path, typer.Option(help="Folder of the service's sessions, states and samplers.")
     ] = Path("runs/serve"),

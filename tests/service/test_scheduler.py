@@ -134,3 +134,47 @@ def test_ready_requests_of_several_sessions_run_as_one_batch() -> None:
     assert other.result(timeout=5) == "e"
     assert runs == [["b1", "c1", "d1"], ["c2"]]
     q.close()
+
+
+def test_a_batch_waits_for_requests_that_arrive_just_after_it() -> None:
+    """Requests sent at once arrive milliseconds apart: with `batch_wait_s` the first
+    waits for the others and all run as one batch (without it, it ran alone)."""
+    from posttrain.service.scheduler import Batchable
+
+    runs: list[list[str]] = []
+
+    def run(payloads: list[str]) -> list[str]:
+        runs.append(payloads)
+        return payloads
+
+    q = RoundRobinQueue("t", batch_wait_s=5.0)
+    futs = []
+    for lane in ("a", "b", "c"):
+        futs.append(q.put(lane, lambda n=lane: run([n])[0], Batchable("fb", lane, run, 3)))
+        threading.Event().wait(0.05)  # the worker holds "a" meanwhile
+    assert [f.result(timeout=10) for f in futs] == ["a", "b", "c"]
+    assert runs == [["a", "b", "c"]]  # full at 3: no need to wait the 5 s out
+    q.close()
+
+
+def test_a_request_of_a_killed_process_is_gone_not_failed(tmp_path) -> None:  # noqa: ANN001
+    """A poll for a request in flight when the service was killed: 410 Gone, which the
+    SDK raises as its retryable `RetryableException` (it was a 200 failure of category
+    `server`: a non-retryable `RequestFailedError`)."""
+    from fastapi.testclient import TestClient
+
+    from posttrain.config.service import ServiceConfig
+    from posttrain.service.app import create_app
+    from posttrain.service.registry import Registry
+    from posttrain.service.state import ServiceState
+
+    st = ServiceState("tml-x", tmp_path, ServiceConfig(), None, Registry(tmp_path))
+    with TestClient(create_app(st)) as http:
+        got = http.post(
+            "/api/v1/retrieve_future",
+            json={"request_id": "req-0badf00d-7"},
+            headers={"X-API-Key": "tml-x"},
+        )
+    assert got.status_code == 410
+    assert got.json()["field"] == "request_id" and "send it again" in got.json()["detail"]
+    st.scheduler.shutdown()

@@ -51,6 +51,14 @@ def test_sampling_logprobs_match_the_trainer(client) -> None:  # noqa: ANN001
         sampling_params=types.SamplingParams(max_tokens=6, temperature=1.0, seed=3),
     ).result()
     assert len(res.sequences) == 3
+    # one engine request of 3 samples: distinct, and the same again for the same seed
+    assert len({tuple(s.tokens) for s in res.sequences}) == 3
+    again = sc.sample(
+        types.ModelInput.from_ints(prompt),
+        num_samples=3,
+        sampling_params=types.SamplingParams(max_tokens=6, temperature=1.0, seed=3),
+    ).result()
+    assert [s.tokens for s in again.sequences] == [s.tokens for s in res.sequences]
     seq = res.sequences[0]
     assert len(seq.logprobs) == len(seq.tokens) > 0
     ids = prompt + list(seq.tokens)

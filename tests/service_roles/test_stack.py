@@ -1,7 +1,7 @@
 """`posttrain serve` on the roles: with 2 learner ranks and 1 engine, a forward_backward
 runs on both ranks and a sample on the engine with the session's adapter delivered (the
-status route says so); a service stopped after step 5 and started again on the same
-root continues from the saved state bit for bit as if never stopped."""
+status route says so). (A service killed after step 5 and started again on the same
+root: test_kill_restart.py.)"""
 
 from __future__ import annotations
 
@@ -16,20 +16,7 @@ from tinker import types  # noqa: E402
 
 from posttrain.service.wire import WireDatum  # noqa: E402
 from tests.service.conftest import TOKEN, serve, service_config  # noqa: E402
-
-DATA = [
-    types.Datum(
-        model_input=types.ModelInput.from_ints([4, 5, 6, 7, 8][: n + 2]),
-        loss_fn_inputs={"target_tokens": [5, 6, 7, 8, 9][: n + 2], "weights": [1.0] * (n + 2)},
-    )
-    for n in range(3)
-]
-
-
-def _step(tc) -> None:  # noqa: ANN001
-    fb = tc.forward_backward(DATA, "cross_entropy")
-    tc.optim_step(types.AdamParams(learning_rate=1e-2)).result()
-    fb.result()
+from tests.service_roles.steps import DATA, step  # noqa: E402
 
 
 def test_two_ranks_and_an_engine_serve_a_session(tiny_model: Path, tmp_path: Path) -> None:
@@ -37,7 +24,7 @@ def test_two_ranks_and_an_engine_serve_a_session(tiny_model: Path, tmp_path: Pat
     try:
         client = tinker.ServiceClient(base_url=s.url, api_key=TOKEN)
         tc = client.create_lora_training_client(base_model="tiny", rank=4, seed=1).result()
-        _step(tc)
+        step(tc)
         sampler = tc.save_weights_and_get_sampling_client().result()
         out = sampler.sample(DATA[0].model_input, 2, types.SamplingParams(max_tokens=3)).result()
         assert len(out.sequences) == 2
@@ -53,7 +40,7 @@ def test_two_ranks_and_an_engine_serve_a_session(tiny_model: Path, tmp_path: Pat
         assert st["models"][tc.model_id]["steps"] == 1
         # two sessions' requests in one learner pass give what each gives alone
         other = client.create_lora_training_client(base_model="tiny", rank=2, seed=5).result()
-        _step(other)
+        step(other)
         wire = [WireDatum(np.array(d.model_input.to_ints()), _inputs(d)) for d in DATA]
         stack = s.state.stack
         items = [
@@ -75,34 +62,6 @@ def _inputs(d) -> dict:  # noqa: ANN001
         k: np.asarray(v.tolist(), np.int64 if k == "target_tokens" else np.float32)
         for k, v in d.loss_fn_inputs.items()
     }
-
-
-def test_a_restart_continues_bit_for_bit(tiny_model: Path, tmp_path: Path) -> None:
-    root = tmp_path / "root"
-    s = serve(service_config(tiny_model), root)
-    try:
-        client = tinker.ServiceClient(base_url=s.url, api_key=TOKEN)
-        whole = client.create_lora_training_client(base_model="tiny", rank=4, seed=2).result()
-        for _ in range(10):
-            _step(whole)
-        expected = s.state.stack.checksum(whole.model_id)
-        part = client.create_lora_training_client(base_model="tiny", rank=4, seed=2).result()
-        for _ in range(5):
-            _step(part)
-        path = part.save_state("step-5").result().path
-        part_id = part.model_id
-    finally:
-        s.stop()
-    s = serve(service_config(tiny_model), root)  # a new process's roles, the same root
-    try:
-        assert part_id in s.state.registry.models  # its sessions are listed again
-        client = tinker.ServiceClient(base_url=s.url, api_key=TOKEN)
-        again = client.create_training_client_from_state_with_optimizer(path).result()
-        for _ in range(5):
-            _step(again)
-        assert s.state.stack.checksum(again.model_id) == expected
-    finally:
-        s.stop()
 
 
 def test_status_of_a_service_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
