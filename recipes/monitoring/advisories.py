@@ -188,12 +188,22 @@ def console_lines(rows: Sequence[dict[str, Any]], run_ends: bool) -> list[str]:
     return lines
 
 
-def advise(history: list[dict[str, Any]], metrics: dict[str, Any], recipe: Recipe) -> None:
-    """Puts the step's health advisories into `metrics` and prints those that started at
-    this step, and the step range of those that ended (all of them at the last step)."""
-    metrics["advisories"] = advisories(
-        [*history, metrics], recipe.monitor.advisories, recipe.facts.reward_drives_advantage
-    )
+def advise(
+    history: list[dict[str, Any]],
+    metrics: dict[str, Any],
+    recipe: Recipe,
+    extra: Sequence[str] = (),
+) -> None:
+    """Puts the step's health advisories, then the `extra` ones (the reward-hacking
+    firings, recipes/monitoring/evidence.py), into `metrics` and prints those that
+    started at this step, and the step range of those that ended (all of them at the
+    last step)."""
+    metrics["advisories"] = [
+        *advisories(
+            [*history, metrics], recipe.monitor.advisories, recipe.facts.reward_drives_advantage
+        ),
+        *extra,
+    ]
     run_ends = metrics["step"] == recipe.train.steps - 1
     for line in console_lines([*history, metrics], run_ends):
         tqdm.write(line)
