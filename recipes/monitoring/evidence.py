@@ -27,7 +27,7 @@ from typing import Any
 from tqdm import tqdm
 
 from ...config import HackingConfig
-from .advisories import code_of
+from .advisories import advisory_ranges, code_of
 from .hacking import Firing, monitors
 from .log import HACKING_FILE, read_jsonl
 from .signatures import repetition, signatures
@@ -147,6 +147,46 @@ def evidence_for(evidence: Sequence[dict[str, Any]], code: str, first: int, last
     (the newest such); {} when there is none."""
     lines = [e for e in evidence if e.get("code") == code and first <= e.get("step", -1) <= last]
     return lines[-1] if lines else {}
+
+
+def hacking_ranges(rows: Sequence[dict[str, Any]], run_dir: Path) -> list[dict[str, Any]]:
+    """The reward-hacking firings of metrics.jsonl `rows` as advisory ranges
+    (advisories.py `advisory_ranges`), each with its evidence from hacking.jsonl:
+    `trajectory`, `samples` (select_samples) and `evidence_step` (the step the samples
+    are from); empty lists when the evidence is missing. For `posttrain status` and the
+    dashboard's /api/hacking."""
+    evidence = read_evidence(run_dir)
+    out = []
+    for r in advisory_ranges(rows):
+        if r.code.startswith("hacking_"):
+            e = evidence_for(evidence, r.code, r.first, r.last)
+            out.append(
+                r.to_dict()
+                | {
+                    "trajectory": e.get("trajectory", []),
+                    "samples": e.get("samples", []),
+                    "evidence_step": e.get("step"),
+                }
+            )
+    return out
+
+
+def evidence_lines(firing: dict[str, Any], width: int = 160) -> list[str]:
+    """A `hacking_ranges` entry as console lines: the trajectory (up to 12 points),
+    then one line per sample (reward, its components, the response's start)."""
+    points = firing.get("trajectory", [])[-12:]
+    lines = []
+    if points:
+        keys = [k for k in points[0] if k != "step"]
+        cells = "; ".join(f"{p['step']}: " + " ".join(f"{p.get(k)}" for k in keys) for p in points)
+        lines.append(f"trajectory (step: {' '.join(keys)}): {cells}"[:width])
+    for s in firing.get("samples", []):
+        comps = " ".join(f"{k}={v}" for k, v in _components(s.get("breakdown", {})).items())
+        text = " ".join(str(s.get("response", "")).split())
+        lines.append(f"sample {s.get('uid')} reward {s.get('reward')} ({comps}): {text!r}"[:width])
+    if not firing.get("samples") and firing.get("evidence_step") is None:
+        lines.append("no evidence recorded (hacking.jsonl)")
+    return lines
 
 
 class HackingStopped(RuntimeError):
