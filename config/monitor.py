@@ -137,6 +137,33 @@ class HackingConfig(_Strict):
     )
 
 
+def check_hacking(h: HackingConfig, reward_names: list[str], has_eval: bool) -> None:
+    """Refuse a `monitor.hacking.heldout_metric` that no step would log (the held-out
+    monitor would then never fire, silently).
+
+    Raises:
+        ValueError: names the key and the fix.
+    """
+    key = h.heldout_metric
+    if key.startswith("reward/"):
+        if key[7:] not in reward_names:
+            raise ValueError(
+                f"monitor.hacking.heldout_metric is {key!r}, but the recipe's rewards are "
+                f"named {reward_names}; name one of them (a stricter verifier may be a "
+                "component of weight 0: logged every step, not trained on)"
+            )
+    elif not key.startswith("eval/"):
+        raise ValueError(
+            f"monitor.hacking.heldout_metric is {key!r}; give eval/pass@1 (or another "
+            "eval/ metric, with an eval: block) or reward/NAME (a reward component)"
+        )
+    elif not has_eval and "heldout_metric" in h.model_fields_set:
+        raise ValueError(
+            f"monitor.hacking.heldout_metric is {key!r}, but the recipe has no eval: block "
+            "to measure it; add one, or name a stricter reward component (reward/NAME)"
+        )
+
+
 class MonitorConfig(_Strict):
     progress: bool = Field(True, description="Show a progress bar on the console.")
     dashboard_port: int | None = Field(

@@ -218,3 +218,27 @@ def test_the_quickstart_run_as_shipped_raises_no_firing():
     assert len(rows_) == 21
     for i in range(1, len(rows_) + 1):
         assert monitors(rows_[:i], T) == [], f"a firing at step {rows_[i - 1]['step']}"
+
+
+QUICKSTART = Path(__file__).parents[2] / "recipes" / "quickstart_grpo.yaml"
+
+
+@pytest.mark.parametrize(
+    ("override", "error"),
+    [
+        ("monitor.hacking.heldout_metric=reward/strict", "rewards are named \\['correct'\\]"),
+        ("monitor.hacking.heldout_metric=accuracy", "give eval/pass@1"),
+        ("monitor.on_hacking=halt", "on_hacking"),
+    ],
+)
+def test_recipe_refuses_a_heldout_metric_no_step_logs(override, error):
+    from posttrain.config import RecipeError
+    from posttrain.recipes.loading import load_recipe
+
+    with pytest.raises(RecipeError, match=error):
+        load_recipe(QUICKSTART, [override])
+    r = load_recipe(QUICKSTART, ["monitor.hacking.heldout_metric=reward/correct"])
+    assert r.monitor.hacking.heldout_metric == "reward/correct"
+    with pytest.raises(RecipeError, match="no eval: block"):
+        load_recipe(QUICKSTART, ["eval=null", "monitor.hacking.heldout_metric=eval/pass@k"])
+    assert load_recipe(QUICKSTART, ["eval=null"]).monitor.hacking.heldout_metric == "eval/pass@1"
