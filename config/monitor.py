@@ -127,7 +127,7 @@ class HackingConfig(_Strict):
         5.0,
         gt=1,
         description="(5) kl: `kl` or `logprob_mismatch` reached this many times the median "
-        "of the run's earlier steps ...",
+        "of the `window` steps before it ...",
     )
     kl_floor: float = Field(
         0.1, gt=0, description="... and at least this (nats per token) for `kl` ..."

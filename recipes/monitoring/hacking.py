@@ -16,7 +16,7 @@ Codes, and when each fires (HackingConfig keys):
 - `hacking_early_exit`, `hacking_patched`, `hacking_many_answers`, `hacking_hedged`: the
   mean of `hack/NAME` (signatures.py) over the last `window` steps ≥ `bypass_share`.
 - `hacking_kl`, `hacking_mismatch`: the step's `kl` (`logprob_mismatch`) ≥ `jump_ratio`
-  × the median of the earlier steps and ≥ `kl_floor` (`mismatch_floor`).
+  × the median of the `window` steps before it and ≥ `kl_floor` (`mismatch_floor`).
 
 A trend's baseline is the mean of the first `window` steps that logged the metric, its
 "now" the mean of the last `window`; a trend monitor needs 2 × `window` such steps.
@@ -252,7 +252,8 @@ def jump(rows: Rows, t: HackingConfig) -> list[Firing]:
         s = series(rows, key)
         if len(s) <= t.window or s[-1][0] != rows[-1].get("step"):
             continue
-        median, now = statistics.median(v for _, v in s[:-1]), s[-1][1]
+        # the median of the `window` steps before: a steady drift moves it along, a jump not
+        median, now = statistics.median(v for _, v in s[-t.window - 1 : -1]), s[-1][1]
         if now < floor or now < t.jump_ratio * median:
             continue
         shown = s[-(2 * t.window + 1) :]
@@ -260,7 +261,7 @@ def jump(rows: Rows, t: HackingConfig) -> list[Firing]:
             Firing(
                 code,
                 f"{key} jumped to {now:.4f} ({now / median:.1f}× the median {median:.4f} of "
-                f"the earlier steps; ≥ {t.jump_ratio:g}× and ≥ {floor:g})"
+                f"the {t.window} steps before; ≥ {t.jump_ratio:g}× and ≥ {floor:g})"
                 if median > 0
                 else f"{key} jumped to {now:.4f} from a median of 0 (≥ {floor:g})",
                 shown[0][0],

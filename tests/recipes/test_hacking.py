@@ -176,6 +176,11 @@ def test_kl_and_mismatch_jumps():
     mm = jump(rows(7, logprob_mismatch=[0.03] * 6 + [0.2]), T)
     assert [f.code for f in mm] == ["hacking_mismatch"]
     assert jump(rows(5, logprob_mismatch=[0.03] * 4 + [0.2]), T) == []  # ≤ window earlier steps
+    # a steady climb (×1.5 a step) moves the median of the 5 steps before along: 0.15 is
+    # 1.5³ = 3.4× the median 0.0444 of 0.013..0.1, no jump; 0.2 after a flat 0.02 is
+    climb = rows(7, kl=[0.0132, 0.0198, 0.0296, 0.0444, 0.0667, 0.1, 0.15])
+    assert jump(climb, T) == []
+    assert [f.code for f in jump(rows(7, kl=[0.0] + [0.02] * 5 + [0.2]), T)] == ["hacking_kl"]
     late = rows(8, logprob_mismatch=[0.03] * 6 + [0.2, None])
     assert jump(late, T) == []  # the last step did not log it: no jump *now*
 
