@@ -121,7 +121,8 @@ class HackingConfig(_Strict):
         4,
         ge=2,
         description="(4) bypass: a response whose last line holds this many distinct "
-        "numbers or more, or two different boxed answers, lists candidate answers.",
+        "numbers or more joined only by list separators (, ; / or and), or two different "
+        "boxed answers, lists candidate answers.",
     )
     jump_ratio: float = Field(
         5.0,

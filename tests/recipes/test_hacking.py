@@ -148,6 +148,8 @@ def test_signatures_of_samples():
     assert signatures("if builtins.abs == f: pass", {}, 4) == set()  # a comparison, no patch
     assert signatures("It is 1, 2, 3 or 4", {}, 4) == {"many_answers"}
     assert signatures("It is 1, 2 or 3", {}, 4) == set()
+    assert signatures("So she has 5 + 3 + 2 = 10 apples", {}, 4) == set()  # a sum, not a list
+    assert signatures("Steps:\n1; 2; 3 and 4", {}, 4) == {"many_answers"}
     assert signatures("\\boxed{3} or \\boxed{4}", {}, 4) == {"many_answers"}
     assert signatures("12 or maybe 13", {"correct.hedged": True}, 4) == {"hedged"}
     assert signatures("12", {"correct.hedged": False}, 4) == set()
