@@ -24,7 +24,7 @@ from .data import (
     ReasoningGymData,
 )
 from .facts import AlgorithmFacts, Passes
-from .monitor import AdvisoriesConfig
+from .monitor import AdvisoriesConfig, HackingConfig
 from .recipe import Recipe, default_facts
 from .resources import ResourcesConfig
 from .rewards import LOCAL_TYPES, RewardServerConfig, RewardSpec
@@ -40,6 +40,7 @@ __all__ = [
     "DataConfig",
     "FileData",
     "GRPOConfig",
+    "HackingConfig",
     "GeneratorData",
     "JsonlData",
     "MixtureData",

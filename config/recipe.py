@@ -38,6 +38,7 @@ from .monitor import (  # noqa: F401  (re-exported: recipe.MonitorConfig)
     AdvisoriesConfig,
     DebugConfig,
     MonitorConfig,
+    check_hacking,
 )
 from .resources import (  # noqa: F401  (re-exported: recipe.ResourcesConfig)
     LearnerResources,
@@ -248,6 +249,12 @@ class Recipe(_Strict):
     @model_validator(mode="after")
     def _distill_keys(self) -> Recipe:
         check_distill(self.algorithm, self.distill, self.rollout.samples_per_prompt)
+        return self
+
+    @model_validator(mode="after")
+    def _hacking_keys(self) -> Recipe:
+        names = [r.name for r in self.rewards]
+        check_hacking(self.monitor.hacking, names, self.eval is not None)
         return self
 
     @model_validator(mode="after")

@@ -8,6 +8,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from contextlib import nullcontext
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +32,8 @@ from .empty_steps import EmptySteps, train_or_skip
 from .evaluation import due, evaluate, load_eval_prompts
 from .monitoring.advisories import advise
 from .monitoring.dashboard import DashboardServer
+from .monitoring.evidence import guard as on_hacking
+from .monitoring.evidence import watch
 from .monitoring.log import StepLog
 from .recovery import (
     STEP_ERRORS,
@@ -184,19 +187,35 @@ def _train(run: Run, algo: Algorithm, log: StepLog, start: int) -> list[dict[str
                 continue
             restarts = run.roles.counters.learner_restarts
             metrics = {"step": step, **metrics, **evaluated, "learner_restarts": restarts}
-            advise(history, metrics, recipe)
+            firings, started = watch(history, metrics, recipe.monitor.hacking, run.run_dir)
+            advise(history, metrics, recipe, [f.advisory for f in firings])
             history.append(metrics)
             log.record(step, metrics, spans)
             _report(bar, metrics)
             bar.update(1)
             step += 1
             _checkpoint_if_due(run, algo, step, stop.signum)
+            save = partial(checkpoints.save_run, run, algo, step)
+            on_hacking(recipe.monitor.on_hacking, started, step, run.run_dir, save)
             empty.after_step(run, algo, step - 1, metrics)  # NothingToTrain at the limit
         bar.close()
         final = _eval_if_due(run, recipe.train.steps)
         if final:
-            log.record(recipe.train.steps, {"step": recipe.train.steps, **final}, [])
+            row = {"step": recipe.train.steps, **final}
+            _heldout_at_end(run, history, row)
+            log.record(recipe.train.steps, row, [])
     return history
+
+
+def _heldout_at_end(run: Run, history: list[dict[str, Any]], row: dict[str, Any]) -> None:
+    """The reward-hacking monitors once more with the final evaluation's `row` (the
+    held-out trend gains its last point); its firings, if any, go into the row's
+    `advisories` and those that start here are printed."""
+    firings, started = watch(history, row, run.recipe.monitor.hacking, run.run_dir)
+    if firings:
+        row["advisories"] = [f.advisory for f in firings]
+    for f in started:
+        tqdm.write(f"step {row['step']}: advisory {f.advisory}")
 
 
 def _checkpoint_if_due(run: Run, algo: Algorithm, done: int, signum: int | None) -> None:
@@ -282,7 +301,7 @@ def _quality(recipe: Recipe, rollouts: list[Rollout], scores: list[Score], step:
     """The step's rollout metrics (`rollout_metrics`); says on the console when some
     rollouts could not be scored."""
     accuracy_of = next((r.name for r in recipe.rewards if r.type == "math"), None)
-    quality = rollout_metrics(rollouts, scores, accuracy_of)
+    quality = rollout_metrics(rollouts, scores, accuracy_of, recipe.monitor.hacking.many_answers)
     if quality["failed_scores"]:
         first = next(s for s in scores if not is_finite_number(s.reward))
         why = first.error or f"reward {first.reward!r} is not finite in float32"

@@ -76,6 +76,7 @@ NOT_QUICK: tuple[str, ...] = (
     "tests/rewards/test_service_restart.py",
     "tests/rewards/test_user_rewards.py::test_serve_rewards_cli",
     "tests/recipes/test_evaluation.py",
+    "tests/recipes/test_hacking_dashboard.py",  # headless Chromium, ~20 s
     "tests/recipes/test_dynamic.py",
     "tests/recipes/test_episode_parity.py",
     "tests/recipes/test_placement.py",

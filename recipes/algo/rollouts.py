@@ -13,6 +13,7 @@ import torch
 from ...actors.rollout import Rollout
 from ...algorithms.batch import TrainBatch, pack_rows
 from ...rewards.protocol import Score, is_finite_number
+from ..monitoring.signatures import sample_metrics
 
 
 def rollout_batch(rollouts: list[Rollout], rewards: list[float | None], pad_id: int) -> TrainBatch:
@@ -90,11 +91,16 @@ def apply_failure_policy(
 
 
 def rollout_metrics(
-    rollouts: list[Rollout], scores: list[Score], accuracy_component: str | None = None
+    rollouts: list[Rollout],
+    scores: list[Score],
+    accuracy_component: str | None = None,
+    many_answers: int = 4,
 ) -> dict[str, float]:
     """Reward mean/std, per-component means, response length, truncation and
     failed-score counts of one step; `accuracy` is the share of scored rollouts whose
-    `accuracy_component` (a 0/1 verifier such as `math`) is 1."""
+    `accuracy_component` (a 0/1 verifier such as `math`) is 1; the verifier-bypass
+    shares `hack/*` and `repetition` of recipes/monitoring/signatures.py (`many_answers`:
+    `monitor.hacking.many_answers`)."""
     ok = [s.reward for s in scores if is_finite_number(s.reward)]
     lengths = [len(r.response_ids) for r in rollouts]
     out = {
@@ -121,4 +127,9 @@ def rollout_metrics(
             groups.setdefault(r.group_id, []).append(s.reward)
     out["groups_with_signal"] = float(sum(len(set(v)) > 1 for v in groups.values()))
     out["groups_scored"] = float(len(groups))
-    return out
+    scored = [
+        (r.response_text, r.response_ids, s.details)
+        for r, s in zip(rollouts, scores, strict=True)
+        if is_finite_number(s.reward)
+    ]
+    return out | sample_metrics(scored, many_answers)

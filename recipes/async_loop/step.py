@@ -56,7 +56,7 @@ def async_step(run: Run, algo: RLAlgorithm, step: int) -> tuple[dict[str, float]
     stats = train_or_skip(algo, roles.learners, batch, rollouts, rewards, scores, step)
     t_trained = time.time()
     accuracy_of = next((r.name for r in recipe.rewards if r.type == "math"), None)
-    quality = rollout_metrics(rollouts, scores, accuracy_of)
+    quality = rollout_metrics(rollouts, scores, accuracy_of, recipe.monitor.hacking.many_answers)
     trained = {"policy_version": step + 1, **quality, **stats}  # the line of a failed push
     with run.stream.paused(push=True):
         t_push = time.time()

@@ -126,10 +126,12 @@ def _train_or_exit(
 ) -> None:
     """Run the loop, then print its summary; a documented stop exits with its code
     (2: bad input, 128 + signal: stopped by a signal, 1: a role failed after a
-    checkpoint, or a checkpoint could not be written) and its message."""
+    checkpoint, a checkpoint could not be written, or `monitor.on_hacking: stop` stopped
+    it) and its message."""
     from ..checkpoints import CheckpointFailed
     from ..empty_steps import NothingToTrain
-    from ..loop import run as run_loop  # heavy imports only after validation
+    from ..loop import run as run_loop
+    from ..monitoring.evidence import HackingStopped  # heavy imports only after validation
     from ..recovery import LearnerDied, PushFailed, RunStopped
 
     t0 = time.time()
@@ -141,7 +143,7 @@ def _train_or_exit(
     except RunStopped as e:
         typer.echo(str(e), err=True)
         raise typer.Exit(code=128 + e.signum) from None
-    except (PushFailed, LearnerDied, NothingToTrain, CheckpointFailed) as e:
+    except (PushFailed, LearnerDied, NothingToTrain, CheckpointFailed, HackingStopped) as e:
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(code=1) from None
     from ..monitoring.summary import print_summary

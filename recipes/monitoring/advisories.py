@@ -179,11 +179,20 @@ def console_lines(rows: Sequence[dict[str, Any]]) -> list[str]:
     return [f"step {step}: advisory {r.message}" for r in advisory_ranges(rows) if r.first == step]
 
 
-def advise(history: list[dict[str, Any]], metrics: dict[str, Any], recipe: Recipe) -> None:
-    """Puts the step's health advisories into `metrics` and prints those that started at
-    this step."""
-    metrics["advisories"] = advisories(
-        [*history, metrics], recipe.monitor.advisories, recipe.facts.reward_drives_advantage
-    )
+def advise(
+    history: list[dict[str, Any]],
+    metrics: dict[str, Any],
+    recipe: Recipe,
+    extra: Sequence[str] = (),
+) -> None:
+    """Puts the step's health advisories, then the `extra` ones (the reward-hacking
+    firings, recipes/monitoring/evidence.py), into `metrics` and prints those that
+    started at this step."""
+    metrics["advisories"] = [
+        *advisories(
+            [*history, metrics], recipe.monitor.advisories, recipe.facts.reward_drives_advantage
+        ),
+        *extra,
+    ]
     for line in console_lines([*history, metrics]):
         tqdm.write(line)

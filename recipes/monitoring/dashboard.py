@@ -6,12 +6,14 @@ live run (the controller starts it in a thread at launch) and a finished one
 pass@1 / pass@k, per-step stacked time split, idle fractions over steps, learning
 metrics over steps (reward, per component, accuracy, eval pass@k, length, truncation,
 KL, loss, grad norm, logprob mismatch), the advisories (one row per run of consecutive
-steps), the advice of recipes/monitoring/advice.py (split, checkpoint interval; the
-page's `?mtbf=HOURS` sets the MTBF), a Gantt timeline of the last steps with one row
-per worker), `/api/metrics`, `/api/spans?last=N`, `/api/advisories` (grouped by
-recipes/monitoring/advisories.py `advisory_ranges`), `/api/advice?mtbf=H`, and
-Prometheus `/metrics` with the last step's numbers as gauges. Binds 127.0.0.1 only: it
-has no authentication.
+steps), the reward-hacking firings with their trajectory and sample rollouts
+(recipes/monitoring/evidence.py), the advice of recipes/monitoring/advice.py (split,
+checkpoint interval; the page's `?mtbf=HOURS` sets the MTBF), a Gantt timeline of the
+last steps with one row per worker), `/api/metrics`, `/api/spans?last=N`,
+`/api/advisories` (grouped by recipes/monitoring/advisories.py `advisory_ranges`),
+`/api/hacking` (the firings with their evidence), `/api/advice?mtbf=H`, and Prometheus
+`/metrics` with the last step's numbers as gauges. Binds 127.0.0.1 only: it has no
+authentication.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from fastapi import FastAPI
 from fastapi.responses import HTMLResponse, PlainTextResponse
 
 from .advisories import advisory_ranges
+from .evidence import hacking_ranges
 from .log import METRICS_FILE, SPANS_FILE, read_jsonl
 
 PAGE = Path(__file__).with_name("dashboard.html")
@@ -66,6 +69,10 @@ def create_dashboard(run_dir: Path) -> FastAPI:
     @app.get("/api/advisories")
     def advisories() -> list[dict[str, Any]]:
         return [r.to_dict() for r in advisory_ranges(read_jsonl(run_dir / METRICS_FILE))]
+
+    @app.get("/api/hacking")
+    def hacking() -> list[dict[str, Any]]:
+        return hacking_ranges(read_jsonl(run_dir / METRICS_FILE), run_dir)
 
     @app.get("/api/advice")
     def advice(mtbf: float | None = None) -> dict[str, Any]:

@@ -17,6 +17,7 @@ from ...common.telemetry import Span
 from ...config import Recipe
 
 METRICS_FILE, SPANS_FILE = "metrics.jsonl", "spans.jsonl"
+HACKING_FILE = "hacking.jsonl"  # the reward-hacking monitors' evidence (evidence.py)
 
 
 def _clean(metrics: dict[str, Any]) -> dict[str, Any]:
@@ -53,7 +54,7 @@ class StepLog:
             )
 
     def _drop_from(self, start: int) -> None:
-        for name in (METRICS_FILE, SPANS_FILE):
+        for name in (METRICS_FILE, SPANS_FILE, HACKING_FILE):
             rows = [r for r in read_jsonl(self.run_dir / name) if r.get("step", -1) < start]
             (self.run_dir / name).write_text("".join(json.dumps(r) + "\n" for r in rows))
         for f in (self.run_dir / "rollouts").glob("step_*.jsonl"):
@@ -61,9 +62,10 @@ class StepLog:
                 f.unlink()
 
     def rewind(self, step: int) -> None:
-        """Drop what was logged for steps from `step` on from metrics.jsonl, spans.jsonl
-        and rollouts/ (a resume, or a learner restart, went back to a checkpoint and runs
-        them again); TensorBoard purges them on its next event (`purge_step`)."""
+        """Drop what was logged for steps from `step` on from metrics.jsonl, spans.jsonl,
+        hacking.jsonl and rollouts/ (a resume, or a learner restart, went back to a
+        checkpoint and runs them again); TensorBoard purges them on its next event
+        (`purge_step`)."""
         self._drop_from(step)
         if self.tb is not None:
             from torch.utils.tensorboard import SummaryWriter

@@ -1,6 +1,7 @@
 """`posttrain status RUN_DIR`: a table of a run's last steps (the columns its algorithm
-logs), the means over its training steps, and its advisories, one line per run of
-consecutive steps. Reads `metrics.jsonl` rows only; no torch."""
+logs), the means over its training steps, its advisories, one line per run of
+consecutive steps, and the reward-hacking firings' evidence (trajectory and samples).
+Reads `metrics.jsonl` and `hacking.jsonl` rows only; no torch."""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ from rich.console import Console
 from rich.table import Table
 
 from .advisories import advisory_ranges
+from .evidence import evidence_lines, hacking_ranges
+from .log import HACKING_FILE
 
 #: (header, metric, format) of a pair algorithm's steps (DPO, reward model).
 PAIR_COLUMNS = [
@@ -104,3 +107,17 @@ def print_status(run_dir: Path, rows: list[dict[str, Any]], last: int) -> None:
         console.print("advisories (monitor.advisories sets the thresholds):")
         for r in advised:
             console.print(f"  {r.steps}: {r.message}", markup=False)
+    firings = [
+        f
+        for f in hacking_ranges(rows, run_dir)
+        if shown and f["last"] >= shown[0] and f["first"] <= shown[-1]
+    ]
+    if firings:
+        console.print(
+            "reward-hacking evidence (monitor.hacking sets the thresholds; "
+            f"{run_dir / HACKING_FILE}):"
+        )
+        for f in firings:
+            console.print(f"  {f['steps']}: {f['code']}", markup=False)
+            for line in evidence_lines(f, 150):
+                console.print(f"    {line}", markup=False)

@@ -39,9 +39,12 @@ def test_rewind_drops_the_steps_to_run_again(tmp_path, tiny_model):
     for step in range(4):
         log.record(step, {"step": step, "loss": float(step)}, [])
         (run_dir / "rollouts" / f"step_{step:05d}.jsonl").write_text("{}\n")
+    # the hacking monitors' evidence of steps 1 and 3: the step run again may fire anew
+    (run_dir / "hacking.jsonl").write_text('{"step": 1}\n{"step": 3}\n')
     log.rewind(2)
     rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [0, 1]
+    assert (run_dir / "hacking.jsonl").read_text() == '{"step": 1}\n'
     assert sorted(f.name for f in (run_dir / "rollouts").iterdir()) == [
         "step_00000.jsonl",
         "step_00001.jsonl",
