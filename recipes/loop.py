@@ -30,7 +30,7 @@ from .algo.teacher import check_teacher_tokenizer
 from .data import load_data, prompt_stream
 from .empty_steps import EmptySteps, train_or_skip
 from .evaluation import due, evaluate, load_eval_prompts
-from .monitoring.advisories import advise
+from .monitoring.advisories import advise, console_lines
 from .monitoring.dashboard import DashboardServer
 from .monitoring.evidence import guard as on_hacking
 from .monitoring.evidence import watch
@@ -211,11 +211,11 @@ def _heldout_at_end(run: Run, history: list[dict[str, Any]], row: dict[str, Any]
     """The reward-hacking monitors once more with the final evaluation's `row` (the
     held-out trend gains its last point); its firings, if any, go into the row's
     `advisories` and those that start here are printed."""
-    firings, started = watch(history, row, run.recipe.monitor.hacking, run.run_dir)
+    firings, _ = watch(history, row, run.recipe.monitor.hacking, run.run_dir)
     if firings:
         row["advisories"] = [f.advisory for f in firings]
-    for f in started:
-        tqdm.write(f"step {row['step']}: advisory {f.advisory}")
+    for line in console_lines([*history, row]):  # those that start at this row
+        tqdm.write(line)
 
 
 def _checkpoint_if_due(run: Run, algo: Algorithm, done: int, signum: int | None) -> None:
