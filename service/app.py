@@ -11,7 +11,8 @@ run on the roles are queued per role and session (`scheduler.py`). Auth: every r
 
 Errors: a request that cannot be run (wrong shapes, unknown model or session, token ids
 outside the vocabulary, an unserved loss) gets a 4xx whose body names the field
-(`{"detail": ..., "field": ...}`); the service stays up.
+(`{"detail": ..., "field": ...}`) and `x-should-retry: false`, so that the SDK, which
+retries a 409 with backoff for about a minute, reports it at once; the service stays up.
 """
 
 from __future__ import annotations
@@ -26,10 +27,14 @@ from .errors import UserError
 from .state import ServiceState
 
 OPEN = {"/api/v1/healthz"}
+# a refusal that can never succeed as sent: the SDK must not re-send it
+NO_RETRY = {"x-should-retry": "false"}
 
 
 def _user_error(_: Request, e: UserError) -> JSONResponse:
-    return JSONResponse({"detail": str(e), "field": e.field}, status_code=e.status)
+    return JSONResponse(
+        {"detail": str(e), "field": e.field}, status_code=e.status, headers=NO_RETRY
+    )
 
 
 def create_app(state: ServiceState) -> FastAPI:
@@ -51,6 +56,7 @@ def create_app(state: ServiceState) -> FastAPI:
                     "field": "X-API-Key",
                 },
                 status_code=401,
+                headers=NO_RETRY,
             )
         return await call_next(request)
 

@@ -41,12 +41,15 @@ def test_save_then_load_restores_the_adapter(served: Any, client) -> None:  # no
 
 
 def test_full_fine_tuning_is_refused_on_the_shared_base(client) -> None:  # noqa: ANN001
+    """The 409 says `x-should-retry: false`: without it the SDK re-sent the request with
+    backoff for about a minute (58 s in the suite) before the user saw the refusal."""
     with pytest.raises(tinker.APIStatusError) as e:
         client.create_lora_training_client(
             base_model="tiny", rank=1, user_metadata={"full_finetune": "true"}
         ).result()
     assert e.value.status_code == 409
     assert e.value.body["field"] == "user_metadata.full_finetune"
+    assert e.value.response.headers["x-should-retry"] == "false"
 
 
 def test_load_state_without_optimizer_starts_adam_afresh(served: Any, client) -> None:  # noqa: ANN001
