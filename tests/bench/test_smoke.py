@@ -2,13 +2,14 @@
 so a bench cannot rot unnoticed (STYLE.md, house habits). Each bench runs as its own
 process, as a user runs it; the numbers of a smoke run mean nothing and are not checked.
 
-The default run keeps about 3.5 minutes on 2 cores (one smoke of each kind: a recipe run
-in process, spawned learner ranks, vLLM actors, the reward service). `slow` (run with
-`-m slow`): the smokes that run the training loop 2 or 3 times, 33-55 s each at load 3
-and up to about a minute under heavier load: adapters (3 CLI runs), token_budget,
-ratio, async, old_logprobs and sft (2 runs each), learning (2 recipes, each trained and
-evaluated twice). `vllm`: starts vLLM engines, skipped
-without vLLM.
+The default run keeps about 2 minutes on 2 cores (one smoke of each kind: a recipe run
+in process, spawned learner ranks, a vLLM engine pushed into (weight_load), the reward
+service). `slow` (run with `-m slow`): the smokes that run the training loop 2 or 3
+times, 33-55 s each at load 3 and up to about a minute under heavier load: adapters (3
+CLI runs), token_budget, ratio, async, old_logprobs and sft (2 runs each), learning (2
+recipes, each trained and evaluated twice); and the two that start several vLLM engines
+(rollout: 3 engines, 52 s; weight_sync: 42 s), whose engine paths the actors/ and
+weightsync/ tests cover. `vllm`: starts vLLM engines, skipped without vLLM.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ ROOT = Path(__file__).resolve().parents[2]
 requires_vllm = pytest.mark.skipif(not vllm_installed(), reason="vLLM is not installed here")
 vllm = [pytest.mark.vllm, requires_vllm]
 slow = [pytest.mark.slow]
+slow_vllm = [*vllm, *slow]
 
 #: bench name -> (marks, lines its output must hold besides the header)
 BENCHES: dict[str, tuple[list[pytest.MarkDecorator], list[str]]] = {
@@ -46,7 +48,7 @@ BENCHES: dict[str, tuple[list[pytest.MarkDecorator], list[str]]] = {
     "rewards": ([], ["measure", "reward model, batch 8, POST /score"]),
     "sft": (slow, ["| system | fixed-batch loss (fp32) |", "| posttrain |"]),
     "rollout": (
-        vllm,
+        slow_vllm,
         ["| engine | startup s | generate s (median) |", "| vllm async, 4 callers |"],
     ),
     "serve": ([], ["| SDK round trip (service) |", "| at once |", "| engine 0 |", "| hf |"]),
@@ -61,7 +63,7 @@ BENCHES: dict[str, tuple[list[pytest.MarkDecorator], list[str]]] = {
         ],
     ),
     "weight_sync": (
-        vllm,
+        slow_vllm,
         ["| transport | into | push | seconds |", "| collective | vLLM | delta |"],
     ),
 }
