@@ -136,6 +136,7 @@ def main() -> None:
             }
         )
     )
+    service.close("success").result()  # finish the session: the service frees it
 
 
 if __name__ == "__main__":

@@ -80,4 +80,6 @@ def served(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterat
 def client(served: Any):  # noqa: ANN201 (tinker.ServiceClient)
     import tinker
 
-    return tinker.ServiceClient(base_url=served.url, api_key=TOKEN)
+    c = tinker.ServiceClient(base_url=served.url, api_key=TOKEN)
+    yield c
+    c.close("success").result(timeout=30)  # else its heartbeat warns after the server stops

@@ -79,3 +79,5 @@ def test_two_sessions_are_isolated(served: Any) -> None:
     # both learn
     assert ta.forward(da, "cross_entropy").result().metrics["loss:sum"] < a_loss0
     assert tb.forward(db, "cross_entropy").result().metrics["loss:sum"] < b_loss0
+    for client in (a, b, c):  # finished, so their heartbeats stop with the test
+        client.close("success").result(timeout=30)

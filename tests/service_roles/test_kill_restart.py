@@ -133,6 +133,7 @@ def test_a_service_killed_after_step_5_continues_bit_for_bit(
         assert got.keys() == want.keys()
         for name, tensor in want.items():
             assert torch.equal(got[name], tensor), name
+        client.close("success").result(timeout=30)  # its heartbeat stops with the test
     finally:
         _kill(proc)
     _no_orphans(proc.pid)

@@ -53,6 +53,7 @@ def test_two_ranks_and_an_engine_serve_a_session(tiny_model: Path, tmp_path: Pat
             for a, b in zip(outputs, alone, strict=True):
                 np.testing.assert_allclose(a["logprobs"], b["logprobs"], atol=1e-5)
             assert abs(metrics["loss:sum"] - alone_metrics["loss:sum"]) < 1e-4
+        client.close("success").result(timeout=30)  # its heartbeat stops with the test
     finally:
         s.stop()
 
