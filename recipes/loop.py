@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from contextlib import nullcontext
+from contextlib import ExitStack, nullcontext
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -93,8 +93,10 @@ def run(
     c.write_manifest(run_dir, recipe, model_path)
     # a resume drops the steps logged after its checkpoint only once that has loaded
     roles, log, dash, state = None, StepLog(run_dir, recipe), None, None
+    signals = ExitStack()
     try:
         c.init_ray(recipe, address, rollout=algo.uses_rollouts)
+        starting = signals.enter_context(StopOnSignal(starting=True))  # after ray.init
         dash = _start_dashboard(run_dir, recipe)
         roles = c.start_roles(
             recipe,
@@ -105,6 +107,7 @@ def run(
         )
         state = Run(recipe, run_dir, model_path, roles, data, eval_prompts=eval_prompts)
         _prepare(state, algo, resume, saved, log)
+        starting.stop_if_signalled(run_dir, saved["step"] if saved else 0)
         history = _train(state, algo, log, saved["step"] if saved else 0)
         if recipe.train.save_final:
             ray.get(
@@ -121,6 +124,7 @@ def run(
         log.close()
         if dash is not None:
             dash.stop()
+        signals.close()
     return history
 
 

@@ -193,34 +193,67 @@ def stop_after_failed_push(run: Any, algo: Any, step: int, error: BaseException)
 
 
 class RunStopped(RuntimeError):
-    """SIGTERM or Ctrl-C stopped the run after a step and its checkpoint."""
+    """SIGTERM or Ctrl-C stopped the run after a step and its checkpoint, or during
+    start-up (`starting=True`: nothing trained, nothing new saved; `steps_done` is the
+    step a resume started from, 0 for a new run)."""
 
-    def __init__(self, run_dir: Path, steps_done: int, signum: int):
+    def __init__(self, run_dir: Path, steps_done: int, signum: int, starting: bool = False):
         self.run_dir, self.steps_done, self.signum = run_dir, steps_done, signum
-        super().__init__(
-            f"stopped by {signal.Signals(signum).name} after step "
-            f"{steps_done - 1}; checkpoint {run_dir / checkpoints.FOLDER}/"
-            f"step_{steps_done:05d}. Resume with: posttrain run --resume {run_dir}"
-        )
+        name = signal.Signals(signum).name
+        if not starting:
+            message = (
+                f"stopped by {name} after step {steps_done - 1}; checkpoint "
+                f"{run_dir / checkpoints.FOLDER}/step_{steps_done:05d}. Resume with: "
+                f"posttrain run --resume {run_dir}"
+            )
+        elif steps_done:
+            message = (
+                f"stopped by {name} during start-up, before step {steps_done}: nothing new "
+                f"was trained or saved. Resume with: posttrain run --resume {run_dir}"
+            )
+        else:
+            message = (
+                f"stopped by {name} during start-up: nothing was trained or saved "
+                f"(the run folder {run_dir} holds no checkpoint); run the same command again"
+            )
+        super().__init__(message)
 
 
 class StopOnSignal:
     """While active (main thread only), the first SIGTERM or SIGINT is recorded in
-    `signum` so the loop can finish its step and checkpoint; a second SIGINT stops at
-    once (KeyboardInterrupt)."""
+    `signum` so the loop can finish its step and checkpoint (`starting`: so start-up can
+    end and every role be stopped); a second SIGINT stops at once (KeyboardInterrupt).
 
-    def __init__(self) -> None:
+    Enter it after `ray.init`, whose SIGTERM handler in the driver prints a native stack
+    trace and exits (`SystemExit(15)`) wherever the driver is; this one replaces it.
+    """
+
+    def __init__(self, starting: bool = False) -> None:
         self.signum: int | None = None
         self.old: dict[int, Any] = {}
+        self.starting = starting
 
     def _handle(self, signum: int, frame: Any) -> None:
         if self.signum is not None and signum == signal.SIGINT:
             raise KeyboardInterrupt
         self.signum = signum
-        tqdm.write(
-            f"{signal.Signals(signum).name}: finishing this step, then a checkpoint "
-            "(Ctrl-C again stops at once, without one)"
+        then = (
+            "stopping every role once start-up ends"
+            if self.starting
+            else ("finishing this step, then a checkpoint")
         )
+        tqdm.write(
+            f"{signal.Signals(signum).name}: {then} (Ctrl-C again stops at once, without one)"
+        )
+
+    def stop_if_signalled(self, run_dir: Path, steps_done: int) -> None:
+        """Raise `RunStopped` (a start-up stop) if a signal came while starting.
+
+        Raises:
+            RunStopped: a signal was recorded.
+        """
+        if self.signum is not None:
+            raise RunStopped(run_dir, steps_done, self.signum, starting=True)
 
     def __enter__(self) -> StopOnSignal:
         if threading.current_thread() is threading.main_thread():

@@ -283,6 +283,28 @@ def test_rollout_worker_killed_with_collective_push(tiny_model, tmp_path, monkey
         assert all(r["policy_version"] == step for r in saved)
 
 
+def test_sigterm_during_start_up_stops_every_role_and_says_so(tiny_model, tmp_path, monkeypatch):
+    """A SIGTERM while the roles start (`timeout`, a batch scheduler's time limit): before,
+    Ray's handler in the driver printed a native stack trace and raised SystemExit(15)
+    with no word of what was saved; now start-up ends, every role stops and the run
+    says nothing was trained or saved."""
+    real = controller.start_roles
+
+    def start_then_sigterm(*args, **kwargs):
+        roles = real(*args, **kwargs)
+        os.kill(os.getpid(), signal.SIGTERM)
+        return roles
+
+    monkeypatch.setattr(controller, "start_roles", start_then_sigterm)
+    run_dir = tmp_path / "run"
+    recipe = load_recipe(_recipe(tmp_path, tiny_model, "sigterm"))
+    with pytest.raises(RunStopped, match="during start-up: nothing was trained") as stop:
+        run(recipe, run_dir)
+    assert stop.value.signum == signal.SIGTERM and stop.value.steps_done == 0
+    assert checkpoints.latest(run_dir) is None and not ray.is_initialized()
+    assert not (run_dir / "metrics.jsonl").exists() or _steps(run_dir) == []
+
+
 # A real SIGINT to this process at the phase: (module, function, when, debug delay)
 PHASES = {
     "generate": (
