@@ -16,12 +16,13 @@ import ray
 
 from ...actors.rollout import Rollout
 from ...common.telemetry import Span
-from ...config import continuous_producer, producer_window
+from ...config import continues_prefixes, continuous_producer, producer_window
 from .. import controller as c
 from ..algo.dynamic import has_signal
 from ..episodes.step import add_environment_rewards, episodes_enabled, requests_for
 from ..monitoring.offpolicy import SampleCounts
 from ..state import Run
+from . import inflight
 from .groups import Group, take_fresh
 
 
@@ -69,6 +70,9 @@ class RolloutStream:
         self.inflight: dict[Any, tuple[int, float, int]] = {}
         self.spans: list[Span] = []
         self.counts = SampleCounts()
+        # a resume's saved samples by data position, sent with their prompts (inflight.py)
+        self.continues = continues_prefixes(self.recipe)
+        self.resumed = inflight.on_resume(getattr(run.prompts, "carried", None), self.continues)
         self.scorer = ThreadPoolExecutor(1, thread_name_prefix="score")
         self.thread = threading.Thread(target=self._produce, name="rollout-stream", daemon=True)
         if produce:
@@ -119,6 +123,10 @@ class RolloutStream:
     def _generate_round(self, prompts: list[Any], round_: int) -> None:
         """One round: every worker's share at once; each share scored as it arrives."""
         chunks, sampling = c.generation_requests(self.roles, prompts, self.recipe, round_)
+        with self.cond:
+            chunks = {
+                i: inflight.attach(q, self.untrained, self.resumed) for i, q in chunks.items()
+            }
         refs = {}
         for i, chunk in chunks.items():
             refs[self.roles.rollout[i].generate.remote(chunk, sampling, round_)] = i
@@ -170,6 +178,7 @@ class RolloutStream:
                             self.roles, prompts, self.recipe, r
                         )
                         reqs = [q for chunk in chunks.values() for q in chunk]
+                        reqs = inflight.attach(reqs, self.untrained, self.resumed)
                         queue += [
                             (q, replace(sampling, seed=(sampling.seed + 7919 * j) % 2**32), r)
                             for j, q in enumerate(reqs)
@@ -325,12 +334,24 @@ class RolloutStream:
         with self.cond:
             return replace(self.counts)
 
-    def data_state(self) -> dict[str, Any] | None:
+    def data_state(self, prefixes: bool = False) -> dict[str, Any] | None:
         """The prompt stream's position with the prompts drawn but neither trained on nor
         dropped (generating, scoring or ready) as its `pending` (what a checkpoint saves:
-        a resume generates them first, so each prompt trains once)."""
+        a resume generates them first, so each prompt trains once). With `prefixes`
+        (a checkpoint), also their samples so far (`prefixes`, `regenerated`: read
+        from the engines with no new request going out, recipes/async_loop/inflight.py),
+        which a resume continues."""
+        if not prefixes:
+            with self.cond:
+                return self.prompts.state(list(self.untrained.values()))
+        rows, cannot = {}, True
+        if self.continues:
+            with self.paused(push=True):
+                rows, cannot = inflight.read_workers(self.roles.rollout)
         with self.cond:
-            return self.prompts.state(list(self.untrained.values()))
+            rows.update(inflight.finished_rows([*self.ready, *self.flat]))
+            carried = inflight.saved_state(self.untrained, rows, self.resumed, cannot)
+            return {**self.prompts.state(list(self.untrained.values())), **carried}
 
     @contextmanager
     def paused(self, scoring: bool = False, push: bool = False) -> Iterator[None]:
