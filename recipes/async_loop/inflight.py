@@ -35,14 +35,24 @@ WHY_ASYNC = (
 )
 
 
-def read_workers(workers: list[Any]) -> tuple[dict[str, list[dict[str, Any]]], bool]:
+def read_workers(
+    workers: list[Any], timeout_s: float = 60.0
+) -> tuple[dict[str, list[dict[str, Any]]], bool]:
     """Every worker's samples in flight, `{group_id: [n × sample dict]}`, and whether a
-    worker could not hand its own over (None: no push gate)."""
-    got = ray.get([w.inflight_prefixes.remote() for w in workers])
+    worker could not hand its own over: no push gate (None), dead (the checkpoint of a
+    run stopping because an engine died) or silent for `timeout_s`; the checkpoint is
+    written either way, those prompts are generated again."""
+    refs = [w.inflight_prefixes.remote() for w in workers]
     rows: dict[str, list[dict[str, Any]]] = {}
-    for one in got:
+    cannot = False
+    for ref in refs:
+        try:
+            one = ray.get(ref, timeout=timeout_s)
+        except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
+            one = None
         rows.update(one or {})
-    return rows, any(one is None for one in got)
+        cannot = cannot or one is None
+    return rows, cannot
 
 
 def finished_rows(groups: Iterable[Group]) -> dict[str, list[dict[str, Any]]]:
