@@ -91,7 +91,7 @@ def saved_state(
     for gid, position in untrained.items():
         if gid in rows:
             prefixes.setdefault(str(position), []).append(rows[gid])
-        else:
+        elif not carried.get(position):  # a carried row not sent yet stays in `carried`
             missing += 1
     why = WHY_ASYNC if engines_cannot else "not begun or being scored at the checkpoint"
     return {"prefixes": prefixes, "regenerated": {"prompts": missing, "why": why}}

@@ -178,12 +178,13 @@ class RolloutStream:
                             self.roles, prompts, self.recipe, r
                         )
                         reqs = [q for chunk in chunks.values() for q in chunk]
-                        reqs = inflight.attach(reqs, self.untrained, self.resumed)
                         queue += [
                             (q, replace(sampling, seed=(sampling.seed + 7919 * j) % 2**32), r)
                             for j, q in enumerate(reqs)
                         ]
                     req, sampling, r = queue.pop(0)
+                    # a resume's saved samples go with it when it is sent (kept till then)
+                    (req,) = inflight.attach([req], self.untrained, self.resumed)
                     load = [0] * len(self.roles.rollout)
                     for w, _, _ in self.inflight.values():
                         load[w] += 1
