@@ -31,7 +31,7 @@ slow = [pytest.mark.slow]
 #: bench name -> (marks, lines its output must hold besides the header)
 BENCHES: dict[str, tuple[list[pytest.MarkDecorator], list[str]]] = {
     "adapters": (slow, ["| mode | trainable params |", "| QLoRA r16 |"]),
-    "async": (slow, ["| setup | k | steps | steps/s |", "| sim 2:1, "]),
+    "async": (slow, ["| setup | k | steps | steps/s |", "| sim 2:1, ", "| continued |"]),
     "compile": ([], ["| variant | first call s (CPU s) |", "| compiled layers |"]),
     "dpo": ([], ["step s  tokens/s vs in-loop", "reference in the loop"]),
     "episodes": ([], ["| environment | ms per episode (median) |", "| openenv, websocket |"]),
