@@ -350,7 +350,8 @@ class RolloutStream:
             with self.paused(push=True):
                 rows, cannot = inflight.read_workers(self.roles.rollout)
         with self.cond:
-            rows.update(inflight.finished_rows([*self.ready, *self.flat]))
+            if self.continues:  # single-turn samples a resume can hand back
+                rows.update(inflight.finished_rows([*self.ready, *self.flat]))
             carried = inflight.saved_state(self.untrained, rows, self.resumed, cannot)
             return {**self.prompts.state(list(self.untrained.values())), **carried}
 
