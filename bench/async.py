@@ -2,7 +2,7 @@
 
     flock /tmp/posttrain-heavy.lock .venv/bin/python bench/async.py \
         [--quickstart-steps 5] [--sim-steps 8] [--skip-quickstart] [--skip-sim] [--smoke]
-        [--ks 0,1,1p] [--tail 8 --tail-factor 8]
+        [--ks 0,1,1p] [--tail 8 --tail-factor 8] [--resume-steps 3]
 
 Two setups, each at several k, every run from the same seed:
 
@@ -29,6 +29,12 @@ left out) with `train.correction.mode: decoupled`.
 Columns: steady-state means over the steps after `--warmup` (default 1): steps/s,
 response tokens/s, both idle fractions, the mean staleness, the reward of the last step
 and the steps/s ratio to k = 0 of the same setup. Quote `cat /proc/loadavg` with it.
+
+`--resume-steps N`: after the table, the sim at k = 1 with partial rollouts runs N steps
+and its checkpoint is resumed for one more, as saved (the samples in flight continue) and
+with the saved samples removed (generated again): the first resumed step's wait for its
+groups, side by side. `--sim-train` at half of `--sim-gen` stops it with the next groups
+about half generated.
 
 `--smoke`: k = 0, 1, 1p:2:2, 1pb:2 of the sim (with `--tail 8` unless given) on 2 engines : 1 rank
 with 0.05 s delays, 2 steps each
@@ -153,11 +159,14 @@ debug: {{rollout_delay_s: {gen_s}, learner_delay_s: {train_s}, rollout_tail_ever
     return recipe_file
 
 
-def _resume_rows(steps: int, gen_s: float, model: Path, engines: int, tail: tuple) -> list[dict]:
+def _resume_rows(
+    steps: int, gen_s: float, train_s: float, model: Path, engines: int, tail: tuple
+) -> list[dict]:
     """The exact resume with work in flight against generating it again: the sim at k = 1
-    with partial rollouts (a long tail, so the next groups are half generated when it
-    stops) runs `steps` steps; its last checkpoint is resumed for one more step as saved
-    (the samples in flight continue, recipes/async_loop/inflight.py) and from a copy
+    with partial rollouts runs `steps` steps (with training at half of a request's time,
+    the next step's groups are about half generated when it stops); its last checkpoint
+    is resumed for one more step as saved (the samples in flight continue,
+    recipes/async_loop/inflight.py) and from a copy
     without them (`prefixes` removed, manifest rewritten: every prompt generated again).
     A row each: the first resumed step's wait for fresh groups, its step time."""
     import json
@@ -165,7 +174,9 @@ def _resume_rows(steps: int, gen_s: float, model: Path, engines: int, tail: tupl
 
     from posttrain.recipes import checkpoints
 
-    recipe_file = _sim_recipe(1, steps, gen_s, 0.0, model, engines, 1, True, tail, 1.0, None, False)
+    recipe_file = _sim_recipe(
+        1, steps, gen_s, train_s, model, engines, 1, True, tail, 1.0, None, False
+    )
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         kept, again = Path(tmp) / "kept", Path(tmp) / "again"
@@ -339,10 +350,14 @@ def _print_resume(args: argparse.Namespace, tail: tuple[int, float]) -> None:
 
     with tempfile.TemporaryDirectory() as tmp:
         model = build_tiny_model(Path(tmp) / "model")
-        rows = _resume_rows(args.resume_steps, args.sim_gen, model, args.sim_engines, tail)
+        rows = _resume_rows(
+            args.resume_steps, args.sim_gen, args.sim_train, model, args.sim_engines, tail
+        )
     print(
         f"\nresume after {args.resume_steps} steps (sim {args.sim_engines}:1, k = 1 + partial, "
-        f"gen {args.sim_gen}s, 1 in {tail[0]} samples x{tail[1]:g}):\n"
+        f"gen {args.sim_gen}s, train {args.sim_train}s"
+        + (f", 1 in {tail[0]} samples x{tail[1]:g}" if tail[0] else "")
+        + "):\n"
     )
     print(
         "| resume | prompts in flight | tokens kept | first step's wait for groups s "
