@@ -59,3 +59,25 @@ def test_the_resume_says_what_continues_and_what_is_generated_again(capsys):
     assert "2 prompts in flight at the checkpoint are generated again" in capsys.readouterr().out
     assert inflight.on_resume({"epoch": 0}, can=True) == {}
     assert capsys.readouterr().out == ""
+
+
+def test_a_dead_or_silent_engine_leaves_its_prompts_to_be_generated_again(monkeypatch):
+    """The checkpoint is written whatever an engine does: a dead one (the run stopping
+    because it died), one silent past the timeout and one without a push gate count as
+    engines that could not hand their samples over."""
+    from types import SimpleNamespace
+
+    import ray
+
+    def worker(answer):
+        return SimpleNamespace(inflight_prefixes=SimpleNamespace(remote=lambda: answer))
+
+    def get(ref, timeout):
+        if isinstance(ref, BaseException):
+            raise ref
+        return ref
+
+    monkeypatch.setattr(inflight, "ray", SimpleNamespace(get=get, exceptions=ray.exceptions))
+    assert inflight.read_workers([worker({"g": ROW})]) == ({"g": ROW}, False)
+    for bad in (ray.exceptions.RayActorError(), ray.exceptions.GetTimeoutError(), None):
+        assert inflight.read_workers([worker({"g": ROW}), worker(bad)]) == ({"g": ROW}, True)
