@@ -20,6 +20,7 @@ is 1).
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import replace
 from typing import Any
@@ -72,6 +73,32 @@ def finished_rows(groups: Iterable[Group]) -> dict[str, list[dict[str, Any]]]:
             for r in rollouts
         ]
     return out
+
+
+def checkpoint_state(stream: Any) -> dict[str, Any]:
+    """What a checkpoint saves of a `RolloutStream`'s data: its prompt stream's position
+    with the untrained prompts as `pending`, plus `saved_state` of their samples: read
+    from the engines with no new request going out (when they can hand them over,
+    `continues_prefixes`), and the groups generated whole (ready or without signal)."""
+    rows: dict[str, list[dict[str, Any]]] = {}
+    cannot = True
+    if stream.continues:
+        with stream.paused(push=True):
+            rows, cannot = read_workers(stream.roles.rollout)
+    with stream.cond:
+        if stream.continues:  # single-turn samples a resume can hand back
+            rows.update(finished_rows([*stream.ready, *stream.flat]))
+        carried = saved_state(stream.untrained, rows, stream.resumed, cannot)
+        return {**stream.prompts.state(list(stream.untrained.values())), **carried}
+
+
+def finished_positions(saved: Mapping[int, list[list[dict[str, Any]]]]) -> Counter:
+    """How many saved rows of each position are finished (every sample done): groups the
+    stopped run had generated whole, which a resume scores without generating. The
+    first `take` waits for all of them (`RolloutStream.awaiting`), so that it chooses
+    among them by deadline as the stopped run would have; else one scored later could
+    be dropped as stale under `staleness_policy: drop`."""
+    return Counter(p for p, rows in saved.items() for r in rows if all(s["done"] for s in r))
 
 
 def saved_state(

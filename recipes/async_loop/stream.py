@@ -73,6 +73,8 @@ class RolloutStream:
         # a resume's saved samples by data position, sent with their prompts (inflight.py)
         self.continues = continues_prefixes(self.recipe)
         self.resumed = inflight.on_resume(getattr(run.prompts, "carried", None), self.continues)
+        # positions saved finished: `take` waits for them all, to choose as the run did
+        self.awaiting = inflight.finished_positions(self.resumed)
         self.scorer = ThreadPoolExecutor(1, thread_name_prefix="score")
         self.thread = threading.Thread(target=self._produce, name="rollout-stream", daemon=True)
         if produce:
@@ -242,6 +244,8 @@ class RolloutStream:
             with self.cond:
                 self.spans.append(Span("reward", 0, "score", t0, time.time(), round_))
                 for g in groups.values():
+                    p = self.untrained.get(g.rollouts[0].group_id)
+                    self.awaiting[p] -= self.awaiting[p] > 0
                     if self.dynamic and not has_signal([x.reward for x in g.scores]):
                         self.flat.append(g)  # DAPO: no signal; its room goes back at once
                         self.flat_since_take += 1
@@ -283,6 +287,9 @@ class RolloutStream:
                     raise RuntimeError(
                         f"generating rollouts ahead failed: {self.error}"
                     ) from self.error
+                if any(n > 0 for n in self.awaiting.values()):
+                    self.cond.wait()
+                    continue
                 fresh, stale, rest = take_fresh(
                     self.ready, step, self.k, self.per_step, self.token_k, self.drop_stale
                 )
@@ -339,21 +346,12 @@ class RolloutStream:
         """The prompt stream's position with the prompts drawn but neither trained on nor
         dropped (generating, scoring or ready) as its `pending` (what a checkpoint saves:
         a resume generates them first, so each prompt trains once). With `prefixes`
-        (a checkpoint), also their samples so far (`prefixes`, `regenerated`: read
-        from the engines with no new request going out, recipes/async_loop/inflight.py),
-        which a resume continues."""
-        if not prefixes:
-            with self.cond:
-                return self.prompts.state(list(self.untrained.values()))
-        rows, cannot = {}, True
-        if self.continues:
-            with self.paused(push=True):
-                rows, cannot = inflight.read_workers(self.roles.rollout)
+        (a checkpoint), also their samples so far (`inflight.checkpoint_state`), which a
+        resume continues."""
+        if prefixes:
+            return inflight.checkpoint_state(self)
         with self.cond:
-            if self.continues:  # single-turn samples a resume can hand back
-                rows.update(inflight.finished_rows([*self.ready, *self.flat]))
-            carried = inflight.saved_state(self.untrained, rows, self.resumed, cannot)
-            return {**self.prompts.state(list(self.untrained.values())), **carried}
+            return self.prompts.state(list(self.untrained.values()))
 
     @contextmanager
     def paused(self, scoring: bool = False, push: bool = False) -> Iterator[None]:

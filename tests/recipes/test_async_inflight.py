@@ -81,3 +81,9 @@ def test_a_dead_or_silent_engine_leaves_its_prompts_to_be_generated_again(monkey
     assert inflight.read_workers([worker({"g": ROW})]) == ({"g": ROW}, False)
     for bad in (ray.exceptions.RayActorError(), ray.exceptions.GetTimeoutError(), None):
         assert inflight.read_workers([worker({"g": ROW}), worker(bad)]) == ({"g": ROW}, True)
+
+
+def test_the_first_take_waits_for_the_groups_saved_finished():
+    done = [{**HALF, "done": True}, {**HALF, "done": True}]
+    saved = {3: [done, ROW], 5: [ROW], 8: [done]}
+    assert inflight.finished_positions(saved) == {3: 1, 8: 1}
