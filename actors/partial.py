@@ -198,10 +198,8 @@ def generate_partial(
             interrupts it). With `pace`, the simulated cluster's time between tokens.
         pace: called after each segment, outside the lock (the simulated cluster's
             generation time, `debug.rollout_delay_s`: a push may land while it runs).
-        out: `[N][n]` the samples to fill, made by the caller (which may read them
-            between segments, `RolloutWorker.inflight_prefixes`); a row holding tokens
-            or a finished sample (a prefix saved by a checkpoint) skips the first
-            segment and is continued from prompt + its tokens. None: fresh rows.
+        out: `[N][n]` samples to fill, the caller's (read between segments); a row with
+            tokens or a done sample (a resume's) skips the first segment. None: fresh.
 
     Returns:
         `out`: result[i] holds prompt i's samples in order, every one done.
