@@ -6,9 +6,9 @@ The default run keeps about 3.5 minutes on 2 cores (one smoke of each kind: a re
 in process, spawned learner ranks, vLLM actors, the reward service). `slow` (run with
 `-m slow`): the smokes that run the training loop 2 or 3 times, 33-55 s each at load 3
 and up to about a minute under heavier load: adapters (3 CLI runs), token_budget,
-ratio, async, old_logprobs and sft (2 runs each), learning (2 recipes, each trained and
-evaluated twice). `vllm`: starts vLLM engines, skipped
-without vLLM.
+ratio, old_logprobs and sft (2 runs each), learning (2 recipes, each trained and
+evaluated twice), async (4 sim runs and one run resumed twice: 300 s at load 3).
+`vllm`: starts vLLM engines, skipped without vLLM.
 """
 
 from __future__ import annotations
