@@ -7,7 +7,7 @@ in process, spawned learner ranks, vLLM actors, the reward service). `slow` (run
 `-m slow`): the smokes that run the training loop 2 or 3 times, 33-55 s each at load 3
 and up to about a minute under heavier load: adapters (3 CLI runs), token_budget,
 ratio, old_logprobs and sft (2 runs each), learning (2 recipes, each trained and
-evaluated twice), async (4 sim runs and one run resumed twice: 300 s at load 3).
+evaluated twice), async (4 sim runs and one run resumed twice: 300 s at load 8).
 `vllm`: starts vLLM engines, skipped without vLLM.
 """
 
