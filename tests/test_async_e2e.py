@@ -120,8 +120,11 @@ def _groups_of(run_dir, step):
     return {g: sorted(rs, key=lambda r: int(r["uid"].rsplit("-", 1)[1])) for g, rs in out.items()}
 
 
+@pytest.mark.slow  # 68 s at load 9; in CI: the bitwise continuation on one worker
+# (tests/actors/test_inflight_prefixes.py) and each prompt once after a resume that
+# continues (test_resume_trains_each_prompt_once_with_partial_rollouts)
 def test_resume_continues_the_samples_in_flight_bitwise(tiny_model, tmp_path, capsys):
-    """Partial rollouts on a paced engine (1 s a request): the run stops after 2 steps
+    """Partial rollouts on a paced engine (2 s a request): the run stops after 2 steps
     with the next groups half generated; the checkpoint holds their samples so far and
     the resume continues them: each saved prefix heads its trained sample bitwise
     (tokens, logprobs, versions), and every prompt trains once."""
@@ -133,14 +136,16 @@ def test_resume_continues_the_samples_in_flight_bitwise(tiny_model, tmp_path, ca
         rollout={"engine": "hf", "samples_per_prompt": 2, "max_new_tokens": 8, "partial": True},
         train={**FOUR_STEPS_K1, "steps": 2},
         resources={"rollout": {"gpus": 1}, "learner": {"gpus": 1}, "threads_per_worker": 1},
-        debug={"rollout_delay_s": 1.0},
+        debug={"rollout_delay_s": 2.0},
     )
     run_dir = tmp_path / "run"
     run(load_recipe(recipe_file), run_dir)
     latest = checkpoints.latest(run_dir)
     data = checkpoints.read_state(latest)["data"]
     rows = {int(p): r for p, rs in data["prefixes"].items() for r in rs}
-    assert sorted(rows) == sorted(data["pending"]) and data["regenerated"]["prompts"] == 0
+    # a group being scored at that moment has no row: it is generated again, and counted
+    assert set(rows) <= set(data["pending"])
+    assert len(rows) + data["regenerated"]["prompts"] == len(data["pending"])
     half = [s for r in rows.values() for s in r if not s["done"]]
     assert half and all(0 < len(s["token_ids"]) < 8 for s in half)  # cut mid-sample
 
