@@ -18,11 +18,13 @@ Structure:
   the seed `seed + segment` (mod 2^32).
 
 Concurrency (the order): a segment runs under the worker's `engine_lock` and reads the
-policy_version under it; a push sets the interrupt, takes `engine_lock` once the segment
-returns, loads, sets the new version and lowers the interrupt; the next segment starts
-only after that (`wait_for_push`). An engine that cannot stop mid-batch
-(`InferenceEngine.generate_interruptible`'s default: vLLM's synchronous `LLM`) finishes
-the segment first: the push then waits for it, as without partial rollouts.
+policy_version under it (and appends to the samples under it, so a reader holding the
+lock, `RolloutWorker.inflight_prefixes`, sees whole segments); a push sets the
+interrupt, takes `engine_lock` once the segment returns, loads, sets the new version
+and lowers the interrupt; the next segment starts only after that (`wait_for_push`).
+An engine that cannot stop mid-batch (`InferenceEngine.generate_interruptible`'s
+default: vLLM's synchronous `LLM`) finishes the segment first: the push then waits
+for it, as without partial rollouts.
 
 Pacing (the simulated cluster of bench/async.py, `debug.rollout_delay_s`): segments
 of one token each, with the call's delay spread between them outside the lock, so a
@@ -36,6 +38,7 @@ string that spans two segments is found by decoding the joined response.
 
 from __future__ import annotations
 
+import math
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -95,6 +98,39 @@ class PartialSample:
     finish_reason: FinishReason = "length"
     done: bool = False
 
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-able (a checkpoint's in-flight prefix); floats round-trip exactly."""
+        return {
+            "token_ids": list(self.token_ids),
+            "logprobs": list(self.logprobs),
+            "versions": list(self.versions),
+            "finish_reason": self.finish_reason,
+            "done": self.done,
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> PartialSample:
+        """A `to_dict` back, checked: one logprob and one version per token.
+
+        Raises:
+            ValueError: the lists differ in length or a logprob is not finite.
+        """
+        tokens, logprobs, versions = d["token_ids"], d["logprobs"], d["versions"]
+        if not len(tokens) == len(logprobs) == len(versions):
+            raise ValueError(
+                f"a saved prefix has {len(tokens)} tokens, {len(logprobs)} logprobs and "
+                f"{len(versions)} versions; each token needs one of each"
+            )
+        if not all(math.isfinite(x) for x in logprobs):
+            raise ValueError("a saved prefix has a non-finite logprob")
+        return cls(
+            [int(t) for t in tokens],
+            [float(x) for x in logprobs],
+            [int(v) for v in versions],
+            d["finish_reason"],
+            bool(d["done"]),
+        )
+
 
 def version_spans(versions: list[int]) -> list[tuple[int, int, int]]:
     """`[R]` per-token versions as spans `(start, end, version)`, end exclusive, in
@@ -147,6 +183,7 @@ def generate_partial(
     version: Callable[[], int],
     segment_tokens: int | None = None,
     pace: Callable[[], None] | None = None,
+    out: list[list[PartialSample]] | None = None,
 ) -> list[list[PartialSample]]:
     """`sampling.n` samples per prompt `[N][P_i]`, continued across weight pushes.
 
@@ -161,11 +198,16 @@ def generate_partial(
             interrupts it). With `pace`, the simulated cluster's time between tokens.
         pace: called after each segment, outside the lock (the simulated cluster's
             generation time, `debug.rollout_delay_s`: a push may land while it runs).
+        out: `[N][n]` samples to fill, the caller's (read between segments); a row with
+            tokens or a done sample (a resume's) skips the first segment. None: fresh.
 
     Returns:
-        result[i] holds prompt i's samples in order, every one done.
+        `out`: result[i] holds prompt i's samples in order, every one done.
     """
-    out = [[PartialSample() for _ in range(sampling.n)] for _ in prompts]
+    if out is None:
+        out = [[PartialSample() for _ in range(sampling.n)] for _ in prompts]
+    # rows that hold nothing yet take the first, batched segment (the step's seed)
+    fresh = [i for i, row in enumerate(out) if not any(ps.token_ids or ps.done for ps in row)]
 
     def capped(s: SamplingSettings, budget: int) -> SamplingSettings:
         return replace(
@@ -179,15 +221,18 @@ def generate_partial(
         return s
 
     first = capped(sampling, sampling.max_new_tokens)
-    gate.wait_for_push()
-    with lock:
-        v = version()
-        groups = engine.generate_interruptible(prompts, first, gate.interrupt)
-    for row, samples in zip(out, groups, strict=True):
-        for ps, s in zip(row, samples, strict=True):
-            _extend(engine, ps, cut(s, first.max_new_tokens), v, sampling)
-    if pace is not None:
-        pace()
+    if fresh:
+        gate.wait_for_push()
+        with lock:
+            v = version()
+            groups = engine.generate_interruptible(
+                [prompts[i] for i in fresh], first, gate.interrupt
+            )
+            for i, samples in zip(fresh, groups, strict=True):  # under the lock: `out` is read
+                for ps, s in zip(out[i], samples, strict=True):
+                    _extend(engine, ps, cut(s, first.max_new_tokens), v, sampling)
+        if pace is not None:
+            pace()
     segment = 0
     while todo := [(i, ps) for i, row in enumerate(out) for ps in row if not ps.done]:
         segment += 1
@@ -201,11 +246,11 @@ def generate_partial(
             groups = engine.generate_interruptible(
                 [prompts[i] + ps.token_ids for i, ps in todo], rest, gate.interrupt
             )
-        for (_, ps), (s,) in zip(todo, groups, strict=True):
-            budget = sampling.max_new_tokens - len(ps.token_ids)
-            if len(s.token_ids) > budget:  # the batch's budget is its shortest sample's
-                s = Sample(s.token_ids[:budget], s.logprobs[:budget], "length")
-            _extend(engine, ps, cut(s, rest.max_new_tokens), v, sampling)
+            for (_, ps), (s,) in zip(todo, groups, strict=True):
+                budget = sampling.max_new_tokens - len(ps.token_ids)
+                if len(s.token_ids) > budget:  # the batch's budget is its shortest sample's
+                    s = Sample(s.token_ids[:budget], s.logprobs[:budget], "length")
+                _extend(engine, ps, cut(s, rest.max_new_tokens), v, sampling)
         if pace is not None:
             pace()
     return out

@@ -22,12 +22,17 @@ class PromptRequest:
             model's chat template with a generation prompt.
         ground_truth: reference answer, copied into each Rollout for the verifier.
         metadata: copied into each Rollout.
+        prefixes: a resume's saved samples of this prompt (`n` dicts of
+            `actors.partial.PartialSample.to_dict`: token ids, logprobs, per-token
+            versions, done), continued instead of sampled afresh (partial rollouts on a
+            worker with a push gate, actors/worker_inflight.py); None: sample afresh.
     """
 
     group_id: str
     messages: list[dict[str, str]]
     ground_truth: str = ""
     metadata: dict[str, Any] = field(default_factory=dict)
+    prefixes: list[dict[str, Any]] | None = None
 
 
 @dataclass(frozen=True)

@@ -1,9 +1,11 @@
 """`RolloutWorker`: a Ray actor wrapping one inference engine.
 
 Verbs: `generate`, `generate_ids` (token ids in, samples out: the turns of multi-turn
-episodes), `update_weights`, `delivery`, `join_push_group`, `policy_version`, `health`,
-`weights_checksum`, `drain_spans`, `close`; for many LoRA sessions on one base, named
-adapters (`drop_adapter`, `adapters`; actors/worker_push.py); for black-box agents
+episodes), `inflight_prefixes` (what a checkpoint saves of the samples in flight,
+actors/worker_inflight.py), `update_weights`, `delivery`, `join_push_group`,
+`policy_version`, `health`, `weights_checksum`, `drain_spans`, `close`; for many LoRA
+sessions on one base, named adapters (`drop_adapter`, `adapters`;
+actors/worker_push.py); for black-box agents
 `serve_openai` (an OpenAI-compatible endpoint, actors/openai_server.py) and
 `pop_episode` (its recorded calls). With a group transport (`collective`) the worker
 joins the push group as rank `worker_id + 1` while it is constructed (when the settings
@@ -50,12 +52,13 @@ from .debug import DebugSettings
 from .engine import EngineSettings, Sample, check_prompt_lengths, engine_seed
 from .factory import make_engine
 from .openai_server import EpisodeRecorder, create_app
-from .partial import PushGate, generate_partial
+from .partial import PushGate
 from .rollout import FinishReason, PromptRequest, Rollout, SamplingSettings
+from .worker_inflight import InflightSamples
 from .worker_push import PushReceiving
 
 
-class RolloutWorker(PushReceiving):
+class RolloutWorker(PushReceiving, InflightSamples):
     """One rollout engine and the policy_version of the weights it holds. The engine
     samples with seeds of its own: the engine seed and every sampling seed it is sent go
     through `engine_seed(seed, worker_id)`, so engines never repeat each other.
@@ -139,36 +142,6 @@ class RolloutWorker(PushReceiving):
         """What a sampling call holds: nothing on a `concurrent` engine (calls batch
         together, pushes pause them), else `engine_lock` (one call at a time)."""
         return nullcontext() if self.engine.concurrent else self.engine_lock
-
-    def _generate_partial(
-        self, gate: PushGate, requests: list[PromptRequest], sampling: SamplingSettings, step: int
-    ) -> list[Rollout]:
-        """`generate` with partial rollouts: the engine lock is held per segment, so a
-        push may load between two (actors/partial.py). With the `debug.delay_s` knob the
-        call is paced as a simulated engine generating token by token: one token per
-        segment, the call's delay spread between them outside the lock, so a push lands
-        mid-sample and calls in flight on this worker overlap (continuous batching)."""
-        with self.spans.span("generate", step):
-            with self.engine_lock:
-                self._check_adapter()
-            prompt_ids = [self.engine.tokenize_chat(r.messages) for r in requests]
-            check_prompt_lengths(prompt_ids, self.engine.context_tokens)
-            delay = self.debug.generate_delay(requests, sampling.n)
-            groups = generate_partial(
-                self.engine,
-                prompt_ids,
-                self._own_seed(sampling),
-                gate,
-                self.engine_lock,
-                lambda: self.version,
-                segment_tokens=1 if delay else None,
-                pace=(lambda: time.sleep(delay / sampling.max_new_tokens)) if delay else None,
-            )
-            return [
-                self._rollout(req, ids, k, s.token_ids, s.logprobs, s.finish_reason, s.versions)
-                for req, ids, samples in zip(requests, prompt_ids, groups, strict=True)
-                for k, s in enumerate(samples)
-            ]
 
     def _rollout(
         self,

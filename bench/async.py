@@ -2,7 +2,7 @@
 
     flock /tmp/posttrain-heavy.lock .venv/bin/python bench/async.py \
         [--quickstart-steps 5] [--sim-steps 8] [--skip-quickstart] [--skip-sim] [--smoke]
-        [--ks 0,1,1p] [--tail 8 --tail-factor 8]
+        [--ks 0,1,1p] [--tail 8 --tail-factor 8] [--resume-steps 3]
 
 Two setups, each at several k, every run from the same seed:
 
@@ -29,6 +29,12 @@ left out) with `train.correction.mode: decoupled`.
 Columns: steady-state means over the steps after `--warmup` (default 1): steps/s,
 response tokens/s, both idle fractions, the mean staleness, the reward of the last step
 and the steps/s ratio to k = 0 of the same setup. Quote `cat /proc/loadavg` with it.
+
+`--resume-steps N`: after the table, the sim at k = 1 with partial rollouts runs N steps
+and its checkpoint is resumed for one more, as saved (the samples in flight continue) and
+with the saved samples removed (generated again): the first resumed step's wait for its
+groups, side by side. `--sim-train` at half of `--sim-gen` stops it with the next groups
+about half generated.
 
 `--smoke`: k = 0, 1, 1p:2:2, 1pb:2 of the sim (with `--tail 8` unless given) on 2 engines : 1 rank
 with 0.05 s delays, 2 steps each
@@ -109,6 +115,28 @@ def _sim(
     token_k: int | None = None,
     budget: bool = False,
 ) -> list[dict]:
+    recipe_file = _sim_recipe(
+        k, steps, gen_s, train_s, model, engines, ranks, partial, tail, oversample, token_k, budget
+    )
+    with tempfile.TemporaryDirectory() as tmp:
+        return run(load_recipe(recipe_file, QUIET), Path(tmp) / "run")
+
+
+def _sim_recipe(
+    k: int,
+    steps: int,
+    gen_s: float,
+    train_s: float,
+    model: Path,
+    engines: int,
+    ranks: int,
+    partial: bool,
+    tail: tuple[int, float],
+    oversample: float,
+    token_k: int | None,
+    budget: bool,
+) -> Path:
+    """The simulated cluster's recipe file (module docstring), beside `model`."""
     recipe_file = model.parent / "sim.yaml"
     budget_correction = ", correction: {mode: decoupled}" if budget else ""
     recipe_file.write_text(f"""
@@ -128,8 +156,53 @@ weight_sync: {{type: object_store}}
 debug: {{rollout_delay_s: {gen_s}, learner_delay_s: {train_s}, rollout_tail_every: {tail[0]},
         rollout_tail_factor: {tail[1]}}}
 """)
+    return recipe_file
+
+
+def _resume_rows(
+    steps: int, gen_s: float, train_s: float, model: Path, engines: int, tail: tuple
+) -> list[dict]:
+    """The exact resume with work in flight against generating it again: the sim at k = 1
+    with partial rollouts runs `steps` steps (with training at half of a request's time,
+    the next step's groups are about half generated when it stops); its last checkpoint
+    is resumed for one more step as saved (the samples in flight continue,
+    recipes/async_loop/inflight.py) and from a copy
+    without them (`prefixes` removed, manifest rewritten: every prompt generated again).
+    A row each: the first resumed step's wait for fresh groups, its step time."""
+    import json
+    import shutil
+
+    from posttrain.recipes import checkpoints
+
+    recipe_file = _sim_recipe(
+        1, steps, gen_s, train_s, model, engines, 1, True, tail, 1.0, None, False
+    )
+    rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        return run(load_recipe(recipe_file, QUIET), Path(tmp) / "run")
+        kept, again = Path(tmp) / "kept", Path(tmp) / "again"
+        run(load_recipe(recipe_file, QUIET), kept)
+        shutil.copytree(kept, again)
+        ckpt = checkpoints.latest(again)
+        state = json.loads((ckpt / checkpoints.STATE_FILE).read_text())
+        saved = state["data"].pop("prefixes", {})
+        state["data"]["regenerated"] = {"prompts": len(saved), "why": "removed by the bench"}
+        (ckpt / checkpoints.STATE_FILE).write_text(json.dumps(state))
+        checkpoints.write_manifest(ckpt)
+        tokens = sum(len(s["token_ids"]) for rs in saved.values() for r in rs for s in r)
+        for name, run_dir in (("continued", kept), ("generated again", again)):
+            sets = [*QUIET, f"train.steps={steps + 1}"]
+            resume = checkpoints.latest(run_dir)
+            first = run(load_recipe(recipe_file, sets), run_dir, resume=resume)[0]
+            rows.append(
+                {
+                    "how": name,
+                    "prompts": len(saved),
+                    "tokens": tokens if name == "continued" else 0,
+                    "wait": first["time/wait_rollouts"],
+                    "step": first["time/step"],
+                }
+            )
+    return rows
 
 
 def _row(setup: str, k: str, history: list[dict], warmup: int, rows_per_step: int) -> dict:
@@ -182,6 +255,13 @@ def main() -> None:
     ap.add_argument("--sim-ranks", type=int, default=2, help="the sim's learner ranks")
     ap.add_argument("--smoke", action="store_true", help=SMOKE_HELP)
     ap.add_argument("--smoke-quickstart", action="store_true", help="--smoke runs it too")
+    ap.add_argument(
+        "--resume-steps",
+        type=int,
+        default=0,
+        help="also time a resume with work in flight after N sim steps, against generating "
+        "it again (0: skip)",
+    )
     args = ap.parse_args()
     smoke_sets = []
     if args.smoke:
@@ -189,6 +269,7 @@ def main() -> None:
         args.tail = args.tail or 8
         args.sim_gen = args.sim_train = 0.05
         args.sim_engines, args.sim_ranks = 2, 1
+        args.resume_steps = 2
         args.skip_quickstart = not args.smoke_quickstart
         smoke_sets = [] if args.skip_quickstart else tiny_run(tiny_model())
     ks = args.ks.split(",")
@@ -259,6 +340,35 @@ def main() -> None:
     print("\nreward_mean per step:")
     for r in rows:
         print(f"  {r['setup']}, k={r['k']}: " + " ".join(f"{x:.3f}" for x in r["rewards"]))
+    if args.resume_steps:
+        _print_resume(args, tail)
+
+
+def _print_resume(args: argparse.Namespace, tail: tuple[int, float]) -> None:
+    """The resume rows (`--resume-steps`): how much sooner the first step has its groups."""
+    from tests.tiny_model import build_tiny_model
+
+    with tempfile.TemporaryDirectory() as tmp:
+        model = build_tiny_model(Path(tmp) / "model")
+        rows = _resume_rows(
+            args.resume_steps, args.sim_gen, args.sim_train, model, args.sim_engines, tail
+        )
+    print(
+        f"\nresume after {args.resume_steps} steps (sim {args.sim_engines}:1, k = 1 + partial, "
+        f"gen {args.sim_gen}s, train {args.sim_train}s"
+        + (f", 1 in {tail[0]} samples x{tail[1]:g}" if tail[0] else "")
+        + "):\n"
+    )
+    print(
+        "| resume | prompts in flight | tokens kept | first step's wait for groups s "
+        "| first step s | wait vs generated again |"
+    )
+    print("|---|---|---|---|---|---|")
+    for r in rows:
+        print(
+            f"| {r['how']} | {r['prompts']} | {r['tokens']} | {r['wait']:.2f} | {r['step']:.2f} "
+            f"| {r['wait'] / rows[-1]['wait']:.2f}x |"
+        )
 
 
 if __name__ == "__main__":

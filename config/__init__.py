@@ -12,7 +12,7 @@ and the producer's window);
 
 from .adapter import AdapterConfig
 from .algorithms import DPOConfig, GRPOConfig, PPOConfig
-from .asynchrony import continuous_producer, producer_window
+from .asynchrony import continues_prefixes, continuous_producer, producer_window
 from .base import RecipeError, Strict
 from .data import (
     DataConfig,
@@ -57,6 +57,7 @@ __all__ = [
     "Strict",
     "WeightSyncConfig",
     "default_facts",
+    "continues_prefixes",
     "continuous_producer",
     "producer_window",
     "vllm_installed",

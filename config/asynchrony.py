@@ -56,6 +56,17 @@ def continuous_producer(recipe: Any) -> bool:
     return r.partial and t.max_staleness >= 1 and not r.episodic and concurrent
 
 
+def continues_prefixes(recipe: Any) -> bool:
+    """Whether the rollout workers can hand a checkpoint the samples they have in flight
+    and continue them on `--resume` (actors/worker_inflight.py): partial rollouts,
+    single-turn, on an engine that samples in segments under the push gate ('hf',
+    vLLM's synchronous LLM). vLLM's AsyncLLM keeps its requests' tokens inside the
+    engine: a resume generates those prompts again."""
+    r, t = recipe.rollout, recipe.train
+    segments = r.engine == "hf" or not r.vllm.async_engine
+    return r.partial and t.max_staleness >= 1 and not r.episodic and segments
+
+
 def producer_window(recipe: Any) -> int:
     """Groups the asynchronous producer keeps generating, scoring or waiting at most:
     k × prompts_per_step, times `rollout.oversample` (rounded up) when it sends groups

@@ -116,7 +116,10 @@ class RolloutConfig(EpisodeFields):
         "nor on multi-turn episodes (a push waits for their round). On 'hf' and on 'vllm' "
         "with rollout.vllm.async_engine the producer then sends each group (one prompt's "
         "samples) as its own request as soon as a slot frees, instead of a round at a "
-        "time: a long sample holds its own slot, not a round (see rollout.oversample).",
+        "time: a long sample holds its own slot, not a round (see rollout.oversample). A "
+        "checkpoint keeps each untrained prompt's samples so far and --resume continues "
+        "them from their tokens ('hf', synchronous 'vllm'; with async_engine they are "
+        "generated again, and the resume says so).",
     )
     oversample: float = Field(
         1.0,

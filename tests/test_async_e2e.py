@@ -111,6 +111,61 @@ def test_resume_generates_the_in_flight_samples_again(tiny_model, tmp_path):
     assert all(r["policy_version"] == 2 for r in resumed)  # regenerated under the checkpoint
 
 
+def _groups_of(run_dir, step):
+    """`{group_id: [rollout dicts by sample index]}` trained at `step`."""
+    out = {}
+    for x in (run_dir / "rollouts" / f"step_{step:05d}.jsonl").open():
+        r = json.loads(x)
+        out.setdefault(r["group_id"], []).append(r)
+    return {g: sorted(rs, key=lambda r: int(r["uid"].rsplit("-", 1)[1])) for g, rs in out.items()}
+
+
+@pytest.mark.slow  # 68 s at load 9; in CI: the bitwise continuation on one worker
+# (tests/actors/test_inflight_prefixes.py) and each prompt once after a resume that
+# continues (test_resume_trains_each_prompt_once_with_partial_rollouts)
+def test_resume_continues_the_samples_in_flight_bitwise(tiny_model, tmp_path, capsys):
+    """Partial rollouts on a paced engine (2 s a request): the run stops after 2 steps
+    with the next groups half generated; the checkpoint holds their samples so far and
+    the resume continues them: each saved prefix heads its trained sample bitwise
+    (tokens, logprobs, versions), and every prompt trains once."""
+    from posttrain.recipes import checkpoints
+
+    recipe_file = _grpo_recipe(
+        tmp_path,
+        tiny_model,
+        rollout={"engine": "hf", "samples_per_prompt": 2, "max_new_tokens": 8, "partial": True},
+        train={**FOUR_STEPS_K1, "steps": 2},
+        resources={"rollout": {"gpus": 1}, "learner": {"gpus": 1}, "threads_per_worker": 1},
+        debug={"rollout_delay_s": 2.0},
+    )
+    run_dir = tmp_path / "run"
+    run(load_recipe(recipe_file), run_dir)
+    latest = checkpoints.latest(run_dir)
+    data = checkpoints.read_state(latest)["data"]
+    rows = {int(p): r for p, rs in data["prefixes"].items() for r in rs}
+    # a group being scored at that moment has no row: it is generated again, and counted
+    assert set(rows) <= set(data["pending"])
+    assert len(rows) + data["regenerated"]["prompts"] == len(data["pending"])
+    half = [s for r in rows.values() for s in r if not s["done"]]
+    assert half and all(0 < len(s["token_ids"]) < 8 for s in half)  # cut mid-sample
+
+    history = run(load_recipe(recipe_file, ["train.steps=4"]), run_dir, resume=latest)
+    assert f"resume: {len(rows)} prompts continue" in capsys.readouterr().out
+    assert [m["policy_version"] for m in history] == [3, 4]
+    assert all(m["samples_dropped"] == 0 for m in history)
+    trained = {g: rs for step in (2, 3) for g, rs in _groups_of(run_dir, step).items()}
+    for position, row in rows.items():
+        (group,) = [rs for g, rs in trained.items() if f"-p{position}-" in g]
+        for s, r in zip(row, group, strict=True):
+            n = len(s["token_ids"])
+            assert r["response_ids"][:n] == s["token_ids"]
+            assert r["inference_logprobs"][:n] == s["logprobs"]  # bitwise
+            assert r["policy_versions"][:n] == s["versions"]
+            assert s["done"] == (len(r["response_ids"]) == n)
+    ids = [g.split("-p")[1] for step in range(4) for g in _groups_of(run_dir, step)]
+    assert len(ids) == 8 and len({i.split("-")[0] for i in ids}) == 8  # each prompt once
+
+
 def test_partial_rollouts_tag_versions_and_counts_add_up(tiny_model, tmp_path):
     """`rollout.partial`: pushes land while the engine generates (a threaded worker);
     every saved sample carries one version per token, non-decreasing, its

@@ -62,7 +62,9 @@ Checkpoints and resume (each prompt trains once): the data position saved carrie
 `pending`, the data positions of every prompt drawn and neither trained on nor dropped
 (generating, scoring or ready); a resume, or a learner restart (recipes/recovery.py,
 which closes this stream), generates those first under the checkpoint's policy, then
-continues from the position. Groups ready but unused when the run stops are discarded.
+continues from the position. With it go the samples those prompts had so far
+(`prefixes`, recipes/async_loop/inflight.py: read from the engines between tokens, and
+the groups generated whole), which a resume continues instead of sampling again.
 
 Telemetry: the controller sees when each engine's request went out and came back;
 those intervals (and the in-flight part of a request still running at the end of a

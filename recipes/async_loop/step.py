@@ -27,7 +27,8 @@ class StreamPosition:
         self.stream = stream
 
     def state(self) -> dict[str, Any] | None:
-        return self.stream.data_state()
+        """The position with the samples not trained yet (`data_state(prefixes=True)`)."""
+        return self.stream.data_state(prefixes=True)
 
 
 def async_step(run: Run, algo: RLAlgorithm, step: int) -> tuple[dict[str, float], list[Span]]:

@@ -16,12 +16,13 @@ import ray
 
 from ...actors.rollout import Rollout
 from ...common.telemetry import Span
-from ...config import continuous_producer, producer_window
+from ...config import continues_prefixes, continuous_producer, producer_window
 from .. import controller as c
 from ..algo.dynamic import has_signal
 from ..episodes.step import add_environment_rewards, episodes_enabled, requests_for
 from ..monitoring.offpolicy import SampleCounts
 from ..state import Run
+from . import inflight
 from .groups import Group, take_fresh
 
 
@@ -69,6 +70,11 @@ class RolloutStream:
         self.inflight: dict[Any, tuple[int, float, int]] = {}
         self.spans: list[Span] = []
         self.counts = SampleCounts()
+        # a resume's saved samples by data position, sent with their prompts (inflight.py)
+        self.continues = continues_prefixes(self.recipe)
+        self.resumed = inflight.on_resume(getattr(run.prompts, "carried", None), self.continues)
+        # positions saved finished: `take` waits for them all, to choose as the run did
+        self.awaiting = inflight.finished_positions(self.resumed)
         self.scorer = ThreadPoolExecutor(1, thread_name_prefix="score")
         self.thread = threading.Thread(target=self._produce, name="rollout-stream", daemon=True)
         if produce:
@@ -119,6 +125,10 @@ class RolloutStream:
     def _generate_round(self, prompts: list[Any], round_: int) -> None:
         """One round: every worker's share at once; each share scored as it arrives."""
         chunks, sampling = c.generation_requests(self.roles, prompts, self.recipe, round_)
+        with self.cond:
+            chunks = {
+                i: inflight.attach(q, self.untrained, self.resumed) for i, q in chunks.items()
+            }
         refs = {}
         for i, chunk in chunks.items():
             refs[self.roles.rollout[i].generate.remote(chunk, sampling, round_)] = i
@@ -175,6 +185,8 @@ class RolloutStream:
                             for j, q in enumerate(reqs)
                         ]
                     req, sampling, r = queue.pop(0)
+                    # a resume's saved samples go with it when it is sent (kept till then)
+                    (req,) = inflight.attach([req], self.untrained, self.resumed)
                     load = [0] * len(self.roles.rollout)
                     for w, _, _ in self.inflight.values():
                         load[w] += 1
@@ -232,6 +244,8 @@ class RolloutStream:
             with self.cond:
                 self.spans.append(Span("reward", 0, "score", t0, time.time(), round_))
                 for g in groups.values():
+                    p = self.untrained.get(g.rollouts[0].group_id)
+                    self.awaiting[p] -= self.awaiting[p] > 0
                     if self.dynamic and not has_signal([x.reward for x in g.scores]):
                         self.flat.append(g)  # DAPO: no signal; its room goes back at once
                         self.flat_since_take += 1
@@ -273,6 +287,9 @@ class RolloutStream:
                     raise RuntimeError(
                         f"generating rollouts ahead failed: {self.error}"
                     ) from self.error
+                if any(n > 0 for n in self.awaiting.values()):
+                    self.cond.wait()
+                    continue
                 fresh, stale, rest = take_fresh(
                     self.ready, step, self.k, self.per_step, self.token_k, self.drop_stale
                 )
@@ -325,10 +342,14 @@ class RolloutStream:
         with self.cond:
             return replace(self.counts)
 
-    def data_state(self) -> dict[str, Any] | None:
+    def data_state(self, prefixes: bool = False) -> dict[str, Any] | None:
         """The prompt stream's position with the prompts drawn but neither trained on nor
         dropped (generating, scoring or ready) as its `pending` (what a checkpoint saves:
-        a resume generates them first, so each prompt trains once)."""
+        a resume generates them first, so each prompt trains once). With `prefixes`
+        (a checkpoint), also their samples so far (`inflight.checkpoint_state`), which a
+        resume continues."""
+        if prefixes:
+            return inflight.checkpoint_state(self)
         with self.cond:
             return self.prompts.state(list(self.untrained.values()))
 

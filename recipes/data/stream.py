@@ -30,7 +30,11 @@ class PromptStream:
         self.order = self._shuffle()
         self.pending: list[int] = []  # positions served before the order continues
         self.drawn: list[int] = []
+        #: a checkpoint's saved samples of pending prompts and their count (`prefixes`,
+        #: `regenerated`: the asynchronous loop's, recipes/async_loop/inflight.py)
+        self.carried: dict[str, Any] = {}
         if state is not None:
+            self.carried = {k: state[k] for k in ("prefixes", "regenerated") if k in state}
             for _ in range(state["epoch"]):
                 self.order = self._shuffle()
             if self.order != state["order"]:

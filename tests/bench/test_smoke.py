@@ -6,10 +6,11 @@ The default run keeps about 2 minutes on 2 cores (one smoke of each kind: a reci
 in process, spawned learner ranks, a vLLM engine pushed into (weight_load), the reward
 service). `slow` (run with `-m slow`): the smokes that run the training loop 2 or 3
 times, 33-55 s each at load 3 and up to about a minute under heavier load: adapters (3
-CLI runs), token_budget, ratio, async, old_logprobs and sft (2 runs each), learning (2
-recipes, each trained and evaluated twice); and the two that start several vLLM engines
-(rollout: 3 engines, 52 s; weight_sync: 42 s), whose engine paths the actors/ and
-weightsync/ tests cover. `vllm`: starts vLLM engines, skipped without vLLM.
+CLI runs), token_budget, ratio, old_logprobs and sft (2 runs each), learning (2
+recipes, each trained and evaluated twice), async (4 sim runs and one run resumed
+twice: 300 s at load 8); and the two that start several vLLM engines (rollout: 3
+engines, 52 s; weight_sync: 42 s), whose engine paths the actors/ and weightsync/ tests
+cover. `vllm`: starts vLLM engines, skipped without vLLM.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ slow_vllm = [*vllm, *slow]
 #: bench name -> (marks, lines its output must hold besides the header)
 BENCHES: dict[str, tuple[list[pytest.MarkDecorator], list[str]]] = {
     "adapters": (slow, ["| mode | trainable params |", "| QLoRA r16 |"]),
-    "async": (slow, ["| setup | k | steps | steps/s |", "| sim 2:1, "]),
+    "async": (slow, ["| setup | k | steps | steps/s |", "| sim 2:1, ", "| continued |"]),
     "compile": ([], ["| variant | first call s (CPU s) |", "| compiled layers |"]),
     "dpo": ([], ["step s  tokens/s vs in-loop", "reference in the loop"]),
     "episodes": ([], ["| environment | ms per episode (median) |", "| openenv, websocket |"]),
