@@ -244,10 +244,11 @@ def check_episodes(
             "rollout.tools and rollout.environment are both set; an episode has "
             "one source of environment messages: keep one"
         )
-    if max_turns > 1 and algorithm != "grpo":
+    if max_turns > 1 and algorithm not in ("grpo", "ppo"):
         raise ValueError(
-            f"rollout.max_turns > 1 trains with sequence-level advantages; "
-            f"algorithm {algorithm} is not supported, set algorithm: grpo"
+            f"rollout.max_turns > 1 trains on episodes (environment tokens masked) with "
+            f"grpo or ppo; algorithm {algorithm} is not supported, set algorithm: grpo "
+            f"or algorithm: ppo"
         )
     if (max_turns > 1 or agent is not None) and overlong_buffer is not None:
         raise ValueError(

@@ -18,10 +18,10 @@ from tests.hostile_servers import serve_app
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _recipe(tiny_model, rollout: dict, data: dict, **extra) -> dict:
+def _recipe(tiny_model, rollout: dict, data: dict, algorithm: str = "grpo", **extra) -> dict:
     return {
         "name": "tiny-hub-env",
-        "algorithm": "grpo",
+        "algorithm": algorithm,
         "model": {"path": str(tiny_model), "dtype": "float32"},
         "data": {"train": data},
         "rollout": {
@@ -96,6 +96,26 @@ def test_an_openenv_server_trains(tiny_model, tmp_path, monkeypatch):
     assert history[0]["episode/environment_errors"] == 0 and history[0]["episode/turns_mean"] > 1
     saved = [json.loads(x) for x in (run_dir / "rollouts" / "step_00000.jsonl").open()]
     assert len(saved) == 4 and any("environment" in r["reward_details"] for r in saved)
+    _trajectories_are_consistent(saved)
+
+
+def test_ppo_trains_on_episodes_with_values_on_model_tokens_only(tiny_model, tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(str(ROOT / "tests" / "stand_ins"))
+    monkeypatch.syspath_prepend(str(ROOT / "examples"))
+    env = {"type": "verifiers", "module": "vf_calc_game", "args": {"size": 8, "eval_size": 2}}
+    recipe = _recipe(
+        tiny_model,
+        {"max_turns": 2, "environment": env},
+        {"environment": "train"},
+        algorithm="ppo",
+        ppo={"epochs": 1, "mini_batches": 1, "critic_lr": 1e-3},
+    )
+    history, run_dir = _run(recipe, tmp_path)
+    h = history[0]
+    assert h["policy_version"] == 1 and h["failed_scores"] == 0
+    assert h["value_loss"] > 0 and "explained_variance" in h and "reward/correct" in h
+    saved = [json.loads(x) for x in (run_dir / "rollouts" / "step_00000.jsonl").open()]
+    assert any(0 in r["loss_mask"] for r in saved)  # environment tokens in some episode
     _trajectories_are_consistent(saved)
 
 

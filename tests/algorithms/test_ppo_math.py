@@ -7,12 +7,16 @@ import torch
 
 from posttrain.algorithms.batch import TrainBatch
 from posttrain.algorithms.ppo import (
+    PPOLoss,
     advantages_and_returns,
     clipped_value_loss,
     explained_variance,
     gae,
     masked_whiten,
     token_rewards,
+)
+from posttrain.algorithms.ppo import (
+    loss as ppo_loss,
 )
 from posttrain.learner.models import critic_values
 
@@ -129,3 +133,40 @@ def test_critic_values_read_before_each_token_and_after_the_last():
     values, final = critic_values(Stub(), TrainBatch(ids, attn, mask, 2))
     assert values[0].tolist() == [0.0, 0.0, 10.0, 20.0, 30.0]  # V(s_t) read at t − 1
     assert final.tolist() == [40.0, 30.0]  # V(s_T) at each row's last real token
+
+
+def test_environment_tokens_in_an_episode_carry_no_advantage_return_or_value_loss():
+    # An episode row: 2 model tokens, 2 environment tokens (mask 0), 1 model token;
+    # score 1 on the last model token; the critic's values on environment tokens are
+    # garbage (9.0) and must not matter. γ = 1, λ = 0.5, by hand over model tokens only:
+    #   A4 = 1 + 0 − 0.8 = 0.2
+    #   A1 = (0 + 0.8 − 0.6) + 0.5·0.2 = 0.3   (the next model token's value: V4)
+    #   A0 = (0 + 0.6 − 0.5) + 0.5·0.3 = 0.25
+    # returns = A + V = [0.75, 0.9, ·, ·, 1.0]; 0 on the environment tokens.
+    mask = torch.tensor([[1.0, 1.0, 0.0, 0.0, 1.0]])
+    values = torch.tensor([[0.5, 0.6, 9.0, 9.0, 0.8]])
+    batch = TrainBatch(
+        torch.zeros(1, 5, dtype=torch.long), torch.ones(1, 5, dtype=torch.long), mask, 0,
+        values=values, old_logprobs=torch.zeros(1, 5),
+    )  # fmt: skip
+    raw, _, ret = advantages_and_returns(
+        batch, torch.tensor([1.0]), torch.tensor([False]), torch.tensor([0.0]),
+        gamma=1.0, lam=0.5, whiten=False,
+    )  # fmt: skip
+    assert raw[0].tolist() == pytest.approx([0.25, 0.3, 0.0, 0.0, 0.2], abs=1e-6)
+    assert ret[0].tolist() == pytest.approx([0.75, 0.9, 0.0, 0.0, 1.0], abs=1e-6)
+    # the environment tokens' critic values change neither the loss nor its gradient
+    batch.advantages, batch.returns, batch.loss_denominator = raw, ret, 3.0
+    logprobs = torch.zeros(1, 5, requires_grad=True)
+    cfg = PPOLoss(cliprange_value=10.0)
+    base = ppo_loss(logprobs, batch, cfg, values.clone().requires_grad_(True))
+    moved = values.clone()
+    moved[0, 2:4] = -50.0
+    v = moved.requires_grad_(True)
+    out = ppo_loss(logprobs, batch, cfg, v)
+    # ½·mean over the 3 model tokens of (V − R)²: (0.25² + 0.3² + 0.2²) / 2 / 3
+    assert out.sums["value_loss"] == pytest.approx(0.0320833, abs=1e-6)
+    assert out.sums["value_loss"] == pytest.approx(base.sums["value_loss"], abs=1e-7)
+    assert out.sums["tokens"] == 3.0
+    out.loss.backward()
+    assert v.grad[0, 2:4].abs().sum() == 0 and v.grad[0, [0, 1, 4]].abs().sum() > 0

@@ -319,7 +319,7 @@ def _recipe(**rollout):
     ("rollout", "message"),
     [
         ({"tools": [{"name": "python"}]}, "set rollout.max_turns: 2 or more"),
-        ({"max_turns": 3, "algorithm": "ppo"}, "set algorithm: grpo"),
+        ({"max_turns": 3, "algorithm": "distill"}, "set algorithm: grpo or algorithm: ppo"),
         (
             {
                 "max_turns": 3,

@@ -172,3 +172,39 @@ def test_a_failing_or_hanging_env_response_fails_only_its_episode(tok, monkeypat
     assert fine.error is None and fine.components["answered"] == 1.0
     assert "boom-0" in boom.error and "env exploded" in boom.error and boom.model_turns == 1
     assert "slow-0" in slow.error and "TimeoutError" in slow.error
+
+
+@pytest.mark.parametrize(
+    "text, stated",
+    [
+        ("answer: 19", "19"),
+        ("The answer is 19.", "19"),
+        ("**Answer:** 19", "19"),
+        ("12 + 7 = 19", "19"),
+        ("7+12=19", "19"),
+        ("19.", "19"),
+        ("12 + 7 = 20, so 12 + 7 = 19", "19"),  # the last statement is judged
+        ("answer: -5", "-5"),
+        ("3 + 4 = 7", None),  # not the question's equation
+        ("To add 12 and 7 we get 19 or 20", None),  # numbers in prose are not an answer
+        ("calc: 12+7", None),
+    ],
+)
+def test_the_game_judges_the_answer_a_turn_states_and_nothing_else(text, stated):
+    import vf_calc_game
+
+    assert vf_calc_game.stated_answer(text, "What is 12 + 7?") == stated
+    prompt = [{"role": "user", "content": "What is 12 + 7?"}]
+    completion = [{"role": "assistant", "content": text}]
+    assert vf_calc_game.correct(prompt, completion, "19") == float(stated == "19")
+    assert vf_calc_game.answered(prompt, completion) == float(stated is not None)
+
+
+def test_held_out_problems_are_never_trained_on():
+    import vf_calc_game
+
+    train, held = vf_calc_game.problems(400, 100, 0, 20, "+")
+    assert len(train) == 400 and len({r["question"] for r in held}) == 100
+    assert {r["question"] for r in train}.isdisjoint(r["question"] for r in held)
+    with pytest.raises(ValueError, match="eval_size"):
+        vf_calc_game.problems(4, 400, 0, 20, "+")
