@@ -91,3 +91,15 @@ def test_another_algorithms_block_is_refused(block):
 def test_status_of_a_file_says_it_is_a_file():
     out = CliRunner().invoke(app, ["status", str(QUICKSTART)])
     assert out.exit_code == 2 and "is a file, not a folder" in out.output
+
+
+def test_the_memory_line_names_a_frozen_part_only_when_there_is_one():
+    from posttrain.learner.adapters import format_memory_report
+
+    full = {"trainable_params": 10, "trainable_bytes": 40, "optimizer_bytes": 80}
+    none = format_memory_report(
+        {**full, "frozen_params": 0, "frozen_bytes": 0, "frozen_bytes_bf16": 0}
+    )
+    assert "frozen" not in none and "trainable 10 params" in none
+    lora = {**full, "frozen_params": 5, "frozen_bytes": 2 << 20, "frozen_bytes_bf16": 1 << 20}
+    assert "frozen 5 params 2.0 MiB (bf16 would be 1.0 MiB)" in format_memory_report(lora)
