@@ -60,7 +60,7 @@ def _overrides(
         src = {"path": str(prompts.resolve())}
         if pairs:
             out.append(f"data.heldout={json.dumps({**src, 'format': fmt})}")
-            if tree.get("algorithm") == "reward_model":  # the only one that reads it
+            if facts.head == "score":  # the reward model: the only one that reads it
                 out.append("reward_model.eval_pairs=0")
         elif isinstance(tree.get("eval"), dict):
             out += [f"eval.prompts={json.dumps(src)}", "eval.holdout=null"]
