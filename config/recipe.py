@@ -16,9 +16,10 @@ live in `recipes/loading.py`, checks that need the file system in
 
 from __future__ import annotations
 
+import re
 from typing import Literal, get_args
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from .algorithms import (
     DPOConfig,
@@ -57,7 +58,10 @@ _Strict = Strict  # every recipe block forbids unknown keys
 class Recipe(_Strict):
     """A whole training recipe; see recipes/quickstart_grpo.yaml for a commented example."""
 
-    name: str = Field(description="Run name; the default run folder is runs/<name>-<time>.")
+    name: str = Field(
+        description="Run name (letters, digits, '.', '_', '-'); the default run folder is "
+        "runs/<name>-<time>."
+    )
     algorithm: Literal["grpo", "ppo", "dpo", "reward_model", "sft", "distill"] = Field(
         description="Training algorithm: grpo, ppo, dpo, reward_model (a Bradley-Terry "
         "reward model on preference pairs), sft (supervised fine-tuning on chat rows), or "
@@ -106,6 +110,31 @@ class Recipe(_Strict):
         """The preference rows' per-pair margin key: the reward model's `margin_key`
         (DPO reads no margin)."""
         return self.reward_model.margin_key if self.algorithm == "reward_model" else None
+
+    @field_validator("name")
+    @classmethod
+    def _name_is_a_folder_name(cls, v: str) -> str:
+        # it becomes a folder under runs/: no '/', '..', spaces or empty names
+        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}", v):
+            raise ValueError(
+                f"{v!r} cannot name a run folder (runs/<name>-<time>); use letters, digits, "
+                "'.', '_' and '-' (starting with a letter or digit), e.g. my-run"
+            )
+        return v
+
+    @model_validator(mode="after")
+    def _no_other_algorithms_block(self) -> Recipe:
+        # a key of a block this algorithm never reads would be ignored without a word
+        # (grpo's and distill's blocks have their own checks)
+        for block in ("dpo", "ppo", "reward_model", "sft"):
+            given = getattr(self, block).model_fields_set
+            if block != self.algorithm and given:
+                raise ValueError(
+                    f"{block}.{sorted(given)[0]} is set, but algorithm is {self.algorithm} "
+                    f"and only {block} reads the {block} block; set algorithm: {block}, or "
+                    f"remove the {block} block"
+                )
+        return self
 
     @model_validator(mode="after")
     def _algorithm_fits_data(self) -> Recipe:

@@ -12,12 +12,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-import yaml
 from pydantic import Field, ValidationError, model_validator
 
 from .adapter import DEFAULT_LORA_TARGETS
 from .base import RecipeError, Strict
 from .recipe import ResourcesConfig, VLLMConfig, WeightSyncConfig, vllm_installed
+from .yamlfile import read_yaml
 
 
 class SessionsConfig(Strict):
@@ -146,10 +146,7 @@ def load_service_config(path: Path | None, overrides: dict | None = None) -> Ser
     """
     data: dict = {}
     if path is not None:
-        try:
-            loaded = yaml.safe_load(Path(path).read_text())
-        except (OSError, yaml.YAMLError) as e:
-            raise RecipeError(f"{path}: {e}") from None
+        loaded = read_yaml(path)
         if loaded is not None and not isinstance(loaded, dict):
             raise RecipeError(f"{path}: the top level must be a mapping of blocks")
         data = loaded or {}

@@ -385,10 +385,14 @@ def memory_report(model: torch.nn.Module, reference: torch.nn.Module | None) -> 
 def format_memory_report(r: dict[str, int]) -> str:
     """One console line of `memory_report`, in MiB."""
     mib = 1 << 20
-    return (
+    line = (
         f"learner memory: trainable {r['trainable_params']:,} params "
         f"({r['trainable_bytes'] / mib:.1f} MiB fp32, AdamW state "
-        f"{r['optimizer_bytes'] / mib:.1f} MiB); frozen {r['frozen_params']:,} params "
-        f"{r['frozen_bytes'] / mib:.1f} MiB (bf16 would be "
-        f"{r['frozen_bytes_bf16'] / mib:.1f} MiB)"
+        f"{r['optimizer_bytes'] / mib:.1f} MiB)"
+    )
+    if not r["frozen_params"]:  # full fine-tuning: nothing frozen to report
+        return line
+    return (
+        f"{line}; frozen {r['frozen_params']:,} params {r['frozen_bytes'] / mib:.1f} MiB "
+        f"(bf16 would be {r['frozen_bytes_bf16'] / mib:.1f} MiB)"
     )

@@ -129,7 +129,7 @@ def sample_and_score(
     episodes: dict[str, float] = {}
     if episodes_enabled(recipe):
         rollouts, got = generate_episodes(
-            roles, prompts, recipe, model_path, version, run_dir, n=e.k, sampling=sampling
+            roles, prompts, recipe, model_path, version, run_dir, n=e.k, sampling=sampling, tag="e"
         )
         scores = add_environment_rewards(rollouts, c.score(roles, rollouts))
         episodes = {f"eval/{k}": v for k, v in got.items()}

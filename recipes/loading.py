@@ -11,6 +11,7 @@ import yaml
 from pydantic import ValidationError
 
 from ..config import Recipe, RecipeError
+from ..config.yamlfile import parse_yaml, read_yaml
 
 # Union tags pydantic puts into error locations: data variants right after `train`,
 # `prompts` or a mixture's list index, reward types right after a list index. Only there
@@ -96,11 +97,10 @@ def apply_overrides(tree: dict[str, Any], overrides: list[str]) -> dict[str, Any
         if not eq or not all(key.split(".")):  # no '=', or an empty key or key part
             raise RecipeError(f"--set {item!r}: expected key.path=value, e.g. train.steps=2")
         try:
-            value = yaml.safe_load(raw)
-        except yaml.YAMLError as e:
+            value = parse_yaml(raw, f"--set {item!r}")
+        except RecipeError as e:
             raise RecipeError(
-                f"--set {item!r}: the value is not valid YAML ({e.problem}); "
-                "quote strings, e.g. --set 'model.path=\"/my/model\"'"
+                f"{e}; quote strings, e.g. --set 'model.path=\"/my/model\"'"
             ) from None
         _set_path(tree, key.strip(), value)
     return tree
@@ -127,10 +127,7 @@ def load_recipe(path: str | Path, overrides: list[str] | None = None) -> Recipe:
         )
     if not path.is_file():
         raise RecipeError(f"{path}: recipe file not found; give the path to a .yaml recipe")
-    try:
-        tree = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as e:
-        raise RecipeError(f"{path}: not valid YAML: {e}") from e
+    tree = read_yaml(path)
     if not isinstance(tree, dict):
         raise RecipeError(f"{path}: a recipe is a mapping of keys (name, algorithm, model, ...)")
     tree = apply_overrides(tree, overrides or [])
@@ -154,7 +151,9 @@ def _resolve_data_paths(tree: dict[str, Any], folder: Path) -> None:
     for block in blocks:
         if isinstance(block, dict) and isinstance(block.get("path"), str):
             p = Path(block["path"]).expanduser()
-            if not p.is_absolute():
+            if p.is_absolute():  # `~/data/x.jsonl` included: expanded above
+                block["path"] = str(p)
+            else:
                 try:
                     block["path"] = str((folder / p).resolve())
                 except (OSError, RuntimeError):  # a symlink loop: preflight names it

@@ -177,6 +177,8 @@ def _train(run: Run, algo: Algorithm, log: StepLog, start: int) -> list[dict[str
     with StopOnSignal() as stop:
         while step < recipe.train.steps:
             evaluated = _eval_if_due(run, step)
+            if evaluated:  # the bar's rate and ETA count training steps, not evaluations
+                bar.unpause()
             try:
                 metrics, spans = step_fn(run, algo, step)
             except WeightSyncError as e:  # the step trained if it got to its push: log it

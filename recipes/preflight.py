@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from ..common.model_folder import load_tokenizer, model_context, model_folder_problem
 from ..common.model_registry import readable_model_folder
 from ..common.paths import data_path_problem
+from ..common.python_source import python_reward_problem
 from ..config import FileData, MixtureData, Recipe, RecipeError
 from ..config import rollout as models  # vllm_installed looked up at call time (tests patch it)
 from ..config.adapter import tied_head_problem
@@ -64,11 +65,14 @@ def check_reward_runtime(i: int, c: Any) -> None:
 
     if c.type == "python":
         top = c.function.split(":")[0].split(".")[0]
-        if importlib.machinery.PathFinder.find_spec(top, [os.getcwd(), *sys.path]) is None:
+        spec = importlib.machinery.PathFinder.find_spec(top, [os.getcwd(), *sys.path])
+        if spec is None:
             raise RecipeError(
                 f"rewards.{i}.function: module {top!r} of {c.function!r} is not importable; "
                 "put its folder on PYTHONPATH (e.g. PYTHONPATH=examples)"
             )
+        if problem := python_reward_problem(c.function, spec):
+            raise RecipeError(f"rewards.{i}.function: {problem}")
     if c.type == "reward_model" and (problem := reward_model_problem(i, c.path)):
         raise RecipeError(problem)
     if c.type == "code" and c.sandbox == "bwrap" and shutil.which("bwrap") is None:

@@ -64,9 +64,25 @@ class RewardClient:
             body = ScoreRequest(items=items).model_dump()
         resp = self.http.post(self.url, json=body)
         resp.raise_for_status()
-        data = resp.json()
+        try:
+            data = resp.json()
+        except ValueError:  # an HTML error page, a proxy's text: name what came back
+            raise ValueError(
+                f"{self.url} answered {resp.status_code} with a body that is not JSON: "
+                f"{resp.text[:200]!r}"
+            ) from None
         if self.protocol == "posttrain":
-            return {s.uid: checked(s, self.url) for s in ScoreResponse.model_validate(data).scores}
+            try:
+                scores = ScoreResponse.model_validate(data).scores
+            except ValidationError as e:  # one line, not pydantic's multi-line dump
+                first = e.errors()[0]
+                loc = ".".join(str(x) for x in first["loc"]) or "the body"
+                raise ValueError(
+                    f"{self.url} answered a body that is not a score response: {loc}: "
+                    f"{first['msg']} ({e.error_count()} problem(s); the protocol: "
+                    "docs/rewards.md)"
+                ) from None
+            return {s.uid: checked(s, self.url) for s in scores}
         rewards = data.get("rewards") if isinstance(data, dict) else None
         if not isinstance(rewards, list) or len(rewards) != len(items):
             got = len(rewards) if isinstance(rewards, list) else type(rewards).__name__

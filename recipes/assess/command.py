@@ -25,6 +25,7 @@ import yaml
 
 from ...common.model_registry import resolve_model_path
 from ...config import Recipe, RecipeError, default_facts
+from ...config.yamlfile import read_yaml
 from ..loading import load_recipe
 from .scoring import EvalResult, dpo_eval, reward_model_eval, sample_eval
 from .targets import Target, materialize, resolve_target
@@ -42,10 +43,7 @@ def _overrides(
     if engine:
         out.append(f"rollout.engine={engine}")
     if rewards is not None:
-        try:
-            components = yaml.safe_load(rewards.read_text())
-        except (OSError, yaml.YAMLError) as e:
-            raise RecipeError(f"--rewards {rewards}: {e}") from None
+        components = read_yaml(rewards, f"--rewards {rewards}")
         if not isinstance(components, list):
             raise RecipeError(
                 f"--rewards {rewards}: give a YAML list of reward components, as a "
@@ -62,7 +60,8 @@ def _overrides(
         src = {"path": str(prompts.resolve())}
         if pairs:
             out.append(f"data.heldout={json.dumps({**src, 'format': fmt})}")
-            out.append("reward_model.eval_pairs=0")
+            if facts.head == "score":  # the reward model: the only one that reads it
+                out.append("reward_model.eval_pairs=0")
         elif isinstance(tree.get("eval"), dict):
             out += [f"eval.prompts={json.dumps(src)}", "eval.holdout=null"]
         else:
@@ -94,10 +93,7 @@ def load_for(
             f"{target.kind} carries no recipe of its own; give the "
             "one whose held-out set and rewards to use: --recipe recipes/NAME.yaml"
         )
-    try:
-        tree = yaml.safe_load(Path(path).read_text())
-    except (OSError, yaml.YAMLError) as e:
-        raise RecipeError(f"--recipe {path}: {e}") from None
+    tree = read_yaml(path, f"--recipe {path}")
     if not isinstance(tree, dict):
         raise RecipeError(f"--recipe {path}: not a recipe (a mapping of keys)")
     return load_recipe(path, _overrides(tree, engine, rewards, prompts, k) + list(sets))

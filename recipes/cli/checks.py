@@ -185,16 +185,23 @@ def reward_server_or_exit(config: Path) -> tuple[Any, str | None]:
     """`posttrain serve-rewards`: the validated `RewardServerConfig` of `config` and its
     token (None: no auth), with every reward-model folder checked before torch loads
     anything; exit 2 naming the file and the problem otherwise."""
-    import yaml
     from pydantic import ValidationError
 
+    from ...config import RecipeError
     from ...config.rewards import RewardServerConfig
+    from ...config.yamlfile import read_yaml
     from ..loading import format_errors
 
     try:
-        cfg = RewardServerConfig.model_validate(yaml.safe_load(config.read_text()))
-    except (OSError, yaml.YAMLError) as e:
-        typer.echo(f"error: {config}: {e}", err=True)
+        tree = read_yaml(config)
+        if isinstance(tree, list):  # the rewards list alone
+            raise RecipeError(
+                f"{config}: a list at the top level; a reward server's file is a mapping: "
+                "put the list under `rewards:` (see docs/rewards.md)"
+            )
+        cfg = RewardServerConfig.model_validate(tree)
+    except RecipeError as e:
+        typer.echo(f"error: {e}", err=True)
         raise typer.Exit(code=2) from None
     except ValidationError as e:
         typer.echo(f"error: {format_errors(e, str(config))}", err=True)
@@ -217,8 +224,10 @@ def run_dir_or_exit(run_dir: Path) -> list[dict]:
     from ..monitoring.log import METRICS_FILE, read_jsonl
 
     if not run_dir.is_dir():
+        what = "is a file, not a folder" if run_dir.exists() else "does not exist"
         typer.echo(
-            f"error: {run_dir} does not exist; give a run folder (runs/<name>-<time>)", err=True
+            f"error: {run_dir} {what}; give a run folder (runs/<name>-<time>, or --out's)",
+            err=True,
         )
         raise typer.Exit(code=2)
     rows = read_jsonl(run_dir / METRICS_FILE)

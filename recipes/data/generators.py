@@ -85,8 +85,8 @@ def gym_dataset(name: str, seed: int, size: int, config: dict[str, Any], key: st
         close = difflib.get_close_matches(name, DATASETS, n=3)
         raise RecipeError(
             f"{key}: reasoning-gym has no dataset {name!r}"
-            f"{f'; did you mean {close}' if close else ''} (sorted(reasoning_gym.factory."
-            "DATASETS) lists them)"
+            f"{f'; did you mean {close}' if close else ''}; it has {len(DATASETS)}: "
+            f"{', '.join(sorted(DATASETS))}"
         )
     try:
         return reasoning_gym.create_dataset(name, seed=seed, size=size, **config)

@@ -19,6 +19,7 @@ mapping (a null one becomes {}, as verl passes it).
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -170,6 +171,11 @@ def _answer(
             raise RecipeError(
                 f"{where}: {lay.answer!r} ({key}.answer_key{picked}) is {show(value)}; "
                 "it must be text (or a number)"
+            )
+        if isinstance(value, float) and not math.isfinite(value):  # str() would make 'nan'
+            raise RecipeError(
+                f"{where}: {lay.answer!r} ({key}.answer_key{picked}) is {value}, not a "
+                "finite number; fix or drop the row"
             )
     answer = str(value)
     if cfg.answer_delimiter and cfg.answer_delimiter in answer:

@@ -19,7 +19,7 @@ only servers that keep their state themselves.
 The model's turn text becomes the action field `action_key`; the observation's field
 `observation_key` (a string), or the whole observation as sorted JSON, becomes one
 `message_role` message. `seed` is a hash of the episode's group id (the GRPO group: all
-samples of a prompt get the same seed), below 2**31.
+samples of a prompt get the same seed), below 2**31, the same at every evaluation.
 
 Rules (as for `type: http`, recipes/episodes/environments.py): each request or message
 has the deadline `timeout_s` (a server that drips its answer is cut); connecting and the
@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import time
 from typing import Any
 
@@ -59,8 +60,11 @@ class OpenEnvResult(BaseModel):
 
 
 def episode_seed(group_id: str) -> int:
-    """The reset `seed` of a group's episodes: sha256 of the group id, mod 2**31."""
-    return int(hashlib.sha256(group_id.encode()).hexdigest(), 16) % 2**31
+    """The reset `seed` of a group's episodes: sha256 of the group id without its step
+    or policy version (`s12-p3-1` → `s-p3-1`), mod 2**31, so that every evaluation
+    (`e{version}-p{prompt}-{i}`) plays the same games and before/after compare."""
+    key = re.sub(r"^([a-z]+)\d+", r"\1", group_id)
+    return int(hashlib.sha256(key.encode()).hexdigest(), 16) % 2**31
 
 
 class OpenEnvClient:

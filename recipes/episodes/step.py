@@ -82,13 +82,16 @@ def worker_generate(roles: Any, step: int):
     return generate
 
 
-def requests_for(prompts: list[PromptItem], recipe: Recipe, step: int) -> list[PromptRequest]:
+def requests_for(
+    prompts: list[PromptItem], recipe: Recipe, step: int, tag: str = "s"
+) -> list[PromptRequest]:
     """The step's prompts as chat requests (system prompt first when the recipe has one),
-    group ids as single-turn generation names them."""
+    group ids as single-turn generation names them (`tag`: `s` training, `e` evaluation)."""
     out = []
     for i, p in enumerate(prompts):
         m = chat_messages(p, recipe.model.system_prompt)
-        out.append(PromptRequest(f"s{step}-p{p.prompt_id}-{i}", m, p.ground_truth, p.metadata))
+        gid = f"{tag}{step}-p{p.prompt_id}-{i}"
+        out.append(PromptRequest(gid, m, p.ground_truth, p.metadata))
     return out
 
 
@@ -107,12 +110,15 @@ def generate_episodes(
     run_dir: Path | None = None,
     n: int | None = None,
     sampling: SamplingSettings | None = None,
+    tag: str = "s",
 ) -> tuple[list[Rollout], dict[str, float]]:
     """`samples_per_prompt` episodes per prompt (`n` when given: an evaluation's k) as
     Rollouts (with `loss_mask` and `turns`), and the step's episode metrics: turn by turn
     with the recipe's tools or environment, or by the recipe's agent program (its files
     under `run_dir/agent`). `sampling` replaces the rollout's settings for each model
-    turn (an evaluation's temperature and seed; its `n` is ignored: one per turn).
+    turn (an evaluation's temperature and seed; its `n` is ignored: one per turn); `tag`
+    starts the group ids (`e`: an evaluation, whose environments then reset alike at
+    every policy version).
 
     Raises:
         TemplateMismatch: the chat template cannot be extended turn by turn.
@@ -131,7 +137,7 @@ def generate_episodes(
 
         return generate_agent_episodes(
             roles.rollout,
-            requests_for(prompts, recipe, step),
+            requests_for(prompts, recipe, step, tag),
             recipe,
             lambda ids: tok.decode(ids, skip_special_tokens=True),
             (run_dir or Path(".")) / "agent",
@@ -152,7 +158,7 @@ def generate_episodes(
     context, where = engine_context(recipe, model_path)
     episodes = start_episodes(
         tok,
-        requests_for(prompts, recipe, step),
+        requests_for(prompts, recipe, step, tag),
         n or r.samples_per_prompt,
         new_env,
         None if context is None else context - budget,

@@ -70,7 +70,16 @@ def _run(tok, cfg, group_ids, texts, max_turns=4):
 
 def _group_for(secret: int) -> str:
     """A group id whose episode seed makes the game's secret `secret`."""
-    return next(f"g{i}" for i in range(10_000) if episode_seed(f"g{i}") % 100 + 1 == secret)
+    ids = (f"s0-p{i}-0" for i in range(10_000))
+    return next(g for g in ids if episode_seed(g) % 100 + 1 == secret)
+
+
+def test_every_evaluation_resets_the_same_games():
+    """The seed ignores the step or policy version in the group id: before, the
+    evaluations at versions 0 and 10 played different secret numbers."""
+    assert episode_seed("e0-p3-3") == episode_seed("e10-p3-3") == episode_seed("e7-p3-3")
+    assert episode_seed("e0-p3-3") != episode_seed("e0-p4-4")
+    assert episode_seed("e0-p3-3") != episode_seed("s0-p3-3")  # training's own games
 
 
 @pytest.mark.parametrize("transport", ["websocket", "http"])

@@ -122,7 +122,7 @@ def test_openrlhf_endpoint_plugs_in(endpoints):
     [
         ("slow", "posttrain", "RequestTimeout"),
         ("error500", "posttrain", "500"),
-        ("malformed", "posttrain", "JSONDecodeError"),
+        ("malformed", "posttrain", "/malformed answered 200 with a body that is not JSON"),
         ("openrlhf_short", "openrlhf", "returned 1 rewards for 3 items"),
     ],
 )
