@@ -41,6 +41,7 @@ from typing import Any
 from ...config import HackingConfig
 
 Rows = Sequence[dict[str, Any]]
+_ROLLOUT_KEYS = {"reward_mean", "response_length_mean"}  # logged by every rollout step
 
 
 @dataclass(frozen=True)
@@ -330,8 +331,11 @@ def jump(rows: Rows, t: HackingConfig) -> list[Firing]:
 
 def monitors(rows: Rows, t: HackingConfig) -> list[Firing]:
     """Every monitor's firing at the last of `rows` (the metrics rows so far, ascending
-    steps), in the table's order; [] for no rows."""
-    if not rows:
+    steps), in the table's order; [] for no rows, and [] for a run that samples no
+    rollouts (no row has `reward_mean`, `response_length_mean` or `hack/*`: SFT, DPO,
+    the reward model): there is no reward to game, and their own trends (entropy falls
+    as SFT learns a format) are learning."""
+    if not any(_ROLLOUT_KEYS & r.keys() or any(k[:5] == "hack/" for k in r) for r in rows):
         return []
     out = [f for f in (heldout(rows, t), component(rows, t)) if f is not None]
     return out + drift(rows, t) + bypass(rows, t) + jump(rows, t)

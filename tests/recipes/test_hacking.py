@@ -260,6 +260,24 @@ def test_monitors_on_empty_and_healthy_histories():
     assert monitors(healthy, T) == []
 
 
+@pytest.mark.parametrize(
+    "keys",
+    [
+        {"loss": lambda s: 2.0 / (s + 1), "sft/assistant_tokens": lambda s: 400.0},  # sft
+        {"rewards/accuracy": lambda s: 0.5 + 0.02 * s, "rewards/margin": lambda s: 0.1 * s},  # dpo
+    ],
+)
+def test_runs_that_score_no_rollouts_compute_no_monitor(keys):
+    # SFT and DPO log entropy (their policy is a language model) and DPO/RM `rewards/*`
+    # (the implicit reward, not `reward/NAME` components); none is a reward being gamed:
+    # entropy 1.2 → 0.1 (12×) raises nothing in a run that samples no rollouts ...
+    offline = rows(12, entropy=lambda s: 1.2 if s < 5 else 0.1, **keys)
+    assert [f for i in range(1, 13) for f in monitors(offline[:i], T)] == []
+    # ... and hacking_entropy with it (a run that scores rollouts)
+    scored = rows(12, entropy=lambda s: 1.2 if s < 5 else 0.1, reward_mean=lambda s: 0.3)
+    assert [f.code for f in monitors(scored, T)] == ["hacking_entropy"]
+
+
 def test_config_defaults_and_refusals():
     m = MonitorConfig()
     assert m.on_hacking == "warn" and m.hacking == HackingConfig()
