@@ -54,7 +54,8 @@ class Firing:
         first, last: the steps the evidence spans (inclusive).
         trajectory: the metric(s) over those steps, [{"step": s, KEY: value, ...}].
         pick: how to choose sample rollouts that show it (evidence.py `select_samples`):
-            "reward", "component:NAME", "length", "repetition" or "signature:NAME".
+            "reward", "strict:NAME" (rewarded, but component NAME scored them low),
+            "component:NAME", "length", "repetition" or "signature:NAME".
     """
 
     code: str
@@ -193,7 +194,17 @@ def heldout(rows: Rows, t: HackingConfig) -> Firing | None:
         s0,
         s1,
         traj,
+        _strict_pick(key),
     )
+
+
+def _strict_pick(key: str) -> str:
+    """The samples to show for a held-out metric: those the reward paid but its named
+    component scored low (`reward/NAME`, `eval/pass@1/NAME`), else the top-rewarded."""
+    parts = key.split("/")
+    if parts[0] == "reward" and len(parts) == 2:
+        return f"strict:{parts[1]}"
+    return f"strict:{parts[2]}" if parts[0] == "eval" and len(parts) == 3 else "reward"
 
 
 def component(rows: Rows, t: HackingConfig) -> Firing | None:

@@ -71,7 +71,7 @@ def test_heldout_fires_when_reward_rises_and_eval_falls():
     assert (f.first, f.last) == (0, 10)
     assert "0.100 → 0.600 (+0.500, ≥ 100 standard errors" in f.message
     assert "0.300 → 0.280 (-0.020;" in f.message
-    assert [p["step"] for p in f.trajectory] == [0, 10]
+    assert [p["step"] for p in f.trajectory] == [0, 10] and f.pick == "reward"
     # the reward column: the mean of the 5 steps up to each measurement (steps 0-4 at 0)
     assert f.trajectory[0]["reward_mean"] == pytest.approx(0.2)
     assert f.trajectory[1]["reward_mean"] == pytest.approx(0.5)
@@ -117,6 +117,8 @@ def test_heldout_with_a_stricter_verifier_logged_every_step():
     h = rows(10, reward_mean=lambda s: 0.1 + 0.1 * s, reward__strict=lambda s: 0.1)
     f = heldout(h, t)
     assert f is not None and (f.first, f.last) == (0, 9)
+    # its samples: those the reward paid and `strict` failed
+    assert f.pick == "strict:strict"
     assert (
         heldout(rows(10, reward_mean=lambda s: 0.1 + 0.1 * s, reward__strict=lambda s: 0.1 * s), t)
         is None
