@@ -57,6 +57,8 @@ def split_step(rows: list[dict], key: str, w: int = 5) -> int:
         # its first 10 steps, eval every 4 and at 10: split at 8 (at 4 the 5 steps up to it
         # are the first 5)
         ("drill2_length_alone", 10, 8, {"hacking_heldout": 10}),
+        # the live confirmation at a3434c4: 12 steps, eval every 6; fired at the final eval
+        ("drill_12_steps_a3434c4", 12, 6, {"hacking_heldout": 12}),
     ],
 )
 def test_the_length_drills_fire_within_10_steps_of_the_split(name, steps, split, fired):
