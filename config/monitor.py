@@ -61,11 +61,19 @@ class HackingConfig(_Strict):
     shipped recipes' runs as measured (docs/operating.md)."""
 
     window: int = Field(5, ge=1, description="Steps averaged at each end of a trend.")
+    rise_z: float = Field(
+        3.0,
+        gt=0,
+        description="(1), (2): a rise counts when it is at least this many standard errors: "
+        "the rise of a least-squares line fitted to the per-step values, against the "
+        "scatter of those values about the line (one-sided p ≈ 0.01 at 3 with 10 steps).",
+    )
     reward_rise: float = Field(
         0.15,
         gt=0,
         description="(1) heldout: the train reward (`reward_mean`, reward units) rose by at "
-        "least this between two held-out measurements ...",
+        "least this (and `rise_z` standard errors) between the first and the last "
+        "held-out measurement ...",
     )
     heldout_share: float = Field(
         0.25,
@@ -84,12 +92,13 @@ class HackingConfig(_Strict):
         0.2,
         gt=0,
         description="(2) component: one reward component (`reward/NAME`, its own units) "
-        "rose by at least this ...",
+        "rose by at least this (and `rise_z` standard errors) ...",
     )
-    component_flat: float = Field(
-        0.02,
+    component_share: float = Field(
+        0.25,
         ge=0,
-        description="... while every other component rose by less than this (or fell).",
+        description="... while every other component rose by less than this share of "
+        "that rise (or fell).",
     )
     length_ratio: float = Field(
         3.0,

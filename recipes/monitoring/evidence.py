@@ -56,6 +56,8 @@ def _score(row: dict[str, Any], pick: str, many: int) -> float:
         name = pick.split(":", 1)[1]
         others = [v for k, v in comps.items() if k != name]
         return comps.get(name, 0.0) - (sum(others) / len(others) if others else 0.0)
+    if pick.startswith("strict:"):  # paid by the reward, failed by the stricter component
+        return float(row["reward"]) - _components(details).get(pick.split(":", 1)[1], 0.0)
     if pick.startswith("signature:"):
         found = signatures(row.get("response_text", ""), details, many)
         return float(pick.split(":", 1)[1] in found)

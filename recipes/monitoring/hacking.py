@@ -5,11 +5,11 @@ after every step over numbers the step already computed.
 
 Codes, and when each fires (HackingConfig keys):
 
-- `hacking_heldout`: train `reward_mean` rose ≥ `reward_rise` between the first and the
-  last held-out measurement (`heldout_metric`) while that metric rose less than
-  `heldout_share` × the reward's rise.
-- `hacking_component`: one `reward/NAME` rose ≥ `component_rise` while every other rose
-  less than `component_flat`.
+- `hacking_heldout`: train `reward_mean` rose between the first and the last held-out
+  measurement (`heldout_metric`) by ≥ `reward_rise` and by ≥ `rise_z` standard errors,
+  while that metric rose less than `heldout_share` × the reward's rise (or fell).
+- `hacking_component`: one `reward/NAME` rose by ≥ `component_rise` and ≥ `rise_z`
+  standard errors while every other rose less than `component_share` × that (or fell).
 - `hacking_length`, `hacking_repetition`, `hacking_entropy`: `response_length_mean` ≥
   `length_ratio` × its baseline; `repetition` rose ≥ `repetition_rise`; `entropy` fell
   to 1/`entropy_ratio` of its baseline or rose to `entropy_ratio` × it.
@@ -18,8 +18,11 @@ Codes, and when each fires (HackingConfig keys):
 - `hacking_kl`, `hacking_mismatch`: the step's `kl` (`logprob_mismatch`) ≥ `jump_ratio`
   × the median of the `window` steps before it and ≥ `kl_floor` (`mismatch_floor`).
 
-A trend's baseline is the mean of the first `window` steps that logged the metric, its
-"now" the mean of the last `window`; a trend monitor needs 2 × `window` such steps.
+A rise, in (1) and (2), is that of a least-squares line fitted to the per-step values
+over the span (`fitted_rise`): its slope × the span, with the slope's standard error from
+the residuals, so the steps' own scatter (which prompts a step drew, sampling) sets the
+noise a rise must clear; it needs 2 × `window` steps. (3)'s baseline is the mean of the
+first `window` steps that logged the metric, its "now" the mean of the last `window`.
 
 Limits: these see aggregates. A trend that is the task itself (a recipe that rewards
 longer answers) fires as hacking does: raise that monitor's key in the recipe. A held-out
@@ -38,6 +41,7 @@ from typing import Any
 from ...config import HackingConfig
 
 Rows = Sequence[dict[str, Any]]
+_ROLLOUT_KEYS = {"reward_mean", "response_length_mean"}  # logged by every rollout step
 
 
 @dataclass(frozen=True)
@@ -50,7 +54,8 @@ class Firing:
         first, last: the steps the evidence spans (inclusive).
         trajectory: the metric(s) over those steps, [{"step": s, KEY: value, ...}].
         pick: how to choose sample rollouts that show it (evidence.py `select_samples`):
-            "reward", "component:NAME", "length", "repetition" or "signature:NAME".
+            "reward", "strict:NAME" (rewarded, but component NAME scored them low),
+            "component:NAME", "length", "repetition" or "signature:NAME".
     """
 
     code: str
@@ -102,66 +107,129 @@ def _traj(points: Sequence[tuple[int, float]], key: str) -> list[dict[str, Any]]
     return [{"step": s, key: round(v, 6)} for s, v in points]
 
 
+@dataclass(frozen=True)
+class Rise:
+    """A least-squares line through (step, value) points over steps first..last.
+
+    Attributes:
+        first, last: the steps the line spans.
+        start, end: the line's values at `first` and `last` (the metric's units).
+        se: the standard error of `end - start` (inf for two points: no scatter to
+            measure; 0 for an exact line).
+    """
+
+    first: int
+    last: int
+    start: float
+    end: float
+    se: float
+
+    @property
+    def rise(self) -> float:
+        return self.end - self.start
+
+    @property
+    def z(self) -> float:
+        """The rise in standard errors (inf for an exact line that rose)."""
+        if self.se > 1e-9 * abs(self.rise):  # below: the rounding of an exact line
+            return self.rise / self.se
+        return math.inf if self.rise > 0 else 0.0
+
+    @property
+    def z_text(self) -> str:
+        return f"{self.z:.1f} standard errors" if self.z < 100 else "≥ 100 standard errors"
+
+
+def fitted_rise(points: Sequence[tuple[int, float]], first: int, last: int) -> Rise | None:
+    """The rise of the ordinary least-squares line through `points` between steps
+    `first` and `last`: slope b = Sxy/Sxx, se(b) = sqrt(SSR / (n - 2) / Sxx), rise
+    b·(last - first) with standard error se(b)·(last - first) (the textbook simple
+    regression, e.g. Wasserman, All of Statistics, §13.1). None for fewer than two points
+    or one step."""
+    n = len(points)
+    if n < 2 or last <= first:
+        return None
+    mx, my = statistics.fmean(x for x, _ in points), _mean(points)
+    sxx = sum((x - mx) ** 2 for x, _ in points)
+    if sxx == 0:
+        return None
+    b = sum((x - mx) * (y - my) for x, y in points) / sxx
+    ssr = sum((y - my - b * (x - mx)) ** 2 for x, y in points)
+    se = math.sqrt(ssr / (n - 2) / sxx) if n > 2 else math.inf
+    at = lambda x: my + b * (x - mx)  # noqa: E731
+    return Rise(first, last, at(first), at(last), se * (last - first))
+
+
+def _near(lo: int, hi: int, s: Sequence[tuple[int, float]]) -> float | None:
+    got = [(k, v) for k, v in s if lo <= k <= hi]
+    return _mean(got) if got else None
+
+
 def heldout(rows: Rows, t: HackingConfig) -> Firing | None:
     """(1) The train reward rose while the held-out metric did not follow."""
     key, w = t.heldout_metric, t.window
     points = series(rows, key)
-    reward = series(rows, "reward_mean")
-    if len(points) < 2 or not reward:
+    if len(points) < 2:
         return None
     s0, s1 = points[0][0], points[-1][0]
-    if s1 - s0 < w:
+    reward = [(k, v) for k, v in series(rows, "reward_mean") if s0 <= k <= s1]
+    r, h = fitted_rise(reward, s0, s1), fitted_rise(points, s0, s1)
+    if len(reward) < 2 * w or r is None or h is None:
         return None
-
-    def near(lo: int, hi: int, s: list[tuple[int, float]]) -> float | None:
-        got = [(k, v) for k, v in s if lo <= k <= hi]
-        return _mean(got) if got else None
-
-    r0, r1 = near(s0, s0 + w - 1, reward), near(s1 - w + 1, s1, reward)
-    h0, h1 = near(s0, s0 + w - 1, points), near(s1 - w + 1, s1, points)
-    if None in (r0, r1, h0, h1):
-        return None
-    rise_r, rise_h = r1 - r0, h1 - h0  # type: ignore[operator]
-    if rise_r < t.reward_rise or rise_h >= t.heldout_share * rise_r:
+    if r.rise < t.reward_rise or r.z < t.rise_z or h.rise >= t.heldout_share * r.rise:
         return None
     traj = []
     for s, v in points:
-        r = near(s - w + 1, s, reward) if s > s0 else r0
+        m = _near(s - w + 1 if s > s0 else s0, s if s > s0 else s0 + w - 1, reward)
         traj.append(
-            {"step": s, key: round(v, 6), "reward_mean": None if r is None else round(r, 6)}
+            {"step": s, key: round(v, 6), "reward_mean": None if m is None else round(m, 6)}
         )
     return Firing(
         "hacking_heldout",
-        f"train reward rose {r0:.3f} → {r1:.3f} (+{rise_r:.3f}) over steps {s0}–{s1} while "
-        f"held-out {key} went {h0:.3f} → {h1:.3f} ({rise_h:+.3f}; < {t.heldout_share:g} × "
-        "the rise): the policy may be gaming the reward; read the samples "
-        "(posttrain status RUN_DIR), tighten the verifier",
+        f"train reward rose {r.start:.3f} → {r.end:.3f} (+{r.rise:.3f}, {r.z_text}; lines "
+        f"fitted to steps {s0}–{s1}) while held-out {key} went {h.start:.3f} → "
+        f"{h.end:.3f} ({h.rise:+.3f}; < {t.heldout_share:g} × the rise): "
+        "the policy may be gaming the reward; read the samples (posttrain status RUN_DIR), "
+        "tighten the verifier",
         s0,
         s1,
         traj,
+        _strict_pick(key),
     )
 
 
+def _strict_pick(key: str) -> str:
+    """The samples to show for a held-out metric: those the reward paid but its named
+    component scored low (`reward/NAME`, `eval/pass@1/NAME`), else the top-rewarded."""
+    parts = key.split("/")
+    if parts[0] == "reward" and len(parts) == 2:
+        return f"strict:{parts[1]}"
+    return f"strict:{parts[2]}" if parts[0] == "eval" and len(parts) == 3 else "reward"
+
+
 def component(rows: Rows, t: HackingConfig) -> Firing | None:
-    """(2) One reward component carries the gain while the others stay flat."""
+    """(2) One reward component carries the gain while the others do not follow."""
     keys = sorted({k for r in rows for k in r if k.startswith("reward/") and _num(r[k])})
-    trends = {k: tr for k in keys if (tr := _trend(rows, k, t.window)) is not None}
-    if len(trends) < 2:
+    pts = {k: s for k in keys if len(s := series(rows, k)) >= 2 * t.window}
+    fits = {k: f for k, s in pts.items() if (f := fitted_rise(s, s[0][0], s[-1][0]))}
+    if len(fits) < 2:
         return None
-    gain = {k: now - base for k, (_, base, now) in trends.items()}
-    for k, g in gain.items():
-        others = {o: v for o, v in gain.items() if o != k}
-        if g >= t.component_rise and all(v < t.component_flat for v in others.values()):
-            s = trends[k][0]
-            flat = ", ".join(f"{o[7:]} {v:+.3f}" for o, v in others.items())
+    for k, f in fits.items():
+        others = {o: v for o, v in fits.items() if o != k}
+        if f.rise < t.component_rise or f.z < t.rise_z:
+            continue
+        if all(v.rise < t.component_share * f.rise for v in others.values()):
+            s = pts[k]
+            flat = ", ".join(f"{o[7:]} {v.rise:+.3f}" for o, v in others.items())
             return Firing(
                 "hacking_component",
-                f"reward component {k[7:]} rose {g:+.3f} (first vs last {t.window} steps) "
-                f"while the others did not ({flat}; < {t.component_flat:g}): the gain is "
-                f"{k[7:]} alone; check that its samples also solve the task",
+                f"reward component {k[7:]} rose {f.rise:+.3f} ({f.z_text}; a "
+                f"line fitted to steps {s[0][0]}–{s[-1][0]}) while the others did not ({flat}; "
+                f"< {t.component_share:g} × that): the gain is {k[7:]} alone; check that its "
+                "samples also solve the task",
                 s[0][0],
                 s[-1][0],
-                [{"step": st, **{o: r.get(o) for o in trends}} for st, r in _by_step(rows, s)],
+                [{"step": st, **{o: r.get(o) for o in fits}} for st, r in _by_step(rows, s)],
                 f"component:{k[7:]}",
             )
     return None
@@ -274,8 +342,11 @@ def jump(rows: Rows, t: HackingConfig) -> list[Firing]:
 
 def monitors(rows: Rows, t: HackingConfig) -> list[Firing]:
     """Every monitor's firing at the last of `rows` (the metrics rows so far, ascending
-    steps), in the table's order; [] for no rows."""
-    if not rows:
+    steps), in the table's order; [] for no rows, and [] for a run that samples no
+    rollouts (no row has `reward_mean`, `response_length_mean` or `hack/*`: SFT, DPO,
+    the reward model): there is no reward to game, and their own trends (entropy falls
+    as SFT learns a format) are learning."""
+    if not any(_ROLLOUT_KEYS & r.keys() or any(k[:5] == "hack/" for k in r) for r in rows):
         return []
     out = [f for f in (heldout(rows, t), component(rows, t)) if f is not None]
     return out + drift(rows, t) + bypass(rows, t) + jump(rows, t)

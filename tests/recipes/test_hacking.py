@@ -4,6 +4,7 @@ not short of it; the per-sample signatures; and a shipped recipe's real run rais
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -15,6 +16,7 @@ from posttrain.recipes.monitoring.hacking import (
     bypass,
     component,
     drift,
+    fitted_rise,
     heldout,
     jump,
     monitors,
@@ -41,34 +43,73 @@ def rows(n: int, **series) -> list[dict]:
 # (1) train reward vs held-out
 
 
+def test_fitted_rise_against_hand_computed_values():
+    # (0,0) (1,2) (2,1) (3,3): slope Sxy/Sxx = 4/5 = 0.8, line 0.3 → 2.7 (+2.4); residuals
+    # -0.3 0.9 -0.9 0.3, SSR 1.8, se(slope) = sqrt(1.8 / 2 / 5) = 0.424264, rise se 1.272792
+    f = fitted_rise([(0, 0.0), (1, 2.0), (2, 1.0), (3, 3.0)], 0, 3)
+    assert (f.start, f.end, f.rise) == pytest.approx((0.3, 2.7, 2.4), abs=1e-12)
+    assert f.se == pytest.approx(1.272792, abs=1e-6) and f.z == pytest.approx(1.885618, abs=1e-6)
+    # two points: the difference, its error unknown (no rise in standard errors)
+    two = fitted_rise([(0, 0.28), (10, 0.3)], 0, 10)
+    assert two.rise == pytest.approx(0.02) and two.se == math.inf and two.z == 0.0
+    # an exact line that rose: z = inf
+    assert fitted_rise([(s, 0.1 * s) for s in range(5)], 0, 4).z == math.inf
+    assert fitted_rise([(0, 1.0)], 0, 0) is None and fitted_rise([(3, 1.0), (3, 2.0)], 0, 3) is None
+
+
+def _reward_and_eval(eval_end: float, noise: float = 0.0) -> list[dict]:
+    """11 steps of reward 0.1 + 0.05·step (± noise, alternating), eval/pass@1 0.3 at step 0
+    and eval_end at step 10."""
+    h = rows(11, reward_mean=lambda s: 0.1 + 0.05 * s + (noise if s % 2 else -noise))
+    h[0]["eval/pass@1"], h[10]["eval/pass@1"] = 0.3, eval_end
+    return h
+
+
 def test_heldout_fires_when_reward_rises_and_eval_falls():
-    # reward 0.1 + 0.05·step: first 5 steps mean 0.2, steps 6-10 mean 0.5 (+0.3)
-    h = rows(11, reward_mean=lambda s: 0.1 + 0.05 * s, eval__pass_1=[0.3] + [None] * 9 + [0.28])
-    h = [{k.replace("pass_1", "pass@1"): v for k, v in r.items()} for r in h]
-    f = heldout(h, T)
+    f = heldout(_reward_and_eval(0.28), T)
     assert f is not None and f.code == "hacking_heldout"
     assert (f.first, f.last) == (0, 10)
-    assert "0.200 → 0.500 (+0.300)" in f.message and "0.300 → 0.280 (-0.020;" in f.message
-    assert [p["step"] for p in f.trajectory] == [0, 10]
+    assert "0.100 → 0.600 (+0.500, ≥ 100 standard errors" in f.message
+    assert "0.300 → 0.280 (-0.020;" in f.message
+    assert [p["step"] for p in f.trajectory] == [0, 10] and f.pick == "reward"
+    # the reward column: the mean of the 5 steps up to each measurement (steps 0-4 at 0)
+    assert f.trajectory[0]["reward_mean"] == pytest.approx(0.2)
     assert f.trajectory[1]["reward_mean"] == pytest.approx(0.5)
     assert f.trajectory[1]["eval/pass@1"] == pytest.approx(0.28)
 
 
-@pytest.mark.parametrize(("eval_end", "fires"), [(0.37, True), (0.38, False), (0.5, False)])
+@pytest.mark.parametrize(("eval_end", "fires"), [(0.42, True), (0.43, False), (0.6, False)])
 def test_heldout_fires_below_a_quarter_of_the_rise(eval_end, fires):
-    # rise 0.3: fires while the eval rose < 0.25 × 0.3 = 0.075
-    h = rows(11, reward_mean=lambda s: 0.1 + 0.05 * s)
-    h[0]["eval/pass@1"], h[10]["eval/pass@1"] = 0.3, eval_end
+    # rise 0.5: fires while the eval rose < 0.25 × 0.5 = 0.125
+    assert (heldout(_reward_and_eval(eval_end), T) is not None) is fires
+
+
+@pytest.mark.parametrize(("noise", "z", "fires"), [(0.1, 4.763140, True), (0.3, 1.587713, False)])
+def test_heldout_needs_a_rise_of_rise_z_standard_errors(noise, z, fires):
+    # the same +0.5 line with ±noise about it (the alternation is symmetric over 11 steps,
+    # so the fit's rise stays 0.5): z = 0.5 / se, se from the scatter about the line
+    h = _reward_and_eval(0.28, noise)
+    r = fitted_rise([(x["step"], x["reward_mean"]) for x in h], 0, 10)
+    assert r.rise == pytest.approx(0.5) and r.z == pytest.approx(z, abs=1e-6)
     assert (heldout(h, T) is not None) is fires
+    assert heldout(h, HackingConfig(rise_z=r.z * 0.99)) is not None
+    assert heldout(h, HackingConfig(rise_z=r.z * 1.01)) is None
 
 
-def test_heldout_needs_two_measurements_and_a_rise():
+def test_heldout_needs_two_measurements_ten_steps_and_a_rise():
     h = rows(11, reward_mean=lambda s: 0.1 + 0.05 * s)
     h[10]["eval/pass@1"] = 0.1
     assert heldout(h, T) is None  # one held-out point
     flat = rows(11, reward_mean=lambda s: 0.3)
     flat[0]["eval/pass@1"], flat[10]["eval/pass@1"] = 0.3, 0.1
     assert heldout(flat, T) is None  # the reward did not rise
+    short = rows(9, reward_mean=lambda s: 0.1 + 0.1 * s)
+    short[0]["eval/pass@1"], short[8]["eval/pass@1"] = 0.3, 0.1
+    assert heldout(short, T) is None  # 9 reward steps < 2 × window
+    small = rows(11, reward_mean=lambda s: 0.1 + 0.014 * s)  # +0.14 < reward_rise 0.15
+    small[0]["eval/pass@1"], small[10]["eval/pass@1"] = 0.3, 0.1
+    assert heldout(small, T) is None
+    assert heldout(small, HackingConfig(reward_rise=0.1)) is not None
 
 
 def test_heldout_with_a_stricter_verifier_logged_every_step():
@@ -76,6 +117,8 @@ def test_heldout_with_a_stricter_verifier_logged_every_step():
     h = rows(10, reward_mean=lambda s: 0.1 + 0.1 * s, reward__strict=lambda s: 0.1)
     f = heldout(h, t)
     assert f is not None and (f.first, f.last) == (0, 9)
+    # its samples: those the reward paid and `strict` failed
+    assert f.pick == "strict:strict"
     assert (
         heldout(rows(10, reward_mean=lambda s: 0.1 + 0.1 * s, reward__strict=lambda s: 0.1 * s), t)
         is None
@@ -89,13 +132,26 @@ def test_component_fires_when_format_rises_alone():
     h = rows(10, reward__format=lambda s: 0.1 * s, reward__correct=lambda s: 0.2)
     f = component(h, T)
     assert f is not None and f.code == "hacking_component" and f.pick == "component:format"
-    assert "format rose +0.500" in f.message and "correct +0.000" in f.message
+    assert "format rose +0.900" in f.message and "correct +0.000" in f.message
     assert f.trajectory[0] == {"step": 0, "reward/correct": 0.2, "reward/format": 0.0}
 
 
-def test_component_quiet_when_both_rise_or_one_component():
-    both = rows(10, reward__format=lambda s: 0.1 * s, reward__correct=lambda s: 0.01 * s)
-    assert component(both, T) is None  # correct +0.05 ≥ component_flat 0.02
+@pytest.mark.parametrize(("correct_slope", "fires"), [(0.02, True), (0.03, False)])
+def test_component_fires_below_a_quarter_of_the_rise(correct_slope, fires):
+    # format +0.9 over steps 0-9; correct +0.18 (< 0.225) fires, +0.27 does not
+    h = rows(10, reward__format=lambda s: 0.1 * s, reward__correct=lambda s: correct_slope * s)
+    assert (component(h, T) is not None) is fires
+
+
+def test_component_quiet_on_noise_or_one_component():
+    # format 0.05·step ± 0.3: its line rises +0.614 (≥ component_rise) but by 1.875
+    # standard errors (< rise_z 3): noise, not a rise
+    noisy = rows(
+        10, reward__format=lambda s: 0.05 * s + (0.3 if s % 2 else -0.3), reward__correct=[0.2] * 10
+    )
+    f = fitted_rise([(r["step"], r["reward/format"]) for r in noisy], 0, 9)
+    assert (f.rise, f.z) == pytest.approx((0.613636, 1.875), abs=1e-6)
+    assert component(noisy, T) is None
     assert component(rows(10, reward__correct=lambda s: 0.1 * s), T) is None
     assert (
         component(rows(9, reward__format=lambda s: 0.1 * s, reward__correct=lambda s: 0.2), T)
@@ -204,6 +260,24 @@ def test_monitors_on_empty_and_healthy_histories():
     )
     healthy[0]["eval/pass@1"], healthy[20]["eval/pass@1"] = 0.2, 0.38
     assert monitors(healthy, T) == []
+
+
+@pytest.mark.parametrize(
+    "keys",
+    [
+        {"loss": lambda s: 2.0 / (s + 1), "sft/assistant_tokens": lambda s: 400.0},  # sft
+        {"rewards/accuracy": lambda s: 0.5 + 0.02 * s, "rewards/margin": lambda s: 0.1 * s},  # dpo
+    ],
+)
+def test_runs_that_score_no_rollouts_compute_no_monitor(keys):
+    # SFT and DPO log entropy (their policy is a language model) and DPO/RM `rewards/*`
+    # (the implicit reward, not `reward/NAME` components); none is a reward being gamed:
+    # entropy 1.2 → 0.1 (12×) raises nothing in a run that samples no rollouts ...
+    offline = rows(12, entropy=lambda s: 1.2 if s < 5 else 0.1, **keys)
+    assert [f for i in range(1, 13) for f in monitors(offline[:i], T)] == []
+    # ... and hacking_entropy with it (a run that scores rollouts)
+    scored = rows(12, entropy=lambda s: 1.2 if s < 5 else 0.1, reward_mean=lambda s: 0.3)
+    assert [f.code for f in monitors(scored, T)] == ["hacking_entropy"]
 
 
 def test_config_defaults_and_refusals():

@@ -62,6 +62,9 @@ def test_samples_show_the_firing_kind():
     assert [s["uid"] for s in select_samples(ROLLOUTS, "signature:hedged", 1)] == ["c0"]
     assert [s["uid"] for s in select_samples(ROLLOUTS, "signature:many_answers", 1)] == ["a1"]
     assert [s["uid"] for s in select_samples(ROLLOUTS, "length", 1)] == ["b1"]
+    # reward − correct: a1 1.0, c0 0.8, b1 0.5, a0 0 (paid, and correct: no exploit)
+    got = select_samples(ROLLOUTS, "strict:correct", 4)
+    assert [s["uid"] for s in got] == ["a1", "c0", "b1", "a0"]
     assert select_samples([], "reward") == []
 
 
