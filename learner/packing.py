@@ -137,6 +137,46 @@ def segment_runs(segment_ids: torch.Tensor) -> list[int]:
 SEGMENT_ATTENTION = "posttrain_segments"
 
 
+def run_buckets(runs: list[int], ratio: float = 2**0.5) -> list[list[int]]:
+    """The runs grouped for padded attention calls: sorted longest first, a bucket keeps
+    the runs no shorter than its longest / `ratio`, so padding each to the bucket's
+    longest computes at most `ratio`² the score pairs each run needs.
+
+    Returns:
+        lists of indices into `runs`, longest bucket first.
+    """
+    order = sorted(range(len(runs)), key=lambda i: -runs[i])
+    buckets: list[list[int]] = []
+    for i in order:
+        if buckets and runs[i] * ratio >= runs[buckets[-1][0]]:
+            buckets[-1].append(i)
+        else:
+            buckets.append([i])
+    return buckets
+
+
+def _bucket_index(runs: list[int], device: torch.device) -> tuple[list, torch.Tensor]:
+    """Per bucket (`run_buckets`) the `[n, L]` token index of its runs, padded with each
+    run's own last token (computed, never read back), and the `[sum(runs)]` index of
+    each token in the buckets' outputs laid end to end."""
+    starts = [0]
+    for n in runs[:-1]:
+        starts.append(starts[-1] + n)
+    where = torch.empty(sum(runs), dtype=torch.long)
+    index, offset = [], 0
+    for bucket in run_buckets(runs):
+        width = runs[bucket[0]]
+        col = torch.arange(width)
+        start = torch.tensor([starts[i] for i in bucket])[:, None]
+        size = torch.tensor([runs[i] for i in bucket])[:, None]
+        index.append((start + torch.minimum(col, size - 1)).to(device))
+        for row, i in enumerate(bucket):
+            at = offset + row * width
+            where[starts[i] : starts[i] + runs[i]] = torch.arange(at, at + runs[i])
+        offset += len(bucket) * width
+    return index, where.to(device)
+
+
 def segment_sdpa(
     module: torch.nn.Module,
     query: torch.Tensor,
@@ -150,8 +190,11 @@ def segment_sdpa(
 ) -> tuple[torch.Tensor, None]:
     """Causal SDPA within each run of a packed row only: the attention of
     `segment_attention`'s block mask without its masked blocks (a row of k examples of
-    length L computes about L²/k score pairs, not L²). A transformers attention function
-    (`AttentionInterface`); the runs come in as the model call's `segment_runs` keyword.
+    length L computes about L²/k score pairs, not L²). The runs are gathered into a few
+    padded batches of similar lengths (`run_buckets`), one causal SDPA call each (right
+    padding: no real query sees a padded key), and gathered back. A transformers
+    attention function (`AttentionInterface`); the runs come in as the model call's
+    `segment_runs` keyword.
 
     Args:
         query: `[B, H, T, D]`; key, value: `[B, H_kv, T, D]` (H a multiple of H_kv).
@@ -170,25 +213,28 @@ def segment_sdpa(
         raise ValueError(
             "segment attention needs `segment_runs` summing to the batch's tokens and no mask"
         )
-    groups = h // key.shape[1]
-    # [B·T, H, D] token-major, split into runs: split's backward is one cat, not a
-    # zero-filled full tensor per run as slicing's would be.
+    index, where = _bucket_index(segment_runs, query.device)
+    # token-major [B·T, heads, D]; k and v keep their H_kv heads (SDPA's enable_gqa)
     q, k, v = (x.transpose(1, 2).reshape(b * t, x.shape[1], d) for x in (query, key, value))
-    out = [
-        F.scaled_dot_product_attention(
-            qs.transpose(0, 1)[None],
-            ks.transpose(0, 1)[None],
-            vs.transpose(0, 1)[None],
+    out = []
+    for idx in index:
+        n, width = idx.shape
+        # [n, heads, L, D]; index_select's backward is one index_add
+        qs, ks, vs = (
+            x.index_select(0, idx.view(-1)).view(n, width, -1, d).transpose(1, 2) for x in (q, k, v)
+        )
+        o = F.scaled_dot_product_attention(
+            qs,
+            ks,
+            vs,
             dropout_p=dropout,
             is_causal=True,
             scale=scaling,
-            enable_gqa=groups > 1,
-        )[0].transpose(0, 1)
-        for qs, ks, vs in zip(
-            q.split(segment_runs), k.split(segment_runs), v.split(segment_runs), strict=True
+            enable_gqa=key.shape[1] != h,
         )
-    ]
-    return torch.cat(out).view(b, t, h, d), None
+        out.append(o.transpose(1, 2).reshape(n * width, h, d))
+    flat = out[0] if len(out) == 1 else torch.cat(out)
+    return flat.index_select(0, where).view(b, t, h, d), None
 
 
 def checkpointed(model: torch.nn.Module) -> bool:

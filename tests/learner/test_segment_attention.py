@@ -12,6 +12,7 @@ from posttrain.learner import logprobs as logprobs_module
 from posttrain.learner.logprobs import sequence_logprobs_and_entropy
 from posttrain.learner.packing import (
     SEGMENT_ATTENTION,
+    run_buckets,
     segment_attention_on,
     segment_runs,
     segment_sdpa,
@@ -24,6 +25,13 @@ def test_segment_runs_by_hand():
     assert segment_runs(seg) == [2, 3, 1, 3, 3]
 
 
+def test_run_buckets_by_hand():
+    # longest first; a bucket keeps runs >= its longest / sqrt(2): 10 -> 8 (8·1.41 >= 10),
+    # 7 opens a new bucket (7·1.41 < 10), 5 joins it (5·1.41 >= 7), 3 alone
+    assert run_buckets([5, 10, 3, 8, 7]) == [[1, 3], [4, 0], [2]]
+    assert run_buckets([4, 4]) == [[0, 1]]
+
+
 def test_segment_sdpa_by_hand():
     # q = k = 0: uniform weights over the keys a query sees, so each output is the mean
     # of the values from its run's start to itself.
@@ -32,6 +40,10 @@ def test_segment_sdpa_by_hand():
     out, weights = segment_sdpa(torch.nn.Module(), zero, zero, v, None, segment_runs=[2, 3, 1])
     assert weights is None and out.shape == (1, 6, 1, 1)
     expected = [1.0, 1.5, 3.0, 3.5, 4.0, 6.0]
+    torch.testing.assert_close(out.view(-1), torch.tensor(expected), rtol=0, atol=1e-6)
+    # runs of 1 and 5 fall in two buckets: the same means
+    out, _ = segment_sdpa(torch.nn.Module(), zero, zero, v, None, segment_runs=[1, 5])
+    expected = [1.0, 2.0, 2.5, 3.0, 3.5, 4.0]
     torch.testing.assert_close(out.view(-1), torch.tensor(expected), rtol=0, atol=1e-6)
     with pytest.raises(ValueError, match="segment_runs"):
         segment_sdpa(torch.nn.Module(), zero, zero, v, None)
