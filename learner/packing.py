@@ -206,12 +206,19 @@ def segment_sdpa(
         itself (finite; its positions are never read).
 
     Raises:
-        ValueError: no `segment_runs`, a mask as well, or runs not summing to B·T.
+        ValueError: no `segment_runs`, a mask as well, runs not summing to B·T, or a
+            layer that asks for a sliding window, logit soft-capping or attention sinks.
     """
     b, h, t, d = query.shape
     if segment_runs is None or attention_mask is not None or sum(segment_runs) != b * t:
         raise ValueError(
             "segment attention needs `segment_runs` summing to the batch's tokens and no mask"
+        )
+    unknown = [k for k in ("sliding_window", "softcap", "s_aux") if kwargs.get(k) is not None]
+    if unknown:  # plain causal SDPA would drop them: a silently different attention
+        raise ValueError(
+            f"segment attention computes plain causal attention; this layer asks for "
+            f"{unknown}: load the model with attn_implementation='eager' for packed rows"
         )
     index, where = _bucket_index(segment_runs, query.device)
     # token-major [B·T, heads, D]; k and v keep their H_kv heads (SDPA's enable_gqa)

@@ -51,6 +51,8 @@ def test_segment_sdpa_by_hand():
         segment_sdpa(torch.nn.Module(), zero, zero, v, torch.ones(1, 1, 6, 6), segment_runs=[6])
     with pytest.raises(ValueError, match="summing"):
         segment_sdpa(torch.nn.Module(), zero, zero, v, None, segment_runs=[2, 3])
+    with pytest.raises(ValueError, match="sliding_window"):
+        segment_sdpa(torch.nn.Module(), zero, zero, v, None, segment_runs=[6], sliding_window=4)
 
 
 def _examples(count: int = 7, seed: int = 1) -> list[tuple[list[int], list[int]]]:
