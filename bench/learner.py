@@ -16,6 +16,9 @@ Workloads (the same code path as a recipe's step: `LearnerWorker.train_step`):
 - grpo: 32 rows x (160 prompt + 64 response) random tokens, on-policy (one pass),
   micro_batch_size 16 (bench/learner_layout.py's GSM8K shape).
 - dpo: 8 pairs x (96 + 64) tokens, reference sums precomputed, micro_batch_size 4.
+- "sft, attention by block mask": sft again with each packed row's attention over the
+  whole row under a block-diagonal mask (`segment_attention`), the learner's before of
+  attention per conversation (`learner/packing.py` `segment_sdpa`).
 - "sft, weights kept forward->backward": sft again with FSDP2 not resharding the
   layers' weights after forward (`set_reshard_after_forward(False)`: no second
   all-gather in backward, the unsharded bf16 weights held meanwhile).
@@ -62,6 +65,7 @@ from posttrain.common.model_registry import resolve_model_path  # noqa: E402
 WORKLOADS = ("sft", "grpo", "dpo")
 FOREACH = "sft, foreach AdamW"
 KEPT = "sft, weights kept forward->backward"
+MASKED = "sft, attention by block mask"
 COLLECTIVES = ("all_gather", "reduce_scatter", "allreduce", "all_reduce", "gloo:")
 
 
@@ -138,6 +142,7 @@ def _rank(rank: int, world: int, a: dict, port: int, queue) -> None:  # noqa: AN
     from dataclasses import replace
 
     from posttrain.algorithms import loss_module
+    from posttrain.learner import logprobs
     from posttrain.learner.worker import LearnerSettings, LearnerWorker
 
     s = LearnerSettings(model_path=a["model"], compute_dtype="bfloat16", lr=1e-5)
@@ -159,24 +164,33 @@ def _rank(rank: int, world: int, a: dict, port: int, queue) -> None:  # noqa: AN
             "flops": flops,
             "six_nt": six_nt,
         }
-    if a["foreach"]:  # the SFT step again: FSDP2 keeping the layers' weights from
-        # forward to backward, then with the AdamW the learner had before (foreach)
+    extras = [MASKED] if "sft" in a["workloads"] else []
+    extras += [KEPT, FOREACH] if a["foreach"] else []
+    if extras:  # the SFT step again: attention by block mask (the before of attention
+        # per conversation), FSDP2 keeping the layers' weights from forward to backward,
+        # then with the AdamW the learner had before (foreach)
         batch, algo, loss, mbs = _workload("sft", a, world)
         w.algo, w.s = loss_module(algo), replace(s, algorithm=algo, loss=loss, micro_batch_size=mbs)
         flops, six_nt = step_flops(batch, Shape.of(a["config"]), n_body, n_all)
-        for name in (KEPT, FOREACH):
-            if name == FOREACH:
+        for name in extras:
+            apart = logprobs._segments_apart
+            if name == MASKED:
+                logprobs._segments_apart = lambda *_: False
+            elif name == FOREACH:
                 w.policy.set_reshard_after_forward(True)  # back to the learner's setting
                 trained = [p for p in w.policy.parameters() if p.requires_grad]
                 w.optimizers[0] = torch.optim.AdamW(trained, lr=s.lr, foreach=True)
             else:
                 w.policy.set_reshard_after_forward(False)
-            results[name] = {
-                "steps": _measure(w, batch.shard(rank, world), a["steps"]),
-                "tokens": float(batch.attention_mask.sum()),
-                "flops": flops,
-                "six_nt": six_nt,
-            }
+            try:
+                results[name] = {
+                    "steps": _measure(w, batch.shard(rank, world), a["steps"]),
+                    "tokens": float(batch.attention_mask.sum()),
+                    "flops": flops,
+                    "six_nt": six_nt,
+                }
+            finally:
+                logprobs._segments_apart = apart
     w.close()
     if rank == 0:
         buf = io.BytesIO()
@@ -263,7 +277,8 @@ def main() -> None:
     for lay in layouts:  # each layout's rows as soon as it ran
         world, threads = (int(x) for x in lay.split("x"))
         res = run_ranks(_rank, world, {**a, "threads": threads})
-        for name in [*a["workloads"], *([KEPT, FOREACH] if a["foreach"] else [])]:
+        extras = [MASKED] if "sft" in a["workloads"] else []
+        for name in [*a["workloads"], *extras, *([KEPT, FOREACH] if a["foreach"] else [])]:
             print(_row(name, f"{world} rank(s) x {threads} thread(s)", res[name], peak), flush=True)
     print(f"\nload average after: {' '.join(Path('/proc/loadavg').read_text().split()[:3])}")
 

@@ -14,13 +14,20 @@ chunk. Same arithmetic per token as `algorithms.common.token_logprobs` (and
 from __future__ import annotations
 
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 
 import torch
 import torch.nn.functional as F
 
 from ..algorithms.common import token_entropy, token_logprobs
-from .packing import packed_prompts, segment_attention
+from .packing import (
+    checkpointed,
+    packed_prompts,
+    segment_attention,
+    segment_attention_on,
+    segment_positions,
+    segment_runs,
+)
 
 #: Hidden states per LM-head chunk: 512 × 49,152 float32 logits = 100 MB at a time.
 CHUNK_TOKENS = 512
@@ -265,12 +272,17 @@ def sequence_logprobs_and_entropy(
     if chunk_tokens is not None and chunk_tokens < 1:
         raise ValueError(f"chunk_tokens {chunk_tokens} must be ≥ 1 (or None)")
     positions = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+    runs = None
+    config = getattr(model, "config", None)
     if segment_ids is not None:
-        config = getattr(model, "config", None)
-        eager = getattr(config, "_attn_implementation", "sdpa") != "sdpa"
-        dtype = next(model.parameters()).dtype if eager else None
-        positions, attention_mask = segment_attention(segment_ids, dtype)
         share_prompts = False
+        if _segments_apart(model, config):
+            positions, attention_mask = segment_positions(segment_ids), None
+            runs = segment_runs(segment_ids)
+        else:
+            eager = getattr(config, "_attn_implementation", "sdpa") != "sdpa"
+            dtype = next(model.parameters()).dtype if eager else None
+            positions, attention_mask = segment_attention(segment_ids, dtype)
     keep = width_total - response_start + 1
     targets = input_ids[:, response_start:]
     head = _plain_head(model) if chunk_tokens is not None else None
@@ -283,6 +295,9 @@ def sequence_logprobs_and_entropy(
         logits_to_keep=keep,
         use_cache=False,
     )
+    if runs is not None:
+        kwargs["segment_runs"] = runs
+    attention = segment_attention_on(config) if runs is not None else nullcontext()
     if head is not None:
         pack = (
             packed_prompts(model, input_ids, attention_mask, positions, response_start)
@@ -300,13 +315,24 @@ def sequence_logprobs_and_entropy(
             )
             select = (pack.rows, pack.columns)
         sink: list[torch.Tensor] | None = [] if entropy else None
-        with _head_returns_logprobs(head, targets, temperature, chunk_tokens, select, sink):
+        with (
+            attention,
+            _head_returns_logprobs(head, targets, temperature, chunk_tokens, select, sink),
+        ):
             out[:, response_start:] = model(**kwargs).logits
         if ent is not None:
             ent[:, response_start:] = sink[-1]
         return out, ent
-    logits = model(**kwargs).logits[:, :-1]
+    with attention:
+        logits = model(**kwargs).logits[:, :-1]
     out[:, response_start:] = token_logprobs(logits, targets, temperature)
     if ent is not None:
         ent[:, response_start:] = token_entropy(logits, temperature)
     return out, ent
+
+
+def _segments_apart(model: torch.nn.Module, config) -> bool:
+    """Whether packed examples take `segment_sdpa` (attention per example, no mask):
+    with SDPA attention and no gradient checkpointing (its recompute in backward would
+    run plain SDPA); otherwise the block mask of `segment_attention`."""
+    return getattr(config, "_attn_implementation", None) == "sdpa" and not checkpointed(model)

@@ -6,9 +6,12 @@ rounding (tests/learner/test_logprobs.py)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 
 from ..common.packing import packing_pays
 
@@ -102,6 +105,168 @@ class PromptPacking:
         return PromptPacking(ids, pos, allowed[:, None], rows, head_cols)
 
 
+def segment_positions(segment_ids: torch.Tensor) -> torch.Tensor:
+    """`[B, T]` position ids of packed rows: 0, 1, ... from each example's first token,
+    0 on padding (`segment_ids` as in `segment_attention`)."""
+    b, t = segment_ids.shape
+    col = torch.arange(t, device=segment_ids.device).expand(b, t)
+    starts = torch.ones_like(segment_ids, dtype=torch.bool)
+    starts[:, 1:] = segment_ids[:, 1:] != segment_ids[:, :-1]
+    first = torch.where(starts, col, torch.zeros_like(col)).cummax(-1).values
+    return torch.where(segment_ids > 0, col - first, torch.zeros_like(col))
+
+
+def segment_runs(segment_ids: torch.Tensor) -> list[int]:
+    """Lengths of the runs of equal `segment_ids` over the rows laid end to end (a run
+    never crosses a row's end): each example is one run, each stretch of padding one.
+
+    Args:
+        segment_ids: `[B, T]` as in `segment_attention`.
+
+    Returns:
+        run lengths in row-major order, summing to B·T.
+    """
+    b, t = segment_ids.shape
+    starts = torch.ones_like(segment_ids, dtype=torch.bool)
+    starts[:, 1:] = segment_ids[:, 1:] != segment_ids[:, :-1]
+    at = starts.reshape(-1).nonzero().squeeze(-1)
+    return torch.diff(at, append=at.new_tensor([b * t])).tolist()
+
+
+#: The name `segment_sdpa` is registered under in transformers' `AttentionInterface`.
+SEGMENT_ATTENTION = "posttrain_segments"
+
+
+def run_buckets(runs: list[int], ratio: float = 2**0.5) -> list[list[int]]:
+    """The runs grouped for padded attention calls: sorted longest first, a bucket keeps
+    the runs no shorter than its longest / `ratio`, so padding each to the bucket's
+    longest computes at most `ratio`² the score pairs each run needs.
+
+    Returns:
+        lists of indices into `runs`, longest bucket first.
+    """
+    order = sorted(range(len(runs)), key=lambda i: -runs[i])
+    buckets: list[list[int]] = []
+    for i in order:
+        if buckets and runs[i] * ratio >= runs[buckets[-1][0]]:
+            buckets[-1].append(i)
+        else:
+            buckets.append([i])
+    return buckets
+
+
+def _bucket_index(runs: list[int], device: torch.device) -> tuple[list, torch.Tensor]:
+    """Per bucket (`run_buckets`) the `[n, L]` token index of its runs, padded with each
+    run's own last token (computed, never read back), and the `[sum(runs)]` index of
+    each token in the buckets' outputs laid end to end."""
+    starts = [0]
+    for n in runs[:-1]:
+        starts.append(starts[-1] + n)
+    where = torch.empty(sum(runs), dtype=torch.long)
+    index, offset = [], 0
+    for bucket in run_buckets(runs):
+        width = runs[bucket[0]]
+        col = torch.arange(width)
+        start = torch.tensor([starts[i] for i in bucket])[:, None]
+        size = torch.tensor([runs[i] for i in bucket])[:, None]
+        index.append((start + torch.minimum(col, size - 1)).to(device))
+        for row, i in enumerate(bucket):
+            at = offset + row * width
+            where[starts[i] : starts[i] + runs[i]] = torch.arange(at, at + runs[i])
+        offset += len(bucket) * width
+    return index, where.to(device)
+
+
+def segment_sdpa(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    segment_runs: list[int] | None = None,
+    **kwargs,
+) -> tuple[torch.Tensor, None]:
+    """Causal SDPA within each run of a packed row only: the attention of
+    `segment_attention`'s block mask without its masked blocks (a row of k examples of
+    length L computes about L²/k score pairs, not L²). The runs are gathered into a few
+    padded batches of similar lengths (`run_buckets`), one causal SDPA call each (right
+    padding: no real query sees a padded key), and gathered back. A transformers
+    attention function (`AttentionInterface`); the runs come in as the model call's
+    `segment_runs` keyword.
+
+    Args:
+        query: `[B, H, T, D]`; key, value: `[B, H_kv, T, D]` (H a multiple of H_kv).
+        attention_mask: must be None (the runs are the mask).
+        segment_runs: `segment_runs(segment_ids)`.
+
+    Returns:
+        (`[B, T, H, D]` attention output, None). A padding run attends causally within
+        itself (finite; its positions are never read).
+
+    Raises:
+        ValueError: no `segment_runs`, a mask as well, runs not summing to B·T, or a
+            layer that asks for a sliding window, logit soft-capping or attention sinks.
+    """
+    b, h, t, d = query.shape
+    if segment_runs is None or attention_mask is not None or sum(segment_runs) != b * t:
+        raise ValueError(
+            "segment attention needs `segment_runs` summing to the batch's tokens and no mask"
+        )
+    unknown = [k for k in ("sliding_window", "softcap", "s_aux") if kwargs.get(k) is not None]
+    if unknown:  # plain causal SDPA would drop them: a silently different attention
+        raise ValueError(
+            f"segment attention computes plain causal attention; this layer asks for "
+            f"{unknown}: load the model with attn_implementation='eager' for packed rows"
+        )
+    index, where = _bucket_index(segment_runs, query.device)
+    # token-major [B·T, heads, D]; k and v keep their H_kv heads (SDPA's enable_gqa)
+    q, k, v = (x.transpose(1, 2).reshape(b * t, x.shape[1], d) for x in (query, key, value))
+    out = []
+    for idx in index:
+        n, width = idx.shape
+        # [n, heads, L, D]; index_select's backward is one index_add
+        qs, ks, vs = (
+            x.index_select(0, idx.view(-1)).view(n, width, -1, d).transpose(1, 2) for x in (q, k, v)
+        )
+        o = F.scaled_dot_product_attention(
+            qs,
+            ks,
+            vs,
+            dropout_p=dropout,
+            is_causal=True,
+            scale=scaling,
+            enable_gqa=key.shape[1] != h,
+        )
+        out.append(o.transpose(1, 2).reshape(n * width, h, d))
+    flat = out[0] if len(out) == 1 else torch.cat(out)
+    return flat.index_select(0, where).view(b, t, h, d), None
+
+
+def checkpointed(model: torch.nn.Module) -> bool:
+    """Whether any module recomputes its forward in backward (gradient checkpointing):
+    the recompute would not see a temporarily switched attention."""
+    return any(getattr(m, "gradient_checkpointing", False) for m in model.modules())
+
+
+@contextmanager
+def segment_attention_on(config) -> Iterator[None]:
+    """`segment_sdpa` as the model's attention for the forwards inside (the config's
+    `_attn_implementation`, read by each attention layer at each call), then back; it
+    needs no mask, so transformers builds none."""
+    from transformers import AttentionInterface
+
+    if SEGMENT_ATTENTION not in AttentionInterface._global_mapping:
+        AttentionInterface.register(SEGMENT_ATTENTION, segment_sdpa)
+    old = config._attn_implementation
+    config._attn_implementation = SEGMENT_ATTENTION
+    try:
+        yield
+    finally:
+        config._attn_implementation = old
+
+
 def segment_attention(
     segment_ids: torch.Tensor, additive_dtype: torch.dtype | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -121,10 +286,7 @@ def segment_attention(
     b, t = segment_ids.shape
     dev = segment_ids.device
     col = torch.arange(t, device=dev).expand(b, t)
-    starts = torch.ones_like(segment_ids, dtype=torch.bool)
-    starts[:, 1:] = segment_ids[:, 1:] != segment_ids[:, :-1]
-    first = torch.where(starts, col, torch.zeros_like(col)).cummax(-1).values
-    positions = torch.where(segment_ids > 0, col - first, torch.zeros_like(col))
+    positions = segment_positions(segment_ids)
     same = segment_ids[:, None, :] == segment_ids[:, :, None]
     real = (segment_ids > 0)[:, None, :]
     causal = col[:, None, :] <= col[:, :, None]

@@ -17,6 +17,7 @@ import typer
 from ...common.net import listen_socket
 from ...common.process import bf16_note, quiet_logs
 from ...config import Recipe, RecipeError
+from ..planning.layout import run_layout as _layout
 from .checks import (
     check_new_run_or_exit,
     load_or_exit,
@@ -115,6 +116,8 @@ def run(
         else:
             check_new_run_or_exit(run_dir)
         r = port_or_exit(r)
+        if checkpoint is None:  # a resume keeps the layout its checkpoint was saved in
+            r = _layout(r, prompts)
         typer.echo(f"posttrain: {r.name} ({r.algorithm}) → {run_dir}")
         if (note := bf16_note(r.resources.device, r.model.dtype)) is not None:
             typer.echo(note)

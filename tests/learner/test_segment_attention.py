@@ -1,0 +1,142 @@
+"""Attention per packed example (`segment_sdpa`): hand values, and the SFT loss and
+gradients equal to the block-mask path's, whatever the packing order or padding."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from posttrain.algorithms.sft import SFTLoss, loss, pack_examples
+from posttrain.learner import logprobs as logprobs_module
+from posttrain.learner.logprobs import sequence_logprobs_and_entropy
+from posttrain.learner.packing import (
+    SEGMENT_ATTENTION,
+    run_buckets,
+    segment_attention_on,
+    segment_runs,
+    segment_sdpa,
+)
+
+
+def test_segment_runs_by_hand():
+    seg = torch.tensor([[1, 1, 2, 2, 2, 0], [1, 1, 1, 0, 0, 0]])
+    # a run ends at each change of id and at each row's end
+    assert segment_runs(seg) == [2, 3, 1, 3, 3]
+
+
+def test_run_buckets_by_hand():
+    # longest first; a bucket keeps runs >= its longest / sqrt(2): 10 -> 8 (8·1.41 >= 10),
+    # 7 opens a new bucket (7·1.41 < 10), 5 joins it (5·1.41 >= 7), 3 alone
+    assert run_buckets([5, 10, 3, 8, 7]) == [[1, 3], [4, 0], [2]]
+    assert run_buckets([4, 4]) == [[0, 1]]
+
+
+def test_segment_sdpa_by_hand():
+    # q = k = 0: uniform weights over the keys a query sees, so each output is the mean
+    # of the values from its run's start to itself.
+    v = torch.tensor([1.0, 2, 3, 4, 5, 6]).view(1, 1, 6, 1)
+    zero = torch.zeros(1, 1, 6, 1)
+    out, weights = segment_sdpa(torch.nn.Module(), zero, zero, v, None, segment_runs=[2, 3, 1])
+    assert weights is None and out.shape == (1, 6, 1, 1)
+    expected = [1.0, 1.5, 3.0, 3.5, 4.0, 6.0]
+    torch.testing.assert_close(out.view(-1), torch.tensor(expected), rtol=0, atol=1e-6)
+    # runs of 1 and 5 fall in two buckets: the same means
+    out, _ = segment_sdpa(torch.nn.Module(), zero, zero, v, None, segment_runs=[1, 5])
+    expected = [1.0, 2.0, 2.5, 3.0, 3.5, 4.0]
+    torch.testing.assert_close(out.view(-1), torch.tensor(expected), rtol=0, atol=1e-6)
+    with pytest.raises(ValueError, match="segment_runs"):
+        segment_sdpa(torch.nn.Module(), zero, zero, v, None)
+    with pytest.raises(ValueError, match="no mask"):
+        segment_sdpa(torch.nn.Module(), zero, zero, v, torch.ones(1, 1, 6, 6), segment_runs=[6])
+    with pytest.raises(ValueError, match="summing"):
+        segment_sdpa(torch.nn.Module(), zero, zero, v, None, segment_runs=[2, 3])
+    with pytest.raises(ValueError, match="sliding_window"):
+        segment_sdpa(torch.nn.Module(), zero, zero, v, None, segment_runs=[6], sliding_window=4)
+
+
+def _examples(count: int = 7, seed: int = 1) -> list[tuple[list[int], list[int]]]:
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for n in torch.randint(3, 15, (count,), generator=g).tolist():
+        ids = torch.randint(4, 90, (n,), generator=g).tolist()
+        mask = (torch.rand(n, generator=g) > 0.3).long().tolist()
+        out.append((ids, mask))
+    return out
+
+
+def _step(model, examples, max_length: int, masked: bool, monkeypatch):
+    """Loss, entropy sum and gradients of one SFT step over `examples` packed."""
+    monkeypatch.setattr(logprobs_module, "_segments_apart", lambda *_: not masked)
+    model.zero_grad()
+    b = pack_examples(examples, pad_id=1, max_length=max_length).batch()
+    b.loss_denominator = float(b.response_mask.sum())
+    lp, ent = sequence_logprobs_and_entropy(
+        model, b.input_ids, b.attention_mask, 1, segment_ids=b.segment_ids
+    )
+    value = loss(lp, b, SFTLoss()).loss
+    value.backward()
+    grads = {n: p.grad.clone() for n, p in model.named_parameters()}
+    return float(value), float((ent * b.response_mask).sum().detach()), grads
+
+
+@pytest.fixture
+def model(tiny_model):
+    torch.manual_seed(0)
+    return AutoModelForCausalLM.from_pretrained(
+        tiny_model, dtype=torch.float32, attn_implementation="sdpa"
+    )
+
+
+def test_per_example_attention_equals_the_block_mask(model, monkeypatch):
+    examples = _examples()
+    loss_m, ent_m, grads_m = _step(model, examples, 24, True, monkeypatch)
+    loss_s, ent_s, grads_s = _step(model, examples, 24, False, monkeypatch)
+    assert loss_s == pytest.approx(loss_m, abs=1e-6)
+    assert ent_s == pytest.approx(ent_m, abs=1e-5)
+    for name, g in grads_m.items():
+        torch.testing.assert_close(grads_s[name], g, rtol=0, atol=1e-6, msg=name)
+    assert model.config._attn_implementation == "sdpa"  # switched back
+
+
+def test_packing_order_and_padding_do_not_change_the_loss(model, monkeypatch):
+    examples = _examples()
+    base, _, grads = _step(model, examples, 24, False, monkeypatch)
+    for order, width in ((list(reversed(examples)), 24), (examples[3:] + examples[:3], 40)):
+        value, _, other = _step(model, order, width, False, monkeypatch)
+        assert value == pytest.approx(base, abs=1e-6)
+        for name, g in grads.items():
+            torch.testing.assert_close(other[name], g, rtol=0, atol=1e-6, msg=name)
+
+
+def test_gradient_checkpointing_keeps_the_block_mask(model, monkeypatch):
+    """The recompute in backward would run plain SDPA: the mask path is taken instead."""
+    examples = _examples()
+    plain, _, grads = _step(model, examples, 24, False, monkeypatch)
+    monkeypatch.undo()
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.train()
+    seen = []
+    real = logprobs_module.segment_attention_on
+    monkeypatch.setattr(
+        logprobs_module, "segment_attention_on", lambda c: seen.append(c) or real(c)
+    )
+    model.zero_grad()
+    b = pack_examples(examples, pad_id=1, max_length=24).batch()
+    b.loss_denominator = float(b.response_mask.sum())
+    lp, _ = sequence_logprobs_and_entropy(
+        model, b.input_ids, b.attention_mask, 1, segment_ids=b.segment_ids
+    )
+    value = loss(lp, b, SFTLoss()).loss
+    value.backward()
+    assert seen == []
+    assert float(value) == pytest.approx(plain, abs=1e-6)
+    for name, p in model.named_parameters():
+        torch.testing.assert_close(p.grad, grads[name], rtol=0, atol=1e-6, msg=name)
+
+
+def test_the_attention_is_switched_back_on_error(model):
+    with pytest.raises(RuntimeError, match="boom"), segment_attention_on(model.config):
+        assert model.config._attn_implementation == SEGMENT_ATTENTION
+        raise RuntimeError("boom")
+    assert model.config._attn_implementation == "sdpa"
