@@ -260,12 +260,11 @@ def sequence_logprobs_and_entropy(
     segment_ids: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """`sequence_logprobs` and, from the same forward, the entropy (nats, no gradient)
-    of the distribution that predicts each token, softmax(logits / temperature)
-    (`algorithms.common.token_entropy`): `[B, T]` float32, 0 before `response_start`.
-    The chunked head computes it chunk by chunk from the logits it makes anyway, and a
-    packed forward reads it at each row's own hidden states, so it does not depend on
-    chunking, packing or which rows share a micro-batch. `entropy=False`: None in its
-    place (no cost). Same arguments and errors as `sequence_logprobs`."""
+    of softmax(logits / temperature) (`algorithms.common.token_entropy`): `[B, T]`
+    float32, 0 before `response_start`. The chunked head computes it chunk by chunk from
+    the logits it makes anyway, a packed forward at each row's own hidden states: it does
+    not depend on chunking, packing or which rows share a micro-batch. `entropy=False`:
+    None in its place (no cost). Same arguments and errors as `sequence_logprobs`."""
     width_total = input_ids.shape[1]
     if not 1 <= response_start < width_total:
         raise ValueError(f"response_start {response_start} outside [1, {width_total})")
