@@ -55,10 +55,15 @@ def _trajectories_are_consistent(saved: list[dict]) -> None:
         assert [m for t in r["turns"] for m in [t["mask"]] * len(t["ids"])] == r["loss_mask"]
 
 
-def test_a_verifiers_environment_trains_and_evaluates(tiny_model, tmp_path, monkeypatch):
+def _calc_game(monkeypatch) -> dict:
+    """The example verifiers environment (through the stand-in package), 8 rows + 2 held out."""
     monkeypatch.syspath_prepend(str(ROOT / "tests" / "stand_ins"))
     monkeypatch.syspath_prepend(str(ROOT / "examples"))
-    env = {"type": "verifiers", "module": "vf_calc_game", "args": {"size": 8, "eval_size": 2}}
+    return {"type": "verifiers", "module": "vf_calc_game", "args": {"size": 8, "eval_size": 2}}
+
+
+def test_a_verifiers_environment_trains_and_evaluates(tiny_model, tmp_path, monkeypatch):
+    env = _calc_game(monkeypatch)
     recipe = _recipe(
         tiny_model,
         {"max_turns": 2, "environment": env},
@@ -100,9 +105,7 @@ def test_an_openenv_server_trains(tiny_model, tmp_path, monkeypatch):
 
 
 def test_ppo_trains_on_episodes_with_values_on_model_tokens_only(tiny_model, tmp_path, monkeypatch):
-    monkeypatch.syspath_prepend(str(ROOT / "tests" / "stand_ins"))
-    monkeypatch.syspath_prepend(str(ROOT / "examples"))
-    env = {"type": "verifiers", "module": "vf_calc_game", "args": {"size": 8, "eval_size": 2}}
+    env = _calc_game(monkeypatch)
     recipe = _recipe(
         tiny_model,
         {"max_turns": 2, "environment": env},
