@@ -88,6 +88,29 @@ def test_another_algorithms_block_is_refused(block):
         load_recipe(QUICKSTART, [block])
 
 
+@pytest.mark.parametrize(
+    ("overrides", "needle"),
+    [  # grpo keys PPO and distillation never read: ignored without a word before
+        (["algorithm=ppo", "grpo.kl_coef=0.1"], "grpo.kl_coef is set, but algorithm is ppo"),
+        (["algorithm=ppo", "grpo.clip_eps=0.3"], "grpo.clip_eps is set, but algorithm is ppo"),
+        (
+            ["algorithm=distill", "distill.teacher=t", "grpo.scale_rewards=false"],
+            "grpo.scale_rewards is set, but algorithm is distill",
+        ),
+    ],
+)
+def test_a_grpo_key_under_another_algorithm_is_refused(overrides, needle):
+    with pytest.raises(RecipeError, match=needle):
+        load_recipe(QUICKSTART, overrides)
+
+
+def test_another_blocks_defaults_given_explicitly_pass():
+    # the quickstart writes grpo's defaults out; trying PPO on it changes none of them
+    r = load_recipe(QUICKSTART, ["algorithm=ppo", "ppo.epochs=1"])
+    assert r.algorithm == "ppo"
+    assert load_recipe(QUICKSTART, ["ppo={epochs: 1}"]).algorithm == "grpo"
+
+
 def test_status_of_a_file_says_it_is_a_file():
     out = CliRunner().invoke(app, ["status", str(QUICKSTART)])
     assert out.exit_code == 2 and "is a file, not a folder" in out.output
