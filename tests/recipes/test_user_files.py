@@ -126,3 +126,23 @@ def test_the_memory_line_names_a_frozen_part_only_when_there_is_one():
     assert "frozen" not in none and "trainable 10 params" in none
     lora = {**full, "frozen_params": 5, "frozen_bytes": 2 << 20, "frozen_bytes_bf16": 1 << 20}
     assert "frozen 5 params 2.0 MiB (bf16 would be 1.0 MiB)" in format_memory_report(lora)
+
+
+@pytest.mark.parametrize(
+    ("option", "needle"),
+    [
+        ({"engine": "tpu"}, "--engine tpu: not an engine; use one of vllm, hf"),
+        ({"rewards": "- {name: x, type: bogus}\n"}, "rewards.yaml: 1 problem(s) in its list"),
+    ],
+)
+def test_eval_options_errors_name_the_option_not_the_recipe(tmp_path, option, needle):
+    from posttrain.recipes.assess.command import load_for
+    from posttrain.recipes.assess.targets import Target
+
+    if "rewards" in option:
+        (tmp_path / "rewards.yaml").write_text(option["rewards"])
+        option = {"rewards": tmp_path / "rewards.yaml"}
+    target = Target("final", "runs/x/final", tmp_path, tmp_path, None)
+    with pytest.raises(RecipeError) as e:
+        load_for(target, QUICKSTART, [], **option)
+    assert needle in str(e.value) and "quickstart_grpo.yaml" not in str(e.value)
