@@ -21,7 +21,6 @@ MAX_FUNCTION_LINES = 80
 # path -> the most lines it may have; only lower these numbers.
 FILE_CEILINGS: dict[str, int] = {
     "learner/worker.py": 416,
-    "weightsync/collective.py": 473,
 }
 
 # path::qualified name -> the most lines it may have; only lower these numbers.
