@@ -41,7 +41,7 @@ from _smoke import SMOKE_HELP  # noqa: E402
 from posttrain.common.net import free_port  # noqa: E402
 from posttrain.learner.push import untied_state  # noqa: E402
 from posttrain.learner.shm_gather import ShmGather  # noqa: E402
-from posttrain.weightsync.collective import bucket_layout  # noqa: E402
+from posttrain.weightsync.buckets import bucket_layout  # noqa: E402
 from posttrain.weightsync.verify import copy_fingerprint, fingerprints  # noqa: E402
 
 #: SmolLM2-135M: hidden, intermediate, key/value width, layers, vocabulary.

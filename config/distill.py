@@ -82,21 +82,13 @@ class DistillConfig(_Strict):
 
 
 def check_distill(algorithm: str, block: DistillConfig, samples_per_prompt: int) -> None:
-    """The `distill:` keys act only with algorithm distill, which needs a teacher, and a
-    reward mix needs groups to normalise rewards in.
+    """Algorithm distill needs a teacher, and a reward mix needs groups to normalise
+    rewards in.
 
     Raises:
         ValueError: names the key and what to set.
     """
-    if algorithm != "distill":
-        fields = DistillConfig.model_fields
-        changed = [k for k in fields if getattr(block, k) != fields[k].default]
-        if changed:
-            raise ValueError(
-                f"distill.{changed[0]} is set, but algorithm is {algorithm} and only "
-                f"on-policy distillation reads it; set algorithm: distill, or remove the "
-                "distill block"
-            )
+    if algorithm != "distill":  # its keys elsewhere: Recipe._no_other_algorithms_block
         return
     if not block.teacher.strip():
         raise ValueError(

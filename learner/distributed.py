@@ -15,9 +15,11 @@ same GPU (0.5 each) both see it as `cuda:0`.
 from __future__ import annotations
 
 import os
+import resource
 import socket
 
 import torch
+import torch.distributed as dist
 
 MiB = 1 << 20
 
@@ -123,3 +125,38 @@ def cuda_memory(device: torch.device) -> dict[str, float]:
         "cuda_reserved_mb": torch.cuda.memory_reserved(device) / MiB,
         "cuda_peak_mb": torch.cuda.max_memory_allocated(device) / MiB,
     }
+
+
+def memory_peaks(device: torch.device) -> dict[str, float]:
+    """`learner_peak_rss_mb`: this process's peak resident memory, MiB; on GPUs also
+    `learner_cuda_peak_mb`, the most CUDA memory its tensors held."""
+    out = {"learner_peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+    if device.type == "cuda":  # ru_maxrss is KiB on Linux
+        out["learner_cuda_peak_mb"] = cuda_memory(device)["cuda_peak_mb"]
+    return out
+
+
+def step_sums(
+    sums: dict[str, float], real: int, computed: int, entropy: list[float], lm: bool
+) -> tuple[dict[str, float], dict[str, float]]:
+    """Sum a step's per-rank loss sums and token counts over the learner group (one
+    float64 all-reduce; every rank passes the same keys). Collective.
+
+    Args:
+        sums: this rank's loss sums by key (the algorithm's `LossOutput.sums`).
+        real, computed: this rank's non-padding and computed (padded) tokens.
+        entropy: [Σ entropy over this rank's response tokens, their count].
+        lm: a causal LM (report `entropy`).
+
+    Returns:
+        (the summed `sums`, {`padding_fraction`, and `entropy`: the mean over the step's
+        response tokens of all ranks}).
+    """
+    keys = sorted(sums)  # the same keys, in the same order, on every rank
+    total = torch.tensor([sums[k] for k in keys] + [real, computed, *entropy], dtype=torch.float64)
+    dist.all_reduce(total)
+    *summed, real_all, computed_all, entropy_sum, entropy_tokens = total.tolist()
+    shape = {"padding_fraction": 1.0 - real_all / computed_all}
+    if lm:
+        shape["entropy"] = entropy_sum / max(entropy_tokens, 1.0)
+    return dict(zip(keys, summed, strict=True)), shape

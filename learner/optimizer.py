@@ -92,3 +92,13 @@ def warn_skipped(step: int, done: StepResult) -> None:
         file=sys.stderr,
         flush=True,
     )
+
+
+def step_stats(done: StepResult) -> dict[str, float]:
+    """A step's optimizer metrics: `grad_norm` (the policy's, before clipping), `lr`,
+    `skipped_updates` (1: the update was not applied)."""
+    return {
+        "grad_norm": done.grad_norms[0],
+        "lr": done.lr,
+        "skipped_updates": 0.0 if done.applied else 1.0,
+    }

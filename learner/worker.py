@@ -23,7 +23,6 @@ step, and the controller waits for it to end before the next generation
 from __future__ import annotations
 
 import gc
-import resource
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
@@ -39,16 +38,11 @@ from ..common.process import quiet_libraries, set_torch_threads
 from ..common.telemetry import Span, SpanRecorder
 from ..weightsync import Delivery, DeltaSender, WeightHandle, make_transport, publish
 from . import adapters, checkpoint
-from .distributed import (
-    backend_for,
-    cuda_memory,
-    rank_device,
-    where,
-)
+from .distributed import backend_for, cuda_memory, memory_peaks, rank_device, step_sums, where
 from .logprobs import sequence_logprobs, sequence_logprobs_and_entropy
 from .micro_batches import plan_rows, trim_right_padding
 from .models import DTYPES, critic_values, load_models, reward_scores
-from .optimizer import guarded_step, warn_skipped
+from .optimizer import guarded_step, step_stats, warn_skipped
 from .push import full_state_dict, push_kind, push_source, untied_state
 from .sessions import SessionVerbs
 from .settings import CriticSettings, LearnerSettings
@@ -287,16 +281,8 @@ class LearnerWorker(SessionVerbs):
             for k, v in out.sums.items():
                 sums[k] = sums.get(k, 0.0) + v
         stats = self._optimizer_step(step, loss)
-        keys = sorted(sums)  # the same keys, in the same order, on every rank
-        total = torch.tensor(
-            [sums[k] for k in keys] + [real, computed, *entropy], dtype=torch.float64
-        )
-        dist.all_reduce(total)
-        *summed, real_all, computed_all, entropy_sum, entropy_tokens = total.tolist()
-        stats["padding_fraction"] = 1.0 - real_all / computed_all
-        if self.s.head == "lm":  # mean over the step's response tokens, all ranks
-            stats["entropy"] = entropy_sum / max(entropy_tokens, 1.0)
-        return {**stats, **self.algo.finish_metrics(dict(zip(keys, summed, strict=True)))}
+        summed, shape = step_sums(sums, real, computed, entropy, self.s.head == "lm")
+        return {**stats, **shape, **self.algo.finish_metrics(summed)}
 
     def _optimizer_step(self, step: int, loss: float) -> dict[str, float]:
         """`optimizer.guarded_step` (a NaN/inf loss or grad norm changes nothing, nor
@@ -312,16 +298,7 @@ class LearnerWorker(SessionVerbs):
             elif self.rank == 0:
                 warn_skipped(step, done)
             time.sleep(self.s.delay_s)
-        peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
-        stats = {
-            "grad_norm": done.grad_norms[0],
-            "lr": done.lr,
-            "skipped_updates": 0.0 if done.applied else 1.0,
-            "learner_peak_rss_mb": peak_mb,
-        }
-        if self.device.type == "cuda":
-            stats["learner_cuda_peak_mb"] = cuda_memory(self.device)["cuda_peak_mb"]
-        return stats
+        return {**step_stats(done), **memory_peaks(self.device)}
 
     # -- weights out ----------------------------------------------------------------------
     def publish_weights(

@@ -41,8 +41,8 @@ def _key_path(loc: tuple) -> str:
     return ".".join(keep)
 
 
-def format_errors(err: ValidationError, source: str) -> str:
-    lines = [f"{source}: {err.error_count()} problem(s) in the recipe:"]
+def format_errors(err: ValidationError, source: str, what: str = "the recipe") -> str:
+    lines = [f"{source}: {err.error_count()} problem(s) in {what}:"]
     for e in err.errors():
         loc = _key_path(e["loc"])
         msg = e["msg"].removeprefix("Value error, ")

@@ -37,67 +37,20 @@ error instead of hanging it.
 
 from __future__ import annotations
 
-import contextlib
-import math
-import os
 import threading
-import uuid
 from collections.abc import Iterator
 from datetime import timedelta
 
 import torch
 
+from . import shm as shm_files
 from .base import WeightHandle, WeightSyncError, WeightTransport
+from .buckets import bucket_layout
 from .verify import copy_fingerprint
 
 _MiB = 1 << 20
-_ALIGN = 64  # bytes
 #: Counter in the rendezvous store: how many members have joined through it.
 _JOINS_KEY = "posttrain/push_group_joins"
-#: Rank 0's probe file in /dev/shm (path and content), and each receiver's answer.
-_PROBE_KEY = "posttrain/shm_probe"
-_SEEN_KEY = "posttrain/shm_seen/{}"
-_SHM_DIR = "/dev/shm"
-
-
-def tensor_meta(weights: dict[str, torch.Tensor]) -> list[tuple[str, str, tuple[int, ...]]]:
-    """`(name, dtype, shape)` of each tensor, in order, dtype as a string (`"bfloat16"`)."""
-    return [(n, str(t.dtype).removeprefix("torch."), tuple(t.shape)) for n, t in weights.items()]
-
-
-def bucket_layout(
-    weights: dict[str, torch.Tensor] | list[tuple[str, str, tuple[int, ...]]], bucket_bytes: int
-) -> list[dict]:
-    """Group tensors, in order, into buckets of at most `bucket_bytes` bytes; `weights`
-    is the tensors or just their `tensor_meta` (a layout can be made before the tensors
-    exist, for a streamed push).
-
-    Returns:
-        `[{"size": bytes, "entries": [(name, dtype, shape, offset, nbytes), ...]}, ...]`;
-        dtype as a string (`"bfloat16"`), offsets in bytes within the bucket, each a
-        multiple of 64.
-    """
-    meta = tensor_meta(weights) if isinstance(weights, dict) else weights
-    buckets: list[dict] = []
-    cur: dict = {"size": 0, "entries": []}
-    for name, dtype, shape in meta:
-        nbytes = math.prod(shape) * getattr(torch, dtype).itemsize
-        if cur["entries"] and cur["size"] + nbytes > bucket_bytes:
-            buckets.append(cur)
-            cur = {"size": 0, "entries": []}
-        cur["entries"].append((name, dtype, tuple(shape), cur["size"], nbytes))
-        # Offsets aligned so every entry can be viewed as its dtype in place.
-        cur["size"] += -(-nbytes // _ALIGN) * _ALIGN
-    if cur["entries"]:
-        buckets.append(cur)
-    return buckets
-
-
-def _unlink(path: str) -> None:
-    """Remove a /dev/shm file of ours; one already gone is not an error (a cleanup must
-    not hide the error that led to it)."""
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(path)
 
 
 def _device(backend: str) -> torch.device:
@@ -143,9 +96,7 @@ class CollectiveTransport(WeightTransport):
         # whether every receiver reads this machine's /dev/shm (found at join).
         self.shm_asked = shm and backend == "gloo"
         self.shm = False
-        self._shm_out: dict[int, tuple[str, torch.Tensor]] = {}  # sender: index -> file, buffer
-        self._shm_in: dict[str, torch.Tensor] = {}  # receiver: file -> its mapping
-        self._shm_new: list[str] = []  # sender: files made for the push in flight
+        self._files = shm_files.ShmBuckets()
 
     def _buffer(self, side: str, index: int, size: int) -> torch.Tensor:
         """Bucket `index`'s flat uint8 buffer of `size` bytes for `side` ('send' or
@@ -187,7 +138,7 @@ class CollectiveTransport(WeightTransport):
                 "in it, so a second group would connect to the first one's processes. Make "
                 "a new GroupStore for each group (as recipes/roles.reform_push_group does)"
             )
-        probe = self._make_probe() if rank == 0 and self.shm_asked else None
+        probe = shm_files.make_probe(self._store) if rank == 0 and self.shm_asked else None
         try:
             if self.backend == "nccl":
                 self.pg = dist.ProcessGroupNCCL(self._store, rank, world_size)
@@ -195,7 +146,7 @@ class CollectiveTransport(WeightTransport):
                 self.pg = dist.ProcessGroupGloo(self._store, rank, world_size, self.timeout)
         except (RuntimeError, ValueError) as e:
             if probe is not None:
-                _unlink(probe)
+                shm_files.unlink(probe)
             raise self._join_error(address, rank, world_size, e) from e
         self.rank = rank
         if self.backend == "gloo":
@@ -204,43 +155,22 @@ class CollectiveTransport(WeightTransport):
             except (RuntimeError, ValueError) as e:  # a member gone before it answered
                 raise self._join_error(address, rank, world_size, e) from e
 
-    def _make_probe(self) -> str | None:
-        """Rank 0: a small file in /dev/shm that receivers must read back to be sent
-        shared-memory buckets; its path and content go in the store before the group
-        forms (None: no /dev/shm here)."""
-        if not os.path.isdir(_SHM_DIR):
-            return None
-        token = uuid.uuid4().hex
-        path = os.path.join(_SHM_DIR, f"posttrain-probe-{token}")
-        with open(path, "w") as f:
-            f.write(token)
-        self._store.set(_PROBE_KEY, f"{path}|{token}")
-        return path
-
     def _settle_shm(self, rank: int, world_size: int, probe: str | None) -> None:
         """After the group formed: each receiver says whether it reads rank 0's probe
         (it shares this /dev/shm: one machine, one IPC namespace); rank 0 sends
         shared-memory buckets only if all do. Receivers of a rank 0 that did not ask
         answer nothing; every receiver follows what each handle says."""
         if rank != 0:
-            if not self._store.check([_PROBE_KEY]):
-                return
-            path, _, token = self._store.get(_PROBE_KEY).decode().partition("|")
-            try:
-                with open(path) as f:
-                    seen = f.read() == token
-            except OSError:
-                seen = False
-            self._store.set(_SEEN_KEY.format(rank), "1" if seen else "0")
+            shm_files.answer_probe(self._store, rank)
             return
         if probe is None:
             return
         try:
-            keys = [_SEEN_KEY.format(r) for r in range(1, world_size)]
+            keys = [shm_files.SEEN_KEY.format(r) for r in range(1, world_size)]
             self._store.wait(keys, self.timeout)
             self.shm = all(self._store.get(k) == b"1" for k in keys)
         finally:
-            _unlink(probe)
+            shm_files.unlink(probe)
 
     def _join_error(
         self, address: str, rank: int, world_size: int, e: BaseException
@@ -270,7 +200,7 @@ class CollectiveTransport(WeightTransport):
                 "previous push finished (call finish first; a broadcast still running "
                 "after finish's timeout blocks every later push)"
             )
-        layout = self._shm_assign(bucket_layout(weights, self.bucket_bytes))
+        layout = self._layout(weights)
         handle = WeightHandle(
             version=version,
             payload=layout,
@@ -311,7 +241,7 @@ class CollectiveTransport(WeightTransport):
                 pending.wait()
             delivered = True
         finally:
-            self._shm_settle(delivered)
+            self._files.settle(delivered)
 
     def _send_bucket(
         self,
@@ -325,7 +255,7 @@ class CollectiveTransport(WeightTransport):
         shared memory a one-number signal that it is written. Waits for `pending`,
         bucket i-1's broadcast; returns this one's."""
         shm = "shm" in bucket
-        buf = self._shm_out[i][1] if shm else self._buffer("send", i, bucket["size"])
+        buf = self._files.out[i][1] if shm else self._buffer("send", i, bucket["size"])
         buf = buf[: bucket["size"]]
         for name, _, _, offset, nbytes in bucket["entries"]:
             got, t = next(stream)
@@ -342,40 +272,16 @@ class CollectiveTransport(WeightTransport):
             pending.wait()
         return work
 
-    def _shm_assign(self, layout: list[dict]) -> list[dict]:
-        """Sender with shared memory: give each bucket its /dev/shm file (`"shm"`: its
-        path, `"shm_bytes"`: the file's size), kept from push to push while the bucket
-        fits (a delta push's buckets are smaller than the first, full push's); otherwise
-        a new file under a new name, so no receiver can take a stale mapping for it."""
-        if not self.shm:
-            return layout
-        for i, bucket in enumerate(layout):
-            kept = self._shm_out.get(i)
-            if kept is None or kept[1].numel() < bucket["size"]:
-                path = os.path.join(_SHM_DIR, f"posttrain-push-{uuid.uuid4().hex}-{i}")
-                buf = torch.from_file(path, shared=True, size=bucket["size"], dtype=torch.uint8)
-                self._shm_out[i] = (path, buf)
-                self._shm_new.append(path)
-            bucket["shm"] = self._shm_out[i][0]
-            bucket["shm_bytes"] = self._shm_out[i][1].numel()
-        return layout
-
-    def _shm_settle(self, delivered: bool) -> None:
-        """Unlink the files made for this push: every receiver mapped them before it
-        joined the first broadcast, so the mappings outlive the names and nothing is
-        left in /dev/shm. A failed push also forgets them (a receiver may not have
-        mapped one): the next push makes new files."""
-        for path in self._shm_new:
-            _unlink(path)
-        if not delivered:
-            gone = set(self._shm_new)
-            self._shm_out = {i: v for i, v in self._shm_out.items() if v[0] not in gone}
-        self._shm_new = []
+    def _layout(self, weights) -> list[dict]:
+        """`bucket_layout` of `weights` (tensors or their `tensor_meta`), each bucket
+        given its /dev/shm file when the group shares one (weightsync/shm.py)."""
+        layout = bucket_layout(weights, self.bucket_bytes)
+        return self._files.assign(layout) if self.shm else layout
 
     def stream_handle(
         self, meta: list[tuple[str, str, tuple[int, ...]]], version: int
     ) -> WeightHandle:
-        layout = self._shm_assign(bucket_layout(meta, self.bucket_bytes))
+        layout = self._layout(meta)
         return WeightHandle(
             version=version,
             payload=layout,
@@ -419,7 +325,7 @@ class CollectiveTransport(WeightTransport):
         self._require_group()
         layout = handle.payload
 
-        mapped = self._shm_map(layout, handle.version)
+        mapped = self._files.map(layout, handle.version)
 
         def post(i: int):
             if "shm" in layout[i]:  # the sender writes the bucket, then signals it
@@ -442,32 +348,6 @@ class CollectiveTransport(WeightTransport):
             for name, dtype, shape, offset, nbytes in bucket["entries"]:
                 yield name, buf[offset : offset + nbytes].view(getattr(torch, dtype)).view(shape)
 
-    def _shm_map(self, layout: list[dict], version: int) -> dict[int, torch.Tensor]:
-        """Receiver: map the push's shared-memory bucket files (before joining its
-        first broadcast, so the sender may unlink them once that broadcast is done);
-        mappings of files no longer in use are dropped.
-
-        Raises:
-            WeightSyncError: a file cannot be opened (this process does not share the
-                sender's /dev/shm, or the file went with a failed push).
-        """
-        paths = {i: b["shm"] for i, b in enumerate(layout) if "shm" in b}
-        self._shm_in = {p: t for p, t in self._shm_in.items() if p in paths.values()}
-        for i, path in paths.items():
-            if path not in self._shm_in:
-                if not os.path.exists(path):
-                    raise WeightSyncError(
-                        f"policy_version {version}: the shared-memory bucket {path} is not "
-                        "there; set weight_sync.shm_broadcast: false if engines and learner "
-                        "rank 0 do not share /dev/shm"
-                    )
-                self._shm_in[path] = torch.from_file(
-                    path, shared=True, size=layout[i]["shm_bytes"], dtype=torch.uint8
-                )
-        return {i: self._shm_in[p][: layout[i]["size"]] for i, p in paths.items()}
-
     def close(self) -> None:
-        for path in self._shm_new:
-            _unlink(path)
-        self._shm_new, self._shm_out, self._shm_in = [], {}, {}
+        self._files.close()
         self.pg, self._store, self._kept = None, None, {}

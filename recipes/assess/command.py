@@ -19,14 +19,17 @@ import statistics
 import tempfile
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 import yaml
+from pydantic import TypeAdapter, ValidationError
 
 from ...common.model_registry import resolve_model_path
 from ...config import Recipe, RecipeError, default_facts
+from ...config.rewards import RewardSpec
+from ...config.rollout import RolloutConfig
 from ...config.yamlfile import read_yaml
-from ..loading import load_recipe
+from ..loading import format_errors, load_recipe
 from .scoring import EvalResult, dpo_eval, reward_model_eval, sample_eval
 from .targets import Target, materialize, resolve_target
 
@@ -41,6 +44,9 @@ def _overrides(
     """`--set` strings for the command line's options on the recipe `tree` (raw YAML)."""
     out = []
     if engine:
+        engines = get_args(RolloutConfig.model_fields["engine"].annotation)
+        if engine not in engines:  # else the error would name the recipe's rollout.engine
+            raise RecipeError(f"--engine {engine}: not an engine; use one of {', '.join(engines)}")
         out.append(f"rollout.engine={engine}")
     if rewards is not None:
         components = read_yaml(rewards, f"--rewards {rewards}")
@@ -49,6 +55,10 @@ def _overrides(
                 f"--rewards {rewards}: give a YAML list of reward components, as a "
                 "recipe's rewards: block holds (- {name: correct, type: math})"
             )
+        try:  # checked here, so that an error names this file and not the recipe
+            TypeAdapter(list[RewardSpec]).validate_python(components)
+        except ValidationError as e:
+            raise RecipeError(format_errors(e, f"--rewards {rewards}", "its list")) from None
         out.append(f"rewards={json.dumps(components)}")
     facts = default_facts(tree.get("algorithm"))
     pairs = facts is not None and facts.data == "pairs"

@@ -8,7 +8,8 @@ service). `slow` (run with `-m slow`): the smokes that run the training loop 2 o
 times, 33-55 s each at load 3 and up to about a minute under heavier load: adapters (3
 CLI runs), token_budget, ratio, old_logprobs and sft (2 runs each), learning (2
 recipes, each trained and evaluated twice), async (4 sim runs and one run resumed
-twice: 300 s at load 8); and the two that start several vLLM engines (rollout: 3
+twice: 300 s at load 8); compile (27 s: tests/learner's compiled-layers test covers
+its path) and serve (30 s: tests/service_roles drive the same sessions); and the two that start several vLLM engines (rollout: 3
 engines, 52 s; weight_sync: 42 s), whose engine paths the actors/ and weightsync/ tests
 cover. `vllm`: starts vLLM engines, skipped without vLLM.
 """
@@ -35,7 +36,7 @@ slow_vllm = [*vllm, *slow]
 BENCHES: dict[str, tuple[list[pytest.MarkDecorator], list[str]]] = {
     "adapters": (slow, ["| mode | trainable params |", "| QLoRA r16 |"]),
     "async": (slow, ["| setup | k | steps | steps/s |", "| sim 2:1, ", "| continued |"]),
-    "compile": ([], ["| variant | first call s (CPU s) |", "| compiled layers |"]),
+    "compile": (slow, ["| variant | first call s (CPU s) |", "| compiled layers |"]),
     "dpo": ([], ["step s  tokens/s vs in-loop", "reference in the loop"]),
     "episodes": ([], ["| environment | ms per episode (median) |", "| openenv, websocket |"]),
     "learning": (slow, ["| recipe | metric | before | after | change (95% CI) |", "| rm_hh |"]),
@@ -52,7 +53,7 @@ BENCHES: dict[str, tuple[list[pytest.MarkDecorator], list[str]]] = {
         slow_vllm,
         ["| engine | startup s | generate s (median) |", "| vllm async, 4 callers |"],
     ),
-    "serve": ([], ["| SDK round trip (service) |", "| at once |", "| engine 0 |", "| hf |"]),
+    "serve": (slow, ["| SDK round trip (service) |", "| at once |", "| engine 0 |", "| hf |"]),
     "token_budget": (slow, ["| micro-batches | train s | step s |", "| budget 64 tokens |"]),
     "vs_trl": ([], ["| system | s/step (median) |", "| posttrain ("]),
     "weight_load": (

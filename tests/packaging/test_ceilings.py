@@ -19,10 +19,7 @@ MAX_FILE_LINES = 400
 MAX_FUNCTION_LINES = 80
 
 # path -> the most lines it may have; only lower these numbers.
-FILE_CEILINGS: dict[str, int] = {
-    "learner/worker.py": 416,
-    "weightsync/collective.py": 473,
-}
+FILE_CEILINGS: dict[str, int] = {}
 
 # path::qualified name -> the most lines it may have; only lower these numbers.
 FUNCTION_CEILINGS: dict[str, int] = {

@@ -88,6 +88,29 @@ def test_another_algorithms_block_is_refused(block):
         load_recipe(QUICKSTART, [block])
 
 
+@pytest.mark.parametrize(
+    ("overrides", "needle"),
+    [  # grpo keys PPO and distillation never read: ignored without a word before
+        (["algorithm=ppo", "grpo.kl_coef=0.1"], "grpo.kl_coef is set, but algorithm is ppo"),
+        (["algorithm=ppo", "grpo.clip_eps=0.3"], "grpo.clip_eps is set, but algorithm is ppo"),
+        (
+            ["algorithm=distill", "distill.teacher=t", "grpo.scale_rewards=false"],
+            "grpo.scale_rewards is set, but algorithm is distill",
+        ),
+    ],
+)
+def test_a_grpo_key_under_another_algorithm_is_refused(overrides, needle):
+    with pytest.raises(RecipeError, match=needle):
+        load_recipe(QUICKSTART, overrides)
+
+
+def test_another_blocks_defaults_given_explicitly_pass():
+    # the quickstart writes grpo's defaults out; trying PPO on it changes none of them
+    r = load_recipe(QUICKSTART, ["algorithm=ppo", "ppo.epochs=1"])
+    assert r.algorithm == "ppo"
+    assert load_recipe(QUICKSTART, ["ppo={epochs: 1}"]).algorithm == "grpo"
+
+
 def test_status_of_a_file_says_it_is_a_file():
     out = CliRunner().invoke(app, ["status", str(QUICKSTART)])
     assert out.exit_code == 2 and "is a file, not a folder" in out.output
@@ -103,3 +126,23 @@ def test_the_memory_line_names_a_frozen_part_only_when_there_is_one():
     assert "frozen" not in none and "trainable 10 params" in none
     lora = {**full, "frozen_params": 5, "frozen_bytes": 2 << 20, "frozen_bytes_bf16": 1 << 20}
     assert "frozen 5 params 2.0 MiB (bf16 would be 1.0 MiB)" in format_memory_report(lora)
+
+
+@pytest.mark.parametrize(
+    ("option", "needle"),
+    [
+        ({"engine": "tpu"}, "--engine tpu: not an engine; use one of vllm, hf"),
+        ({"rewards": "- {name: x, type: bogus}\n"}, "rewards.yaml: 1 problem(s) in its list"),
+    ],
+)
+def test_eval_options_errors_name_the_option_not_the_recipe(tmp_path, option, needle):
+    from posttrain.recipes.assess.command import load_for
+    from posttrain.recipes.assess.targets import Target
+
+    if "rewards" in option:
+        (tmp_path / "rewards.yaml").write_text(option["rewards"])
+        option = {"rewards": tmp_path / "rewards.yaml"}
+    target = Target("final", "runs/x/final", tmp_path, tmp_path, None)
+    with pytest.raises(RecipeError) as e:
+        load_for(target, QUICKSTART, [], **option)
+    assert needle in str(e.value) and "quickstart_grpo.yaml" not in str(e.value)

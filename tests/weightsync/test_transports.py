@@ -19,7 +19,8 @@ from posttrain.weightsync import (
     make_transport,
 )
 from posttrain.weightsync.base import WeightHandle
-from posttrain.weightsync.collective import CollectiveTransport, bucket_layout
+from posttrain.weightsync.buckets import bucket_layout
+from posttrain.weightsync.collective import CollectiveTransport
 from posttrain.weightsync.verify import fingerprints
 
 
@@ -152,15 +153,15 @@ def test_shared_memory_buckets_are_kept_exact_and_leave_no_file():
     )
     h1 = _push_one(sender, engine, first, 1)
     assert _shm_files() == before and not sender._kept and not engine._kept
-    ptrs = sorted(t.data_ptr() for t in engine._shm_in.values())
+    ptrs = sorted(t.data_ptr() for t in engine._files.mapped.values())
     h2 = _push_one(sender, engine, second, 2)
     assert [b["shm"] for b in h2.payload] == [b["shm"] for b in h1.payload]
-    assert sorted(t.data_ptr() for t in engine._shm_in.values()) == ptrs
+    assert sorted(t.data_ptr() for t in engine._files.mapped.values()) == ptrs
     grown = {**second, "big": torch.zeros(400, 300, dtype=torch.bfloat16)}
     h3 = _push_one(sender, engine, grown, 3)
     assert h3.payload[-1]["shm"] != h2.payload[-1]["shm"]  # that bucket outgrew its file
     assert h3.payload[0]["shm"] == h2.payload[0]["shm"]
-    assert set(engine._shm_in) == {b["shm"] for b in h3.payload}  # the old one unmapped
+    assert set(engine._files.mapped) == {b["shm"] for b in h3.payload}  # the old one unmapped
     # Smaller buckets (a delta push's) reuse the files: none made, none left.
     shrunk = {**second, "big": torch.ones(200, 300, dtype=torch.bfloat16)}
     h4 = _push_one(sender, engine, shrunk, 4)
@@ -177,8 +178,8 @@ def test_a_failed_shared_memory_push_leaves_no_file_and_forgets_its_files():
     handle = sender.send(_weights(torch.float32), version=9)
     with pytest.raises(WeightSyncError, match="policy_version 9"):
         sender.finish(handle)  # the engine never received
-    assert _shm_files() == before and not sender._shm_out
-    assert sender._shm_assign([{"size": 64, "entries": []}])[0]["shm"] != handle.payload[0]["shm"]
+    assert _shm_files() == before and not sender._files.out
+    assert sender._files.assign([{"size": 64, "entries": []}])[0]["shm"] != handle.payload[0]["shm"]
     sender.close()
     assert _shm_files() == before
 
