@@ -1,6 +1,7 @@
 """An example OpenEnv environment: the number-guessing game of `guess_env.py` served with
 OpenEnv's wire protocol (`rollout.environment: {type: openenv, url:
-"http://127.0.0.1:9200", observation_key: feedback}`; docs/multi-turn.md).
+"http://127.0.0.1:{port}", serve: {command: [python, examples/openenv_game.py, --port,
+"{port}"]}, observation_key: feedback}`: the run starts and stops it; docs/multi-turn.md).
 
 `GuessEnvironment` has the shape of an `openenv-core` environment: `reset(seed,
 episode_id)` and `step(action)` return an observation (`prompt`, `feedback`, `done`,

@@ -31,7 +31,8 @@ episodes go on.
 
 Not supported: OpenEnv's MCP tool calls (`/mcp`, `{"type": "mcp"}`), images or other
 non-text observations (give `observation_key` of a text field), and Docker or Hub
-launching (start the server yourself; `examples/openenv_game.py` is a Python server).
+launching (a Python server such as `examples/openenv_game.py` is started for the run by
+`rollout.environment.serve`: recipes/roles/env_server.py).
 """
 
 from __future__ import annotations
