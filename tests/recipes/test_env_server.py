@@ -76,6 +76,29 @@ def test_the_server_is_started_used_and_stopped(tmp_path, launched):
     roles.stop_roles(held)  # twice is fine
 
 
+def test_an_http_environment_server_is_started_too(tmp_path, launched):
+    """`serve` is a key of every environment reached over the network: our own HTTP
+    protocol's example game, started by the run and played."""
+    tree = yaml.safe_load((ROOT / "examples" / "openenv_game.yaml").read_text())
+    guess = ["python", str(ROOT / "examples" / "guess_env.py"), "--port", "{port}"]
+    tree["rollout"]["environment"] = {"type": "http", "url": URL, "serve": {"command": guess}}
+    f = tmp_path / "http.yaml"
+    f.write_text(yaml.safe_dump(tree))
+    recipe = load_recipe(f)
+    held = roles.Roles(learners=[], placement=Placement())
+    try:
+        roles.start_environment_server(held, recipe, tmp_path)
+        env = environment_factory(recipe, None, 0, held.env_server.url)("s0-p1-0")
+        try:
+            assert env.reset(_request()) == [{"role": "user", "content": "?"}]
+            assert env.step("no number").messages[0]["role"] == "user"
+        finally:
+            env.close()
+    finally:
+        roles.stop_roles(held)
+    assert _gone(launched[0])
+
+
 def _request():
     from posttrain.actors.rollout import PromptRequest
 
