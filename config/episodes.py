@@ -126,6 +126,14 @@ class OpenEnvEnvironment(_RemoteEnvironment):
     message_role: Literal["user", "tool"] = Field(
         "user", description="Role of the observation messages in the conversation."
     )
+    mcp_tools: bool = Field(
+        False,
+        description="The server is an MCP environment: its tools are listed at reset "
+        "(action type list_tools) and shown in the system message; each "
+        '<tool_call>{"name", "arguments"}</tool_call> of a model turn is a call_tool '
+        "action whose result comes back as a tool message; a turn without a call is the "
+        "ordinary action_key action.",
+    )
 
 
 class VerifiersEnvironment(Strict):
