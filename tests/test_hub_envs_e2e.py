@@ -93,7 +93,8 @@ def _served_game(monkeypatch) -> tuple[dict, list]:
     monkeypatch.setattr(env_server, "launch", lambda *a: servers.append(launch(*a)) or servers[-1])
     game = [sys.executable, str(ROOT / "examples" / "openenv_game.py"), "--port", "{port}"]
     env = {"type": "openenv", "url": "http://127.0.0.1:{port}", "observation_key": "feedback",
-           "prompt": "observation", "retries": 0, "serve": {"command": game}}  # fmt: skip
+           "prompt": "observation", "retries": 0, "serve": {"command": game},
+           "mcp_tools": True}  # fmt: skip
     return env, servers
 
 
@@ -106,9 +107,9 @@ def _stopped(server) -> bool:
 
 def test_an_openenv_server_trains(tiny_model, tmp_path, monkeypatch):
     env, servers = _served_game(monkeypatch)
-    recipe = _recipe(
+    recipe = _recipe(  # the tools' text takes ~410 of the tiny model's 512 tokens
         tiny_model,
-        {"max_turns": 3, "environment": env},
+        {"max_turns": 3, "environment": env, "max_episode_tokens": 60},
         {"generator": "arithmetic", "size": 4, "seed": 1},
     )
     history, run_dir = _run(recipe, tmp_path)
@@ -117,6 +118,8 @@ def test_an_openenv_server_trains(tiny_model, tmp_path, monkeypatch):
     saved = [json.loads(x) for x in (run_dir / "rollouts" / "step_00000.jsonl").open()]
     assert len(saved) == 4 and any("environment" in r["reward_details"] for r in saved)
     _trajectories_are_consistent(saved)
+    # its MCP tool was listed at reset and shown in the system message
+    assert all("- compare: Says whether" in r["prompt_text"] for r in saved)
     # the run started the game's server, played on it, and stopped it at the end
     assert len(servers) == 1 and _stopped(servers[0])
     assert "GET /health" in (run_dir / "environment_server.log").read_text()
