@@ -200,3 +200,39 @@ def test_validate_refuses_a_bad_serve_naming_the_key(tmp_path, url, serve, says)
     with pytest.raises(RecipeError) as got:
         load_recipe(f)
     assert says in str(got.value) and "rollout.environment" in str(got.value)
+
+
+@pytest.mark.parametrize("fails", [False, True])
+def test_posttrain_eval_starts_and_stops_the_server_too(tmp_path, monkeypatch, launched, fails):
+    """`posttrain eval` samples on roles of its own (recipes/assess/scoring.py): the
+    server is up while it samples, at the url the episodes get, and stopped after, also
+    when sampling fails. Stand-ins for Ray and the rollout workers."""
+    import ray
+
+    from posttrain.recipes import evaluation
+    from posttrain.recipes.assess import scoring
+
+    recipe = load_recipe(_recipe(tmp_path, {"command": GAME}))
+    seen = []
+
+    def sample(held, *args):
+        seen.append(held.env_server.proc.poll())
+        if fails:
+            raise RuntimeError("sampling failed")
+        return {}, [], []
+
+    monkeypatch.setattr(ray, "is_initialized", lambda: True)
+    monkeypatch.setattr(ray, "get", lambda refs: [])
+    monkeypatch.setattr("posttrain.recipes.placement.place", lambda res, rollout: Placement())
+    monkeypatch.setattr(roles, "start_rewards", lambda recipe, out: (None, None))
+    monkeypatch.setattr(roles, "rollout_spec", lambda *a: None)
+    monkeypatch.setattr(roles, "transport_settings", lambda *a: None)
+    monkeypatch.setattr(roles, "start_rollout", lambda spec, placement: [])
+    monkeypatch.setattr(evaluation, "sample_and_score", sample)
+    if fails:
+        with pytest.raises(RuntimeError, match="sampling failed"):
+            scoring._sample_on_roles(recipe, "model", [], tmp_path / "eval")
+    else:
+        scoring._sample_on_roles(recipe, "model", [], tmp_path / "eval")
+    assert seen == [None]  # running while it sampled
+    assert _gone(launched[0]) and (tmp_path / "eval" / "environment_server.log").is_file()
