@@ -14,6 +14,7 @@ from typing import Any, Literal
 from pydantic import Field, model_validator
 
 from .base import Strict
+from .env_server import EnvironmentServe, check_serve
 
 
 class PythonTool(Strict):
@@ -47,7 +48,10 @@ class _RemoteEnvironment(Strict):
     """What every environment reached over the network shares: where, the token, the
     deadline and retries of each request, and the most bytes one answer may carry."""
 
-    url: str = Field(description="Base URL of the environment server.")
+    url: str = Field(
+        description="Base URL of the environment server; with serve, '{port}' in it "
+        "becomes the free port the server was started on."
+    )
     token_env: str | None = Field(
         None,
         description="Environment variable holding a bearer token sent as "
@@ -66,6 +70,16 @@ class _RemoteEnvironment(Strict):
         description="Most bytes of one answer (a reset or step response); a bigger "
         "one fails its episode.",
     )
+    serve: EnvironmentServe | None = Field(
+        None,
+        description="Start the server for the run on this machine (config/env_server.py); "
+        "None: it runs already at url.",
+    )
+
+    @model_validator(mode="after")
+    def _servable(self) -> _RemoteEnvironment:
+        check_serve(self.url, self.serve)
+        return self
 
 
 class HttpEnvironment(_RemoteEnvironment):
@@ -111,6 +125,14 @@ class OpenEnvEnvironment(_RemoteEnvironment):
     )
     message_role: Literal["user", "tool"] = Field(
         "user", description="Role of the observation messages in the conversation."
+    )
+    mcp_tools: bool = Field(
+        False,
+        description="The server is an MCP environment: its tools are listed at reset "
+        "(action type list_tools) and shown in the system message; each "
+        '<tool_call>{"name", "arguments"}</tool_call> of a model turn is a call_tool '
+        "action whose result comes back as a tool message; a turn without a call is the "
+        "ordinary action_key action.",
     )
 
 

@@ -10,8 +10,10 @@ Python-class form (`rollout.environment: {type: python, class_path:
 "guess_env:GuessingGame"}`, this folder on PYTHONPATH): `GuessingGame`.
 
 HTTP form (`{type: http, url: "http://127.0.0.1:9100"}`): `create_app()` serves
-`POST /reset` and `POST /step` (README, "Multi-turn and tools"); run it with
-`python examples/guess_env.py --port 9100` (token from $GUESS_ENV_TOKEN, if set).
+`POST /reset` and `POST /step` (README, "Multi-turn and tools") and `GET /health`; run it
+with `python examples/guess_env.py --port 9100` (token from $GUESS_ENV_TOKEN, if set), or
+let the run start it: `url: "http://127.0.0.1:{port}"`, `serve: {command: [python,
+examples/guess_env.py, --port, "{port}"]}`.
 """
 
 from __future__ import annotations
@@ -94,6 +96,10 @@ def create_app(token: str | None = None):
         if out["done"]:
             secrets.pop(body["episode_id"])
         return out
+
+    @app.get("/health")
+    def health() -> dict[str, str]:  # no token: says only that the server is up
+        return {"status": "healthy"}
 
     return app
 

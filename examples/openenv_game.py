@@ -1,12 +1,15 @@
 """An example OpenEnv environment: the number-guessing game of `guess_env.py` served with
 OpenEnv's wire protocol (`rollout.environment: {type: openenv, url:
-"http://127.0.0.1:9200", observation_key: feedback}`; docs/multi-turn.md).
+"http://127.0.0.1:{port}", serve: {command: [python, examples/openenv_game.py, --port,
+"{port}"]}, observation_key: feedback}`: the run starts and stops it; docs/multi-turn.md).
 
 `GuessEnvironment` has the shape of an `openenv-core` environment: `reset(seed,
 episode_id)` and `step(action)` return an observation (`prompt`, `feedback`, `done`,
-`reward`), `state` gives `episode_id` and `step_count`. With `openenv-core` installed
-you could serve it with its `create_app`; `create_app()` here serves the same protocol
-with FastAPI alone, so it runs on a fresh clone without Docker:
+`reward`), `state` gives `episode_id` and `step_count`. It is also an MCP environment
+with one tool, `compare` (step actions `{"type": "list_tools"}` and `{"type":
+"call_tool", "tool_name": "compare", "arguments": {"number": 40}}`; `mcp_tools: true`).
+With `openenv-core` installed you could serve it with its `create_app`; `create_app()`
+here serves the same protocol with FastAPI alone, so it runs on a fresh clone without Docker:
 
 - WebSocket `/ws`, one session (one environment) per connection: `{"type": "reset" |
   "step" | "state" | "close", "data": {...}}` → `{"type": "observation", "data":
@@ -29,6 +32,16 @@ from fastapi import FastAPI, WebSocket, WebSocketDisconnect
 
 _NUMBER = re.compile(r"-?\d+")
 PROMPT = "I am thinking of a number from 1 to 100. Guess it: answer with one number."
+COMPARE = {
+    "name": "compare",
+    "description": "Says whether a number is smaller than, equal to or greater than the "
+    "secret number; it does not count as a guess.",
+    "input_schema": {
+        "type": "object",
+        "properties": {"number": {"type": "integer"}},
+        "required": ["number"],
+    },
+}
 
 
 class GuessEnvironment:
@@ -43,6 +56,8 @@ class GuessEnvironment:
         return {"observation": {"prompt": PROMPT, "feedback": ""}, "reward": None, "done": False}
 
     def step(self, action: dict[str, Any]) -> dict[str, Any]:
+        if action.get("type") in ("list_tools", "call_tool"):
+            return self.mcp(action)
         message = action.get("message")
         if not isinstance(message, str):
             raise ValueError(f"action {action!r} has no text 'message'")
@@ -57,6 +72,33 @@ class GuessEnvironment:
             feedback, reward, done = f"{found[-1]} is wrong: go {hint}.", 0.0, False
         obs = {"prompt": PROMPT, "feedback": feedback}
         return {"observation": obs, "reward": reward, "done": done}
+
+    def mcp(self, action: dict[str, Any]) -> dict[str, Any]:
+        """OpenEnv's MCP actions (an `MCPEnvironment`'s step): `list_tools`, and
+        `call_tool` of its one tool, `compare`, which says how a number compares with
+        the secret without using a guess (the answers serialised as openenv-core's
+        `ListToolsObservation` and `CallToolObservation` with a FastMCP result)."""
+        if action["type"] == "list_tools":
+            return {"observation": {"tools": [COMPARE]}, "reward": None, "done": False}
+        name, args = action.get("tool_name"), action.get("arguments") or {}
+        obs: dict[str, Any] = {"tool_name": name, "result": None, "error": None}
+        number = args.get("number")
+        if name != "compare":
+            obs["error"] = {"error_type": "tool_not_found", "message": f"no tool {name!r}"}
+        elif not isinstance(number, int) or isinstance(number, bool):
+            obs["error"] = {"error_type": "invalid_args", "message": "number: an integer"}
+        else:
+            word = "equal to" if number == self.secret else "smaller than"
+            word = "greater than" if number > self.secret else word
+            text = f"{number} is {word} the secret number."
+            obs["result"] = {
+                "content": [{"type": "text", "text": text, "annotations": None, "meta": None}],
+                "structured_content": {"result": text},
+                "meta": None,
+                "data": text,
+                "is_error": False,
+            }
+        return {"observation": obs, "reward": None, "done": False}
 
     @property
     def state(self) -> dict[str, Any]:

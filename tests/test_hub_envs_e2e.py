@@ -1,19 +1,20 @@
 """Both hub adapters end to end on the tiny random model, no network: one GRPO step and
 an evaluation of episodes with the example verifiers environment (through the local
 stand-in of the verifiers package), and one GRPO step against the example OpenEnv
-server served in this process over WebSocket."""
+server over WebSocket, started and stopped by the run (`rollout.environment.serve`)."""
 
 from __future__ import annotations
 
 import json
 import sys
+import time
 from pathlib import Path
 
+import pytest
 import yaml
 
 from posttrain.recipes.loading import load_recipe
 from posttrain.recipes.loop import run
-from tests.hostile_servers import serve_app
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -84,24 +85,65 @@ def test_a_verifiers_environment_trains_and_evaluates(tiny_model, tmp_path, monk
     assert "verifiers" in sys.modules and sys.modules["verifiers"].__version__.endswith("stand-in")
 
 
-def test_an_openenv_server_trains(tiny_model, tmp_path, monkeypatch):
-    monkeypatch.syspath_prepend(str(ROOT / "examples"))
-    import openenv_game
+def _served_game(monkeypatch) -> tuple[dict, list]:
+    """The example OpenEnv game started by the run (`serve`), and the servers started."""
+    from posttrain.recipes.roles import env_server
 
-    with serve_app(openenv_game.create_app()) as url:
-        env = {"type": "openenv", "url": url, "observation_key": "feedback",
-               "prompt": "observation", "retries": 0}  # fmt: skip
-        recipe = _recipe(
-            tiny_model,
-            {"max_turns": 3, "environment": env},
-            {"generator": "arithmetic", "size": 4, "seed": 1},
-        )
-        history, run_dir = _run(recipe, tmp_path)
+    servers, launch = [], env_server.launch
+    monkeypatch.setattr(env_server, "launch", lambda *a: servers.append(launch(*a)) or servers[-1])
+    game = [sys.executable, str(ROOT / "examples" / "openenv_game.py"), "--port", "{port}"]
+    env = {"type": "openenv", "url": "http://127.0.0.1:{port}", "observation_key": "feedback",
+           "prompt": "observation", "retries": 0, "serve": {"command": game},
+           "mcp_tools": True}  # fmt: skip
+    return env, servers
+
+
+def _stopped(server) -> bool:
+    deadline = time.time() + 15
+    while server.proc.poll() is None and time.time() < deadline:
+        time.sleep(0.1)
+    return server.proc.poll() is not None
+
+
+def test_an_openenv_server_trains(tiny_model, tmp_path, monkeypatch):
+    env, servers = _served_game(monkeypatch)
+    recipe = _recipe(  # the tools' text takes ~410 of the tiny model's 512 tokens
+        tiny_model,
+        {"max_turns": 3, "environment": env, "max_episode_tokens": 60},
+        {"generator": "arithmetic", "size": 4, "seed": 1},
+    )
+    history, run_dir = _run(recipe, tmp_path)
     assert history[0]["policy_version"] == 1 and history[0]["failed_scores"] == 0
     assert history[0]["episode/environment_errors"] == 0 and history[0]["episode/turns_mean"] > 1
     saved = [json.loads(x) for x in (run_dir / "rollouts" / "step_00000.jsonl").open()]
     assert len(saved) == 4 and any("environment" in r["reward_details"] for r in saved)
     _trajectories_are_consistent(saved)
+    # its MCP tool was listed at reset and shown in the system message
+    assert all("- compare: Says whether" in r["prompt_text"] for r in saved)
+    # the run started the game's server, played on it, and stopped it at the end
+    assert len(servers) == 1 and _stopped(servers[0])
+    assert "GET /health" in (run_dir / "environment_server.log").read_text()
+    assert "{port}" in (run_dir / "recipe.yaml").read_text()  # a resume picks a port again
+
+
+def test_a_failing_run_stops_its_environment_server(tiny_model, tmp_path, monkeypatch):
+    from posttrain.recipes import loop
+
+    env, servers = _served_game(monkeypatch)
+
+    def fails(run, *args):
+        assert servers[0].proc.poll() is None  # up while the run trains
+        raise RuntimeError("a step failed")
+
+    monkeypatch.setattr(loop, "_train", fails)
+    recipe = _recipe(
+        tiny_model,
+        {"max_turns": 3, "environment": env},
+        {"generator": "arithmetic", "size": 4, "seed": 1},
+    )
+    with pytest.raises(RuntimeError, match="a step failed"):
+        _run(recipe, tmp_path)
+    assert len(servers) == 1 and _stopped(servers[0])
 
 
 def test_ppo_trains_on_episodes_with_values_on_model_tokens_only(tiny_model, tmp_path, monkeypatch):

@@ -299,6 +299,7 @@ def _sample_on_roles(
         Roles,
         init_ray,
         rollout_spec,
+        start_environment_server,
         start_rewards,
         start_rollout,
         stop_roles,
@@ -311,6 +312,7 @@ def _sample_on_roles(
         init_ray(recipe, None, rollout=True)
     roles = Roles(learners=[], placement=place(recipe.resources, rollout=True))
     try:
+        start_environment_server(roles, recipe, out_dir)
         roles.reward, launch = start_rewards(recipe, out_dir)
         roles.reward_proc = launch.start() if launch else None
         threads = recipe.resources.threads_per_worker or default_threads(

@@ -29,9 +29,12 @@ answer over `max_message_bytes`, an `error` answer, an answer of the wrong shape
 the episode (`EnvironmentFailed`), as does a non-finite reward (multiturn.py). The other
 episodes go on.
 
-Not supported: OpenEnv's MCP tool calls (`/mcp`, `{"type": "mcp"}`), images or other
+With `mcp_tools: true` the server's MCP tools are listed at reset and called through
+`step` (recipes/episodes/openenv_mcp.py). Not supported: OpenEnv's direct MCP routes
+(`/mcp`, `{"type": "mcp"}` JSON-RPC: no rewards there), images or other
 non-text observations (give `observation_key` of a text field), and Docker or Hub
-launching (start the server yourself; `examples/openenv_game.py` is a Python server).
+launching (a Python server such as `examples/openenv_game.py` is started for the run by
+`rollout.environment.serve`: recipes/roles/env_server.py).
 """
 
 from __future__ import annotations
@@ -48,7 +51,9 @@ from ...actors.rollout import PromptRequest
 from ...common.http import DeadlineClient
 from ...config.episodes import OpenEnvEnvironment
 from .multiturn import StepResult
+from .openenv_mcp import McpTool, parse_tools, result_text, with_tools
 from .remote import EnvironmentFailed, bearer_headers, request_json
+from .tools import ToolCallError, parse_tool_calls
 
 
 class OpenEnvResult(BaseModel):
@@ -81,6 +86,7 @@ class OpenEnvClient:
         self.base = config.url.rstrip("/")
         self.http = DeadlineClient(config.timeout_s, self.headers)
         self.ws: Any = None
+        self.tools: dict[str, McpTool] = {}  # listed at reset with mcp_tools
 
     # --- transport ---------------------------------------------------------------------
 
@@ -169,11 +175,52 @@ class OpenEnvClient:
         }
         got = self._call("reset", data)
         if self.config.prompt == "item":
-            return list(request.messages)
-        system = [m for m in request.messages if m["role"] == "system"]
-        return [*system, {"role": "user", "content": self._text(got.observation)}]
+            messages = list(request.messages)
+        else:
+            system = [m for m in request.messages if m["role"] == "system"]
+            messages = [*system, {"role": "user", "content": self._text(got.observation)}]
+        if self.config.mcp_tools:
+            listed = self._call("step", {"type": "list_tools"})
+            self.tools = parse_tools(listed.observation, self.source)
+            messages = with_tools(messages, self.tools)
+        return messages
+
+    def _call_tools(self, calls: list[dict[str, Any] | ToolCallError]) -> StepResult:
+        """A turn's MCP tool calls, one `call_tool` step each, in order; rewards summed,
+        done when one says so (the calls after it are not made)."""
+        res = StepResult()
+        for call in calls:
+            res.tool_calls += 1
+            t0 = time.time()
+            if isinstance(call, ToolCallError):
+                text, ok = str(call), False
+            elif call["name"] not in self.tools:
+                text, ok = (
+                    f"error: unknown tool {call['name']!r}; available: {', '.join(self.tools)}",
+                    False,
+                )
+            else:
+                action = {
+                    "type": "call_tool",
+                    "tool_name": call["name"],
+                    "arguments": call["arguments"],
+                }
+                got = self._call("step", action)
+                text, ok = result_text(got.observation, self.source)
+                if got.reward is not None:
+                    res.reward = got.reward + (res.reward or 0.0)
+                res.done = got.done
+            res.tool_time_s += time.time() - t0
+            res.tool_errors += not ok
+            res.messages.append({"role": "tool", "content": text})
+            if res.done:
+                res.messages = []
+                break
+        return res
 
     def step(self, message: str) -> StepResult:
+        if self.config.mcp_tools and (calls := parse_tool_calls(message)):
+            return self._call_tools(calls)
         got = self._call("step", {self.config.action_key: message, **self.config.action_args})
         text = self._text(got.observation)
         msgs = [] if got.done else [{"role": self.config.message_role, "content": text}]

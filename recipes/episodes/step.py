@@ -45,14 +45,16 @@ def policy_tokenizer(model_path: str) -> Any:
 _TOOLS: dict[tuple[str, str], dict[str, Any]] = {}
 
 
-def environment_factory(recipe: Recipe, tokenizer: Any, step: int):
+def environment_factory(recipe: Recipe, tokenizer: Any, step: int, url: str | None = None):
     """`uid -> Environment` for the recipe: its tools (built once per run: the sandbox
-    starts with a trial run) or its user environment."""
+    starts with a trial run) or its user environment (at `url` when given: the server
+    the run started, `rollout.environment.serve`)."""
     r = recipe.rollout
     if r.environment is not None:
         from .environments import make_environment
 
-        return lambda uid: make_environment(r.environment, f"{uid}@{step}")
+        config = r.environment if url is None else r.environment.model_copy(update={"url": url})
+        return lambda uid: make_environment(config, f"{uid}@{step}")
     key = (tokenizer.name_or_path, repr(r.tools))
     if key not in _TOOLS:
         _TOOLS[key] = make_tools(r.tools, tokenizer)
@@ -153,7 +155,8 @@ def generate_episodes(
     )
     if sampling is not None:
         turn = replace(sampling, n=1)
-    new_env: Any = environment_factory(recipe, tok, step)
+    server = getattr(roles, "env_server", None)  # rollout.environment.serve's
+    new_env: Any = environment_factory(recipe, tok, step, server and server.url)
     budget = r.max_episode_tokens or r.max_turns * r.max_new_tokens
     context, where = engine_context(recipe, model_path)
     episodes = start_episodes(

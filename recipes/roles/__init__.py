@@ -4,6 +4,7 @@
   engine, a rollout worker's spec, the weight transport, the learner ranks' settings).
 - `start`: starting and stopping the learner group, the rollout workers and their push
   group, the reward service; the embedded Ray cluster and the run folder's manifest.
+- `env_server`: the environment server a run starts itself (`rollout.environment.serve`).
 - `handles`: what a run holds of them (`Roles`), how to start each again
   (`RelaunchSpecs`) and what it counts of them (`RunCounters`: who may mutate, said
   there).
@@ -11,6 +12,7 @@
 The named calls a step is made of are in recipes/controller.py.
 """
 
+from .env_server import EnvironmentServer, start_environment_server
 from .handles import LocalServiceLaunch, RelaunchSpecs, Roles, RunCounters
 from .settings import (
     RolloutSpec,
@@ -35,6 +37,7 @@ from .start import (
 )
 
 __all__ = [
+    "EnvironmentServer",
     "LocalServiceLaunch",
     "RelaunchSpecs",
     "Roles",
@@ -48,6 +51,7 @@ __all__ = [
     "reform_push_group",
     "rollout_concurrency",
     "rollout_spec",
+    "start_environment_server",
     "start_learners",
     "start_rewards",
     "start_roles",

@@ -13,6 +13,7 @@ from typing import Any
 from ...rewards.client import RewardSet, start_local_service
 from ...weightsync import GroupStore, TransportSettings
 from ..placement import Placement
+from .env_server import EnvironmentServer
 from .settings import RolloutSpec
 
 
@@ -86,5 +87,6 @@ class Roles:
     reward: RewardSet | None = None
     reward_proc: subprocess.Popen | None = None
     group: GroupStore | None = None  # the push group's rendezvous (collective transport)
+    env_server: EnvironmentServer | None = None  # rollout.environment.serve's server
     specs: RelaunchSpecs = field(default_factory=RelaunchSpecs)
     counters: RunCounters = field(default_factory=RunCounters)

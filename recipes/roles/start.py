@@ -27,6 +27,7 @@ from ...rewards.client import RewardClient, RewardSet
 from ...weightsync import GroupStore, TransportSettings, make_transport, push
 from ..loading import dump_recipe
 from ..placement import Placement, gpus_needed, place, release
+from .env_server import start_environment_server
 from .handles import LocalServiceLaunch, RelaunchSpecs, Roles
 from .settings import (
     RolloutSpec,
@@ -50,7 +51,8 @@ def start_roles(
     adapter_slots: int = 1,
 ) -> Roles:
     """Start the learner group and, when the algorithm samples (`algo.uses_rollouts`),
-    the reward service, the rollout workers and their push group. `resume_from`: the
+    the environment server (`rollout.environment.serve`, waited for before anything
+    else starts), the reward service, the rollout workers and their push group. `resume_from`: the
     learners' training state to load (a checkpoint's `learner/` folder). When one role
     fails to start, every role started before it is stopped (`stop_roles`) before the
     error is raised, so a failed start leaves no reward service or worker running.
@@ -92,7 +94,8 @@ def _start_roles(
         threads_r, threads_l = split_cores(n_rollout, n_learn, res.rollout_cores)
     transport = transport_settings(recipe, run_dir)
     reward_launch = worker_spec = None
-    if algo.uses_rollouts:
+    if algo.uses_rollouts:  # the environment server first: a bad one fails in seconds
+        start_environment_server(roles, recipe, run_dir)
         roles.reward, reward_launch = start_rewards(recipe, run_dir)
         roles.reward_proc = reward_launch.start() if reward_launch else None
         if make_transport(transport.type).needs_group:
@@ -318,9 +321,12 @@ def start_rewards(recipe: Recipe, run_dir: Path) -> tuple[RewardSet, LocalServic
 
 
 def stop_roles(roles: Roles | None) -> None:
-    """Stop the reward service and the Ray actors; safe to call twice."""
+    """Stop the environment server, the reward service and the Ray actors; safe to
+    call twice."""
     if roles is None:
         return
+    if roles.env_server is not None:
+        roles.env_server.stop()
     if roles.reward is not None:
         roles.reward.close()
     if roles.reward_proc is not None and roles.reward_proc.poll() is None:
