@@ -53,7 +53,10 @@ class GuessEnvironment:
     def reset(self, seed: int | None = None, episode_id: str | None = None) -> dict[str, Any]:
         self.secret = (seed or 0) % 100 + 1
         self.episode_id, self.step_count = episode_id, 0
-        return {"observation": {"prompt": PROMPT, "feedback": ""}, "reward": None, "done": False}
+        # the opening text is the first feedback: with `prompt: observation` it is the
+        # first user message (an empty one left the model the system prompt alone)
+        obs = {"prompt": PROMPT, "feedback": PROMPT}
+        return {"observation": obs, "reward": None, "done": False}
 
     def step(self, action: dict[str, Any]) -> dict[str, Any]:
         if action.get("type") in ("list_tools", "call_tool"):
