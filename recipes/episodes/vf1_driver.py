@@ -33,8 +33,8 @@ from typing import Any
 REFUSED = 2
 # Run as a script, its own folder (which holds posttrain's verifiers.py) would shadow
 # the verifiers package.
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != HERE]
+HERE = os.path.dirname(os.path.realpath(__file__))
+sys.path[:] = [p for p in sys.path if os.path.realpath(p or ".") != HERE]
 
 
 class Refusal(Exception):
