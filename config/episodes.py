@@ -181,7 +181,7 @@ class VerifiersEnvironment(Strict):
                 "rollout.environment (type verifiers): give exactly one of name (an "
                 "installed environment id) or module (an importable module)"
             )
-        v1_only = [k for k in ("python", "harness") if k in self.model_fields_set]
+        v1_only = [k for k in ("python", "harness") if getattr(self, k)]
         if self.api == "classic" and v1_only:
             raise ValueError(
                 f"rollout.environment (type verifiers): {v1_only[0]} is a key of api: v1 "
