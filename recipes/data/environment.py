@@ -18,7 +18,7 @@ for `verifiers.load_environment`):
 Refused, naming what is missing (at `posttrain validate`): an environment without
 `env_response` or `is_completed` (verifiers 0.4's `verifiers.v1` environments: a Taskset
 and a Harness that sample through their own OpenAI client; run those with `api: v1`,
-recipes/episodes/vf1.py), native tool calling (`oai_tools` / `tool_defs`: posttrain's episodes
+vf1_tasks.py), native tool calling (`oai_tools` / `tool_defs`: posttrain's episodes
 are token in, token out; give tools as text in `env_response`), group reward functions
 (`states`, `completions`... arguments), and a dataset it cannot read.
 """
@@ -154,7 +154,7 @@ def environment_items(
             "verifiers, module: ...} or give the prompts another source"
         )
     if cfg.api == "v1":  # verifiers 0.4: its taskset, read by verifiers' own interpreter
-        from ..episodes.vf1 import vf1_items
+        from .vf1_tasks import vf1_items
 
         return vf1_items(cfg, split, key, limit, data_source)
     env = load_verifiers(cfg)

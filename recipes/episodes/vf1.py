@@ -1,122 +1,20 @@
 """A verifiers 0.4 (`verifiers.v1`) environment as posttrain episodes
 (`rollout.environment: {type: verifiers, api: v1}`), on posttrain's black-box agent
-path: verifiers runs its own episodes (its harness, its rubric), and every model call
-of its harness is sampled and recorded token-exactly by a rollout worker's
-OpenAI-compatible endpoint (actors/openai_server.py, recipes/episodes/agent.py).
-
-verifiers runs in `rollout.environment.python` (default: posttrain's interpreter), a
-subprocess running vf1_driver.py, because verifiers 0.4 pins openai<3 and mcp==2.0.0
-beside posttrain's. Here, in posttrain's process:
-- `vf1_items`: the taskset's tasks as prompts (`{environment: train}`), each carrying
-  its position and content key (`metadata['vf1']`) so the driver runs that very task;
-  the driver's `check` runs first, refusing what posttrain cannot serve (named);
-- `vf1_agent`: the agent program of a step (the driver's `run`), whose reward body per
-  episode is the trace's weighted reward sum with each `@vf.reward` a component.
+path (agent_step.py): each step, vf1_driver.py runs the step's episodes with verifiers
+itself (its harness, its rubric) in `rollout.environment.python`, every model call of
+its harness sampled and recorded token-exactly by a rollout worker's OpenAI-compatible
+endpoint (actors/openai_server.py, agent.py), and posts each episode's reward: the
+trace's weighted reward sum, each `@vf.reward` score a component. The prompts:
+recipes/data/vf1_tasks.py.
 """
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-from pathlib import Path
-from typing import Any
-
-from ...config import RecipeError
 from ...config.episodes import AgentProgram, VerifiersEnvironment
-from ..data.items import PromptItem, check_messages
-
-DRIVER = Path(__file__).with_name("vf1_driver.py")
-#: The driver's exit status when the environment needs what posttrain lacks.
-REFUSED = 2
-
-
-def driver_command(cfg: VerifiersEnvironment, verb: str, limit: int | None = None) -> list[str]:
-    """argv running the driver's `verb` (check, tasks, run) on `cfg`'s environment."""
-    spec: dict[str, Any] = {
-        "taskset": cfg.label,
-        "args": cfg.args,
-        "harness": cfg.harness,
-        "timeout_s": cfg.timeout_s,
-        "max_concurrent": cfg.max_concurrent,
-        "limit": limit,
-    }
-    return [cfg.python or sys.executable, str(DRIVER), verb, json.dumps(spec)]
-
-
-def call_driver(cfg: VerifiersEnvironment, verb: str, where: str, limit: int | None = None) -> str:
-    """The driver's standard output for `verb`.
-
-    Raises:
-        RecipeError: the interpreter is missing, the driver refused the environment
-            (its message: what posttrain lacks), failed, or ran past `cfg.timeout_s`.
-    """
-    argv = driver_command(cfg, verb, limit)
-    try:
-        done = subprocess.run(argv, capture_output=True, text=True, timeout=cfg.timeout_s)
-    except FileNotFoundError as e:
-        raise RecipeError(
-            f"{where}: rollout.environment.python {argv[0]!r} does not exist; give the "
-            "interpreter of a venv with verifiers>=0.4"
-        ) from e
-    except subprocess.TimeoutExpired as e:
-        raise RecipeError(
-            f"{where}: loading the environment took over timeout_s={cfg.timeout_s:g} s"
-        ) from e
-    if done.returncode == REFUSED:
-        raise RecipeError(f"{where}: {done.stderr.strip()}")
-    if done.returncode != 0:
-        raise RecipeError(
-            f"{where}: verifiers could not load the environment ({argv[0]} exited "
-            f"{done.returncode}): {done.stderr.strip()[-1500:]}"
-        )
-    return done.stdout
-
-
-def vf1_items(
-    cfg: VerifiersEnvironment, split: str, key: str, limit: int | None, data_source: str | None
-) -> list[PromptItem]:
-    """The prompts of `{environment: train}`: the taskset's first `limit` tasks.
-
-    Raises:
-        RecipeError: `split` is eval (a v1 taskset is one stream of tasks), the driver
-            refused or failed (see `call_driver`), or a task's prompt is not text or
-            chat messages (names the task and key).
-    """
-    where = f"rollout.environment ({cfg.label}, verifiers v1)"
-    if split != "train":
-        raise RecipeError(
-            f"{key}: {{environment: {split}}}: a verifiers v1 taskset has no eval split; "
-            "posttrain reads its tasks as {environment: train} only"
-        )
-    call_driver(cfg, "check", where)
-    source = data_source or f"verifiers:{cfg.label}"
-    items = []
-    for line in call_driver(cfg, "tasks", where, limit).splitlines():
-        if line.strip():
-            items.append(_item(json.loads(line), key, source, cfg.label))
-    if not items:
-        raise RecipeError(f"{where}: the taskset has no task ({key})")
-    return items
-
-
-def _item(task: dict[str, Any], key: str, source: str, label: str) -> PromptItem:
-    where = f"verifiers v1 taskset {label} task {task['idx']}"
-    prompt = task["prompt"]
-    if prompt is None:
-        raise RecipeError(
-            f"{where}: no prompt (the user opens the conversation), which posttrain "
-            f"cannot sample from; give each task a prompt ({key})"
-        )
-    messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
-    if task.get("system_prompt"):
-        messages = [{"role": "system", "content": task["system_prompt"]}, *messages]
-    messages = check_messages(messages, where, "prompt")
-    question = next((m["content"] for m in reversed(messages) if m["role"] == "user"), "")
-    meta = {"data_source": source, "vf1": {"idx": task["idx"], "key": task["key"]}}
-    return PromptItem(task["idx"], question, "", meta, messages, where)
+from ..data.vf1_tasks import driver_command
 
 
 def vf1_agent(cfg: VerifiersEnvironment) -> AgentProgram:
-    """The agent program of a step: the driver running the step's episodes."""
+    """The agent program of a step: the driver running the step's episodes within
+    `cfg.step_timeout_s`."""
     return AgentProgram(command=driver_command(cfg, "run"), timeout_s=cfg.step_timeout_s)
