@@ -175,3 +175,47 @@ def test_the_example_recipe_validates():
 
     got = CliRunner().invoke(app, ["validate", str(ROOT / "examples" / "vf1_sums.yaml")])
     assert got.exit_code == 0 and "ok:" in got.output and "64 prompts" in got.output, got.output
+
+
+TOOLED = """
+import verifiers.v1 as vf
+from vf1_sums import SumsTaskset
+
+__all__ = ["ToolTaskset"]
+
+
+class CalcToolset:
+    pass
+
+
+class ToolTaskset(SumsTaskset):
+    @classmethod
+    def toolsets(cls, config):
+        return [CalcToolset()]
+"""
+
+TWO_SEATS = """
+import verifiers.v1 as vf
+from vf1_sums import SumsTaskset
+
+__all__ = ["PairTaskset", "Env"]
+PairTaskset = SumsTaskset
+
+
+class Env:  # an Env of its own, not a SingleAgentEnv: two seats
+    pass
+"""
+
+
+@pytest.mark.parametrize(
+    ("source", "message"),
+    [
+        (TOOLED, r"toolsets \['CalcToolset'\] give the model native tool calls"),
+        (TWO_SEATS, "multi-agent environments are not supported"),
+    ],
+)
+def test_validate_names_tools_and_multi_agent_envs(tmp_path, monkeypatch, source, message):
+    (tmp_path / "vf1_other.py").write_text(source)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(tmp_path), os.environ["PYTHONPATH"]]))
+    with pytest.raises(RecipeError, match=message):
+        _items(module="vf1_other")
