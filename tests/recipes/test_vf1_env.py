@@ -219,3 +219,44 @@ def test_validate_names_tools_and_multi_agent_envs(tmp_path, monkeypatch, source
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(tmp_path), os.environ["PYTHONPATH"]]))
     with pytest.raises(RecipeError, match=message):
         _items(module="vf1_other")
+
+
+RAISES = """
+import verifiers.v1 as vf
+from vf1_sums import SumsConfig, SumsTask, SumsTaskset
+
+__all__ = ["BrokenTaskset"]
+
+
+class BrokenTask(SumsTask):
+    @vf.reward(weight=1.0)
+    async def correct(self, trace):
+        raise KeyError("answer")
+
+
+class BrokenTaskset(vf.Taskset[BrokenTask, SumsConfig]):
+    def load(self):
+        return [BrokenTask(t.data, t.config) for t in SumsTaskset(self.config).load()]
+"""
+
+
+def test_a_failing_rubric_fails_only_its_samples_named(worker, tmp_path, monkeypatch):
+    (tmp_path / "vf1_broken.py").write_text(RAISES)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(tmp_path), os.environ["PYTHONPATH"]]))
+    w, folder = worker
+    recipe = _recipe(str(folder), module="vf1_broken")
+    (item,) = environment_items(recipe.rollout.environment, "train", "data.train", 1, None)
+    req = PromptRequest("s0-p0-0", item.messages, "", item.metadata)
+    tok = w.engine.tokenizer
+    decode = lambda ids: tok.decode(ids, skip_special_tokens=True)  # noqa: E731
+    folder = tmp_path / "agent"
+    rollouts, _ = generate_agent_episodes([w], [req], recipe, decode, folder, 0, call=_direct)
+    scores = add_environment_rewards(rollouts, [Score(uid=r.uid, reward=0.0) for r in rollouts])
+    assert len(scores) == 2
+    for r, s in zip(rollouts, scores, strict=True):
+        assert s.reward is None and r.uid in s.error and "KeyError" in s.error, s.error
+        assert sum(r.loss_mask) > 0  # what was sampled is kept
+
+
+def _direct(worker_, verb, *args):
+    return getattr(worker_, verb)(*args)
