@@ -154,6 +154,8 @@ def test_validate_refuses_what_posttrain_cannot_serve(monkeypatch):
         ({"algorithm": "ppo"}, "algorithm ppo is not supported"),
         ({"rollout.max_turns": 3}, "remove rollout.max_turns"),
         ({"rollout.environment.api": "classic"}, "python is a key of api: v1"),
+        ({"data.train": {"generator": "arithmetic", "size": 4}}, "data.train: .*own taskset"),
+        ({"eval": {"prompts": {"environment": "eval"}, "every_steps": 1}}, "eval.prompts: rollout"),
     ],
 )
 def test_recipe_refusals(change, message):
