@@ -115,7 +115,16 @@ def check(env: Any) -> dict[str, Any]:
 
 
 def tasks(env: Any, limit: int | None) -> list[dict[str, Any]]:
-    """The first `limit` tasks: `idx`, `key`, `prompt` (text or messages), `system_prompt`."""
+    """The first `limit` tasks: `idx`, `key`, `prompt` (text or messages), `system_prompt`.
+
+    Raises:
+        Refusal: an infinite taskset without a limit.
+    """
+    if limit is None and not env.taskset.bounded:
+        raise Refusal(
+            f"taskset {env.taskset.config.id} is infinite: give data.train a limit "
+            "({environment: train, limit: N})"
+        )
     out = []
     for task in env.taskset:
         if limit is not None and len(out) >= limit:

@@ -209,14 +209,26 @@ class Env:  # an Env of its own, not a SingleAgentEnv: two seats
 """
 
 
+ENDLESS = """
+from vf1_sums import SumsTaskset
+
+__all__ = ["EndlessTaskset"]
+
+
+class EndlessTaskset(SumsTaskset):
+    INFINITE = True
+"""
+
+
 @pytest.mark.parametrize(
     ("source", "message"),
     [
+        (ENDLESS, "is infinite: give data.train a limit"),
         (TOOLED, r"toolsets \['CalcToolset'\] give the model native tool calls"),
         (TWO_SEATS, "multi-agent environments are not supported"),
     ],
 )
-def test_validate_names_tools_and_multi_agent_envs(tmp_path, monkeypatch, source, message):
+def test_validate_names_tools_two_seats_and_endless_ones(tmp_path, monkeypatch, source, message):
     (tmp_path / "vf1_other.py").write_text(source)
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(tmp_path), os.environ["PYTHONPATH"]]))
     with pytest.raises(RecipeError, match=message):

@@ -109,8 +109,14 @@ class TasksetConfig(BaseModel):
 
 
 class Taskset(Generic[T, C]):
+    INFINITE: ClassVar[bool] = False
+
     def __init__(self, config: Any) -> None:
         self.config = config
+
+    @property
+    def bounded(self) -> bool:
+        return not self.INFINITE
 
     def __iter__(self) -> Any:
         for i, t in enumerate(self.load()):
