@@ -16,7 +16,7 @@ workers:
         module: vf1_sums                 # this file on PYTHONPATH (the taskset id)
         args: {num_tasks: 64}            # the taskset config's fields
         harness: {id: "null"}
-        python: /path/to/vf-venv/bin/python   # a venv with verifiers>=0.4
+        python: .venv-vf1/bin/python     # scripts/vf1_venv.sh: verifiers>=0.4
     data:
       train: {environment: train}
 

@@ -5,8 +5,8 @@ in-process rollout worker's endpoint with `stream: true`; the episode's ids are 
 engine's, its `@vf.reward` scores the components.
 
 Skipped unless $POSTTRAIN_VF1_PYTHON names an interpreter with verifiers>=0.4 (it
-cannot share posttrain's venv: it pins openai<3 and mcp==2.0.0; e.g. a venv layered on
-posttrain's with `pip install --no-deps verifiers==0.4.0` and its missing packages) and
+cannot share posttrain's venv: it pins openai<3 and mcp==2.0.0; scripts/vf1_venv.sh
+makes one layered on posttrain's) and
 the harness's uv can fetch its program's packages (network on first use), so CI (no
 network) runs the stand-in (test_vf1_env.py)."""
 
