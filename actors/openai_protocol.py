@@ -5,6 +5,9 @@ error answers (`{"error": {"message", "type", "param", "code"}}`, plus FastAPI's
 
 from __future__ import annotations
 
+import json
+import time
+import uuid
 from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -38,7 +41,14 @@ class ChatRequest(BaseModel):
 
 
 class RewardRequest(BaseModel):
-    reward: float  # finiteness is checked by the route, which records a refusal
+    """An episode's score from the agent: `reward`, optionally its parts by name
+    (`components`, each a reward component in the metrics), or `error` (the agent could
+    not score the episode: its sample fails with that message). Finiteness is checked
+    by the route, which records a refusal."""
+
+    reward: float | None = None
+    components: dict[str, float] = Field(default_factory=dict, max_length=64)
+    error: str | None = Field(None, min_length=1, max_length=4000)
 
 
 def text_messages(messages: list[Message]) -> list[dict[str, str]]:
@@ -49,6 +59,55 @@ def text_messages(messages: list[Message]) -> list[dict[str, str]]:
             content = "".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
         out.append({"role": m.role, "content": content})
     return out
+
+
+def completion_body(
+    model: str, text: str, finish_reason: str, prompt_len: int, completion_len: int
+) -> dict[str, Any]:
+    """A `chat.completion` object for one sampled text (`logprobs` null: the ids and
+    logprobs stay on the worker)."""
+    return {
+        "id": f"chatcmpl-{uuid.uuid4().hex[:24]}",
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": text},
+                "finish_reason": finish_reason,
+                "logprobs": None,
+            }
+        ],
+        "usage": {
+            "prompt_tokens": prompt_len,
+            "completion_tokens": completion_len,
+            "total_tokens": prompt_len + completion_len,
+        },
+    }
+
+
+def stream_events(body: dict[str, Any], include_usage: bool) -> list[str]:
+    """`body` (a `chat.completion`) as the server-sent events of a streamed one
+    (`stream: true`): a role chunk, one content chunk, the finish chunk, the usage
+    chunk when `stream_options.include_usage`, then `data: [DONE]`. The text is
+    sampled whole first, so streaming changes only the wire, not what is recorded."""
+    choice = body["choices"][0]
+    head = {k: body[k] for k in ("id", "created", "model")} | {"object": "chat.completion.chunk"}
+
+    def chunk(delta: dict[str, Any], finish: str | None, **extra: Any) -> str:
+        c = {"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}
+        return "data: " + json.dumps(head | {"choices": [c]} | extra) + "\n\n"
+
+    events = [
+        chunk({"role": "assistant", "content": ""}, None),
+        chunk({"content": choice["message"]["content"]}, None),
+        chunk({}, choice["finish_reason"]),
+    ]
+    if include_usage:
+        usage = head | {"choices": [], "usage": body["usage"]}
+        events.append("data: " + json.dumps(usage) + "\n\n")
+    return [*events, "data: [DONE]\n\n"]
 
 
 def error_response(status: int, message: str, param: str | None) -> Any:

@@ -10,8 +10,11 @@ Protocol (agent → rollout worker):
   field (`extra_body` in the OpenAI SDK). Answer: a
   `chat.completion` object; its `choices[0].logprobs` is null (the ids and logprobs are
   kept here, not sent).
-- `POST /v1/episodes/{episode_id}/reward` `{"reward": float}`: the agent's reward for
-  the episode (optional: a reward service may score it instead), after its calls.
+- `POST /v1/episodes/{episode_id}/reward` `{"reward": float, "components": {name: float}}`
+  or `{"error": str}` (the episode's sample then fails naming it), after its calls: the
+  agent's reward (optional: a reward service may score it instead).
+- `stream: true` answers the same completion as server-sent `chat.completion.chunk`
+  events (sampled whole first; `stream_options.include_usage` adds the usage chunk).
 - `GET /health`.
 
 Refusals (OpenAI's error shape, `{"error": {"message", "type":
@@ -40,16 +43,14 @@ from it (recipes/episodes/agent.py).
 Concurrency: requests are served on the server's threads and take the worker's engine
 lock, so they never overlap `generate` or a weight load on the same engine.
 
-Limits: no streaming, no `tools` / `tool_choice` rendering (tool calls travel as text,
-e.g. Hermes `<tool_call>` blocks), no authentication: bind it to a private address.
+Limits: no token-by-token streaming, no `tools` / `tool_choice` rendering (tool calls travel
+as text, e.g. Hermes `<tool_call>` blocks), no authentication: bind it to a private address.
 """
 
 from __future__ import annotations
 
 import hashlib
 import threading
-import time
-import uuid
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -62,7 +63,9 @@ from .openai_protocol import (
     ChatRequest,
     Refused,
     RewardRequest,
+    completion_body,
     error_response,
+    stream_events,
     text_messages,
     validation_error_response,
 )
@@ -108,6 +111,7 @@ class EpisodeLog:
     calls: list[Call] = field(default_factory=list)
     reward: float | None = None
     reward_error: str | None = None
+    components: dict[str, float] = field(default_factory=dict)
     restarts: int = 0
     messages: list[dict[str, str]] = field(default_factory=list)
     ids: list[int] = field(default_factory=list)
@@ -149,8 +153,8 @@ class EpisodeRecorder:
             return self.episodes.get(episode_id)
 
     def pop(self, episode_id: str) -> dict[str, Any] | None:
-        """The episode's calls, reward, reward_error and restarts as plain data,
-        removed; None if unknown."""
+        """The episode's calls, reward, reward_error, components and restarts as plain
+        data, removed; None if unknown."""
         with self.lock:
             log = self.episodes.pop(episode_id, None)
         if log is None:
@@ -159,6 +163,7 @@ class EpisodeRecorder:
             "calls": [asdict(c) for c in log.calls],
             "reward": log.reward,
             "reward_error": log.reward_error,
+            "components": dict(log.components),
             "restarts": log.restarts,
         }
 
@@ -283,12 +288,13 @@ class ChatEndpoint:
             rec.keep(episode, log)
         return ids, sample, text
 
-    def reward(self, episode_id: str, value: float) -> None:
-        """Record the agent's reward for a served episode.
+    def reward(self, episode_id: str, body: RewardRequest) -> None:
+        """Record the agent's reward (and its components, or why it could not score)
+        for a served episode.
 
         Raises:
-            Refused: 404 for an episode never served here; 400 for a value that is not
-                finite (recorded on the episode, whose sample then fails).
+            Refused: 404 for an episode never served here; 400 for a reward (or a
+                component) missing or not finite, recorded: its sample then fails.
         """
         log = self.recorder.find(episode_id)
         if log is None or not log.calls:
@@ -299,13 +305,20 @@ class ChatEndpoint:
                 "with the id they used",
                 "episode_id",
             )
-        if not finite32(value):
-            log.reward = None
-            log.reward_error = (
-                f"agent reward for episode {episode_id} is {value!r}, not a finite number"
-            )
-            raise Refused(400, f"reward: {value!r} is not a finite number", "reward")
-        log.reward, log.reward_error = value, None
+        if body.error is not None:
+            log.reward, log.components = None, {}
+            log.reward_error = f"episode {episode_id}: the agent could not score it: {body.error}"
+            return
+        parts = {f"components.{k}": v for k, v in body.components.items()}
+        values = {"reward": body.reward} | parts
+        for name, value in values.items():
+            if value is None or not finite32(value):
+                log.reward, log.components = None, {}
+                log.reward_error = (
+                    f"agent {name} for episode {episode_id} is {value!r}, not a finite number"
+                )
+                raise Refused(400, f"{name}: {value!r} is not a finite number", name)
+        log.reward, log.components, log.reward_error = body.reward, dict(body.components), None
 
 
 def create_app(
@@ -335,6 +348,7 @@ def create_app(
     """
     from fastapi import FastAPI, Header, HTTPException
     from fastapi.exceptions import RequestValidationError
+    from fastapi.responses import StreamingResponse
 
     app = FastAPI(title="posttrain rollout (OpenAI-compatible)")
     endpoint = ChatEndpoint(
@@ -358,7 +372,7 @@ def create_app(
         return {"ok": True}
 
     @app.post("/v1/chat/completions")
-    def complete(req: ChatRequest, x_episode_id: str | None = Header(None)) -> dict[str, Any]:
+    def complete(req: ChatRequest, x_episode_id: str | None = Header(None)) -> Any:
         episode = x_episode_id or req.episode_id
         if not episode:
             raise Refused(
@@ -368,29 +382,18 @@ def create_app(
                 "episode_id",
             )
         ids, sample, text = endpoint.complete(req, episode)
-        return {
-            "id": f"chatcmpl-{uuid.uuid4().hex[:24]}",
-            "object": "chat.completion",
-            "created": int(time.time()),
-            "model": req.model_extra.get("model", "policy") if req.model_extra else "policy",
-            "choices": [
-                {
-                    "index": 0,
-                    "message": {"role": "assistant", "content": text},
-                    "finish_reason": sample.finish_reason,
-                    "logprobs": None,
-                }
-            ],
-            "usage": {
-                "prompt_tokens": len(ids),
-                "completion_tokens": len(sample.token_ids),
-                "total_tokens": len(ids) + len(sample.token_ids),
-            },
-        }
+        extra = req.model_extra or {}
+        model, n = extra.get("model", "policy"), len(sample.token_ids)
+        body = completion_body(model, text, sample.finish_reason, len(ids), n)
+        if extra.get("stream") is True:
+            usage = bool((extra.get("stream_options") or {}).get("include_usage"))
+            events = iter(stream_events(body, usage))
+            return StreamingResponse(events, media_type="text/event-stream")
+        return body
 
     @app.post("/v1/episodes/{episode_id}/reward")
     def reward(episode_id: str, body: RewardRequest) -> dict[str, Any]:
-        endpoint.reward(episode_id, body.reward)
+        endpoint.reward(episode_id, body)
         return {"episode_id": episode_id, "reward": body.reward}
 
     return app

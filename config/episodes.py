@@ -137,26 +137,63 @@ class OpenEnvEnvironment(_RemoteEnvironment):
 
 
 class VerifiersEnvironment(Strict):
-    """A Prime Intellect `verifiers` environment (its classic `MultiTurnEnv` contract;
-    docs/multi-turn.md): `load_environment(**args)` of an installed environment `name`
-    or an importable `module`; its dataset gives the prompts (`data.train: {environment:
-    train}`), its `env_response` / `is_completed` the episode, its rubric the reward."""
+    """A Prime Intellect `verifiers` environment (docs/multi-turn.md).
+
+    `api: classic` (verifiers 0.1.9-0.3, `MultiTurnEnv`): `load_environment(**args)` of
+    an installed environment `name` or an importable `module`; its dataset gives the
+    prompts (`data.train: {environment: train}`), its `env_response` / `is_completed`
+    the episode, its rubric the reward. `api: v1` (verifiers 0.4, `verifiers.v1`): the
+    taskset `name` / `module` (with `args` its taskset config) runs its own episodes, its
+    harness sampling through the rollout workers' OpenAI-compatible endpoint as a
+    black-box agent (recipes/episodes/vf1.py), its `@vf.reward` functions the reward."""
 
     type: Literal["verifiers"] = Field(description="A verifiers environment.")
+    api: Literal["classic", "v1"] = Field(
+        "classic",
+        description="'classic': the MultiTurnEnv contract (verifiers 0.1.9-0.3), run turn "
+        "by turn here; 'v1': a verifiers 0.4 `verifiers.v1` taskset + harness, run by "
+        "verifiers itself against the rollout workers' endpoint.",
+    )
     name: str | None = Field(
-        None, description="Installed environment id, loaded by verifiers.load_environment."
+        None,
+        description="Installed environment id (classic: verifiers.load_environment; v1: "
+        "the taskset id).",
     )
     module: str | None = Field(
-        None, description="Importable module with a `load_environment(**args)` function."
+        None,
+        description="Importable module (classic: with `load_environment(**args)`; v1: "
+        "exporting its Taskset subclass in `__all__`).",
     )
     args: dict[str, Any] = Field(
-        default_factory=dict, description="Keyword arguments of load_environment."
+        default_factory=dict,
+        description="Keyword arguments of load_environment (classic) or fields of the "
+        "taskset config (v1).",
     )
     timeout_s: float = Field(
         60.0,
         gt=0,
         description="Deadline of each call into the environment (env_response, "
-        "is_completed, the rubric), seconds; over it the episode fails.",
+        "is_completed, the rubric), seconds; over it the episode fails. v1: of each "
+        "episode (verifiers' `timeout.episode`).",
+    )
+    python: str | None = Field(
+        None,
+        description="v1: the Python interpreter that runs verifiers (a venv with "
+        "verifiers>=0.4, which pins openai<3 and mcp==2.0.0); default posttrain's own.",
+    )
+    harness: dict[str, Any] = Field(
+        default_factory=dict,
+        description="v1: the agent seat's harness config, e.g. {id: 'null'} (verifiers' "
+        "tool-less chat loop); default the taskset's own.",
+    )
+    max_concurrent: int = Field(
+        8, ge=1, description="v1: episodes verifiers runs at once per step."
+    )
+    step_timeout_s: float = Field(
+        1800.0,
+        gt=0,
+        description="v1: most seconds verifiers may take for one step's episodes; over "
+        "it the step fails.",
     )
 
     @model_validator(mode="after")
@@ -165,6 +202,12 @@ class VerifiersEnvironment(Strict):
             raise ValueError(
                 "rollout.environment (type verifiers): give exactly one of name (an "
                 "installed environment id) or module (an importable module)"
+            )
+        v1_only = [k for k in ("python", "harness") if getattr(self, k)]
+        if self.api == "classic" and v1_only:
+            raise ValueError(
+                f"rollout.environment (type verifiers): {v1_only[0]} is a key of api: v1 "
+                "(verifiers 0.4); set api: v1 or remove it"
             )
         return self
 
@@ -209,7 +252,15 @@ class EpisodeFields(Strict):
     def episodic(self) -> bool:
         """Whether a step samples episodes (multi-turn, or a black-box agent) instead of
         single-turn rollouts."""
-        return self.max_turns > 1 or self.agent is not None
+        return self.max_turns > 1 or self.agent_driven
+
+    @property
+    def agent_driven(self) -> bool:
+        """Whether a program outside posttrain drives the episodes through the rollout
+        workers' OpenAI-compatible endpoint: `rollout.agent`, or a verifiers v1
+        environment."""
+        env = self.environment
+        return self.agent is not None or (isinstance(env, VerifiersEnvironment) and env.api == "v1")
 
     max_turns: int = Field(1, ge=1, description="Most model turns per episode (1: single-turn).")
     max_episode_tokens: int | None = Field(
@@ -244,7 +295,13 @@ def check_episodes(
         rollout.environment,
         rollout.agent,
     )
-    if (tools or environment is not None) and max_turns < 2:
+    vf1 = rollout.agent_driven and agent is None
+    if vf1 and max_turns > 1:
+        raise ValueError(
+            "rollout.max_turns counts posttrain's own turns, but a verifiers api: v1 "
+            "environment's harness decides its turns; remove rollout.max_turns"
+        )
+    if (tools or environment is not None) and max_turns < 2 and not vf1:
         raise ValueError(
             "rollout.tools / rollout.environment answer the model between turns, "
             "but rollout.max_turns is 1; set rollout.max_turns: 2 or more"
@@ -254,13 +311,14 @@ def check_episodes(
             "rollout.agent drives its own episodes; remove rollout.tools and "
             "rollout.environment, or rollout.agent"
         )
-    if agent is not None and algorithm != "grpo":
+    who = "rollout.agent" if agent is not None else "rollout.environment (verifiers api: v1)"
+    if rollout.agent_driven and algorithm != "grpo":
         raise ValueError(
-            f"rollout.agent trains with sequence-level advantages; algorithm "
+            f"{who} trains with sequence-level advantages; algorithm "
             f"{algorithm} is not supported, set algorithm: grpo"
         )
-    if agent is not None and dynamic_sampling:
-        raise ValueError("grpo.dynamic_sampling is not supported with rollout.agent yet")
+    if rollout.agent_driven and dynamic_sampling:
+        raise ValueError(f"grpo.dynamic_sampling is not supported with {who} yet")
     if tools and environment is not None:
         raise ValueError(
             "rollout.tools and rollout.environment are both set; an episode has "
@@ -272,7 +330,7 @@ def check_episodes(
             f"grpo or ppo; algorithm {algorithm} is not supported, set algorithm: grpo "
             f"or algorithm: ppo"
         )
-    if (max_turns > 1 or agent is not None) and overlong_buffer is not None:
+    if rollout.episodic and overlong_buffer is not None:
         raise ValueError(
             "grpo.overlong_buffer penalises responses near rollout.max_new_tokens, "
             "but an episode's response holds several turns and environment "

@@ -31,6 +31,7 @@ from .asynchrony import check_async_and_correction
 from .base import Strict
 from .data import MAX_SAMPLES, DataConfig, FileData, GeneratorData, sources_of
 from .distill import DistillConfig, check_distill
+from .env_data import check_vf1_sources
 from .episodes import check_episodes
 from .evaluation import EvalConfig
 from .facts import AlgorithmFacts
@@ -219,6 +220,8 @@ class Recipe(_Strict):
         check_episodes(
             self.algorithm, self.rollout, self.grpo.dynamic_sampling, self.grpo.overlong_buffer
         )
+        eval_prompts = self.eval.prompts if self.eval is not None else None
+        check_vf1_sources(self.rollout.environment, self.data.train, eval_prompts)
         check_async_and_correction(self)
         names = [r.name for r in self.rewards]
         dup = sorted({n for n in names if names.count(n) > 1})

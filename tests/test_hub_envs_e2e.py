@@ -1,11 +1,13 @@
 """Both hub adapters end to end on the tiny random model, no network: one GRPO step and
 an evaluation of episodes with the example verifiers environment (through the local
-stand-in of the verifiers package), and one GRPO step against the example OpenEnv
+stand-in of the verifiers package), one GRPO step on the example verifiers 0.4 taskset
+(through the stand-in of verifiers.v1), and one GRPO step against the example OpenEnv
 server over WebSocket, started and stopped by the run (`rollout.environment.serve`)."""
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -174,3 +176,20 @@ def test_the_example_recipes_validate(monkeypatch):
     for name in ("vf_calc_game.yaml", "openenv_game.yaml"):
         got = CliRunner().invoke(app, ["validate", str(ROOT / "examples" / name)])
         assert got.exit_code == 0 and "ok:" in got.output, got.output
+
+
+def test_a_verifiers_v1_taskset_trains(tiny_model, tmp_path, monkeypatch):
+    """verifiers 0.4's API (through the stand-in of verifiers.v1): the driver runs each
+    episode against the run's rollout workers; the rubric's rewards are components."""
+    paths = [str(ROOT / "examples"), str(ROOT / "tests" / "stand_ins")]
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([*paths, os.environ.get("PYTHONPATH", "")]))
+    env = {"type": "verifiers", "api": "v1", "module": "vf1_sums", "args": {"num_tasks": 4},
+           "harness": {"id": "null"}}  # fmt: skip
+    recipe = _recipe(tiny_model, {"environment": env}, {"environment": "train"})
+    del recipe["rollout"]["stop"], recipe["rollout"]["max_episode_tokens"]
+    history, run_dir = _run(recipe, tmp_path)
+    assert history[0]["policy_version"] == 1 and history[0]["failed_scores"] == 0
+    assert "reward/correct" in history[0] and "reward/short" in history[0]
+    saved = [json.loads(x) for x in (run_dir / "rollouts" / "step_00000.jsonl").open()]
+    assert len(saved) == 4 and all({"correct", "short"} <= set(r["reward_details"]) for r in saved)
+    _trajectories_are_consistent(saved)

@@ -17,8 +17,8 @@ for `verifiers.load_environment`):
 
 Refused, naming what is missing (at `posttrain validate`): an environment without
 `env_response` or `is_completed` (verifiers 0.4's `verifiers.v1` environments: a Taskset
-and a Harness that sample through their own OpenAI client; run those with
-`rollout.agent`), native tool calling (`oai_tools` / `tool_defs`: posttrain's episodes
+and a Harness that sample through their own OpenAI client; run those with `api: v1`,
+vf1_tasks.py), native tool calling (`oai_tools` / `tool_defs`: posttrain's episodes
 are token in, token out; give tools as text in `env_response`), group reward functions
 (`states`, `completions`... arguments), and a dataset it cannot read.
 """
@@ -64,9 +64,9 @@ def _load(key: str) -> Any:
             if load is None:
                 raise RecipeError(
                     f"{where}: verifiers {getattr(verifiers, '__version__', '?')} has no "
-                    "verifiers.load_environment (0.4 moved to verifiers.v1, whose "
-                    "environments posttrain does not run); install verifiers<0.4 or give "
-                    "module: the environment's module"
+                    "verifiers.load_environment (0.4 moved to verifiers.v1): for a v1 "
+                    "taskset set api: v1, else install verifiers<0.4 or give module: the "
+                    "environment's module"
                 )
             env = load(cfg.name, **cfg.args)
     except RecipeError:
@@ -93,7 +93,7 @@ def check_contract(env: Any, where: str) -> None:
                 f"{where}: {kind} has no {method}(); posttrain runs verifiers' MultiTurnEnv "
                 "contract (env_response, is_completed, rubric; verifiers 0.1.9-0.3). A "
                 "verifiers 0.4 (verifiers.v1) Taskset/Harness environment samples through "
-                "its own OpenAI client: run it with rollout.agent instead"
+                "its own OpenAI client: set rollout.environment.api: v1"
             )
     for attr in ("oai_tools", "tool_defs"):
         if getattr(env, attr, None):
@@ -153,6 +153,10 @@ def environment_items(
             "dataset, which only type verifiers has; set rollout.environment: {type: "
             "verifiers, module: ...} or give the prompts another source"
         )
+    if cfg.api == "v1":  # verifiers 0.4: its taskset, read by verifiers' own interpreter
+        from .vf1_tasks import vf1_items
+
+        return vf1_items(cfg, split, key, limit, data_source)
     env = load_verifiers(cfg)
     rows = _dataset(env, split)
     if rows is None:

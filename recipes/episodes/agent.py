@@ -32,7 +32,8 @@ def agent_rollout(
     """The episode's `Rollout` (see the module docstring).
 
     Args:
-        record: `RolloutWorker.pop_episode(uid)`: `calls`, `reward`, `restarts`.
+        record: `RolloutWorker.pop_episode(uid)`: `calls`, `reward`, `components`,
+            `reward_error`, `restarts`.
         decode: ids → text (the policy's tokenizer, special tokens skipped).
 
     Returns:
@@ -136,7 +137,8 @@ def _episode_metadata(
     uid: str, record: dict[str, Any], metadata: dict[str, Any] | None, dropped: int
 ) -> dict[str, Any]:
     """`metadata` plus `dropped_calls`, and the agent's reward as `environment_reward`
-    or, when the endpoint refused it or it is not finite, an `episode_error`."""
+    (its parts as `environment_components`) or, when the endpoint refused it or it is
+    not finite, an `episode_error`."""
     meta = dict(metadata or {}) | {"dropped_calls": dropped}
     reward = record.get("reward")
     if record.get("reward_error"):
@@ -145,4 +147,6 @@ def _episode_metadata(
         meta["episode_error"] = f"agent reward for episode {uid} is {reward!r}, not finite"
     elif reward is not None:
         meta["environment_reward"] = float(reward)
+        if record.get("components"):  # each a reward component (step.py)
+            meta["environment_components"] = dict(record["components"])
     return meta

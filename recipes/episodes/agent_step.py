@@ -1,4 +1,5 @@
-"""The controller's generate for black-box agents (`rollout.agent`): every rollout
+"""The controller's generate for black-box agents (`rollout.agent`, or a verifiers v1
+environment's driver: recipes/episodes/vf1.py): every rollout
 worker serves its OpenAI-compatible endpoint, the step's episodes go to the user's agent
 program as a JSONL file, the program runs, and each episode's recorded calls become a
 token-exact `Rollout` (recipes/episodes/agent.py).
@@ -23,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from ...config import Recipe
+from ...config.episodes import AgentProgram
 from .agent import agent_rollout
 
 
@@ -117,7 +119,7 @@ def _run_agent_program(recipe: Recipe, file: Path, folder: Path, step: int) -> N
     Raises:
         AgentProgramFailed: it ran past `rollout.agent.timeout_s` or exited non-zero.
     """
-    agent = recipe.rollout.agent
+    agent = agent_program(recipe)
     log = folder / f"agent_{step:05d}.log"
     env = {**os.environ, "POSTTRAIN_EPISODES": str(file), "POSTTRAIN_STEP": str(step)}
     with open(log, "w") as out:
@@ -133,13 +135,24 @@ def _run_agent_program(recipe: Recipe, file: Path, folder: Path, step: int) -> N
         except subprocess.TimeoutExpired as e:
             raise AgentProgramFailed(
                 f"step {step}: the agent program ran past "
-                f"rollout.agent.timeout_s={agent.timeout_s:g}; see {log}"
+                f"its timeout ({agent.timeout_s:g} s: rollout.agent.timeout_s, or "
+                f"rollout.environment.step_timeout_s); see {log}"
             ) from e
     if proc.returncode != 0:
         tail = log.read_text(errors="replace")[-800:]
         raise AgentProgramFailed(
             f"step {step}: the agent program exited {proc.returncode}; {log} ends:\n{tail}"
         )
+
+
+def agent_program(recipe: Recipe) -> AgentProgram:
+    """`rollout.agent`, or the verifiers driver of a verifiers v1 environment."""
+    r = recipe.rollout
+    if r.agent is not None:
+        return r.agent
+    from .vf1 import vf1_agent
+
+    return vf1_agent(r.environment)
 
 
 def _agent_metrics(rollouts: list[Any]) -> dict[str, float]:

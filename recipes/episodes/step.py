@@ -128,7 +128,7 @@ def generate_episodes(
     """
     r = recipe.rollout
     tok = policy_tokenizer(model_path)
-    if r.agent is not None:  # black-box agent program (recipes/episodes/agent_step.py)
+    if r.agent_driven:  # an agent program or verifiers v1 (recipes/episodes/agent_step.py)
         from .agent_step import generate_agent_episodes
 
         if n is not None or sampling is not None:  # the agent's endpoints read the recipe

@@ -3,8 +3,9 @@ API of 0.1.9-0.3.x: `Environment`, `MultiTurnEnv`, `Rubric`, `Parser`, `stop`,
 `load_environment`), with the same public shape and none of its machinery (clients,
 sampling, sandboxes). Tests put this folder on sys.path because the real package cannot
 be installed beside posttrain's pins (0.3.0 would downgrade mcp and websockets; 0.4.0
-has only `verifiers.v1` and would downgrade openai). Only what posttrain's adapter calls
-is here; it is not a reimplementation."""
+has only `verifiers.v1` and would downgrade openai and mcp). Only what posttrain's adapter
+calls is here; it is not a reimplementation. `verifiers.v1` (its stand-in: v1/) sits
+beside it here, unlike in any real release."""
 
 from __future__ import annotations
 

@@ -1,0 +1,231 @@
+"""Runs a verifiers 0.4 (`verifiers.v1`) environment for posttrain, in the interpreter
+that has verifiers (`rollout.environment.python`). Standalone: it imports the standard
+library and `verifiers.v1` only, never posttrain (verifiers 0.4 pins openai<3 and
+mcp==2.0.0, which posttrain's venv does not have).
+
+    python vf1_driver.py check CONFIG   facts posttrain validates, as one JSON line
+    python vf1_driver.py tasks CONFIG   the taskset's tasks, one JSON line each
+    python vf1_driver.py run CONFIG     the episodes of $POSTTRAIN_EPISODES
+
+CONFIG is JSON: `taskset` (id), `args` (taskset config fields), `harness` (the seat's
+harness config), `timeout_s` (per episode), `max_concurrent`, `limit`.
+
+`run` reads the episode file posttrain's agent step writes (recipes/episodes/agent_step.py:
+`episode_id`, `base_url`, `metadata.vf1 = {idx, key}`), and per episode runs the
+environment's own `run_episode(task, ctx)` with `ctx.client` an `EvalClientConfig` on
+that `base_url` carrying the `X-Episode-Id` header, so every model call of the harness
+is sampled and recorded token-exactly by a rollout worker. It then posts the episode's
+score to `{base_url}/episodes/{episode_id}/reward`: the trace's weighted reward sum,
+each `@vf.reward` score a component; or `{"error": ...}` when the episode failed
+(verifiers recorded an error, or a reward did not run). Exit 2 with a message on
+stderr: the configuration cannot run here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+import urllib.request
+from typing import Any
+
+REFUSED = 2
+# Run as a script, its own folder (which holds posttrain's verifiers.py) would shadow
+# the verifiers package.
+HERE = os.path.dirname(os.path.realpath(__file__))
+sys.path[:] = [p for p in sys.path if os.path.realpath(p or ".") != HERE]
+
+
+class Refusal(Exception):
+    """The environment needs what posttrain cannot give; the message says what."""
+
+
+def _vf() -> Any:
+    try:
+        import verifiers.v1 as vf
+    except ImportError as e:
+        version = _installed_version()
+        raise Refusal(
+            f"{sys.executable} has verifiers {version}, without verifiers.v1 (verifiers "
+            f">= 0.4): install verifiers>=0.4 there or set rollout.environment.python to "
+            f"an interpreter that has it ({e})"
+        ) from e
+    return vf
+
+
+def _installed_version() -> str:
+    try:
+        from importlib.metadata import version
+
+        return version("verifiers")
+    except Exception:  # noqa: BLE001 - any lookup failure means "not installed"
+        return "(not installed)"
+
+
+def load(cfg: dict[str, Any]) -> Any:
+    """The environment of `cfg` with its one agent seat on the local subprocess runtime
+    (the harness must reach the workers' 127.0.0.1 endpoints)."""
+    vf = _vf()
+    agent: dict[str, Any] = {"runtime": {"type": "subprocess"}}
+    if cfg.get("harness"):
+        agent["harness"] = cfg["harness"]
+    env_cls = vf.environment_class(cfg["taskset"])
+    if not issubclass(env_cls, vf.SingleAgentEnv):
+        raise Refusal(
+            f"taskset {cfg['taskset']}: its environment {env_cls.__name__} is not a "
+            "SingleAgentEnv; posttrain trains one policy on one agent seat per episode "
+            "(multi-agent environments are not supported)"
+        )
+    data = {"taskset": {"id": cfg["taskset"], **cfg.get("args", {})}, "agent": agent}
+    data["timeout"] = {"episode": cfg.get("timeout_s")}
+    return vf.load_environment(vf.resolve_env_config(data))
+
+
+def check(env: Any) -> dict[str, Any]:
+    """Facts about `env`, refusing what posttrain's endpoint cannot serve exactly.
+
+    Raises:
+        Refusal: tools (the endpoint does not render the OpenAI `tools` field), a
+            harness that hands the model code execution or needs a container, a
+            runtime other than the local subprocess.
+    """
+    vf = _vf()
+    taskset = env.taskset
+    tools = [type(t).__name__ for t in type(taskset).toolsets(taskset.config)]
+    tools += [type(t).__name__ for t in type(taskset).task_type().toolsets(taskset.config.task)]
+    if tools:
+        raise Refusal(
+            f"taskset {taskset.config.id}: toolsets {tools} give the model native tool "
+            "calls (the OpenAI `tools` field), which posttrain's endpoint does not render; "
+            "posttrain runs tool-less v1 tasksets (tools as text in the conversation)"
+        )
+    for seat, hcfg in env.config.agent_harnesses().items():
+        harness = vf.load_harness(hcfg)
+        if harness.EXECUTES_CODE or harness.NEEDS_CONTAINER:
+            raise Refusal(
+                f"harness {hcfg.id!r} (seat {seat}) gives the model tools or needs a "
+                "container; posttrain's endpoint serves tool-less chat: set "
+                "rollout.environment.harness: {id: 'null'} (verifiers' chat loop)"
+            )
+    runtime = env.config.agent.runtime
+    if not isinstance(runtime, vf.SubprocessConfig):
+        raise Refusal(f"runtime {type(runtime).__name__}: posttrain needs the local subprocess")
+    return {"env": type(env).__name__, "harness": env.config.agent_harnesses()["agent"].id}
+
+
+def tasks(env: Any, limit: int | None) -> list[dict[str, Any]]:
+    """The first `limit` tasks: `idx`, `key`, `prompt` (text or messages), `system_prompt`.
+
+    Raises:
+        Refusal: an infinite taskset without a limit.
+    """
+    if limit is None and not env.taskset.bounded:
+        raise Refusal(
+            f"taskset {env.taskset.config.id} is infinite: give data.train a limit "
+            "({environment: train, limit: N})"
+        )
+    out = []
+    for task in env.taskset:
+        if limit is not None and len(out) >= limit:
+            break
+        d = task.data
+        prompt = d.prompt
+        if not isinstance(prompt, str | None):
+            prompt = [m.model_dump(mode="json", exclude_none=True) for m in prompt]
+        out.append(
+            {"idx": d.idx, "key": task.key, "prompt": prompt, "system_prompt": d.system_prompt}
+        )
+    return out
+
+
+def _tasks_by_idx(env: Any, wanted: dict[int, str]) -> dict[int, Any]:
+    """The tasks at the `wanted` positions, each checked against the key it had when
+    posttrain read the prompts."""
+    found: dict[int, Any] = {}
+    for task in env.taskset:
+        if task.data.idx in wanted:
+            if task.key != wanted[task.data.idx]:
+                raise Refusal(f"task {task.data.idx} changed since its prompt was read")
+            found[task.data.idx] = task
+        if len(found) == len(wanted):
+            break
+    return found
+
+
+def score(episode: Any) -> dict[str, Any]:
+    """The reward body for a finished episode (see the module docstring)."""
+    errors = [*episode.errors, *(e for t in episode.traces for e in t.errors)]
+    if not episode.ok or errors:
+        why = "; ".join(f"{e.type}: {e.message}" for e in errors) or "not ok"
+        return {"error": f"verifiers episode failed: {why}"[:4000]}
+    total, parts = 0.0, {}
+    for trace in episode.traces:
+        for name, reward in trace.rewards.items():
+            if reward is None:
+                return {"error": f"reward {name} did not run"}
+            parts[name] = reward.score
+            total += reward.value
+    return {"reward": total, "components": parts}
+
+
+def _post(url: str, body: dict[str, Any]) -> None:
+    req = urllib.request.Request(
+        url, json.dumps(body).encode(), {"content-type": "application/json"}, method="POST"
+    )
+    with urllib.request.urlopen(req, timeout=60) as r:  # noqa: S310 - the workers' URL
+        r.read()
+
+
+async def _one(env: Any, task: Any, line: dict[str, Any], gate: asyncio.Semaphore) -> None:
+    vf = _vf()
+    eid, base = line["episode_id"], line["base_url"]
+    client = vf.EvalClientConfig(
+        base_url=base, api_key_var="POSTTRAIN_VF1_KEY", headers={"X-Episode-Id": eid}
+    )
+    ctx = vf.ModelContext(model="policy", client=client, sampling=vf.Sampling())
+    async with gate:
+        try:
+            body = score(await env.run_episode(task, ctx))
+        except Exception as e:  # noqa: BLE001 - one episode fails, named; the rest go on
+            body = {"error": f"verifiers raised {type(e).__name__}: {e}"[:4000]}
+    try:
+        await asyncio.to_thread(_post, f"{base}/episodes/{eid}/reward", body)
+    except Exception as e:  # noqa: BLE001 - e.g. no call was made: posttrain names it
+        print(f"episode {eid}: reward not posted: {e}", file=sys.stderr)
+
+
+async def run(env: Any, cfg: dict[str, Any], lines: list[dict[str, Any]]) -> None:
+    """Every episode of `lines`, at most `max_concurrent` at once, inside the
+    environment's serving resources."""
+    refs = [ln["metadata"]["vf1"] for ln in lines]
+    found = _tasks_by_idx(env, {ref["idx"]: ref["key"] for ref in refs})
+    gate = asyncio.Semaphore(int(cfg.get("max_concurrent", 8)))
+    async with env.serving():
+        await asyncio.gather(
+            *(_one(env, found[ref["idx"]], ln, gate) for ref, ln in zip(refs, lines, strict=True))
+        )
+
+
+def main(argv: list[str]) -> int:
+    verb, cfg = argv[1], json.loads(argv[2])
+    try:
+        env = load(cfg)
+        facts = check(env)
+        if verb == "check":
+            print(json.dumps(facts))
+        elif verb == "tasks":
+            for t in tasks(env, cfg.get("limit")):
+                print(json.dumps(t))
+        else:
+            with open(os.environ["POSTTRAIN_EPISODES"]) as f:
+                lines = [json.loads(x) for x in f if x.strip()]
+            asyncio.run(run(env, cfg, lines))
+    except Refusal as e:
+        print(str(e), file=sys.stderr)
+        return REFUSED
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
