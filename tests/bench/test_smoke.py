@@ -9,9 +9,10 @@ times, 33-55 s each at load 3 and up to about a minute under heavier load: adapt
 CLI runs), token_budget, ratio, old_logprobs and sft (2 runs each), learning (2
 recipes, each trained and evaluated twice), async (4 sim runs and one run resumed
 twice: 300 s at load 8); compile (27 s: tests/learner's compiled-layers test covers
-its path) and serve (30 s: tests/service_roles drive the same sessions); and the two that start several vLLM engines (rollout: 3
-engines, 52 s; weight_sync: 42 s), whose engine paths the actors/ and weightsync/ tests
-cover. `vllm`: starts vLLM engines, skipped without vLLM.
+its path) and serve (30 s: tests/service_roles drive the same sessions); and the two
+that start several vLLM engines (rollout: 3 engines, 52 s; weight_sync: 42 s), whose
+engine paths the actors/ and weightsync/ tests cover. `vllm`: starts vLLM engines,
+skipped without vLLM.
 """
 
 from __future__ import annotations
