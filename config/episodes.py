@@ -319,6 +319,15 @@ def check_episodes(
         )
     if rollout.agent_driven and dynamic_sampling:
         raise ValueError(f"grpo.dynamic_sampling is not supported with {who} yet")
+    if rollout.agent_driven:  # its program's requests carry these; the recipe's would be ignored
+        fields = type(rollout).model_fields
+        for key in ("stop", "max_episode_tokens"):
+            if key in rollout.model_fields_set and getattr(rollout, key) != fields[key].default:
+                raise ValueError(
+                    f"rollout.{key} is not read by {who}: its program's calls give their own "
+                    "`stop` and `max_tokens` (each call at most rollout.max_new_tokens "
+                    f"tokens); remove rollout.{key}"
+                )
     if tools and environment is not None:
         raise ValueError(
             "rollout.tools and rollout.environment are both set; an episode has "

@@ -336,6 +336,12 @@ def _recipe(**rollout):
             {"max_turns": 2, "max_new_tokens": 64, "grpo": {"overlong_buffer": 16}},
             "remove grpo.overlong_buffer",
         ),
+        # the agent's own requests carry these: the recipe's were ignored without a word
+        ({"agent": {"command": ["x"]}, "stop": ["\n"]}, "rollout.stop is not read by"),
+        (
+            {"agent": {"command": ["x"]}, "max_episode_tokens": 64},
+            "rollout.max_episode_tokens is not read by",
+        ),
     ],
 )
 def test_schema_refuses_inconsistent_episode_settings(rollout, message):
