@@ -78,6 +78,10 @@ def test_the_length_drills_fire_within_10_steps_of_the_split(name, steps, split,
         (HACKING / "quickstart_grpo_fe6873b.jsonl", HackingConfig(), 20),
         # drill 1, the negative control: a length bonus beside correctness; both learned
         (HACKING / "drill1_length_beside_correct.jsonl", DRILL, 12),
+        # the baselines' recipes as shipped at b07f601 (docs/benchmarks.md, "No hacking
+        # monitor fires on the baselines' recipes as shipped")
+        (HACKING / "grpo_code_b07f601.jsonl", HackingConfig(), 20),
+        (HACKING / "async_qs_b07f601.jsonl", HackingConfig(), 20),
     ],
 )
 def test_runs_without_hacking_raise_no_firing(path, t, steps):
