@@ -53,9 +53,10 @@ class GuessEnvironment:
     def reset(self, seed: int | None = None, episode_id: str | None = None) -> dict[str, Any]:
         self.secret = (seed or 0) % 100 + 1
         self.episode_id, self.step_count = episode_id, 0
-        # the opening text is the first feedback: with `prompt: observation` it is the
-        # first user message (an empty one left the model the system prompt alone)
-        obs = {"prompt": PROMPT, "feedback": PROMPT}
+        # with `prompt: observation` the reset's feedback is the first user message (an
+        # empty one left the model the system prompt alone); short, as the recipe's system
+        # prompt states the game
+        obs = {"prompt": PROMPT, "feedback": "Your first guess?"}
         return {"observation": obs, "reward": None, "done": False}
 
     def step(self, action: dict[str, Any]) -> dict[str, Any]:
