@@ -133,9 +133,10 @@ def sample_and_score(
         )
         scores = add_environment_rewards(rollouts, c.score(roles, rollouts))
         episodes = {f"eval/{k}": v for k, v in got.items()}
-        episodes["eval/episode/tool_call_rate"] = got["episode/episodes_with_tool_call"] / max(
-            len(rollouts), 1
-        )
+        if "episode/episodes_with_tool_call" in got:  # an agent's tools are its own program's
+            episodes["eval/episode/tool_call_rate"] = got["episode/episodes_with_tool_call"] / max(
+                len(rollouts), 1
+            )
     else:
         rollouts = c.generate(roles, prompts, recipe, version, sampling=sampling, tag="e")
         scores = c.score(roles, rollouts)

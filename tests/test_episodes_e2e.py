@@ -96,6 +96,8 @@ def test_two_grpo_steps_with_a_black_box_agent(tiny_model, tmp_path):
         "resources": {"rollout": {"gpus": 1}, "learner": {"gpus": 1}, "threads_per_worker": 1},
         "weight_sync": {"type": "object_store"},
         "monitor": {"progress": False, "dashboard_port": None, "tensorboard": False},
+        # evaluated on whole agent episodes after the last step (it raised a KeyError)
+        "eval": {"holdout": 2, "every_steps": 2, "k": 1},
     }
     recipe_file = tmp_path / "agent.yaml"
     recipe_file.write_text(yaml.safe_dump(recipe))
@@ -109,3 +111,7 @@ def test_two_grpo_steps_with_a_black_box_agent(tiny_model, tmp_path):
         assert "environment" in r["reward_details"]
         assert [i for t in r["turns"] for i in t["ids"]] == r["response_ids"]
     assert (run_dir / "agent" / "episodes_00001.jsonl").is_file()
+    final = [json.loads(x) for x in (run_dir / "metrics.jsonl").open()][-1]
+    assert final["eval/policy_version"] == 2 and final["eval/prompts"] == 2
+    assert final["eval/episode/agent_rewards"] == 2.0  # every held-out episode posted one
+    assert "eval/episode/tool_call_rate" not in final  # its tools are the program's
