@@ -46,11 +46,12 @@ class Rig:
     """A learner-side sender and `n` vLLM rollout workers joined by one transport."""
 
     def __init__(self, model_path, kind, tmp_path, n=1, dtype="float32"):
+        # the group forms once every vLLM engine has started: minutes on 2 busy cores
         self.settings = TransportSettings(
-            kind, bucket_mb=1, timeout_s=60, directory=str(tmp_path / f"w-{kind}")
+            kind, bucket_mb=1, timeout_s=240, directory=str(tmp_path / f"w-{kind}")
         )
         if kind == "collective":  # workers join the push group while constructed
-            self.group = GroupStore(n + 1, 60)
+            self.group = GroupStore(n + 1, 240)
             self.settings = replace(
                 self.settings, group_address=self.group.address, group_world=n + 1
             )
