@@ -128,6 +128,7 @@ def test_an_openenv_server_trains(tiny_model, tmp_path, monkeypatch):
     assert "{port}" in (run_dir / "recipe.yaml").read_text()  # a resume picks a port again
 
 
+@pytest.mark.slow  # 33 s; tests/recipes/test_env_server.py stops it on the failure paths
 def test_a_failing_run_stops_its_environment_server(tiny_model, tmp_path, monkeypatch):
     from posttrain.recipes import loop
 
