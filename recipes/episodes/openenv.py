@@ -53,7 +53,7 @@ from ...config.episodes import OpenEnvEnvironment
 from .multiturn import StepResult
 from .openenv_mcp import McpTool, parse_tools, result_text, with_tools
 from .remote import EnvironmentFailed, bearer_headers, request_json
-from .tools import ToolCallError, parse_tool_calls
+from .tools import ToolCallError, parse_tool_calls, run_tool_calls
 
 
 class OpenEnvResult(BaseModel):
@@ -188,35 +188,16 @@ class OpenEnvClient:
     def _call_tools(self, calls: list[dict[str, Any] | ToolCallError]) -> StepResult:
         """A turn's MCP tool calls, one `call_tool` step each, in order; rewards summed,
         done when one says so (the calls after it are not made)."""
-        res = StepResult()
-        for call in calls:
-            res.tool_calls += 1
-            t0 = time.time()
-            if isinstance(call, ToolCallError):
-                text, ok = str(call), False
-            elif call["name"] not in self.tools:
-                text, ok = (
-                    f"error: unknown tool {call['name']!r}; available: {', '.join(self.tools)}",
-                    False,
-                )
-            else:
-                action = {
-                    "type": "call_tool",
-                    "tool_name": call["name"],
-                    "arguments": call["arguments"],
-                }
-                got = self._call("step", action)
-                text, ok = result_text(got.observation, self.source)
-                if got.reward is not None:
-                    res.reward = got.reward + (res.reward or 0.0)
-                res.done = got.done
-            res.tool_time_s += time.time() - t0
-            res.tool_errors += not ok
-            res.messages.append({"role": "tool", "content": text})
-            if res.done:
-                res.messages = []
-                break
-        return res
+
+        def call_one(name: str, arguments: Any, res: StepResult) -> tuple[str, bool]:
+            action = {"type": "call_tool", "tool_name": name, "arguments": arguments}
+            got = self._call("step", action)
+            if got.reward is not None:
+                res.reward = got.reward + (res.reward or 0.0)
+            res.done = got.done
+            return result_text(got.observation, self.source)
+
+        return run_tool_calls(calls, self.tools, call_one)
 
     def step(self, message: str) -> StepResult:
         if self.config.mcp_tools and (calls := parse_tool_calls(message)):

@@ -24,6 +24,7 @@ import json
 import math
 import re
 import time
+from collections.abc import Callable, Collection
 from typing import Any
 
 from ...actors.rollout import PromptRequest
@@ -131,26 +132,36 @@ class ToolEnvironment:
         calls = parse_tool_calls(message)
         if not calls:
             return StepResult(done=True)
-        res = StepResult()
-        for call in calls:
-            res.tool_calls += 1
-            t0 = time.time()
-            if isinstance(call, ToolCallError):
-                text, ok = str(call), False
-            elif call["name"] not in self.tools:
-                text, ok = (
-                    (
-                        f"error: unknown tool {call['name']!r}; available: "
-                        f"{', '.join(sorted(self.tools))}"
-                    ),
-                    False,
-                )
-            else:
-                text, ok = self.tools[call["name"]](call["arguments"])
-            res.tool_time_s += time.time() - t0
-            res.tool_errors += not ok
-            res.messages.append({"role": "tool", "content": text})
-        return res
+        return run_tool_calls(calls, self.tools, lambda name, args, _res: self.tools[name](args))
+
+
+def run_tool_calls(
+    calls: list[dict[str, Any] | ToolCallError],
+    names: Collection[str],
+    call_one: Callable[[str, Any, StepResult], tuple[str, bool]],
+) -> StepResult:
+    """A turn's tool calls in order, one `tool` message each: a call that does not parse
+    or names no tool in `names` gets an error text (counted in `tool_errors`), the others
+    `call_one(name, arguments, result)` -> (text, ok), which may add a reward to `result`
+    or set its `done` (the calls after it are then not made, and no message is kept)."""
+    res = StepResult()
+    for call in calls:
+        res.tool_calls += 1
+        t0 = time.time()
+        if isinstance(call, ToolCallError):
+            text, ok = str(call), False
+        elif call["name"] not in names:
+            available = ", ".join(sorted(names))
+            text, ok = f"error: unknown tool {call['name']!r}; available: {available}", False
+        else:
+            text, ok = call_one(call["name"], call["arguments"], res)
+        res.tool_time_s += time.time() - t0
+        res.tool_errors += not ok
+        res.messages.append({"role": "tool", "content": text})
+        if res.done:
+            res.messages = []
+            break
+    return res
 
 
 def make_tools(configs: list[PythonTool], tokenizer: Any) -> dict[str, Any]:
