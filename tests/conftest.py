@@ -44,6 +44,20 @@ def tiny_model_pad_eos(tmp_path_factory: pytest.TempPathFactory) -> Path:
     )
 
 
+@pytest.fixture(scope="module")
+def hf_worker(tmp_path_factory: pytest.TempPathFactory):
+    """(a rollout worker on the `hf` engine over a tiny Llama with room for 1024
+    positions, that model's folder), in this process (no Ray); closed after the module."""
+    from posttrain.actors.engine import EngineSettings
+    from posttrain.actors.worker import RolloutWorker
+
+    folder = build_tiny_model(tmp_path_factory.mktemp("hf_worker") / "m", max_positions=1024)
+    settings = EngineSettings(kind="hf", model_path=str(folder), dtype="float32")
+    w = RolloutWorker(0, settings, "object_store", threads=1)
+    yield w, folder
+    w.close()
+
+
 @pytest.fixture(scope="session")
 def tiny_model_vllm(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The tiny Llama widened to head_dim 32 (vLLM's CPU attention needs it), with room

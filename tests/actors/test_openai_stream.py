@@ -9,25 +9,15 @@ import httpx
 import pytest
 from openai import OpenAI
 
-from posttrain.actors.engine import EngineSettings
-from posttrain.actors.worker import RolloutWorker
 from posttrain.recipes.episodes.agent import agent_rollout
 from posttrain.recipes.episodes.step import add_environment_rewards
 from posttrain.rewards.protocol import Score
-from tests.tiny_model import build_tiny_model
 
 
 @pytest.fixture(scope="module")
-def worker(tmp_path_factory):
-    folder = build_tiny_model(tmp_path_factory.mktemp("sse") / "m", max_positions=512)
-    w = RolloutWorker(
-        0,
-        EngineSettings(kind="hf", model_path=str(folder), dtype="float32"),
-        "object_store",
-        threads=1,
-    )
-    yield w, w.serve_openai("127.0.0.1", 0, 6, 0.9)
-    w.close()
+def worker(hf_worker):
+    w, _ = hf_worker
+    return w, w.serve_openai("127.0.0.1", 0, 6, 0.9)
 
 
 def _decode(w):

@@ -12,13 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from posttrain.actors.engine import EngineSettings
 from posttrain.actors.rollout import PromptRequest
-from posttrain.actors.worker import RolloutWorker
 from posttrain.config import Recipe
 from posttrain.recipes.episodes.agent_step import AgentProgramFailed, generate_agent_episodes
 from tests.hostile_servers import SlowDrip
-from tests.tiny_model import build_tiny_model
 
 AGENT = Path(__file__).resolve().parents[2] / "examples" / "openai_agent.py"
 
@@ -48,16 +45,8 @@ def _direct(worker, verb, *args):
 
 
 @pytest.fixture(scope="module")
-def worker(tmp_path_factory):
-    folder = build_tiny_model(tmp_path_factory.mktemp("agent") / "m", max_positions=1024)
-    w = RolloutWorker(
-        0,
-        EngineSettings(kind="hf", model_path=str(folder), dtype="float32"),
-        "object_store",
-        threads=1,
-    )
-    yield w, folder
-    w.close()
+def worker(hf_worker):
+    return hf_worker
 
 
 def test_agent_program_episodes_become_rollouts(worker, tmp_path):

@@ -17,9 +17,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from posttrain.actors.engine import EngineSettings
 from posttrain.actors.rollout import PromptRequest
-from posttrain.actors.worker import RolloutWorker
 from posttrain.config import Recipe, RecipeError
 from posttrain.config.episodes import VerifiersEnvironment
 from posttrain.learner.logprobs import sequence_logprobs
@@ -28,7 +26,6 @@ from posttrain.recipes.data.environment import environment_items
 from posttrain.recipes.episodes.agent_step import generate_agent_episodes
 from posttrain.recipes.episodes.step import add_environment_rewards
 from posttrain.rewards.protocol import Score
-from tests.tiny_model import build_tiny_model
 
 ROOT = Path(__file__).resolve().parents[2]
 ENV = {
@@ -69,16 +66,8 @@ def _recipe(model: str, **env) -> Recipe:
 
 
 @pytest.fixture(scope="module")
-def worker(tmp_path_factory):
-    folder = build_tiny_model(tmp_path_factory.mktemp("vf1") / "m", max_positions=1024)
-    w = RolloutWorker(
-        0,
-        EngineSettings(kind="hf", model_path=str(folder), dtype="float32"),
-        "object_store",
-        threads=1,
-    )
-    yield w, folder
-    w.close()
+def worker(hf_worker):
+    return hf_worker
 
 
 def test_v1_episodes_train_on_the_engines_sampled_ids(worker, tmp_path):
