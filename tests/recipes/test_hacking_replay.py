@@ -82,6 +82,7 @@ def test_the_length_drills_fire_within_10_steps_of_the_split(name, steps, split,
         # monitor fires on the baselines' recipes as shipped")
         (HACKING / "grpo_code_b07f601.jsonl", HackingConfig(), 20),
         (HACKING / "async_qs_b07f601.jsonl", HackingConfig(), 20),
+        (HACKING / "dapo_chain_sum_146492a.jsonl", HackingConfig(), 30),
     ],
 )
 def test_runs_without_hacking_raise_no_firing(path, t, steps):
