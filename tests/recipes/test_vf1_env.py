@@ -165,7 +165,7 @@ def test_the_example_recipe_validates():
     from posttrain.recipes.cli import app
 
     got = CliRunner().invoke(app, ["validate", str(ROOT / "examples" / "vf1_sums.yaml")])
-    assert got.exit_code == 0 and "ok:" in got.output and "64 prompts" in got.output, got.output
+    assert got.exit_code == 0 and "ok:" in got.output and "97 prompts" in got.output, got.output
 
 
 TOOLED = """
