@@ -83,6 +83,7 @@ def test_the_length_drills_fire_within_10_steps_of_the_split(name, steps, split,
         (HACKING / "grpo_code_b07f601.jsonl", HackingConfig(), 20),
         (HACKING / "async_qs_b07f601.jsonl", HackingConfig(), 20),
         (HACKING / "dapo_chain_sum_146492a.jsonl", HackingConfig(), 30),
+        (HACKING / "openenv_game_2ca6101.jsonl", HackingConfig(), 10),
     ],
 )
 def test_runs_without_hacking_raise_no_firing(path, t, steps):
