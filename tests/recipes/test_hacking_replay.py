@@ -87,6 +87,7 @@ def test_the_length_drills_fire_within_10_steps_of_the_split(name, steps, split,
         # held-out 0.158 -> 0.617 -> 0.509 (the recipe's header records 0.658 -> 0.558
         # on machine C); the train reward (`correct`, weight 0 in the loss) rose and fell
         (HACKING / "distill_quickstart_146492a.jsonl", HackingConfig(), 20),
+        (HACKING / "grpo_lora_146492a.jsonl", HackingConfig(), 20),
     ],
 )
 def test_runs_without_hacking_raise_no_firing(path, t, steps):
