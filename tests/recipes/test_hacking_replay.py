@@ -88,6 +88,7 @@ def test_the_length_drills_fire_within_10_steps_of_the_split(name, steps, split,
         # on machine C); the train reward (`correct`, weight 0 in the loss) rose and fell
         (HACKING / "distill_quickstart_146492a.jsonl", HackingConfig(), 20),
         (HACKING / "grpo_lora_146492a.jsonl", HackingConfig(), 20),
+        (HACKING / "vf_calc_game_2ca6101.jsonl", HackingConfig(), 18),
     ],
 )
 def test_runs_without_hacking_raise_no_firing(path, t, steps):
