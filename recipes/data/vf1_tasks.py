@@ -3,8 +3,8 @@
 
 verifiers runs in `rollout.environment.python` (default: posttrain's interpreter), a
 subprocess running recipes/episodes/vf1_driver.py, because verifiers 0.4 pins openai<3
-and mcp==2.0.0 beside posttrain's. `vf1_items`: the driver's `check` first, refusing
-what posttrain cannot serve (named), then its `tasks`, each prompt carrying the task's
+and mcp==2.0.0 beside posttrain's. `vf1_items`: the driver's `tasks` (which runs its `check`
+first, refusing what posttrain cannot serve, named), each prompt carrying the task's
 position and content key (`metadata['vf1']`) so the driver later runs that very task
 (recipes/episodes/vf1.py runs the episodes).
 """
@@ -84,7 +84,6 @@ def vf1_items(
             f"{key}: {{environment: {split}}}: a verifiers v1 taskset has no eval split; "
             "posttrain reads its tasks as {environment: train} only"
         )
-    call_driver(cfg, "check", where)
     source = data_source or f"verifiers:{cfg.label}"
     items = []
     for line in call_driver(cfg, "tasks", where, limit).splitlines():
