@@ -88,11 +88,16 @@ def matmul_rate(shape: Shape, rows: int, dtype: torch.dtype, threads: int, secs:
     return out
 
 
-def step_flops(batch: TrainBatch, shape: Shape, n_body: int, n_all: int) -> tuple[float, float]:
-    """(counted FLOPs, 6·N·T) of one train step on `batch` (module docstring)."""
+def step_flops(
+    batch: TrainBatch, shape: Shape, n_body: int, n_all: int, head_everywhere: bool = False
+) -> tuple[float, float]:
+    """(counted FLOPs, 6·N·T) of one train step on `batch` (module docstring). The LM
+    head is counted on the tokens the loss reads (`response_mask`), where the learner
+    runs it; `head_everywhere`: on every real token from `response_start` on."""
     mask = batch.attention_mask
     tokens = float(mask.sum())
-    logits = float(mask[:, batch.response_start :].sum())
+    head = mask if head_everywhere else batch.response_mask
+    logits = float((head[:, batch.response_start :] != 0).sum())
     if batch.segment_ids is not None:
         seg = batch.segment_ids
         lengths = [

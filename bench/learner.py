@@ -19,6 +19,10 @@ Workloads (the same code path as a recipe's step: `LearnerWorker.train_step`):
 - "sft, attention by block mask": sft again with each packed row's attention over the
   whole row under a block-diagonal mask (`segment_attention`), the learner's before of
   attention per conversation (`learner/packing.py` `segment_sdpa`).
+- "sft, LM head on every token": sft again with the LM head run on every column from
+  `response_start` on (the system prompt, the question and the tool's output too), the
+  learner's before of running it on the loss's tokens only (`sequence_logprobs(...,
+  wanted=response_mask)`).
 - "sft, weights kept forward->backward": sft again with FSDP2 not resharding the
   layers' weights after forward (`set_reshard_after_forward(False)`: no second
   all-gather in backward, the unsharded bf16 weights held meanwhile).
@@ -51,6 +55,7 @@ import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from functools import partial
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.learner.ranks
@@ -66,6 +71,7 @@ WORKLOADS = ("sft", "grpo", "dpo")
 FOREACH = "sft, foreach AdamW"
 KEPT = "sft, weights kept forward->backward"
 MASKED = "sft, attention by block mask"
+HEAD_ALL = "sft, LM head on every token"
 COLLECTIVES = ("all_gather", "reduce_scatter", "allreduce", "all_reduce", "gloo:")
 
 
@@ -81,6 +87,12 @@ def _workload(name: str, a: dict, world: int):  # noqa: ANN202
         b = grpo_batch(a["vocab"], a["rows"], a["prompt"], a["response"])
         return b, "grpo", GRPOLoss(), a["grpo_micro_batch"]
     return dpo_batch(a["vocab"], a["pairs"], a["dpo_prompt"], a["response"]), "dpo", DPOLoss(), 4
+
+
+def _every_token(head, *args, wanted=None, **kwargs):  # noqa: ANN001, ANN202, ARG001
+    """`head` (sequence_logprobs_and_entropy) with `wanted` dropped: the LM head on every
+    column from `response_start` on, as before it ran on the loss's tokens only."""
+    return head(*args, **kwargs)
 
 
 def _collective_seconds(prof) -> float:  # noqa: ANN001
@@ -142,7 +154,7 @@ def _rank(rank: int, world: int, a: dict, port: int, queue) -> None:  # noqa: AN
     from dataclasses import replace
 
     from posttrain.algorithms import loss_module
-    from posttrain.learner import logprobs
+    from posttrain.learner import logprobs, worker
     from posttrain.learner.worker import LearnerSettings, LearnerWorker
 
     s = LearnerSettings(model_path=a["model"], compute_dtype="bfloat16", lr=1e-5)
@@ -164,17 +176,21 @@ def _rank(rank: int, world: int, a: dict, port: int, queue) -> None:  # noqa: AN
             "flops": flops,
             "six_nt": six_nt,
         }
-    extras = [MASKED] if "sft" in a["workloads"] else []
+    extras = [HEAD_ALL, MASKED] if "sft" in a["workloads"] else []
     extras += [KEPT, FOREACH] if a["foreach"] else []
     if extras:  # the SFT step again: attention by block mask (the before of attention
         # per conversation), FSDP2 keeping the layers' weights from forward to backward,
         # then with the AdamW the learner had before (foreach)
         batch, algo, loss, mbs = _workload("sft", a, world)
         w.algo, w.s = loss_module(algo), replace(s, algorithm=algo, loss=loss, micro_batch_size=mbs)
-        flops, six_nt = step_flops(batch, Shape.of(a["config"]), n_body, n_all)
         for name in extras:
-            apart = logprobs._segments_apart
-            if name == MASKED:
+            flops, six_nt = step_flops(
+                batch, Shape.of(a["config"]), n_body, n_all, head_everywhere=name == HEAD_ALL
+            )
+            apart, head = logprobs._segments_apart, worker.sequence_logprobs_and_entropy
+            if name == HEAD_ALL:
+                worker.sequence_logprobs_and_entropy = partial(_every_token, head)
+            elif name == MASKED:
                 logprobs._segments_apart = lambda *_: False
             elif name == FOREACH:
                 w.policy.set_reshard_after_forward(True)  # back to the learner's setting
@@ -190,7 +206,7 @@ def _rank(rank: int, world: int, a: dict, port: int, queue) -> None:  # noqa: AN
                     "six_nt": six_nt,
                 }
             finally:
-                logprobs._segments_apart = apart
+                logprobs._segments_apart, worker.sequence_logprobs_and_entropy = apart, head
     w.close()
     if rank == 0:
         buf = io.BytesIO()
@@ -277,7 +293,7 @@ def main() -> None:
     for lay in layouts:  # each layout's rows as soon as it ran
         world, threads = (int(x) for x in lay.split("x"))
         res = run_ranks(_rank, world, {**a, "threads": threads})
-        extras = [MASKED] if "sft" in a["workloads"] else []
+        extras = [HEAD_ALL, MASKED] if "sft" in a["workloads"] else []
         for name in [*a["workloads"], *extras, *([KEPT, FOREACH] if a["foreach"] else [])]:
             print(_row(name, f"{world} rank(s) x {threads} thread(s)", res[name], peak), flush=True)
     print(f"\nload average after: {' '.join(Path('/proc/loadavg').read_text().split()[:3])}")

@@ -159,6 +159,13 @@ def _plain_head(model: torch.nn.Module) -> torch.nn.Linear | None:
     return head
 
 
+def _scattered(want: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+    """`[B, R]` float32: `values [n]` (n = want.sum()) at `want`'s True entries in
+    row-major order, 0 elsewhere; differentiable w.r.t. `values`."""
+    out = torch.zeros(want.shape, dtype=torch.float32, device=values.device)
+    return out.masked_scatter(want, values)
+
+
 @contextmanager
 def _head_returns_logprobs(
     head: torch.nn.Linear,
@@ -167,6 +174,7 @@ def _head_returns_logprobs(
     chunk: int,
     select: tuple[torch.Tensor, torch.Tensor] | None = None,
     entropy: list[torch.Tensor] | None = None,
+    want: torch.Tensor | None = None,
 ) -> Iterator[None]:
     """Make `head` return the targets' logprobs instead of logits for one forward: it
     still runs inside the model's forward, so FSDP2 has its weight unsharded (and
@@ -177,11 +185,24 @@ def _head_returns_logprobs(
         select: `(rows, columns)`, each `[B, R]`: the hidden state that predicts each
             target (a packed forward); None: position t predicts column t + 1.
         entropy: a list to append the targets' `[B, R]` entropies to, or None.
+        want: `[B, R]` bool, the targets whose logprob is wanted: the head runs on
+            those hidden states only and returns 0 (entropy 0) at the others; None: all.
     """
 
     def forward(hidden: torch.Tensor) -> torch.Tensor:
-        picked = hidden[:, :-1] if select is None else hidden[select[0], select[1]]
-        return chunked_token_logprobs(picked, head.weight, targets, temperature, chunk, entropy)
+        if want is None:
+            picked = hidden[:, :-1] if select is None else hidden[select[0], select[1]]
+            return chunked_token_logprobs(picked, head.weight, targets, temperature, chunk, entropy)
+        rows, cols = want.nonzero(as_tuple=True)
+        if select is not None:
+            rows, cols = select[0][rows, cols], select[1][rows, cols]
+        sink: list[torch.Tensor] | None = [] if entropy is not None else None
+        lp = chunked_token_logprobs(
+            hidden[rows, cols], head.weight, targets[want], temperature, chunk, sink
+        )
+        if entropy is not None:
+            entropy.append(_scattered(want, sink[-1]))
+        return _scattered(want, lp)
 
     head.forward = forward
     try:
@@ -199,9 +220,10 @@ def sequence_logprobs(
     chunk_tokens: int | None = CHUNK_TOKENS,
     share_prompts: bool = True,
     segment_ids: torch.Tensor | None = None,
+    wanted: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Logprob of each token given the tokens before it, for columns from
-    `response_start` on; 0 on earlier columns.
+    `response_start` on (and, `wanted` given, only where it is nonzero); 0 elsewhere.
 
     Position ids are counted over real tokens only (cumsum of the mask), so left
     padding shifts nothing, whatever the pad id. The LM head runs only on the response
@@ -228,6 +250,11 @@ def sequence_logprobs(
         segment_ids: `[B, T]` for rows that pack several examples (`TrainBatch.
             segment_ids`): each gets its own position ids and attends to itself only
             (`segment_attention`); prompt sharing is then off. None: one per row.
+        wanted: `[B, T]`, nonzero on the tokens whose logprob is wanted (a loss mask:
+            an SFT row's assistant tokens, a response without its padding); the
+            chunked head then runs on those positions only, the rest are 0. The
+            decoder still runs on every token (they are context). None: all columns
+            from `response_start` on.
 
     Returns:
         `[B, T]` float32 logprobs.
@@ -245,6 +272,7 @@ def sequence_logprobs(
         share_prompts,
         entropy=False,
         segment_ids=segment_ids,
+        wanted=wanted,
     )[0]
 
 
@@ -258,6 +286,7 @@ def sequence_logprobs_and_entropy(
     share_prompts: bool = True,
     entropy: bool = True,
     segment_ids: torch.Tensor | None = None,
+    wanted: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """`sequence_logprobs` and, from the same forward, the entropy (nats, no gradient)
     of softmax(logits / temperature) (`algorithms.common.token_entropy`): `[B, T]`
@@ -284,6 +313,7 @@ def sequence_logprobs_and_entropy(
             positions, attention_mask = segment_attention(segment_ids, dtype)
     keep = width_total - response_start + 1
     targets = input_ids[:, response_start:]
+    want = wanted[:, response_start:] != 0 if wanted is not None else None
     head = _plain_head(model) if chunk_tokens is not None else None
     out = torch.zeros(input_ids.shape, dtype=torch.float32, device=input_ids.device)
     ent = torch.zeros_like(out) if entropy else None
@@ -316,7 +346,7 @@ def sequence_logprobs_and_entropy(
         sink: list[torch.Tensor] | None = [] if entropy else None
         with (
             attention,
-            _head_returns_logprobs(head, targets, temperature, chunk_tokens, select, sink),
+            _head_returns_logprobs(head, targets, temperature, chunk_tokens, select, sink, want),
         ):
             out[:, response_start:] = model(**kwargs).logits
         if ent is not None:
@@ -327,6 +357,10 @@ def sequence_logprobs_and_entropy(
     out[:, response_start:] = token_logprobs(logits, targets, temperature)
     if ent is not None:
         ent[:, response_start:] = token_entropy(logits, temperature)
+    if want is not None:  # as the chunked head: 0 where not wanted
+        out[:, response_start:].masked_fill_(~want, 0.0)
+        if ent is not None:
+            ent[:, response_start:].masked_fill_(~want, 0.0)
     return out, ent
 
 

@@ -152,6 +152,7 @@ class LearnerWorker(SessionVerbs):
             mb.response_start,
             self.s.temperature,
             segment_ids=mb.segment_ids,
+            wanted=mb.response_mask,
         )
 
     def _policy_output(self, mb: TrainBatch) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -168,6 +169,7 @@ class LearnerWorker(SessionVerbs):
             mb.response_start,
             self.s.temperature,
             segment_ids=mb.segment_ids,
+            wanted=mb.response_mask,
         )
 
     @contextmanager
