@@ -2,16 +2,17 @@
 
     .venv/bin/python bench/dpo.py [--steps 4] [--pairs 64] [--smoke]
 
-Runs recipes/dpo_hh.yaml on the real model twice on the same data (HH-RLHF from
-../shared/data): once with the reference's logprobs precomputed and cached (then the
-reference leaves memory), once with the reference in the loop; then, if `trl` is
-installed (`pip install trl`; not a dependency of posttrain), TRL's DPOTrainer on the
-same model, pairs, batch, β, LR and max length, in one process with all cores. Prints
-mean seconds per step over steps after the first (same pairs per step, so the ratio is
-the pairs/s ratio), tokens/s of posttrain's padded batches, and the precompute's time
-and cache size. `--smoke`: 2 tiny steps of a tiny random model on 8 short pairs written in
-process, one learner rank (and TRL, when installed, on the same) (checks the bench runs;
-tests/bench/).
+Runs recipes/dpo_hh.yaml on the real model twice on the same data (its shipped HH-RLHF
+pairs): once with the reference's logprobs precomputed and cached (then the reference
+leaves memory), once with the reference in the loop; then TRL's DPOTrainer (reference in
+the loop, its default) on the same model, pairs, batch, β, LR and max length, in one
+process with all cores as torch threads, in its own virtualenv (`.bench-venv/trl`, made on
+first use as bench/sft.py makes it; TRL is not a dependency of posttrain). Prints mean
+seconds per step over steps after the first (same pairs per step, so the ratio is the
+pairs/s ratio), tokens/s of posttrain's padded batches, and the precompute's time and
+cache size. `--smoke`: 2 tiny steps of a tiny random model on 8 short pairs written in
+process, one learner rank (and TRL, when `.bench-venv/trl` exists, on the same) (checks
+the bench runs; tests/bench/).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ sys.path.insert(0, str(ROOT))
 
 from _header import header  # noqa: E402  (bench/ is sys.path[0] when a bench runs)
 from _smoke import SMOKE_HELP, tiny_model  # noqa: E402
+from _trl import run_trl_worker, trl_python  # noqa: E402
 
 
 def main() -> None:
@@ -36,7 +38,13 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=4)
     ap.add_argument("--pairs", type=int, default=64)
     ap.add_argument("--smoke", action="store_true", help=SMOKE_HELP)
+    ap.add_argument("--trl-worker", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--data", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--save", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.trl_worker:
+        _trl_worker(args)
+        return
     from posttrain.common.model_registry import resolve_model_path
 
     smoke_sets = []
@@ -108,7 +116,7 @@ def main() -> None:
             f"(in the loop) vs TRL: {trl_row / without_s:.2f}x"
         )
     else:
-        print("TRL DPOTrainer: not installed (pip install trl), not compared")
+        print("TRL DPOTrainer: not run (--smoke and no .bench-venv/trl), not compared")
     print(
         f"precompute: {info.get('pairs')} pairs in {info.get('seconds', 0):.1f} s "
         f"(cache hit: {info.get('cache_hit')}), cache file {info.get('bytes', 0)} bytes"
@@ -130,39 +138,35 @@ def _short_pairs(folder: Path, n: int) -> Path:
     return path
 
 
-def _trl(model_dir: Path, pairs: list, args: argparse.Namespace, recipe) -> float | None:
-    """Mean seconds per step of TRL's DPOTrainer (steps after the first), or None."""
-    try:
-        from datasets import Dataset
-        from trl import DPOConfig, DPOTrainer
-    except ImportError:
-        return None
+def _trl_worker(a: argparse.Namespace) -> None:
+    """TRL's DPOTrainer on the pairs in `a.data` (runs inside `_trl.VENV`: imports
+    nothing of posttrain); saves the seconds between its step ends to `a.save`."""
     import time
 
     import torch
+    from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+    from trl import DPOConfig, DPOTrainer
 
-    torch.set_num_threads(2)
-    tok = AutoTokenizer.from_pretrained(model_dir)
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    ds = Dataset.from_list(
-        [{"prompt": p.prompt, "chosen": p.chosen, "rejected": p.rejected} for p in pairs]
-    )
+    torch.set_num_threads(os.cpu_count() or 1)
+    cfg = json.loads(Path(a.data).read_text())
+    tok = AutoTokenizer.from_pretrained(a.trl_worker)
+    model = AutoModelForCausalLM.from_pretrained(a.trl_worker, dtype=torch.float32)
     stamps: list[float] = []
 
     class Clock(TrainerCallback):
-        def on_step_end(self, *a, **k):
+        def on_step_end(self, *_, **__):
             stamps.append(time.perf_counter())
 
     with tempfile.TemporaryDirectory() as out:
-        cfg = DPOConfig(
+        args = DPOConfig(
             output_dir=out,
-            per_device_train_batch_size=recipe.train.prompts_per_step,
-            max_steps=args.steps,
-            learning_rate=recipe.train.lr,
-            beta=recipe.dpo.beta,
-            max_length=recipe.dpo.max_length,
-            bf16=recipe.model.dtype == "bfloat16",
+            per_device_train_batch_size=cfg["batch"],
+            max_steps=a.steps,
+            learning_rate=cfg["lr"],
+            beta=cfg["beta"],
+            max_length=cfg["max_length"],
+            bf16=cfg["bf16"],
             use_cpu=True,
             report_to=[],
             logging_steps=1,
@@ -170,11 +174,39 @@ def _trl(model_dir: Path, pairs: list, args: argparse.Namespace, recipe) -> floa
             dataloader_num_workers=0,
         )
         trainer = DPOTrainer(
-            model=model, args=cfg, train_dataset=ds, processing_class=tok, callbacks=[Clock()]
+            model=model,
+            args=args,
+            train_dataset=Dataset.from_list(cfg["pairs"]),
+            processing_class=tok,
+            callbacks=[Clock()],
         )
         stamps.append(time.perf_counter())
         trainer.train()
-    gaps = [b - a for a, b in zip(stamps, stamps[1:], strict=False)][1:]
+    Path(a.save).write_text(
+        json.dumps({"gaps": [y - x for x, y in zip(stamps, stamps[1:], strict=False)]})
+    )
+
+
+def _trl(model_dir: Path, pairs: list, args: argparse.Namespace, recipe) -> float | None:
+    """Mean seconds per step of TRL's DPOTrainer (steps after the first) on the same
+    pairs, batch, LR, beta and max length, in TRL's own virtualenv (`_trl.VENV`, made on
+    first use) with every core as torch threads; None when --smoke finds no VENV."""
+    py = trl_python(args.smoke)
+    if py is None:
+        return None
+    cfg = {
+        "pairs": [{"prompt": p.prompt, "chosen": p.chosen, "rejected": p.rejected} for p in pairs],
+        "batch": recipe.train.prompts_per_step,
+        "lr": recipe.train.lr,
+        "beta": recipe.dpo.beta,
+        "max_length": recipe.dpo.max_length,
+        "bf16": recipe.model.dtype == "bfloat16",
+    }
+    with tempfile.NamedTemporaryFile("w", suffix=".json") as f:
+        f.write(json.dumps(cfg))
+        f.flush()
+        argv = [str(model_dir), "--data", f.name, "--steps", str(args.steps)]
+        gaps = run_trl_worker(py, __file__, argv)["gaps"][1:]
     return statistics.fmean(gaps) if gaps else None
 
 
