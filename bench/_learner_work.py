@@ -8,11 +8,12 @@ FLOPs of one train step (forward + backward = 3 forwards, no recomputation):
 
 N_body: the parameters of the decoder layers and the final norm (the embedding lookup
 costs no FLOPs; a tied or untied LM head is the second term); T: real (non-padding)
-tokens; V·h: the LM head; T_logits: real tokens whose logits the learner computes (the
-response columns, learner/logprobs.py); L layers of width h, P: attended (query, key)
-pairs, Σ n(n+1)/2 over each segment (a packed conversation, or a row's real tokens) of
-n tokens: QKᵀ and AV cost 2·h FLOPs per pair each, forward. Kaplan et al. 2020
-(arXiv:2001.08361) §2.1 gives the 6·N and attention terms. `6·N·T` (N all parameters,
+tokens (a prompt shared by a group's rows once); V·h: the LM head; T_logits: the tokens
+whose logprobs the loss reads (`response_mask`, where learner/logprobs.py runs the
+head); L layers of width h, P: attended (query, key) pairs, Σ n(n+1)/2 over each
+segment (a packed conversation, or a row's real tokens) of n tokens (a group's response
+also attends to its prompt): QKᵀ and AV cost 2·h FLOPs per pair each, forward. Kaplan
+et al. 2020 (arXiv:2001.08361) §2.1 gives the 6·N and attention terms. `6·N·T` (N all parameters,
 the issue's figure) is printed beside it. Full fine-tuning only: with LoRA the frozen
 base still costs its forward (2·N) and the backward through activations (2·N) per
 token, plus 6·N_lora, which this bench does not run.
@@ -88,30 +89,63 @@ def matmul_rate(shape: Shape, rows: int, dtype: torch.dtype, threads: int, secs:
     return out
 
 
-def step_flops(
-    batch: TrainBatch, shape: Shape, n_body: int, n_all: int, head_everywhere: bool = False
-) -> tuple[float, float]:
-    """(counted FLOPs, 6·N·T) of one train step on `batch` (module docstring). The LM
-    head is counted on the tokens the loss reads (`response_mask`), where the learner
-    runs it; `head_everywhere`: on every real token from `response_start` on."""
+def step_flops(batch: TrainBatch, shape: Shape, n_body: int, n_all: int) -> tuple[float, float]:
+    """(counted FLOPs, 6·N·T) of one train step on `batch` (module docstring): the work
+    the step needs, not what a learner happens to compute (padding, the LM head on
+    tokens no loss reads), so a learner doing more shows a lower rate. The LM head is
+    counted on the tokens the loss reads (`response_mask`); rows that share a prompt (a
+    GRPO group) count it once, as the learner's packed forward computes it
+    (learner/packing.py). 6·N·T counts every row's real tokens."""
+    from posttrain.learner.packing import shared_prompts
+
     mask = batch.attention_mask
     tokens = float(mask.sum())
-    head = mask if head_everywhere else batch.response_mask
-    logits = float((head[:, batch.response_start :] != 0).sum())
-    if batch.segment_ids is not None:
-        seg = batch.segment_ids
-        lengths = [
-            int((seg[r] == k).sum()) for r in range(seg.shape[0]) for k in seg[r].unique() if k > 0
-        ]
+    logits = float((batch.response_mask[:, batch.response_start :] != 0).sum())
+    start = batch.response_start
+    groups = None if batch.segment_ids is not None else shared_prompts(batch.input_ids, mask, start)
+    if groups is not None:
+        first, inverse = groups
+        p = mask[first, :start].sum(-1).float()  # [U] each distinct prompt's real tokens
+        n = mask[:, start:].sum(-1).float()  # [B] each response's real tokens
+        computed = float(p.sum() + n.sum())
+        pairs = float((p * (p + 1) / 2).sum() + (p[inverse] * n + n * (n + 1) / 2).sum())
     else:
-        lengths = [int(n) for n in mask.sum(-1)]
-    pairs = sum(n * (n + 1) / 2 for n in lengths)
+        if batch.segment_ids is not None:
+            seg = batch.segment_ids
+            lengths = [
+                int((seg[r] == k).sum())
+                for r in range(seg.shape[0])
+                for k in seg[r].unique()
+                if k > 0
+            ]
+        else:
+            lengths = [int(n) for n in mask.sum(-1)]
+        computed, pairs = tokens, sum(n * (n + 1) / 2 for n in lengths)
     counted = (
-        6.0 * n_body * tokens
+        6.0 * n_body * computed
         + 6.0 * shape.vocab * shape.hidden * logits
         + 12.0 * shape.layers * shape.hidden * pairs
     )
     return counted, 6.0 * n_all * tokens
+
+
+def quickstart_batch(vocab: int, prompts: int, group: int, prompt: int, longest: int) -> TrainBatch:
+    """recipes/quickstart_grpo.yaml's step shape: `prompts` prompts of `prompt` random
+    tokens, `group` samples each (the group's rows share the prompt ids), responses of
+    1..`longest` real tokens (uniform, seed 0), right-padded to `longest`; advantages
+    ±1 per row, on-policy, the token-mean denominator."""
+    g = torch.Generator().manual_seed(0)
+    rows, width = prompts * group, prompt + longest
+    ids = torch.randint(4, vocab, (rows, width), generator=g)
+    ids[:, :prompt] = ids[::group, :prompt].repeat_interleave(group, dim=0)
+    lengths = torch.randint(1, longest + 1, (rows,), generator=g)
+    attn = torch.ones(rows, width, dtype=torch.long)
+    attn[:, prompt:] = (torch.arange(longest)[None, :] < lengths[:, None]).long()
+    ids[attn == 0] = 0
+    resp = torch.zeros(rows, width)
+    resp[:, prompt:] = attn[:, prompt:].float()
+    adv = torch.randn(rows, 1, generator=g).sign() * resp
+    return TrainBatch(ids, attn, resp, prompt, advantages=adv, loss_denominator=float(resp.sum()))
 
 
 def grpo_batch(vocab: int, rows: int, prompt: int, response: int) -> TrainBatch:

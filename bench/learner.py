@@ -16,6 +16,9 @@ Workloads (the same code path as a recipe's step: `LearnerWorker.train_step`):
 - grpo: 32 rows x (160 prompt + 64 response) random tokens, on-policy (one pass),
   micro_batch_size 16 (bench/learner_layout.py's GSM8K shape).
 - dpo: 8 pairs x (96 + 64) tokens, reference sums precomputed, micro_batch_size 4.
+- grpo_quickstart: recipes/quickstart_grpo.yaml's shape: 4 prompts of 40 random tokens x
+  8 samples (a group's rows share the prompt, so the learner packs each group behind
+  one copy of it), responses of 1..32 real tokens right-padded to 32, micro_batch_size 16.
 - "sft, attention by block mask": sft again with each packed row's attention over the
   whole row under a block-diagonal mask (`segment_attention`), the learner's before of
   attention per conversation (`learner/packing.py` `segment_sdpa`).
@@ -62,12 +65,20 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.learner.ra
 
 import torch  # noqa: E402
 from _header import header  # noqa: E402  (bench/ is sys.path[0] when a bench runs)
-from _learner_work import Shape, dpo_batch, grpo_batch, matmul_rate, sft_batch, step_flops  # noqa: E402
+from _learner_work import (  # noqa: E402
+    Shape,
+    dpo_batch,
+    grpo_batch,
+    matmul_rate,
+    quickstart_batch,
+    sft_batch,
+    step_flops,
+)
 from _smoke import SMOKE_HELP, tiny_model  # noqa: E402
 
 from posttrain.common.model_registry import resolve_model_path  # noqa: E402
 
-WORKLOADS = ("sft", "grpo", "dpo")
+WORKLOADS = ("sft", "grpo", "dpo", "grpo_quickstart")
 FOREACH = "sft, foreach AdamW"
 KEPT = "sft, weights kept forward->backward"
 MASKED = "sft, attention by block mask"
@@ -86,6 +97,9 @@ def _workload(name: str, a: dict, world: int):  # noqa: ANN202
     if name == "grpo":
         b = grpo_batch(a["vocab"], a["rows"], a["prompt"], a["response"])
         return b, "grpo", GRPOLoss(), a["grpo_micro_batch"]
+    if name == "grpo_quickstart":
+        b = quickstart_batch(a["vocab"], a["qs_prompts"], 8, a["qs_prompt"], a["qs_longest"])
+        return b, "grpo", GRPOLoss(), 16
     return dpo_batch(a["vocab"], a["pairs"], a["dpo_prompt"], a["response"]), "dpo", DPOLoss(), 4
 
 
@@ -184,9 +198,7 @@ def _rank(rank: int, world: int, a: dict, port: int, queue) -> None:  # noqa: AN
         batch, algo, loss, mbs = _workload("sft", a, world)
         w.algo, w.s = loss_module(algo), replace(s, algorithm=algo, loss=loss, micro_batch_size=mbs)
         for name in extras:
-            flops, six_nt = step_flops(
-                batch, Shape.of(a["config"]), n_body, n_all, head_everywhere=name == HEAD_ALL
-            )
+            flops, six_nt = step_flops(batch, Shape.of(a["config"]), n_body, n_all)
             apart, head = logprobs._segments_apart, worker.sequence_logprobs_and_entropy
             if name == HEAD_ALL:
                 worker.sequence_logprobs_and_entropy = partial(_every_token, head)
@@ -263,11 +275,12 @@ def main() -> None:
     a = {"steps": args.steps, "workloads": args.workloads.split(","), "conversations": 16}
     a["foreach"] = "sft" in a["workloads"] and not args.no_foreach
     a |= {"rows": 32, "prompt": 160, "response": 64, "grpo_micro_batch": 16}
-    a |= {"pairs": 8, "dpo_prompt": 96}
+    a |= {"pairs": 8, "dpo_prompt": 96, "qs_prompts": 4, "qs_prompt": 40, "qs_longest": 32}
     if args.smoke:
         a["model"], label, rows, secs = str(tiny_model()), "tiny random Llama (smoke)", 64, 0.05
         a |= {"steps": 1, "conversations": 4, "rows": 4, "prompt": 8, "response": 4}
         a |= {"grpo_micro_batch": 2, "pairs": 2, "dpo_prompt": 8}
+        a |= {"qs_prompts": 2, "qs_prompt": 8, "qs_longest": 6}
     else:
         a["model"], label = str(resolve_model_path("smollm2-135m-instruct")), "SmolLM2-135M"
         rows, secs = 1024, 0.5

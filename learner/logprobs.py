@@ -236,7 +236,9 @@ def sequence_logprobs(
     and itself only and its own position ids, so the prompt is computed once per group
     instead of G times, in one forward (FSDP2's hooks see an ordinary forward). Taken
     with the chunked head and SDPA attention, when it cuts the forward's FLOPs by ≥ 10%
-    (`common.packing.packing_pays`). Same values to float rounding (tests/learner/test_logprobs.py).
+    (`common.packing.packing_pays`) and the responses are right-padded. Only a response's
+    real tokens are packed, so its padding columns come back 0. Same values on real
+    tokens to float rounding (tests/learner/test_logprobs.py).
 
     Args:
         model: a transformers causal LM (plain, peft- or FSDP-wrapped).
@@ -343,6 +345,8 @@ def sequence_logprobs_and_entropy(
                 use_cache=False,
             )
             select = (pack.rows, pack.columns)
+            # A response's padding is not packed: no hidden state predicts it.
+            want = pack.real if want is None else want & pack.real
         sink: list[torch.Tensor] | None = [] if entropy else None
         with (
             attention,

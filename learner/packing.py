@@ -47,15 +47,19 @@ def shared_prompts(
 @dataclass(frozen=True)
 class PromptPacking:
     """Rows sharing a prompt packed into one sequence each: `[prompt | response 1 | ... |
-    response G]`, every response attending to the prompt and to itself only.
+    response G]`, every response attending to the prompt and to itself only. Each
+    response keeps its real tokens only (a response's right padding is not packed), so
+    a group's sequence is as long as its prompt and its responses' real tokens.
 
     Attributes:
-        input_ids, positions: `[U, L]`, L = P + G·R (G: the largest group; a smaller
-            group's unused blocks are masked out).
+        input_ids, positions: `[U, L]`, L = P + the most real response tokens of a
+            group (columns after a shorter group's last token are masked out).
         mask: `[U, 1, L, L]` bool, True where a query column may attend to a key column.
         rows, columns: `[B, R]` where, in the head's `[U, L − P + 1]` hidden states (the
             packed columns from P − 1 on), the state predicting each original row's
-            response token sits.
+            response token sits; on a response's padding they point at column 0 (its
+            value there is not a logprob of anything: `real` says which are).
+        real: `[B, R]` bool, the response columns that hold real tokens.
     """
 
     input_ids: torch.Tensor
@@ -63,6 +67,7 @@ class PromptPacking:
     mask: torch.Tensor
     rows: torch.Tensor
     columns: torch.Tensor
+    real: torch.Tensor
 
     @staticmethod
     def build(
@@ -73,26 +78,35 @@ class PromptPacking:
         first: torch.Tensor,
         inverse: torch.Tensor,
     ) -> PromptPacking:
-        """Pack `[B, T]` rows whose first `prompt` columns are shared (`shared_prompts`)."""
+        """Pack `[B, T]` rows whose first `prompt` columns are shared (`shared_prompts`).
+        A response's real tokens are the first of its columns (right padding only:
+        `right_padded_responses`)."""
         b, t = input_ids.shape
         r, dev = t - prompt, input_ids.device
-        slot = torch.zeros(b, dtype=torch.long, device=dev)  # a row's block in its group
+        real = attention_mask[:, prompt:].bool()  # [B, R]
+        lengths = real.sum(-1)
+        start = torch.zeros(b, dtype=torch.long, device=dev)  # a row's first packed column
+        block_of = torch.zeros(b, dtype=torch.long, device=dev)  # its block in its group
+        used = []
         for u in range(first.shape[0]):
             members = (inverse == u).nonzero().squeeze(-1)
-            slot[members] = torch.arange(members.shape[0], device=dev)
-        g = int(slot.max()) + 1
-        u_count, length = first.shape[0], prompt + g * r
+            ends = lengths[members].cumsum(0)
+            start[members] = prompt + ends - lengths[members]
+            block_of[members] = torch.arange(1, members.shape[0] + 1, device=dev)
+            used.append(int(ends[-1]) if members.numel() else 0)
+        u_count, length = first.shape[0], prompt + max(used)
         ids = torch.zeros(u_count, length, dtype=input_ids.dtype, device=dev)
         pos = torch.zeros(u_count, length, dtype=positions.dtype, device=dev)
         valid = torch.zeros(u_count, length, dtype=torch.bool, device=dev)
         block = torch.zeros(u_count, length, dtype=torch.long, device=dev)
         ids[:, :prompt], pos[:, :prompt] = input_ids[first, :prompt], positions[first, :prompt]
         valid[:, :prompt] = attention_mask[first, :prompt].bool()
-        cols = prompt + slot[:, None] * r + torch.arange(r, device=dev)  # [B, R]
+        cols = start[:, None] + torch.arange(r, device=dev)  # [B, R]; valid where real
         rows = inverse[:, None].expand(b, r)
-        ids[rows, cols], pos[rows, cols] = input_ids[:, prompt:], positions[:, prompt:]
-        valid[rows, cols] = attention_mask[:, prompt:].bool()
-        block[rows, cols] = slot[:, None] + 1
+        at = (rows[real], cols[real])
+        ids[at], pos[at] = input_ids[:, prompt:][real], positions[:, prompt:][real]
+        valid[at] = True
+        block[at] = block_of[:, None].expand(b, r)[real]
         q = torch.arange(length, device=dev)
         same = (block[:, None, :] == 0) | (block[:, None, :] == block[:, :, None])
         allowed = same & valid[:, None, :] & (q[None, None, :] <= q[None, :, None])
@@ -102,7 +116,15 @@ class PromptPacking:
         head_cols = torch.cat(
             [torch.zeros(b, 1, dtype=torch.long, device=dev), cols[:, :-1] - prompt + 1], dim=1
         )
-        return PromptPacking(ids, pos, allowed[:, None], rows, head_cols)
+        head_cols = torch.where(real, head_cols, torch.zeros_like(head_cols))
+        return PromptPacking(ids, pos, allowed[:, None], rows, head_cols, real)
+
+
+def right_padded_responses(attention_mask: torch.Tensor, prompt: int) -> bool:
+    """Whether every row's response columns (from `prompt` on) are its real tokens
+    followed by padding only, as sampled responses are (`[B, T]` mask)."""
+    resp = attention_mask[:, prompt:].long()
+    return bool((resp[:, 1:] <= resp[:, :-1]).all())
 
 
 def segment_positions(segment_ids: torch.Tensor) -> torch.Tensor:
@@ -320,5 +342,7 @@ def packed_prompts(
     if h is None or not packing_pays(
         b, t, prompt, first.shape[0], g, h, getattr(config, "intermediate_size", None) or 4 * h
     ):
+        return None
+    if not right_padded_responses(attention_mask, prompt):
         return None
     return PromptPacking.build(input_ids, attention_mask, positions, prompt, first, inverse)

@@ -88,3 +88,35 @@ def test_the_head_runs_on_the_wanted_tokens_only(tiny_model, monkeypatch, kind, 
             m, ids, mask, start, 1.0, 4, share, segment_ids=segments, wanted=wanted
         )
     assert seen == [ids.shape[0] * (ids.shape[1] - start), int(wanted.sum())]
+
+
+def test_packed_prompts_keep_only_real_response_tokens(tiny_model):
+    """A group's packed sequence is its prompt and its responses' real tokens (not G
+    padded widths); values on real tokens and every gradient equal the row-by-row pass,
+    padding comes back 0; a response with a hole in its mask is not packed."""
+    torch.manual_seed(0)
+    ids = torch.randint(4, 60, (6, 13))
+    mask = torch.ones_like(ids)
+    ids[1:4, :10] = ids[0, :10]  # group A: rows 0-3; group B: rows 4-5
+    ids[5, :10] = ids[4, :10]
+    for row, n in enumerate([3, 1, 2, 3, 2, 3]):  # real response tokens per row
+        ids[row, 10 + n :], mask[row, 10 + n :] = 1, 0
+    probe = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32)
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    pack = packed_prompts(probe, ids, mask, positions, 10)
+    assert pack is not None and pack.input_ids.shape == (2, 10 + 9)  # A: 3+1+2+3, B: 2+3
+    weights = torch.randn(ids.shape)
+    runs = []
+    for share in (False, True):
+        m = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32)
+        lp, _ = sequence_logprobs_and_entropy(m, ids, mask, 10, 0.8, 4, share, entropy=False)
+        (lp * weights * mask).sum().backward()
+        runs.append((lp.detach(), {n: p.grad for n, p in m.named_parameters()}))
+    (want, want_g), (got, got_g) = runs
+    torch.testing.assert_close(got, want * mask, rtol=0, atol=1e-5)
+    assert got[mask == 0].abs().sum() == 0
+    for name, g in want_g.items():
+        torch.testing.assert_close(got_g[name], g, rtol=0, atol=1e-5, msg=name)
+    holed = mask.clone()
+    holed[0, 11], holed[0, 12] = 0, 1
+    assert packed_prompts(probe, ids, holed, (holed.cumsum(-1) - 1).clamp(min=0), 10) is None
