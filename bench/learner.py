@@ -190,7 +190,7 @@ def _rank(rank: int, world: int, a: dict, port: int, queue) -> None:  # noqa: AN
             "flops": flops,
             "six_nt": six_nt,
         }
-    extras = [HEAD_ALL, MASKED] if "sft" in a["workloads"] else []
+    extras = [HEAD_ALL, MASKED] if a["extras"] else []
     extras += [KEPT, FOREACH] if a["foreach"] else []
     if extras:  # the SFT step again: attention by block mask (the before of attention
         # per conversation), FSDP2 keeping the layers' weights from forward to backward,
@@ -269,11 +269,17 @@ def main() -> None:
         action="store_true",
         help="skip the SFT row with torch's default (foreach) AdamW, the learner's before",
     )
+    ap.add_argument(
+        "--no-extras",
+        action="store_true",
+        help="skip the SFT rows of earlier changes (LM head on every token, block mask)",
+    )
     ap.add_argument("--smoke", action="store_true", help=SMOKE_HELP)
     args = ap.parse_args()
     cores = os.cpu_count() or 1
     a = {"steps": args.steps, "workloads": args.workloads.split(","), "conversations": 16}
     a["foreach"] = "sft" in a["workloads"] and not args.no_foreach
+    a["extras"] = "sft" in a["workloads"] and not args.no_extras
     a |= {"rows": 32, "prompt": 160, "response": 64, "grpo_micro_batch": 16}
     a |= {"pairs": 8, "dpo_prompt": 96, "qs_prompts": 4, "qs_prompt": 40, "qs_longest": 32}
     if args.smoke:
@@ -306,7 +312,7 @@ def main() -> None:
     for lay in layouts:  # each layout's rows as soon as it ran
         world, threads = (int(x) for x in lay.split("x"))
         res = run_ranks(_rank, world, {**a, "threads": threads})
-        extras = [HEAD_ALL, MASKED] if "sft" in a["workloads"] else []
+        extras = [HEAD_ALL, MASKED] if a["extras"] else []
         for name in [*a["workloads"], *extras, *([KEPT, FOREACH] if a["foreach"] else [])]:
             print(_row(name, f"{world} rank(s) x {threads} thread(s)", res[name], peak), flush=True)
     print(f"\nload average after: {' '.join(Path('/proc/loadavg').read_text().split()[:3])}")
