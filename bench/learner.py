@@ -311,7 +311,7 @@ def main() -> None:
     print("|---" * 13 + "|", flush=True)
     for lay in layouts:  # each layout's rows as soon as it ran
         world, threads = (int(x) for x in lay.split("x"))
-        res = run_ranks(_rank, world, {**a, "threads": threads})
+        res = run_ranks(_rank, world, {**a, "threads": threads}, timeout_s=3600.0)
         extras = [HEAD_ALL, MASKED] if a["extras"] else []
         for name in [*a["workloads"], *extras, *([KEPT, FOREACH] if a["foreach"] else [])]:
             print(_row(name, f"{world} rank(s) x {threads} thread(s)", res[name], peak), flush=True)

@@ -47,8 +47,9 @@ def _first_result(queue: Any, procs: list[Any], timeout_s: float = 300.0) -> byt
                 ) from None
 
 
-def run_ranks(target: Callable[..., None], world: int, *args: Any) -> Any:
-    """`target(rank, world, *args, port, queue)` on every rank; rank 0's result.
+def run_ranks(target: Callable[..., None], world: int, *args: Any, timeout_s: float = 300.0) -> Any:
+    """`target(rank, world, *args, port, queue)` on every rank; rank 0's result, within
+    `timeout_s` seconds (a bench's many real-model steps need more than a test's).
 
     Raises:
         AssertionError: a rank exited with a non-zero code.
@@ -61,7 +62,7 @@ def run_ranks(target: Callable[..., None], world: int, *args: Any) -> Any:
     ]
     for p in procs:
         p.start()
-    result = torch.load(io.BytesIO(_first_result(queue, procs)), weights_only=False)
+    result = torch.load(io.BytesIO(_first_result(queue, procs, timeout_s)), weights_only=False)
     for p in procs:
         p.join(timeout=60)
         assert p.exitcode == 0, f"learner rank exited with {p.exitcode}"
