@@ -89,6 +89,8 @@ def test_the_length_drills_fire_within_10_steps_of_the_split(name, steps, split,
         (HACKING / "distill_quickstart_146492a.jsonl", HackingConfig(), 20),
         (HACKING / "grpo_lora_146492a.jsonl", HackingConfig(), 20),
         (HACKING / "vf_calc_game_2ca6101.jsonl", HackingConfig(), 18),
+        # from sft_tool_arith's policy at 0d2bbbe: every group scored 1.0 (no variance)
+        (HACKING / "grpo_tool_arith_0d2bbbe.jsonl", HackingConfig(), 10),
     ],
 )
 def test_runs_without_hacking_raise_no_firing(path, t, steps):
