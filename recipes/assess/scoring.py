@@ -149,7 +149,13 @@ def _reply_sums(model: Any, done: Any, pad: int, batch_pairs: int) -> list[float
     with torch.no_grad():
         for rows in _batches(len(done.pairs), batch_pairs):
             b = pair_batch([done.pairs[i] for i in rows], pad)
-            lp = sequence_logprobs(model, b.input_ids, b.attention_mask, b.response_start)
+            lp = sequence_logprobs(
+                model,
+                b.input_ids,
+                b.attention_mask,
+                b.response_start,
+                wanted=b.response_mask,  # the LM head on the replies' tokens only
+            )
             out += (lp * b.response_mask).sum(-1).tolist()
     return out
 
