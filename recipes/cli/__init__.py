@@ -23,6 +23,7 @@ from .checks import (
     load_or_exit,
     lock_or_exit,
     new_run_dir,
+    out_not_a_file_or_exit,
     port_or_exit,
     reward_server_or_exit,
     run_dir_or_exit,
@@ -95,11 +96,8 @@ def run(
     """Train a recipe end to end, or continue a run with --resume RUN_DIR. One run at a
     time holds the run folder (`lock_or_exit`)."""
     if recipe is None and resume is None:
-        typer.echo(
-            "error: give a recipe (posttrain run RECIPE) or a run to continue "
-            "(posttrain run --resume RUN_DIR)",
-            err=True,
-        )
+        msg = "give a recipe (posttrain run RECIPE) or a run to continue (--resume RUN_DIR)"
+        typer.echo(f"error: {msg}", err=True)
         raise typer.Exit(code=2)
     if resume is not None:
         from . import resume as resuming  # imports torch: after the cheap checks
@@ -107,6 +105,7 @@ def run(
         run_dir, checkpoint = resume, resuming.checkpoint_or_exit(resume)
         r, prompts = load_or_exit(recipe or checkpoint / "recipe.yaml", set_)
     else:
+        out_not_a_file_or_exit(out)  # before the recipe's checks convert a model
         r, prompts = load_or_exit(recipe, set_)
         run_dir, checkpoint = new_run_dir(r, out), None
     with lock_or_exit(run_dir):  # before the folder's checks: a run in progress is named

@@ -120,6 +120,16 @@ def new_run_dir(r: Recipe, out: Path | None) -> Path:
     return out or Path("runs") / f"{r.name}-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
+def out_not_a_file_or_exit(out: Path | None) -> None:
+    """Exit 2 when `--out` names an existing file (or a path below one): checked before
+    the recipe's checks, which may convert a model first."""
+    below = next((p for p in [out, *out.parents] if p.exists()), None) if out else None
+    if below is not None and not below.is_dir():
+        where = "is a file" if below == out else f"is below a file, {below}"
+        typer.echo(f"error: --out {out} {where}, not a folder; give a folder", err=True)
+        raise typer.Exit(code=2)
+
+
 def check_new_run_or_exit(run_dir: Path) -> None:
     """A new run's folder holds no run yet (no checkpoint, no metrics.jsonl); exit 2
     naming the resume command otherwise."""

@@ -108,7 +108,8 @@ def _prompt(
         picked = " (picked from row 1: prompt_key auto)" if lay.auto_prompt else ""
         raise RecipeError(
             f"{where}: row has no key {lay.prompt!r} ({key}.prompt_key{picked}); its "
-            f"keys are {sorted(row)}; set {key}.prompt_key to one of them"
+            f"keys are {sorted(row)}; fix or drop this row, or set {key}.prompt_key to "
+            "the key every row has"
         )
     else:
         value = row[lay.prompt]
@@ -121,6 +122,7 @@ def _prompt(
         messages: list[Message] | None = check_messages(value, where, lay.prompt)
         text = next(m["content"] for m in reversed(messages) if m["role"] == "user")
     elif isinstance(value, str | int | float) and not isinstance(value, bool):
+        finite_or_raise(value, f"{where}: {lay.prompt!r} ({key}.prompt_key)")
         text, messages = str(value), None
         if not text.strip():
             raise RecipeError(
@@ -161,8 +163,8 @@ def _answer(
         if not found:
             raise RecipeError(
                 f"{where}: row has no key {lay.answer!r} ({key}.answer_key{picked}); "
-                f"its keys are {sorted(row)}; set {key}.answer_key to one of them "
-                "(null: no answer)"
+                f"its keys are {sorted(row)}; fix or drop this row, or set "
+                f"{key}.answer_key to the key every row has (null: no answer)"
             )
         one = check_reply(value)
         if one is not None:
@@ -172,15 +174,29 @@ def _answer(
                 f"{where}: {lay.answer!r} ({key}.answer_key{picked}) is {show(value)}; "
                 "it must be text (or a number)"
             )
-        if isinstance(value, float) and not math.isfinite(value):  # str() would make 'nan'
-            raise RecipeError(
-                f"{where}: {lay.answer!r} ({key}.answer_key{picked}) is {value}, not a "
-                "finite number; fix or drop the row"
-            )
+        finite_or_raise(value, f"{where}: {lay.answer!r} ({key}.answer_key{picked})")
     answer = str(value)
     if cfg.answer_delimiter and cfg.answer_delimiter in answer:
         answer = answer.rsplit(cfg.answer_delimiter, 1)[1].strip()
     return answer
+
+
+def finite_or_raise(value: Any, what: str) -> None:
+    """Refuse a float that is NaN or infinite anywhere in `value` (a JSON value from a
+    data file): `str()` would make a prompt or answer of 'nan', and a reward service
+    would get invalid JSON.
+
+    Raises:
+        RecipeError: naming `what` (file, row and key) and the fix.
+    """
+    if isinstance(value, float) and not math.isfinite(value):
+        raise RecipeError(f"{what} is {value}, not a finite number; fix or drop the row")
+    if isinstance(value, dict):
+        for k, v in value.items():
+            finite_or_raise(v, f"{what}[{k!r}]")
+    elif isinstance(value, list | tuple):
+        for i, v in enumerate(value):
+            finite_or_raise(v, f"{what}[{i}]")
 
 
 def check_reply(value: Any) -> str | None:
@@ -197,6 +213,8 @@ def _metadata(cfg: FileData, lay: Layout, row: dict[str, Any], where: str) -> di
     if lay.kind == "pairs":
         used |= {cfg.chosen_key, cfg.rejected_key}
     meta = {k: v for k, v in row.items() if k not in used}
+    for k, v in meta.items():  # handed to the reward services
+        finite_or_raise(v, f"{where}: {k!r}")
     try:
         json.dumps(meta)
     except (TypeError, ValueError):  # dates, bytes: the reward services get them as text

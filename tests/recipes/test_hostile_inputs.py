@@ -126,7 +126,18 @@ EVAL_FILES = {
     "no prompt key": ([{"q": "1+1?"}], "set eval.prompts.prompt_key to the key of the prompt"),
     "missing answer": (
         [{"question": "1+1?", "answer": "2"}, {"question": "3+3?"}],
-        "set eval.prompts.answer_key to one of them",
+        "eval.jsonl:2: row has no key 'answer' (eval.prompts.answer_key (picked from row "
+        "1: answer_key auto)); its keys are ['question']; fix or drop this row, or set "
+        "eval.prompts.answer_key to the key every row has",
+    ),
+    # a fresh user's probe: a NaN prompt trained as the text 'nan'
+    "NaN prompt": (
+        [{"question": float("nan"), "answer": "2"}],
+        "eval.jsonl:1: 'question' (eval.prompts.prompt_key) is nan, not a finite number",
+    ),
+    "infinite metadata": (
+        [{"question": "1+1?", "answer": "2", "extra_info": {"w": [1.0, float("inf")]}}],
+        "eval.jsonl:1: 'extra_info'['w'][1] is inf, not a finite number; fix or drop the row",
     ),
     "empty prompt": ([{"question": " "}], "(eval.prompts.prompt_key) is an empty prompt"),
     "empty file": ([], "eval.prompts.path: "),

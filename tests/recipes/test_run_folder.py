@@ -118,8 +118,10 @@ def test_a_run_folder_that_cannot_be_written_exits_2_in_one_line(
     below_file = tmp_path / "file" / "run"
     got = CliRunner().invoke(app, ["run", recipe, "--out", str(below_file)])
     assert got.exit_code == 2, got.output
-    assert got.output.startswith(f"error: run folder {below_file}: cannot write there (")
-    assert "--out NEW_DIR" in got.output and "Traceback" not in got.output
+    assert got.output == (
+        f"error: --out {below_file} is below a file, {tmp_path / 'file'}, not a folder; "
+        "give a folder\n"
+    )
 
     read_only = tmp_path / "ro"
     read_only.mkdir()
@@ -135,6 +137,27 @@ def test_a_run_folder_that_cannot_be_written_exits_2_in_one_line(
         "folder you can write with --out NEW_DIR (or fix its permissions)\n"
     )
     assert started == []
+
+
+def test_an_out_that_is_a_file_exits_2_before_the_recipe_is_checked(
+    tiny_model, tmp_path, monkeypatch
+):
+    """A fresh user's `--out` naming a file was refused only after the recipe's checks
+    had converted the model (32 s), as 'cannot write there (File exists)'."""
+    import posttrain.recipes.cli as cli
+
+    recipe = str(_grpo_recipe(tmp_path, tiny_model))
+    (tmp_path / "file").write_text("x")
+
+    def checked(*a, **k):
+        raise AssertionError("the recipe was checked first")
+
+    monkeypatch.setattr(cli, "load_or_exit", checked)
+    got = CliRunner().invoke(app, ["run", recipe, "--out", str(tmp_path / "file")])
+    assert got.exit_code == 2, got.output
+    assert (
+        got.output == f"error: --out {tmp_path / 'file'} is a file, not a folder; give a folder\n"
+    )
 
 
 SHIPPED = sorted(p.name for p in (REPO / "recipes").rglob("*.yaml"))
