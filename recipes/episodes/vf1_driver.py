@@ -19,6 +19,11 @@ score to `{base_url}/episodes/{episode_id}/reward`: the trace's weighted reward 
 each `@vf.reward` score a component; or `{"error": ...}` when the episode failed
 (verifiers recorded an error, or a reward did not run). Exit 2 with a message on
 stderr: the configuration cannot run here.
+
+The `null` harness's chat program runs in this process (`IN_PROCESS`, see
+`in_process_null`): verifiers' own program text, executed once here and its `main()` run
+per episode behind the same interception server, instead of a uv-prepared interpreter
+started per episode (about 1 s of CPU each, importing openai).
 """
 
 from __future__ import annotations
@@ -27,10 +32,14 @@ import asyncio
 import json
 import os
 import sys
+import traceback
+import types
 import urllib.request
 from typing import Any
 
 REFUSED = 2
+#: The harness id `null` runs as: verifiers' null harness, its chat program in process.
+IN_PROCESS = "posttrain_in_process_null"
 # Run as a script, its own folder (which holds posttrain's verifiers.py) would shadow
 # the verifiers package.
 HERE = os.path.dirname(os.path.realpath(__file__))
@@ -69,7 +78,10 @@ def load(cfg: dict[str, Any]) -> Any:
     vf = _vf()
     agent: dict[str, Any] = {"runtime": {"type": "subprocess"}}
     if cfg.get("harness"):
-        agent["harness"] = cfg["harness"]
+        agent["harness"] = dict(cfg["harness"])
+        if agent["harness"].get("id") == "null":
+            in_process_null()
+            agent["harness"]["id"] = IN_PROCESS
     env_cls = vf.environment_class(cfg["taskset"])
     if not issubclass(env_cls, vf.SingleAgentEnv):
         raise Refusal(
@@ -80,6 +92,91 @@ def load(cfg: dict[str, Any]) -> Any:
     data = {"taskset": {"id": cfg["taskset"], **cfg.get("args", {})}, "agent": agent}
     data["timeout"] = {"episode": cfg.get("timeout_s")}
     return vf.load_environment(vf.resolve_env_config(data))
+
+
+def in_process_null() -> None:
+    """Register harness `IN_PROCESS` (a verifiers harness plugin: a module exporting its
+    `Harness` subclass in `__all__`): verifiers' `NullHarness`, whose chat program runs
+    in this process.
+
+    Its `launch` is verifiers' own (`launch_chat_program`: the same argv, the same
+    interception endpoint and secret) on a view of the episode's runtime that runs that
+    program's `main()` here instead of starting a uv-prepared interpreter; what the
+    program would not see the same way here (another program, an environment of its
+    own) still starts as a program. An exit the program would make (its transport-error
+    code 97, an exception) is returned as that `ProgramResult`, so verifiers judges the
+    run the same way.
+    """
+    if IN_PROCESS in sys.modules:
+        return
+    from verifiers.v1.harnesses.null import NullHarness
+    from verifiers.v1.harnesses.utils.launch import CHAT_PROGRAM_SOURCE
+    from verifiers.v1.runtimes import ProgramResult
+
+    program: dict[str, Any] = {"__name__": "vf_chat_program"}  # not __main__: no entry
+    exec(compile(CHAT_PROGRAM_SOURCE, "<verifiers chat program>", "exec"), program)  # noqa: S102
+
+    class InProcessRuntime:
+        """The episode's runtime, but the chat program's argv runs in this process."""
+
+        def __init__(self, runtime: Any) -> None:
+            self._runtime = runtime
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self._runtime, name)
+
+        async def prepare_uv_script(self, source: Any, env: Any = None, **kw: Any) -> list[str]:
+            same_env = all(os.environ.get(k) == v for k, v in (env or {}).items())
+            alone = not self._runtime.env and self._runtime.user is None
+            if source == CHAT_PROGRAM_SOURCE and same_env and alone:
+                return [IN_PROCESS]
+            return await self._runtime.prepare_uv_script(source, env, **kw)
+
+        async def run_program(self, argv: list[str], env: dict[str, str]) -> Any:
+            if argv[:1] != [IN_PROCESS]:
+                return await self._runtime.run_program(argv, env)
+            code, err = await _run_chat_program(program, argv[1:], self._runtime.workdir)
+            return ProgramResult(exit_code=code, stdout="", stderr=err)
+
+    class InProcessNullHarness(NullHarness):
+        """verifiers' null harness, its chat program run in the driver's process."""
+
+        async def setup(self, runtime: Any) -> None:
+            """Nothing to prepare: no uv program (one is prepared if `launch` needs it)."""
+
+        async def launch(self, ctx: Any, trace: Any, runtime: Any, *args: Any, **kw: Any) -> Any:
+            return await super().launch(ctx, trace, InProcessRuntime(runtime), *args, **kw)
+
+    module = types.ModuleType(IN_PROCESS, InProcessNullHarness.__doc__)
+    module.InProcessNullHarness = InProcessNullHarness  # type: ignore[attr-defined]
+    module.__all__ = ["InProcessNullHarness"]  # type: ignore[attr-defined]
+    sys.modules[IN_PROCESS] = module
+
+
+async def _run_chat_program(program: dict[str, Any], argv: list[str], cwd: Any) -> tuple[int, str]:
+    """Run the chat program's `main()` on `argv` here: (its exit status, its traceback).
+
+    Its `parse_args` reads `sys.argv` (set around that synchronous call only); a relative
+    file argument is resolved against `cwd`, the directory the program would run in."""
+    saved = sys.argv
+    sys.argv = ["vf-chat-program", *argv]
+    try:
+        args = program["parse_args"]()
+    except SystemExit as e:
+        return (e.code if isinstance(e.code, int) else 2), f"bad arguments: {argv}"
+    finally:
+        sys.argv = saved
+    if args.initial_messages_file and not os.path.isabs(args.initial_messages_file):
+        args.initial_messages_file = os.path.join(str(cwd), args.initial_messages_file)
+    scope = {**program, "parse_args": lambda: args}  # main's globals, this run's argv
+    main = types.FunctionType(program["main"].__code__, scope, "main")
+    try:
+        await main()
+    except SystemExit as e:  # the program's own exit (97: the model transport failed)
+        return (e.code if isinstance(e.code, int) else 1), traceback.format_exc()
+    except Exception:  # noqa: BLE001 - the program would exit 1 with this traceback
+        return 1, traceback.format_exc()
+    return 0, ""
 
 
 def check(env: Any) -> dict[str, Any]:
@@ -111,7 +208,8 @@ def check(env: Any) -> dict[str, Any]:
     runtime = env.config.agent.runtime
     if not isinstance(runtime, vf.SubprocessConfig):
         raise Refusal(f"runtime {type(runtime).__name__}: posttrain needs the local subprocess")
-    return {"env": type(env).__name__, "harness": env.config.agent_harnesses()["agent"].id}
+    harness = env.config.agent_harnesses()["agent"].id
+    return {"env": type(env).__name__, "harness": "null" if harness == IN_PROCESS else harness}
 
 
 def tasks(env: Any, limit: int | None) -> list[dict[str, Any]]:
