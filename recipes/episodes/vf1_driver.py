@@ -13,12 +13,12 @@ harness config), `timeout_s` (per episode), `max_concurrent`, `limit`.
 `run` reads the episode file posttrain's agent step writes (recipes/episodes/agent_step.py:
 `episode_id`, `base_url`, `metadata.vf1 = {idx, key}`), and per episode runs the
 environment's own `run_episode(task, ctx)` with `ctx.client` an `EvalClientConfig` on
-that `base_url` carrying the `X-Episode-Id` header, so every model call of the harness
-is sampled and recorded token-exactly by a rollout worker. It then posts the episode's
-score to `{base_url}/episodes/{episode_id}/reward`: the trace's weighted reward sum,
-each `@vf.reward` score a component; or `{"error": ...}` when the episode failed
-(verifiers recorded an error, or a reward did not run). Exit 2 with a message on
-stderr: the configuration cannot run here.
+that `base_url` and the episode id in every call's body (`model_context`), so every
+model call of the harness is sampled and recorded token-exactly by a rollout worker.
+It then posts the episode's score to `{base_url}/episodes/{episode_id}/reward`: the
+trace's weighted reward sum, each `@vf.reward` score a component; or `{"error": ...}`
+when the episode failed (verifiers recorded an error, or a reward did not run). Exit 2
+with a message on stderr: the configuration cannot run here.
 
 The `null` harness's chat program runs in this process (`IN_PROCESS`, see
 `in_process_null`): verifiers' own program text, executed once here and its `main()` run
@@ -31,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import ssl
 import sys
 import traceback
 import types
@@ -115,6 +116,11 @@ def in_process_null() -> None:
 
     program: dict[str, Any] = {"__name__": "vf_chat_program"}  # not __main__: no entry
     exec(compile(CHAT_PROGRAM_SOURCE, "<verifiers chat program>", "exec"), program)  # noqa: S102
+    if "certifi" in program:
+        # Its client trusts certifi's CA file, which httpx loads into a new TLS context
+        # per client (~20 ms of CPU); the same context, loaded once, serves every run.
+        trust = ssl.create_default_context(cafile=program["certifi"].where())
+        program["certifi"] = types.SimpleNamespace(where=lambda: trust)
 
     class InProcessRuntime:
         """The episode's runtime, but the chat program's argv runs in this process."""
@@ -275,13 +281,21 @@ def _post(url: str, body: dict[str, Any]) -> None:
         r.read()
 
 
-async def _one(env: Any, task: Any, line: dict[str, Any], gate: asyncio.Semaphore) -> None:
+def model_context(line: dict[str, Any]) -> Any:
+    """The harness's model for the episode of `line`: its worker's endpoint, the episode
+    id in the body of every call (`episode_id`, which the endpoint reads as it reads the
+    `X-Episode-Id` header; verifiers imposes `Sampling`'s extra keys on each relayed
+    request). The client config is then the same for every episode of a worker, so
+    verifiers' interception server relays them all through one client (a header per
+    episode made a client, and its TLS context, per episode)."""
     vf = _vf()
-    eid, base = line["episode_id"], line["base_url"]
-    client = vf.EvalClientConfig(
-        base_url=base, api_key_var="POSTTRAIN_VF1_KEY", headers={"X-Episode-Id": eid}
-    )
-    ctx = vf.ModelContext(model="policy", client=client, sampling=vf.Sampling())
+    client = vf.EvalClientConfig(base_url=line["base_url"], api_key_var="POSTTRAIN_VF1_KEY")
+    sampling = vf.Sampling(episode_id=line["episode_id"])
+    return vf.ModelContext(model="policy", client=client, sampling=sampling)
+
+
+async def _one(env: Any, task: Any, line: dict[str, Any], gate: asyncio.Semaphore) -> None:
+    eid, base, ctx = line["episode_id"], line["base_url"], model_context(line)
     async with gate:
         try:
             body = score(await env.run_episode(task, ctx))

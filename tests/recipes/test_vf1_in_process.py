@@ -62,3 +62,18 @@ def test_its_exits_are_the_programs_exit_statuses(tmp_path):
     assert code == 1 and "KeyError: 'choices'" in err
     code, err = asyncio.run(run(_program(), ["--nonsense"], tmp_path))
     assert code == 2 and "--nonsense" in err
+
+
+def test_every_episode_of_a_worker_shares_one_client_config(monkeypatch):
+    """verifiers' interception server keeps one relay client per distinct client config:
+    the episode id rides in each call's body (`episode_id`, read by the endpoint like
+    the X-Episode-Id header), not in a per-episode header that made a client per episode."""
+    monkeypatch.syspath_prepend(str(DRIVER.parents[2] / "tests" / "stand_ins"))
+    driver = _driver()
+    base = "http://127.0.0.1:9/v1"
+    a = driver.model_context({"episode_id": "s0-p0-0", "base_url": base})
+    b = driver.model_context({"episode_id": "s0-p0-1", "base_url": base})
+    assert a.client.model_dump_json() == b.client.model_dump_json()
+    assert a.client.base_url == base and not a.client.headers
+    assert a.sampling.model_dump(exclude_none=True) == {"episode_id": "s0-p0-0"}
+    assert b.sampling.model_dump(exclude_none=True) == {"episode_id": "s0-p0-1"}

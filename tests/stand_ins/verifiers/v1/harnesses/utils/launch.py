@@ -2,7 +2,8 @@
 whose `main()` makes one streamed chat call) and `launch_chat_program` (argv, then the
 runtime prepares and runs it). Where the real program's calls go through verifiers'
 interception server, which adds the episode's headers and records the reply, this one
-is handed the headers (`--header`) and writes its reply to `--reply-file`."""
+is handed the headers (`--header`) and the sampling's keys to impose on the body
+(`--body`), and writes its reply to `--reply-file`."""
 
 import json
 from typing import Any
@@ -28,6 +29,7 @@ def parse_args():
     parser.add_argument("--prompt", default="")
     parser.add_argument("--initial-messages-file", default="")
     parser.add_argument("--header", action="append", default=[])
+    parser.add_argument("--body", default="{}")
     parser.add_argument("--reply-file", required=True)
     return parser.parse_args()
 
@@ -43,7 +45,7 @@ async def main():
         messages.append({"role": "user", "content": args.prompt})
     headers = dict(h.split(":", 1) for h in args.header)
     headers["Authorization"] = f"Bearer {args.api_key}"
-    body = {"model": args.model, "messages": messages, "stream": True}
+    body = {"model": args.model, "messages": messages, "stream": True, **json.loads(args.body)}
     reply = ""
     async with httpx.AsyncClient(timeout=120) as client:
         url = f"{args.base_url}/chat/completions"
@@ -68,6 +70,7 @@ async def launch_chat_program(source, config, ctx, trace, runtime, endpoint, sec
     messages file in the runtime's directory for a Messages prompt, prepare, run)."""
     args = [f"--base-url={endpoint}", f"--api-key={secret}", f"--model={ctx.model}"]
     args += [f"--header={k}:{v}" for k, v in ctx.client.headers.items()]
+    args.append(f"--body={json.dumps(ctx.sampling.model_dump(exclude_none=True))}")
     args.append(f"--reply-file={runtime.workdir / 'reply.txt'}")
     if data.system_prompt:
         args.append(f"--system-prompt={data.system_prompt}")
