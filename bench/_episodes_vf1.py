@@ -28,6 +28,7 @@ from posttrain.actors.rollout import PromptRequest, SamplingSettings  # noqa: E4
 from posttrain.config import Recipe  # noqa: E402
 from posttrain.config.episodes import HttpEnvironment  # noqa: E402
 from posttrain.recipes.data.environment import environment_items  # noqa: E402
+from posttrain.recipes.episodes import vf1  # noqa: E402
 from posttrain.recipes.episodes.agent_step import generate_agent_episodes  # noqa: E402
 from posttrain.recipes.episodes.environments import make_environment  # noqa: E402
 from posttrain.recipes.episodes.multiturn import (  # noqa: E402
@@ -90,12 +91,15 @@ def _recipe(model: Path, rollout: dict[str, Any], prompts: int) -> Recipe:
 
 
 def _cpu() -> float:
-    """CPU seconds of this process and of every child it has waited for."""
-    me, kids = (
-        resource.getrusage(resource.RUSAGE_SELF),
-        resource.getrusage(resource.RUSAGE_CHILDREN),
-    )
-    return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
+    """CPU seconds of this process, of every child it has waited for, and of the
+    verifiers drivers still up (with their own waited-for children: /proc/PID/stat)."""
+    me = resource.getrusage(resource.RUSAGE_SELF)
+    kids = resource.getrusage(resource.RUSAGE_CHILDREN)
+    total = me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
+    for driver in vf1._DRIVERS.values():
+        fields = Path(f"/proc/{driver.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        total += sum(int(x) for x in fields[11:15]) / os.sysconf("SC_CLK_TCK")
+    return total
 
 
 def _timed(fn: Any, n: int) -> tuple[float, float]:
@@ -133,14 +137,16 @@ def single_call_table(
     tok: Any, model: Path, python: str | None, episodes: int, repeats: int
 ) -> str:
     """The `--vf1` table: ms per episode (wall, median of `repeats`) and CPU ms per
-    episode, through each path, `episodes` (rounded down to 8 per prompt) at once."""
+    episode, through each path, `episodes` (rounded down to 8 per prompt) at once; each
+    path's first step untimed (connections; the verifiers driver's start, which then
+    stays up: the footnote gives each first step's seconds)."""
     paths = [str(ROOT / "examples")] + ([] if python else [str(ROOT / "tests" / "stand_ins")])
     os.environ["PYTHONPATH"] = os.pathsep.join([*paths, os.environ.get("PYTHONPATH", "")])
     prompts = max(1, episodes // SAMPLES)
     n = prompts * SAMPLES
-    vf1 = {"type": "verifiers", "api": "v1", "module": "vf1_sums", "harness": {"id": "null"}}
-    vf1 |= {"python": python or sys.executable, "args": {"num_tasks": prompts}, "timeout_s": 600}
-    recipe = _recipe(model, {"environment": vf1}, prompts)
+    v1 = {"type": "verifiers", "api": "v1", "module": "vf1_sums", "harness": {"id": "null"}}
+    v1 |= {"python": python or sys.executable, "args": {"num_tasks": prompts}, "timeout_s": 600}
+    recipe = _recipe(model, {"environment": v1}, prompts)
     items = environment_items(recipe.rollout.environment, "train", "data.train", prompts, None)
     reqs = [PromptRequest(f"s0-p{i.prompt_id}", i.messages, "", i.metadata) for i in items]
     sums = [sum(map(int, _SUM.findall(i.question)[0])) for i in items]
@@ -163,11 +169,14 @@ def single_call_table(
                 tok, worker, recipe, reqs
             ),
         }
+        first = {}
         for name, fn in runs.items():
+            first[name] = _timed(fn, n)[0] * n  # untimed step: connections, the v1 driver's start
             got = [_timed(fn, n) for _ in range(repeats)]
             rows.append(
                 (name, statistics.median(w for w, _ in got), statistics.median(c for _, c in got))
             )
+        vf1.stop_drivers()
     base = rows[0][1]
     out = [
         "| path (one model call an episode) | ms per episode (median) | CPU ms per episode "
@@ -178,7 +187,9 @@ def single_call_table(
         f"| {name} | {1000 * w:.1f} | {1000 * c:.1f} | {w / base:.2f}x |" for name, w, c in rows
     ]
     out.append(
-        f"({n} episodes at once ({prompts} prompts x {SAMPLES}), median of {repeats} runs; "
-        "no model)"
+        f"({n} episodes at once ({prompts} prompts x {SAMPLES}), median of {repeats} steps "
+        "after a first one; no model. The first step's seconds: "
+        + ", ".join(f"{k} {v:.2f}" for k, v in first.items())
+        + ")"
     )
     return "\n".join(out)

@@ -114,13 +114,27 @@ def _write_episodes(
 
 
 def _run_agent_program(recipe: Recipe, file: Path, folder: Path, step: int) -> None:
-    """Run `rollout.agent.command` on the episode file, its output to the step's log.
+    """Run `rollout.agent.command` on the episode file, its output to the step's log (a
+    verifiers v1 environment: its driver, kept up between steps, recipes/episodes/vf1.py).
 
     Raises:
         AgentProgramFailed: it ran past `rollout.agent.timeout_s` or exited non-zero.
     """
-    agent = agent_program(recipe)
     log = folder / f"agent_{step:05d}.log"
+    if recipe.rollout.agent is None:
+        from .vf1 import DriverFailed, run_step
+
+        log.write_text("")
+        try:
+            run_step(recipe.rollout.environment, file, log)
+        except DriverFailed as e:
+            tail = log.read_text(errors="replace")[-800:]
+            raise AgentProgramFailed(
+                f"step {step}: the verifiers driver {e} (rollout.environment.step_timeout_s "
+                f"bounds a step); {log} ends:\n{tail}"
+            ) from e
+        return
+    agent = agent_program(recipe)
     env = {**os.environ, "POSTTRAIN_EPISODES": str(file), "POSTTRAIN_STEP": str(step)}
     with open(log, "w") as out:
         try:

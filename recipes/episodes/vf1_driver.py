@@ -6,6 +6,10 @@ mcp==2.0.0, which posttrain's venv does not have).
     python vf1_driver.py check CONFIG   facts posttrain validates, as one JSON line
     python vf1_driver.py tasks CONFIG   the taskset's tasks, one JSON line each
     python vf1_driver.py run CONFIG     the episodes of $POSTTRAIN_EPISODES
+    python vf1_driver.py serve CONFIG   step after step: each line on standard input
+                                        ({"episodes": FILE, "log": FILE}) runs FILE's
+                                        episodes, messages to that log, then prints
+                                        `DONE`; ends when standard input closes
 
 CONFIG is JSON: `taskset` (id), `args` (taskset config fields), `harness` (the seat's
 harness config), `timeout_s` (per episode), `max_concurrent`, `limit`.
@@ -39,6 +43,8 @@ import urllib.request
 from typing import Any
 
 REFUSED = 2
+#: The line `serve` prints when a step's episodes are done (recipes/episodes/vf1.py).
+DONE = "posttrain-vf1: done"
 #: The harness id `null` runs as: verifiers' null harness, its chat program in process.
 IN_PROCESS = "posttrain_in_process_null"
 # Run as a script, its own folder (which holds posttrain's verifiers.py) would shadow
@@ -319,6 +325,20 @@ async def run(env: Any, cfg: dict[str, Any], lines: list[dict[str, Any]]) -> Non
         )
 
 
+async def serve(env: Any, cfg: dict[str, Any]) -> None:
+    """The `serve` verb: steps until standard input closes (posttrain's process went)."""
+    while line := await asyncio.to_thread(sys.stdin.readline):
+        step = json.loads(line)
+        sys.stderr.flush()
+        fd = os.open(step["log"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        os.dup2(fd, 2)  # this step's messages (verifiers' logging included) to its log
+        os.close(fd)
+        with open(step["episodes"]) as f:
+            lines = [json.loads(x) for x in f if x.strip()]
+        await run(env, cfg, lines)
+        print(DONE, flush=True)
+
+
 def main(argv: list[str]) -> int:
     verb, cfg = argv[1], json.loads(argv[2])
     try:
@@ -329,6 +349,8 @@ def main(argv: list[str]) -> int:
         elif verb == "tasks":
             for t in tasks(env, cfg.get("limit")):
                 print(json.dumps(t))
+        elif verb == "serve":
+            asyncio.run(serve(env, cfg))
         else:
             with open(os.environ["POSTTRAIN_EPISODES"]) as f:
                 lines = [json.loads(x) for x in f if x.strip()]
