@@ -181,6 +181,14 @@ async def _run_chat_program(program: dict[str, Any], argv: list[str], cwd: Any) 
     if args.initial_messages_file and not os.path.isabs(args.initial_messages_file):
         args.initial_messages_file = os.path.join(str(cwd), args.initial_messages_file)
     scope = {**program, "parse_args": lambda: args}  # main's globals, this run's argv
+    clients: list[Any] = []  # closed after the run, as the program's exit closes them
+    if "AsyncOpenAI" in program:
+
+        def opened(*a: Any, **kw: Any) -> Any:
+            clients.append(program["AsyncOpenAI"](*a, **kw))
+            return clients[-1]
+
+        scope["AsyncOpenAI"] = opened
     main = types.FunctionType(program["main"].__code__, scope, "main")
     try:
         await main()
@@ -188,6 +196,9 @@ async def _run_chat_program(program: dict[str, Any], argv: list[str], cwd: Any) 
         return (e.code if isinstance(e.code, int) else 1), traceback.format_exc()
     except Exception:  # noqa: BLE001 - the program would exit 1 with this traceback
         return 1, traceback.format_exc()
+    finally:
+        for client in clients:
+            await client.close()
     return 0, ""
 
 

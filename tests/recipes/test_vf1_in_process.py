@@ -15,6 +15,13 @@ PROGRAM = """
 import argparse
 from pathlib import Path
 
+
+class AsyncOpenAI:
+    closed = []
+
+    async def close(self):
+        AsyncOpenAI.closed.append(self)
+
 def parse_args():
     parser = argparse.ArgumentParser()
     parser.add_argument("--initial-messages-file", default="")
@@ -23,6 +30,7 @@ def parse_args():
 
 async def main():
     args = parse_args()
+    client = AsyncOpenAI()  # never closed by the program: its exit does
     if args.then == "transport":
         raise SystemExit(97)
     if args.then == "raise":
@@ -62,6 +70,14 @@ def test_its_exits_are_the_programs_exit_statuses(tmp_path):
     assert code == 1 and "KeyError: 'choices'" in err
     code, err = asyncio.run(run(_program(), ["--nonsense"], tmp_path))
     assert code == 2 and "--nonsense" in err
+
+
+def test_the_clients_it_opened_are_closed_after_it(tmp_path):
+    program = _program()
+    run = _driver()._run_chat_program
+    asyncio.run(run(program, ["--initial-messages-file=m.json"], tmp_path))
+    asyncio.run(run(program, ["--then=raise"], tmp_path))
+    assert len(program["AsyncOpenAI"].closed) == 2
 
 
 def test_every_episode_of_a_worker_shares_one_client_config(monkeypatch):

@@ -1,14 +1,12 @@
 """The REAL verifiers 0.4 (`verifiers.v1`) behind `rollout.environment: {type:
 verifiers, api: v1}`: examples/vf1_sums.py loaded by verifiers itself, its `null`
-harness (a uv-prepared chat program behind verifiers' interception server) calling an
-in-process rollout worker's endpoint with `stream: true`; the episode's ids are the
-engine's, its `@vf.reward` scores the components.
+harness (verifiers' chat program, run in the driver's process, behind verifiers'
+interception server) calling an in-process rollout worker's endpoint with `stream:
+true`; the episode's ids are the engine's, its `@vf.reward` scores the components.
 
 Skipped unless $POSTTRAIN_VF1_PYTHON names an interpreter with verifiers>=0.4 (it
 cannot share posttrain's venv: it pins openai<3 and mcp==2.0.0; scripts/vf1_venv.sh
-makes one layered on posttrain's) and
-the harness's uv can fetch its program's packages (network on first use), so CI (no
-network) runs the stand-in (test_vf1_env.py)."""
+makes one layered on posttrain's), so CI runs the stand-in (test_vf1_env.py)."""
 
 from __future__ import annotations
 
