@@ -27,7 +27,7 @@ import threading
 import time
 from pathlib import Path
 
-from ...config.episodes import AgentProgram, VerifiersEnvironment
+from ...config.episodes import VerifiersEnvironment
 from ..data.vf1_tasks import driver_command
 
 #: The driver's line on standard output when a step's episodes are done.
@@ -36,12 +36,6 @@ DONE = "posttrain-vf1: done"
 
 class DriverFailed(RuntimeError):
     """The driver exited, or ran past its step's timeout (the message says which)."""
-
-
-def vf1_agent(cfg: VerifiersEnvironment) -> AgentProgram:
-    """The agent program of a step: the driver running the step's episodes within
-    `cfg.step_timeout_s`."""
-    return AgentProgram(command=driver_command(cfg, "run"), timeout_s=cfg.step_timeout_s)
 
 
 class WarmDriver:
