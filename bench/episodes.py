@@ -10,7 +10,20 @@ the Python class (`type: python`), our HTTP protocol (`type: http`, the example 
 in this process), an OpenEnv server over WebSocket (`type: openenv`,
 examples/openenv_game.py in this process), and a verifiers MultiTurnEnv (`type:
 verifiers`, through tests/stand_ins). Each row: seconds per episode (median of the
-repeats) and the ratio to the HTTP row. `--smoke`: 4 episodes, one repeat (tests/bench/).
+repeats) and the ratio to the HTTP row. `--smoke`: 4 episodes, one repeat, then the
+`--vf1` table through the stand-in (tests/bench/).
+
+    .venv/bin/python bench/episodes.py --vf1 [PYTHON] [--episodes 64] [--repeats 3]
+
+`--vf1`: a single-call episode (examples/vf1_sums.py's sums, 8 samples per prompt, the
+scripted engine answering the sum) three ways: our HTTP protocol (examples/guess_env.py
+served here, its secret the sum: one model turn, one `/step`), a black-box agent program
+(examples/openai_agent.py) and a verifiers 0.4 taskset (`type: verifiers, api: v1`,
+recipes/episodes/vf1_driver.py), both through the agent step (agent_step.py) against a
+rollout worker's OpenAI endpoint (actors/openai_server.py) on the scripted engine. PYTHON:
+an interpreter with the real verifiers 0.4 (scripts/vf1_venv.sh); without it, the
+stand-in (tests/stand_ins: its numbers say nothing about verifiers). Each row also gives
+the CPU time per episode of this process and every program it waited for.
 """
 
 from __future__ import annotations
@@ -116,10 +129,18 @@ def main() -> None:
     ap.add_argument("--episodes", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--smoke", action="store_true", help=SMOKE_HELP)
+    ap.add_argument("--vf1", nargs="?", const="", default=None, metavar="PYTHON")
     args = ap.parse_args()
     if args.smoke:
         args.episodes, args.repeats = 4, 1
-    tok = AutoTokenizer.from_pretrained(build_tiny_model(Path(_scratch()) / "m"))
+    model = build_tiny_model(Path(_scratch()) / "m")
+    tok = AutoTokenizer.from_pretrained(model)
+    if args.vf1 is not None:
+        from _episodes_vf1 import single_call_table
+
+        print(header())
+        print(single_call_table(tok, model, args.vf1 or None, args.episodes, args.repeats))
+        return
     sys.modules.setdefault("episodes", sys.modules[__name__])
     rows = []
     with serve_app(guess_env.create_app()) as http, serve_app(openenv_game.create_app()) as oe:
@@ -141,6 +162,10 @@ def main() -> None:
     for name, s, turns in rows:
         print(f"| {name} | {1000 * s:.2f} | {turns:.2f} | {s / base:.2f}x |")
     print(f"({args.episodes} episodes at once, median of {args.repeats} runs; no model)")
+    if args.smoke:  # the --vf1 mode too, through the stand-in
+        from _episodes_vf1 import single_call_table
+
+        print(single_call_table(tok, model, None, 8, 1))
 
 
 def _scratch() -> str:

@@ -24,7 +24,6 @@ from pathlib import Path
 from typing import Any
 
 from ...config import Recipe
-from ...config.episodes import AgentProgram
 from .agent import agent_rollout
 
 
@@ -114,13 +113,27 @@ def _write_episodes(
 
 
 def _run_agent_program(recipe: Recipe, file: Path, folder: Path, step: int) -> None:
-    """Run `rollout.agent.command` on the episode file, its output to the step's log.
+    """Run `rollout.agent.command` on the episode file, its output to the step's log (a
+    verifiers v1 environment: its driver, kept up between steps, recipes/episodes/vf1.py).
 
     Raises:
         AgentProgramFailed: it ran past `rollout.agent.timeout_s` or exited non-zero.
     """
-    agent = agent_program(recipe)
     log = folder / f"agent_{step:05d}.log"
+    if recipe.rollout.agent is None:
+        from .vf1 import DriverFailed, run_step
+
+        log.write_text("")
+        try:
+            run_step(recipe.rollout.environment, file, log)
+        except DriverFailed as e:
+            tail = log.read_text(errors="replace")[-800:]
+            raise AgentProgramFailed(
+                f"step {step}: the verifiers driver {e} (rollout.environment.step_timeout_s "
+                f"bounds a step); {log} ends:\n{tail}"
+            ) from e
+        return
+    agent = recipe.rollout.agent
     env = {**os.environ, "POSTTRAIN_EPISODES": str(file), "POSTTRAIN_STEP": str(step)}
     with open(log, "w") as out:
         try:
@@ -135,24 +148,13 @@ def _run_agent_program(recipe: Recipe, file: Path, folder: Path, step: int) -> N
         except subprocess.TimeoutExpired as e:
             raise AgentProgramFailed(
                 f"step {step}: the agent program ran past "
-                f"its timeout ({agent.timeout_s:g} s: rollout.agent.timeout_s, or "
-                f"rollout.environment.step_timeout_s); see {log}"
+                f"its timeout ({agent.timeout_s:g} s: rollout.agent.timeout_s); see {log}"
             ) from e
     if proc.returncode != 0:
         tail = log.read_text(errors="replace")[-800:]
         raise AgentProgramFailed(
             f"step {step}: the agent program exited {proc.returncode}; {log} ends:\n{tail}"
         )
-
-
-def agent_program(recipe: Recipe) -> AgentProgram:
-    """`rollout.agent`, or the verifiers driver of a verifiers v1 environment."""
-    r = recipe.rollout
-    if r.agent is not None:
-        return r.agent
-    from .vf1 import vf1_agent
-
-    return vf1_agent(r.environment)
 
 
 def _agent_metrics(rollouts: list[Any]) -> dict[str, float]:

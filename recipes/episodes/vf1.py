@@ -6,15 +6,127 @@ its harness sampled and recorded token-exactly by a rollout worker's OpenAI-comp
 endpoint (actors/openai_server.py, agent.py), and posts each episode's reward: the
 trace's weighted reward sum, each `@vf.reward` score a component. The prompts:
 recipes/data/vf1_tasks.py.
+
+The driver stays up between steps (`run_step`, the driver's `serve` verb): importing
+verifiers and loading the taskset take seconds of CPU, once per run instead of once per
+step. It is stopped by `stop_drivers` (the run's exit, and at interpreter exit); it
+also exits by itself when this process goes (its standard input closes). A step past
+`step_timeout_s`, or a driver that exits, fails that step and stops that driver; the
+next step starts a new one.
 """
 
 from __future__ import annotations
 
-from ...config.episodes import AgentProgram, VerifiersEnvironment
+import atexit
+import json
+import os
+import queue
+import signal
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+from ...config.episodes import VerifiersEnvironment
 from ..data.vf1_tasks import driver_command
 
+#: The driver's line on standard output when a step's episodes are done.
+DONE = "posttrain-vf1: done"
 
-def vf1_agent(cfg: VerifiersEnvironment) -> AgentProgram:
-    """The agent program of a step: the driver running the step's episodes within
-    `cfg.step_timeout_s`."""
-    return AgentProgram(command=driver_command(cfg, "run"), timeout_s=cfg.step_timeout_s)
+
+class DriverFailed(RuntimeError):
+    """The driver exited, or ran past its step's timeout (the message says which)."""
+
+
+class WarmDriver:
+    """One driver process (`vf1_driver.py serve`) running step after step."""
+
+    def __init__(self, command: list[str], log: Path) -> None:
+        with open(log, "a") as err:  # until the first step names its own log
+            self.proc = subprocess.Popen(
+                command,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=err,
+                text=True,
+                start_new_session=True,  # its own group: a stop ends what it started
+            )
+        self.lines: queue.Queue[str | None] = queue.Queue()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None  # noqa: S101 - Popen(stdout=PIPE)
+        for line in self.proc.stdout:
+            self.lines.put(line.rstrip("\n"))
+        self.lines.put(None)
+
+    def step(self, episodes: Path, log: Path, timeout_s: float) -> None:
+        """Run the episodes of `episodes`, the driver's messages going to `log`.
+
+        Raises:
+            DriverFailed: the driver exited, or the step ran past `timeout_s`.
+        """
+        assert self.proc.stdin is not None  # noqa: S101 - Popen(stdin=PIPE)
+        try:
+            self.proc.stdin.write(json.dumps({"episodes": str(episodes), "log": str(log)}) + "\n")
+            self.proc.stdin.flush()
+        except OSError as e:
+            raise DriverFailed(f"the driver exited {self.proc.poll()}") from e
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                line = self.lines.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                raise DriverFailed(f"ran past its timeout ({timeout_s:g} s)") from None
+            if line is None:
+                raise DriverFailed(f"the driver exited {self.proc.wait()}")
+            if line == DONE:
+                return
+            with open(log, "a") as out:  # whatever else it printed
+                out.write(line + "\n")
+
+    def stop(self) -> None:
+        """End the driver and everything it started (idempotent)."""
+        if self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGTERM)
+                self.proc.wait(timeout=10)
+            except (ProcessLookupError, subprocess.TimeoutExpired):
+                if self.proc.poll() is None:
+                    os.killpg(self.proc.pid, signal.SIGKILL)
+                    self.proc.wait()
+
+
+_DRIVERS: dict[str, WarmDriver] = {}
+_LOCK = threading.Lock()
+
+
+def run_step(cfg: VerifiersEnvironment, episodes: Path, log: Path) -> None:
+    """Run a step's episode file on the warm driver of `cfg` (started if there is none).
+
+    Raises:
+        DriverFailed: see `WarmDriver.step`; that driver is then stopped.
+    """
+    command = driver_command(cfg, "serve")
+    key = json.dumps(command)
+    with _LOCK:  # one step at a time per driver
+        driver = _DRIVERS.get(key)
+        if driver is None or driver.proc.poll() is not None:
+            driver = _DRIVERS[key] = WarmDriver(command, log)
+        try:
+            driver.step(episodes, log, cfg.step_timeout_s)
+        except DriverFailed:
+            driver.stop()
+            _DRIVERS.pop(key, None)
+            raise
+
+
+def stop_drivers() -> None:
+    """Stop every warm driver of this process."""
+    with _LOCK:
+        for driver in _DRIVERS.values():
+            driver.stop()
+        _DRIVERS.clear()
+
+
+atexit.register(stop_drivers)

@@ -39,7 +39,14 @@ BENCHES: dict[str, tuple[list[pytest.MarkDecorator], list[str]]] = {
     "async": (slow, ["| setup | k | steps | steps/s |", "| sim 2:1, ", "| continued |"]),
     "compile": (slow, ["| variant | first call s (CPU s) |", "| compiled layers |"]),
     "dpo": ([], ["step s  tokens/s vs in-loop", "reference in the loop"]),
-    "episodes": ([], ["| environment | ms per episode (median) |", "| openenv, websocket |"]),
+    "episodes": (
+        [],
+        [
+            "| environment | ms per episode (median) |",
+            "| openenv, websocket |",
+            "| verifiers v1 (stand-in) |",
+        ],
+    ),
     "learning": (slow, ["| recipe | metric | before | after | change (95% CI) |", "| rm_hh |"]),
     "learner": ([], ["| workload | layout | s/step |", "| dpo | 2 rank(s) x 1 thread(s) |"]),
     "learner_layout": ([], ["| layout | s/step | vs first |", "| 2 ranks x 1 thread |"]),

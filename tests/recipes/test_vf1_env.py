@@ -25,6 +25,7 @@ from posttrain.recipes.algo.rollouts import rollout_batch
 from posttrain.recipes.data.environment import environment_items
 from posttrain.recipes.episodes.agent_step import generate_agent_episodes
 from posttrain.recipes.episodes.step import add_environment_rewards
+from posttrain.recipes.episodes.vf1 import stop_drivers
 from posttrain.rewards.protocol import Score
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -40,9 +41,12 @@ ENV = {
 
 @pytest.fixture(autouse=True)
 def driver_path(monkeypatch):
-    """The driver subprocess finds the example taskset and the stand-in verifiers."""
+    """The driver subprocess finds the example taskset and the stand-in verifiers; the
+    drivers a test started are stopped after it."""
     paths = [str(ROOT / "examples"), str(ROOT / "tests" / "stand_ins")]
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([*paths, os.environ.get("PYTHONPATH", "")]))
+    yield
+    stop_drivers()
 
 
 def _recipe(model: str, **env) -> Recipe:
@@ -94,6 +98,8 @@ def test_v1_episodes_train_on_the_engines_sampled_ids(worker, tmp_path):
     decode = lambda ids: tok.decode(ids, skip_special_tokens=True)  # noqa: E731
     rollouts, metrics = generate_agent_episodes([w], reqs, recipe, decode, tmp_path, 0, call=call)
     assert len(rollouts) == 4 and metrics["episode/agent_rewards"] == 4.0
+    # the null harness's chat program ran in the driver: no program prepared or started
+    assert "stand-in runtime:" not in (tmp_path / "agent_00000.log").read_text()
     for r in rollouts:
         calls = records[r.uid]["calls"]
         assert len(calls) == 1  # the null harness: one streamed chat call per task
@@ -263,3 +269,27 @@ def test_a_failing_rubric_fails_only_its_samples_named(worker, tmp_path, monkeyp
 
 def _direct(worker_, verb, *args):
     return getattr(worker_, verb)(*args)
+
+
+def test_a_harness_environment_of_its_own_still_starts_its_program(worker, tmp_path):
+    """The program would see that environment (`harness.env`), the driver's process does
+    not: it starts as a program per episode, and stays token-exact."""
+    w, folder = worker
+    recipe = _recipe(str(folder), harness={"id": "null", "env": {"VF1_SEEN": "1"}})
+    (item,) = environment_items(recipe.rollout.environment, "train", "data.train", 1, None)
+    req = PromptRequest("s0-p0-0", item.messages, "", item.metadata)
+    records = {}
+
+    def call(worker_, verb, *args):
+        got = getattr(worker_, verb)(*args)
+        records[args[0]] = got if verb == "pop_episode" else None
+        return got
+
+    tok = w.engine.tokenizer
+    decode = lambda ids: tok.decode(ids, skip_special_tokens=True)  # noqa: E731
+    rollouts, _ = generate_agent_episodes([w], [req], recipe, decode, tmp_path, 0, call=call)
+    assert (tmp_path / "agent_00000.log").read_text().count("started program") == 2
+    for r in rollouts:
+        sampled = [t for c in records[r.uid]["calls"] for t in c["completion_ids"]]
+        assert [t for t, m in zip(r.response_ids, r.loss_mask, strict=True) if m] == sampled
+        assert "environment_reward" in r.metadata

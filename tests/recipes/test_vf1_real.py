@@ -1,14 +1,12 @@
 """The REAL verifiers 0.4 (`verifiers.v1`) behind `rollout.environment: {type:
 verifiers, api: v1}`: examples/vf1_sums.py loaded by verifiers itself, its `null`
-harness (a uv-prepared chat program behind verifiers' interception server) calling an
-in-process rollout worker's endpoint with `stream: true`; the episode's ids are the
-engine's, its `@vf.reward` scores the components.
+harness (verifiers' chat program, run in the driver's process, behind verifiers'
+interception server) calling an in-process rollout worker's endpoint with `stream:
+true`; the episode's ids are the engine's, its `@vf.reward` scores the components.
 
 Skipped unless $POSTTRAIN_VF1_PYTHON names an interpreter with verifiers>=0.4 (it
 cannot share posttrain's venv: it pins openai<3 and mcp==2.0.0; scripts/vf1_venv.sh
-makes one layered on posttrain's) and
-the harness's uv can fetch its program's packages (network on first use), so CI (no
-network) runs the stand-in (test_vf1_env.py)."""
+makes one layered on posttrain's), so CI runs the stand-in (test_vf1_env.py)."""
 
 from __future__ import annotations
 
@@ -24,6 +22,7 @@ from posttrain.actors.worker import RolloutWorker
 from posttrain.config import Recipe
 from posttrain.recipes.data.environment import environment_items
 from posttrain.recipes.episodes.agent_step import generate_agent_episodes
+from posttrain.recipes.episodes.vf1 import stop_drivers
 from tests.tiny_model import build_tiny_model
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -74,6 +73,7 @@ def test_real_verifiers_v1_episode_is_token_exact(tmp_path, monkeypatch):
             tmp_path / "agent", 0, call=call,
         )  # fmt: skip
     finally:
+        stop_drivers()
         w.close()
     for r in rollouts:
         calls = records[r.uid]["calls"]

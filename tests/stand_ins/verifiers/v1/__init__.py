@@ -1,9 +1,12 @@
 """A minimal local stand-in for `verifiers.v1` (verifiers 0.4.0's only API), with the
 public shape posttrain's driver (recipes/episodes/vf1_driver.py) and examples/vf1_sums.py
-use, and none of its machinery: no interception server, no runtimes, no uv-prepared
-harness program. Its `null` harness is one streamed OpenAI chat call from this process
-(the real one runs a PEP 723 program through verifiers' interception server, which
-relays to the same endpoint with the same headers and answers the same way).
+use, and little of its machinery: no interception server, no uv. Harnesses are plugins
+as in verifiers (`load_harness`: the module `verifiers.v1.harnesses.<id>`, else `<id>`,
+exporting its `Harness` subclass in `__all__`); its `null` harness (harnesses/null) runs
+a chat program per episode through the runtime (runtimes.py) as the real one does, the
+program making one streamed OpenAI chat call to the endpoint with the episode's headers
+(the real one goes through verifiers' interception server, which relays to the same
+endpoint with the same headers and answers the same way).
 
 CI uses this because the real package cannot share posttrain's venv (it pins openai<3
 and mcp==2.0.0) and its harness needs the network to prepare its program; the real
@@ -14,10 +17,10 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import importlib.util
 import json
 from typing import Any, ClassVar, Generic, TypeVar, get_args
 
-import httpx
 from pydantic import BaseModel, ConfigDict, Field
 
 
@@ -49,6 +52,11 @@ class SubprocessConfig(BaseModel):
 class HarnessConfig(BaseModel):
     model_config = ConfigDict(extra="allow")
     id: str = "bash"
+    env: dict[str, str] = Field(default_factory=dict)
+
+    @property
+    def resolved_env(self) -> dict[str, str]:
+        return dict(self.env)
 
 
 class Reward(BaseModel):
@@ -135,20 +143,28 @@ class Taskset(Generic[T, C]):
         return []
 
 
-class NullHarness:
-    EXECUTES_CODE: ClassVar[bool] = False
-    NEEDS_CONTAINER: ClassVar[bool] = False
+class Harness(Generic[C]):
+    """A harness plugin's base: runs its program for an episode (`launch`)."""
+
+    EXECUTES_CODE: ClassVar[bool] = True
+    NEEDS_CONTAINER: ClassVar[bool] = True
 
     def __init__(self, config: HarnessConfig) -> None:
         self.config = config
 
+    async def setup(self, runtime: Any) -> None:
+        pass
 
-class BashHarness(NullHarness):
-    EXECUTES_CODE: ClassVar[bool] = True
+    async def launch(self, ctx, trace, runtime, endpoint, secret, mcp_urls, data, **kw) -> Any:
+        raise NotImplementedError
 
 
-def load_harness(config: HarnessConfig) -> NullHarness:
-    return {"null": NullHarness, "bash": BashHarness}[config.id](config)
+def load_harness(config: HarnessConfig) -> Harness:
+    name = config.id.replace("-", "_").lower()
+    builtin = f"verifiers.v1.harnesses.{name}"
+    module = importlib.import_module(builtin if importlib.util.find_spec(builtin) else name)
+    cls = next(c for n in module.__all__ if issubclass(c := getattr(module, n), Harness))
+    return cls(config)
 
 
 class AgentConfig(BaseModel):
@@ -196,32 +212,27 @@ class SingleAgentEnv:
         yield
 
     async def run_episode(self, task: Task, ctx: ModelContext) -> Episode:
-        """The `null` harness's one streamed chat call, then the task's rewards."""
-        trace = Trace()
-        body = {"model": ctx.model, "messages": _messages(task.data), "stream": True}
-        headers = {**ctx.client.headers, "Authorization": "Bearer stand-in"}
-        url = f"{ctx.client.base_url}/chat/completions"
+        """The agent's harness program on the task (one segment), then its rewards."""
+        from .runtimes import SubprocessRuntime
+
+        trace, runtime = Trace(), SubprocessRuntime()
+        harness = load_harness(self.config.agent_harnesses()["agent"])
         try:
-            with httpx.stream("POST", url, json=body, headers=headers, timeout=120) as r:
-                r.raise_for_status()
-                for line in r.iter_lines():
-                    if line.startswith("data: {"):
-                        for c in json.loads(line[6:])["choices"]:
-                            trace.last_reply += c["delta"].get("content") or ""
+            await harness.setup(runtime)
+            got = await harness.launch(
+                ctx, trace, runtime, ctx.client.base_url, "stand-in", {}, task.data
+            )
+            if got.exit_code != 0:
+                raise RuntimeError(f"harness exited {got.exit_code}: {got.stderr[-2000:]}")
+            trace.last_reply = (runtime.workdir / "reply.txt").read_text()
             await task.score(trace)
         except Exception as e:  # noqa: BLE001 - as verifiers: an episode error is data
             trace.errors.append(Error(type=type(e).__name__, message=str(e)))
             return Episode(ok=False, errors=list(trace.errors), traces=[trace])
+        finally:
+            runtime.cleanup()
         trace.ok = True
         return Episode(ok=True, traces=[trace])
-
-
-def _messages(data: TaskData) -> list[dict[str, Any]]:
-    system = [{"role": "system", "content": data.system_prompt}] if data.system_prompt else []
-    prompt = data.prompt
-    if not isinstance(prompt, list):
-        prompt = [{"role": "user", "content": prompt}]
-    return [*system, *prompt]
 
 
 def environment_class(taskset_id: str, env_id: str = "") -> type:

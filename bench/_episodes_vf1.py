@@ -1,0 +1,195 @@
+"""bench/episodes.py --vf1: one single-call episode (a sum, examples/vf1_sums.py) through
+our HTTP protocol, a black-box agent program and a verifiers 0.4 taskset, side by side
+(see bench/episodes.py's docstring). The engine is scripted (it answers the sum from the
+prompt's text), so what is timed is everything around the model: the environment, the
+agent step, the programs it starts, the endpoint's token bookkeeping.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import resource
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+
+import guess_env  # noqa: E402  (bench/episodes.py put examples/ on sys.path)
+
+from posttrain.actors.engine import Sample  # noqa: E402
+from posttrain.actors.openai_server import EpisodeRecorder, create_app  # noqa: E402
+from posttrain.actors.rollout import PromptRequest, SamplingSettings  # noqa: E402
+from posttrain.config import Recipe  # noqa: E402
+from posttrain.config.episodes import HttpEnvironment  # noqa: E402
+from posttrain.recipes.data.environment import environment_items  # noqa: E402
+from posttrain.recipes.episodes import vf1  # noqa: E402
+from posttrain.recipes.episodes.agent_step import generate_agent_episodes  # noqa: E402
+from posttrain.recipes.episodes.environments import make_environment  # noqa: E402
+from posttrain.recipes.episodes.multiturn import (  # noqa: E402
+    finish_episodes,
+    run_episodes,
+    start_episodes,
+)
+from tests.hostile_servers import serve_app  # noqa: E402
+
+_SUM = re.compile(r"What is (\d+) \+ (\d+)\?")
+SAMPLES = 8  # per prompt, as examples/vf1_sums.yaml
+
+
+def answer(tok: Any, ids: list[int]) -> Sample:
+    """The scripted engine: the sum the prompt's last question asks, then end of turn."""
+    a, b = _SUM.findall(tok.decode(ids))[-1]
+    out = tok.encode(str(int(a) + int(b)), add_special_tokens=False)
+    out.append(tok.convert_tokens_to_ids("<|im_end|>"))
+    return Sample(out, [-0.1] * len(out), "stop")
+
+
+class ScriptedWorker:
+    """A rollout worker's `serve_openai` and `pop_episode` (actors/worker.py) over the
+    scripted engine: the same endpoint app, recorder and routes."""
+
+    def __init__(self, tok: Any, stack: contextlib.ExitStack) -> None:
+        self.tok, self.stack, self.url = tok, stack, None
+        self.recorder = EpisodeRecorder()
+
+    def serve_openai(self, host: str, port: int, max_tokens: int, temperature: float) -> str:
+        if self.url is None:
+            gen = lambda ids, sampling: (answer(self.tok, ids), 0)  # noqa: E731
+            app = create_app(gen, self.tok, self.recorder, max_tokens, temperature)
+            self.url = self.stack.enter_context(serve_app(app)) + "/v1"
+        return self.url
+
+    def pop_episode(self, uid: str) -> dict | None:
+        return self.recorder.pop(uid)
+
+
+def _recipe(model: Path, rollout: dict[str, Any], prompts: int) -> Recipe:
+    data = {"environment": "train"} if "environment" in rollout else {"generator": "arithmetic"}
+    return Recipe.model_validate(
+        {
+            "name": "bench-vf1",
+            "algorithm": "grpo",
+            "model": {"path": str(model)},
+            "data": {"train": data},
+            "rollout": {
+                "engine": "hf",
+                "samples_per_prompt": SAMPLES,
+                "max_new_tokens": 8,
+                "temperature": 1.0,
+            }
+            | rollout,
+            "rewards": [{"name": "none", "type": "length", "target_chars": 1, "weight": 0.0}],
+            "train": {"steps": 1, "prompts_per_step": prompts},
+        }
+    )
+
+
+def _cpu() -> float:
+    """CPU seconds of this process, of every child it has waited for, and of the
+    verifiers drivers still up (with their own waited-for children: /proc/PID/stat)."""
+    me = resource.getrusage(resource.RUSAGE_SELF)
+    kids = resource.getrusage(resource.RUSAGE_CHILDREN)
+    total = me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
+    for driver in vf1._DRIVERS.values():
+        fields = Path(f"/proc/{driver.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        total += sum(int(x) for x in fields[11:15]) / os.sysconf("SC_CLK_TCK")
+    return total
+
+
+def _timed(fn: Any, n: int) -> tuple[float, float]:
+    """(wall s, CPU s) per episode of `fn()` over `n` episodes."""
+    t0, c0 = time.perf_counter(), _cpu()
+    fn()
+    return (time.perf_counter() - t0) / n, (_cpu() - c0) / n
+
+
+def _http(tok: Any, url: str, reqs: list[PromptRequest]) -> None:
+    cfg = HttpEnvironment(type="http", url=url, retries=0)
+    eps = start_episodes(tok, reqs, SAMPLES, lambda uid: make_environment(cfg, f"{uid}@0"))
+    gen = lambda prompts, s: ([answer(tok, p) for p in prompts], 0)  # noqa: E731
+    run_episodes(gen, tok, eps, SamplingSettings(n=1, max_new_tokens=8), 1, 400)
+    finish_episodes(eps)
+    for e in eps:
+        getattr(e.env, "close", lambda: None)()
+    bad = [e for e in eps if e.error or e.env_reward != 1.0]
+    if bad:
+        raise RuntimeError(f"http: episode {bad[0].uid} did not win: {bad[0].error}")
+
+
+def _agent(tok: Any, worker: ScriptedWorker, recipe: Recipe, reqs: list[PromptRequest]) -> None:
+    decode = lambda ids: tok.decode(ids, skip_special_tokens=True)  # noqa: E731
+    with tempfile.TemporaryDirectory(prefix="bench-vf1-") as folder:
+        call = lambda w, verb, *a: getattr(w, verb)(*a)  # noqa: E731
+        rollouts, _ = generate_agent_episodes([worker], reqs, recipe, decode, Path(folder), 0, call)
+        log = (Path(folder) / "agent_00000.log").read_text()
+    rewards = [r.metadata.get("environment_reward") for r in rollouts]
+    if not all(x is not None and x >= 1.0 for x in rewards):
+        raise RuntimeError(f"{recipe.rollout.environment}: not every episode won: {rewards}\n{log}")
+
+
+def single_call_table(
+    tok: Any, model: Path, python: str | None, episodes: int, repeats: int
+) -> str:
+    """The `--vf1` table: ms per episode (wall, median of `repeats`) and CPU ms per
+    episode, through each path, `episodes` (rounded down to 8 per prompt) at once; each
+    path's first step untimed (connections; the verifiers driver's start, which then
+    stays up: the footnote gives each first step's seconds)."""
+    paths = [str(ROOT / "examples")] + ([] if python else [str(ROOT / "tests" / "stand_ins")])
+    os.environ["PYTHONPATH"] = os.pathsep.join([*paths, os.environ.get("PYTHONPATH", "")])
+    prompts = max(1, episodes // SAMPLES)
+    n = prompts * SAMPLES
+    v1 = {"type": "verifiers", "api": "v1", "module": "vf1_sums", "harness": {"id": "null"}}
+    v1 |= {"python": python or sys.executable, "args": {"num_tasks": prompts}, "timeout_s": 600}
+    recipe = _recipe(model, {"environment": v1}, prompts)
+    items = environment_items(recipe.rollout.environment, "train", "data.train", prompts, None)
+    reqs = [PromptRequest(f"s0-p{i.prompt_id}", i.messages, "", i.metadata) for i in items]
+    sums = [sum(map(int, _SUM.findall(i.question)[0])) for i in items]
+    http_reqs = [
+        PromptRequest(r.group_id, r.messages, str(s)) for r, s in zip(reqs, sums, strict=True)
+    ]
+    agent = {"agent": {"command": [sys.executable, str(ROOT / "examples" / "openai_agent.py")]}}
+    agent_recipe = _recipe(model, agent, prompts)
+    agent_reqs = [
+        PromptRequest(r.group_id, r.messages, str(s)) for r, s in zip(reqs, sums, strict=True)
+    ]
+    rows = []
+    with contextlib.ExitStack() as stack:
+        url = stack.enter_context(serve_app(guess_env.create_app()))
+        worker = ScriptedWorker(tok, stack)
+        runs = {
+            "http (ours)": lambda: _http(tok, url, http_reqs),
+            "agent program (ours)": lambda: _agent(tok, worker, agent_recipe, agent_reqs),
+            "verifiers v1" + ("" if python else " (stand-in)"): lambda: _agent(
+                tok, worker, recipe, reqs
+            ),
+        }
+        first = {}
+        for name, fn in runs.items():
+            first[name] = _timed(fn, n)[0] * n  # untimed step: connections, the v1 driver's start
+            got = [_timed(fn, n) for _ in range(repeats)]
+            rows.append(
+                (name, statistics.median(w for w, _ in got), statistics.median(c for _, c in got))
+            )
+        vf1.stop_drivers()
+    base = rows[0][1]
+    out = [
+        "| path (one model call an episode) | ms per episode (median) | CPU ms per episode "
+        "| vs http |"
+    ]
+    out.append("|---|---|---|---|")
+    out += [
+        f"| {name} | {1000 * w:.1f} | {1000 * c:.1f} | {w / base:.2f}x |" for name, w, c in rows
+    ]
+    out.append(
+        f"({n} episodes at once ({prompts} prompts x {SAMPLES}), median of {repeats} steps "
+        "after a first one; no model. The first step's seconds: "
+        + ", ".join(f"{k} {v:.2f}" for k, v in first.items())
+        + ")"
+    )
+    return "\n".join(out)

@@ -1,0 +1,1 @@
+"""Stand-in of `verifiers.v1.harnesses`: the built-in harness plugins (`null`, `bash`)."""
