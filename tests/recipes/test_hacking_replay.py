@@ -91,6 +91,9 @@ def test_the_length_drills_fire_within_10_steps_of_the_split(name, steps, split,
         (HACKING / "vf_calc_game_2ca6101.jsonl", HackingConfig(), 18),
         # from sft_tool_arith's policy at 0d2bbbe: every group scored 1.0 (no variance)
         (HACKING / "grpo_tool_arith_0d2bbbe.jsonl", HackingConfig(), 10),
+        # PPO against rm_hh's reward model (both as shipped, at 0d2bbbe): the normalized
+        # reward-model score on held-out prompts rose (avg@2 -0.095 -> 0.411)
+        (HACKING / "ppo_hh_rm_0d2bbbe.jsonl", HackingConfig(), 30),
     ],
 )
 def test_runs_without_hacking_raise_no_firing(path, t, steps):
