@@ -94,6 +94,9 @@ def test_the_length_drills_fire_within_10_steps_of_the_split(name, steps, split,
         # PPO against rm_hh's reward model (both as shipped, at 0d2bbbe): the normalized
         # reward-model score on held-out prompts rose (avg@2 -0.095 -> 0.411)
         (HACKING / "ppo_hh_rm_0d2bbbe.jsonl", HackingConfig(), 30),
+        # the real verifiers 0.4 example's 10 steps (146492a): its evaluation crashed then
+        # (fixed in 2ca6101) and was scored afterwards, so no held-out points here
+        (HACKING / "vf1_sums_146492a.jsonl", HackingConfig(), 9),
     ],
 )
 def test_runs_without_hacking_raise_no_firing(path, t, steps):
