@@ -21,6 +21,7 @@ import torch.nn.functional as F
 
 from ..algorithms.common import token_entropy, token_logprobs
 from .packing import (
+    PromptPacking,
     checkpointed,
     packed_prompts,
     segment_attention,
@@ -330,23 +331,14 @@ def sequence_logprobs_and_entropy(
         kwargs["segment_runs"] = runs
     attention = segment_attention_on(config) if runs is not None else nullcontext()
     if head is not None:
+        select = None
         pack = (
             packed_prompts(model, input_ids, attention_mask, positions, response_start)
             if share_prompts
             else None
         )
-        select = None
         if pack is not None:
-            kwargs = dict(
-                input_ids=pack.input_ids,
-                attention_mask=pack.mask,
-                position_ids=pack.positions,
-                logits_to_keep=pack.input_ids.shape[1] - response_start + 1,
-                use_cache=False,
-            )
-            select = (pack.rows, pack.columns)
-            # A response's padding is not packed: no hidden state predicts it.
-            want = pack.real if want is None else want & pack.real
+            kwargs, select, want = _packed_call(pack, response_start, want)
         sink: list[torch.Tensor] | None = [] if entropy else None
         with (
             attention,
@@ -366,6 +358,22 @@ def sequence_logprobs_and_entropy(
         if ent is not None:
             ent[:, response_start:].masked_fill_(~want, 0.0)
     return out, ent
+
+
+def _packed_call(
+    pack: PromptPacking, response_start: int, want: torch.Tensor | None
+) -> tuple[dict, tuple[torch.Tensor, torch.Tensor], torch.Tensor]:
+    """The model call's keywords for a packed forward, the head's `select`, and `want`
+    narrowed to real response tokens (a response's padding is not packed: no hidden
+    state predicts it)."""
+    kwargs = dict(
+        input_ids=pack.input_ids,
+        attention_mask=pack.mask,
+        position_ids=pack.positions,
+        logits_to_keep=pack.input_ids.shape[1] - response_start + 1,
+        use_cache=False,
+    )
+    return kwargs, (pack.rows, pack.columns), pack.real if want is None else want & pack.real
 
 
 def _segments_apart(model: torch.nn.Module, config) -> bool:
