@@ -29,9 +29,7 @@ from pathlib import Path
 
 from ...config.episodes import VerifiersEnvironment
 from ..data.vf1_tasks import driver_command
-
-#: The driver's line on standard output when a step's episodes are done.
-DONE = "posttrain-vf1: done"
+from .vf1_driver import DONE  # its module level is the standard library only
 
 
 class DriverFailed(RuntimeError):

@@ -5,7 +5,6 @@ mcp==2.0.0, which posttrain's venv does not have).
 
     python vf1_driver.py check CONFIG   facts posttrain validates, as one JSON line
     python vf1_driver.py tasks CONFIG   the taskset's tasks, one JSON line each
-    python vf1_driver.py run CONFIG     the episodes of $POSTTRAIN_EPISODES
     python vf1_driver.py serve CONFIG   step after step: each line on standard input
                                         ({"episodes": FILE, "log": FILE}) runs FILE's
                                         episodes, messages to that log, then prints
@@ -14,7 +13,7 @@ mcp==2.0.0, which posttrain's venv does not have).
 CONFIG is JSON: `taskset` (id), `args` (taskset config fields), `harness` (the seat's
 harness config), `timeout_s` (per episode), `max_concurrent`, `limit`.
 
-`run` reads the episode file posttrain's agent step writes (recipes/episodes/agent_step.py:
+`serve` reads each episode file posttrain's agent step writes (recipes/episodes/agent_step.py:
 `episode_id`, `base_url`, `metadata.vf1 = {idx, key}`), and per episode runs the
 environment's own `run_episode(task, ctx)` with `ctx.client` an `EvalClientConfig` on
 that `base_url` and the episode id in every call's body (`model_context`), so every
@@ -336,6 +335,12 @@ async def run(env: Any, cfg: dict[str, Any], lines: list[dict[str, Any]]) -> Non
         )
 
 
+def _episodes(path: str) -> list[dict[str, Any]]:
+    """The lines of an episode file (recipes/episodes/agent_step.py writes it)."""
+    with open(path) as f:
+        return [json.loads(x) for x in f if x.strip()]
+
+
 async def serve(env: Any, cfg: dict[str, Any]) -> None:
     """The `serve` verb: steps until standard input closes (posttrain's process went)."""
     while line := await asyncio.to_thread(sys.stdin.readline):
@@ -344,9 +349,7 @@ async def serve(env: Any, cfg: dict[str, Any]) -> None:
         fd = os.open(step["log"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         os.dup2(fd, 2)  # this step's messages (verifiers' logging included) to its log
         os.close(fd)
-        with open(step["episodes"]) as f:
-            lines = [json.loads(x) for x in f if x.strip()]
-        await run(env, cfg, lines)
+        await run(env, cfg, _episodes(step["episodes"]))
         print(DONE, flush=True)
 
 
@@ -360,12 +363,8 @@ def main(argv: list[str]) -> int:
         elif verb == "tasks":
             for t in tasks(env, cfg.get("limit")):
                 print(json.dumps(t))
-        elif verb == "serve":
+        else:  # serve
             asyncio.run(serve(env, cfg))
-        else:
-            with open(os.environ["POSTTRAIN_EPISODES"]) as f:
-                lines = [json.loads(x) for x in f if x.strip()]
-            asyncio.run(run(env, cfg, lines))
     except Refusal as e:
         print(str(e), file=sys.stderr)
         return REFUSED
