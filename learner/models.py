@@ -10,6 +10,8 @@ step is below bf16's spacing.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
 from typing import Literal
@@ -116,6 +118,45 @@ def load_sharded(
         model.requires_grad_(False)
         model.eval()
     return model
+
+
+@contextmanager
+def one_gather_per_step(models: list[torch.nn.Module], world: int) -> Iterator[Callable]:
+    """FSDP2 around the micro-batches of one optimizer step: yields `micro_batch(last)`,
+    called before each micro-batch's forward (`last`: the step's final one).
+
+    On one rank a shard is the whole model, so resharding frees only the bf16 compute
+    copy, yet FSDP2 by default casts the float32 weights into it twice a micro-batch
+    (forward and backward) and copies each micro-batch's gradients out. Here the copy
+    is made once, at the step's first forward, and kept to its last backward;
+    gradients accumulate unsharded in float32 (FSDP2's `unsharded_accumulated_grad`,
+    the reduce dtype) and go to the shards once, after the last micro-batch. On several
+    ranks FSDP2's defaults stay (the unsharded copy would cost each rank the whole
+    model). On exit every model reshards after forward again, so a no-grad pass
+    between optimizer steps never keeps a copy an update would make stale.
+    """
+    from torch.distributed.fsdp import FSDPModule
+
+    if world != 1:
+        yield lambda last: None
+        return
+
+    def micro_batch(last: bool) -> None:
+        for m in models:
+            m.set_reshard_after_forward(False)
+            m.set_requires_gradient_sync(last)
+            m.set_reshard_after_backward(last)
+
+    try:
+        yield micro_batch
+    finally:
+        for m in models:
+            m.set_reshard_after_forward(True)
+            m.set_requires_gradient_sync(True)
+            m.set_reshard_after_backward(True)
+            for mod in m.modules():  # a step cut short must not leave a copy behind
+                if isinstance(mod, FSDPModule):
+                    mod.reshard()
 
 
 def _lora_a_columns(model: torch.nn.Module):  # noqa: ANN202

@@ -41,7 +41,7 @@ from . import adapters, checkpoint
 from .distributed import backend_for, cuda_memory, memory_peaks, rank_device, step_sums, where
 from .logprobs import sequence_logprobs, sequence_logprobs_and_entropy
 from .micro_batches import plan_rows, trim_right_padding
-from .models import DTYPES, critic_values, load_models, reward_scores
+from .models import DTYPES, critic_values, load_models, one_gather_per_step, reward_scores
 from .optimizer import guarded_step, step_stats, warn_skipped
 from .push import full_state_dict, push_kind, push_source, untied_state
 from .sessions import SessionVerbs
@@ -266,22 +266,26 @@ class LearnerWorker(SessionVerbs):
         real = computed = 0
         loss = 0.0  # this rank's share of the step loss
         entropy = [0.0, 0.0]  # Σ entropy over response tokens, and their count
-        for _, mb in self._micro_batches(shard):
-            real += int(mb.attention_mask.sum())
-            computed += mb.input_ids.numel()
-            with self.spans.span("forward", step):
-                logprobs, token_entropy = self._policy_output(mb)
-                values = critic_values(self.critic, mb)[0] if self.critic is not None else None
-                out = self.algo.loss(logprobs, mb, self.s.loss, values)
-            if token_entropy is not None:
-                entropy[0] += float((token_entropy * mb.response_mask).sum())
-                entropy[1] += float(mb.response_mask.sum())
-            with self.spans.span("backward", step):
-                # FSDP2 averages gradients over ranks; scale so the result is the sum.
-                (out.loss * self.world).backward()
-            loss += float(out.loss.detach())
-            for k, v in out.sums.items():
-                sums[k] = sums.get(k, 0.0) + v
+        models = [self.policy] + ([self.critic] if self.critic is not None else [])
+        micro_batches = self._micro_batches(shard)
+        with one_gather_per_step(models, self.world) as micro_batch:
+            for i, (_, mb) in enumerate(micro_batches):
+                micro_batch(i == len(micro_batches) - 1)
+                real += int(mb.attention_mask.sum())
+                computed += mb.input_ids.numel()
+                with self.spans.span("forward", step):
+                    logprobs, token_entropy = self._policy_output(mb)
+                    values = critic_values(self.critic, mb)[0] if self.critic is not None else None
+                    out = self.algo.loss(logprobs, mb, self.s.loss, values)
+                if token_entropy is not None:
+                    entropy[0] += float((token_entropy * mb.response_mask).sum())
+                    entropy[1] += float(mb.response_mask.sum())
+                with self.spans.span("backward", step):
+                    # FSDP2 averages gradients over ranks; scale so the result is the sum.
+                    (out.loss * self.world).backward()
+                loss += float(out.loss.detach())
+                for k, v in out.sums.items():
+                    sums[k] = sums.get(k, 0.0) + v
         stats = self._optimizer_step(step, loss)
         summed, shape = step_sums(sums, real, computed, entropy, self.s.head == "lm")
         return {**stats, **shape, **self.algo.finish_metrics(summed)}
