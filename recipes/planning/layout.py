@@ -1,6 +1,6 @@
 """The CPU learner's layout at the start of `posttrain run`: one process with every
 learner core, or one FSDP2 rank per core, whichever `cpu.learner_layouts` predicts
-faster, unless the recipe pins `resources.learner.gpus` (every shipped recipe does).
+faster, unless the recipe pins `resources.learner.gpus` (the shipped quickstart does not).
 
 The prediction reads `posttrain plan --gpu cpu`'s cached calibration of this recipe on
 this machine when there is one; otherwise a short probe measures what the two layouts'

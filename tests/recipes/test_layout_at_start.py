@@ -37,7 +37,7 @@ def test_fits_one_process_by_hand():
 
 
 def test_a_pinned_recipe_keeps_its_layout(tiny_model):
-    r = load_recipe(QUICK, SETS)  # the quickstart pins resources.learner.gpus: 2
+    r = load_recipe(QUICK, [*SETS, "resources.learner.gpus=2"])
     out, line = start_layout(r, tiny_model, 31, cores=2, calibration=CAL)
     assert out is r and line == "learner layout: 2 rank(s), pinned by resources.learner.gpus"
     cuda = _unpinned(load_recipe(QUICK, [*SETS, "resources.device=cuda"]))
@@ -45,6 +45,11 @@ def test_a_pinned_recipe_keeps_its_layout(tiny_model):
     sft = _unpinned(load_recipe(ROOT / "recipes" / "sft_tool_arith.yaml"))
     out, line = start_layout(sft, tiny_model, 0, 2, CAL)
     assert out is sft and "not sft's" in line
+
+
+def test_the_quickstart_leaves_the_layout_to_the_run():
+    r = load_recipe(QUICK)
+    assert "gpus" not in r.resources.learner.model_fields_set
 
 
 def test_an_unpinned_recipe_takes_the_faster_layout(tiny_model):
