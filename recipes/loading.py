@@ -41,12 +41,36 @@ def _key_path(loc: tuple) -> str:
     return ".".join(keep)
 
 
-def format_errors(err: ValidationError, source: str, what: str = "the recipe") -> str:
+def _set_by(loc: str, overrides: list[str]) -> str:
+    """'; from --set K=V' for the last override whose key is `loc`, above it or below
+    it, else ''."""
+    for item in reversed(overrides):
+        key = item.partition("=")[0].strip()
+        if loc == key or loc.startswith(key + ".") or key.startswith(loc + "."):
+            return f"; from --set {item}"
+    return ""
+
+
+def format_errors(
+    err: ValidationError,
+    source: str,
+    what: str = "the recipe",
+    overrides: list[str] | None = None,
+) -> str:
+    """pydantic's errors as one line a key: its path in the recipe, what is wrong and the
+    fix; a key a `--set` of `overrides` gave is named with that `--set`."""
     lines = [f"{source}: {err.error_count()} problem(s) in {what}:"]
     for e in err.errors():
         loc = _key_path(e["loc"])
         msg = e["msg"].removeprefix("Value error, ")
-        if e["type"] == "extra_forbidden" and loc == "data.train.path":
+        if e["type"] == "union_tag_invalid":  # e.g. rewards.0.type: mathh
+            ctx = e["ctx"]
+            loc = ".".join(filter(None, (loc, str(ctx["discriminator"]).strip("'"))))
+            msg = (
+                f"unknown {ctx['tag']!r}; use one of {ctx['expected_tags']} "
+                "(see `posttrain schema`)"
+            )
+        elif e["type"] == "extra_forbidden" and loc == "data.train.path":
             # a generator's block with a path added to it (`--set data.train.path=...`)
             msg = (
                 "unknown key in a generator's data.train block; to train on a file "
@@ -61,6 +85,7 @@ def format_errors(err: ValidationError, source: str, what: str = "the recipe") -
             msg = "required key is missing; add it (see `posttrain schema`)"
         elif "input" in e and not isinstance(e["input"], dict | list):
             msg = f"{msg} (got {e['input']!r})"
+        msg += _set_by(loc, overrides or []) if loc else ""
         lines.append(f"  - {loc}: {msg}" if loc else f"  - {msg}")
     return "\n".join(lines)
 
@@ -135,7 +160,7 @@ def load_recipe(path: str | Path, overrides: list[str] | None = None) -> Recipe:
     try:
         return Recipe.model_validate(tree)
     except ValidationError as e:
-        raise RecipeError(format_errors(e, str(path))) from None
+        raise RecipeError(format_errors(e, str(path), overrides=overrides)) from None
 
 
 def _resolve_data_paths(tree: dict[str, Any], folder: Path) -> None:
