@@ -72,9 +72,17 @@ def full_state_dict(
 def _plain_stream(
     policy: torch.nn.Module, dtype: torch.dtype
 ) -> Iterator[tuple[str, torch.Tensor]]:
+    """Each tensor whole, cast to `dtype`: gathered from its DTensor shards, except on a
+    one-rank mesh, where the local shard is the whole tensor (a DTensor cast and a
+    one-rank all-gather per tensor took 0.3 s a push of the 135M model)."""
     for name, t in untied_state(policy).items():
-        local = t.detach().to(dtype)
-        yield name, local.full_tensor() if hasattr(local, "full_tensor") else local
+        t = t.detach()
+        if not hasattr(t, "full_tensor"):
+            yield name, t.to(dtype)
+        elif t.device_mesh.size() == 1:  # a copy even in the same dtype: a transport
+            yield name, t.to_local().to(dtype, copy=True)  # may keep what it is given
+        else:
+            yield name, t.to(dtype).full_tensor()
 
 
 def _later(make: callable) -> Iterator[tuple[str, torch.Tensor]]:
