@@ -27,6 +27,10 @@ Order of one push (`stream`, every rank, collective):
      Every transport is done with them by then (the collective one's `finish`, the
      object store's and filesystem's copies, the delta's clone of its base).
 
+One rank uses it too: it then only casts into the reused full tensors, where a fresh
+tensor per push would pay its pages' first-touch faults (0.48 s against 0.18 s a push
+of the quickstart on 2 ranks, docs/benchmarks.md).
+
 Limits: every rank on one machine (checked at `create`: otherwise `create` returns
 None and the caller all-gathers); plain policies only (merged or adapter-only pushes
 gather through `learner/adapters.py`). Memory: one extra copy of each rank's shard in
@@ -118,8 +122,9 @@ class ShmGather:
         shapes = [e[3] for e in everyone]
         sizes = [_offsets(s, dtype)[-1] for s in shapes]
         # A /dev/shm too small for the buffers (docker's default is 64 MiB) would end in
-        # SIGBUS on the first write: rank 0 checks once and every rank falls back.
-        token = [uuid.uuid4().hex if rank == 0 and _shm_fits(sum(sizes)) else None]
+        # SIGBUS on the first write: rank 0 checks once and every rank falls back. Rank
+        # 0's own tensors are plain memory (`out`): one rank needs no /dev/shm.
+        token = [uuid.uuid4().hex if rank == 0 and _shm_fits(sum(sizes[1:])) else None]
         dist.broadcast_object_list(token, src=0)
         if token[0] is None:
             return None

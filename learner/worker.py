@@ -123,7 +123,7 @@ class LearnerWorker(SessionVerbs):
         # weight_sync.delta: rank 0's copy of the last push; a new process starts full.
         self.delta = DeltaSender() if s.transport.delta and self.rank == 0 else None
         # weight_sync.shm_gather: CPU ranks on one machine skip gloo's all-gathers.
-        if s.transport.shm_gather and kind == "cpu" and self.world > 1 and not s.adapter.enabled:
+        if s.transport.shm_gather and kind == "cpu" and not s.adapter.enabled:
             state = untied_state(self.policy)
             self.gather = ShmGather.create(state, self.rank, self.world, DTYPES[s.compute_dtype])
         return report
