@@ -58,7 +58,9 @@ class ScriptedWorker:
         self.tok, self.stack, self.url = tok, stack, None
         self.recorder = EpisodeRecorder()
 
-    def serve_openai(self, host: str, port: int, max_tokens: int, temperature: float) -> str:
+    def serve_openai(
+        self, host: str, port: int, max_tokens: int, temperature: float, step: int = -1
+    ) -> str:
         if self.url is None:
             gen = lambda ids, sampling: (answer(self.tok, ids), 0)  # noqa: E731
             app = create_app(gen, self.tok, self.recorder, max_tokens, temperature)

@@ -63,7 +63,8 @@ def generate_agent_episodes(
     """
     r = recipe.rollout
     urls = [
-        call(w, "serve_openai", "127.0.0.1", 0, r.max_new_tokens, r.temperature) for w in workers
+        call(w, "serve_openai", "127.0.0.1", 0, r.max_new_tokens, r.temperature, step)
+        for w in workers
     ]
     episodes, file = _write_episodes(requests, urls, r.samples_per_prompt, folder, step)
     _run_agent_program(recipe, file, folder, step)
