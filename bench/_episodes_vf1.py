@@ -189,13 +189,15 @@ def single_call_table(
                 tok, worker, recipe, reqs, scripted
             ),
         }
-        first = {}
-        for name, fn in runs.items():
-            first[name] = _timed(fn, n)[0] * n  # untimed step: connections, the v1 driver's start
-            got = [_timed(fn, n) for _ in range(repeats)]
-            rows.append(
-                (name, statistics.median(w for w, _ in got), statistics.median(c for _, c in got))
-            )
+        # untimed step: connections, the v1 driver's start
+        first = {name: _timed(fn, n)[0] * n for name, fn in runs.items()}
+        got: dict[str, list[tuple[float, float]]] = {name: [] for name in runs}
+        for _ in range(repeats):  # the paths in turn: a load that comes and goes hits each
+            for name, fn in runs.items():
+                got[name].append(_timed(fn, n))
+        for name, g in got.items():
+            wall, cpu = statistics.median(w for w, _ in g), statistics.median(c for _, c in g)
+            rows.append((name, wall, cpu))
         vf1.stop_drivers()
     return _table(rows, n, prompts, repeats, first, real, concurrent)
 
@@ -216,7 +218,8 @@ def _table(
     batches = "" if real is None else f"; endpoint engine calls' sizes: {_sizes(real)}"
     out.append(
         f"({n} episodes at once ({prompts} prompts x {SAMPLES}; verifiers "
-        f"max_concurrent {concurrent}), median of {repeats} steps after a first one; "
+        f"max_concurrent {concurrent}), median of {repeats} steps after a first one, the "
+        "paths in turn; "
         f"{model}{batches}. The first step's seconds: "
         + ", ".join(f"{k} {v:.2f}" for k, v in first.items())
         + ")"
