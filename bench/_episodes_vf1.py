@@ -40,6 +40,7 @@ from tests.hostile_servers import serve_app  # noqa: E402
 
 _SUM = re.compile(r"What is (\d+) \+ (\d+)\?")
 SAMPLES = 8  # per prompt, as examples/vf1_sums.yaml
+DRIVERS = vf1.Drivers()  # the verifiers v1 driver, kept up between steps as a run keeps it
 
 
 def answer(tok: Any, ids: list[int]) -> Sample:
@@ -98,7 +99,7 @@ def _cpu() -> float:
     me = resource.getrusage(resource.RUSAGE_SELF)
     kids = resource.getrusage(resource.RUSAGE_CHILDREN)
     total = me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
-    for driver in vf1._DRIVERS.values():
+    for driver in DRIVERS.running():
         fields = Path(f"/proc/{driver.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
         total += sum(int(x) for x in fields[11:15]) / os.sysconf("SC_CLK_TCK")
     return total
@@ -130,7 +131,9 @@ def _agent(
     decode = lambda ids: tok.decode(ids, skip_special_tokens=True)  # noqa: E731
     with tempfile.TemporaryDirectory(prefix="bench-vf1-") as folder:
         call = lambda w, verb, *a: getattr(w, verb)(*a)  # noqa: E731
-        rollouts, _ = generate_agent_episodes([worker], reqs, recipe, decode, Path(folder), 0, call)
+        rollouts, _ = generate_agent_episodes(
+            [worker], reqs, recipe, decode, Path(folder), 0, call, DRIVERS
+        )
         log = (Path(folder) / "agent_00000.log").read_text()
     rewards = [r.metadata.get("environment_reward") for r in rollouts]
     # scripted: every episode wins; a real model: every episode is scored
@@ -198,7 +201,7 @@ def single_call_table(
         for name, g in got.items():
             wall, cpu = statistics.median(w for w, _ in g), statistics.median(c for _, c in g)
             rows.append((name, wall, cpu))
-        vf1.stop_drivers()
+        DRIVERS.stop()
     return _table(rows, n, prompts, repeats, first, real, concurrent)
 
 
