@@ -40,7 +40,8 @@ that does not extend the previous one (the agent rewrote or dropped history) is
 tokenised afresh and counted in `restarts`; the episode's trajectory then starts again
 from it (recipes/episodes/agent.py).
 
-Concurrency: requests are served on the server's threads. The calls of one episode run
+Concurrency: requests are served on the server's threads (`CALL_THREADS` at once,
+anyio's default being 40). The calls of one episode run
 one at a time (`EpisodeRecorder.turn`); calls of different episodes reach `generate`
 at once, where the worker batches them (actors/call_batcher.py) or a concurrent engine
 does, under the worker's engine lock, so they never overlap a weight load.
@@ -52,8 +53,11 @@ as text, e.g. Hermes `<tool_call>` blocks), no authentication: bind it to a priv
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from typing import Any
+
+import anyio.to_thread
 
 from ..common.numbers import finite32
 from .chat import TemplateMismatch, chat_ids, message_delta
@@ -72,6 +76,10 @@ from .openai_protocol import (
 from .rollout import SamplingSettings
 
 __all__ = ["ChatEndpoint", "EpisodeRecorder", "call_seed", "create_app"]
+
+#: Calls served at once, each holding a server thread while it waits for its sample
+#: (anyio's default is 40); calls beyond wait for a thread, and go in a later batch.
+CALL_THREADS = 1024
 
 
 def call_seed(episode_id: str, index: int) -> int:
@@ -268,7 +276,14 @@ def create_app(
     from fastapi.exceptions import RequestValidationError
     from fastapi.responses import StreamingResponse
 
-    app = FastAPI(title="posttrain rollout (OpenAI-compatible)")
+    @asynccontextmanager
+    async def lifespan(_: Any) -> AsyncIterator[None]:
+        # the sync routes run on this server's worker threads, 40 by default: more
+        # calls at once must reach the batcher together, not 39 at a time
+        anyio.to_thread.current_default_thread_limiter().total_tokens = CALL_THREADS
+        yield
+
+    app = FastAPI(title="posttrain rollout (OpenAI-compatible)", lifespan=lifespan)
     endpoint = ChatEndpoint(
         generate, tokenizer, recorder, default_max_tokens, temperature, context_tokens
     )
