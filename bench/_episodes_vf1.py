@@ -112,14 +112,16 @@ def _timed(fn: Any, n: int) -> tuple[float, float]:
     return (time.perf_counter() - t0) / n, (_cpu() - c0) / n
 
 
-def _http(tok: Any, url: str, reqs: list[PromptRequest], gen: Any, tokens: int) -> None:
+def _http(
+    tok: Any, url: str, reqs: list[PromptRequest], gen: Any, tokens: int, scripted: bool
+) -> None:
     cfg = HttpEnvironment(type="http", url=url, retries=0)
     eps = start_episodes(tok, reqs, SAMPLES, lambda uid: make_environment(cfg, f"{uid}@0"))
     run_episodes(gen, tok, eps, SamplingSettings(n=1, max_new_tokens=tokens), 1, 400)
     finish_episodes(eps)
     for e in eps:
         getattr(e.env, "close", lambda: None)()
-    scripted = gen is None or getattr(gen, "scripted", False)
+    # scripted: every episode wins; a real model: every episode ends without an error
     bad = [e for e in eps if e.error or (scripted and e.env_reward != 1.0)]
     if bad:
         raise RuntimeError(f"http: episode {bad[0].uid} did not win: {bad[0].error}")
@@ -180,13 +182,12 @@ def single_call_table(
         if real is None:
             worker = ScriptedWorker(tok, stack)
             gen = lambda prompts, s: ([answer(tok, p) for p in prompts], 0)  # noqa: E731
-            gen.scripted = True  # type: ignore[attr-defined]
         else:
             worker = real
             gen = lambda prompts, s: real.generate_ids(prompts, s, 0)  # noqa: E731
         scripted = real is None
         runs = {
-            "http (ours)": lambda: _http(tok, url, with_sums, gen, tokens),
+            "http (ours)": lambda: _http(tok, url, with_sums, gen, tokens, scripted),
             "agent program (ours)": lambda: _agent(tok, worker, agent_recipe, with_sums, scripted),
             "verifiers v1" + ("" if python else " (stand-in)"): lambda: _agent(
                 tok, worker, recipe, reqs, scripted
