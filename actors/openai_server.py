@@ -40,8 +40,11 @@ that does not extend the previous one (the agent rewrote or dropped history) is
 tokenised afresh and counted in `restarts`; the episode's trajectory then starts again
 from it (recipes/episodes/agent.py).
 
-Concurrency: requests are served on the server's threads and take the worker's engine
-lock, so they never overlap `generate` or a weight load on the same engine.
+Concurrency: requests are served on the server's threads (`CALL_THREADS` at once,
+anyio's default being 40). The calls of one episode run
+one at a time (`EpisodeRecorder.turn`); calls of different episodes reach `generate`
+at once, where the worker batches them (actors/call_batcher.py) or a concurrent engine
+does, under the worker's engine lock, so they never overlap a weight load.
 
 Limits: no token-by-token streaming, no `tools` / `tool_choice` rendering (tool calls travel
 as text, e.g. Hermes `<tool_call>` blocks), no authentication: bind it to a private address.
@@ -50,15 +53,16 @@ as text, e.g. Hermes `<tool_call>` blocks), no authentication: bind it to a priv
 from __future__ import annotations
 
 import hashlib
-import threading
-from collections import OrderedDict
-from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from typing import Any
+
+import anyio.to_thread
 
 from ..common.numbers import finite32
 from .chat import TemplateMismatch, chat_ids, message_delta
 from .engine import Sample, end_of_turn_token_id
+from .episode_recorder import Call, EpisodeLog, EpisodeRecorder
 from .openai_protocol import (
     ChatRequest,
     Refused,
@@ -71,6 +75,12 @@ from .openai_protocol import (
 )
 from .rollout import SamplingSettings
 
+__all__ = ["ChatEndpoint", "EpisodeRecorder", "call_seed", "create_app"]
+
+#: Calls served at once, each holding a server thread while it waits for its sample
+#: (anyio's default is 40); calls beyond wait for a thread, and go in a later batch.
+CALL_THREADS = 1024
+
 
 def call_seed(episode_id: str, index: int) -> int:
     """The sampling seed of call `index` of episode `episode_id` when the request gives
@@ -80,92 +90,6 @@ def call_seed(episode_id: str, index: int) -> int:
     engine's own (`engine_seed`)."""
     digest = hashlib.sha256(f"{episode_id}:{index}".encode()).digest()
     return int.from_bytes(digest[:7], "big")
-
-
-@dataclass
-class Call:
-    """One recorded completion (rollout worker → controller).
-
-    Attributes:
-        prompt_ids: `[P]` the ids the engine was given.
-        completion_ids: `[C]` the sampled ids.
-        logprobs: `[C]` their `inference_logprobs` (under the request's temperature).
-        policy_version: version of the weights that sampled them.
-        finish_reason: 'stop' or 'length'.
-        temperature: the request's temperature.
-    """
-
-    prompt_ids: list[int]
-    completion_ids: list[int]
-    logprobs: list[float]
-    policy_version: int
-    finish_reason: str
-    temperature: float
-
-
-@dataclass
-class EpisodeLog:
-    """Every call of one episode, the agent's reward (or why its posted reward was
-    refused), and the conversation state."""
-
-    calls: list[Call] = field(default_factory=list)
-    reward: float | None = None
-    reward_error: str | None = None
-    components: dict[str, float] = field(default_factory=dict)
-    restarts: int = 0
-    messages: list[dict[str, str]] = field(default_factory=list)
-    ids: list[int] = field(default_factory=list)
-
-
-class EpisodeRecorder:
-    """Thread-safe store of `EpisodeLog`s by episode id, at most `max_episodes` of them
-    (least recently used evicted first).
-
-    Raises (at construction):
-        ValueError: max_episodes < 1.
-    """
-
-    def __init__(self, max_episodes: int = 4096) -> None:
-        if max_episodes < 1:
-            raise ValueError(f"max_episodes must be at least 1, got {max_episodes}")
-        self.max_episodes = max_episodes
-        self.lock = threading.Lock()
-        self.episodes: OrderedDict[str, EpisodeLog] = OrderedDict()
-
-    def get(self, episode_id: str) -> EpisodeLog:
-        """The episode's log, made when new (evicting the least recently used one when
-        the store is full)."""
-        with self.lock:
-            return self.keep(episode_id, self.episodes.get(episode_id) or EpisodeLog())
-
-    def keep(self, episode_id: str, log: EpisodeLog) -> EpisodeLog:
-        """Store `log` under `episode_id` as the most recently used, evicting the least
-        recently used beyond `max_episodes`; the caller holds `lock`."""
-        self.episodes[episode_id] = log
-        self.episodes.move_to_end(episode_id)
-        while len(self.episodes) > self.max_episodes:
-            self.episodes.popitem(last=False)
-        return log
-
-    def find(self, episode_id: str) -> EpisodeLog | None:
-        """The episode's log if it has one here, else None (nothing is made)."""
-        with self.lock:
-            return self.episodes.get(episode_id)
-
-    def pop(self, episode_id: str) -> dict[str, Any] | None:
-        """The episode's calls, reward, reward_error, components and restarts as plain
-        data, removed; None if unknown."""
-        with self.lock:
-            log = self.episodes.pop(episode_id, None)
-        if log is None:
-            return None
-        return {
-            "calls": [asdict(c) for c in log.calls],
-            "reward": log.reward,
-            "reward_error": log.reward_error,
-            "components": dict(log.components),
-            "restarts": log.restarts,
-        }
 
 
 def _longest_token_chars(tokenizer: Any) -> int:
@@ -265,8 +189,8 @@ class ChatEndpoint:
         if self.temperature is not None:
             limit = min(limit, self.default_max_tokens)
         rec = self.recorder
-        with rec.lock:  # one call of an episode at a time keeps its chain ordered
-            log = rec.episodes.get(episode) or EpisodeLog()  # kept once it is served
+        with rec.turn(episode):  # its calls one at a time: each extends the one before
+            log = rec.find(episode) or EpisodeLog()  # kept once it is served
             ids, restarted = self.prompt_ids(log, messages)
             sampling = SamplingSettings(
                 n=1,
@@ -276,16 +200,18 @@ class ChatEndpoint:
                 seed=req.seed if req.seed is not None else call_seed(episode, len(log.calls)),
                 stop=stop,
             )
+            # no store-wide lock here: other episodes' calls sample meanwhile (batched)
             sample, version = self.generate(ids, sampling)
             text = self.tokenizer.decode(sample.token_ids, skip_special_tokens=True)
             tokens, logprobs = list(sample.token_ids), list(sample.logprobs)
-            log.calls.append(
-                Call(ids, tokens, logprobs, version, sample.finish_reason, sampling.temperature)
-            )
-            log.restarts += restarted
-            log.messages = [*messages, {"role": "assistant", "content": text}]
-            log.ids = ids + tokens
-            rec.keep(episode, log)
+            with rec.lock:
+                log.calls.append(
+                    Call(ids, tokens, logprobs, version, sample.finish_reason, sampling.temperature)
+                )
+                log.restarts += restarted
+                log.messages = [*messages, {"role": "assistant", "content": text}]
+                log.ids = ids + tokens
+                rec.keep(episode, log)
         return ids, sample, text
 
     def reward(self, episode_id: str, body: RewardRequest) -> None:
@@ -332,10 +258,10 @@ def create_app(
     """The FastAPI app (see the module docstring).
 
     Args:
-        generate: (prompt ids, sampling with n = 1) → (the sample, policy_version); the
-            caller holds the engine lock inside it, or none on a concurrent engine
-            (AsyncLLM: the endpoint's calls, run on FastAPI's thread pool, are then
-            batched together in the engine).
+        generate: (prompt ids, sampling with n = 1) → (the sample, policy_version);
+            called from FastAPI's thread pool, several episodes at once: it batches
+            them (the worker's `CallBatcher`, holding the engine lock per batch) or a
+            concurrent engine does (AsyncLLM).
         tokenizer: the policy's tokenizer with its chat template.
         recorder: where calls are recorded.
         default_max_tokens: completion limit when the request gives none, and the most
@@ -350,7 +276,14 @@ def create_app(
     from fastapi.exceptions import RequestValidationError
     from fastapi.responses import StreamingResponse
 
-    app = FastAPI(title="posttrain rollout (OpenAI-compatible)")
+    @asynccontextmanager
+    async def lifespan(_: Any) -> AsyncIterator[None]:
+        # the sync routes run on this server's worker threads, 40 by default: more
+        # calls at once must reach the batcher together, not 39 at a time
+        anyio.to_thread.current_default_thread_limiter().total_tokens = CALL_THREADS
+        yield
+
+    app = FastAPI(title="posttrain rollout (OpenAI-compatible)", lifespan=lifespan)
     endpoint = ChatEndpoint(
         generate, tokenizer, recorder, default_max_tokens, temperature, context_tokens
     )

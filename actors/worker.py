@@ -13,7 +13,8 @@ carry a `group_address`), and again on `join_push_group` when the controller re-
 the group after a member was replaced.
 
 Concurrency: a worker runs one verb at a time (a plain Ray actor); the OpenAI
-endpoint's server thread shares the engine under `engine_lock`. The controller
+endpoint's server threads share the engine under `engine_lock`, the calls of several
+episodes sampled together (actors/call_batcher.py). The controller
 calls `update_weights(handle)` after the learner's optimizer step and waits for the
 returned `policy_version` before calling `generate` again, so every Rollout of a step
 carries the same `policy_version`. With partial rollouts (`partial=True`, started as a
@@ -48,6 +49,7 @@ from ..weightsync import (
     make_transport,
     state_checksum,
 )
+from .call_batcher import CallBatcher
 from .debug import DebugSettings
 from .engine import EngineSettings, Sample, check_prompt_lengths, engine_seed
 from .factory import make_engine
@@ -103,6 +105,8 @@ class RolloutWorker(PushReceiving, InflightSamples):
         self.debug = debug if debug is not None else DebugSettings()
         self.engine_lock = threading.Lock()  # the OpenAI endpoint's threads share the engine
         self.recorder: EpisodeRecorder | None = None
+        self.batcher: CallBatcher | None = None  # the endpoint's calls, batched
+        self.endpoint_step = -1  # the step its engine calls' spans are tagged with
         self.server = None
         self.partial = partial
         # a concurrent engine pauses its own requests on a push: no segments, no gate
@@ -226,26 +230,23 @@ class RolloutWorker(PushReceiving, InflightSamples):
         port: int = 0,
         max_tokens: int = 256,
         temperature: float | None = None,
+        step: int = -1,
     ) -> str:
         """Start the OpenAI-compatible endpoint (once) on a server thread; its base URL
         (`http://host:port/v1`). With `temperature` (training) every call samples at it
         and at most `max_tokens` tokens; prompts are checked against the engine's
-        context (see `openai_server.create_app`)."""
+        context (see `openai_server.create_app`). Calls of several episodes at once are
+        sampled together (`CallBatcher`; a concurrent engine batches them itself), each
+        engine call a `generate` span of `step` (the step calling; its idle metric)."""
+        self.endpoint_step = step
         if self.server is None:
             import socket
 
             import uvicorn
 
             self.recorder = EpisodeRecorder()
-
-            def generate(ids: list[int], sampling: SamplingSettings) -> tuple[Sample, int]:
-                with self._sampling_lock():
-                    self._check_adapter()
-                    version = self.version
-                    sample = self.engine.generate([ids], self._own_seed(sampling))[0][0]
-                # a concurrent engine's call may span a push: its first token's version
-                return sample, sample.versions[0] if sample.versions else version
-
+            self.batcher = CallBatcher(self._endpoint_batch)
+            generate = self._endpoint_call if self.engine.concurrent else self.batcher.generate
             app = create_app(
                 generate,
                 self.engine.tokenizer,
@@ -265,6 +266,23 @@ class RolloutWorker(PushReceiving, InflightSamples):
                 time.sleep(0.01)
             self.openai_url = f"http://{host}:{sock.getsockname()[1]}/v1"
         return self.openai_url
+
+    def _endpoint_batch(
+        self, prompts: list[list[int]], sampling: SamplingSettings
+    ) -> tuple[list[Sample], int]:
+        """The endpoint's calls of one batch (n = 1 each) on the engine, and the
+        policy_version that sampled them."""
+        with self.spans.span("generate", self.endpoint_step), self._sampling_lock():
+            self._check_adapter()
+            version = self.version
+            groups = self.engine.generate(prompts, self._own_seed(sampling))
+        return [g[0] for g in groups], version
+
+    def _endpoint_call(self, ids: list[int], sampling: SamplingSettings) -> tuple[Sample, int]:
+        """One endpoint call on a concurrent engine (the engine batches the calls): a
+        call may span a push, so its version is its first token's."""
+        (sample,), version = self._endpoint_batch([ids], sampling)
+        return sample, sample.versions[0] if sample.versions else version
 
     def pop_episode(self, episode_id: str) -> dict | None:
         """The calls recorded for `episode_id` (prompt ids, completion ids, logprobs,

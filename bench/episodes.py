@@ -24,6 +24,10 @@ rollout worker's OpenAI endpoint (actors/openai_server.py) on the scripted engin
 an interpreter with the real verifiers 0.4 (scripts/vf1_venv.sh); without it, the
 stand-in (tests/stand_ins: its numbers say nothing about verifiers). Each row also gives
 the CPU time per episode of this process and every program it waited for.
+`--model smollm2-135m-instruct`: every path's model calls sampled by a rollout worker on
+that model's vLLM engine instead (at most 16 tokens, as examples/vf1_sums.yaml; the
+footnote counts the endpoint's engine calls by size); `--max-concurrent N`: verifiers'
+episodes at once (`max_concurrent`, default 8).
 """
 
 from __future__ import annotations
@@ -130,17 +134,27 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--smoke", action="store_true", help=SMOKE_HELP)
     ap.add_argument("--vf1", nargs="?", const="", default=None, metavar="PYTHON")
+    ap.add_argument("--model", help="--vf1: sample on this model's vLLM engine (path or alias)")
+    ap.add_argument("--max-concurrent", type=int, default=8, help="--vf1: verifiers' episodes")
     args = ap.parse_args()
     if args.smoke:
         args.episodes, args.repeats = 4, 1
-    model = build_tiny_model(Path(_scratch()) / "m")
-    tok = AutoTokenizer.from_pretrained(model)
     if args.vf1 is not None:
-        from _episodes_vf1 import single_call_table
+        from _episodes_vf1 import real_worker, single_call_table
 
+        real, model = real_worker(args.model) if args.model else (None, build_model())
+        tok = AutoTokenizer.from_pretrained(model)
         print(header())
-        print(single_call_table(tok, model, args.vf1 or None, args.episodes, args.repeats))
+        print(
+            single_call_table(
+                tok, model, args.vf1 or None, args.episodes, args.repeats, real, args.max_concurrent
+            )
+        )
+        if real is not None:
+            real.close()
         return
+    model = build_model()
+    tok = AutoTokenizer.from_pretrained(model)
     sys.modules.setdefault("episodes", sys.modules[__name__])
     rows = []
     with serve_app(guess_env.create_app()) as http, serve_app(openenv_game.create_app()) as oe:
@@ -166,6 +180,10 @@ def main() -> None:
         from _episodes_vf1 import single_call_table
 
         print(single_call_table(tok, model, None, 8, 1))
+
+
+def build_model() -> Path:
+    return build_tiny_model(Path(_scratch()) / "m")
 
 
 def _scratch() -> str:

@@ -7,6 +7,7 @@ and returns them with its results; the controller merges them per step. Times ar
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -45,11 +46,14 @@ class Span:
 
 
 class SpanRecorder:
-    """Collects spans of one worker; `drain()` hands them over and clears the list."""
+    """Collects spans of one worker; `drain()` hands them over and clears the list.
+    Thread-safe: a rollout worker's endpoint records spans from its server threads
+    while the worker's own thread drains them."""
 
     def __init__(self, role: str, worker: int) -> None:
         self.role, self.worker = role, worker
         self._spans: list[Span] = []
+        self._lock = threading.Lock()
 
     @contextmanager
     def span(self, kind: str, step: int) -> Iterator[None]:
@@ -59,10 +63,12 @@ class SpanRecorder:
         try:
             yield
         finally:
-            self._spans.append(Span(self.role, self.worker, kind, start, time.time(), step))
+            with self._lock:
+                self._spans.append(Span(self.role, self.worker, kind, start, time.time(), step))
 
     def drain(self) -> list[Span]:
-        spans, self._spans = self._spans, []
+        with self._lock:
+            spans, self._spans = self._spans, []
         return spans
 
 

@@ -187,7 +187,12 @@ class VerifiersEnvironment(Strict):
         "tool-less chat loop); default the taskset's own.",
     )
     max_concurrent: int = Field(
-        8, ge=1, description="v1: episodes verifiers runs at once per step."
+        8,
+        ge=1,
+        description="v1: episodes verifiers runs at once per step. Their model calls "
+        "are sampled together, so up to a step's episodes is faster with the `null` "
+        "harness (examples/vf1_sums.yaml: 64); a harness that starts a program per "
+        "episode spends CPU per episode, where more at once does not help.",
     )
     step_timeout_s: float = Field(
         1800.0,

@@ -1,11 +1,11 @@
 """An example black-box agent program for `rollout.agent` (README, "Multi-turn and
 tools"): any code that speaks the OpenAI chat API works the same way.
 
-For each episode in $POSTTRAIN_EPISODES it asks the policy the question, asks once more
-when the reply holds no number, and posts reward 1 when the last number of the last
-reply equals the ground truth (else 0). Each call has a deadline on the whole request,
-$AGENT_CALL_TIMEOUT_S seconds (default 300; posttrain.common.http: httpx's own timeout
-bounds each read, not the call).
+For each episode in $POSTTRAIN_EPISODES (up to 64 at once) it asks the policy the
+question, asks once more when the reply holds no number, and posts reward 1 when the
+last number of the last reply equals the ground truth (else 0). Each call has a
+deadline on the whole request, $AGENT_CALL_TIMEOUT_S seconds (default 300;
+posttrain.common.http: httpx's own timeout bounds each read, not the call).
 
     rollout:
       agent: {command: [python, examples/openai_agent.py], timeout_s: 600}
@@ -49,7 +49,9 @@ def run_episode(ep: dict) -> None:
 def main() -> None:
     with open(os.environ["POSTTRAIN_EPISODES"]) as f:
         episodes = [json.loads(line) for line in f if line.strip()]
-    with ThreadPoolExecutor(max_workers=4) as pool:
+    # every episode at once: the endpoint samples the calls that arrive together in one
+    # engine call, so episodes run one by one (or a few at a time) waste the engine
+    with ThreadPoolExecutor(max_workers=max(1, min(64, len(episodes)))) as pool:
         list(pool.map(run_episode, episodes))
     print(f"ran {len(episodes)} episodes")
 

@@ -29,7 +29,6 @@ from .algo.rollouts import apply_failure_policy, rollout_batch, rollout_metrics
 from .algo.teacher import check_teacher_tokenizer
 from .data import load_data, prompt_stream
 from .empty_steps import EmptySteps, train_or_skip
-from .episodes.vf1 import stop_drivers
 from .evaluation import due, evaluate, load_eval_prompts
 from .monitoring.advisories import advise, console_lines
 from .monitoring.dashboard import DashboardServer
@@ -120,8 +119,7 @@ def run(
     finally:
         if state is not None and state.stream is not None:
             state.stream.close()
-        c.stop_roles(roles)
-        stop_drivers()  # a verifiers v1 environment's driver, kept up between steps
+        c.stop_roles(roles)  # a verifiers v1 environment's drivers among them
         ray.shutdown()
         log.close()
         if dash is not None:

@@ -25,6 +25,7 @@ from typing import Any
 
 from ...config import Recipe
 from .agent import agent_rollout
+from .vf1 import DriverFailed, Drivers
 
 
 class AgentProgramFailed(RuntimeError):
@@ -45,6 +46,7 @@ def generate_agent_episodes(
     folder: Path,
     step: int,
     call: Callable[..., Any] = _ray_call,
+    drivers: Drivers | None = None,
 ) -> tuple[list[Any], dict[str, float]]:
     """Run the agent program over `samples_per_prompt` episodes per request.
 
@@ -53,6 +55,8 @@ def generate_agent_episodes(
         requests: the step's `PromptRequest`s.
         decode: ids → text (the policy's tokenizer).
         folder: where the episode file and the program's log go.
+        drivers: the run's verifiers v1 drivers (`Roles.vf1_drivers`), kept up between
+            steps; None: a driver started and stopped with this step.
 
     Returns:
         One Rollout per episode in request order, and the step's agent metrics.
@@ -63,10 +67,11 @@ def generate_agent_episodes(
     """
     r = recipe.rollout
     urls = [
-        call(w, "serve_openai", "127.0.0.1", 0, r.max_new_tokens, r.temperature) for w in workers
+        call(w, "serve_openai", "127.0.0.1", 0, r.max_new_tokens, r.temperature, step)
+        for w in workers
     ]
     episodes, file = _write_episodes(requests, urls, r.samples_per_prompt, folder, step)
-    _run_agent_program(recipe, file, folder, step)
+    _run_agent_program(recipe, file, folder, step, drivers)
     rollouts = [
         agent_rollout(
             uid,
@@ -112,26 +117,31 @@ def _write_episodes(
     return episodes, file
 
 
-def _run_agent_program(recipe: Recipe, file: Path, folder: Path, step: int) -> None:
+def _run_agent_program(
+    recipe: Recipe, file: Path, folder: Path, step: int, drivers: Drivers | None = None
+) -> None:
     """Run `rollout.agent.command` on the episode file, its output to the step's log (a
-    verifiers v1 environment: its driver, kept up between steps, recipes/episodes/vf1.py).
+    verifiers v1 environment: its driver, kept up between steps by `drivers`,
+    recipes/episodes/vf1.py).
 
     Raises:
         AgentProgramFailed: it ran past `rollout.agent.timeout_s` or exited non-zero.
     """
     log = folder / f"agent_{step:05d}.log"
     if recipe.rollout.agent is None:
-        from .vf1 import DriverFailed, run_step
-
+        own = Drivers() if drivers is None else None
         log.write_text("")
         try:
-            run_step(recipe.rollout.environment, file, log)
+            (drivers or own).run_step(recipe.rollout.environment, file, log)
         except DriverFailed as e:
             tail = log.read_text(errors="replace")[-800:]
             raise AgentProgramFailed(
                 f"step {step}: the verifiers driver {e} (rollout.environment.step_timeout_s "
                 f"bounds a step); {log} ends:\n{tail}"
             ) from e
+        finally:
+            if own is not None:
+                own.stop()
         return
     agent = recipe.rollout.agent
     env = {**os.environ, "POSTTRAIN_EPISODES": str(file), "POSTTRAIN_STEP": str(step)}

@@ -144,6 +144,7 @@ def generate_episodes(
             lambda ids: tok.decode(ids, skip_special_tokens=True),
             (run_dir or Path(".")) / "agent",
             step,
+            drivers=getattr(roles, "vf1_drivers", None),
         )
     turn = SamplingSettings(
         n=1,

@@ -7,17 +7,18 @@ endpoint (actors/openai_server.py, agent.py), and posts each episode's reward: t
 trace's weighted reward sum, each `@vf.reward` score a component. The prompts:
 recipes/data/vf1_tasks.py.
 
-The driver stays up between steps (`run_step`, the driver's `serve` verb): importing
-verifiers and loading the taskset take seconds of CPU, once per run instead of once per
-step. It is stopped by `stop_drivers` (the run's exit, and at interpreter exit); it
-also exits by itself when this process goes (its standard input closes). A step past
-`step_timeout_s`, or a driver that exits, fails that step and stops that driver; the
-next step starts a new one.
+The driver stays up between steps (`Drivers.run_step`, the driver's `serve` verb):
+importing verifiers and loading the taskset take seconds of CPU, once per run instead of
+once per step. `Drivers` is a role of the run (`Roles.vf1_drivers`,
+recipes/roles/handles.py): started at the run's first verifiers v1 step, stopped by
+`stop_roles` on every exit (a finished run, an error, a signal; `posttrain eval` too).
+A driver also exits by itself when this process goes (its standard input closes). A
+step past `step_timeout_s`, or a driver that exits, fails that step and stops that
+driver; the next step starts a new one.
 """
 
 from __future__ import annotations
 
-import atexit
 import json
 import os
 import queue
@@ -95,36 +96,42 @@ class WarmDriver:
                     self.proc.wait()
 
 
-_DRIVERS: dict[str, WarmDriver] = {}
-_LOCK = threading.Lock()
+class Drivers:
+    """The warm drivers of one run, one per driver command (see the module docstring).
 
+    Concurrency: thread-safe; one step at a time per driver (a second caller waits)."""
 
-def run_step(cfg: VerifiersEnvironment, episodes: Path, log: Path) -> None:
-    """Run a step's episode file on the warm driver of `cfg` (started if there is none).
+    def __init__(self) -> None:
+        self._drivers: dict[str, WarmDriver] = {}
+        self._lock = threading.Lock()
 
-    Raises:
-        DriverFailed: see `WarmDriver.step`; that driver is then stopped.
-    """
-    command = driver_command(cfg, "serve")
-    key = json.dumps(command)
-    with _LOCK:  # one step at a time per driver
-        driver = _DRIVERS.get(key)
-        if driver is None or driver.proc.poll() is not None:
-            driver = _DRIVERS[key] = WarmDriver(command, log)
-        try:
-            driver.step(episodes, log, cfg.step_timeout_s)
-        except DriverFailed:
-            driver.stop()
-            _DRIVERS.pop(key, None)
-            raise
+    def running(self) -> list[WarmDriver]:
+        """The drivers held now (tests, benches)."""
+        with self._lock:
+            return list(self._drivers.values())
 
+    def run_step(self, cfg: VerifiersEnvironment, episodes: Path, log: Path) -> None:
+        """Run a step's episode file on the warm driver of `cfg` (started if there is none).
 
-def stop_drivers() -> None:
-    """Stop every warm driver of this process."""
-    with _LOCK:
-        for driver in _DRIVERS.values():
-            driver.stop()
-        _DRIVERS.clear()
+        Raises:
+            DriverFailed: see `WarmDriver.step`; that driver is then stopped.
+        """
+        command = driver_command(cfg, "serve")
+        key = json.dumps(command)
+        with self._lock:
+            driver = self._drivers.get(key)
+            if driver is None or driver.proc.poll() is not None:
+                driver = self._drivers[key] = WarmDriver(command, log)
+            try:
+                driver.step(episodes, log, cfg.step_timeout_s)
+            except DriverFailed:
+                driver.stop()
+                self._drivers.pop(key, None)
+                raise
 
-
-atexit.register(stop_drivers)
+    def stop(self) -> None:
+        """Stop every driver held (idempotent)."""
+        with self._lock:
+            for driver in self._drivers.values():
+                driver.stop()
+            self._drivers.clear()

@@ -5,6 +5,8 @@
 - `start`: starting and stopping the learner group, the rollout workers and their push
   group, the reward service; the embedded Ray cluster and the run folder's manifest.
 - `env_server`: the environment server a run starts itself (`rollout.environment.serve`).
+- a verifiers v1 environment's drivers (`Roles.vf1_drivers`, recipes/episodes/vf1.py):
+  started at the run's first step of its episodes, stopped by `stop_roles`.
 - `handles`: what a run holds of them (`Roles`), how to start each again
   (`RelaunchSpecs`) and what it counts of them (`RunCounters`: who may mutate, said
   there).

@@ -12,6 +12,7 @@ from typing import Any
 
 from ...rewards.client import RewardSet, start_local_service
 from ...weightsync import GroupStore, TransportSettings
+from ..episodes.vf1 import Drivers
 from ..placement import Placement
 from .env_server import EnvironmentServer
 from .settings import RolloutSpec
@@ -88,5 +89,7 @@ class Roles:
     reward_proc: subprocess.Popen | None = None
     group: GroupStore | None = None  # the push group's rendezvous (collective transport)
     env_server: EnvironmentServer | None = None  # rollout.environment.serve's server
+    # a verifiers v1 environment's drivers, kept up between steps (recipes/episodes/vf1.py)
+    vf1_drivers: Drivers = field(default_factory=Drivers)
     specs: RelaunchSpecs = field(default_factory=RelaunchSpecs)
     counters: RunCounters = field(default_factory=RunCounters)

@@ -321,10 +321,11 @@ def start_rewards(recipe: Recipe, run_dir: Path) -> tuple[RewardSet, LocalServic
 
 
 def stop_roles(roles: Roles | None) -> None:
-    """Stop the environment server, the reward service and the Ray actors; safe to
-    call twice."""
+    """Stop the verifiers v1 drivers, the environment server, the reward service and
+    the Ray actors; safe to call twice."""
     if roles is None:
         return
+    roles.vf1_drivers.stop()  # first: their episodes call the rollout workers
     if roles.env_server is not None:
         roles.env_server.stop()
     if roles.reward is not None:

@@ -25,7 +25,6 @@ from posttrain.recipes.algo.rollouts import rollout_batch
 from posttrain.recipes.data.environment import environment_items
 from posttrain.recipes.episodes.agent_step import generate_agent_episodes
 from posttrain.recipes.episodes.step import add_environment_rewards
-from posttrain.recipes.episodes.vf1 import stop_drivers
 from posttrain.rewards.protocol import Score
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -41,12 +40,10 @@ ENV = {
 
 @pytest.fixture(autouse=True)
 def driver_path(monkeypatch):
-    """The driver subprocess finds the example taskset and the stand-in verifiers; the
-    drivers a test started are stopped after it."""
+    """The driver subprocess finds the example taskset and the stand-in verifiers (each
+    step here starts and stops its own driver: no run's drivers are given)."""
     paths = [str(ROOT / "examples"), str(ROOT / "tests" / "stand_ins")]
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([*paths, os.environ.get("PYTHONPATH", "")]))
-    yield
-    stop_drivers()
 
 
 def _recipe(model: str, **env) -> Recipe:

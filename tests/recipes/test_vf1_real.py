@@ -22,7 +22,6 @@ from posttrain.actors.worker import RolloutWorker
 from posttrain.config import Recipe
 from posttrain.recipes.data.environment import environment_items
 from posttrain.recipes.episodes.agent_step import generate_agent_episodes
-from posttrain.recipes.episodes.vf1 import stop_drivers
 from tests.tiny_model import build_tiny_model
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -73,7 +72,6 @@ def test_real_verifiers_v1_episode_is_token_exact(tmp_path, monkeypatch):
             tmp_path / "agent", 0, call=call,
         )  # fmt: skip
     finally:
-        stop_drivers()
         w.close()
     for r in rollouts:
         calls = records[r.uid]["calls"]

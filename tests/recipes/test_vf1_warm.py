@@ -1,8 +1,9 @@
 """The verifiers 0.4 driver kept up between steps (recipes/episodes/vf1.py): one
 driver process runs step after step (its seconds of imports and taskset loading paid
 once), a step past `step_timeout_s` fails named and stops that driver, a driver gone
-is replaced at the next step, and a driver whose parent goes (standard input closed)
-exits. Through the stand-in of verifiers.v1 (tests/stand_ins)."""
+is replaced at the next step, a driver whose parent goes (standard input closed)
+exits, and the drivers are a role of the run that `stop_roles` stops. Through the
+stand-in of verifiers.v1 (tests/stand_ins)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,8 @@ from posttrain.actors.rollout import PromptRequest
 from posttrain.recipes.data.environment import environment_items
 from posttrain.recipes.episodes import vf1
 from posttrain.recipes.episodes.agent_step import AgentProgramFailed, generate_agent_episodes
+from posttrain.recipes.placement import Placement
+from posttrain.recipes.roles import Roles, stop_roles
 from tests.recipes.test_vf1_env import _recipe
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -42,39 +45,45 @@ class SlowTaskset(vf.Taskset[SlowTask, SumsConfig]):
 
 
 @pytest.fixture(autouse=True)
-def driver_path(monkeypatch, tmp_path):
+def drivers(monkeypatch, tmp_path):
+    """The run's drivers (a role), stopped after the test."""
     (tmp_path / "vf1_slow.py").write_text(SLOW)
     paths = [str(tmp_path), str(ROOT / "examples"), str(ROOT / "tests" / "stand_ins")]
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([*paths, os.environ.get("PYTHONPATH", "")]))
-    yield
-    vf1.stop_drivers()
+    held = vf1.Drivers()
+    yield held
+    held.stop()
 
 
-def _step(worker, recipe, folder, step):
+def _step(worker, recipe, folder, step, drivers):
     w, _ = worker
     (item,) = environment_items(recipe.rollout.environment, "train", "data.train", 1, None)
     req = PromptRequest(f"s{step}-p0", item.messages, "", item.metadata)
     tok = w.engine.tokenizer
     decode = lambda ids: tok.decode(ids, skip_special_tokens=True)  # noqa: E731
     call = lambda w_, verb, *a: getattr(w_, verb)(*a)  # noqa: E731
-    return generate_agent_episodes([w], [req], recipe, decode, folder, step, call=call)
+    return generate_agent_episodes(
+        [w], [req], recipe, decode, folder, step, call=call, drivers=drivers
+    )
 
 
-def test_one_driver_runs_step_after_step(hf_worker, tmp_path):
+def test_one_driver_runs_step_after_step(hf_worker, tmp_path, drivers):
     recipe = _recipe(str(hf_worker[1]))
-    rollouts, _ = _step(hf_worker, recipe, tmp_path, 0)
-    (driver,) = vf1._DRIVERS.values()
+    rollouts, _ = _step(hf_worker, recipe, tmp_path, 0, drivers)
+    (driver,) = drivers.running()
     pid = driver.proc.pid
     assert driver.proc.poll() is None  # up between steps
-    rollouts += _step(hf_worker, recipe, tmp_path, 1)[0]
-    assert [d.proc.pid for d in vf1._DRIVERS.values()] == [pid]
+    rollouts += _step(hf_worker, recipe, tmp_path, 1, drivers)[0]
+    assert [d.proc.pid for d in drivers.running()] == [pid]
     assert all("environment_reward" in r.metadata for r in rollouts) and len(rollouts) == 4
     driver.stop()  # gone (a crash): the next step starts another
-    _step(hf_worker, recipe, tmp_path, 2)
-    assert [d.proc.pid for d in vf1._DRIVERS.values()] != [pid]
+    _step(hf_worker, recipe, tmp_path, 2, drivers)
+    assert [d.proc.pid for d in drivers.running()] != [pid]
 
 
-def test_a_step_past_its_timeout_fails_named_and_stops_its_driver(hf_worker, tmp_path, monkeypatch):
+def test_a_step_past_its_timeout_fails_named_and_stops_its_driver(
+    hf_worker, tmp_path, monkeypatch, drivers
+):
     started = []
 
     class Recorded(vf1.WarmDriver):
@@ -85,8 +94,30 @@ def test_a_step_past_its_timeout_fails_named_and_stops_its_driver(hf_worker, tmp
     monkeypatch.setattr(vf1, "WarmDriver", Recorded)
     recipe = _recipe(str(hf_worker[1]), module="vf1_slow", step_timeout_s=2.0)
     with pytest.raises(AgentProgramFailed, match=r"step 0: the verifiers driver ran past its"):
-        _step(hf_worker, recipe, tmp_path, 0)
-    assert not vf1._DRIVERS and started[0].proc.poll() is not None  # stopped
+        _step(hf_worker, recipe, tmp_path, 0, drivers)
+    assert not drivers.running() and started[0].proc.poll() is not None  # stopped
+
+
+def test_stop_roles_stops_the_runs_drivers(hf_worker, tmp_path):
+    """The drivers are a role: the run's `stop_roles` (every exit) ends them."""
+    roles = Roles(learners=[], placement=Placement())
+    _step(hf_worker, _recipe(str(hf_worker[1])), tmp_path, 0, roles.vf1_drivers)
+    (driver,) = roles.vf1_drivers.running()
+    stop_roles(roles)
+    assert driver.proc.poll() is not None and not roles.vf1_drivers.running()
+
+
+def test_a_step_without_the_runs_drivers_stops_its_own(hf_worker, tmp_path, monkeypatch):
+    started = []
+
+    class Recorded(vf1.WarmDriver):
+        def __init__(self, *args):
+            super().__init__(*args)
+            started.append(self)
+
+    monkeypatch.setattr(vf1, "WarmDriver", Recorded)
+    _step(hf_worker, _recipe(str(hf_worker[1])), tmp_path, 0, None)
+    assert len(started) == 1 and started[0].proc.poll() is not None
 
 
 def test_a_driver_whose_parent_went_exits(tmp_path):
