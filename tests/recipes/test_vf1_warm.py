@@ -81,17 +81,23 @@ def test_one_driver_runs_step_after_step(hf_worker, tmp_path, drivers):
     assert [d.proc.pid for d in drivers.running()] != [pid]
 
 
-def test_a_step_past_its_timeout_fails_named_and_stops_its_driver(
-    hf_worker, tmp_path, monkeypatch, drivers
-):
-    started = []
+@pytest.fixture
+def started(monkeypatch):
+    """The WarmDrivers a test starts, in order."""
+    made = []
 
     class Recorded(vf1.WarmDriver):
         def __init__(self, *args):
             super().__init__(*args)
-            started.append(self)
+            made.append(self)
 
     monkeypatch.setattr(vf1, "WarmDriver", Recorded)
+    return made
+
+
+def test_a_step_past_its_timeout_fails_named_and_stops_its_driver(
+    hf_worker, tmp_path, drivers, started
+):
     recipe = _recipe(str(hf_worker[1]), module="vf1_slow", step_timeout_s=2.0)
     with pytest.raises(AgentProgramFailed, match=r"step 0: the verifiers driver ran past its"):
         _step(hf_worker, recipe, tmp_path, 0, drivers)
@@ -107,15 +113,7 @@ def test_stop_roles_stops_the_runs_drivers(hf_worker, tmp_path):
     assert driver.proc.poll() is not None and not roles.vf1_drivers.running()
 
 
-def test_a_step_without_the_runs_drivers_stops_its_own(hf_worker, tmp_path, monkeypatch):
-    started = []
-
-    class Recorded(vf1.WarmDriver):
-        def __init__(self, *args):
-            super().__init__(*args)
-            started.append(self)
-
-    monkeypatch.setattr(vf1, "WarmDriver", Recorded)
+def test_a_step_without_the_runs_drivers_stops_its_own(hf_worker, tmp_path, started):
     _step(hf_worker, _recipe(str(hf_worker[1])), tmp_path, 0, None)
     assert len(started) == 1 and started[0].proc.poll() is not None
 
