@@ -247,6 +247,25 @@ class ChatEndpoint:
         log.reward, log.components, log.reward_error = body.reward, dict(body.components), None
 
 
+def _openai_errors(app: Any) -> None:
+    """Every error of `app` as an OpenAI error body: bad fields (422 as 400), our
+    refusals, and FastAPI's own HTTP errors."""
+    from fastapi import HTTPException
+    from fastapi.exceptions import RequestValidationError
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(_: Any, exc: RequestValidationError) -> Any:
+        return validation_error_response(exc)
+
+    @app.exception_handler(Refused)
+    async def refused(_: Any, exc: Refused) -> Any:
+        return error_response(exc.status, exc.message, exc.param)
+
+    @app.exception_handler(HTTPException)
+    async def http_error(_: Any, exc: HTTPException) -> Any:
+        return error_response(exc.status_code, str(exc.detail), None)
+
+
 def create_app(
     generate: Callable[[list[int], SamplingSettings], tuple[Sample, int]],
     tokenizer: Any,
@@ -272,8 +291,7 @@ def create_app(
             longer prompt is refused, a completion capped to what is left. None: no
             check here.
     """
-    from fastapi import FastAPI, Header, HTTPException
-    from fastapi.exceptions import RequestValidationError
+    from fastapi import FastAPI, Header
     from fastapi.responses import StreamingResponse
 
     @asynccontextmanager
@@ -288,17 +306,7 @@ def create_app(
         generate, tokenizer, recorder, default_max_tokens, temperature, context_tokens
     )
 
-    @app.exception_handler(RequestValidationError)
-    async def invalid(_: Any, exc: RequestValidationError) -> Any:
-        return validation_error_response(exc)
-
-    @app.exception_handler(Refused)
-    async def refused(_: Any, exc: Refused) -> Any:
-        return error_response(exc.status, exc.message, exc.param)
-
-    @app.exception_handler(HTTPException)
-    async def http_error(_: Any, exc: HTTPException) -> Any:
-        return error_response(exc.status_code, str(exc.detail), None)
+    _openai_errors(app)
 
     @app.get("/health")
     def health() -> dict[str, Any]:
