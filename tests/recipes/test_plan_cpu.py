@@ -26,6 +26,9 @@ from tests.conftest import ROOT
 from tests.tiny_model import build_tiny_model
 
 QUICK = ROOT / "recipes" / "quickstart_grpo.yaml"
+#: The hand values below are the quickstart's on 2 learner ranks (it leaves the layout
+#: to the run, whose prediction depends on the machine).
+PIN2 = ["resources.learner.gpus=2"]
 CAL = CpuCalibration(
     cores=2,
     ram_bytes=24e9,
@@ -44,7 +47,7 @@ CAL = CpuCalibration(
 
 def test_quickstart_step_by_hand():
     r = load_recipe(
-        QUICK, ["rollout.engine=hf", "rollout.max_new_tokens=24"]
+        QUICK, [*PIN2, "rollout.engine=hf", "rollout.max_new_tokens=24"]
     )  # 32 sequences, 1 engine, 2 learner ranks
     assert worker_threads(r, 2) == (2, 1)
     s = predict(r, params=1e8, trainable=1e8, prompt_tokens=31, cal=CAL)
@@ -66,12 +69,17 @@ def test_quickstart_step_by_hand():
 
 def test_step_scales_with_the_recipe():
     base = predict(
-        load_recipe(QUICK, ["rollout.engine=hf", "rollout.max_new_tokens=24"]), 1e8, 1e8, 31, CAL
+        load_recipe(QUICK, [*PIN2, "rollout.engine=hf", "rollout.max_new_tokens=24"]),
+        1e8,
+        1e8,
+        31,
+        CAL,
     )
     double = predict(
         load_recipe(
             QUICK,
             [
+                *PIN2,
                 "rollout.engine=hf",
                 "rollout.max_new_tokens=24",
                 "train.prompts_per_step=8",
@@ -88,7 +96,8 @@ def test_step_scales_with_the_recipe():
     assert double.fsdp_comm == pytest.approx(base.fsdp_comm)  # still one micro-batch
     small_mb = predict(
         load_recipe(
-            QUICK, ["rollout.engine=hf", "rollout.max_new_tokens=24", "train.micro_batch_size=4"]
+            QUICK,
+            [*PIN2, "rollout.engine=hf", "rollout.max_new_tokens=24", "train.micro_batch_size=4"],
         ),
         1e8,
         1e8,
@@ -98,7 +107,8 @@ def test_step_scales_with_the_recipe():
     assert small_mb.fsdp_comm == pytest.approx(4 * base.fsdp_comm)  # 16 rows / 4
     lora = predict(
         load_recipe(
-            QUICK, ["rollout.engine=hf", "rollout.max_new_tokens=24", "model.adapter.type=lora"]
+            QUICK,
+            [*PIN2, "rollout.engine=hf", "rollout.max_new_tokens=24", "model.adapter.type=lora"],
         ),
         1e8,
         1e6,
@@ -112,11 +122,12 @@ def test_step_scales_with_the_recipe():
 def test_learner_tokens_count_packed_groups():
     """Quickstart: 16 rows per rank, 2 groups of 8 per micro-batch of 16; SmolLM2's sizes
     (576, 1536): packed, each group is 31 + 8·24 tokens instead of 8·(31 + 24)."""
-    r = load_recipe(QUICK, ["rollout.engine=hf", "rollout.max_new_tokens=24"])
+    r = load_recipe(QUICK, [*PIN2, "rollout.engine=hf", "rollout.max_new_tokens=24"])
     assert learner_tokens(r, 31, None, None) == 16 * 55
     assert learner_tokens(r, 31, 576, 1536) == 2 * (31 + 8 * 24)
     long = load_recipe(
-        QUICK, ["rollout.engine=hf", "rollout.max_new_tokens=24", "rollout.max_new_tokens=4000"]
+        QUICK,
+        [*PIN2, "rollout.engine=hf", "rollout.max_new_tokens=24", "rollout.max_new_tokens=4000"],
     )
     assert learner_tokens(long, 31, 576, 1536) == 16 * 4031  # dense attention: not packed
     packed = predict(r, 1e8, 1e8, 31, CAL, 576, 1536)
@@ -130,7 +141,7 @@ def test_a_loaded_machine_is_flagged(capsys):
     from posttrain.recipes.planning.cpu_view import print_cpu_plan
     from posttrain.recipes.planning.planner import ModelShape
 
-    r = load_recipe(QUICK, ["rollout.engine=hf", "rollout.max_new_tokens=24"])
+    r = load_recipe(QUICK, [*PIN2, "rollout.engine=hf", "rollout.max_new_tokens=24"])
     shape = ModelShape(
         layers=2,
         hidden=64,
@@ -150,7 +161,8 @@ def test_a_loaded_machine_is_flagged(capsys):
 def test_one_rank_gathers_nothing():
     s = predict(
         load_recipe(
-            QUICK, ["rollout.engine=hf", "rollout.max_new_tokens=24", "resources.learner.gpus=1"]
+            QUICK,
+            [*PIN2, "rollout.engine=hf", "rollout.max_new_tokens=24", "resources.learner.gpus=1"],
         ),
         1e8,
         1e8,
@@ -178,14 +190,14 @@ def test_calibration_is_cached_per_machine_and_shape(tiny_model, monkeypatch, tm
 
     monkeypatch.setenv("POSTTRAIN_CACHE", str(tmp_path))
     TINY = ModelShape.from_config(tiny_model / "config.json")  # noqa: N806
-    r = load_recipe(QUICK, [f"model.path={tiny_model}", "rollout.engine=hf"])
+    r = load_recipe(QUICK, [*PIN2, f"model.path={tiny_model}", "rollout.engine=hf"])
     first, came_from = calibrate.cached_calibration(r, tiny_model, 12, TINY)
     assert came_from is None and first.decode.engine == "hf" and first.push.tensors > 0
     again, came_from = calibrate.cached_calibration(r, tiny_model, 12, TINY)
     assert came_from is not None and came_from.parent == tmp_path / "calibration"
     assert again == first
     other = load_recipe(
-        QUICK, [f"model.path={tiny_model}", "rollout.engine=hf", "rollout.max_new_tokens=8"]
+        QUICK, [*PIN2, f"model.path={tiny_model}", "rollout.engine=hf", "rollout.max_new_tokens=8"]
     )
     assert calibrate.cached_calibration(other, tiny_model, 12, TINY)[1] is None
     assert calibrate.cached_calibration(r, tiny_model, 12, TINY, recalibrate=True)[1] is None
@@ -202,6 +214,8 @@ def test_plan_cpu_cli_on_a_tiny_model(tiny_model, monkeypatch, tmp_path):
             str(QUICK),
             "--gpu",
             "cpu",
+            "--set",
+            "resources.learner.gpus=2",
             "--set",
             f"model.path={tiny_model}",
             "--set",
@@ -226,6 +240,8 @@ def test_plan_cpu_cli_on_a_tiny_model(tiny_model, monkeypatch, tmp_path):
             str(QUICK),
             "--gpu",
             "cpu",
+            "--set",
+            "resources.learner.gpus=2",
             "--set",
             f"model.path={tiny_model}",
             "--set",
@@ -285,7 +301,7 @@ def test_prompt_lengths_without_torch_match_autotokenizer(tiny_model):
     from posttrain.recipes.preflight import longest_prompt
 
     r = load_recipe(
-        QUICK, ["rollout.engine=hf", "rollout.max_new_tokens=24", f"model.path={tiny_model}"]
+        QUICK, [*PIN2, "rollout.engine=hf", "rollout.max_new_tokens=24", f"model.path={tiny_model}"]
     )
     prompts = load_prompts(r.data)[:50]
     length, item = longest_prompt(tiny_model, r, prompts)
@@ -321,7 +337,7 @@ def _unpinned(r):
 
 
 def test_learner_layouts_by_hand():
-    r = load_recipe(QUICK, ["rollout.engine=hf", "rollout.max_new_tokens=24"])
+    r = load_recipe(QUICK, [*PIN2, "rollout.engine=hf", "rollout.max_new_tokens=24"])
     # 32 x 55 = 1760 tokens at 6e8 FLOP; the probe: 33 GFLOP/s at 1 thread (50 GFLOP/s
     # matmul), so 66 GFLOP/s at 2 threads (100 GFLOP/s matmul)
     two = learner_seconds(r, 1e8, 1e8, 31, CAL, ranks=2)
@@ -339,7 +355,7 @@ def test_learner_layouts_by_hand():
 
 
 def test_learner_layouts_pick_ranks_when_threads_do_not_scale():
-    r = _unpinned(load_recipe(QUICK, ["rollout.engine=hf", "rollout.max_new_tokens=24"]))
+    r = _unpinned(load_recipe(QUICK, [*PIN2, "rollout.engine=hf", "rollout.max_new_tokens=24"]))
     cal = dataclasses.replace(CAL, matmul_flops={1: 50e9, 2: 60e9})
     choice = learner_layouts(r, 1e8, 1e8, 31, cal)
     # 1 rank: 6e8·1760 / (33e9·60/50) + 0.5 = 27.17 s; 2 ranks: 16 + 0.25 + 0.4 = 16.65 s

@@ -14,6 +14,9 @@ from posttrain.recipes.planning.planner import Cluster, ModelShape, plan_recipe,
 from tests.conftest import ROOT
 
 QUICK = ROOT / "recipes" / "quickstart_grpo.yaml"
+#: The hand values below are the quickstart's on 2 learner ranks (it leaves the layout
+#: to the run, whose prediction depends on the machine).
+PIN2 = ["resources.learner.gpus=2"]
 SMOLLM2 = ModelShape(
     layers=30,
     hidden=576,
@@ -51,7 +54,7 @@ def test_parameter_counts_match_the_published_models():
 
 
 def test_quickstart_fits_and_70b_is_flagged_with_the_key():
-    r = load_recipe(QUICK, ["rollout.engine=hf", "rollout.max_new_tokens=24"])
+    r = load_recipe(QUICK, [*PIN2, "rollout.engine=hf", "rollout.max_new_tokens=24"])
     small = plan_recipe(r, SMOLLM2, "h100", prompt_tokens=31)
     assert small.flags == []
     assert small.learner_memory["weights+grads+AdamW (16 B/param, FSDP)"] == 16 * SMOLLM2.params / 2
@@ -64,7 +67,8 @@ def test_quickstart_fits_and_70b_is_flagged_with_the_key():
     assert any("resources.rollout.gpus" in f for f in big.flags)  # 141 GB > 80 GB
     qlora = plan_recipe(
         load_recipe(
-            QUICK, ["rollout.engine=hf", "rollout.max_new_tokens=24", "model.adapter.type=qlora"]
+            QUICK,
+            [*PIN2, "rollout.engine=hf", "rollout.max_new_tokens=24", "model.adapter.type=qlora"],
         ),
         LLAMA3_70B,
         "h200",
@@ -75,7 +79,7 @@ def test_quickstart_fits_and_70b_is_flagged_with_the_key():
 
 def test_best_split_moves_devices_to_the_slower_side():
     r = load_recipe(
-        QUICK, ["rollout.engine=hf", "resources.rollout.gpus=3", "resources.learner.gpus=1"]
+        QUICK, [*PIN2, "rollout.engine=hf", "resources.rollout.gpus=3", "resources.learner.gpus=1"]
     )
     p = plan_recipe(r, SMOLLM2, "a100", prompt_tokens=31)
     assert p.best is not None and p.best.step <= p.times.step
@@ -108,6 +112,8 @@ def test_plan_cli(tiny_model, tmp_path):
         str(QUICK),
         "--gpu",
         "h200",
+        "--set",
+        "resources.learner.gpus=2",
         "--set",
         f"model.path={tiny_model}",
         "--set",
@@ -143,7 +149,7 @@ def test_nodes_set_the_devices_searched_and_the_push_link():
     # engines on devices 0..r-1, learner rank 0 on device r
     assert [c.push_crosses_nodes(r) for r in (1, 3, 4, 5)] == [False, False, True, True]
     r = load_recipe(
-        QUICK, ["rollout.engine=hf", "rollout.max_new_tokens=24"]
+        QUICK, [*PIN2, "rollout.engine=hf", "rollout.max_new_tokens=24"]
     )  # 1 rollout + 2 learner devices
     p = plan_recipe(r, SMOLLM2, "h100", prompt_tokens=31, cluster=Cluster(2, 8))
     assert p.best is not None and p.best.rollout + p.best.learner == 16
@@ -151,7 +157,7 @@ def test_nodes_set_the_devices_searched_and_the_push_link():
     # a broadcast is one-way: half the datasheet's 900 GB/s (both directions summed)
     assert p.times.push == 2 * SMOLLM2.params / (450 * plan.GB)
     r8 = load_recipe(
-        QUICK, ["rollout.engine=hf", "resources.rollout.gpus=8", "resources.learner.gpus=8"]
+        QUICK, [*PIN2, "rollout.engine=hf", "resources.rollout.gpus=8", "resources.learner.gpus=8"]
     )
     cross = plan_recipe(r8, SMOLLM2, "h100", prompt_tokens=31, cluster=Cluster(2, 8))
     assert cross.times.cross_node
@@ -161,7 +167,7 @@ def test_nodes_set_the_devices_searched_and_the_push_link():
 
 def test_nodes_flag_too_few_devices_and_engines_across_nodes():
     r = load_recipe(
-        QUICK, ["rollout.engine=hf", "rollout.max_new_tokens=24", "resources.rollout.gpus=3"]
+        QUICK, [*PIN2, "rollout.engine=hf", "rollout.max_new_tokens=24", "resources.rollout.gpus=3"]
     )
     # the schema refuses gpus_per_engine > 1 today (no tensor-parallel engines yet); the
     # planner already places such engines within nodes
@@ -178,11 +184,11 @@ def test_gpu_plan_trains_the_packed_tokens():
     packs each group into 31 + 8·24 tokens, so the policy's 6·N·tokens count 892 tokens,
     not 32·55 = 1760; at micro-batch 4 a group spans 2 micro-batches and its prompt counts
     twice (4 · (2·31 + 192) = 1016)."""
-    r = load_recipe(QUICK, ["rollout.engine=hf", "rollout.max_new_tokens=24"])
+    r = load_recipe(QUICK, [*PIN2, "rollout.engine=hf", "rollout.max_new_tokens=24"])
     assert trained_tokens(r, 31, SMOLLM2.hidden, SMOLLM2.intermediate) == 4 * (31 + 8 * 24)
     assert trained_tokens(r, 31, None, None) == 32 * 55
     small_mb = load_recipe(
-        QUICK, ["rollout.engine=hf", "rollout.max_new_tokens=24", "train.micro_batch_size=4"]
+        QUICK, [*PIN2, "rollout.engine=hf", "rollout.max_new_tokens=24", "train.micro_batch_size=4"]
     )
     assert trained_tokens(small_mb, 31, 576, 1536) == 4 * (2 * 31 + 8 * 24)
     p = plan_recipe(r, SMOLLM2, "h100", prompt_tokens=31)
@@ -194,11 +200,14 @@ def test_gpu_plan_trains_the_packed_tokens():
 def test_engine_weights_and_push_in_the_recipes_dtype():
     """A float32 recipe serves and pushes 4 bytes per parameter, a bf16 one 2."""
     bf16 = plan_recipe(
-        load_recipe(QUICK, ["rollout.engine=hf", "rollout.max_new_tokens=24"]), SMOLLM2, "h100", 31
+        load_recipe(QUICK, [*PIN2, "rollout.engine=hf", "rollout.max_new_tokens=24"]),
+        SMOLLM2,
+        "h100",
+        31,
     )
     fp32 = plan_recipe(
         load_recipe(
-            QUICK, ["rollout.engine=hf", "rollout.max_new_tokens=24", "model.dtype=float32"]
+            QUICK, [*PIN2, "rollout.engine=hf", "rollout.max_new_tokens=24", "model.dtype=float32"]
         ),
         SMOLLM2,
         "h100",
