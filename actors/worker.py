@@ -245,8 +245,11 @@ class RolloutWorker(PushReceiving, InflightSamples):
             import uvicorn
 
             self.recorder = EpisodeRecorder()
-            self.batcher = CallBatcher(self._endpoint_batch)
-            generate = self._endpoint_call if self.engine.concurrent else self.batcher.generate
+            if self.engine.concurrent:  # the engine batches concurrent calls itself
+                generate = self._endpoint_call
+            else:
+                self.batcher = CallBatcher(self._endpoint_batch)
+                generate = self.batcher.generate
             app = create_app(
                 generate,
                 self.engine.tokenizer,

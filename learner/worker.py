@@ -266,7 +266,7 @@ class LearnerWorker(SessionVerbs):
         real = computed = 0
         loss = 0.0  # this rank's share of the step loss
         entropy = [0.0, 0.0]  # Σ entropy over response tokens, and their count
-        models = [self.policy] + ([self.critic] if self.critic is not None else [])
+        models = [m for m, _ in self._trained().values()]
         micro_batches = self._micro_batches(shard)
         with one_gather_per_step(models, self.world) as micro_batch:
             for i, (_, mb) in enumerate(micro_batches):
@@ -296,7 +296,7 @@ class LearnerWorker(SessionVerbs):
         grad_norm (the policy's, before clipping), lr, `skipped_updates` (1: not applied)
         and `learner_peak_rss_mb` (this rank's peak resident MiB; on GPUs also
         `learner_cuda_peak_mb`, the most CUDA memory its tensors held). Collective."""
-        models = [self.policy] + ([self.critic] if self.critic is not None else [])
+        models = [m for m, _ in self._trained().values()]
         with self.spans.span("optimizer", step):
             done = guarded_step(models, self.optimizers, self.scheduler, self.s.max_grad_norm, loss)
             if done.applied:
