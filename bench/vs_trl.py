@@ -20,8 +20,9 @@ constant), 4 prompts × 8 samples, at most 24 new tokens.
   `model.generate`. Its reward: 1 when the last number of the completion equals the
   reference answer (reward values do not change the work done per step).
 - posttrain runs `recipes/grpo_gsm8k.yaml` (or `quickstart_grpo.yaml`) with the
-  overrides printed below (its vLLM engine, learner layout and weight transport as the
-  recipe says).
+  overrides printed below, through `posttrain run`'s start-up path (its checked data,
+  and the learner layout the run predicts faster unless the recipe pins one, its line
+  printed); its vLLM engine and weight transport as the recipe says.
 
 Columns: s/step (median), its parts (TRL: generate = TRL's `_generate` (`model.generate`
 and decoding); train = the rest of the step), and generated tokens per second end
@@ -234,12 +235,14 @@ def _trl(args: argparse.Namespace, model_path: str) -> list[dict] | None:
 
 # -- posttrain side ---------------------------------------------------------------------------
 def _posttrain(args: argparse.Namespace) -> list[dict]:
-    from posttrain.recipes.loading import load_recipe
+    from posttrain.recipes.cli.checks import load_or_exit
     from posttrain.recipes.loop import run
+    from posttrain.recipes.planning.layout import run_layout
 
     w = SHAPES[args.shape]
     data = [f"data.train.path={args.data}"] if args.shape == "gsm8k" else ["eval=null"]
-    recipe = load_recipe(
+    # `posttrain run`'s start-up path: the checked data and the learner layout it takes
+    recipe, prompts = load_or_exit(
         ROOT / "recipes" / w["recipe"],
         [
             *args.smoke_sets,
@@ -250,8 +253,9 @@ def _posttrain(args: argparse.Namespace) -> list[dict]:
             *args.set,
         ],
     )
+    recipe = run_layout(recipe, prompts)
     with tempfile.TemporaryDirectory() as tmp:
-        hist = run(recipe, Path(tmp) / "run")
+        hist = run(recipe, Path(tmp) / "run", data=prompts)
     return [
         {
             "step": h["time/step"],
