@@ -26,6 +26,48 @@ def set_torch_threads(threads: int) -> None:
         pass
 
 
+#: jemalloc's settings for a CPU learner: freed pages are never handed back to the OS
+#: (decay off), so the buffers a step frees are the next step's without page faults.
+JEMALLOC_CONF = "dirty_decay_ms:-1,muzzy_decay_ms:-1"
+#: Set to "system" to keep glibc's malloc in the learner processes.
+ALLOCATOR_ENV = "POSTTRAIN_CPU_ALLOCATOR"
+
+
+def jemalloc_library() -> str | None:
+    """A jemalloc shared library to preload: the system's (`libjemalloc.so.2`, e.g. the
+    Debian package libjemalloc2), else the one Ray's wheel ships (`ray/core/
+    libjemalloc.so`); None when neither is there."""
+    import ctypes.util
+    import importlib.util
+
+    if name := ctypes.util.find_library("jemalloc"):
+        return name
+    spec = importlib.util.find_spec("ray")
+    if spec is None or spec.origin is None:
+        return None
+    bundled = Path(spec.origin).parent / "core" / "libjemalloc.so"
+    return str(bundled) if bundled.is_file() else None
+
+
+def learner_allocator_env(device: str) -> dict[str, str]:
+    """Environment variables for a learner process on `device`: on CPU, jemalloc
+    preloaded with `JEMALLOC_CONF`; {} on cuda, when `POSTTRAIN_CPU_ALLOCATOR=system`,
+    when the caller already preloads a library (LD_PRELOAD set) or when no jemalloc is
+    found.
+
+    Why: with glibc's malloc every buffer above 32 MiB (the largest gradients, the
+    flattened gradients FSDP2 copies at a step's last backward) is a fresh mmap, freed
+    with munmap, so its pages fault again every step; on a virtual machine whose host
+    takes freed pages back, a fault measured up to about 20 us, and the last backward
+    of a one-rank quickstart step (the one that hands the gradients over) took a median
+    of 1.5 to 4.1 s from run to run where the first took 1.1 s (docs/benchmarks.md)."""
+    if device != "cpu" or os.environ.get(ALLOCATOR_ENV) == "system":
+        return {}
+    if os.environ.get("LD_PRELOAD") or (lib := jemalloc_library()) is None:
+        return {}
+    return {"LD_PRELOAD": lib, "MALLOC_CONF": JEMALLOC_CONF}
+
+
 def default_threads(workers_at_once: int) -> int:
     """Cores per worker when `workers_at_once` workers compute at the same time."""
     return max(1, (os.cpu_count() or 1) // max(1, workers_at_once))

@@ -21,7 +21,7 @@ import torch
 
 from ...actors.worker import RolloutWorker
 from ...common.net import free_port
-from ...common.process import default_threads, split_cores
+from ...common.process import default_threads, learner_allocator_env, split_cores
 from ...config import LOCAL_TYPES, Recipe, RecipeError
 from ...rewards.client import RewardClient, RewardSet
 from ...weightsync import GroupStore, TransportSettings, make_transport, push
@@ -234,8 +234,9 @@ def start_learners(
             raise RecipeError(str(e)) from None
     settings = learner_settings(recipe, algo, model_path, transport)
     worker = ray.remote(num_cpus=0)(LearnerWorker)
+    env = {"env_vars": e} if (e := learner_allocator_env(recipe.resources.device)) else None
     learners = [
-        worker.options(**opts).remote(r, len(placement.learner), settings, threads)
+        worker.options(**opts, runtime_env=env).remote(r, len(placement.learner), settings, threads)
         for r, opts in enumerate(placement.learner)
     ]
     places = learner_places(learners)

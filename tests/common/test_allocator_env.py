@@ -1,0 +1,77 @@
+"""The CPU learner's allocator: jemalloc preloaded with decay off, unless the device,
+the user's own LD_PRELOAD or POSTTRAIN_CPU_ALLOCATOR=system say otherwise; and Ray
+starts a learner actor with it (merged with the run's own worker variables)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from posttrain.common import process
+from posttrain.common.process import JEMALLOC_CONF, learner_allocator_env
+
+
+@pytest.fixture
+def clean_env(monkeypatch):
+    monkeypatch.delenv("LD_PRELOAD", raising=False)
+    monkeypatch.delenv("POSTTRAIN_CPU_ALLOCATOR", raising=False)
+    monkeypatch.setattr(process, "jemalloc_library", lambda: "/lib/libjemalloc.so.2")
+
+
+def test_cpu_learner_preloads_jemalloc_without_decay(clean_env):
+    assert learner_allocator_env("cpu") == {
+        "LD_PRELOAD": "/lib/libjemalloc.so.2",
+        "MALLOC_CONF": "dirty_decay_ms:-1,muzzy_decay_ms:-1",
+    }
+
+
+def test_no_preload_on_cuda_when_asked_for_the_system_one_or_when_preloading(
+    clean_env, monkeypatch
+):
+    assert learner_allocator_env("cuda") == {}
+    monkeypatch.setenv("POSTTRAIN_CPU_ALLOCATOR", "system")
+    assert learner_allocator_env("cpu") == {}
+    monkeypatch.delenv("POSTTRAIN_CPU_ALLOCATOR")
+    monkeypatch.setenv("LD_PRELOAD", "/opt/libtcmalloc.so")
+    assert learner_allocator_env("cpu") == {}
+
+
+def test_no_preload_without_a_jemalloc(clean_env, monkeypatch):
+    monkeypatch.setattr(process, "jemalloc_library", lambda: None)
+    assert learner_allocator_env("cpu") == {}
+
+
+def test_this_machine_has_a_jemalloc():
+    """Ray's wheel ships one, so every install of posttrain has it."""
+    assert process.jemalloc_library() is not None
+
+
+ACTOR = """
+import os, ray
+from posttrain.common.process import learner_allocator_env
+ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False,
+         runtime_env={"env_vars": {"HF_HUB_OFFLINE": "1"}})
+
+@ray.remote(num_cpus=0)
+class A:
+    def env(self):
+        maps = open("/proc/self/maps").read()
+        return os.environ.get("HF_HUB_OFFLINE"), os.environ.get("MALLOC_CONF"), "jemalloc" in maps
+
+env = {"env_vars": learner_allocator_env("cpu")}
+print(ray.get(A.options(runtime_env=env).remote().env.remote()))
+ray.shutdown()
+"""
+
+
+def test_a_ray_actor_started_with_it_runs_on_jemalloc_and_keeps_the_run_s_variables(
+    monkeypatch,
+):
+    monkeypatch.delenv("LD_PRELOAD", raising=False)
+    monkeypatch.delenv("POSTTRAIN_CPU_ALLOCATOR", raising=False)
+    out = subprocess.run(
+        [sys.executable, "-c", ACTOR], capture_output=True, text=True, timeout=300, check=True
+    )
+    assert out.stdout.strip().splitlines()[-1] == str(("1", JEMALLOC_CONF, True))
