@@ -53,6 +53,7 @@ from .rollout import SamplingSettings
 from .vllm_engine import (
     check_pushed_names,
     checked_weights,
+    checkpoint_params,
     engine_facts,
     output_samples,
     sampling_params,
@@ -81,14 +82,24 @@ def span_versions(spans: list[Any] | None, n_tokens: int, fallback: int) -> list
     return out
 
 
-def core_threads(worker_threads: int) -> int:
-    """OpenMP threads of the engine core on CPU: one fewer than the worker owns (at least
-    one). The core is a child process; while it runs a step's forward, this process
-    takes the previous step's outputs off the socket and detokenizes them on its loop
-    thread. With every core given to the forward, that work preempts one of its OpenMP
-    threads and the whole step waits at the next barrier: on 2 cores the core at 2
-    threads generated 0.46x the synchronous engine's tokens/s, at 1 thread 2.30x
-    (docs/benchmarks.md, machine H)."""
+# Parameters from which the engine core's forward outweighs the caller's per-step work
+# (measured at two sizes on machine H, docs/benchmarks.md: a 0.3M-parameter model ran
+# 2.30x faster with the core at n - 1 threads, SmolLM2-135M 1.2-1.4x faster at n).
+CORE_TAKES_ALL_PARAMS = 50_000_000
+
+
+def core_threads(worker_threads: int, params: int) -> int:
+    """OpenMP threads of the engine core on CPU, for a model of `params` parameters.
+
+    The core is a child process; while it runs a step's forward, this process takes
+    the previous step's outputs off the socket on its loop thread. For a small model
+    that work is a large share of a step: with every core given to the forward it
+    preempts one of the core's OpenMP threads and the whole step waits at the next
+    barrier, so the core gets one thread fewer than the worker owns (at least one). From
+    `CORE_TAKES_ALL_PARAMS` on, the forward is most of a step and the core gets every
+    thread the worker owns."""
+    if params >= CORE_TAKES_ALL_PARAMS:
+        return worker_threads
     return max(1, worker_threads - 1)
 
 
@@ -112,9 +123,10 @@ class AsyncVLLMEngine(InferenceEngine):
                 "mode), no tensor parallelism (gpus_per_engine > 1) and no sleep mode "
                 "(colocate on cuda); set rollout.vllm.async_engine: false for those"
             )
-        if s.device == "cpu":
-            # the engine core is a child process: one thread fewer than this worker owns
-            os.environ["OMP_NUM_THREADS"] = str(core_threads(torch.get_num_threads()))
+        if s.device == "cpu":  # the engine core is a child process: its threads by env
+            os.environ["OMP_NUM_THREADS"] = str(
+                core_threads(torch.get_num_threads(), checkpoint_params(s.model_path))
+            )
         args = vllm_args(s)
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM

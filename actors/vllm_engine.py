@@ -35,6 +35,7 @@ state dict each time: a partial push is refused before loading.
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import tempfile
@@ -70,6 +71,19 @@ def checkpoint_names(model_path: str) -> set[str]:
         with safe_open(str(f), framework="pt") as st:
             names.update(st.keys())
     return names
+
+
+def checkpoint_params(model_path: str) -> int:
+    """Elements of every tensor in a transformers folder's safetensors files (headers
+    only; tied tensors stored once count once)."""
+    from safetensors import safe_open
+
+    total = 0
+    for f in sorted(Path(model_path).glob("*.safetensors")):
+        with safe_open(str(f), framework="pt") as st:
+            for k in st.keys():
+                total += math.prod(st.get_slice(k).get_shape())
+    return total
 
 
 def check_pushed_names(names: set[str], expected: set[str], optional: set[str]) -> None:
@@ -117,7 +131,9 @@ def sampling_params(
     """vLLM `SamplingParams` for each of `n_prompts` prompts: the recipe's settings only
     (never the model folder's generation defaults), sampled-token logprobs, stop strings
     kept in the text, per-request seeds `request_seed(seed, i)` where the device has
-    them (else None: the caller seeds the global generator). `extra`: more
+    them (else None: the caller seeds the global generator). vLLM detokenizes only when
+    there are stop strings to find: samples are token ids, and on CPU the detokenizing
+    shares the cores with the forward (docs/benchmarks.md). `extra`: more
     SamplingParams fields (the asynchronous engine's output kind)."""
     from vllm import SamplingParams
 
@@ -131,6 +147,8 @@ def sampling_params(
             seed=request_seed(sampling.seed, i) if per_request_seed else None,
             stop=list(sampling.stop) or None,
             include_stop_str_in_output=True,
+            # samples are token ids: text is only needed to find stop strings
+            detokenize=bool(sampling.stop),
             stop_token_ids=sorted(set(stop_ids) | set(sampling.stop_token_ids)),
             **extra,
         )

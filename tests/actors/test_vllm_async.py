@@ -21,7 +21,8 @@ from transformers import AutoModelForCausalLM
 from posttrain.actors.engine import EngineSettings
 from posttrain.actors.partial import version_spans
 from posttrain.actors.rollout import PromptRequest, SamplingSettings
-from posttrain.actors.vllm_async import core_threads, span_versions
+from posttrain.actors.vllm_async import CORE_TAKES_ALL_PARAMS, core_threads, span_versions
+from posttrain.actors.vllm_engine import checkpoint_params
 from posttrain.actors.worker import RolloutWorker
 from posttrain.weightsync import TransportSettings
 from posttrain.weightsync.filesystem import FilesystemTransport
@@ -32,8 +33,22 @@ def _span(version: str, start: int, end: int) -> SimpleNamespace:
     return SimpleNamespace(version=version, start=start, end=end)
 
 
-def test_the_engine_core_leaves_one_core_to_the_caller():
-    assert [core_threads(n) for n in (1, 2, 4, 16)] == [1, 1, 3, 15]
+def test_the_engine_core_leaves_one_core_to_the_caller_of_a_small_model():
+    small = CORE_TAKES_ALL_PARAMS - 1
+    assert [core_threads(n, small) for n in (1, 2, 4, 16)] == [1, 1, 3, 15]
+
+
+def test_the_engine_core_takes_every_core_for_a_large_model():
+    large = CORE_TAKES_ALL_PARAMS
+    assert [core_threads(n, large) for n in (1, 2, 4, 16)] == [1, 2, 4, 16]
+
+
+def test_checkpoint_params_counts_the_folder_s_tensors(tmp_path):
+    from safetensors.torch import save_file
+
+    save_file({"a": torch.zeros(3, 4), "b": torch.zeros(5)}, str(tmp_path / "model.safetensors"))
+    save_file({"c": torch.zeros(2, 2, 2)}, str(tmp_path / "extra.safetensors"))
+    assert checkpoint_params(str(tmp_path)) == 12 + 5 + 8
 
 
 def test_span_versions_hand_computed():
