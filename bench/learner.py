@@ -3,12 +3,16 @@ projection shapes, and the FLOP/s the learner reaches on an SFT, a GRPO and a DP
 step of the real model, with each step split into forward, backward, optimizer,
 collectives and the rest, side by side in one run for each CPU layout.
 
-    .venv/bin/python bench/learner.py [--steps 3] [--layouts 1x2,2x1] [--smoke]
+    .venv/bin/python bench/learner.py [--steps 3] [--layouts 1x2,2x1]
+        [--allocators jemalloc,system] [--smoke]
 
 Model: SmolLM2-135M-Instruct (the built-in model), held as the learner holds it
 (`LearnerWorker`: float32 master weights, bf16 compute by FSDP2 mixed precision, gloo).
 Layouts `RxT`: R learner ranks (processes) of T torch threads each; the default
-compares one rank with every core against one rank per core.
+compares one rank with every core against one rank per core. The ranks run on the
+learner's own malloc (`posttrain run` preloads jemalloc into CPU learners,
+common/process.py `learner_allocator_env`); `--allocators jemalloc,system` runs each
+layout once per allocator, glibc's malloc as the before.
 
 Workloads (the same code path as a recipe's step: `LearnerWorker.train_step`):
 - sft: 16 conversations of recipes/sft_tool_arith.yaml, packed into 1024-token rows as
@@ -51,6 +55,7 @@ from __future__ import annotations
 
 import argparse
 import io
+import itertools
 import json
 import os
 import statistics
@@ -84,6 +89,32 @@ KEPT = "sft, weights kept forward->backward"
 MASKED = "sft, attention by block mask"
 HEAD_ALL = "sft, LM head on every token"
 COLLECTIVES = ("all_gather", "reduce_scatter", "allreduce", "all_reduce", "gloo:")
+
+
+@contextmanager
+def _allocator(name: str) -> Iterator[None]:
+    """This process's environment while ranks are spawned: '' the learner's own
+    (`learner_allocator_env`, as `posttrain run` starts its ranks), 'jemalloc' that
+    forced, 'system' glibc's malloc."""
+    from posttrain.common.process import ALLOCATOR_ENV, learner_allocator_env
+
+    saved = dict(os.environ)
+    if name == "system":
+        os.environ.pop("LD_PRELOAD", None)
+        os.environ[ALLOCATOR_ENV] = "system"
+    elif name in ("", "jemalloc"):
+        os.environ.pop(ALLOCATOR_ENV, None)
+        env = learner_allocator_env("cpu")
+        if name == "jemalloc" and not env:
+            raise SystemExit("--allocators jemalloc: no jemalloc library found")
+        os.environ.update(env)
+    else:
+        raise SystemExit(f"--allocators: {name!r} is neither jemalloc nor system")
+    try:
+        yield
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
 
 
 def _workload(name: str, a: dict, world: int):  # noqa: ANN202
@@ -274,6 +305,12 @@ def main() -> None:
         action="store_true",
         help="skip the SFT rows of earlier changes (LM head on every token, block mask)",
     )
+    ap.add_argument(
+        "--allocators",
+        default="",
+        help="e.g. jemalloc,system: each layout's rows once per malloc of the ranks "
+        "(default: the learner's own, common/process.py learner_allocator_env)",
+    )
     ap.add_argument("--smoke", action="store_true", help=SMOKE_HELP)
     args = ap.parse_args()
     cores = os.cpu_count() or 1
@@ -309,12 +346,14 @@ def main() -> None:
         "| % peak | forward | backward | optimizer | collectives | other |"
     )
     print("|---" * 13 + "|", flush=True)
-    for lay in layouts:  # each layout's rows as soon as it ran
+    for lay, alloc in itertools.product(layouts, args.allocators.split(",")):
         world, threads = (int(x) for x in lay.split("x"))
-        res = run_ranks(_rank, world, {**a, "threads": threads}, timeout_s=3600.0)
+        with _allocator(alloc):  # the ranks are spawned: they start with this environment
+            res = run_ranks(_rank, world, {**a, "threads": threads}, timeout_s=3600.0)
         extras = [HEAD_ALL, MASKED] if a["extras"] else []
+        where = f"{world} rank(s) x {threads} thread(s)" + (f", {alloc}" if alloc else "")
         for name in [*a["workloads"], *extras, *([KEPT, FOREACH] if a["foreach"] else [])]:
-            print(_row(name, f"{world} rank(s) x {threads} thread(s)", res[name], peak), flush=True)
+            print(_row(name, where, res[name], peak), flush=True)
     print(f"\nload average after: {' '.join(Path('/proc/loadavg').read_text().split()[:3])}")
 
 
