@@ -152,6 +152,8 @@ def start_rollout_worker(spec: RolloutSpec, index: int, options: dict[str, Any])
     worker = ray.remote(num_cpus=0)(RolloutWorker)
     if spec.partial:
         options = {**options, "max_concurrency": rollout_concurrency(spec)}
+    if env := learner_allocator_env(spec.engine.device):
+        options = {**options, "runtime_env": {"env_vars": env}}
     return worker.options(**options).remote(
         index,
         spec.engine,
