@@ -11,7 +11,7 @@ Model: SmolLM2-135M-Instruct (the built-in model), held as the learner holds it
 Layouts `RxT`: R learner ranks (processes) of T torch threads each; the default
 compares one rank with every core against one rank per core. The ranks run on the
 learner's own malloc (`posttrain run` preloads jemalloc into CPU learners,
-common/process.py `learner_allocator_env`); `--allocators jemalloc,system` runs each
+common/process.py `cpu_allocator_env`); `--allocators jemalloc,system` runs each
 layout once per allocator, glibc's malloc as the before.
 
 Workloads (the same code path as a recipe's step: `LearnerWorker.train_step`):
@@ -94,9 +94,9 @@ COLLECTIVES = ("all_gather", "reduce_scatter", "allreduce", "all_reduce", "gloo:
 @contextmanager
 def _allocator(name: str) -> Iterator[None]:
     """This process's environment while ranks are spawned: '' the learner's own
-    (`learner_allocator_env`, as `posttrain run` starts its ranks), 'jemalloc' that
+    (`cpu_allocator_env`, as `posttrain run` starts its ranks), 'jemalloc' that
     forced, 'system' glibc's malloc."""
-    from posttrain.common.process import ALLOCATOR_ENV, learner_allocator_env
+    from posttrain.common.process import ALLOCATOR_ENV, cpu_allocator_env
 
     saved = dict(os.environ)
     if name == "system":
@@ -104,7 +104,7 @@ def _allocator(name: str) -> Iterator[None]:
         os.environ[ALLOCATOR_ENV] = "system"
     elif name in ("", "jemalloc"):
         os.environ.pop(ALLOCATOR_ENV, None)
-        env = learner_allocator_env("cpu")
+        env = cpu_allocator_env("cpu")
         if name == "jemalloc" and not env:
             raise SystemExit("--allocators jemalloc: no jemalloc library found")
         os.environ.update(env)
@@ -309,7 +309,7 @@ def main() -> None:
         "--allocators",
         default="",
         help="e.g. jemalloc,system: each layout's rows once per malloc of the ranks "
-        "(default: the learner's own, common/process.py learner_allocator_env)",
+        "(default: the learner's own, common/process.py cpu_allocator_env)",
     )
     ap.add_argument("--smoke", action="store_true", help=SMOKE_HELP)
     args = ap.parse_args()

@@ -26,10 +26,10 @@ def set_torch_threads(threads: int) -> None:
         pass
 
 
-#: jemalloc's settings for a CPU learner: freed pages are never handed back to the OS
+#: jemalloc's settings for a CPU role: freed pages are never handed back to the OS
 #: (decay off), so the buffers a step frees are the next step's without page faults.
 JEMALLOC_CONF = "dirty_decay_ms:-1,muzzy_decay_ms:-1"
-#: Set to "system" to keep glibc's malloc in the learner processes.
+#: Set to "system" to keep glibc's malloc in the learner and rollout processes.
 ALLOCATOR_ENV = "POSTTRAIN_CPU_ALLOCATOR"
 
 
@@ -49,18 +49,19 @@ def jemalloc_library() -> str | None:
     return str(bundled) if bundled.is_file() else None
 
 
-def learner_allocator_env(device: str) -> dict[str, str]:
-    """Environment variables for a learner process on `device`: on CPU, jemalloc
-    preloaded with `JEMALLOC_CONF`; {} on cuda, when `POSTTRAIN_CPU_ALLOCATOR=system`,
-    when the caller already preloads a library (LD_PRELOAD set) or when no jemalloc is
-    found.
+def cpu_allocator_env(device: str) -> dict[str, str]:
+    """Environment variables for a learner rank or rollout worker on `device`: on CPU,
+    jemalloc preloaded with `JEMALLOC_CONF`; {} on cuda, when
+    `POSTTRAIN_CPU_ALLOCATOR=system`, when the caller already preloads a library
+    (LD_PRELOAD set) or when no jemalloc is found.
 
     Why: with glibc's malloc every buffer above 32 MiB (the largest gradients, the
-    flattened gradients FSDP2 copies at a step's last backward) is a fresh mmap, freed
-    with munmap, so its pages fault again every step; on a virtual machine whose host
-    takes freed pages back, a probe's faults cost 2 to 23 us each, and the last backward
-    of a one-rank quickstart step (the one that hands the gradients over) took a median
-    of 1.5 to 4.1 s from run to run where the first took 1.1 s (docs/benchmarks.md)."""
+    flattened gradients FSDP2 copies at a step's last backward, a push's tensors in the
+    engine) is a fresh mmap, freed with munmap, so its pages fault again every step; on
+    a virtual machine whose host takes freed pages back, a probe's faults cost 2 to 23 us
+    each, and the last backward of a one-rank quickstart step (the one that hands the
+    gradients over) took a median of 1.5 to 4.1 s from run to run where the first took
+    1.1 s (docs/benchmarks.md)."""
     if device != "cpu" or os.environ.get(ALLOCATOR_ENV) == "system":
         return {}
     if os.environ.get("LD_PRELOAD") or (lib := jemalloc_library()) is None:

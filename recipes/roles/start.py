@@ -21,7 +21,7 @@ import torch
 
 from ...actors.worker import RolloutWorker
 from ...common.net import free_port
-from ...common.process import default_threads, learner_allocator_env, split_cores
+from ...common.process import cpu_allocator_env, default_threads, split_cores
 from ...config import LOCAL_TYPES, Recipe, RecipeError
 from ...rewards.client import RewardClient, RewardSet
 from ...weightsync import GroupStore, TransportSettings, make_transport, push
@@ -148,11 +148,12 @@ def start_rollout_worker(spec: RolloutSpec, index: int, options: dict[str, Any])
     """Rollout worker `index` on its placement bundle `options` (not waited for). With
     partial rollouts it is a threaded actor, so a push reaches it while it generates and
     it holds its share of the producer's one-group requests at once (up to 256, vLLM's
-    default batch limit; more wait in Ray's queue)."""
+    default batch limit; more wait in Ray's queue). On CPU it runs on jemalloc
+    (`cpu_allocator_env`), as the learner ranks do."""
     worker = ray.remote(num_cpus=0)(RolloutWorker)
     if spec.partial:
         options = {**options, "max_concurrency": rollout_concurrency(spec)}
-    if env := learner_allocator_env(spec.engine.device):
+    if env := cpu_allocator_env(spec.engine.device):
         options = {**options, "runtime_env": {"env_vars": env}}
     return worker.options(**options).remote(
         index,
@@ -236,7 +237,7 @@ def start_learners(
             raise RecipeError(str(e)) from None
     settings = learner_settings(recipe, algo, model_path, transport)
     worker = ray.remote(num_cpus=0)(LearnerWorker)
-    env = {"env_vars": e} if (e := learner_allocator_env(recipe.resources.device)) else None
+    env = {"env_vars": e} if (e := cpu_allocator_env(recipe.resources.device)) else None
     learners = [
         worker.options(**opts, runtime_env=env).remote(r, len(placement.learner), settings, threads)
         for r, opts in enumerate(placement.learner)

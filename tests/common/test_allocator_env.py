@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from posttrain.common import process
-from posttrain.common.process import JEMALLOC_CONF, learner_allocator_env
+from posttrain.common.process import JEMALLOC_CONF, cpu_allocator_env
 
 
 @pytest.fixture
@@ -21,7 +21,7 @@ def clean_env(monkeypatch):
 
 
 def test_cpu_learner_preloads_jemalloc_without_decay(clean_env):
-    assert learner_allocator_env("cpu") == {
+    assert cpu_allocator_env("cpu") == {
         "LD_PRELOAD": "/lib/libjemalloc.so.2",
         "MALLOC_CONF": "dirty_decay_ms:-1,muzzy_decay_ms:-1",
     }
@@ -30,17 +30,17 @@ def test_cpu_learner_preloads_jemalloc_without_decay(clean_env):
 def test_no_preload_on_cuda_when_asked_for_the_system_one_or_when_preloading(
     clean_env, monkeypatch
 ):
-    assert learner_allocator_env("cuda") == {}
+    assert cpu_allocator_env("cuda") == {}
     monkeypatch.setenv("POSTTRAIN_CPU_ALLOCATOR", "system")
-    assert learner_allocator_env("cpu") == {}
+    assert cpu_allocator_env("cpu") == {}
     monkeypatch.delenv("POSTTRAIN_CPU_ALLOCATOR")
     monkeypatch.setenv("LD_PRELOAD", "/opt/libtcmalloc.so")
-    assert learner_allocator_env("cpu") == {}
+    assert cpu_allocator_env("cpu") == {}
 
 
 def test_no_preload_without_a_jemalloc(clean_env, monkeypatch):
     monkeypatch.setattr(process, "jemalloc_library", lambda: None)
-    assert learner_allocator_env("cpu") == {}
+    assert cpu_allocator_env("cpu") == {}
 
 
 def test_this_machine_has_a_jemalloc():
@@ -50,7 +50,7 @@ def test_this_machine_has_a_jemalloc():
 
 ACTOR = """
 import os, ray
-from posttrain.common.process import learner_allocator_env
+from posttrain.common.process import cpu_allocator_env
 ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False,
          runtime_env={"env_vars": {"HF_HUB_OFFLINE": "1"}})
 
@@ -60,7 +60,7 @@ class A:
         maps = open("/proc/self/maps").read()
         return os.environ.get("HF_HUB_OFFLINE"), os.environ.get("MALLOC_CONF"), "jemalloc" in maps
 
-env = {"env_vars": learner_allocator_env("cpu")}
+env = {"env_vars": cpu_allocator_env("cpu")}
 print(ray.get(A.options(runtime_env=env).remote().env.remote()))
 ray.shutdown()
 """
@@ -75,3 +75,28 @@ def test_a_ray_actor_started_with_it_runs_on_jemalloc_and_keeps_the_run_s_variab
         [sys.executable, "-c", ACTOR], capture_output=True, text=True, timeout=300, check=True
     )
     assert out.stdout.strip().splitlines()[-1] == str(("1", JEMALLOC_CONF, True))
+
+
+@pytest.mark.parametrize(("device", "preloaded"), [("cpu", True), ("cuda", False)])
+def test_rollout_workers_start_on_it_on_cpu(clean_env, monkeypatch, device, preloaded):
+    from posttrain.actors.engine import EngineSettings
+    from posttrain.recipes.roles import start
+    from posttrain.recipes.roles.settings import RolloutSpec
+    from posttrain.weightsync import TransportSettings
+
+    seen: dict = {}
+
+    class Handle:
+        def options(self, **kw):
+            seen.update(kw)
+            return self
+
+        def remote(self, *args, **kwargs):
+            return "worker"
+
+    monkeypatch.setattr(start.ray, "remote", lambda **kw: lambda cls: Handle())
+    spec = RolloutSpec(EngineSettings("hf", "m", "float32", device=device), TransportSettings(), 1)
+    assert start.start_rollout_worker(spec, 0, {"num_gpus": 1}) == "worker"
+    assert seen["num_gpus"] == 1
+    env = seen.get("runtime_env", {}).get("env_vars", {})
+    assert ("MALLOC_CONF" in env) == preloaded
