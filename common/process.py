@@ -58,7 +58,7 @@ def cpu_allocator_env(device: str) -> dict[str, str]:
     Why: with glibc's malloc every buffer above 32 MiB (the largest gradients, the
     flattened gradients FSDP2 copies at a step's last backward, a push's tensors in the
     engine) is a fresh mmap, freed with munmap, so its pages fault again every step; on
-    a virtual machine whose host takes freed pages back, a probe's faults cost 2 to 23 us
+    a virtual machine whose host takes freed pages back, a probe's faults cost 2 to 13 us
     each, and the last backward of a one-rank quickstart step (the one that hands the
     gradients over) took a median of 1.5 to 4.1 s from run to run where the first took
     1.1 s (docs/benchmarks.md)."""
