@@ -319,25 +319,37 @@ def learner_seconds(
     return compute + optimizer + _fsdp_comm(rr, params, weight_bytes(rr), cal)
 
 
+#: Predictions within this share of each other are a tie, which the layout with fewer
+#: ranks takes (no collectives): the start-up probe's prediction of the same recipe on
+#: one machine moved by up to 7% between runs (the quickstart's one rank 4.33-4.64 s,
+#: docs/benchmarks.md), and flipped the layout on a 2-3% difference.
+LAYOUT_TIE = 0.08
+
+
 def choose_learner_layout(
     r: Recipe, seconds: dict[tuple[int, int], float], cores: int
 ) -> LayoutChoice:
     """The faster of the predicted layouts (`seconds`: `(ranks, threads)` -> learner
-    seconds of a step), unless the recipe pins `resources.learner.gpus`; a tie keeps
-    fewer ranks (no collectives). With no prediction the recipe's layout stays."""
+    seconds of a step), unless the recipe pins `resources.learner.gpus`; a tie (within
+    `LAYOUT_TIE` of the fastest) keeps fewer ranks. With no prediction the recipe's
+    layout stays."""
     pinned = "gpus" in r.resources.learner.model_fields_set
     mine = (r.resources.learner.gpus, max(1, cores // r.resources.learner.gpus))
     told = ", ".join(f"{n} rank(s) x {t} thread(s) {s:.2f} s" for (n, t), s in seconds.items())
     if not seconds:
         why = "learner layout: none predicted (no matmul rate at its threads); the recipe's stays"
         return LayoutChoice(*mine, {}, pinned, why)
-    best = min(seconds, key=lambda k: (seconds[k], k[0]))
+    fastest = min(seconds.values())
+    best = min(
+        (k for k, v in seconds.items() if v <= fastest * (1 + LAYOUT_TIE)), key=lambda k: k[0]
+    )
     if pinned:
         why = f"the recipe pins resources.learner.gpus: {mine[0]}"
         if best != mine:
             why += f" (predicted faster: {best[0]} rank(s) x {best[1]} thread(s))"
         return LayoutChoice(*mine, seconds, True, f"learner layout predicted {told}; {why}")
-    return LayoutChoice(*best, seconds, False, f"learner layout predicted {told}; takes the faster")
+    took = "takes the faster" if seconds[best] == fastest else "a tie, takes fewer ranks"
+    return LayoutChoice(*best, seconds, False, f"learner layout predicted {told}; {took}")
 
 
 def learner_layouts(

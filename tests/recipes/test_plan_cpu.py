@@ -354,6 +354,22 @@ def test_learner_layouts_by_hand():
     assert "takes the faster" in free.reason
 
 
+def test_a_tie_within_the_probe_s_spread_keeps_one_rank():
+    from posttrain.recipes.planning.cpu import LAYOUT_TIE, choose_learner_layout
+
+    r = _unpinned(load_recipe(QUICK, [*PIN2, "rollout.engine=hf"]))
+    assert LAYOUT_TIE == 0.08
+    # two runs' start-up predictions of the quickstart on machine H that took 2 ranks
+    tie = choose_learner_layout(r, {(1, 2): 4.55, (2, 1): 4.43}, 2)
+    assert (tie.ranks, tie.threads) == (1, 2)
+    assert tie.reason.endswith("a tie, takes fewer ranks")
+    assert (choose_learner_layout(r, {(1, 2): 4.64, (2, 1): 4.48}, 2).ranks) == 1
+    # 2 ranks predicted 9% faster (4.80 > 4.43 x 1.08 = 4.7844): past the tie
+    far = choose_learner_layout(r, {(1, 2): 4.80, (2, 1): 4.43}, 2)
+    assert (far.ranks, far.reason.endswith("takes the faster")) == (2, True)
+    assert choose_learner_layout(r, {(1, 2): 4.78, (2, 1): 4.43}, 2).ranks == 1
+
+
 def test_learner_layouts_pick_ranks_when_threads_do_not_scale():
     r = _unpinned(load_recipe(QUICK, [*PIN2, "rollout.engine=hf", "rollout.max_new_tokens=24"]))
     cal = dataclasses.replace(CAL, matmul_flops={1: 50e9, 2: 60e9})
