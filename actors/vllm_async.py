@@ -48,12 +48,12 @@ from typing import Any, TypeVar
 
 import torch
 
+from .checkpoint_files import checkpoint_params
 from .engine import EngineSettings, InferenceEngine, Sample, check_sampling
 from .rollout import SamplingSettings
 from .vllm_engine import (
     check_pushed_names,
     checked_weights,
-    checkpoint_params,
     engine_facts,
     output_samples,
     sampling_params,

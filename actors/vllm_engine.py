@@ -35,7 +35,6 @@ state dict each time: a partial push is refused before loading.
 from __future__ import annotations
 
 import json
-import math
 import os
 import shutil
 import tempfile
@@ -46,6 +45,7 @@ from typing import Any
 
 import torch
 
+from .checkpoint_files import checkpoint_names
 from .engine import (
     EngineSettings,
     InferenceEngine,
@@ -56,34 +56,6 @@ from .engine import (
 )
 from .rollout import SamplingSettings
 from .vllm_adapters import VLLMNamedAdapters, vllm_lora_options
-
-
-def checkpoint_names(model_path: str) -> set[str]:
-    """Tensor names in a transformers folder's safetensors files."""
-    from safetensors import safe_open
-
-    folder = Path(model_path)
-    index = folder / "model.safetensors.index.json"
-    if index.exists():
-        return set(json.loads(index.read_text())["weight_map"])
-    names: set[str] = set()
-    for f in sorted(folder.glob("*.safetensors")):
-        with safe_open(str(f), framework="pt") as st:
-            names.update(st.keys())
-    return names
-
-
-def checkpoint_params(model_path: str) -> int:
-    """Elements of every tensor in a transformers folder's safetensors files (headers
-    only; tied tensors stored once count once)."""
-    from safetensors import safe_open
-
-    total = 0
-    for f in sorted(Path(model_path).glob("*.safetensors")):
-        with safe_open(str(f), framework="pt") as st:
-            for k in st.keys():
-                total += math.prod(st.get_slice(k).get_shape())
-    return total
 
 
 def check_pushed_names(names: set[str], expected: set[str], optional: set[str]) -> None:

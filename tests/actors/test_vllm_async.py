@@ -18,11 +18,11 @@ import ray
 import torch
 from transformers import AutoModelForCausalLM
 
+from posttrain.actors.checkpoint_files import checkpoint_params
 from posttrain.actors.engine import EngineSettings
 from posttrain.actors.partial import version_spans
 from posttrain.actors.rollout import PromptRequest, SamplingSettings
 from posttrain.actors.vllm_async import CORE_TAKES_ALL_PARAMS, core_threads, span_versions
-from posttrain.actors.vllm_engine import checkpoint_params
 from posttrain.actors.worker import RolloutWorker
 from posttrain.weightsync import TransportSettings
 from posttrain.weightsync.filesystem import FilesystemTransport
