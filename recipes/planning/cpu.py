@@ -322,7 +322,7 @@ def learner_seconds(
 #: Predictions within this share of each other are a tie, which the layout with fewer
 #: ranks takes (no collectives): the start-up probe's prediction of the same recipe on
 #: one machine moved by up to 7% between runs (the quickstart's one rank 4.33-4.64 s,
-#: docs/benchmarks.md), and flipped the layout on a 2-3% difference.
+#: docs/benchmarks.md), and flipped the layout on differences of 2.7% and 3.6%.
 LAYOUT_TIE = 0.08
 
 

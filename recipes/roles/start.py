@@ -144,6 +144,13 @@ def start_rollout(spec: RolloutSpec, placement: Placement) -> list[Any]:
     return [start_rollout_worker(spec, i, opts) for i, opts in enumerate(placement.rollout)]
 
 
+def _allocator_options(device: str) -> dict[str, Any]:
+    """Ray actor options that start a role's process on jemalloc on CPU
+    (`cpu_allocator_env`); none where nothing is preloaded."""
+    env = cpu_allocator_env(device)
+    return {"runtime_env": {"env_vars": env}} if env else {}
+
+
 def start_rollout_worker(spec: RolloutSpec, index: int, options: dict[str, Any]) -> Any:
     """Rollout worker `index` on its placement bundle `options` (not waited for). With
     partial rollouts it is a threaded actor, so a push reaches it while it generates and
@@ -153,9 +160,7 @@ def start_rollout_worker(spec: RolloutSpec, index: int, options: dict[str, Any])
     worker = ray.remote(num_cpus=0)(RolloutWorker)
     if spec.partial:
         options = {**options, "max_concurrency": rollout_concurrency(spec)}
-    if env := cpu_allocator_env(spec.engine.device):
-        options = {**options, "runtime_env": {"env_vars": env}}
-    return worker.options(**options).remote(
+    return worker.options(**options, **_allocator_options(spec.engine.device)).remote(
         index,
         spec.engine,
         spec.transport,
@@ -237,9 +242,9 @@ def start_learners(
             raise RecipeError(str(e)) from None
     settings = learner_settings(recipe, algo, model_path, transport)
     worker = ray.remote(num_cpus=0)(LearnerWorker)
-    env = {"env_vars": e} if (e := cpu_allocator_env(recipe.resources.device)) else None
+    extra = _allocator_options(recipe.resources.device)
     learners = [
-        worker.options(**opts, runtime_env=env).remote(r, len(placement.learner), settings, threads)
+        worker.options(**opts, **extra).remote(r, len(placement.learner), settings, threads)
         for r, opts in enumerate(placement.learner)
     ]
     places = learner_places(learners)
