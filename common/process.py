@@ -26,9 +26,14 @@ def set_torch_threads(threads: int) -> None:
         pass
 
 
-#: jemalloc's settings for a CPU role: freed pages are never handed back to the OS
-#: (decay off), so the buffers a step frees are the next step's without page faults.
-JEMALLOC_CONF = "dirty_decay_ms:-1,muzzy_decay_ms:-1"
+#: jemalloc's settings for a CPU role. Decay off: freed pages are never handed back to
+#: the OS, so the buffers a step frees are the next step's without page faults.
+#: `lg_extent_max_active_fit:10`: a free extent up to 1024x a request may be split for
+#: it; at jemalloc's default (64x) the learner's large freed buffers were not reused for
+#: the next step's smaller ones, and with decay off it mapped new memory every step, 0.6
+#: to 1.5 GB a step on SmolLM2 (docs/benchmarks.md). `thp:always`: its memory in
+#: transparent huge pages where the kernel allows (madvise), 1/512 of the page faults.
+JEMALLOC_CONF = "dirty_decay_ms:-1,muzzy_decay_ms:-1,lg_extent_max_active_fit:10,thp:always"
 #: Set to "system" to keep glibc's malloc in the learner and rollout processes.
 ALLOCATOR_ENV = "POSTTRAIN_CPU_ALLOCATOR"
 

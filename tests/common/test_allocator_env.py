@@ -23,7 +23,7 @@ def clean_env(monkeypatch):
 def test_cpu_learner_preloads_jemalloc_without_decay(clean_env):
     assert cpu_allocator_env("cpu") == {
         "LD_PRELOAD": "/lib/libjemalloc.so.2",
-        "MALLOC_CONF": "dirty_decay_ms:-1,muzzy_decay_ms:-1",
+        "MALLOC_CONF": "dirty_decay_ms:-1,muzzy_decay_ms:-1,lg_extent_max_active_fit:10,thp:always",
     }
 
 
@@ -100,3 +100,63 @@ def test_rollout_workers_start_on_it_on_cpu(clean_env, monkeypatch, device, prel
     assert seen["num_gpus"] == 1
     env = seen.get("runtime_env", {}).get("env_vars", {})
     assert ("MALLOC_CONF" in env) == preloaded
+
+
+STEPS = """
+import sys, tempfile
+from pathlib import Path
+sys.path.insert(0, sys.argv[1])
+from tests.tiny_model import build_tiny_model
+from posttrain.algorithms import loss_module
+from posttrain.algorithms.batch import TrainBatch
+from posttrain.algorithms.grpo import GRPOLoss
+from posttrain.common.net import free_port
+from posttrain.learner.worker import LearnerSettings, LearnerWorker
+import torch
+
+folder = Path(tempfile.mkdtemp())
+build_tiny_model(folder, layers=24, hidden=128, vocab_size=8000, max_positions=512)
+s = LearnerSettings(model_path=str(folder), compute_dtype="bfloat16", lr=1e-5,
+                    algorithm="grpo", loss=GRPOLoss(), micro_batch_size=8)
+w = LearnerWorker(0, 1, s, threads=2)
+w.setup(free_port())
+w.algo = loss_module("grpo")
+g = torch.Generator().manual_seed(0)
+ids = torch.randint(4, 8000, (16, 96), generator=g)
+resp = torch.zeros(16, 96)
+resp[:, 64:] = 1.0
+batch = TrainBatch(ids, torch.ones_like(ids), resp, 64, loss_denominator=float(resp.sum()),
+                   advantages=torch.randn(16, 1, generator=g) * resp)
+rss = []
+for step in range(8):
+    w.train_step(batch, step)
+    rss.append(int(open("/proc/self/statm").read().split()[1]) * 4096)
+w.close()
+print(rss)
+"""
+
+
+def test_a_learner_on_it_keeps_its_memory_flat_from_step_to_step(monkeypatch):
+    """A 24-layer random Llama trained 8 GRPO steps on 2 threads under the shipped
+    settings: resident memory stops growing after the first steps. With decay off and
+    jemalloc's default extent fit it grew by 95-144 MiB from step 3 to step 8 here (the
+    real model: 0.6-1.5 GB a step), and stays within a few pages with the fit widened."""
+    import ast
+    from pathlib import Path
+
+    monkeypatch.delenv("LD_PRELOAD", raising=False)
+    monkeypatch.delenv("POSTTRAIN_CPU_ALLOCATOR", raising=False)
+    env = {**__import__("os").environ, **cpu_allocator_env("cpu")}
+    root = str(Path(__file__).resolve().parents[2])
+    out = subprocess.run(
+        [sys.executable, "-c", STEPS, root],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+        cwd=root,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    rss = ast.literal_eval(out.stdout.strip().splitlines()[-1])
+    grown = (rss[-1] - rss[2]) / 2**20
+    assert grown < 16, f"resident memory grew {grown:.0f} MiB from step 3 to step 8: {rss}"
