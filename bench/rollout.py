@@ -5,9 +5,12 @@ settings, in one run.
     .venv/bin/python bench/rollout.py [--prompts 16] [--samples 8] [--max-new-tokens 64]
         [--dtype bfloat16] [--threads 2] [--compiled] [--no-hf] [--smoke]
 
-Rows: each engine with the whole batch in one `generate` call; 'vllm async, 4 callers'
-splits the same prompts over 4 threads calling `generate` at once (as episode turns and
-agent calls reach the engine), which AsyncLLM batches together. `--async-threads N` adds
+Each engine's process starts on the allocator a rollout worker gets (`cpu_allocator_env`).
+Rows: each engine with the whole batch in one `generate` call; 'vllm async (eager), caller
+at nice 0' is the async engine with its caller left at normal priority (the before of
+`vllm_async.CALLER_NICE`); 'vllm async, 4 callers' splits the same prompts over 4
+threads calling `generate` at once (as episode turns and agent calls reach the engine),
+which AsyncLLM batches together. `--async-threads N` adds
 an AsyncLLM row whose worker gets N threads instead of `--threads` (AsyncLLM's core is a
 child process beside the calling one and gets `vllm_async.core_threads(N)` = N − 1, at
 least 1, leaving a core to the caller's output processing; before `9440ac7` it got N).
@@ -40,12 +43,16 @@ from posttrain.actors.engine import EngineSettings  # noqa: E402
 from posttrain.actors.factory import make_engine  # noqa: E402
 from posttrain.actors.rollout import SamplingSettings  # noqa: E402
 from posttrain.common.model_registry import resolve_model_path  # noqa: E402
-from posttrain.common.process import set_torch_threads  # noqa: E402
+from posttrain.common.process import cpu_allocator_env, set_torch_threads  # noqa: E402
 
 
 class Bench:
-    def __init__(self, settings: EngineSettings, threads: int):
+    def __init__(self, settings: EngineSettings, threads: int, caller_nice: int | None = None):
         set_torch_threads(threads)
+        if caller_nice is not None:  # the before of `vllm_async.CALLER_NICE`
+            from posttrain.actors import vllm_async
+
+            vllm_async.CALLER_NICE = caller_nice
         t0 = time.perf_counter()
         self.engine = make_engine(settings)
         self.startup = time.perf_counter() - t0
@@ -121,6 +128,10 @@ def main() -> None:
         name = f"vllm async (eager), worker {args.async_threads} thread(s)"
         engines.append((name, EngineSettings("vllm_async", path, args.dtype)))
         threads[name] = args.async_threads
+    if not args.smoke:  # the async engine's caller at normal priority, as before
+        name = "vllm async (eager), caller at nice 0"
+        engines.append((name, EngineSettings("vllm_async", path, args.dtype)))
+        threads[name] = args.threads
     if args.compiled:
         engines.append(
             ("vllm (compiled)", EngineSettings("vllm", path, args.dtype, enforce_eager=False))
@@ -132,7 +143,12 @@ def main() -> None:
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     actors, startup = [], []
     for name, settings in engines:  # one at a time, so each startup is timed alone
-        actors.append(ray.remote(num_cpus=0)(Bench).remote(settings, threads[name]))
+        # each engine's process on the allocator a rollout worker gets (recipes/roles/start.py)
+        remote = ray.remote(num_cpus=0)(Bench).options(
+            runtime_env={"env_vars": cpu_allocator_env(settings.device)}
+        )
+        nice = 0 if name.endswith("caller at nice 0") else None
+        actors.append(remote.remote(settings, threads[name], nice))
         startup.append(ray.get(actors[-1].warm.remote(messages, sampling)))
     times: dict[str, list[float]] = {name: [] for name, _, _ in plan}
     tokens: dict[str, list[int]] = {name: [] for name, _, _ in plan}
