@@ -108,7 +108,9 @@ class GeneratorData(_Source):
         ge=1,
         le=MAX_DIGITS,
         strict=True,
-        description=f"Most digits per operand (at most {MAX_DIGITS}; with '/' at most "
+        description="Most digits per operand: reasoning-gym draws a d-digit problem's "
+        "operands from 0 to 10**d inclusive (2 gives 0..100) "
+        f"(at most {MAX_DIGITS}; with '/' at most "
         f"{MAX_DIVISION_DIGITS}; with '*' max_terms × max_digits at most "
         f"{MAX_PRODUCT_DIGITS}).",
     )

@@ -51,8 +51,9 @@ def reward_model_problem(i: int, path: str) -> str | None:
         return None
     return (
         f"rewards.{i}.path: {problem} (relative paths are read from the working "
-        "directory); give a folder that algorithm: reward_model saved (RUN_DIR/final) or "
-        "another local sequence-classification folder"
+        "directory); give a folder that algorithm: reward_model saved (RUN_DIR/final of "
+        "e.g. `posttrain run recipes/rm_hh.yaml --out runs/rm-hh`) or another local "
+        "sequence-classification folder"
     )
 
 

@@ -1,8 +1,10 @@
 """The console summary `posttrain run` prints at the end of a run: steps, wall time, the
-loss or reward trend, the step's time split and where the metrics and final policy are."""
+loss or reward trend, the median step and the medians of its parts, and where the metrics
+and final policy are."""
 
 from __future__ import annotations
 
+import statistics
 from pathlib import Path
 
 import typer
@@ -35,14 +37,17 @@ def print_summary(history: list[dict[str, float]], run_dir: Path, wall: float) -
     def mean(rows: list[dict[str, float]], key: str) -> float:
         return sum(h[key] for h in rows) / len(rows)
 
+    def median(key: str) -> float:  # the first step's warm-up does not move it
+        return statistics.median(h[key] for h in history)
+
     keys = ["generate", "score", "logprobs", "train", "weight_sync"]
-    split = "  ".join(f"{k} {mean(history, 'time/' + k):.1f}s" for k in keys)
+    split = "  ".join(f"{k} {median('time/' + k):.1f}s" for k in keys)
     typer.echo(
         f"done: {len(history)} steps in {wall:.0f} s\n"
         f"  reward mean, first {len(first)} steps: {mean(first, 'reward_mean'):.3f}   "
         f"last {len(last)}: {mean(last, 'reward_mean'):.3f}\n"
-        f"  step time {mean(history, 'time/step'):.1f}s = {split}\n"
-        f"  idle fraction: rollout {mean(history, 'rollout_idle_fraction'):.2f}  "
+        f"  median step {median('time/step'):.1f}s; medians of its parts: {split}\n"
+        f"  idle fraction (mean): rollout {mean(history, 'rollout_idle_fraction'):.2f}  "
         f"learner {mean(history, 'learner_idle_fraction'):.2f}\n"
         f"  metrics: {run_dir / 'metrics.jsonl'}   final policy: {run_dir / 'final'}"
     )

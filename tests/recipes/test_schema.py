@@ -26,7 +26,7 @@ def test_recipes_are_found():
 
 
 @pytest.mark.parametrize("path", SHIPPED, ids=lambda p: p.name)
-def test_shipped_recipe_validates(path, shared_data, tiny_model):
+def test_shipped_recipe_validates(path, tiny_model):
     recipe = load_recipe(path)
     if any(c.type == "reward_model" for c in recipe.rewards):
         # ppo_hh_rm.yaml serves the folder rm_hh.yaml trains: it is missing, and named
