@@ -110,8 +110,8 @@ def core_threads(worker_threads: int, params: int) -> int:
 #: Nice value this process's threads take on a CPU once the engine core (a child process,
 #: started at nice 0) runs on every core the worker owns: the caller's per-step output
 #: handling then waits for a gap instead of preempting one of the forward's OpenMP threads,
-#: which stalls the whole step at the next barrier (bench/rollout.py: SmolLM2 0.81x the
-#: synchronous engine at nice 0, 0.91x at 10, docs/benchmarks.md).
+#: which stalls the whole step at the next barrier (bench/rollout.py, SmolLM2, three runs:
+#: 0.88-0.91x the synchronous engine at nice 10, 0.81-0.88x at 0; docs/benchmarks.md).
 CALLER_NICE = 10
 
 
