@@ -74,7 +74,10 @@ def load_or_exit(
             check_eval_lengths(r, data.eval, convert=convert)
         return r, data.train
     except RecipeError as e:
-        typer.echo(f"error: {e}", err=True)
+        message = str(e)
+        if not message.startswith(str(recipe)):  # the schema's errors name it already
+            message = f"{recipe}: {message}"
+        typer.echo(f"error: {message}", err=True)
         raise typer.Exit(code=2) from None
 
 

@@ -41,10 +41,13 @@ def test_a_truncated_policy_folder_fails_validate_in_one_line(tiny_model, tmp_pa
     weights = model / "model.safetensors"
     size = weights.stat().st_size
     os.truncate(weights, size // 2)  # an interrupted download
-    got = CliRunner().invoke(app, ["validate", str(_grpo_recipe(tmp_path, model))])
+    recipe = _grpo_recipe(tmp_path, model)
+    got = CliRunner().invoke(app, ["validate", str(recipe)])
     assert got.exit_code == 2
     line = _one_error_line(got)
-    assert line.startswith(f"error: model.path: {weights} is truncated: {size // 2} bytes")
+    assert line.startswith(
+        f"error: {recipe}: model.path: {weights} is truncated: {size // 2} bytes"
+    )
     assert "download or save the model again" in line
 
 
@@ -62,8 +65,8 @@ def test_a_symlink_loop_as_data_path_exits_2_in_one_line(tiny_model, tmp_path, k
     got = CliRunner().invoke(app, ["validate", str(recipe)])
     assert got.exit_code == 2
     assert _one_error_line(got) == (
-        f"error: {where}: {loop_path} is a symlink loop (a link that leads back to itself); "
-        "point the link at the data file, or give the file's own path"
+        f"error: {recipe}: {where}: {loop_path} is a symlink loop (a link that leads back "
+        "to itself); point the link at the data file, or give the file's own path"
     )
 
 
@@ -80,7 +83,7 @@ def test_a_fifo_as_data_file_exits_2_at_once(tiny_model, tmp_path):
         pytest.fail(f"validate hangs on the FIFO {fifo}")
     assert got.returncode == 2, got.stderr
     assert got.stderr.strip() == (
-        f"error: data.train.path: {fifo} is a FIFO (named pipe), not a regular file "
+        f"error: {recipe}: data.train.path: {fifo} is a FIFO (named pipe), not a regular file "
         "(reading it could wait forever for a writer); give the data as a regular file"
     )
 
