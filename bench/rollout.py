@@ -94,6 +94,13 @@ def main() -> None:
         "--async-threads", type=int, default=0, help="also AsyncLLM on a worker of N threads"
     )
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument(
+        "--stop",
+        action="append",
+        default=[],
+        help="a stop string (repeatable; the quickstart's are '\\n' and '.'): vLLM then "
+        "detokenizes, in the async engine's caller process",
+    )
     ap.add_argument("--compiled", action="store_true", help="also vLLM with torch.compile")
     ap.add_argument("--no-hf", action="store_true", help="skip the transformers engine")
     ap.add_argument("--smoke", action="store_true", help=SMOKE_HELP)
@@ -116,7 +123,11 @@ def main() -> None:
         for a, b in zip(range(args.prompts), reversed(range(args.prompts)), strict=True)
     ]
     sampling = SamplingSettings(
-        n=args.samples, max_new_tokens=args.max_new_tokens, temperature=1.0, seed=0
+        n=args.samples,
+        max_new_tokens=args.max_new_tokens,
+        temperature=1.0,
+        seed=0,
+        stop=tuple(args.stop),
     )
     engines = [] if args.no_hf else [("hf", EngineSettings("hf", path, args.dtype))]
     engines += [
@@ -179,7 +190,8 @@ def main() -> None:
     print(header())
     print(
         f"\n{label} {args.dtype}, {args.prompts} prompts x {args.samples} samples, "
-        f"<= {args.max_new_tokens} new tokens, {args.threads} threads, median of "
+        f"<= {args.max_new_tokens} new tokens, stop strings {list(args.stop)}, "
+        f"{args.threads} threads, median of "
         f"{args.repeats} interleaved rounds; tokens/s: all rounds' tokens / their seconds\n"
     )
     print(
