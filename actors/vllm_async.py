@@ -29,10 +29,6 @@ requests are added (as `engine: vllm` does in-process); overlapping calls then s
 generator, so only calls that do not overlap repeat their samples. On cuda each request
 gets its own seed.
 
-Threads on CPU: the engine core gets every thread the worker owns from 50M parameters on
-(`core_threads`), and this process's threads then drop to nice `CALLER_NICE`, so the
-forward is not preempted by the caller's output handling.
-
 Limits: no LoRA adapters, tensor parallelism or sleep mode (use `async_engine: false`);
 each push is copied once into /dev/shm; a continued request is prefilled again after a
 push (its old KV is the old policy's).
@@ -107,33 +103,6 @@ def core_threads(worker_threads: int, params: int) -> int:
     return max(1, worker_threads - 1)
 
 
-#: Nice value this process's threads take on a CPU once the engine core (a child process,
-#: started at nice 0) runs on every core the worker owns: the caller's per-step output
-#: handling then waits for a gap instead of preempting one of the forward's OpenMP threads,
-#: which stalls the whole step at the next barrier (bench/rollout.py, SmolLM2, three runs:
-#: 0.88-0.91x the synchronous engine at nice 10, 0.81-0.88x at 0; docs/benchmarks.md).
-CALLER_NICE = 10
-
-
-def lower_caller_priority(nice: int) -> int:
-    """Raise every thread of this process to at least `nice` (Linux keeps a nice value
-    per thread; threads started later inherit their creator's). Child processes already
-    started keep theirs. Returns the threads changed; 0 where `/proc/self/task` is absent.
-    Raising a nice value needs no privilege; lowering it back does."""
-    tasks = Path("/proc/self/task")
-    if not tasks.is_dir():
-        return 0
-    changed = 0
-    for tid in (int(t) for t in os.listdir(tasks)):
-        try:
-            if os.getpriority(os.PRIO_PROCESS, tid) < nice:
-                os.setpriority(os.PRIO_PROCESS, tid, nice)
-                changed += 1
-        except ProcessLookupError:  # the thread ended meanwhile
-            continue
-    return changed
-
-
 class AsyncVLLMEngine(InferenceEngine):
     """Continuous batching across concurrent callers, weights updated in flight.
 
@@ -154,12 +123,10 @@ class AsyncVLLMEngine(InferenceEngine):
                 "mode), no tensor parallelism (gpus_per_engine > 1) and no sleep mode "
                 "(colocate on cuda); set rollout.vllm.async_engine: false for those"
             )
-        core_takes_all = False
         if s.device == "cpu":  # the engine core is a child process: its threads by env
-            worker = torch.get_num_threads()
-            core = core_threads(worker, checkpoint_params(s.model_path))
-            os.environ["OMP_NUM_THREADS"] = str(core)
-            core_takes_all = core == worker
+            os.environ["OMP_NUM_THREADS"] = str(
+                core_threads(torch.get_num_threads(), checkpoint_params(s.model_path))
+            )
         args = vllm_args(s)
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
@@ -173,8 +140,6 @@ class AsyncVLLMEngine(InferenceEngine):
             return AsyncLLM.from_engine_args(engine_args)
 
         self.llm = self._run(start())
-        if core_takes_all:  # the core has started at nice 0: it keeps it
-            lower_caller_priority(CALLER_NICE)
         self.version = 0
         self._run(self.llm.update_weight_version("0"))
         self.tokenizer = self.llm.get_tokenizer()

@@ -6,11 +6,9 @@ settings, in one run.
         [--dtype bfloat16] [--threads 2] [--compiled] [--no-hf] [--smoke]
 
 Each engine's process starts on the allocator a rollout worker gets (`cpu_allocator_env`).
-Rows: each engine with the whole batch in one `generate` call; 'vllm async (eager), caller
-at nice 0' is the async engine with its caller left at normal priority (the before of
-`vllm_async.CALLER_NICE`); 'vllm async, 4 callers' splits the same prompts over 4
-threads calling `generate` at once (as episode turns and agent calls reach the engine),
-which AsyncLLM batches together. `--async-threads N` adds
+Rows: each engine with the whole batch in one `generate` call; 'vllm async, 4 callers'
+splits the same prompts over 4 threads calling `generate` at once (as episode turns and
+agent calls reach the engine), which AsyncLLM batches together. `--async-threads N` adds
 an AsyncLLM row whose worker gets N threads instead of `--threads` (AsyncLLM's core is a
 child process beside the calling one and gets `vllm_async.core_threads(N)` = N − 1, at
 least 1, leaving a core to the caller's output processing; before `9440ac7` it got N).
@@ -47,12 +45,8 @@ from posttrain.common.process import cpu_allocator_env, set_torch_threads  # noq
 
 
 class Bench:
-    def __init__(self, settings: EngineSettings, threads: int, caller_nice: int | None = None):
+    def __init__(self, settings: EngineSettings, threads: int):
         set_torch_threads(threads)
-        if caller_nice is not None:  # the before of `vllm_async.CALLER_NICE`
-            from posttrain.actors import vllm_async
-
-            vllm_async.CALLER_NICE = caller_nice
         t0 = time.perf_counter()
         self.engine = make_engine(settings)
         self.startup = time.perf_counter() - t0
@@ -139,10 +133,6 @@ def main() -> None:
         name = f"vllm async (eager), worker {args.async_threads} thread(s)"
         engines.append((name, EngineSettings("vllm_async", path, args.dtype)))
         threads[name] = args.async_threads
-    if not args.smoke:  # the async engine's caller at normal priority, as before
-        name = "vllm async (eager), caller at nice 0"
-        engines.append((name, EngineSettings("vllm_async", path, args.dtype)))
-        threads[name] = args.threads
     if args.compiled:
         engines.append(
             ("vllm (compiled)", EngineSettings("vllm", path, args.dtype, enforce_eager=False))
@@ -158,8 +148,7 @@ def main() -> None:
         remote = ray.remote(num_cpus=0)(Bench).options(
             runtime_env={"env_vars": cpu_allocator_env(settings.device)}
         )
-        nice = 0 if name.endswith("caller at nice 0") else None
-        actors.append(remote.remote(settings, threads[name], nice))
+        actors.append(remote.remote(settings, threads[name]))
         startup.append(ray.get(actors[-1].warm.remote(messages, sampling)))
     times: dict[str, list[float]] = {name: [] for name, _, _ in plan}
     tokens: dict[str, list[int]] = {name: [] for name, _, _ in plan}

@@ -7,13 +7,9 @@ actors/partial.py), with each token's logprob under its own version."""
 from __future__ import annotations
 
 import asyncio
-import json
-import subprocess
-import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 from types import SimpleNamespace
 
 import httpx
@@ -45,34 +41,6 @@ def test_the_engine_core_leaves_one_core_to_the_caller_of_a_small_model():
 def test_the_engine_core_takes_every_core_for_a_large_model():
     large = CORE_TAKES_ALL_PARAMS
     assert [core_threads(n, large) for n in (1, 2, 4, 16)] == [1, 2, 4, 16]
-
-
-NICE = """
-import json, os, subprocess, sys, threading, time
-from posttrain.actors.vllm_async import lower_caller_priority
-child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
-stop = threading.Event()
-worker = threading.Thread(target=stop.wait)
-worker.start()
-changed = lower_caller_priority(10)
-later = []
-threading.Thread(target=lambda: later.append(os.getpriority(os.PRIO_PROCESS, 0))).start()
-time.sleep(0.2)
-tasks = [os.getpriority(os.PRIO_PROCESS, int(t)) for t in os.listdir("/proc/self/task")]
-print(json.dumps({"changed": changed, "threads": sorted(set(tasks)), "later": later,
-                  "child": os.getpriority(os.PRIO_PROCESS, child.pid)}))
-stop.set(); child.kill()
-"""
-
-
-@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="Linux only")
-def test_the_caller_s_threads_drop_priority_and_the_started_core_keeps_its_own():
-    out = subprocess.run(
-        [sys.executable, "-c", NICE], capture_output=True, text=True, timeout=60, check=True
-    )
-    seen = json.loads(out.stdout.strip().splitlines()[-1])
-    assert seen["changed"] >= 2  # the main thread and the waiting one at least
-    assert seen == {"changed": seen["changed"], "threads": [10], "later": [10], "child": 0}
 
 
 def test_checkpoint_params_counts_the_folder_s_tensors(tmp_path):
