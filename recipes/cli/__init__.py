@@ -94,7 +94,7 @@ def run(
     ] = False,
 ) -> None:
     """Train a recipe end to end, or continue a run with --resume RUN_DIR. One run at a
-    time holds the run folder (`lock_or_exit`)."""
+    time holds the run folder (a second one is refused)."""
     if recipe is None and resume is None:
         msg = "give a recipe (posttrain run RECIPE) or a run to continue (--resume RUN_DIR)"
         typer.echo(f"error: {msg}", err=True)
