@@ -5,7 +5,7 @@ settings, in one run.
     .venv/bin/python bench/rollout.py [--prompts 16] [--samples 8] [--max-new-tokens 64]
         [--dtype bfloat16] [--threads 2] [--compiled] [--no-hf] [--smoke]
 
-Each engine's process starts on the allocator a rollout worker gets (`cpu_allocator_env`).
+Each engine's process starts on the allocator a rollout worker gets (`allocator_options`).
 Rows: each engine with the whole batch in one `generate` call; 'vllm async, 4 callers'
 splits the same prompts over 4 threads calling `generate` at once (as episode turns and
 agent calls reach the engine), which AsyncLLM batches together. `--async-threads N` adds
@@ -41,7 +41,8 @@ from posttrain.actors.engine import EngineSettings  # noqa: E402
 from posttrain.actors.factory import make_engine  # noqa: E402
 from posttrain.actors.rollout import SamplingSettings  # noqa: E402
 from posttrain.common.model_registry import resolve_model_path  # noqa: E402
-from posttrain.common.process import cpu_allocator_env, set_torch_threads  # noqa: E402
+from posttrain.common.process import set_torch_threads  # noqa: E402
+from posttrain.recipes.roles.start import allocator_options  # noqa: E402
 
 
 class Bench:
@@ -144,10 +145,8 @@ def main() -> None:
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     actors, startup = [], []
     for name, settings in engines:  # one at a time, so each startup is timed alone
-        # each engine's process on the allocator a rollout worker gets (recipes/roles/start.py)
-        remote = ray.remote(num_cpus=0)(Bench).options(
-            runtime_env={"env_vars": cpu_allocator_env(settings.device)}
-        )
+        # each engine's process on the allocator a rollout worker gets
+        remote = ray.remote(num_cpus=0)(Bench).options(**allocator_options(settings.device))
         actors.append(remote.remote(settings, threads[name]))
         startup.append(ray.get(actors[-1].warm.remote(messages, sampling)))
     times: dict[str, list[float]] = {name: [] for name, _, _ in plan}

@@ -144,7 +144,7 @@ def start_rollout(spec: RolloutSpec, placement: Placement) -> list[Any]:
     return [start_rollout_worker(spec, i, opts) for i, opts in enumerate(placement.rollout)]
 
 
-def _allocator_options(device: str) -> dict[str, Any]:
+def allocator_options(device: str) -> dict[str, Any]:
     """Ray actor options that start a role's process on jemalloc on CPU
     (`cpu_allocator_env`); none where nothing is preloaded."""
     env = cpu_allocator_env(device)
@@ -160,7 +160,7 @@ def start_rollout_worker(spec: RolloutSpec, index: int, options: dict[str, Any])
     worker = ray.remote(num_cpus=0)(RolloutWorker)
     if spec.partial:
         options = {**options, "max_concurrency": rollout_concurrency(spec)}
-    return worker.options(**options, **_allocator_options(spec.engine.device)).remote(
+    return worker.options(**options, **allocator_options(spec.engine.device)).remote(
         index,
         spec.engine,
         spec.transport,
@@ -242,7 +242,7 @@ def start_learners(
             raise RecipeError(str(e)) from None
     settings = learner_settings(recipe, algo, model_path, transport)
     worker = ray.remote(num_cpus=0)(LearnerWorker)
-    extra = _allocator_options(recipe.resources.device)
+    extra = allocator_options(recipe.resources.device)
     learners = [
         worker.options(**opts, **extra).remote(r, len(placement.learner), settings, threads)
         for r, opts in enumerate(placement.learner)

@@ -4,6 +4,8 @@ starts a learner actor with it (merged with the run's own worker variables)."""
 
 from __future__ import annotations
 
+import ast
+import os
 import subprocess
 import sys
 
@@ -11,6 +13,7 @@ import pytest
 
 from posttrain.common import process
 from posttrain.common.process import JEMALLOC_CONF, cpu_allocator_env
+from tests.conftest import ROOT
 
 
 @pytest.fixture
@@ -141,20 +144,15 @@ def test_a_learner_on_it_keeps_its_memory_flat_from_step_to_step(monkeypatch):
     settings: resident memory stops growing after the first steps. With decay off and
     jemalloc's default extent fit it grew by 95-144 MiB from step 3 to step 8 here (the
     real model: 0.6-1.5 GB a step), and stays within a few pages with the fit widened."""
-    import ast
-    from pathlib import Path
-
     monkeypatch.delenv("LD_PRELOAD", raising=False)
     monkeypatch.delenv("POSTTRAIN_CPU_ALLOCATOR", raising=False)
-    env = {**__import__("os").environ, **cpu_allocator_env("cpu")}
-    root = str(Path(__file__).resolve().parents[2])
     out = subprocess.run(
-        [sys.executable, "-c", STEPS, root],
+        [sys.executable, "-c", STEPS, str(ROOT)],
         capture_output=True,
         text=True,
         timeout=600,
-        env=env,
-        cwd=root,
+        env={**os.environ, **cpu_allocator_env("cpu")},
+        cwd=ROOT,
     )
     assert out.returncode == 0, out.stderr[-3000:]
     rss = ast.literal_eval(out.stdout.strip().splitlines()[-1])
