@@ -72,15 +72,25 @@ def _cell(row: dict[str, Any], key: str, f: str) -> str:
     return "–" if v is None else f.format(v)
 
 
+def last_steps(rows: list[dict[str, Any]], last: int) -> list[dict[str, Any]]:
+    """The rows from the `last`-th training step from the end on: those steps, and the
+    rows of evaluations among and after them (the final policy's has a row of its own)."""
+    trained = [i for i, r in enumerate(rows) if "time/step" in r]
+    if len(trained) <= last:
+        return rows
+    return rows[trained[-last] :]
+
+
 def status_table(run_dir: Path, rows: list[dict[str, Any]], last: int) -> Table:
-    """The last `last` rows and, below them, the mean of every training step."""
+    """The last `last` training steps (`last_steps`) and, below them, the mean of every
+    training step."""
     cols, evals = columns(rows)
     # an evaluation of the final policy adds a row of its own, not a training step
     trained = [r for r in rows if "time/step" in r]
     table = Table(title=f"{run_dir.name}: {len(trained)} steps")
     for name, _, _ in cols:
         table.add_column(name, justify="right")
-    for row in rows[-last:]:
+    for row in last_steps(rows, last):
         table.add_row(*[_cell(row, k, f) for _, k, f in cols])
     if trained:
         # over every training step; evaluations are of different policies: no mean
@@ -99,7 +109,7 @@ def print_status(run_dir: Path, rows: list[dict[str, Any]], last: int) -> None:
     consecutive steps with the last step's numbers."""
     console = Console(width=None if sys.stdout.isatty() else 160)
     console.print(status_table(run_dir, rows, last))
-    shown = [r["step"] for r in rows[-last:] if "step" in r]
+    shown = [r["step"] for r in last_steps(rows, last) if "step" in r]
     advised = [
         r for r in advisory_ranges(rows) if shown and r.last >= shown[0] and r.first <= shown[-1]
     ]
