@@ -30,6 +30,9 @@ Workloads (the same code path as a recipe's step: `LearnerWorker.train_step`):
   `response_start` on (the system prompt, the question and the tool's output too), the
   learner's before of running it on the loss's tokens only (`sequence_logprobs(...,
   wanted=response_mask)`).
+- "sft, SDPA's attention backward": sft again with each conversation's attention
+  differentiated by SDPA's CPU flash kernel, the learner's before of the matmul backward
+  (`learner/attention.py` `causal_attention`).
 - "sft, weights kept forward->backward": sft again with FSDP2 not resharding the
   layers' weights after forward (`set_reshard_after_forward(False)`: no second
   all-gather in backward, the unsharded bf16 weights held meanwhile).
@@ -88,6 +91,7 @@ FOREACH = "sft, foreach AdamW"
 KEPT = "sft, weights kept forward->backward"
 MASKED = "sft, attention by block mask"
 HEAD_ALL = "sft, LM head on every token"
+SDPA_BWD = "sft, SDPA's attention backward"
 COLLECTIVES = ("all_gather", "reduce_scatter", "allreduce", "all_reduce", "gloo:")
 
 
@@ -195,11 +199,21 @@ def _measure(w, shard, steps: int) -> list[dict]:  # noqa: ANN001
     return out
 
 
+def _sdpa_causal(q, k, v, scale=None, dropout=0.0):  # noqa: ANN001, ANN202
+    """SDPA's causal attention with its own backward: the before of `causal_attention`."""
+    import torch.nn.functional as F
+
+    gqa = k.shape[1] != q.shape[1]
+    return F.scaled_dot_product_attention(
+        q, k, v, dropout_p=dropout, is_causal=True, scale=scale, enable_gqa=gqa
+    )
+
+
 def _rank(rank: int, world: int, a: dict, port: int, queue) -> None:  # noqa: ANN001
     from dataclasses import replace
 
     from posttrain.algorithms import loss_module
-    from posttrain.learner import logprobs, worker
+    from posttrain.learner import logprobs, packing, worker
     from posttrain.learner.worker import LearnerSettings, LearnerWorker
 
     s = LearnerSettings(model_path=a["model"], compute_dtype="bfloat16", lr=1e-5)
@@ -221,7 +235,7 @@ def _rank(rank: int, world: int, a: dict, port: int, queue) -> None:  # noqa: AN
             "flops": flops,
             "six_nt": six_nt,
         }
-    extras = [HEAD_ALL, MASKED] if a["extras"] else []
+    extras = [HEAD_ALL, MASKED, SDPA_BWD] if a["extras"] else []
     extras += [KEPT, FOREACH] if a["foreach"] else []
     if extras:  # the SFT step again: attention by block mask (the before of attention
         # per conversation), FSDP2 keeping the layers' weights from forward to backward,
@@ -231,10 +245,13 @@ def _rank(rank: int, world: int, a: dict, port: int, queue) -> None:  # noqa: AN
         for name in extras:
             flops, six_nt = step_flops(batch, Shape.of(a["config"]), n_body, n_all)
             apart, head = logprobs._segments_apart, worker.sequence_logprobs_and_entropy
+            attend = packing.causal_attention
             if name == HEAD_ALL:
                 worker.sequence_logprobs_and_entropy = partial(_every_token, head)
             elif name == MASKED:
                 logprobs._segments_apart = lambda *_: False
+            elif name == SDPA_BWD:
+                packing.causal_attention = _sdpa_causal
             elif name == FOREACH:
                 w.policy.set_reshard_after_forward(True)  # back to the learner's setting
                 trained = [p for p in w.policy.parameters() if p.requires_grad]
@@ -250,6 +267,7 @@ def _rank(rank: int, world: int, a: dict, port: int, queue) -> None:  # noqa: AN
                 }
             finally:
                 logprobs._segments_apart, worker.sequence_logprobs_and_entropy = apart, head
+                packing.causal_attention = attend
     w.close()
     if rank == 0:
         buf = io.BytesIO()
@@ -303,7 +321,8 @@ def main() -> None:
     ap.add_argument(
         "--no-extras",
         action="store_true",
-        help="skip the SFT rows of earlier changes (LM head on every token, block mask)",
+        help="skip the SFT rows of earlier changes (LM head on every token, block mask, "
+        "SDPA's attention backward)",
     )
     ap.add_argument(
         "--allocators",
@@ -350,7 +369,7 @@ def main() -> None:
         world, threads = (int(x) for x in lay.split("x"))
         with _allocator(alloc):  # the ranks are spawned: they start with this environment
             res = run_ranks(_rank, world, {**a, "threads": threads}, timeout_s=3600.0)
-        extras = [HEAD_ALL, MASKED] if a["extras"] else []
+        extras = [HEAD_ALL, MASKED, SDPA_BWD] if a["extras"] else []
         where = f"{world} rank(s) x {threads} thread(s)" + (f", {alloc}" if alloc else "")
         for name in [*a["workloads"], *extras, *([KEPT, FOREACH] if a["foreach"] else [])]:
             print(_row(name, where, res[name], peak), flush=True)

@@ -11,9 +11,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 
 from ..common.packing import packing_pays
+from .attention import causal_attention
 
 
 def shared_prompts(
@@ -213,8 +213,9 @@ def segment_sdpa(
     """Causal SDPA within each run of a packed row only: the attention of
     `segment_attention`'s block mask without its masked blocks (a row of k examples of
     length L computes about L²/k score pairs, not L²). The runs are gathered into a few
-    padded batches of similar lengths (`run_buckets`), one causal SDPA call each (right
-    padding: no real query sees a padded key), and gathered back. A transformers
+    padded batches of similar lengths (`run_buckets`), one causal attention call each
+    (`learner/attention.py` `causal_attention`; right padding: no real query sees a
+    padded key), and gathered back. A transformers
     attention function (`AttentionInterface`); the runs come in as the model call's
     `segment_runs` keyword.
 
@@ -252,15 +253,7 @@ def segment_sdpa(
         qs, ks, vs = (
             x.index_select(0, idx.view(-1)).view(n, width, -1, d).transpose(1, 2) for x in (q, k, v)
         )
-        o = F.scaled_dot_product_attention(
-            qs,
-            ks,
-            vs,
-            dropout_p=dropout,
-            is_causal=True,
-            scale=scaling,
-            enable_gqa=key.shape[1] != h,
-        )
+        o = causal_attention(qs, ks, vs, scale=scaling, dropout=dropout)
         out.append(o.transpose(1, 2).reshape(n * width, h, d))
     flat = out[0] if len(out) == 1 else torch.cat(out)
     return flat.index_select(0, where).view(b, t, h, d), None
