@@ -24,6 +24,11 @@ Concurrency (the order): a push (`load_weights`) pauses → loads → resets the
 cache → sets the label → resumes, all on the loop; `generate` calls running meanwhile
 wait in the engine core and resume after it. Two pushes are serialised by the worker.
 
+CPU threads: the engine core runs the model in a worker process of its own (vLLM's CPU
+platform forces its multiprocessing executor); the two exchange each step through
+shared-memory queues, whose readers would spin between steps on the cores the forward
+needs. The engine turns that spin off on CPU (actors/vllm_plugin.py).
+
 Seeds: on CPU the step's seed seeds the engine core's global generator before the
 requests are added (as `engine: vllm` does in-process); overlapping calls then share that
 generator, so only calls that do not overlap repeat their samples. On cuda each request
@@ -59,6 +64,7 @@ from .vllm_engine import (
     sampling_params,
     vllm_args,
 )
+from .vllm_plugin import SHM_BUSY_LOOP_ENV
 
 T = TypeVar("T")
 
@@ -127,6 +133,9 @@ class AsyncVLLMEngine(InferenceEngine):
             os.environ["OMP_NUM_THREADS"] = str(
                 core_threads(torch.get_num_threads(), checkpoint_params(s.model_path))
             )
+            # the core and its worker wait for each other's steps without spinning
+            # (actors/vllm_plugin.py, loaded by vLLM in both)
+            os.environ[SHM_BUSY_LOOP_ENV] = "0"
         args = vllm_args(s)
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
