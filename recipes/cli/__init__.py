@@ -313,10 +313,7 @@ def eval_(
 @app.command()
 def status(
     run_dir: Path,
-    last: Annotated[
-        int,
-        typer.Option(min=1, help="Training steps to show (with any evaluation rows among them)."),
-    ] = 10,
+    last: Annotated[int, typer.Option(min=1, help="Training steps to show.")] = 10,
     advise: Annotated[
         bool,
         typer.Option(

@@ -75,10 +75,15 @@ def _cell(row: dict[str, Any], key: str, f: str) -> str:
 def last_steps(rows: list[dict[str, Any]], last: int) -> list[dict[str, Any]]:
     """The rows from the `last`-th training step from the end on: those steps, and the
     rows of evaluations among and after them (the final policy's has a row of its own)."""
-    trained = [i for i, r in enumerate(rows) if "time/step" in r]
-    if len(trained) <= last:
+    steps = [i for i, r in enumerate(rows) if not _evaluation_only(r)]
+    if len(steps) <= last:
         return rows
-    return rows[trained[-last] :]
+    return rows[steps[-last] :]
+
+
+def _evaluation_only(row: dict[str, Any]) -> bool:
+    """A row with nothing but an evaluation's keys (`eval/...`, `time/eval`, its step)."""
+    return all(k == "step" or k.startswith("eval/") or k == "time/eval" for k in row)
 
 
 def status_table(run_dir: Path, rows: list[dict[str, Any]], last: int) -> Table:

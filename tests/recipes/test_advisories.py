@@ -155,7 +155,7 @@ def test_status_prints_the_shown_steps_advisories(tmp_path):
     ]
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     out = subprocess.run(
-        [sys.executable, "-m", "posttrain.recipes.cli", "status", str(tmp_path), "--last", "3"],
+        [sys.executable, "-m", "posttrain.recipes.cli", "status", str(tmp_path), "--last", "2"],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -163,7 +163,7 @@ def test_status_prints_the_shown_steps_advisories(tmp_path):
     )
     assert out.returncode == 0, out.stderr
     assert "  step 2: failed_rewards: 3 rollouts" in out.stdout
-    assert "truncated" not in out.stdout  # step 0 is not shown
+    assert "truncated" not in out.stdout  # step 0 is not shown (2 training steps, the eval)
     assert "eval p@k" in out.stdout and "0.625" in out.stdout
 
 

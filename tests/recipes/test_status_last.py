@@ -32,3 +32,11 @@ def test_table_shows_them(tmp_path: Path) -> None:
     body = console.export_text().splitlines()
     first = [line.split("│")[1].strip() for line in body if line.startswith("│")]
     assert first == ["2", "3", "4", "5", "mean of 5"]
+
+
+def test_rows_without_timings_count_as_steps() -> None:
+    # only an evaluation's own keys make a row an evaluation (a test's or an old run's
+    # training rows may lack time/step)
+    rows = [{"step": s, "reward_mean": 0.1} for s in range(4)]
+    rows.append({"step": 4, "eval/pass@1": 0.5, "time/eval": 60.0})
+    assert [r["step"] for r in last_steps(rows, 2)] == [2, 3, 4]
