@@ -5,7 +5,8 @@ faster, unless the recipe pins `resources.learner.gpus` (the shipped quickstart 
 The prediction reads `posttrain plan --gpu cpu`'s cached calibration of this recipe on
 this machine when there is one; otherwise a short probe measures what the two layouts'
 difference depends on (about 1 s): the matmul rate of the model's MLP shape at 1 and at
-all cores, the loopback rate (FSDP2's traffic) and an AdamW step. The learner's MFU,
+all cores (the best of `PROBE_ROUNDS` interleaved rounds), the loopback rate (FSDP2's
+traffic) and an AdamW step. The learner's MFU,
 which the full calibration measures with a train step of the real model, is then taken
 as `PROBE_MFU` for both layouts (it only weighs compute against traffic).
 
@@ -35,6 +36,12 @@ from .shape import ModelShape
 #: GRPO train step reached 58% and its DPO step 47% of the bf16 matmul peak (H).
 PROBE_MFU = 0.5
 
+#: Rounds of the short probe's matmuls, the thread counts alternating, each rate the best
+#: of its rounds (0.1 s each). With one 0.2 s measurement a thread count, a fresh clone's
+#: asynchronous quickstart once predicted 8.62 s for 1 rank x 2 threads, against 4.41-4.46 s
+#: in the runs around it on the same machine, and took 2 ranks.
+PROBE_ROUNDS = 3
+
 #: Bytes per parameter one learner process holds: fp32 master weights (4), their
 #: compute-dtype copy (2), fp32 gradients (4) and AdamW's two fp32 moments (8).
 BYTES_PER_PARAM = 18
@@ -62,10 +69,11 @@ def probe_calibration(r: Recipe, shape: ModelShape, cores: int) -> CpuCalibratio
     dtype = getattr(torch, r.model.dtype)
     before = torch.get_num_threads()
     try:
-        flops = {
-            t: measure_matmul(t, 256, shape.hidden, shape.intermediate, 0.2, dtype=dtype)
-            for t in sorted({1, cores})
-        }
+        flops: dict[int, float] = {}
+        for _ in range(PROBE_ROUNDS):  # interleaved: other work must cover every round
+            for t in sorted({1, cores}):
+                rate = measure_matmul(t, 256, shape.hidden, shape.intermediate, 0.1, dtype=dtype)
+                flops[t] = max(flops.get(t, 0.0), rate)
         torch.set_num_threads(cores)
         loop = measure_loopback(16 * 2**20)
         adamw = _adamw_seconds_per_param()

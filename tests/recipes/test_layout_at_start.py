@@ -13,6 +13,7 @@ from posttrain.recipes.loading import load_recipe
 from posttrain.recipes.planning.cpu import learner_seconds
 from posttrain.recipes.planning.layout import (
     PROBE_MFU,
+    PROBE_ROUNDS,
     fits_one_process,
     probe_calibration,
     start_layout,
@@ -87,3 +88,22 @@ def test_the_short_probe(tiny_model):
     # the train probe states PROBE_MFU of the matmul rate at every core
     rate = 6 * shape.params * cal.train.tokens / cal.train.seconds
     assert rate == pytest.approx(PROBE_MFU * cal.matmul_flops[2])
+
+
+def test_the_short_probe_keeps_each_rate_s_best_round(tiny_model, monkeypatch):
+    """A burst of other work during one round lowers that round only: the thread counts
+    alternate and each keeps its best round."""
+    from posttrain.recipes.planning import calibrate
+
+    calls = []
+
+    def fake(threads, m, k, n, seconds, windows=5, dtype=None):
+        calls.append(threads)
+        disturbed = len(calls) == 2  # the first all-core round
+        return {1: 50e9, 2: 100e9}[threads] / (2 if disturbed else 1)
+
+    monkeypatch.setattr(calibrate, "measure_matmul", fake)
+    r = load_recipe(QUICK, SETS)
+    cal = probe_calibration(r, ModelShape.from_config(tiny_model / "config.json"), 2)
+    assert calls == [1, 2] * PROBE_ROUNDS
+    assert cal.matmul_flops == {1: 50e9, 2: 100e9}
