@@ -92,6 +92,8 @@ KEPT = "sft, weights kept forward->backward"
 MASKED = "sft, attention by block mask"
 HEAD_ALL = "sft, LM head on every token"
 SDPA_BWD = "sft, SDPA's attention backward"
+#: The SFT rows of earlier changes' befores (`--no-extras` skips them).
+EXTRAS = [HEAD_ALL, MASKED, SDPA_BWD]
 COLLECTIVES = ("all_gather", "reduce_scatter", "allreduce", "all_reduce", "gloo:")
 
 
@@ -199,21 +201,12 @@ def _measure(w, shard, steps: int) -> list[dict]:  # noqa: ANN001
     return out
 
 
-def _sdpa_causal(q, k, v, scale=None, dropout=0.0):  # noqa: ANN001, ANN202
-    """SDPA's causal attention with its own backward: the before of `causal_attention`."""
-    import torch.nn.functional as F
-
-    gqa = k.shape[1] != q.shape[1]
-    return F.scaled_dot_product_attention(
-        q, k, v, dropout_p=dropout, is_causal=True, scale=scale, enable_gqa=gqa
-    )
-
-
 def _rank(rank: int, world: int, a: dict, port: int, queue) -> None:  # noqa: ANN001
     from dataclasses import replace
 
     from posttrain.algorithms import loss_module
     from posttrain.learner import logprobs, packing, worker
+    from posttrain.learner.attention import sdpa_causal
     from posttrain.learner.worker import LearnerSettings, LearnerWorker
 
     s = LearnerSettings(model_path=a["model"], compute_dtype="bfloat16", lr=1e-5)
@@ -235,7 +228,7 @@ def _rank(rank: int, world: int, a: dict, port: int, queue) -> None:  # noqa: AN
             "flops": flops,
             "six_nt": six_nt,
         }
-    extras = [HEAD_ALL, MASKED, SDPA_BWD] if a["extras"] else []
+    extras = list(EXTRAS) if a["extras"] else []
     extras += [KEPT, FOREACH] if a["foreach"] else []
     if extras:  # the SFT step again: attention by block mask (the before of attention
         # per conversation), FSDP2 keeping the layers' weights from forward to backward,
@@ -251,7 +244,7 @@ def _rank(rank: int, world: int, a: dict, port: int, queue) -> None:  # noqa: AN
             elif name == MASKED:
                 logprobs._segments_apart = lambda *_: False
             elif name == SDPA_BWD:
-                packing.causal_attention = _sdpa_causal
+                packing.causal_attention = sdpa_causal
             elif name == FOREACH:
                 w.policy.set_reshard_after_forward(True)  # back to the learner's setting
                 trained = [p for p in w.policy.parameters() if p.requires_grad]
@@ -369,7 +362,7 @@ def main() -> None:
         world, threads = (int(x) for x in lay.split("x"))
         with _allocator(alloc):  # the ranks are spawned: they start with this environment
             res = run_ranks(_rank, world, {**a, "threads": threads}, timeout_s=3600.0)
-        extras = [HEAD_ALL, MASKED, SDPA_BWD] if a["extras"] else []
+        extras = list(EXTRAS) if a["extras"] else []
         where = f"{world} rank(s) x {threads} thread(s)" + (f", {alloc}" if alloc else "")
         for name in [*a["workloads"], *extras, *([KEPT, FOREACH] if a["foreach"] else [])]:
             print(_row(name, where, res[name], peak), flush=True)

@@ -10,8 +10,8 @@ Rows: each engine with the whole batch in one `generate` call; 'vllm async, 4 ca
 splits the same prompts over 4 threads calling `generate` at once (as episode turns and
 agent calls reach the engine), which AsyncLLM batches together. `--async-threads N` adds
 an AsyncLLM row whose worker gets N threads instead of `--threads` (AsyncLLM's core is a
-child process beside the calling one and gets `vllm_async.core_threads(N)` = N − 1, at
-least 1, leaving a core to the caller's output processing; before `9440ac7` it got N).
+child process beside the calling one and gets `vllm_async.core_threads(N, params)`: N from
+50M parameters on, else N − 1, at least 1).
 
 SmolLM2-135M-Instruct, quickstart-style prompts (one-digit addition, the quickstart's
 system prompt). Each engine lives in its own process with `--threads` torch threads

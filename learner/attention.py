@@ -109,6 +109,18 @@ def causal_attention(
         return FlashForwardMatmulBackward.apply(
             q, k, v, q.shape[-1] ** -0.5 if scale is None else scale
         )
+    return sdpa_causal(q, k, v, scale, dropout)
+
+
+def sdpa_causal(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    scale: float | None = None,
+    dropout: float = 0.0,
+) -> torch.Tensor:
+    """`F.scaled_dot_product_attention`'s causal attention, grouped heads allowed (its own
+    backward): `causal_attention`'s fall-back, and bench/learner.py's before of it."""
     return F.scaled_dot_product_attention(
         q, k, v, dropout_p=dropout, is_causal=True, scale=scale, enable_gqa=k.shape[1] != q.shape[1]
     )
