@@ -43,7 +43,11 @@ def check_counts_and_versions(history, run_dir, samples_per_step, newest_k, olde
             assert 0 <= step - v[-1] <= newest_k and step - v[0] <= oldest_k
 
 
-@pytest.mark.parametrize(("algorithm", "k"), [("grpo", 1), ("grpo", 2), ("ppo", 1)])
+@pytest.mark.parametrize(
+    ("algorithm", "k"),
+    # slow: grpo at k = 1 is the bound grpo at k = 2 and ppo at k = 1 both hold
+    [pytest.param("grpo", 1, marks=pytest.mark.slow), ("grpo", 2), ("ppo", 1)],
+)
 def test_no_sample_trains_beyond_k_versions(tiny_model, tmp_path, algorithm, k):
     recipe_file = _grpo_recipe(
         tmp_path,
@@ -292,7 +296,12 @@ def test_resume_trains_each_prompt_once_with_partial_rollouts(tiny_model, tmp_pa
     assert set(pending) <= set(trained[4:])  # the pending ones trained after the resume
 
 
-@pytest.mark.parametrize("partial", [False, True], ids=["rounds", "one-group-requests"])
+@pytest.mark.parametrize(
+    "partial",
+    # slow: the rounds' counting is tests/recipes/test_dynamic.py's; staleness is the kept one's
+    [pytest.param(False, marks=pytest.mark.slow), True],
+    ids=["rounds", "one-group-requests"],
+)
 def test_dynamic_sampling_under_staleness_drops_flat_groups_and_counts_add_up(
     tiny_model, tmp_path, partial
 ):

@@ -106,7 +106,14 @@ KINDS = {
 }
 
 
-@pytest.mark.parametrize("kind", list(KINDS))
+#: Kinds whose loaders tests/recipes/test_data_formats.py covers row by row: their run
+#: end to end is the same loop as the kinds kept in the default run (`-m slow` runs all).
+LOOP_ONLY = {"trl_save_to_disk", "csv", "json", "jsonl_messages", "verl_parquet"}
+
+
+@pytest.mark.parametrize(
+    "kind", [pytest.param(k, marks=[pytest.mark.slow] if k in LOOP_ONLY else []) for k in KINDS]
+)
 def test_one_grpo_step_on_each_kind_of_data(tiny_model, tmp_path, kind):
     train, rewards = KINDS[kind](tmp_path)
     recipe = {

@@ -145,7 +145,10 @@ def test_two_ppo_steps_with_critic(tiny_model, tmp_path):
 @pytest.mark.vllm
 @requires_vllm
 @pytest.mark.parametrize(
-    ("checksum", "delta"), [(False, False), (True, True)], ids=["streamed", "delta-verified"]
+    ("checksum", "delta"),
+    # slow: deltas and fingerprints through transports: tests/weightsync test_delta, test_verify
+    [(False, False), pytest.param(True, True, marks=pytest.mark.slow)],
+    ids=["streamed", "delta-verified"],
 )
 def test_two_grpo_steps_on_vllm_with_collective_sync(tiny_model_vllm, tmp_path, checksum, delta):
     """2 vLLM engines, 2 FSDP2 ranks, weights broadcast over gloo (streamed while the
@@ -184,7 +187,9 @@ def test_two_grpo_steps_on_vllm_with_collective_sync(tiny_model_vllm, tmp_path, 
 @pytest.mark.vllm
 @requires_vllm
 @pytest.mark.parametrize(
-    ("adapter", "transport"), [("lora", "object_store"), ("qlora", "collective")]
+    ("adapter", "transport"),
+    # slow: LoRA over the object store; QLoRA over the collective carries the same push
+    [pytest.param("lora", "object_store", marks=pytest.mark.slow), ("qlora", "collective")],
 )
 def test_adapter_only_sync_serves_the_learners_policy(
     tiny_model_vllm, tmp_path, adapter, transport

@@ -73,7 +73,8 @@ def test_sft_trains_evaluates_and_saves(sft_recipe, tmp_path):
     assert len(lines) == 4 and "sft/assistant_tokens" in json.loads(lines[0])
 
 
-@pytest.mark.parametrize("kind", ["lora", "qlora"])
+# slow: LoRA is QLoRA's adapter path without the quantised base
+@pytest.mark.parametrize("kind", [pytest.param("lora", marks=pytest.mark.slow), "qlora"])
 def test_sft_adapters_train(sft_recipe, tmp_path, kind):
     make, _ = sft_recipe
     r = load_recipe(

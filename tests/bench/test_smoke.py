@@ -2,15 +2,19 @@
 so a bench cannot rot unnoticed (STYLE.md, house habits). Each bench runs as its own
 process, as a user runs it; the numbers of a smoke run mean nothing and are not checked.
 
-The default run keeps about 2 minutes on 2 cores (one smoke of each kind: a recipe run
-in process, spawned learner ranks, a vLLM engine pushed into (weight_load), the reward
-service). `slow` (run with `-m slow`): the smokes that run the training loop 2 or 3
-times, 33-55 s each at load 3 and up to about a minute under heavier load: adapters (3
-CLI runs), token_budget, ratio, old_logprobs and sft (2 runs each), learning (2
-recipes, each trained and evaluated twice), async (4 sim runs and one run resumed
-twice: 300 s at load 8); compile (27 s: tests/learner's compiled-layers test covers
-its path) and serve (30 s: tests/service_roles drive the same sessions); and the two
-that start several vLLM engines (rollout: 3 engines, 52 s; weight_sync: 42 s), whose
+The default run keeps about 55 s on 2 cores (one smoke of each kind: a recipe run in
+process (vs_trl), spawned learner ranks (learner), a vLLM engine pushed into
+(weight_load), the push path). `slow` (run with `-m slow`): rewards and episodes (13 and
+10 s; tests/rewards and tests/test_hub_envs_e2e.py drive the same service and adapters),
+dpo (28 s; vs_trl runs a recipe in process and TRL beside it), learner_layout and plan
+(17 and 21 s; learner spawns the same ranks, tests/recipes check the planner's
+arithmetic), logprobs (17 s; tests/learner check its chunked heads); the smokes that run
+the training loop 2 or 3 times, 33-55 s each at load 3 and up to about a minute under
+heavier load: adapters (3 CLI runs), token_budget, ratio, old_logprobs and sft (2 runs
+each), learning (2 recipes, each trained and evaluated twice), async (4 sim runs and one
+run resumed twice: 300 s at load 8); compile (27 s: tests/learner's compiled-layers test
+covers its path) and serve (30 s: tests/service_roles drive the same sessions); and the
+two that start several vLLM engines (rollout: 3 engines, 52 s; weight_sync: 42 s), whose
 engine paths the actors/ and weightsync/ tests cover. `vllm`: starts vLLM engines,
 skipped without vLLM.
 """
@@ -38,9 +42,9 @@ BENCHES: dict[str, tuple[list[pytest.MarkDecorator], list[str]]] = {
     "adapters": (slow, ["| mode | trainable params |", "| QLoRA r16 |"]),
     "async": (slow, ["| setup | k | steps | steps/s |", "| sim 2:1, ", "| continued |"]),
     "compile": (slow, ["| variant | first call s (CPU s) |", "| compiled layers |"]),
-    "dpo": ([], ["step s  tokens/s vs in-loop", "reference in the loop"]),
+    "dpo": (slow, ["step s  tokens/s vs in-loop", "reference in the loop"]),
     "episodes": (
-        [],
+        slow,
         [
             "| environment | ms per episode (median) |",
             "| openenv, websocket |",
@@ -49,13 +53,13 @@ BENCHES: dict[str, tuple[list[pytest.MarkDecorator], list[str]]] = {
     ),
     "learning": (slow, ["| recipe | metric | before | after | change (95% CI) |", "| rm_hh |"]),
     "learner": ([], ["| workload | layout | s/step |", "| dpo | 2 rank(s) x 1 thread(s) |"]),
-    "learner_layout": ([], ["| layout | s/step | vs first |", "| 2 ranks x 1 thread |"]),
-    "logprobs": ([], ["| logprobs | train fwd+bwd s (CPU s) |", "| chunked (4) |"]),
+    "learner_layout": (slow, ["| layout | s/step | vs first |", "| 2 ranks x 1 thread |"]),
+    "logprobs": (slow, ["| logprobs | train fwd+bwd s (CPU s) |", "| chunked (4) |"]),
     "old_logprobs": (slow, ["| old_logprob_pass | step s |", "| auto |"]),
-    "plan": ([], ["predicted   measured   ratio", "weight push"]),
+    "plan": (slow, ["predicted   measured   ratio", "weight push"]),
     "push_path": ([], ["| part (learner rank 0) | seconds | GB/s |", "| gather, shared memory |"]),
     "ratio": (slow, ["rollout:learner  step s vs first", "1:2"]),
-    "rewards": ([], ["measure", "reward model, batch 8, POST /score"]),
+    "rewards": (slow, ["measure", "reward model, batch 8, POST /score"]),
     "sft": (slow, ["| system | fixed-batch loss (fp32) |", "| posttrain |"]),
     "rollout": (
         slow_vllm,

@@ -80,7 +80,16 @@ class Rig:
             ray.kill(w)
 
 
-@pytest.mark.parametrize("kind", ["collective", "object_store", "filesystem"])
+@pytest.mark.parametrize(
+    # slow: the object store's and filesystem's round trips are test_transports.py's; the
+    # hf-engine runs end to end push through the object store
+    "kind",
+    [
+        "collective",
+        pytest.param("object_store", marks=pytest.mark.slow),
+        pytest.param("filesystem", marks=pytest.mark.slow),
+    ],
+)
 def test_parity_after_push(ray_local, tiny_model_vllm, tmp_path, kind):
     rig = Rig(tiny_model_vllm, kind, tmp_path, n=2 if kind == "collective" else 1)
     try:
