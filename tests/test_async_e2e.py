@@ -88,6 +88,8 @@ def _prompts_of(run_dir, step):
     return sorted({json.loads(x)["prompt_text"] for x in rows})
 
 
+@pytest.mark.slow  # 47 s; in CI the in-flight prompts go back to a new producer in
+# tests/test_fault_drills_e2e.py's restart under staleness (each prompt trained once)
 def test_resume_generates_the_in_flight_samples_again(tiny_model, tmp_path):
     from posttrain.recipes import checkpoints
 
