@@ -97,6 +97,12 @@ EXTRAS = [HEAD_ALL, MASKED, SDPA_BWD]
 COLLECTIVES = ("all_gather", "reduce_scatter", "allreduce", "all_reduce", "gloo:")
 
 
+def _extra_rows(a: dict) -> list[str]:
+    """The SFT rows this run adds after its workloads, in order (`--no-extras`,
+    `--no-foreach` leave theirs out)."""
+    return (list(EXTRAS) if a["extras"] else []) + ([KEPT, FOREACH] if a["foreach"] else [])
+
+
 @contextmanager
 def _allocator(name: str) -> Iterator[None]:
     """This process's environment while ranks are spawned: '' the learner's own
@@ -228,8 +234,7 @@ def _rank(rank: int, world: int, a: dict, port: int, queue) -> None:  # noqa: AN
             "flops": flops,
             "six_nt": six_nt,
         }
-    extras = list(EXTRAS) if a["extras"] else []
-    extras += [KEPT, FOREACH] if a["foreach"] else []
+    extras = _extra_rows(a)
     if extras:  # the SFT step again: attention by block mask (the before of attention
         # per conversation), FSDP2 keeping the layers' weights from forward to backward,
         # then with the AdamW the learner had before (foreach)
@@ -362,9 +367,8 @@ def main() -> None:
         world, threads = (int(x) for x in lay.split("x"))
         with _allocator(alloc):  # the ranks are spawned: they start with this environment
             res = run_ranks(_rank, world, {**a, "threads": threads}, timeout_s=3600.0)
-        extras = list(EXTRAS) if a["extras"] else []
         where = f"{world} rank(s) x {threads} thread(s)" + (f", {alloc}" if alloc else "")
-        for name in [*a["workloads"], *extras, *([KEPT, FOREACH] if a["foreach"] else [])]:
+        for name in [*a["workloads"], *_extra_rows(a)]:
             print(_row(name, where, res[name], peak), flush=True)
     print(f"\nload average after: {' '.join(Path('/proc/loadavg').read_text().split()[:3])}")
 

@@ -6,9 +6,9 @@ The prediction reads `posttrain plan --gpu cpu`'s cached calibration of this rec
 this machine when there is one; otherwise a short probe measures what the two layouts'
 difference depends on (about 1 s): the matmul rate of the model's MLP shape at 1 and at
 all cores (the best of `PROBE_ROUNDS` interleaved rounds), the loopback rate (FSDP2's
-traffic) and an AdamW step. The learner's MFU,
-which the full calibration measures with a train step of the real model, is then taken
-as `PROBE_MFU` for both layouts (it only weighs compute against traffic).
+traffic) and an AdamW step. The learner's MFU, which the full calibration measures with a
+train step of the real model, is then taken as `PROBE_MFU` for both layouts (it only
+weighs compute against traffic).
 
 Kept only when the model, its fp32 gradients and AdamW state fit one process
 (`fits_one_process`); otherwise the recipe's layout stays. Rollout algorithms only
