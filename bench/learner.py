@@ -25,7 +25,7 @@ Workloads (the same code path as a recipe's step: `LearnerWorker.train_step`):
   one copy of it), responses of 1..32 real tokens right-padded to 32, micro_batch_size 16.
 - "sft, attention by block mask": sft again with each packed row's attention over the
   whole row under a block-diagonal mask (`segment_attention`), the learner's before of
-  attention per conversation (`learner/packing.py` `segment_sdpa`).
+  attention per conversation (`learner/attention.py` `segment_sdpa`).
 - "sft, LM head on every token": sft again with the LM head run on every column from
   `response_start` on (the system prompt, the question and the tool's output too), the
   learner's before of running it on the loss's tokens only (`sequence_logprobs(...,

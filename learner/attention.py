@@ -1,5 +1,6 @@
-"""Causal attention for the learner's packed rows: on CPU, torch's flash kernel forward
-and a backward in a few batched matmuls.
+"""Causal attention for the learner's packed rows: attention within each packed example
+(`segment_sdpa`, a transformers attention function), and on CPU torch's flash kernel
+forward with a backward in a few batched matmuls (`causal_attention`).
 
 torch's CPU flash-attention backward walks each (row, head) in blocks; at the lengths a
 packed SFT or RL batch holds (runs of about 100-300 tokens) it ran 2.8x its forward on
@@ -13,6 +14,8 @@ taken only while they fit `MATMUL_BACKWARD_BYTES`; elsewhere, and on CUDA, it is
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -124,3 +127,124 @@ def sdpa_causal(
     return F.scaled_dot_product_attention(
         q, k, v, dropout_p=dropout, is_causal=True, scale=scale, enable_gqa=k.shape[1] != q.shape[1]
     )
+
+
+#: The name `segment_sdpa` is registered under in transformers' `AttentionInterface`.
+SEGMENT_ATTENTION = "posttrain_segments"
+
+
+def run_buckets(runs: list[int], ratio: float = 2**0.5) -> list[list[int]]:
+    """The runs grouped for padded attention calls: sorted longest first, a bucket keeps
+    the runs no shorter than its longest / `ratio`, so padding each to the bucket's
+    longest computes at most `ratio`² the score pairs each run needs.
+
+    Returns:
+        lists of indices into `runs`, longest bucket first.
+    """
+    order = sorted(range(len(runs)), key=lambda i: -runs[i])
+    buckets: list[list[int]] = []
+    for i in order:
+        if buckets and runs[i] * ratio >= runs[buckets[-1][0]]:
+            buckets[-1].append(i)
+        else:
+            buckets.append([i])
+    return buckets
+
+
+def _bucket_index(runs: list[int], device: torch.device) -> tuple[list, torch.Tensor]:
+    """Per bucket (`run_buckets`) the `[n, L]` token index of its runs, padded with each
+    run's own last token (computed, never read back), and the `[sum(runs)]` index of
+    each token in the buckets' outputs laid end to end."""
+    starts = [0]
+    for n in runs[:-1]:
+        starts.append(starts[-1] + n)
+    where = torch.empty(sum(runs), dtype=torch.long)
+    index, offset = [], 0
+    for bucket in run_buckets(runs):
+        width = runs[bucket[0]]
+        col = torch.arange(width)
+        start = torch.tensor([starts[i] for i in bucket])[:, None]
+        size = torch.tensor([runs[i] for i in bucket])[:, None]
+        index.append((start + torch.minimum(col, size - 1)).to(device))
+        for row, i in enumerate(bucket):
+            at = offset + row * width
+            where[starts[i] : starts[i] + runs[i]] = torch.arange(at, at + runs[i])
+        offset += len(bucket) * width
+    return index, where.to(device)
+
+
+def segment_sdpa(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    segment_runs: list[int] | None = None,
+    **kwargs,
+) -> tuple[torch.Tensor, None]:
+    """Causal SDPA within each run of a packed row only: the attention of
+    `segment_attention`'s block mask without its masked blocks (a row of k examples of
+    length L computes about L²/k score pairs, not L²). The runs are gathered into a few
+    padded batches of similar lengths (`run_buckets`), one causal attention call each
+    (`learner/attention.py` `causal_attention`; right padding: no real query sees a
+    padded key), and gathered back. A transformers
+    attention function (`AttentionInterface`); the runs come in as the model call's
+    `segment_runs` keyword.
+
+    Args:
+        query: `[B, H, T, D]`; key, value: `[B, H_kv, T, D]` (H a multiple of H_kv).
+        attention_mask: must be None (the runs are the mask).
+        segment_runs: `segment_runs(segment_ids)`.
+
+    Returns:
+        (`[B, T, H, D]` attention output, None). A padding run attends causally within
+        itself (finite; its positions are never read).
+
+    Raises:
+        ValueError: no `segment_runs`, a mask as well, runs not summing to B·T, or a
+            layer that asks for a sliding window, logit soft-capping or attention sinks.
+    """
+    b, h, t, d = query.shape
+    if segment_runs is None or attention_mask is not None or sum(segment_runs) != b * t:
+        raise ValueError(
+            "segment attention needs `segment_runs` summing to the batch's tokens and no mask"
+        )
+    unknown = [k for k in ("sliding_window", "softcap", "s_aux") if kwargs.get(k) is not None]
+    if unknown:  # plain causal SDPA would drop them: a silently different attention
+        raise ValueError(
+            f"segment attention computes plain causal attention; this layer asks for "
+            f"{unknown}: load the model with attn_implementation='eager' for packed rows"
+        )
+    index, where = _bucket_index(segment_runs, query.device)
+    # token-major [B·T, heads, D]; k and v keep their H_kv heads (SDPA's enable_gqa)
+    q, k, v = (x.transpose(1, 2).reshape(b * t, x.shape[1], d) for x in (query, key, value))
+    out = []
+    for idx in index:
+        n, width = idx.shape
+        # [n, heads, L, D]; index_select's backward is one index_add
+        qs, ks, vs = (
+            x.index_select(0, idx.view(-1)).view(n, width, -1, d).transpose(1, 2) for x in (q, k, v)
+        )
+        o = causal_attention(qs, ks, vs, scale=scaling, dropout=dropout)
+        out.append(o.transpose(1, 2).reshape(n * width, h, d))
+    flat = out[0] if len(out) == 1 else torch.cat(out)
+    return flat.index_select(0, where).view(b, t, h, d), None
+
+
+@contextmanager
+def segment_attention_on(config) -> Iterator[None]:
+    """`segment_sdpa` as the model's attention for the forwards inside (the config's
+    `_attn_implementation`, read by each attention layer at each call), then back; it
+    needs no mask, so transformers builds none."""
+    from transformers import AttentionInterface
+
+    if SEGMENT_ATTENTION not in AttentionInterface._global_mapping:
+        AttentionInterface.register(SEGMENT_ATTENTION, segment_sdpa)
+    old = config._attn_implementation
+    config._attn_implementation = SEGMENT_ATTENTION
+    try:
+        yield
+    finally:
+        config._attn_implementation = old

@@ -20,14 +20,13 @@ import torch
 import torch.nn.functional as F
 
 from ..algorithms.common import token_entropy, token_logprobs
+from .attention import segment_attention_on
 from .packing import (
+    PaddingFree,
     PromptPacking,
     checkpointed,
     packed_prompts,
     segment_attention,
-    segment_attention_on,
-    segment_positions,
-    segment_runs,
 )
 
 #: Hidden states per LM-head chunk: 512 × 49,152 float32 logits = 100 MB at a time.
@@ -251,8 +250,10 @@ def sequence_logprobs(
             reference path, also taken for heads that are not a plain linear layer).
         share_prompts: pack rows that share a prompt (see above).
         segment_ids: `[B, T]` for rows that pack several examples (`TrainBatch.
-            segment_ids`): each gets its own position ids and attends to itself only
-            (`segment_attention`); prompt sharing is then off. None: one per row.
+            segment_ids`): each gets its own position ids and attends to itself only;
+            prompt sharing is then off. With SDPA and no checkpointing the rows run as
+            one row of their real tokens (`PaddingFree`; padding columns come back 0),
+            otherwise under `segment_attention`'s block mask. None: one per row.
         wanted: `[B, T]`, nonzero on the tokens whose logprob is wanted (a loss mask:
             an SFT row's assistant tokens, a response without its padding); the
             chunked head then runs on those positions only, the rest are 0. The
@@ -303,13 +304,12 @@ def sequence_logprobs_and_entropy(
     if chunk_tokens is not None and chunk_tokens < 1:
         raise ValueError(f"chunk_tokens {chunk_tokens} must be ≥ 1 (or None)")
     positions = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
-    runs = None
+    flat = None
     config = getattr(model, "config", None)
     if segment_ids is not None:
         share_prompts = False
         if _segments_apart(model, config):
-            positions, attention_mask = segment_positions(segment_ids), None
-            runs = segment_runs(segment_ids)
+            flat = PaddingFree.build(input_ids, segment_ids, response_start)
         else:
             eager = getattr(config, "_attn_implementation", "sdpa") != "sdpa"
             dtype = next(model.parameters()).dtype if eager else None
@@ -327,11 +327,11 @@ def sequence_logprobs_and_entropy(
         logits_to_keep=keep,
         use_cache=False,
     )
-    if runs is not None:
-        kwargs["segment_runs"] = runs
-    attention = segment_attention_on(config) if runs is not None else nullcontext()
+    if flat is not None:  # one row of the real tokens; padding columns come back 0
+        kwargs, want = flat.call(), flat.real if want is None else want & flat.real
+    attention = segment_attention_on(config) if flat is not None else nullcontext()
     if head is not None:
-        select = None
+        select = (flat.rows, flat.columns) if flat is not None else None
         pack = (
             packed_prompts(model, input_ids, attention_mask, positions, response_start)
             if share_prompts
@@ -349,7 +349,8 @@ def sequence_logprobs_and_entropy(
             ent[:, response_start:] = sink[-1]
         return out, ent
     with attention:
-        logits = model(**kwargs).logits[:, :-1]
+        logits = model(**kwargs).logits
+    logits = logits[flat.rows, flat.columns] if flat is not None else logits[:, :-1]
     out[:, response_start:] = token_logprobs(logits, targets, temperature)
     if ent is not None:
         ent[:, response_start:] = token_entropy(logits, temperature)

@@ -1,19 +1,17 @@
 """Rows packed for the learner's forward: the samples of one prompt packed into one
 sequence behind a single copy of the prompt (`packed_prompts`, when it pays), and
-several examples packed into one row (`segment_attention`, SFT's packing). Both only
-change which tokens attend to which: the logprobs equal the unpacked ones to float
-rounding (tests/learner/test_logprobs.py)."""
+several examples packed into rows (SFT's packing: laid end to end without padding,
+`PaddingFree`, or under `segment_attention`'s block mask). Both only change which
+tokens attend to which: the logprobs equal the unpacked ones to float rounding
+(tests/learner/test_logprobs.py, tests/learner/test_segment_attention.py)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
 
 from ..common.packing import packing_pays
-from .attention import causal_attention
 
 
 def shared_prompts(
@@ -155,131 +153,73 @@ def segment_runs(segment_ids: torch.Tensor) -> list[int]:
     return torch.diff(at, append=at.new_tensor([b * t])).tolist()
 
 
-#: The name `segment_sdpa` is registered under in transformers' `AttentionInterface`.
-SEGMENT_ATTENTION = "posttrain_segments"
+@dataclass(frozen=True)
+class PaddingFree:
+    """Rows that pack several examples laid end to end without their padding: one
+    `[1, N]` row of the N real tokens, each example one run of `segment_sdpa` (padding-
+    free packing, as flash-attention's varlen kernels and TRL's `padding_free` do). No
+    projection, norm or attention then runs on a padding token; every real token's
+    hidden state is that of the padded layout (attention stays within its example).
 
-
-def run_buckets(runs: list[int], ratio: float = 2**0.5) -> list[list[int]]:
-    """The runs grouped for padded attention calls: sorted longest first, a bucket keeps
-    the runs no shorter than its longest / `ratio`, so padding each to the bucket's
-    longest computes at most `ratio`² the score pairs each run needs.
-
-    Returns:
-        lists of indices into `runs`, longest bucket first.
+    Attributes:
+        input_ids, positions: `[1, N]`.
+        runs: the examples' lengths in order (`segment_runs` of the flat row).
+        rows, columns: `[B, R]` (R = T − `response_start`): where in the `[1, N]` hidden
+            states sits the state predicting each response column (column c + 1 is
+            predicted from column c); 0 where `real` is False.
+        real: `[B, R]` bool, the response columns that are real tokens predicted from a
+            real token.
     """
-    order = sorted(range(len(runs)), key=lambda i: -runs[i])
-    buckets: list[list[int]] = []
-    for i in order:
-        if buckets and runs[i] * ratio >= runs[buckets[-1][0]]:
-            buckets[-1].append(i)
-        else:
-            buckets.append([i])
-    return buckets
 
+    input_ids: torch.Tensor
+    positions: torch.Tensor
+    runs: list[int]
+    rows: torch.Tensor
+    columns: torch.Tensor
+    real: torch.Tensor
 
-def _bucket_index(runs: list[int], device: torch.device) -> tuple[list, torch.Tensor]:
-    """Per bucket (`run_buckets`) the `[n, L]` token index of its runs, padded with each
-    run's own last token (computed, never read back), and the `[sum(runs)]` index of
-    each token in the buckets' outputs laid end to end."""
-    starts = [0]
-    for n in runs[:-1]:
-        starts.append(starts[-1] + n)
-    where = torch.empty(sum(runs), dtype=torch.long)
-    index, offset = [], 0
-    for bucket in run_buckets(runs):
-        width = runs[bucket[0]]
-        col = torch.arange(width)
-        start = torch.tensor([starts[i] for i in bucket])[:, None]
-        size = torch.tensor([runs[i] for i in bucket])[:, None]
-        index.append((start + torch.minimum(col, size - 1)).to(device))
-        for row, i in enumerate(bucket):
-            at = offset + row * width
-            where[starts[i] : starts[i] + runs[i]] = torch.arange(at, at + runs[i])
-        offset += len(bucket) * width
-    return index, where.to(device)
-
-
-def segment_sdpa(
-    module: torch.nn.Module,
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    attention_mask: torch.Tensor | None,
-    dropout: float = 0.0,
-    scaling: float | None = None,
-    segment_runs: list[int] | None = None,
-    **kwargs,
-) -> tuple[torch.Tensor, None]:
-    """Causal SDPA within each run of a packed row only: the attention of
-    `segment_attention`'s block mask without its masked blocks (a row of k examples of
-    length L computes about L²/k score pairs, not L²). The runs are gathered into a few
-    padded batches of similar lengths (`run_buckets`), one causal attention call each
-    (`learner/attention.py` `causal_attention`; right padding: no real query sees a
-    padded key), and gathered back. A transformers
-    attention function (`AttentionInterface`); the runs come in as the model call's
-    `segment_runs` keyword.
-
-    Args:
-        query: `[B, H, T, D]`; key, value: `[B, H_kv, T, D]` (H a multiple of H_kv).
-        attention_mask: must be None (the runs are the mask).
-        segment_runs: `segment_runs(segment_ids)`.
-
-    Returns:
-        (`[B, T, H, D]` attention output, None). A padding run attends causally within
-        itself (finite; its positions are never read).
-
-    Raises:
-        ValueError: no `segment_runs`, a mask as well, runs not summing to B·T, or a
-            layer that asks for a sliding window, logit soft-capping or attention sinks.
-    """
-    b, h, t, d = query.shape
-    if segment_runs is None or attention_mask is not None or sum(segment_runs) != b * t:
-        raise ValueError(
-            "segment attention needs `segment_runs` summing to the batch's tokens and no mask"
+    @staticmethod
+    def build(
+        input_ids: torch.Tensor, segment_ids: torch.Tensor, response_start: int
+    ) -> PaddingFree:
+        """From `[B, T]` ids and `segment_ids` (k ≥ 1 on a row's k-th example, 0 on
+        padding; an example's tokens contiguous)."""
+        b, t = segment_ids.shape
+        keep = (segment_ids > 0).reshape(-1)
+        at = keep.nonzero().squeeze(-1)  # [N] flat index of each real token
+        # one id per (row, example): a row's last example and the next row's first stay apart
+        rowwise = segment_ids + (t + 1) * torch.arange(b, device=segment_ids.device)[:, None]
+        ids = rowwise.reshape(-1)[at][None]
+        where = torch.zeros(b * t, dtype=torch.long, device=segment_ids.device)
+        where[at] = torch.arange(at.shape[0], device=segment_ids.device)
+        where = where.view(b, t)
+        real = (segment_ids[:, response_start:] > 0) & (segment_ids[:, response_start - 1 : -1] > 0)
+        columns = torch.where(real, where[:, response_start - 1 : -1], 0)
+        return PaddingFree(
+            input_ids.reshape(-1)[at][None],
+            segment_positions(ids),
+            segment_runs(ids),
+            torch.zeros_like(columns),
+            columns,
+            real,
         )
-    unknown = [k for k in ("sliding_window", "softcap", "s_aux") if kwargs.get(k) is not None]
-    if unknown:  # plain causal SDPA would drop them: a silently different attention
-        raise ValueError(
-            f"segment attention computes plain causal attention; this layer asks for "
-            f"{unknown}: load the model with attn_implementation='eager' for packed rows"
+
+    def call(self) -> dict:
+        """The model call's keywords (every hidden state kept for the head)."""
+        return dict(
+            input_ids=self.input_ids,
+            attention_mask=None,
+            position_ids=self.positions,
+            logits_to_keep=0,
+            use_cache=False,
+            segment_runs=self.runs,
         )
-    index, where = _bucket_index(segment_runs, query.device)
-    # token-major [B·T, heads, D]; k and v keep their H_kv heads (SDPA's enable_gqa)
-    q, k, v = (x.transpose(1, 2).reshape(b * t, x.shape[1], d) for x in (query, key, value))
-    out = []
-    for idx in index:
-        n, width = idx.shape
-        # [n, heads, L, D]; index_select's backward is one index_add
-        qs, ks, vs = (
-            x.index_select(0, idx.view(-1)).view(n, width, -1, d).transpose(1, 2) for x in (q, k, v)
-        )
-        o = causal_attention(qs, ks, vs, scale=scaling, dropout=dropout)
-        out.append(o.transpose(1, 2).reshape(n * width, h, d))
-    flat = out[0] if len(out) == 1 else torch.cat(out)
-    return flat.index_select(0, where).view(b, t, h, d), None
 
 
 def checkpointed(model: torch.nn.Module) -> bool:
     """Whether any module recomputes its forward in backward (gradient checkpointing):
     the recompute would not see a temporarily switched attention."""
     return any(getattr(m, "gradient_checkpointing", False) for m in model.modules())
-
-
-@contextmanager
-def segment_attention_on(config) -> Iterator[None]:
-    """`segment_sdpa` as the model's attention for the forwards inside (the config's
-    `_attn_implementation`, read by each attention layer at each call), then back; it
-    needs no mask, so transformers builds none."""
-    from transformers import AttentionInterface
-
-    if SEGMENT_ATTENTION not in AttentionInterface._global_mapping:
-        AttentionInterface.register(SEGMENT_ATTENTION, segment_sdpa)
-    old = config._attn_implementation
-    config._attn_implementation = SEGMENT_ATTENTION
-    try:
-        yield
-    finally:
-        config._attn_implementation = old
 
 
 def segment_attention(

@@ -9,14 +9,14 @@ from transformers import AutoModelForCausalLM
 
 from posttrain.algorithms.sft import SFTLoss, loss, pack_examples
 from posttrain.learner import logprobs as logprobs_module
-from posttrain.learner.logprobs import sequence_logprobs_and_entropy
-from posttrain.learner.packing import (
+from posttrain.learner.attention import (
     SEGMENT_ATTENTION,
     run_buckets,
     segment_attention_on,
-    segment_runs,
     segment_sdpa,
 )
+from posttrain.learner.logprobs import sequence_logprobs, sequence_logprobs_and_entropy
+from posttrain.learner.packing import PaddingFree, segment_runs
 
 
 def test_segment_runs_by_hand():
@@ -55,6 +55,63 @@ def test_segment_sdpa_by_hand():
         segment_sdpa(torch.nn.Module(), zero, zero, v, None, segment_runs=[6], sliding_window=4)
 
 
+def test_padding_free_by_hand():
+    seg = torch.tensor([[1, 1, 2, 2, 0], [1, 1, 1, 0, 0]])
+    ids = torch.tensor([[10, 11, 12, 13, 0], [20, 21, 22, 0, 0]])
+    flat = PaddingFree.build(ids, seg, 1)
+    assert flat.input_ids.tolist() == [[10, 11, 12, 13, 20, 21, 22]]
+    assert flat.positions.tolist() == [[0, 1, 0, 1, 0, 1, 2]]
+    assert flat.runs == [2, 2, 3]
+    # response column c (c >= 1) is predicted from column c - 1's flat index
+    assert flat.real.tolist() == [[True, True, True, False], [True, True, False, False]]
+    assert flat.columns.tolist() == [[0, 1, 2, 0], [4, 5, 0, 0]]
+    assert flat.rows.tolist() == [[0] * 4, [0] * 4]
+    # a row's last example and the next row's first stay two runs, though both are id 1
+    both = PaddingFree.build(
+        torch.ones(2, 2, dtype=torch.long), torch.ones(2, 2, dtype=torch.long), 1
+    )
+    assert both.runs == [2, 2] and both.positions.tolist() == [[0, 1, 0, 1]]
+
+
+@pytest.mark.parametrize("chunk_tokens", [512, None], ids=["chunked_head", "full_logits"])
+def test_the_packed_forward_computes_no_padding(model, chunk_tokens):
+    """The decoder sees one row of the real tokens; logprobs equal the block mask's on
+    real tokens and are 0 on padding, with the chunked head and with full logits."""
+    b = pack_examples(_examples(), pad_id=1, max_length=24).batch()
+    seen = []
+    hook = model.model.embed_tokens.register_forward_pre_hook(
+        lambda _m, args: seen.append(tuple(args[0].shape))
+    )
+    try:
+        with torch.no_grad():
+            lp = sequence_logprobs(
+                model,
+                b.input_ids,
+                b.attention_mask,
+                1,
+                chunk_tokens=chunk_tokens,
+                segment_ids=b.segment_ids,
+            )
+    finally:
+        hook.remove()
+    real = int((b.segment_ids > 0).sum())
+    assert b.input_ids.numel() > real  # the packing left padding to skip
+    assert seen == [(1, real)]
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    with torch.no_grad():  # checkpointed: the block mask over the padded rows
+        masked = sequence_logprobs(
+            model,
+            b.input_ids,
+            b.attention_mask,
+            1,
+            chunk_tokens=chunk_tokens,
+            segment_ids=b.segment_ids,
+        )
+    keep = (b.segment_ids[:, 1:] > 0) & (b.segment_ids[:, :-1] > 0)
+    torch.testing.assert_close(lp[:, 1:][keep], masked[:, 1:][keep], rtol=0, atol=1e-5)
+    assert (lp[:, 1:][~keep] == 0).all()
+
+
 def _examples(count: int = 7, seed: int = 1) -> list[tuple[list[int], list[int]]]:
     g = torch.Generator().manual_seed(seed)
     out = []
@@ -77,7 +134,7 @@ def _step(model, examples, max_length: int, masked: bool, monkeypatch):
     value = loss(lp, b, SFTLoss()).loss
     value.backward()
     grads = {n: p.grad.clone() for n, p in model.named_parameters()}
-    return float(value), float((ent * b.response_mask).sum().detach()), grads
+    return float(value.detach()), float((ent * b.response_mask).sum().detach()), grads
 
 
 @pytest.fixture
@@ -130,7 +187,7 @@ def test_gradient_checkpointing_keeps_the_block_mask(model, monkeypatch):
     value = loss(lp, b, SFTLoss()).loss
     value.backward()
     assert seen == []
-    assert float(value) == pytest.approx(plain, abs=1e-6)
+    assert float(value.detach()) == pytest.approx(plain, abs=1e-6)
     for name, p in model.named_parameters():
         torch.testing.assert_close(p.grad, grads[name], rtol=0, atol=1e-6, msg=name)
 
