@@ -22,7 +22,8 @@ Workloads (the same code path as a recipe's step: `LearnerWorker.train_step`):
 - dpo: 8 pairs x (96 + 64) tokens, reference sums precomputed, micro_batch_size 4.
 - grpo_quickstart: recipes/quickstart_grpo.yaml's shape: 4 prompts of 40 random tokens x
   8 samples (a group's rows share the prompt, so the learner packs each group behind
-  one copy of it), responses of 1..32 real tokens right-padded to 32, micro_batch_size 16.
+  one copy of it, the groups end to end without padding), responses of 1..32 real
+  tokens right-padded to 32, micro_batch_size 16.
 - "sft, attention by block mask": sft again with each packed row's attention over the
   whole row under a block-diagonal mask (`segment_attention`), the learner's before of
   attention per conversation (`learner/attention.py` `segment_sdpa`).
@@ -33,6 +34,9 @@ Workloads (the same code path as a recipe's step: `LearnerWorker.train_step`):
 - "sft, SDPA's attention backward": sft again with each conversation's attention
   differentiated by SDPA's CPU flash kernel, the learner's before of the matmul backward
   (`learner/attention.py` `causal_attention`).
+- "sft, packed rows with their padding": sft again with the packed rows run as they
+  are padded (3 rows x 856 columns for 2296 real tokens), the learner's before of
+  laying them end to end without padding (`learner/packing.py` `PaddingFree`).
 - "sft, weights kept forward->backward": sft again with FSDP2 not resharding the
   layers' weights after forward (`set_reshard_after_forward(False)`: no second
   all-gather in backward, the unsharded bf16 weights held meanwhile).
@@ -92,8 +96,9 @@ KEPT = "sft, weights kept forward->backward"
 MASKED = "sft, attention by block mask"
 HEAD_ALL = "sft, LM head on every token"
 SDPA_BWD = "sft, SDPA's attention backward"
+PADDED = "sft, packed rows with their padding"
 #: The SFT rows of earlier changes' befores (`--no-extras` skips them).
-EXTRAS = [HEAD_ALL, MASKED, SDPA_BWD]
+EXTRAS = [HEAD_ALL, MASKED, SDPA_BWD, PADDED]
 COLLECTIVES = ("all_gather", "reduce_scatter", "allreduce", "all_reduce", "gloo:")
 
 
@@ -144,6 +149,22 @@ def _workload(name: str, a: dict, world: int):  # noqa: ANN202
         b = quickstart_batch(a["vocab"], a["qs_prompts"], 8, a["qs_prompt"], a["qs_longest"])
         return b, "grpo", GRPOLoss(), 16
     return dpo_batch(a["vocab"], a["pairs"], a["dpo_prompt"], a["response"]), "dpo", DPOLoss(), 4
+
+
+class _Padded:
+    """`PaddingFree`'s stand-in for the before of padding-free rows: the same call on
+    the padded `[B, T]` rows (padding runs computed, never read)."""
+
+    @staticmethod
+    def build(input_ids, segment_ids, start):  # noqa: ANN001, ANN205
+        from posttrain.learner.packing import PaddingFree, segment_positions, segment_runs
+
+        b, t = segment_ids.shape
+        cols = torch.arange(start - 1, t - 1).expand(b, -1)
+        rows = torch.arange(b)[:, None].expand(b, t - start)
+        real = (segment_ids[:, start:] > 0) & (segment_ids[:, start - 1 : -1] > 0)
+        runs = segment_runs(segment_ids)
+        return PaddingFree(input_ids, segment_positions(segment_ids), runs, rows, cols, real)
 
 
 def _every_token(head, *args, wanted=None, **kwargs):  # noqa: ANN001, ANN202, ARG001
@@ -211,7 +232,7 @@ def _rank(rank: int, world: int, a: dict, port: int, queue) -> None:  # noqa: AN
     from dataclasses import replace
 
     from posttrain.algorithms import loss_module
-    from posttrain.learner import logprobs, packing, worker
+    from posttrain.learner import attention, logprobs, worker
     from posttrain.learner.attention import sdpa_causal
     from posttrain.learner.worker import LearnerSettings, LearnerWorker
 
@@ -243,13 +264,15 @@ def _rank(rank: int, world: int, a: dict, port: int, queue) -> None:  # noqa: AN
         for name in extras:
             flops, six_nt = step_flops(batch, Shape.of(a["config"]), n_body, n_all)
             apart, head = logprobs._segments_apart, worker.sequence_logprobs_and_entropy
-            attend = packing.causal_attention
+            attend, free = attention.causal_attention, logprobs.PaddingFree
             if name == HEAD_ALL:
                 worker.sequence_logprobs_and_entropy = partial(_every_token, head)
             elif name == MASKED:
                 logprobs._segments_apart = lambda *_: False
             elif name == SDPA_BWD:
-                packing.causal_attention = sdpa_causal
+                attention.causal_attention = sdpa_causal
+            elif name == PADDED:
+                logprobs.PaddingFree = _Padded
             elif name == FOREACH:
                 w.policy.set_reshard_after_forward(True)  # back to the learner's setting
                 trained = [p for p in w.policy.parameters() if p.requires_grad]
@@ -265,7 +288,7 @@ def _rank(rank: int, world: int, a: dict, port: int, queue) -> None:  # noqa: AN
                 }
             finally:
                 logprobs._segments_apart, worker.sequence_logprobs_and_entropy = apart, head
-                packing.causal_attention = attend
+                attention.causal_attention, logprobs.PaddingFree = attend, free
     w.close()
     if rank == 0:
         buf = io.BytesIO()

@@ -173,6 +173,36 @@ def _bucket_index(runs: list[int], device: torch.device) -> tuple[list, torch.Te
     return index, where.to(device)
 
 
+#: The last call's (runs, blocks, plan): every layer of one forward gets the same runs
+#: and blocks objects, so the plan (its index and masks) is built once per forward.
+_LAST_PLAN: tuple = (None, None, None)
+
+
+def _segment_plan(runs: list[int], blocks: torch.Tensor | None, device: torch.device) -> tuple:
+    """`([(index or None, (n, L), mask or None) per bucket], where or None)` for
+    `segment_sdpa`: None in place of an index that is the identity (one bucket of equal
+    runs in order: a view, no gather); the `[n, 1, L, L]` bool mask of `blocks`."""
+    global _LAST_PLAN
+    last = _LAST_PLAN
+    if last[0] is runs and last[1] is blocks:
+        return last[2]
+    index, where = _bucket_index(runs, device)
+    identity = len(index) == 1 and index[0].numel() == sum(runs)
+    identity = identity and torch.equal(index[0].view(-1), torch.arange(sum(runs), device=device))
+    buckets = []
+    for idx in index:
+        mask = None
+        if blocks is not None:  # a padded column repeats its run's last token: unseen
+            blk = blocks.index_select(0, idx.view(-1)).view(idx.shape)
+            same = (blk[:, None, :] == 0) | (blk[:, None, :] == blk[:, :, None])
+            causal = torch.ones(idx.shape[1], idx.shape[1], dtype=torch.bool, device=device)
+            mask = (same & causal.tril())[:, None]
+        buckets.append((None if identity else idx.view(-1), tuple(idx.shape), mask))
+    plan = (buckets, None if identity else where)
+    _LAST_PLAN = (runs, blocks, plan)
+    return plan
+
+
 def segment_sdpa(
     module: torch.nn.Module,
     query: torch.Tensor,
@@ -182,6 +212,7 @@ def segment_sdpa(
     dropout: float = 0.0,
     scaling: float | None = None,
     segment_runs: list[int] | None = None,
+    segment_blocks: torch.Tensor | None = None,
     **kwargs,
 ) -> tuple[torch.Tensor, None]:
     """Causal SDPA within each run of a packed row only: the attention of
@@ -197,6 +228,10 @@ def segment_sdpa(
         query: `[B, H, T, D]`; key, value: `[B, H_kv, T, D]` (H a multiple of H_kv).
         attention_mask: must be None (the runs are the mask).
         segment_runs: `segment_runs(segment_ids)`.
+        segment_blocks: None, or `[B·T]` long for runs that are GRPO groups
+            (`packing.PackedGroups`): 0 on a prompt token, k on the k-th response. A
+            token then attends causally to the block-0 tokens and its own block's of its
+            run (SDPA under that mask, per bucket).
 
     Returns:
         (`[B, T, H, D]` attention output, None). A padding run attends causally within
@@ -217,20 +252,30 @@ def segment_sdpa(
             f"segment attention computes plain causal attention; this layer asks for "
             f"{unknown}: load the model with attn_implementation='eager' for packed rows"
         )
-    index, where = _bucket_index(segment_runs, query.device)
-    # token-major [B·T, heads, D]; k and v keep their H_kv heads (SDPA's enable_gqa)
-    q, k, v = (x.transpose(1, 2).reshape(b * t, x.shape[1], d) for x in (query, key, value))
+    buckets, where = _segment_plan(segment_runs, segment_blocks, query.device)
+    if where is None and b == 1:  # one bucket of the runs in order: [n, heads, L, D] views
+        n, width = buckets[0][1]
+        q, k, v = (x.reshape(x.shape[1], n, width, d).transpose(0, 1) for x in (query, key, value))
+    else:  # token-major [B·T, heads, D]; k and v keep their H_kv heads (SDPA's enable_gqa)
+        q, k, v = (x.transpose(1, 2).reshape(b * t, x.shape[1], d) for x in (query, key, value))
     out = []
-    for idx in index:
-        n, width = idx.shape
+    for idx, (n, width), mask in buckets:
         # [n, heads, L, D]; index_select's backward is one index_add
         qs, ks, vs = (
-            x.index_select(0, idx.view(-1)).view(n, width, -1, d).transpose(1, 2) for x in (q, k, v)
+            (x if idx is None else x.index_select(0, idx)).view(n, width, -1, d).transpose(1, 2)
+            if q.dim() == 3
+            else x
+            for x in (q, k, v)
         )
-        o = causal_attention(qs, ks, vs, scale=scaling, dropout=dropout)
+        if mask is None:
+            o = causal_attention(qs, ks, vs, scale=scaling, dropout=dropout)
+        else:
+            o = F.scaled_dot_product_attention(
+                qs, ks, vs, attn_mask=mask, dropout_p=dropout, scale=scaling, enable_gqa=True
+            )
         out.append(o.transpose(1, 2).reshape(n * width, h, d))
     flat = out[0] if len(out) == 1 else torch.cat(out)
-    return flat.index_select(0, where).view(b, t, h, d), None
+    return (flat if where is None else flat.index_select(0, where)).view(b, t, h, d), None
 
 
 @contextmanager

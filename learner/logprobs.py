@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from ..algorithms.common import token_entropy, token_logprobs
 from .attention import segment_attention_on
 from .packing import (
+    PackedGroups,
     PaddingFree,
     PromptPacking,
     checkpointed,
@@ -327,11 +328,10 @@ def sequence_logprobs_and_entropy(
         logits_to_keep=keep,
         use_cache=False,
     )
+    select = None
     if flat is not None:  # one row of the real tokens; padding columns come back 0
-        kwargs, want = flat.call(), flat.real if want is None else want & flat.real
-    attention = segment_attention_on(config) if flat is not None else nullcontext()
+        kwargs, select, want = _packed_call(flat, response_start, want)
     if head is not None:
-        select = (flat.rows, flat.columns) if flat is not None else None
         pack = (
             packed_prompts(model, input_ids, attention_mask, positions, response_start)
             if share_prompts
@@ -339,6 +339,9 @@ def sequence_logprobs_and_entropy(
         )
         if pack is not None:
             kwargs, select, want = _packed_call(pack, response_start, want)
+            flat = pack if isinstance(pack, PackedGroups) else None
+    attention = segment_attention_on(config) if flat is not None else nullcontext()
+    if head is not None:
         sink: list[torch.Tensor] | None = [] if entropy else None
         with (
             attention,
@@ -362,19 +365,15 @@ def sequence_logprobs_and_entropy(
 
 
 def _packed_call(
-    pack: PromptPacking, response_start: int, want: torch.Tensor | None
+    pack: PaddingFree | PackedGroups | PromptPacking,
+    response_start: int,
+    want: torch.Tensor | None,
 ) -> tuple[dict, tuple[torch.Tensor, torch.Tensor], torch.Tensor]:
     """The model call's keywords for a packed forward, the head's `select`, and `want`
-    narrowed to real response tokens (a response's padding is not packed: no hidden
-    state predicts it)."""
-    kwargs = dict(
-        input_ids=pack.input_ids,
-        attention_mask=pack.mask,
-        position_ids=pack.positions,
-        logits_to_keep=pack.input_ids.shape[1] - response_start + 1,
-        use_cache=False,
-    )
-    return kwargs, (pack.rows, pack.columns), pack.real if want is None else want & pack.real
+    narrowed to real response tokens (padding is not packed: no hidden state predicts
+    it)."""
+    select = (pack.rows, pack.columns)
+    return pack.call(response_start), select, pack.real if want is None else want & pack.real
 
 
 def _segments_apart(model: torch.nn.Module, config) -> bool:

@@ -117,6 +117,101 @@ class PromptPacking:
         head_cols = torch.where(real, head_cols, torch.zeros_like(head_cols))
         return PromptPacking(ids, pos, allowed[:, None], rows, head_cols, real)
 
+    def call(self, response_start: int) -> dict:
+        """The model call's keywords (hidden states kept from packed column P − 1 on)."""
+        return dict(
+            input_ids=self.input_ids,
+            attention_mask=self.mask,
+            position_ids=self.positions,
+            logits_to_keep=self.input_ids.shape[1] - response_start + 1,
+            use_cache=False,
+        )
+
+
+@dataclass(frozen=True)
+class PackedGroups:
+    """`PromptPacking` without padding: the groups laid end to end in one `[1, N]` row,
+    each its prompt's real tokens (no left padding) then its responses' real tokens, so
+    no projection runs on a padding token (about 16% of the tokens of a GSM8K-shaped
+    micro-batch, docs/benchmarks.md). Attention runs per group (`segment_sdpa` with
+    `segment_blocks`): a prompt token sees the prompt before it, a response token the
+    prompt and its own response before it.
+
+    Attributes:
+        input_ids, positions: `[1, N]`.
+        runs: each group's length, in order.
+        blocks: `[N]` long, 0 on a prompt token, k on the group's k-th response.
+        rows, columns: `[B, R]`: where in the `[1, N]` hidden states sits the state
+            predicting each response column (a response's first token: its prompt's
+            last); 0 where `real` is False.
+        real: `[B, R]` bool, the response columns that hold real tokens.
+    """
+
+    input_ids: torch.Tensor
+    positions: torch.Tensor
+    runs: list[int]
+    blocks: torch.Tensor
+    rows: torch.Tensor
+    columns: torch.Tensor
+    real: torch.Tensor
+
+    @staticmethod
+    def build(
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        positions: torch.Tensor,
+        prompt: int,
+        first: torch.Tensor,
+        inverse: torch.Tensor,
+    ) -> PackedGroups | None:
+        """As `PromptPacking.build` (right-padded responses); None when a prompt has no
+        real token (nothing would predict its responses' first tokens)."""
+        dev = input_ids.device
+        real = attention_mask[:, prompt:].bool()  # [B, R]
+        kept = attention_mask[first, :prompt].bool()  # [U, P]
+        if not bool(kept.any(-1).all()):
+            return None
+        ids, pos, blocks, runs = [], [], [], []
+        columns = torch.zeros(real.shape, dtype=torch.long, device=dev)
+        at = 0
+        for u in range(first.shape[0]):
+            start, head = at, int(first[u])
+            ids.append(input_ids[head, :prompt][kept[u]])
+            pos.append(positions[head, :prompt][kept[u]])
+            at += ids[-1].shape[0]
+            last = at - 1  # the prompt's last token predicts each response's first
+            blocks.append(torch.zeros_like(ids[-1]))
+            for k, row in enumerate((inverse == u).nonzero().squeeze(-1).tolist(), 1):
+                n = int(real[row].sum())
+                ids.append(input_ids[row, prompt : prompt + n])
+                pos.append(positions[row, prompt : prompt + n])
+                blocks.append(torch.full_like(ids[-1], k))
+                columns[row, :n] = torch.arange(at - 1, at + n - 1, device=dev)  # j by j − 1
+                columns[row, :1] = last
+                at += n
+            runs.append(at - start)
+        return PackedGroups(
+            torch.cat(ids)[None],
+            torch.cat(pos)[None],
+            runs,
+            torch.cat(blocks),
+            torch.zeros_like(columns),
+            columns,
+            real,
+        )
+
+    def call(self, response_start: int) -> dict:  # noqa: ARG002
+        """The model call's keywords (every hidden state kept for the head)."""
+        return dict(
+            input_ids=self.input_ids,
+            attention_mask=None,
+            position_ids=self.positions,
+            logits_to_keep=0,
+            use_cache=False,
+            segment_runs=self.runs,
+            segment_blocks=self.blocks,
+        )
+
 
 def right_padded_responses(attention_mask: torch.Tensor, prompt: int) -> bool:
     """Whether every row's response columns (from `prompt` on) are its real tokens
@@ -204,7 +299,7 @@ class PaddingFree:
             real,
         )
 
-    def call(self) -> dict:
+    def call(self, response_start: int) -> dict:  # noqa: ARG002
         """The model call's keywords (every hidden state kept for the head)."""
         return dict(
             input_ids=self.input_ids,
@@ -259,9 +354,11 @@ def packed_prompts(
     attention_mask: torch.Tensor,
     positions: torch.Tensor,
     prompt: int,
-) -> PromptPacking | None:
+) -> PackedGroups | PromptPacking | None:
     """The packing of this micro-batch, or None where it is not taken: no shared prompt,
-    an attention other than SDPA (a boolean 4-D mask is SDPA's), or too little gain."""
+    an attention other than SDPA (a boolean 4-D mask is SDPA's), or too little gain.
+    `PackedGroups` (no padding) unless the model checkpoints its layers or a prompt is
+    empty; then `PromptPacking` (one padded row per group under a mask)."""
     config = getattr(model, "config", None)
     if getattr(config, "_attn_implementation", None) != "sdpa":
         return None
@@ -278,4 +375,8 @@ def packed_prompts(
         return None
     if not right_padded_responses(attention_mask, prompt):
         return None
+    if not checkpointed(model):  # a recompute in backward would not see segment_sdpa
+        flat = PackedGroups.build(input_ids, attention_mask, positions, prompt, first, inverse)
+        if flat is not None:
+            return flat
     return PromptPacking.build(input_ids, attention_mask, positions, prompt, first, inverse)

@@ -108,7 +108,8 @@ def test_packed_prompts_keep_only_real_response_tokens(tiny_model):
     probe = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32)
     positions = (mask.cumsum(-1) - 1).clamp(min=0)
     pack = packed_prompts(probe, ids, mask, positions, 10)
-    assert pack is not None and pack.input_ids.shape == (2, 10 + 9)  # A: 3+1+2+3, B: 2+3
+    # one row, no padding: A is its prompt and 3+1+2+3 tokens, B its prompt and 2+3
+    assert pack is not None and pack.input_ids.shape == (1, (10 + 9) + (10 + 5))
     weights = torch.randn(ids.shape)
     runs = []
     for share in (False, True):

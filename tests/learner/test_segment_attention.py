@@ -16,7 +16,13 @@ from posttrain.learner.attention import (
     segment_sdpa,
 )
 from posttrain.learner.logprobs import sequence_logprobs, sequence_logprobs_and_entropy
-from posttrain.learner.packing import PaddingFree, segment_runs
+from posttrain.learner.packing import (
+    PackedGroups,
+    PaddingFree,
+    PromptPacking,
+    packed_prompts,
+    segment_runs,
+)
 
 
 def test_segment_runs_by_hand():
@@ -44,6 +50,10 @@ def test_segment_sdpa_by_hand():
     # runs of 1 and 5 fall in two buckets: the same means
     out, _ = segment_sdpa(torch.nn.Module(), zero, zero, v, None, segment_runs=[1, 5])
     expected = [1.0, 2.0, 2.5, 3.0, 3.5, 4.0]
+    torch.testing.assert_close(out.view(-1), torch.tensor(expected), rtol=0, atol=1e-6)
+    # one run: the plan is the identity (views, no gather)
+    out, _ = segment_sdpa(torch.nn.Module(), zero, zero, v, None, segment_runs=[6])
+    expected = [1.0, 1.5, 2.0, 2.5, 3.0, 3.5]
     torch.testing.assert_close(out.view(-1), torch.tensor(expected), rtol=0, atol=1e-6)
     with pytest.raises(ValueError, match="segment_runs"):
         segment_sdpa(torch.nn.Module(), zero, zero, v, None)
@@ -110,6 +120,54 @@ def test_the_packed_forward_computes_no_padding(model, chunk_tokens):
     keep = (b.segment_ids[:, 1:] > 0) & (b.segment_ids[:, :-1] > 0)
     torch.testing.assert_close(lp[:, 1:][keep], masked[:, 1:][keep], rtol=0, atol=1e-5)
     assert (lp[:, 1:][~keep] == 0).all()
+
+
+def test_group_blocks_by_hand():
+    # one run [p0 p1 | r1 r1 | r2], q = k = 0: each output is the mean of the values a
+    # token sees: the prompt before it and its own response before it
+    v = torch.tensor([1.0, 2, 3, 4, 5]).view(1, 1, 5, 1)
+    zero = torch.zeros(1, 1, 5, 1)
+    blocks = torch.tensor([0, 0, 1, 1, 2])
+    out, _ = segment_sdpa(
+        torch.nn.Module(), zero, zero, v, None, segment_runs=[5], segment_blocks=blocks
+    )
+    expected = [1.0, 1.5, 2.0, 2.5, 8 / 3]
+    torch.testing.assert_close(out.view(-1), torch.tensor(expected), rtol=0, atol=1e-6)
+    # two groups in two buckets (runs 2 and 5): each sees its own group only
+    v2 = torch.tensor([7.0, 9, 1, 2, 3, 4, 5]).view(1, 1, 7, 1)
+    z2 = torch.zeros(1, 1, 7, 1)
+    out, _ = segment_sdpa(
+        torch.nn.Module(),
+        z2,
+        z2,
+        v2,
+        None,
+        segment_runs=[2, 5],
+        segment_blocks=torch.tensor([0, 1, 0, 0, 1, 1, 2]),
+    )
+    torch.testing.assert_close(out.view(-1), torch.tensor([7.0, 8.0, *expected]), atol=1e-6, rtol=0)
+
+
+def test_packed_groups_by_hand(tiny_model):
+    # rows 0-1 share a left-padded prompt (2 real of 3 columns), rows 2-3 another (3 real)
+    ids = torch.tensor([[0, 5, 6, 50, 51], [0, 5, 6, 52, 0], [7, 8, 9, 60, 0], [7, 8, 9, 61, 62]])
+    mask = (ids != 0).long()
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    probe = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32)
+    probe.config.hidden_size = 4096  # make packing_pays say yes at this toy size
+    pack = packed_prompts(probe, ids, mask, positions, 3)
+    assert isinstance(pack, PackedGroups)
+    assert pack.input_ids.tolist() == [[5, 6, 50, 51, 52, 7, 8, 9, 60, 61, 62]]
+    assert pack.positions.tolist() == [[0, 1, 2, 3, 2, 0, 1, 2, 3, 3, 4]]
+    assert pack.runs == [5, 6]
+    assert pack.blocks.tolist() == [0, 0, 1, 1, 2, 0, 0, 0, 1, 2, 2]
+    # a response's first token is predicted by its prompt's last (flat 1, flat 7)
+    assert pack.columns.tolist() == [[1, 2], [1, 0], [7, 0], [7, 9]]
+    assert pack.real.tolist() == [[True, True], [True, False], [True, False], [True, True]]
+    # layers that recompute in backward keep the padded rows under a mask
+    probe.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    probe.train()
+    assert isinstance(packed_prompts(probe, ids, mask, positions, 3), PromptPacking)
 
 
 def _examples(count: int = 7, seed: int = 1) -> list[tuple[list[int], list[int]]]:
