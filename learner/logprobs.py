@@ -331,12 +331,8 @@ def sequence_logprobs_and_entropy(
     select = None
     if flat is not None:  # one row of the real tokens; padding columns come back 0
         kwargs, select, want = _packed_call(flat, response_start, want)
-    if head is not None:
-        pack = (
-            packed_prompts(model, input_ids, attention_mask, positions, response_start)
-            if share_prompts
-            else None
-        )
+    if head is not None and share_prompts:
+        pack = packed_prompts(model, input_ids, attention_mask, positions, response_start)
         if pack is not None:
             kwargs, select, want = _packed_call(pack, response_start, want)
             flat = pack if isinstance(pack, PackedGroups) else None
