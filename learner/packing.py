@@ -129,7 +129,73 @@ class PromptPacking:
 
 
 @dataclass(frozen=True)
-class PackedGroups:
+class PaddingFree:
+    """Rows that pack several examples laid end to end without their padding: one
+    `[1, N]` row of the N real tokens, each example one run of `segment_sdpa` (padding-
+    free packing, as flash-attention's varlen kernels and TRL's `padding_free` do). No
+    projection, norm or attention then runs on a padding token; every real token's
+    hidden state is that of the padded layout (attention stays within its example).
+
+    Attributes:
+        input_ids, positions: `[1, N]`.
+        runs: the examples' lengths in order (`segment_runs` of the flat row).
+        rows, columns: `[B, R]` (R = T − `response_start`): where in the `[1, N]` hidden
+            states sits the state predicting each response column (column c + 1 is
+            predicted from column c); 0 where `real` is False.
+        real: `[B, R]` bool, the response columns that are real tokens predicted from a
+            real token.
+        blocks: None (each run causal), or `[N]` for `PackedGroups`' runs.
+    """
+
+    input_ids: torch.Tensor
+    positions: torch.Tensor
+    runs: list[int]
+    rows: torch.Tensor
+    columns: torch.Tensor
+    real: torch.Tensor
+    blocks: torch.Tensor | None = None
+
+    @staticmethod
+    def build(
+        input_ids: torch.Tensor, segment_ids: torch.Tensor, response_start: int
+    ) -> PaddingFree:
+        """From `[B, T]` ids and `segment_ids` (k ≥ 1 on a row's k-th example, 0 on
+        padding; an example's tokens contiguous)."""
+        b, t = segment_ids.shape
+        keep = (segment_ids > 0).reshape(-1)
+        at = keep.nonzero().squeeze(-1)  # [N] flat index of each real token
+        # one id per (row, example): a row's last example and the next row's first stay apart
+        rowwise = segment_ids + (t + 1) * torch.arange(b, device=segment_ids.device)[:, None]
+        ids = rowwise.reshape(-1)[at][None]
+        where = torch.zeros(b * t, dtype=torch.long, device=segment_ids.device)
+        where[at] = torch.arange(at.shape[0], device=segment_ids.device)
+        where = where.view(b, t)
+        real = (segment_ids[:, response_start:] > 0) & (segment_ids[:, response_start - 1 : -1] > 0)
+        columns = torch.where(real, where[:, response_start - 1 : -1], 0)
+        return PaddingFree(
+            input_ids.reshape(-1)[at][None],
+            segment_positions(ids),
+            segment_runs(ids),
+            torch.zeros_like(columns),
+            columns,
+            real,
+        )
+
+    def call(self, response_start: int) -> dict:  # noqa: ARG002
+        """The model call's keywords (every hidden state kept for the head)."""
+        return dict(
+            input_ids=self.input_ids,
+            attention_mask=None,
+            position_ids=self.positions,
+            logits_to_keep=0,
+            use_cache=False,
+            segment_runs=self.runs,
+            segment_blocks=self.blocks,
+        )
+
+
+@dataclass(frozen=True)
+class PackedGroups(PaddingFree):
     """`PromptPacking` without padding: the groups laid end to end in one `[1, N]` row,
     each its prompt's real tokens (no left padding) then its responses' real tokens, so
     no projection runs on a padding token (about 16% of the tokens of a GSM8K-shaped
@@ -147,16 +213,8 @@ class PackedGroups:
         real: `[B, R]` bool, the response columns that hold real tokens.
     """
 
-    input_ids: torch.Tensor
-    positions: torch.Tensor
-    runs: list[int]
-    blocks: torch.Tensor
-    rows: torch.Tensor
-    columns: torch.Tensor
-    real: torch.Tensor
-
     @staticmethod
-    def build(
+    def build(  # type: ignore[override]
         input_ids: torch.Tensor,
         attention_mask: torch.Tensor,
         positions: torch.Tensor,
@@ -194,22 +252,10 @@ class PackedGroups:
             torch.cat(ids)[None],
             torch.cat(pos)[None],
             runs,
-            torch.cat(blocks),
             torch.zeros_like(columns),
             columns,
             real,
-        )
-
-    def call(self, response_start: int) -> dict:  # noqa: ARG002
-        """The model call's keywords (every hidden state kept for the head)."""
-        return dict(
-            input_ids=self.input_ids,
-            attention_mask=None,
-            position_ids=self.positions,
-            logits_to_keep=0,
-            use_cache=False,
-            segment_runs=self.runs,
-            segment_blocks=self.blocks,
+            torch.cat(blocks),
         )
 
 
@@ -246,69 +292,6 @@ def segment_runs(segment_ids: torch.Tensor) -> list[int]:
     starts[:, 1:] = segment_ids[:, 1:] != segment_ids[:, :-1]
     at = starts.reshape(-1).nonzero().squeeze(-1)
     return torch.diff(at, append=at.new_tensor([b * t])).tolist()
-
-
-@dataclass(frozen=True)
-class PaddingFree:
-    """Rows that pack several examples laid end to end without their padding: one
-    `[1, N]` row of the N real tokens, each example one run of `segment_sdpa` (padding-
-    free packing, as flash-attention's varlen kernels and TRL's `padding_free` do). No
-    projection, norm or attention then runs on a padding token; every real token's
-    hidden state is that of the padded layout (attention stays within its example).
-
-    Attributes:
-        input_ids, positions: `[1, N]`.
-        runs: the examples' lengths in order (`segment_runs` of the flat row).
-        rows, columns: `[B, R]` (R = T − `response_start`): where in the `[1, N]` hidden
-            states sits the state predicting each response column (column c + 1 is
-            predicted from column c); 0 where `real` is False.
-        real: `[B, R]` bool, the response columns that are real tokens predicted from a
-            real token.
-    """
-
-    input_ids: torch.Tensor
-    positions: torch.Tensor
-    runs: list[int]
-    rows: torch.Tensor
-    columns: torch.Tensor
-    real: torch.Tensor
-
-    @staticmethod
-    def build(
-        input_ids: torch.Tensor, segment_ids: torch.Tensor, response_start: int
-    ) -> PaddingFree:
-        """From `[B, T]` ids and `segment_ids` (k ≥ 1 on a row's k-th example, 0 on
-        padding; an example's tokens contiguous)."""
-        b, t = segment_ids.shape
-        keep = (segment_ids > 0).reshape(-1)
-        at = keep.nonzero().squeeze(-1)  # [N] flat index of each real token
-        # one id per (row, example): a row's last example and the next row's first stay apart
-        rowwise = segment_ids + (t + 1) * torch.arange(b, device=segment_ids.device)[:, None]
-        ids = rowwise.reshape(-1)[at][None]
-        where = torch.zeros(b * t, dtype=torch.long, device=segment_ids.device)
-        where[at] = torch.arange(at.shape[0], device=segment_ids.device)
-        where = where.view(b, t)
-        real = (segment_ids[:, response_start:] > 0) & (segment_ids[:, response_start - 1 : -1] > 0)
-        columns = torch.where(real, where[:, response_start - 1 : -1], 0)
-        return PaddingFree(
-            input_ids.reshape(-1)[at][None],
-            segment_positions(ids),
-            segment_runs(ids),
-            torch.zeros_like(columns),
-            columns,
-            real,
-        )
-
-    def call(self, response_start: int) -> dict:  # noqa: ARG002
-        """The model call's keywords (every hidden state kept for the head)."""
-        return dict(
-            input_ids=self.input_ids,
-            attention_mask=None,
-            position_ids=self.positions,
-            logits_to_keep=0,
-            use_cache=False,
-            segment_runs=self.runs,
-        )
 
 
 def checkpointed(model: torch.nn.Module) -> bool:
